@@ -1,0 +1,119 @@
+//! Names that every DAS component and the Kubernetes objects around them agree on.
+//!
+//! The values are fixed by `shared/DESIGN.md` §3: changing one breaks clusters that already run
+//! DAS (ResourceSlices, DeviceClasses, CDI specs and AllocationClaims carry them).
+
+/// The DRA driver name: `ResourceSlice.spec.driver`, `DeviceClass` selectors, allocation results.
+pub const DRIVER_NAME: &str = "mig.das.com";
+
+/// The DeviceClass that selects every MIG slice DAS publishes.
+pub const DEVICE_CLASS_ALL: &str = DRIVER_NAME;
+
+/// Namespace of a Helm install.
+pub const INSTALL_NAMESPACE: &str = "das-system";
+
+/// CDI kind (`<vendor>/<class>`) of the specs DAS writes, one per claim.
+pub const CDI_KIND: &str = "das.com/mig";
+
+/// Prefix of the legacy device-plugin resource names the webhook translates,
+/// e.g. `nvidia.com/mig-1g.10gb`.
+pub const LEGACY_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
+
+/// Name of the per-profile DeviceClass, `<profile>.mig.das.com`, where `+` in a profile name
+/// (`1g.10gb+me`) becomes `-` (`1g.10gb-me.mig.das.com`) so the name is a valid DNS subdomain.
+pub fn profile_device_class(profile: &str) -> String {
+    format!("{}.{DRIVER_NAME}", profile.replace('+', "-"))
+}
+
+/// Device attribute names DAS publishes on every MIG device (DESIGN §3). Names without a domain
+/// are in the driver's domain ([`DRIVER_NAME`]): in CEL, `device.attributes["mig.das.com"].profile`.
+pub mod attributes {
+    /// `type` (string): always [`TYPE_MIG`].
+    pub const TYPE: &str = "type";
+    /// Value of [`TYPE`] on every MIG device.
+    pub const TYPE_MIG: &str = "mig";
+    /// `profile` (string): the GPU-instance profile name as NVML prints it, e.g. `1g.10gb+me`.
+    pub const PROFILE: &str = "profile";
+    /// `parentUUID` (string): UUID of the physical GPU, `GPU-xxxxxxxx-...`.
+    pub const PARENT_UUID: &str = "parentUUID";
+    /// `gpuIndex` (int): index of the physical GPU on its node.
+    pub const GPU_INDEX: &str = "gpuIndex";
+    /// `placementStart` (int): first memory slice of the placement.
+    pub const PLACEMENT_START: &str = "placementStart";
+    /// `placementSize` (int): number of memory slices of the placement.
+    pub const PLACEMENT_SIZE: &str = "placementSize";
+    /// `productName` (string): the GPU's product name as NVML reports it.
+    pub const PRODUCT_NAME: &str = "productName";
+    /// `architecture` (string): `Ampere`, `Hopper`, `Blackwell`, ...
+    pub const ARCHITECTURE: &str = "architecture";
+    /// `cudaComputeCapability` (version, semver), e.g. `9.0.0`.
+    pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+    /// `driverVersion` (version, semver), e.g. `580.95.5` for driver `580.95.05`.
+    pub const DRIVER_VERSION: &str = "driverVersion";
+    /// The standard PCI bus ID attribute (string), published only where the bus ID is known.
+    pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+}
+
+/// Device capacity names DAS publishes on every MIG device (DESIGN §3).
+pub mod capacities {
+    /// `memory`: the profile's memory, in bytes.
+    pub const MEMORY: &str = "memory";
+    /// `multiprocessors`: streaming multiprocessors (SMs) of the profile.
+    pub const MULTIPROCESSORS: &str = "multiprocessors";
+    /// `copyEngines`: copy engines (CE).
+    pub const COPY_ENGINES: &str = "copyEngines";
+    /// `decoders`: video decoders (NVDEC).
+    pub const DECODERS: &str = "decoders";
+    /// `encoders`: video encoders (NVENC).
+    pub const ENCODERS: &str = "encoders";
+    /// `jpegEngines`: JPEG decoders (NVJPG).
+    pub const JPEG_ENGINES: &str = "jpegEngines";
+    /// `ofaEngines`: optical-flow accelerators (OFA).
+    pub const OFA_ENGINES: &str = "ofaEngines";
+}
+
+/// Shared-counter names (DESIGN §3). Counter names are DNS labels, hence the hyphens; they match
+/// the NVIDIA DRA driver's so tools that read them work unchanged.
+pub mod counters {
+    /// `memory`: memory, in bytes.
+    pub const MEMORY: &str = "memory";
+    /// `multiprocessors`: streaming multiprocessors.
+    pub const MULTIPROCESSORS: &str = "multiprocessors";
+    /// `copy-engines`: copy engines.
+    pub const COPY_ENGINES: &str = "copy-engines";
+    /// `decoders`: video decoders.
+    pub const DECODERS: &str = "decoders";
+    /// `encoders`: video encoders.
+    pub const ENCODERS: &str = "encoders";
+    /// `jpeg-engines`: JPEG decoders.
+    pub const JPEG_ENGINES: &str = "jpeg-engines";
+    /// `ofa-engines`: optical-flow accelerators.
+    pub const OFA_ENGINES: &str = "ofa-engines";
+
+    /// Name of the counter set of GPU `gpu_index`: `gpu-<index>-counter-set`.
+    pub fn counter_set_name(gpu_index: u32) -> String {
+        format!("gpu-{gpu_index}-counter-set")
+    }
+
+    /// Name of the counter (value 1) for memory slice `slice`: `memory-slice-<n>`.
+    pub fn memory_slice(slice: u32) -> String {
+        format!("memory-slice-{slice}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_classes_follow_design_names() {
+        assert_eq!(profile_device_class("1g.10gb"), "1g.10gb.mig.das.com");
+        assert_eq!(profile_device_class("1g.10gb+me"), "1g.10gb-me.mig.das.com");
+    }
+
+    #[test]
+    fn counter_names_follow_design() {
+        assert_eq!(counters::counter_set_name(3), "gpu-3-counter-set");
+        assert_eq!(counters::memory_slice(7), "memory-slice-7");
+    }
+}

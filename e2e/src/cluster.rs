@@ -1,0 +1,521 @@
+//! A real Kubernetes control plane plus hollow DRA kubelets, all on loopback.
+//!
+//! Start order (as `shared/reference/local-control-plane.md` §7.2): PKI → etcd → kube-apiserver
+//! (wait `/readyz`) → kube-controller-manager + kube-scheduler (wait for the `default`
+//! ServiceAccount, which proves the controller manager works) → one `dra-kubelet` per node (wait
+//! `Ready`). Every component is the upstream code from the `e2e/k8s` multi-call binary.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+
+use crate::kubeconfig;
+use crate::pki::{self, CertFiles, Pki, Usage};
+use crate::process::{self, Lifetime, Process};
+
+/// The Kubernetes version the `e2e/k8s` module pins (kept in step with its go.mod).
+pub const KUBERNETES_VERSION: &str = "v1.36.3";
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Node names; one hollow DRA kubelet each.
+    pub nodes: Vec<String>,
+    /// Where PKI, etcd data, kubelet root dirs and logs go. `None`: a fresh short directory
+    /// under the system temp dir (removed on success unless `DAS_E2E_KEEP=1`).
+    pub dir: Option<PathBuf>,
+    pub lifetime: Lifetime,
+    /// The multi-call Kubernetes binary; default [`k8s_binary`].
+    pub k8s_bin: PathBuf,
+}
+
+impl ClusterConfig {
+    /// A cluster with the given nodes, tied to this test.
+    pub fn with_nodes(nodes: &[&str]) -> Self {
+        Self {
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            dir: None,
+            lifetime: Lifetime::TiedToParent,
+            k8s_bin: k8s_binary(),
+        }
+    }
+}
+
+/// A node of the cluster and where its kubelet keeps its files.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    /// Kubelet root dir: `plugins_registry/` and `plugins/` live below it.
+    pub root_dir: PathBuf,
+}
+
+impl NodeInfo {
+    /// The kubelet's plugin registration directory.
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root_dir.join("plugins_registry")
+    }
+    /// The kubelet's plugins directory (DRA sockets live in `<plugins>/<driver>/`).
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.root_dir.join("plugins")
+    }
+    /// CDI device IDs the kubelet passed for each container (see `e2e/k8s/drakubelet.go`).
+    pub fn cdi_records_dir(&self) -> PathBuf {
+        self.root_dir.join("cdi-devices")
+    }
+}
+
+/// What `das-cluster down` needs to stop a detached cluster.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterState {
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub nodes: Vec<NodeInfo>,
+    pub pids: Vec<u32>,
+}
+
+/// A running cluster. Dropping it stops every component (and, if the thread is panicking,
+/// prints the tail of each component's log and keeps the directory).
+pub struct Cluster {
+    pub dir: PathBuf,
+    /// Admin kubeconfig (group `system:masters`).
+    pub kubeconfig: PathBuf,
+    pub nodes: Vec<NodeInfo>,
+    pub pki_dir: PathBuf,
+    client: Option<Client>,
+    processes: Vec<Process>,
+    remove_dir_on_drop: bool,
+    timings: Vec<(String, Duration)>,
+}
+
+/// `<workspace>/.local/bin/k8s`, or `$DAS_K8S_BIN`.
+pub fn k8s_binary() -> PathBuf {
+    std::env::var_os("DAS_K8S_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".local/bin/k8s"))
+}
+
+/// The repository root (parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e/ has a parent")
+        .to_path_buf()
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Cluster {
+    /// Starts the cluster and waits until every node is Ready.
+    pub async fn start(cfg: ClusterConfig) -> Result<Self> {
+        if !cfg.k8s_bin.exists() {
+            bail!("{} not found: run `make k8s` first", cfg.k8s_bin.display());
+        }
+        let (dir, remove_dir_on_drop) = match &cfg.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d)?;
+                (d.canonicalize()?, false)
+            }
+            None => {
+                // Short on purpose: kubelet sockets live below it (108-byte unix path limit).
+                let d = std::env::temp_dir().join(format!("das-{:08x}", rand::random::<u32>()));
+                std::fs::create_dir_all(&d)?;
+                (d, std::env::var("DAS_E2E_KEEP").is_err())
+            }
+        };
+        for sub in ["logs", "pki", "etcd", "n"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        let mut cluster = Cluster {
+            kubeconfig: dir.join("admin.kubeconfig"),
+            pki_dir: dir.join("pki"),
+            nodes: Vec::new(),
+            client: None,
+            processes: Vec::new(),
+            remove_dir_on_drop,
+            timings: Vec::new(),
+            dir,
+        };
+        match cluster.boot(&cfg).await {
+            Ok(()) => Ok(cluster),
+            Err(e) => {
+                cluster.print_log_tails(40);
+                cluster.remove_dir_on_drop = false;
+                Err(e.context(format!(
+                    "cluster start failed; logs in {}",
+                    cluster.dir.join("logs").display()
+                )))
+            }
+        }
+    }
+
+    async fn boot(&mut self, cfg: &ClusterConfig) -> Result<()> {
+        let t0 = Instant::now();
+        let pki = Pki::create(&self.pki_dir)?;
+        let serving = pki.issue(
+            "apiserver",
+            "kube-apiserver",
+            Usage::Server {
+                sans: pki::apiserver_sans(),
+            },
+        )?;
+        let admin = pki.issue(
+            "admin",
+            "das-e2e-admin",
+            Usage::Client {
+                groups: vec!["system:masters".into()],
+            },
+        )?;
+        let sa = pki.service_account_keys()?;
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let api_port = free_port()?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        kubeconfig::write(
+            &self.kubeconfig,
+            &server,
+            &pki.ca.cert,
+            &admin,
+            "das-e2e-admin",
+        )?;
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        self.spawn(
+            cfg,
+            "etcd",
+            vec![
+                "etcd".into(),
+                "--name=node0".into(),
+                format!("--data-dir={}", self.dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=node0={peer_url}"),
+                "--unsafe-no-fsync=true".into(),
+                "--auto-compaction-retention=1".into(),
+                "--quota-backend-bytes=4294967296".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        self.wait_tcp("etcd", etcd_port, Duration::from_secs(30))
+            .await?;
+        self.mark("etcd", t0);
+
+        self.spawn(
+            cfg,
+            "kube-apiserver",
+            apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa),
+        )?;
+        self.client = Some(kubeconfig::client(&self.kubeconfig).await?);
+        self.wait_readyz(Duration::from_secs(90)).await?;
+        self.mark("kube-apiserver ready", t0);
+
+        let admin_kc = self.kubeconfig.display().to_string();
+        self.spawn(
+            cfg,
+            "kube-controller-manager",
+            vec![
+                "kube-controller-manager".into(),
+                format!("--kubeconfig={admin_kc}"),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--controllers=*".into(),
+                format!("--root-ca-file={}", pki.ca.cert.display()),
+                format!("--service-account-private-key-file={}", sa.key.display()),
+                format!("--cluster-signing-cert-file={}", pki.ca.cert.display()),
+                format!("--cluster-signing-key-file={}", pki.ca.key.display()),
+                "--use-service-account-credentials=false".into(),
+                "--kube-api-qps=100".into(),
+                "--kube-api-burst=200".into(),
+            ],
+        )?;
+        self.spawn(
+            cfg,
+            "kube-scheduler",
+            vec![
+                "kube-scheduler".into(),
+                format!("--kubeconfig={admin_kc}"),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--kube-api-qps=100".into(),
+                "--kube-api-burst=200".into(),
+            ],
+        )?;
+        self.wait_default_service_account(Duration::from_secs(60))
+            .await?;
+        self.mark("controller-manager + scheduler", t0);
+
+        for name in &cfg.nodes {
+            let node = NodeInfo {
+                name: name.clone(),
+                root_dir: self.dir.join("n").join(name),
+            };
+            std::fs::create_dir_all(&node.root_dir)?;
+            // Node identity: the Node authorizer and NodeRestriction apply, as on a real node.
+            let creds = pki.issue(
+                &format!("node-{name}"),
+                &format!("system:node:{name}"),
+                Usage::Client {
+                    groups: vec!["system:nodes".into()],
+                },
+            )?;
+            let kc = self.dir.join(format!("node-{name}.kubeconfig"));
+            kubeconfig::write(
+                &kc,
+                &server,
+                &pki.ca.cert,
+                &creds,
+                &format!("system:node:{name}"),
+            )?;
+            self.spawn(
+                cfg,
+                &format!("kubelet-{name}"),
+                vec![
+                    "dra-kubelet".into(),
+                    format!("--kubeconfig={}", kc.display()),
+                    format!("--name={name}"),
+                    format!("--root-dir={}", node.root_dir.display()),
+                    format!("--kubelet-port={}", free_port()?),
+                    "--v=2".into(),
+                ],
+            )?;
+            self.nodes.push(node);
+        }
+        for name in cfg.nodes.clone() {
+            self.wait_node_ready(&name, Duration::from_secs(90)).await?;
+        }
+        self.mark("nodes ready", t0);
+        Ok(())
+    }
+
+    fn spawn(&mut self, cfg: &ClusterConfig, name: &str, args: Vec<String>) -> Result<()> {
+        let log = self.dir.join("logs").join(format!("{name}.log"));
+        let p = Process::spawn(name, &cfg.k8s_bin, &args, &log, cfg.lifetime)?;
+        self.processes.push(p);
+        Ok(())
+    }
+
+    fn mark(&mut self, what: &str, t0: Instant) {
+        self.timings.push((what.to_string(), t0.elapsed()));
+    }
+
+    /// Milestones of the start, measured from its beginning.
+    pub fn timings(&self) -> &[(String, Duration)] {
+        &self.timings
+    }
+
+    /// An admin client.
+    pub fn client(&self) -> Client {
+        self.client
+            .clone()
+            .expect("the client exists once kube-apiserver started")
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> &NodeInfo {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Fails if a component has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        for p in &mut self.processes {
+            if let Some(status) = p.exited() {
+                bail!(
+                    "{} exited ({status}); last lines:\n{}",
+                    p.name,
+                    p.log_tail(30)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_tcp(&mut self, what: &str, port: u16, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{what} did not listen on port {port} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_readyz(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut last: String;
+        loop {
+            self.check_alive()?;
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            match self.client().request_text(req).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => last = body,
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() > deadline {
+                bail!("kube-apiserver not ready within {timeout:?}: {last}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn wait_default_service_account(&mut self, timeout: Duration) -> Result<()> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client(), "default");
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if api.get_opt("default").await?.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-controller-manager did not create the default ServiceAccount within {timeout:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn wait_node_ready(&mut self, name: &str, timeout: Duration) -> Result<()> {
+        let api: Api<Node> = Api::all(self.client());
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.check_alive()?;
+            if let Some(node) = api.get_opt(name).await? {
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if ready {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("node {name} not Ready within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Process ids of the running components.
+    pub fn pids(&self) -> Vec<u32> {
+        self.processes.iter().map(Process::pid).collect()
+    }
+
+    /// Ends a test: on `Err`, panics while the cluster still runs, so [`Drop`] prints every
+    /// component's log tail and keeps the cluster directory for inspection.
+    pub fn check(&self, result: Result<()>) {
+        if let Err(e) = result {
+            panic!("{e:?}");
+        }
+    }
+
+    /// Prints the last `n` lines of every component's log to stderr.
+    pub fn print_log_tails(&self, n: usize) {
+        for p in &self.processes {
+            eprintln!(
+                "===== {} ({}) =====\n{}",
+                p.name,
+                p.log.display(),
+                p.log_tail(n)
+            );
+        }
+    }
+
+    /// Leaves the components running (for `make cluster-up`) and returns what stops them.
+    pub fn detach(mut self) -> ClusterState {
+        let state = ClusterState {
+            dir: self.dir.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            nodes: self.nodes.clone(),
+            pids: self.processes.iter().map(Process::pid).collect(),
+        };
+        // Forgetting a Child neither kills nor waits for it.
+        for p in std::mem::take(&mut self.processes) {
+            std::mem::forget(p);
+        }
+        self.remove_dir_on_drop = false;
+        state
+    }
+
+    /// Stops every component, last started first.
+    pub fn stop(&mut self) {
+        for p in self.processes.iter_mut().rev() {
+            p.stop(Duration::from_secs(5));
+        }
+        self.processes.clear();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() && !self.processes.is_empty() {
+            self.print_log_tails(40);
+            eprintln!("cluster files kept in {}", self.dir.display());
+            self.remove_dir_on_drop = false;
+        }
+        self.stop();
+        if self.remove_dir_on_drop {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Stops the components of a detached cluster (`make cluster-down`).
+pub fn stop_detached(state: &ClusterState) {
+    for pid in state.pids.iter().rev() {
+        let pid = *pid as i32;
+        if process::alive(pid) {
+            process::stop_group(pid, Duration::from_secs(10));
+        }
+    }
+}
+
+fn apiserver_args(
+    etcd_url: &str,
+    port: u16,
+    ca: &CertFiles,
+    serving: &CertFiles,
+    sa: &CertFiles,
+) -> Vec<String> {
+    vec![
+        "kube-apiserver".into(),
+        format!("--etcd-servers={etcd_url}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--tls-cert-file={}", serving.cert.display()),
+        format!("--tls-private-key-file={}", serving.key.display()),
+        format!("--client-ca-file={}", ca.cert.display()),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-account-key-file={}", sa.cert.display()),
+        format!("--service-account-signing-key-file={}", sa.key.display()),
+        "--service-cluster-ip-range=10.0.0.0/24".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        "--allow-privileged=true".into(),
+        // No routable address here: loopback cannot go into Endpoints.
+        "--endpoint-reconciler-type=none".into(),
+        "--enable-priority-and-fairness=false".into(),
+        "--profiling=false".into(),
+    ]
+}

@@ -1,0 +1,18 @@
+//! `das-e2e`: a real local Kubernetes for DAS end-to-end tests and `make demo`.
+//!
+//! - [`cluster`]: starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and hollow
+//!   kubelets running the real kubelet DRA manager (the `e2e/k8s` Go module, built by `make k8s`),
+//!   waits until they are ready, and tears everything down (process groups) when dropped.
+//! - [`pki`], [`kubeconfig`]: credentials for it.
+//! - [`test_plugin`]: a minimal DRA kubelet plugin, to prove the kubelet → plugin gRPC path
+//!   without the DAS driver.
+//! - [`wait`]: polling helpers for test assertions.
+
+pub mod cluster;
+pub mod kubeconfig;
+pub mod pki;
+pub mod process;
+pub mod test_plugin;
+pub mod wait;
+
+pub use cluster::{Cluster, ClusterConfig, NodeInfo};

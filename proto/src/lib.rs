@@ -1,0 +1,35 @@
+//! Kubelet gRPC interfaces spoken by the DAS node plugin, generated at build time.
+//!
+//! - [`dra::v1`] and [`dra::v1beta1`]: the `DRAPlugin` service (NodePrepareResources,
+//!   NodeUnprepareResources). Kubelets 1.34+ accept both and take the first one a plugin lists.
+//! - [`pluginregistration`]: the `Registration` service the kubelet's plugin watcher calls.
+//! - [`authority`]: serving the registration socket to the kubelet's grpc-go client, whose
+//!   `:authority` h2 would reject.
+//!
+//! Source of the wire contract: `k8s.io/kubelet` `pkg/apis/dra/{v1,v1beta1}/api.proto` and
+//! `pkg/apis/pluginregistration/v1/api.proto` (see `shared/reference/dra-kubelet-plugin.md` §1–2).
+
+pub mod authority;
+
+/// Kubelet DRA node API.
+pub mod dra {
+    /// `k8s.io.kubelet.pkg.apis.dra.v1`, registration string [`SERVICE_V1`].
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+    /// `k8s.io.kubelet.pkg.apis.dra.v1beta1`, registration string [`SERVICE_V1BETA1`].
+    pub mod v1beta1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+    /// Registration string of the v1 DRA service.
+    pub const SERVICE_V1: &str = "v1.DRAPlugin";
+    /// Registration string of the v1beta1 DRA service.
+    pub const SERVICE_V1BETA1: &str = "v1beta1.DRAPlugin";
+}
+
+/// Kubelet plugin registration (`pluginregistration`).
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+    /// `PluginInfo.type` of a DRA driver.
+    pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
+}
