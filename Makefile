@@ -28,7 +28,7 @@ help: ## list targets
 .PHONY: k8s
 k8s: ## build upstream Kubernetes (multi-call binary) into .local/bin (incremental)
 	@mkdir -p $(BIN)
-	cd e2e/k8s && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod \
+	cd e2e/k8s && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
 	  go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(K8S_BIN).new . && \
 	  { cmp -s $(K8S_BIN).new $(K8S_BIN) && rm $(K8S_BIN).new || mv $(K8S_BIN).new $(K8S_BIN); }
 	@for c in $(K8S_COMPONENTS); do ln -sf k8s $(BIN)/$$c; done
@@ -40,7 +40,7 @@ build: ## build every Rust crate (debug)
 
 .PHONY: test
 test: k8s ## run every test: unit tests and end-to-end tests against the local cluster
-	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS=-mod=mod go vet ./...
+	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: e2e
@@ -75,7 +75,7 @@ lint: ## formatting check, clippy with warnings as errors, go vet
 	$(CARGO) fmt --all -- --check
 	@test -z "$$(gofmt -l e2e/k8s)" || { gofmt -l e2e/k8s; echo "gofmt needed"; exit 1; }
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS=-mod=mod go vet ./...
+	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
 
 .PHONY: clean
 clean: ## remove build outputs (target/ and .local/)

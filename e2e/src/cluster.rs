@@ -9,7 +9,7 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::{Api, Client};
 use serde::{Deserialize, Serialize};
@@ -89,6 +89,7 @@ pub struct Cluster {
     client: Option<Client>,
     processes: Vec<Process>,
     remove_dir_on_drop: bool,
+    lifetime: Lifetime,
     timings: Vec<(String, Duration)>,
 }
 
@@ -139,6 +140,7 @@ impl Cluster {
             client: None,
             processes: Vec::new(),
             remove_dir_on_drop,
+            lifetime: cfg.lifetime,
             timings: Vec::new(),
             dir,
         };
@@ -297,10 +299,42 @@ impl Cluster {
     }
 
     fn spawn(&mut self, cfg: &ClusterConfig, name: &str, args: Vec<String>) -> Result<()> {
+        self.lifetime = cfg.lifetime;
+        self.spawn_program(name, &cfg.k8s_bin, args)
+    }
+
+    /// Starts another component (e.g. the DAS node plugin) as part of the cluster: same log
+    /// folder, same teardown. `name` must be unique among running components.
+    pub fn spawn_program(&mut self, name: &str, program: &Path, args: Vec<String>) -> Result<()> {
+        if self.processes.iter().any(|p| p.name == name) {
+            bail!("a component named {name} already runs");
+        }
         let log = self.dir.join("logs").join(format!("{name}.log"));
-        let p = Process::spawn(name, &cfg.k8s_bin, &args, &log, cfg.lifetime)?;
+        let p = Process::spawn(name, program, &args, &log, self.lifetime)?;
         self.processes.push(p);
         Ok(())
+    }
+
+    /// Stops component `name`: gracefully (SIGTERM, then SIGKILL after 10 s) or abruptly
+    /// (SIGKILL at once, as a crash would).
+    pub fn stop_component(&mut self, name: &str, graceful: bool) -> Result<()> {
+        let i = self
+            .processes
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no component {name}"))?;
+        let mut p = self.processes.remove(i);
+        if graceful {
+            p.stop(Duration::from_secs(10));
+        } else {
+            p.kill();
+        }
+        Ok(())
+    }
+
+    /// The log file of component `name`.
+    pub fn log_of(&self, name: &str) -> PathBuf {
+        self.dir.join("logs").join(format!("{name}.log"))
     }
 
     fn mark(&mut self, what: &str, t0: Instant) {

@@ -6,9 +6,11 @@
 //! - [`pki`], [`kubeconfig`]: credentials for it.
 //! - [`test_plugin`]: a minimal DRA kubelet plugin, to prove the kubelet → plugin gRPC path
 //!   without the DAS driver.
+//! - [`das`]: starting the DAS node plugin on a hollow node and seeing what a container gets.
 //! - [`wait`]: polling helpers for test assertions.
 
 pub mod cluster;
+pub mod das;
 pub mod kubeconfig;
 pub mod pki;
 pub mod process;

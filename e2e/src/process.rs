@@ -83,6 +83,15 @@ impl Process {
         let _ = self.child.wait();
     }
 
+    /// Kills the process group at once (SIGKILL), like a crash.
+    pub fn kill(&mut self) {
+        // SAFETY: signals a process group we created.
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+
     /// The last `n` lines of the log.
     pub fn log_tail(&self, n: usize) -> String {
         log_tail(&self.log, n)

@@ -1,0 +1,258 @@
+//! `das-kubelet-plugin`: the DAS node plugin. Publishes this node's MIG placements as
+//! ResourceSlices, registers with the kubelet as DRA driver `mig.das.com`, and carves and destroys
+//! MIG slices on NodePrepareResources / NodeUnprepareResources.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use das_api::DRIVER_NAME;
+use das_driver::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::gpu::{EmulatedBackend, GpuBackend};
+use das_driver::kubelet::{self, SocketPaths};
+use das_driver::metrics::{self, Metrics};
+use das_driver::prepare::{self, CheckpointStore, Preparer};
+use das_driver::publish::{Publisher, RunConfig};
+use das_driver::slices::{self, SliceLayout};
+use tokio::sync::{Mutex, watch};
+use tokio_util::sync::CancellationToken;
+
+/// `nvidia-caps` major reported for emulated GPUs (a real node reads `/proc/devices`).
+const EMULATED_CAPS_MAJOR: u32 = 509;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "DAS node plugin: MIG slices on demand through Kubernetes DRA"
+)]
+struct Args {
+    /// Name of this node (the ResourceSlice pool is named after it).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The kubelet's plugin registration directory.
+    #[arg(
+        long,
+        env = "KUBELET_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    kubelet_registry_dir: PathBuf,
+    /// The kubelet's plugins directory; the DRA socket goes in `<dir>/mig.das.com/`.
+    #[arg(
+        long,
+        env = "KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    kubelet_plugins_dir: PathBuf,
+    /// Where CDI spec files are written (the container runtime must read it).
+    #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Plugin state: checkpoint, and the emulated GPUs' state.
+    #[arg(long, env = "DAS_STATE_DIR", default_value = "/var/lib/das")]
+    state_dir: PathBuf,
+    /// Emulate GPUs instead of using NVML, e.g. `A100-SXM4-40GB:2,H100-80GB:2`.
+    #[arg(long, env = "DAS_EMULATED_GPUS")]
+    emulated_gpus: Option<String>,
+    /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
+    /// during a rolling update.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
+    /// Kubeconfig; default: in-cluster config or $KUBECONFIG.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "DAS_METRICS_ADDRESS", default_value = "0.0.0.0:9402")]
+    metrics_address: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "DAS_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `das_driver=debug`.
+    #[arg(long, env = "DAS_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Also destroy MIG slices at start-up that DAS did not create and no claim holds.
+    #[arg(long, env = "DAS_RECLAIM_FOREIGN_SLICES")]
+    reclaim_foreign_slices: bool,
+    /// Boot ID file: a different boot ID resets the checkpoint (MIG slices do not survive a reboot).
+    #[arg(long, default_value = checkpoint::BOOT_ID_PATH)]
+    boot_id_file: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(args: &Args) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(&args);
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn client(args: &Args) -> Result<kube::Client> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("read kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("no in-cluster config and no kubeconfig")?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn backend(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
+    match &args.emulated_gpus {
+        Some(spec) => {
+            let b = EmulatedBackend::open(spec, &args.node_name, &args.state_dir.join("emulated"))
+                .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
+        }
+        None => bail!(
+            "no GPU backend: the NVML backend for real GPUs is not built yet; run with --emulated-gpus (e.g. A100-SXM4-40GB:2)"
+        ),
+    }
+}
+
+/// Loads the checkpoint; returns it and whether it must be rebuilt from the backend and the API.
+fn load_checkpoint(path: &std::path::Path, boot_id: &str) -> Result<(Checkpoint, bool)> {
+    Ok(match Checkpoint::load(path, boot_id)? {
+        LoadOutcome::Loaded(cp) => (cp, false),
+        LoadOutcome::Fresh => (Checkpoint::new(boot_id), true),
+        LoadOutcome::NewBoot { previous } => {
+            tracing::info!(previous = %previous.boot_id, current = boot_id, "new boot: the checkpoint of the previous boot is discarded");
+            (Checkpoint::new(boot_id), false)
+        }
+        LoadOutcome::Corrupt { moved_to, reason } => {
+            tracing::error!(moved_to = %moved_to.display(), %reason, "corrupt checkpoint moved aside; rebuilding from the GPUs and the API server");
+            (Checkpoint::new(boot_id), true)
+        }
+    })
+}
+
+async fn slice_layout(client: &kube::Client) -> Result<SliceLayout> {
+    let v = client
+        .apiserver_version()
+        .await
+        .context("read the API server version")?;
+    let num = |s: &str| s.trim_end_matches('+').parse::<u32>().unwrap_or(0);
+    Ok(SliceLayout::for_server_version(
+        num(&v.major),
+        num(&v.minor),
+    ))
+}
+
+async fn run(args: Args) -> Result<()> {
+    for dir in [&args.cdi_dir, &args.state_dir] {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    let client = client(&args).await?;
+    let (backend, caps_major) = backend(&args)?;
+    let inventory = {
+        let b = backend.clone();
+        tokio::task::spawn_blocking(move || b.inventory()).await??
+    };
+    for g in &inventory {
+        tracing::info!(gpu = g.index, uuid = %g.uuid, model = %g.model.name, mig = g.mig_enabled, "GPU");
+    }
+    let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
+    let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
+    let (cp, rebuild) = load_checkpoint(&cp_path, &boot_id)?;
+    let metrics = Arc::new(Metrics::new());
+    let preparer = Arc::new(Preparer {
+        client: client.clone(),
+        node: args.node_name.clone(),
+        backend: backend.clone(),
+        devices: prepare::device_index(&inventory),
+        cdi_dir: args.cdi_dir.clone(),
+        caps_major,
+        checkpoint: Mutex::new(CheckpointStore {
+            checkpoint: cp,
+            path: cp_path,
+        }),
+        gpu_locks: inventory
+            .iter()
+            .map(|g| (g.index, Arc::default()))
+            .collect::<HashMap<_, _>>(),
+        metrics: metrics.clone(),
+    });
+    let report = preparer
+        .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)
+        .await?;
+    tracing::info!(?report, "start-up reconciliation done");
+
+    let layout = slice_layout(&client).await?;
+    let desired = slices::desired_slices(&args.node_name, &inventory, layout)?;
+    tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
+
+    let stop = CancellationToken::new();
+    let metrics_task = tokio::spawn(metrics::serve(
+        args.metrics_address,
+        metrics.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+
+    // Publish once before registering, so the scheduler can place pods as soon as we answer.
+    let specs: Vec<_> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let mut publisher = Publisher::new(client.clone(), &args.node_name, None);
+    let stats = publisher.publish(specs.clone()).await?;
+    tracing::info!(?stats, "ResourceSlices published");
+    let (_desired_tx, desired_rx) = watch::channel(specs);
+    let publish_task = tokio::spawn(publisher.run(desired_rx, stop.clone(), RunConfig::default()));
+
+    let paths = SocketPaths::new(
+        &args.kubelet_registry_dir,
+        &args.kubelet_plugins_dir,
+        DRIVER_NAME,
+        args.pod_uid.as_deref(),
+    )?;
+    let handler: Arc<dyn kubelet::ClaimHandler> = preparer.clone();
+    let serve_task = tokio::spawn({
+        let stop = stop.clone();
+        async move { kubelet::serve(&paths, DRIVER_NAME, handler, stop.cancelled_owned()).await }
+    });
+    metrics.ready.store(true, Ordering::Relaxed);
+
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    metrics.ready.store(false, Ordering::Relaxed);
+    stop.cancel();
+    serve_task.await??;
+    publish_task.await?;
+    metrics_task.await??;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

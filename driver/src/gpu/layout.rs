@@ -1,0 +1,510 @@
+//! What occupies one GPU, and the two sets of rules that decide whether another slice fits:
+//!
+//! - the **hardware** rules NVML enforces (mig-facts §0 facts 1, 5 and §1): the placement start
+//!   must be in the profile's list, memory slices must not overlap, a profile has a maximum
+//!   instance count, at most one `+me` instance, at most `max_gpu_instances` GIs;
+//! - the **counter** rules the Kubernetes allocator enforces on what DAS publishes: every
+//!   `memory-slice-<n>` counter has value 1, and the summed resources of the allocated devices stay
+//!   within the GPU's counter set ([`GpuModel::counter_totals`]).
+//!
+//! The counter totals are the most any hardware-valid layout consumes, so the counter rules never
+//! reject a valid layout; a unit test checks that they never accept an invalid one either.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{GpuModel, MIB};
+
+/// A placement of a GPU instance: memory slices `[start, start + size)` (NVML's
+/// `nvmlGpuInstancePlacement_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Placement {
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
+}
+
+impl Placement {
+    /// Bit mask of the memory slices this placement covers (bit `n` = memory slice `n`).
+    pub fn mask(&self) -> u64 {
+        slice_mask(self.start, self.size)
+    }
+}
+
+impl fmt::Display for Placement {
+    /// nvidia-smi style `start:size`, e.g. `6:2`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.start, self.size)
+    }
+}
+
+/// Bit mask of memory slices `[start, start + size)`.
+pub fn slice_mask(start: u32, size: u32) -> u64 {
+    debug_assert!(start + size <= 64);
+    if size == 0 {
+        0
+    } else {
+        (u64::MAX >> (64 - size)) << start
+    }
+}
+
+/// Amounts of the resources a GPU instance holds and a counter set counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ResourceAmounts {
+    /// Memory [MiB].
+    pub memory_mib: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u64,
+    /// Copy engines.
+    pub copy_engines: u64,
+    /// Video decoders.
+    pub decoders: u64,
+    /// Video encoders.
+    pub encoders: u64,
+    /// JPEG decoders.
+    pub jpeg_engines: u64,
+    /// Optical-flow accelerators.
+    pub ofa_engines: u64,
+}
+
+impl ResourceAmounts {
+    /// Memory [bytes].
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_mib * MIB
+    }
+
+    /// The amounts as `(counter name, value)` pairs, memory in bytes, in DESIGN §3 order.
+    pub fn counters(&self) -> [(&'static str, u64); 7] {
+        use das_api::counters as c;
+        [
+            (c::MEMORY, self.memory_bytes()),
+            (c::MULTIPROCESSORS, self.multiprocessors),
+            (c::COPY_ENGINES, self.copy_engines),
+            (c::DECODERS, self.decoders),
+            (c::ENCODERS, self.encoders),
+            (c::JPEG_ENGINES, self.jpeg_engines),
+            (c::OFA_ENGINES, self.ofa_engines),
+        ]
+    }
+
+    fn zip(self, o: Self, f: impl Fn(u64, u64) -> u64) -> Self {
+        Self {
+            memory_mib: f(self.memory_mib, o.memory_mib),
+            multiprocessors: f(self.multiprocessors, o.multiprocessors),
+            copy_engines: f(self.copy_engines, o.copy_engines),
+            decoders: f(self.decoders, o.decoders),
+            encoders: f(self.encoders, o.encoders),
+            jpeg_engines: f(self.jpeg_engines, o.jpeg_engines),
+            ofa_engines: f(self.ofa_engines, o.ofa_engines),
+        }
+    }
+
+    /// Component-wise sum.
+    pub fn plus(self, o: Self) -> Self {
+        self.zip(o, |a, b| a + b)
+    }
+
+    /// Component-wise difference, saturating at 0.
+    pub fn minus(self, o: Self) -> Self {
+        self.zip(o, u64::saturating_sub)
+    }
+
+    /// Component-wise maximum.
+    pub fn max(self, o: Self) -> Self {
+        self.zip(o, u64::max)
+    }
+
+    /// The first counter (by name) where `self` exceeds `cap`, if any.
+    pub fn first_excess(&self, cap: &Self) -> Option<&'static str> {
+        self.counters()
+            .into_iter()
+            .zip(cap.counters())
+            .find(|((_, have), (_, limit))| have > limit)
+            .map(|((name, _), _)| name)
+    }
+}
+
+/// Why a slice cannot be added to a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Conflict {
+    /// The start is not in the profile's placement list (NVML: `INVALID_ARGUMENT`).
+    StartNotAllowed {
+        /// The allowed starts.
+        starts: Vec<u32>,
+    },
+    /// Memory slices already occupied (NVML: `INSUFFICIENT_RESOURCES`); bit mask of the overlap.
+    Overlap(u64),
+    /// The profile's maximum instance count is reached (NVML: `INSUFFICIENT_RESOURCES`).
+    MaxInstances(u32),
+    /// Another `+me` instance exists (NVML: `INSUFFICIENT_RESOURCES`).
+    MediaExtensionInUse,
+    /// The GPU holds its maximum number of GPU instances (NVML: `INSUFFICIENT_RESOURCES`).
+    MaxGpuInstances(u32),
+    /// A shared counter would be exceeded (allocator rule only).
+    CounterExceeded(&'static str),
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Conflict::StartNotAllowed { starts } => {
+                write!(f, "placement start not in the profile's list {starts:?}")
+            }
+            Conflict::Overlap(mask) => {
+                write!(f, "memory slices {} already occupied", mask_list(*mask))
+            }
+            Conflict::MaxInstances(n) => {
+                write!(f, "the profile's maximum of {n} instances is reached")
+            }
+            Conflict::MediaExtensionInUse => {
+                f.write_str("another +me instance exists (one per GPU)")
+            }
+            Conflict::MaxGpuInstances(n) => {
+                write!(f, "the GPU already holds its maximum of {n} GPU instances")
+            }
+            Conflict::CounterExceeded(c) => write!(f, "shared counter {c} would be exceeded"),
+        }
+    }
+}
+
+/// Memory slices of a mask as a list, e.g. `[0, 1]`.
+pub fn mask_list(mask: u64) -> String {
+    let slices: Vec<u32> = (0..64).filter(|i| mask & (1 << i) != 0).collect();
+    format!("{slices:?}")
+}
+
+/// What occupies one GPU: memory-slice bit mask, instance counts per profile (indexed like
+/// [`GpuModel::profiles`]), `+me` count, GI count and summed resources.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Occupancy {
+    used: u64,
+    counts: Vec<u32>,
+    media: u32,
+    instances: u32,
+    consumed: ResourceAmounts,
+}
+
+impl Occupancy {
+    /// An empty GPU of `model`.
+    pub fn empty(model: &GpuModel) -> Self {
+        Self {
+            used: 0,
+            counts: vec![0; model.profiles.len()],
+            media: 0,
+            instances: 0,
+            consumed: ResourceAmounts::default(),
+        }
+    }
+
+    /// Occupied memory slices (bit `n` = slice `n`).
+    pub fn used_slices(&self) -> u64 {
+        self.used
+    }
+
+    /// Instances of profile `profile` (index into [`GpuModel::profiles`]).
+    pub fn count(&self, profile: usize) -> u32 {
+        self.counts[profile]
+    }
+
+    /// Number of GPU instances.
+    pub fn instances(&self) -> u32 {
+        self.instances
+    }
+
+    /// Instance counts per profile.
+    pub fn counts(&self) -> &[u32] {
+        &self.counts
+    }
+
+    /// Summed resources of the instances.
+    pub fn consumed(&self) -> ResourceAmounts {
+        self.consumed
+    }
+
+    /// NVML's rules: can `profile` be created at `start`? Checked in NVML's order: argument,
+    /// overlap, profile count, `+me`, GI count.
+    pub fn check_hardware(
+        &self,
+        model: &GpuModel,
+        profile: usize,
+        start: u32,
+    ) -> Result<(), Conflict> {
+        let p = &model.profiles[profile];
+        if !p.allows_start(start) {
+            return Err(Conflict::StartNotAllowed {
+                starts: p.placement_starts.clone(),
+            });
+        }
+        let overlap = self.used & slice_mask(start, p.placement_size);
+        if overlap != 0 {
+            return Err(Conflict::Overlap(overlap));
+        }
+        if self.counts[profile] >= p.max_instances {
+            return Err(Conflict::MaxInstances(p.max_instances));
+        }
+        if p.media_extension && self.media > 0 {
+            return Err(Conflict::MediaExtensionInUse);
+        }
+        if self.instances >= model.max_gpu_instances {
+            return Err(Conflict::MaxGpuInstances(model.max_gpu_instances));
+        }
+        Ok(())
+    }
+
+    /// The Kubernetes allocator's rules over DAS's counters: the `memory-slice-<n>` counters of
+    /// the placement are free and the resource counters stay within [`GpuModel::counter_totals`].
+    /// `start` must be one of the profile's starts (DAS publishes only those).
+    pub fn check_counters(
+        &self,
+        model: &GpuModel,
+        profile: usize,
+        start: u32,
+    ) -> Result<(), Conflict> {
+        let p = &model.profiles[profile];
+        let overlap = self.used & slice_mask(start, p.placement_size);
+        if overlap != 0 {
+            return Err(Conflict::Overlap(overlap));
+        }
+        match self
+            .consumed
+            .plus(p.resources())
+            .first_excess(&model.counter_totals)
+        {
+            Some(counter) => Err(Conflict::CounterExceeded(counter)),
+            None => Ok(()),
+        }
+    }
+
+    /// Records an instance of `profile` at `start` (no checks: check first).
+    pub fn add(&mut self, model: &GpuModel, profile: usize, start: u32) {
+        let p = &model.profiles[profile];
+        self.used |= slice_mask(start, p.placement_size);
+        self.counts[profile] += 1;
+        self.media += u32::from(p.media_extension);
+        self.instances += 1;
+        self.consumed = self.consumed.plus(p.resources());
+    }
+
+    /// Removes an instance of `profile` at `start` recorded by [`Self::add`].
+    pub fn remove(&mut self, model: &GpuModel, profile: usize, start: u32) {
+        let p = &model.profiles[profile];
+        self.used &= !slice_mask(start, p.placement_size);
+        self.counts[profile] -= 1;
+        self.media -= u32::from(p.media_extension);
+        self.instances -= 1;
+        self.consumed = self.consumed.minus(p.resources());
+    }
+}
+
+/// Every `(profile index, start)` placement of a model, in profile then start order.
+pub fn all_placements(model: &GpuModel) -> Vec<(usize, u32)> {
+    model
+        .profiles
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.placement_starts.iter().map(move |&s| (i, s)))
+        .collect()
+}
+
+/// Most layouts [`max_consumption`] walks before it gives up on a table (the real 8-slice tables
+/// have a few thousand).
+pub const LAYOUT_BUDGET: usize = 1_000_000;
+
+/// Calls `visit` once for every hardware-valid layout of `model` (every set of placements NVML
+/// would accept together), the empty layout included, until `visit` returns `false`. Returns
+/// whether the walk completed.
+pub fn for_each_layout(model: &GpuModel, mut visit: impl FnMut(&Occupancy) -> bool) -> bool {
+    let placements = all_placements(model);
+    let mut occ = Occupancy::empty(model);
+    walk_layouts(model, &placements, 0, &mut occ, &mut visit)
+}
+
+fn walk_layouts(
+    model: &GpuModel,
+    placements: &[(usize, u32)],
+    from: usize,
+    occ: &mut Occupancy,
+    visit: &mut impl FnMut(&Occupancy) -> bool,
+) -> bool {
+    if !visit(occ) {
+        return false;
+    }
+    for (i, &(profile, start)) in placements.iter().enumerate().skip(from) {
+        if occ.check_hardware(model, profile, start).is_ok() {
+            occ.add(model, profile, start);
+            let go_on = walk_layouts(model, placements, i + 1, occ, visit);
+            occ.remove(model, profile, start);
+            if !go_on {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// The most any hardware-valid layout consumes of each resource: the GPU's counter totals.
+/// Nothing the hardware accepts then exceeds a counter, and engines a layout cannot use up
+/// (e.g. a second `+me` OFA) are not offered. `None` when the table has more than
+/// [`LAYOUT_BUDGET`] layouts.
+pub fn max_consumption(model: &GpuModel) -> Option<ResourceAmounts> {
+    let mut max = ResourceAmounts::default();
+    let mut seen = 0usize;
+    let complete = for_each_layout(model, |occ| {
+        max = max.max(occ.consumed());
+        seen += 1;
+        seen <= LAYOUT_BUDGET
+    });
+    complete.then_some(max)
+}
+
+/// The instance-count vectors (indexed like [`GpuModel::profiles`]) of hardware-valid layouts
+/// that no other valid layout dominates: every multiset of profiles one GPU can hold is below one
+/// of them.
+pub fn maximal_count_vectors(model: &GpuModel) -> Vec<Vec<u32>> {
+    let mut all = HashSet::new();
+    for_each_layout(model, |occ| {
+        all.insert(occ.counts().to_vec());
+        true
+    });
+    let all: Vec<Vec<u32>> = all.into_iter().collect();
+    let mut maximal: Vec<Vec<u32>> = all
+        .iter()
+        .filter(|v| !all.iter().any(|w| w != *v && dominates(w, v)))
+        .cloned()
+        .collect();
+    maximal.sort();
+    maximal
+}
+
+fn dominates(w: &[u32], v: &[u32]) -> bool {
+    w.iter().zip(v).all(|(a, b)| a >= b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::model::{builtin_models, find_model};
+
+    fn idx(model: &GpuModel, name: &str) -> usize {
+        model.profile(name).unwrap().0
+    }
+
+    #[test]
+    fn masks() {
+        assert_eq!(slice_mask(0, 8), 0xff);
+        assert_eq!(slice_mask(6, 2), 0xc0);
+        assert_eq!(slice_mask(0, 0), 0);
+        assert_eq!(mask_list(0b101), "[0, 2]");
+        assert_eq!(Placement { start: 6, size: 2 }.to_string(), "6:2");
+    }
+
+    #[test]
+    fn hardware_rules_follow_nvml() {
+        let m = find_model("A100-SXM4-40GB").unwrap().unwrap();
+        let mut occ = Occupancy::empty(&m);
+        let one = idx(&m, "1g.5gb");
+        let me = idx(&m, "1g.5gb+me");
+        let four = idx(&m, "4g.20gb");
+        assert!(matches!(
+            occ.check_hardware(&m, one, 7),
+            Err(Conflict::StartNotAllowed { .. })
+        ));
+        occ.add(&m, four, 0);
+        assert_eq!(
+            occ.check_hardware(&m, one, 3),
+            Err(Conflict::Overlap(0b1000))
+        );
+        occ.add(&m, me, 4);
+        assert_eq!(
+            occ.check_hardware(&m, me, 5),
+            Err(Conflict::MaxInstances(1))
+        );
+        assert_eq!(occ.check_hardware(&m, one, 5), Ok(()));
+        occ.remove(&m, me, 4);
+        assert_eq!(occ.check_hardware(&m, me, 5), Ok(()));
+        // A30 has two +me profiles; only one +me instance may exist (mig-facts §2.3).
+        let a30 = find_model("A30").unwrap().unwrap();
+        let mut occ = Occupancy::empty(&a30);
+        occ.add(&a30, idx(&a30, "1g.6gb+me"), 0);
+        assert_eq!(
+            occ.check_hardware(&a30, idx(&a30, "2g.12gb+me"), 2),
+            Err(Conflict::MediaExtensionInUse)
+        );
+    }
+
+    /// mig-facts §2.1 "Free/Total" sequence on A100-40GB: 4g at 0, 2g at 4, 1g at 6 → nothing fits.
+    #[test]
+    fn a100_remaining_capacity_vector() {
+        let m = find_model("A100-SXM4-40GB").unwrap().unwrap();
+        let mut occ = Occupancy::empty(&m);
+        occ.add(&m, idx(&m, "4g.20gb"), 0);
+        occ.add(&m, idx(&m, "2g.10gb"), 4);
+        occ.add(&m, idx(&m, "1g.5gb"), 6);
+        for (i, p) in m.profiles.iter().enumerate() {
+            for &s in &p.placement_starts {
+                assert!(occ.check_hardware(&m, i, s).is_err(), "{} at {s}", p.name);
+            }
+        }
+    }
+
+    /// The counters DAS publishes accept exactly the layouts the hardware accepts: walk every
+    /// counter-feasible layout and check the hardware takes each step.
+    #[test]
+    fn counters_match_hardware_for_every_model() {
+        for m in builtin_models().unwrap() {
+            let placements = all_placements(m);
+            let mut occ = Occupancy::empty(m);
+            let mut seen = 0usize;
+            counter_walk(m, &placements, 0, &mut occ, &mut seen);
+            let mut valid = 0usize;
+            for_each_layout(m, |_| {
+                valid += 1;
+                true
+            });
+            assert_eq!(
+                seen, valid,
+                "{}: counter layouts vs hardware layouts",
+                m.name
+            );
+        }
+    }
+
+    fn counter_walk(
+        m: &GpuModel,
+        pl: &[(usize, u32)],
+        from: usize,
+        occ: &mut Occupancy,
+        seen: &mut usize,
+    ) {
+        *seen += 1;
+        for (i, &(p, s)) in pl.iter().enumerate().skip(from) {
+            if occ.check_counters(m, p, s).is_ok() {
+                assert_eq!(
+                    occ.check_hardware(m, p, s),
+                    Ok(()),
+                    "{}: counters accept {} at {s} on {occ:?}",
+                    m.name,
+                    m.profiles[p].name
+                );
+                occ.add(m, p, s);
+                counter_walk(m, pl, i + 1, occ, seen);
+                occ.remove(m, p, s);
+            }
+        }
+    }
+
+    #[test]
+    fn maximal_vectors_include_full_gpu_and_seven_small() {
+        let m = find_model("H100-80GB").unwrap().unwrap();
+        let v = maximal_count_vectors(&m);
+        let mut seven_small = vec![0; m.profiles.len()];
+        seven_small[idx(&m, "1g.10gb")] = 7;
+        assert!(v.contains(&seven_small));
+        let mut full = vec![0; m.profiles.len()];
+        full[idx(&m, "7g.80gb")] = 1;
+        assert!(v.contains(&full));
+    }
+}

@@ -1,0 +1,279 @@
+//! GPUs: model data (MIG profile and placement tables), occupancy rules, the backend trait that
+//! creates and destroys MIG slices, and the emulated backend.
+//!
+//! Facts come from `shared/reference/mig-facts.md`; the contract from `shared/DESIGN.md` §3 and §7.
+
+pub mod emulated;
+pub mod layout;
+pub mod model;
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use emulated::{
+    EmulatedBackend, EmulatedError, EmulatedGpuSpec, FaultKind, Latency, parse_emulated_spec,
+};
+pub use layout::{Conflict, Occupancy, Placement, ResourceAmounts};
+pub use model::{
+    CiProfile, GiProfile, GpuModel, ModelError, builtin_models, find_model, find_model_by_pci_id,
+    model_list, model_names,
+};
+
+/// One physical GPU as the backend sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Index on the node (`nvidia-smi -i`), used in device and counter-set names.
+    pub index: u32,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+    pub uuid: String,
+    /// The model's profile and placement tables.
+    pub model: Arc<GpuModel>,
+    /// Product name as NVML reports it (published as `productName`).
+    pub product_name: String,
+    /// Device minor number: `/dev/nvidia<minor>`, and `N` in the capability minors formula.
+    pub minor: u32,
+    /// PCI bus ID (`0000:3b:00.0`) where known.
+    pub pci_bus_id: Option<String>,
+    /// NVIDIA driver version as NVML reports it, e.g. `580.95.05`.
+    pub driver_version: String,
+    /// Whether MIG mode is currently enabled.
+    pub mig_enabled: bool,
+}
+
+impl GpuInfo {
+    /// Whether DAS can offer MIG slices on this GPU: MIG mode is on, or it can be switched on
+    /// without a GPU reset (Hopper and later; mig-facts §4.5).
+    pub fn offers_mig(&self) -> bool {
+        self.mig_enabled || !self.model.mig_mode_change_requires_reset
+    }
+}
+
+/// A MIG slice: a GPU instance at a placement with one full-size compute instance inside.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigSlice {
+    /// Index of the parent GPU on the node.
+    pub gpu_index: u32,
+    /// UUID of the parent GPU.
+    pub gpu_uuid: String,
+    /// Minor number of the parent GPU (`/dev/nvidia<minor>`).
+    pub gpu_minor: u32,
+    /// GI profile name, e.g. `1g.10gb`.
+    pub profile: String,
+    /// Real GI profile ID, e.g. 19.
+    pub profile_id: u32,
+    /// Memory slices the GI occupies.
+    pub placement: Placement,
+    /// GPU-instance ID, assigned by the driver (not derived from the placement).
+    pub gi_id: u32,
+    /// Compute-instance ID inside the GI.
+    pub ci_id: u32,
+    /// `MIG-xxxxxxxx-…`; changes on every re-creation.
+    pub mig_uuid: String,
+    /// Minor of `/dev/nvidia-caps/nvidia-cap<N>` for the GI ([`gi_cap_minor`]).
+    pub gi_cap_minor: u32,
+    /// Minor of `/dev/nvidia-caps/nvidia-cap<N>` for the CI ([`ci_cap_minor`]).
+    pub ci_cap_minor: u32,
+    /// Whether DAS created the slice: `Some(true)`/`Some(false)` where the backend can tell (the
+    /// emulated one), `None` where it cannot (NVML keeps no owner).
+    pub created_by_das: Option<bool>,
+}
+
+/// Capability device minor of GI `gi` on the GPU with minor `gpu_minor`:
+/// `3 + 135·N + 9·G` (mig-facts §0 fact 8, checked against the User Guide's `mig-minors` listing).
+pub fn gi_cap_minor(gpu_minor: u32, gi: u32) -> u32 {
+    3 + 135 * gpu_minor + 9 * gi
+}
+
+/// Capability device minor of CI `ci` in GI `gi`: `3 + 135·N + 9·G + 1 + C` (mig-facts §0 fact 8).
+pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
+    gi_cap_minor(gpu_minor, gi) + 1 + ci
+}
+
+/// What a backend call was about, for error messages: GPU, and profile, placement and GI where
+/// known.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Target {
+    /// GPU index.
+    pub gpu: u32,
+    /// GI profile name.
+    pub profile: Option<String>,
+    /// Placement (start and size in memory slices); the size is 0 when the profile is unknown.
+    pub placement: Option<Placement>,
+    /// GPU-instance ID.
+    pub gi_id: Option<u32>,
+}
+
+impl Target {
+    /// A target naming only the GPU.
+    pub fn gpu(gpu: u32) -> Self {
+        Self {
+            gpu,
+            ..Self::default()
+        }
+    }
+
+    /// A target naming GPU, profile and placement.
+    pub fn slice(gpu: u32, profile: &str, placement: Placement) -> Self {
+        Self {
+            gpu,
+            profile: Some(profile.to_string()),
+            placement: Some(placement),
+            gi_id: None,
+        }
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GPU {}", self.gpu)?;
+        if let Some(p) = &self.profile {
+            write!(f, ", profile {p}")?;
+        }
+        match self.placement {
+            Some(Placement { start, size: 0 }) => write!(f, ", placement start {start}")?,
+            Some(p) => write!(f, ", placement {p}")?,
+            None => {}
+        }
+        if let Some(gi) = self.gi_id {
+            write!(f, ", GI {gi}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A backend failure, mirroring the NVML return codes that matter for MIG (mig-facts §0 fact 5,
+/// §6 "Errors"). Every message names the GPU and, where known, profile, placement and GI.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// `NVML_ERROR_INSUFFICIENT_RESOURCES`: overlapping memory slices, the profile's maximum count,
+    /// a second `+me`, or no free GI.
+    #[error("{target}: insufficient resources: {reason}")]
+    InsufficientResources {
+        /// What was asked for.
+        target: Target,
+        /// Why it does not fit.
+        reason: String,
+    },
+    /// `NVML_ERROR_INVALID_ARGUMENT`: unknown profile or a start outside the profile's list.
+    #[error("{target}: invalid argument: {reason}")]
+    InvalidArgument {
+        /// What was asked for.
+        target: Target,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `NVML_ERROR_NOT_SUPPORTED`, e.g. MIG mode is off.
+    #[error("{target}: not supported: {reason}")]
+    NotSupported {
+        /// What was asked for.
+        target: Target,
+        /// Why.
+        reason: String,
+    },
+    /// `NVML_ERROR_NOT_FOUND`: no such GPU or GI.
+    #[error("{target}: not found: {reason}")]
+    NotFound {
+        /// What was looked for.
+        target: Target,
+        /// What is missing.
+        reason: String,
+    },
+    /// `NVML_ERROR_IN_USE`: processes or compute instances still use it.
+    #[error("{target}: in use: {reason}")]
+    InUse {
+        /// What was asked for.
+        target: Target,
+        /// Who uses it.
+        reason: String,
+    },
+    /// Anything else (driver errors, I/O of the emulated state).
+    #[error("{target}: {reason}")]
+    Other {
+        /// What was asked for.
+        target: Target,
+        /// What happened.
+        reason: String,
+    },
+}
+
+impl BackendError {
+    /// The target the error is about.
+    pub fn target(&self) -> &Target {
+        match self {
+            BackendError::InsufficientResources { target, .. }
+            | BackendError::InvalidArgument { target, .. }
+            | BackendError::NotSupported { target, .. }
+            | BackendError::NotFound { target, .. }
+            | BackendError::InUse { target, .. }
+            | BackendError::Other { target, .. } => target,
+        }
+    }
+}
+
+/// Creates, destroys and lists MIG slices on the node's GPUs. Implementations: the emulated
+/// backend here; an NVML backend (raw `nvml-wrapper-sys` calls, mig-facts §4) later.
+///
+/// The methods block (NVML calls take up to seconds, mig-facts §5): call them from
+/// `tokio::task::spawn_blocking`. Implementations must allow concurrent calls on different GPUs.
+pub trait GpuBackend: Send + Sync {
+    /// The node's GPUs, in index order.
+    fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError>;
+
+    /// Creates a GPU instance of `profile` at exactly memory slice `start` on GPU `gpu_index`
+    /// (`nvmlDeviceCreateGpuInstanceWithPlacement`), then the full-size compute instance inside
+    /// it ([`GiProfile::compute_instance`]). On failure nothing is left behind.
+    fn create_slice(
+        &self,
+        gpu_index: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigSlice, BackendError>;
+
+    /// Destroys GI `gi_id` on GPU `gpu_index`: its compute instances first, then the GI
+    /// (mig-facts §0 fact 6). `NotFound` when the GI does not exist.
+    fn destroy_slice(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError>;
+
+    /// Every MIG slice on the node, whoever created it, by GPU index and placement start.
+    fn list_slices(&self) -> Result<Vec<MigSlice>, BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capability_minors_match_mig_minors_listing() {
+        // mig-facts §4.1.1: the listing ends with `gpu31/gi14/ci7/access 4322`.
+        assert_eq!(ci_cap_minor(31, 14, 7), 4322);
+        assert_eq!(gi_cap_minor(0, 0), 3);
+        assert_eq!(ci_cap_minor(0, 0, 0), 4);
+        assert_eq!(gi_cap_minor(1, 2), 3 + 135 + 18);
+    }
+
+    #[test]
+    fn errors_name_gpu_profile_and_placement() {
+        let e = BackendError::InsufficientResources {
+            target: Target::slice(2, "1g.10gb", Placement { start: 6, size: 2 }),
+            reason: "memory slices [6] already occupied".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "GPU 2, profile 1g.10gb, placement 6:2: insufficient resources: memory slices [6] already occupied"
+        );
+        let e = BackendError::NotFound {
+            target: Target {
+                gi_id: Some(3),
+                ..Target::gpu(0)
+            },
+            reason: "no such GPU instance".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "GPU 0, GI 3: not found: no such GPU instance"
+        );
+        assert_eq!(e.target().gpu, 0);
+    }
+}

@@ -1,0 +1,412 @@
+//! The kubelet side of the node plugin: socket paths, plugin registration and the DRA gRPC
+//! services (`v1.DRAPlugin` and `v1beta1.DRAPlugin` on one socket).
+//!
+//! Protocol facts (`shared/reference/dra-kubelet-plugin.md` §1–2): the kubelet's plugin watcher
+//! finds `<registry dir>/<name>-reg.sock`, calls `GetInfo`, dials the returned endpoint and picks
+//! the first service in `supported_versions` it knows, then calls `NotifyRegistrationStatus`.
+//! One NodePrepareResources call carries every claim of one pod for this driver; the response
+//! must have one entry per claim UID; per-claim failures go in `error`, never as a gRPC error.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use das_proto::dra::{v1, v1beta1};
+use das_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
+use das_proto::pluginregistration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+/// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// A claim as the kubelet names it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for ClaimRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// One prepared device of a claim, as reported to the kubelet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// Base request names (without `/<subrequest>`) the device serves.
+    pub requests: Vec<String>,
+    pub pool: String,
+    pub device: String,
+    /// Fully-qualified CDI device IDs.
+    pub cdi_device_ids: Vec<String>,
+}
+
+/// What prepares and unprepares claims; the gRPC layer only translates.
+#[tonic::async_trait]
+pub trait ClaimHandler: Send + Sync + 'static {
+    /// Prepares every claim; the map has one entry per claim UID (`Err` = message for the kubelet).
+    async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, String>>;
+    /// Unprepares every claim; idempotent; one entry per claim UID.
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>>;
+}
+
+/// Where the plugin's two sockets go.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SocketPaths {
+    /// Registration socket in the kubelet's plugin registry dir.
+    pub registration: PathBuf,
+    /// DRA service socket, under `<plugins dir>/<driver>/`.
+    pub dra: PathBuf,
+}
+
+impl SocketPaths {
+    /// Socket paths for `driver`. With `pod_uid` (a DaemonSet pod during a rolling update, so two
+    /// instances can run side by side) both names are made unique per pod, as the Go
+    /// `kubeletplugin` package does: `dra-<uid>.sock` and `<driver>-<uid>-reg.sock`, or, when that
+    /// path is too long, `<driver>-<first 16 hex digits of a hash of the uid>-reg.sock`.
+    pub fn new(
+        registry_dir: &Path,
+        plugins_dir: &Path,
+        driver: &str,
+        pod_uid: Option<&str>,
+    ) -> Result<Self> {
+        let dra_dir = plugins_dir.join(driver);
+        let (registration, dra) = match pod_uid {
+            None => (
+                registry_dir.join(format!("{driver}-reg.sock")),
+                dra_dir.join("dra.sock"),
+            ),
+            Some(uid) => {
+                let long = registry_dir.join(format!("{driver}-{uid}-reg.sock"));
+                let reg = if long.as_os_str().len() <= MAX_SOCKET_PATH {
+                    long
+                } else {
+                    registry_dir.join(format!("{driver}-{:016x}-reg.sock", fnv1a(uid.as_bytes())))
+                };
+                (reg, dra_dir.join(format!("dra-{uid}.sock")))
+            }
+        };
+        for p in [&registration, &dra] {
+            if p.as_os_str().len() > MAX_SOCKET_PATH {
+                bail!(
+                    "socket path {} is {} bytes, more than the {MAX_SOCKET_PATH} a unix socket allows; use a shorter kubelet directory",
+                    p.display(),
+                    p.as_os_str().len()
+                );
+            }
+            if !p.is_absolute() {
+                bail!(
+                    "socket path {} must be absolute: the kubelet rejects relative endpoints",
+                    p.display()
+                );
+            }
+        }
+        Ok(Self { registration, dra })
+    }
+}
+
+/// FNV-1a, 64 bit: a stable short hash for socket names (not for security).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Serves the DRA services and then the registration service until `shutdown` resolves; removes
+/// both sockets afterwards. The DRA socket is served first so the kubelet never learns of an
+/// endpoint that does not answer yet.
+pub async fn serve(
+    paths: &SocketPaths,
+    driver: &str,
+    handler: Arc<dyn ClaimHandler>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let dra = bind(&paths.dra)?;
+    let reg = bind(&paths.registration)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    let dra_server = tonic::transport::Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(V1(
+            handler.clone()
+        )))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
+            handler,
+        )))
+        .serve_with_incoming_shutdown(UnixListenerStream::new(dra), wait(stop_rx.clone()));
+    let info = PluginInfo {
+        r#type: das_proto::pluginregistration::DRA_PLUGIN_TYPE.into(),
+        name: driver.into(),
+        endpoint: paths.dra.display().to_string(),
+        supported_versions: vec![
+            das_proto::dra::SERVICE_V1.into(),
+            das_proto::dra::SERVICE_V1BETA1.into(),
+        ],
+    };
+    let reg_server = tonic::transport::Server::builder()
+        .add_service(RegistrationServer::new(Registrar { info }))
+        .serve_with_incoming_shutdown(das_proto::authority::incoming(reg), wait(stop_rx));
+    let dra_task = tokio::spawn(dra_server);
+    let reg_task = tokio::spawn(reg_server);
+    tracing::info!(registration = %paths.registration.display(), dra = %paths.dra.display(), "serving the kubelet");
+
+    shutdown.await;
+    // Registration socket first: the kubelet deregisters the plugin when it disappears.
+    let _ = stop_tx.send(true);
+    let _ = std::fs::remove_file(&paths.registration);
+    let (r1, r2) = tokio::join!(reg_task, dra_task);
+    let _ = std::fs::remove_file(&paths.dra);
+    r1?.context("registration server")?;
+    r2?.context("DRA server")?;
+    Ok(())
+}
+
+fn bind(path: &Path) -> Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    // A socket left by a crashed instance of ourselves; never another plugin's (names are ours).
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("remove stale socket {}", path.display())),
+    }
+    UnixListener::bind(path).with_context(|| format!("listen on {}", path.display()))
+}
+
+struct Registrar {
+    info: PluginInfo,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let s = req.into_inner();
+        if s.plugin_registered {
+            tracing::info!("registered with the kubelet");
+        } else {
+            tracing::error!(error = %s.error, "the kubelet rejected the registration");
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// The v1 service.
+struct V1(Arc<dyn ClaimHandler>);
+/// The v1beta1 service: same messages without `share_id`.
+struct V1beta1(Arc<dyn ClaimHandler>);
+
+macro_rules! claim_refs {
+    ($claims:expr) => {
+        $claims
+            .into_iter()
+            .map(|c| ClaimRef {
+                namespace: c.namespace,
+                name: c.name,
+                uid: c.uid,
+            })
+            .collect::<Vec<_>>()
+    };
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for V1 {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        let results = self.0.prepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                let entry = match r {
+                    Ok(devices) => v1::NodePrepareResourceResponse {
+                        devices: devices
+                            .into_iter()
+                            .map(|d| v1::Device {
+                                request_names: d.requests,
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_device_ids,
+                                share_id: None,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => v1::NodePrepareResourceResponse {
+                        devices: vec![],
+                        error,
+                    },
+                };
+                (uid, entry)
+            })
+            .collect();
+        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        let results = self.0.unprepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                (
+                    uid,
+                    v1::NodeUnprepareResourceResponse {
+                        error: r.err().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+#[tonic::async_trait]
+impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let results = self.0.prepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                let entry = match r {
+                    Ok(devices) => v1beta1::NodePrepareResourceResponse {
+                        devices: devices
+                            .into_iter()
+                            .map(|d| v1beta1::Device {
+                                request_names: d.requests,
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_device_ids,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => v1beta1::NodePrepareResourceResponse {
+                        devices: vec![],
+                        error,
+                    },
+                };
+                (uid, entry)
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let results = self.0.unprepare(claim_refs!(req.into_inner().claims)).await;
+        let claims = results
+            .into_iter()
+            .map(|(uid, r)| {
+                (
+                    uid,
+                    v1beta1::NodeUnprepareResourceResponse {
+                        error: r.err().unwrap_or_default(),
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_names_follow_the_kubelet_plugin_conventions() {
+        let p = SocketPaths::new(
+            Path::new("/var/lib/kubelet/plugins_registry"),
+            Path::new("/var/lib/kubelet/plugins"),
+            "mig.das.com",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            p.registration,
+            Path::new("/var/lib/kubelet/plugins_registry/mig.das.com-reg.sock")
+        );
+        assert_eq!(
+            p.dra,
+            Path::new("/var/lib/kubelet/plugins/mig.das.com/dra.sock")
+        );
+
+        let uid = "0a1b2c3d-0000-1111-2222-333344445555";
+        let p = SocketPaths::new(
+            Path::new("/var/lib/kubelet/plugins_registry"),
+            Path::new("/var/lib/kubelet/plugins"),
+            "mig.das.com",
+            Some(uid),
+        )
+        .unwrap();
+        assert_eq!(
+            p.registration,
+            Path::new(&format!(
+                "/var/lib/kubelet/plugins_registry/mig.das.com-{uid}-reg.sock"
+            ))
+        );
+        assert_eq!(
+            p.dra,
+            Path::new(&format!(
+                "/var/lib/kubelet/plugins/mig.das.com/dra-{uid}.sock"
+            ))
+        );
+    }
+
+    #[test]
+    fn long_registry_dirs_get_a_hashed_rolling_update_name_or_a_clear_error() {
+        let reg = PathBuf::from(format!("/{}/plugins_registry", "k".repeat(40)));
+        let uid = "0a1b2c3d-0000-1111-2222-333344445555";
+        let p = SocketPaths::new(
+            &reg,
+            Path::new("/var/lib/kubelet/plugins"),
+            "mig.das.com",
+            Some(uid),
+        )
+        .unwrap();
+        assert!(p.registration.as_os_str().len() <= MAX_SOCKET_PATH);
+        assert!(!p.registration.to_string_lossy().contains(uid));
+        let err = SocketPaths::new(
+            Path::new(&format!("/{}", "x".repeat(120))),
+            Path::new("/p"),
+            "mig.das.com",
+            None,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("more than the 107"), "{err}");
+        assert!(SocketPaths::new(Path::new("rel"), Path::new("/p"), "mig.das.com", None).is_err());
+    }
+}

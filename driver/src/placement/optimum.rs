@@ -1,0 +1,193 @@
+//! The offline optimum for the packing benchmark: knowing a whole request stream in advance, how
+//! long a prefix of it can a node hold at once?
+//!
+//! Per GPU model the state space is tiny (mig-facts §7: every valid layout can be enumerated), so
+//! each GPU is reduced to the instance-count vectors of its maximal valid layouts
+//! ([`maximal_count_vectors`]). A multiset of requests fits the node iff one vector per GPU can
+//! be chosen whose sum covers it. That is decided by dynamic programming over the GPUs: the set
+//! of demands still open after GPUs `0..i`, where an open demand that is component-wise at least
+//! another one is dropped (it cannot do better). Feasibility is monotone in the prefix length, so
+//! the longest feasible prefix is found by binary search.
+
+use std::collections::HashSet;
+
+use crate::gpu::layout::maximal_count_vectors;
+
+use super::GpuView;
+
+/// The node's GPUs reduced to their maximal layouts, over the node's distinct profile names.
+#[derive(Debug, Clone)]
+pub struct Optimum {
+    names: Vec<String>,
+    gpus: Vec<GpuChoices>,
+}
+
+#[derive(Debug, Clone)]
+struct GpuChoices {
+    model: String,
+    /// Instance counts per entry of [`Optimum::names`], one vector per maximal layout.
+    vectors: Vec<Vec<u32>>,
+}
+
+impl Optimum {
+    /// Prepares the search for a node with `gpus`.
+    pub fn new(gpus: &[GpuView<'_>]) -> Self {
+        let mut names: Vec<String> = Vec::new();
+        for g in gpus {
+            for p in &g.model.profiles {
+                if !names.contains(&p.name) {
+                    names.push(p.name.clone());
+                }
+            }
+        }
+        let mut cache: Vec<GpuChoices> = Vec::new();
+        let mut out = Vec::new();
+        for g in gpus {
+            if let Some(done) = cache.iter().find(|c| c.model == g.model.name) {
+                out.push(done.clone());
+                continue;
+            }
+            let global = |local: Vec<u32>| -> Vec<u32> {
+                let mut v = vec![0; names.len()];
+                for (p, n) in g.model.profiles.iter().zip(local) {
+                    v[names.iter().position(|x| *x == p.name).unwrap_or(0)] += n;
+                }
+                v
+            };
+            let choices = GpuChoices {
+                model: g.model.name.clone(),
+                vectors: maximal_count_vectors(g.model)
+                    .into_iter()
+                    .map(global)
+                    .collect(),
+            };
+            cache.push(choices.clone());
+            out.push(choices);
+        }
+        Self { names, gpus: out }
+    }
+
+    /// Whether the node can hold all of `requests` (profile names) at once. Unknown names never
+    /// fit.
+    pub fn feasible<S: AsRef<str>>(&self, requests: &[S]) -> bool {
+        let mut demand = vec![0u32; self.names.len()];
+        for r in requests {
+            match self.names.iter().position(|n| n == r.as_ref()) {
+                Some(i) => demand[i] += 1,
+                None => return false,
+            }
+        }
+        let mut open = vec![demand];
+        for gpu in &self.gpus {
+            if open.iter().any(|d| d.iter().all(|&x| x == 0)) {
+                return true;
+            }
+            let mut next: HashSet<Vec<u32>> = HashSet::new();
+            for d in &open {
+                next.insert(d.clone());
+                for v in &gpu.vectors {
+                    next.insert(d.iter().zip(v).map(|(a, b)| a.saturating_sub(*b)).collect());
+                }
+            }
+            open = minimal(next);
+        }
+        open.iter().any(|d| d.iter().all(|&x| x == 0))
+    }
+
+    /// The longest prefix of `requests` the node can hold at once.
+    pub fn longest_feasible_prefix<S: AsRef<str>>(&self, requests: &[S]) -> usize {
+        self.longest_feasible_prefix_from(requests, 0)
+    }
+
+    /// Like [`Self::longest_feasible_prefix`], given that the first `known` requests fit (e.g.
+    /// because an online policy placed them): searches upwards from there.
+    pub fn longest_feasible_prefix_from<S: AsRef<str>>(
+        &self,
+        requests: &[S],
+        known: usize,
+    ) -> usize {
+        let mut k = known.min(requests.len());
+        while k < requests.len() && self.feasible(&requests[..=k]) {
+            k += 1;
+        }
+        k
+    }
+}
+
+/// The demands no other demand in `set` is component-wise at most.
+fn minimal(set: HashSet<Vec<u32>>) -> Vec<Vec<u32>> {
+    let mut all: Vec<Vec<u32>> = set.into_iter().collect();
+    all.sort_by_key(|d| d.iter().sum::<u32>());
+    let mut keep: Vec<Vec<u32>> = Vec::new();
+    for d in all {
+        if !keep.iter().any(|k| k.iter().zip(&d).all(|(a, b)| a <= b)) {
+            keep.push(d);
+        }
+    }
+    keep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::find_model;
+
+    #[test]
+    fn single_h100() {
+        let m = find_model("H100-80GB").unwrap().unwrap();
+        let o = Optimum::new(&[GpuView {
+            index: 0,
+            model: &m,
+        }]);
+        assert!(o.feasible(&["1g.10gb"; 7]));
+        assert!(!o.feasible(&["1g.10gb"; 8]));
+        assert!(o.feasible(&["3g.40gb", "4g.40gb"]));
+        assert!(!o.feasible(&["4g.40gb", "4g.40gb"]));
+        assert!(o.feasible(&["4g.40gb", "2g.20gb", "1g.20gb"]));
+        assert!(!o.feasible(&["4g.40gb", "2g.20gb", "2g.20gb"]));
+        assert!(!o.feasible(&["1g.10gb+me", "1g.10gb+me"]));
+        assert!(!o.feasible(&["unknown"]));
+        assert_eq!(
+            o.longest_feasible_prefix(&["7g.80gb", "1g.10gb", "1g.10gb"]),
+            1
+        );
+    }
+
+    #[test]
+    fn mixed_node_shares_profile_names() {
+        // "1g.10gb" is the 2x-memory 1g on A100-40GB and the plain 1g on H100.
+        let a = find_model("A100-SXM4-40GB").unwrap().unwrap();
+        let h = find_model("H100-80GB").unwrap().unwrap();
+        let gpus = [
+            GpuView {
+                index: 0,
+                model: &a,
+            },
+            GpuView {
+                index: 1,
+                model: &h,
+            },
+        ];
+        let o = Optimum::new(&gpus);
+        assert!(o.feasible(&["1g.10gb"; 11]));
+        assert!(!o.feasible(&["1g.10gb"; 12]));
+    }
+
+    #[test]
+    fn eight_gpus_are_fast() {
+        let m = find_model("H100-80GB").unwrap().unwrap();
+        let gpus: Vec<GpuView<'_>> = (0..8)
+            .map(|i| GpuView {
+                index: i,
+                model: &m,
+            })
+            .collect();
+        let o = Optimum::new(&gpus);
+        // 16 half-GPU slots: 4g only in the lower half, 3g in either.
+        let mut reqs = vec!["3g.40gb"; 10];
+        reqs.extend(["4g.40gb"; 7]);
+        assert!(!o.feasible(&reqs));
+        reqs.pop();
+        assert!(o.feasible(&reqs));
+    }
+}

@@ -1,0 +1,227 @@
+//! A simulator of the upstream DRA allocator over DAS's devices, and seeded request streams, for
+//! tests and the packing benchmark.
+//!
+//! The allocator takes, for each request, the first listed device of the requested profile whose
+//! shared counters still fit (`dra-kubelet-plugin.md` §6.2): the GPU's `memory-slice-<n>` counters
+//! (value 1 each) and its resource counters. That is [`Occupancy::check_counters`]; a unit test in
+//! `gpu::layout` shows the counters accept exactly what the hardware accepts, including the
+//! per-profile maximum counts and the single `+me`.
+
+use crate::gpu::layout::Occupancy;
+
+use super::{Candidate, GpuView, name_order, order_for_occupancy, publish_order};
+
+/// Which published order the simulated allocator walks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// DAS's default static order ([`publish_order`]).
+    Das,
+    /// DAS's order recomputed on the occupancy before every request ([`order_for_occupancy`]),
+    /// as if the plugin republished after every allocation.
+    DasAdaptive,
+    /// Plain first-fit over device names ([`name_order`]).
+    NameOrder,
+}
+
+/// The first-fit allocator over one node's devices.
+#[derive(Debug, Clone)]
+pub struct FirstFit<'a> {
+    gpus: Vec<GpuView<'a>>,
+    occ: Vec<Occupancy>,
+    policy: Policy,
+    order: Vec<Candidate>,
+}
+
+impl<'a> FirstFit<'a> {
+    /// Empty GPUs, devices published in `policy`'s order.
+    pub fn new(gpus: &[GpuView<'a>], policy: Policy) -> Self {
+        let order = match policy {
+            Policy::Das | Policy::DasAdaptive => publish_order(gpus),
+            Policy::NameOrder => name_order(gpus),
+        };
+        Self {
+            gpus: gpus.to_vec(),
+            occ: gpus.iter().map(|g| Occupancy::empty(g.model)).collect(),
+            policy,
+            order,
+        }
+    }
+
+    /// Allocates the first fitting device of `profile` (a profile name); `None` if none fits.
+    pub fn allocate(&mut self, profile: &str) -> Option<Candidate> {
+        if self.policy == Policy::DasAdaptive {
+            self.order = order_for_occupancy(&self.gpus, &self.occ);
+        }
+        let gpus = &self.gpus;
+        let occ = &self.occ;
+        let found = self.order.iter().copied().find(|c| {
+            let model = gpus[c.gpu].model;
+            model.profiles[c.profile].name == profile
+                && occ[c.gpu].check_counters(model, c.profile, c.start).is_ok()
+        })?;
+        self.occ[found.gpu].add(self.gpus[found.gpu].model, found.profile, found.start);
+        Some(found)
+    }
+
+    /// Allocates `requests` in order and returns how many were placed before the first one that
+    /// did not fit (all of them if none failed).
+    pub fn placed_before_first_rejection<S: AsRef<str>>(&mut self, requests: &[S]) -> usize {
+        requests
+            .iter()
+            .take_while(|r| self.allocate(r.as_ref()).is_some())
+            .count()
+    }
+
+    /// Current occupancy, one per GPU.
+    pub fn occupancy(&self) -> &[Occupancy] {
+        &self.occ
+    }
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): a tiny seeded PRNG, good enough for workloads.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n > 0`), by Lemire's multiply-shift (bias below 2⁻³² for small `n`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+}
+
+/// Request mixes over a node's profiles (mig-facts §7.1 (b)). `+me` profiles are left out: one
+/// per GPU, they would dominate every stream's first rejection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mix {
+    /// Every profile equally likely.
+    Uniform,
+    /// By compute slices 1g 50 %, 2g 20 %, 3g 15 %, 4g 10 %, larger 5 %, split evenly among the
+    /// profiles of the same compute size.
+    SmallHeavy,
+}
+
+/// `(profile name, weight)` for the node's distinct non-`+me` profiles, in first-seen order.
+pub fn profile_weights(gpus: &[GpuView<'_>], mix: Mix) -> Vec<(String, u64)> {
+    let mut profiles: Vec<(String, u32)> = Vec::new();
+    for g in gpus {
+        for p in &g.model.profiles {
+            if !p.media_extension && !profiles.iter().any(|(n, _)| *n == p.name) {
+                profiles.push((p.name.clone(), p.compute_slices));
+            }
+        }
+    }
+    let class_weight = |g: u32| -> u64 {
+        match g {
+            1 => 50,
+            2 => 20,
+            3 => 15,
+            4 => 10,
+            _ => 5,
+        }
+    };
+    let same_class = |g: u32| profiles.iter().filter(|(_, h)| *h == g).count() as u64;
+    profiles
+        .iter()
+        .map(|(name, g)| {
+            let w = match mix {
+                Mix::Uniform => 1,
+                // Scaled by 60 (divisible by any class size up to 6) to keep integers.
+                Mix::SmallHeavy => class_weight(*g) * 60 / same_class(*g),
+            };
+            (name.clone(), w)
+        })
+        .collect()
+}
+
+/// `len` profile names drawn from `weights`.
+pub fn request_stream(weights: &[(String, u64)], rng: &mut SplitMix64, len: usize) -> Vec<String> {
+    let total: u64 = weights.iter().map(|(_, w)| w).sum();
+    (0..len)
+        .map(|_| {
+            let mut x = rng.below(total);
+            for (name, w) in weights {
+                if x < *w {
+                    return name.clone();
+                }
+                x -= w;
+            }
+            weights[weights.len() - 1].0.clone()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::find_model;
+
+    #[test]
+    fn prng_is_deterministic_and_in_range() {
+        let mut a = SplitMix64::new(7);
+        let mut b = SplitMix64::new(7);
+        for _ in 0..100 {
+            let x = a.below(10);
+            assert_eq!(x, b.below(10));
+            assert!(x < 10);
+        }
+    }
+
+    #[test]
+    fn weights_skip_me_and_favour_small() {
+        let m = find_model("H100-80GB").unwrap().unwrap();
+        let gpus = [GpuView {
+            index: 0,
+            model: &m,
+        }];
+        let w = profile_weights(&gpus, Mix::SmallHeavy);
+        assert_eq!(w.len(), 6);
+        assert!(w.iter().all(|(n, _)| !n.ends_with("+me")));
+        let get = |n: &str| w.iter().find(|(m, _)| m == n).unwrap().1;
+        assert_eq!(get("1g.10gb"), get("1g.20gb"));
+        assert!(get("1g.10gb") > get("2g.20gb") && get("4g.40gb") > get("7g.80gb"));
+        let mut rng = SplitMix64::new(1);
+        let s = request_stream(&w, &mut rng, 50);
+        assert_eq!(s.len(), 50);
+    }
+
+    #[test]
+    fn allocator_respects_counters_and_order() {
+        let m = find_model("A100-SXM4-40GB").unwrap().unwrap();
+        let gpus = [
+            GpuView {
+                index: 0,
+                model: &m,
+            },
+            GpuView {
+                index: 1,
+                model: &m,
+            },
+        ];
+        let mut ff = FirstFit::new(&gpus, Policy::Das);
+        assert_eq!(
+            ff.placed_before_first_rejection(&["7g.40gb", "7g.40gb", "1g.5gb"]),
+            2
+        );
+        let mut ff = FirstFit::new(&gpus, Policy::DasAdaptive);
+        let c = ff.allocate("1g.5gb+me").unwrap();
+        assert_eq!((c.gpu, c.start), (0, 6));
+        // The second +me goes to the other GPU: the OFA counter of GPU 0 is used up.
+        assert_eq!(ff.allocate("1g.5gb+me").unwrap().gpu, 1);
+        assert!(ff.allocate("1g.5gb+me").is_none());
+        assert_eq!(ff.occupancy()[0].instances(), 1);
+    }
+}

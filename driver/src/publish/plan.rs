@@ -1,0 +1,743 @@
+//! The pure half of the publisher: slice names, comparison keys and the reconcile plan.
+//!
+//! Everything here follows the upstream Go controller (kubernetes/dynamic-resource-allocation
+//! `resourceslice/resourceslicecontroller.go`, `syncPool`; `dra-kubelet-plugin.md` §2.4), with
+//! one deliberate difference: names are deterministic instead of `generateName`d (see
+//! [`slice_name`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::Value;
+
+use das_api::DRIVER_NAME;
+
+/// Fewest hex digits of the index at the start of a slice name (upstream
+/// `resourceSliceIndexMinLength`).
+pub const INDEX_MIN_WIDTH: usize = 5;
+
+/// Longest object name (a DNS subdomain).
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Hex digits used for the index when a pool has `count` slices: at least [`INDEX_MIN_WIDTH`],
+/// more when `count - 1` needs more, so that every slice of the pool has the same width and
+/// lexicographic order equals index order (upstream `getIndexLength`).
+pub fn index_width(count: usize) -> usize {
+    let digits = format!("{:x}", count.saturating_sub(1)).len();
+    digits.max(INDEX_MIN_WIDTH)
+}
+
+/// The name of slice `index` of `node`'s pool: `<index as zero-padded hex>-mig.das.com-<node>`,
+/// e.g. `00000-mig.das.com-n0`, `0000a-mig.das.com-n0`.
+///
+/// Why deterministic names and not upstream's `generateName` (`<index hex>-<driver>-<node>-`
+/// plus a random suffix): the same index prefix gives the same allocation priority (the 1.36+
+/// allocators sort the slices of a pool by name, `dra-kubelet-plugin.md` §6.3), and a fixed name
+/// makes creates idempotent: a create retried after a timeout, or two plugin instances during a
+/// rolling update, cannot leave two slices for one index (the second create gets
+/// `AlreadyExists`). Upstream needs a mutation cache to avoid exactly that.
+///
+/// Node names longer than fit in [`MAX_NAME_LEN`] are cut and get `-<crc32 of the node name>`
+/// appended, so names stay unique per node and valid DNS subdomains.
+pub fn slice_name(node: &str, index: usize, width: usize) -> String {
+    let prefix = format!("{index:0width$x}-{DRIVER_NAME}-");
+    if prefix.len() + node.len() <= MAX_NAME_LEN {
+        return format!("{prefix}{node}");
+    }
+    let hash = format!("{:08x}", crc32fast::hash(node.as_bytes()));
+    let room = MAX_NAME_LEN.saturating_sub(prefix.len() + 1 + hash.len());
+    let mut cut = room.min(node.len());
+    while !node.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let head = node[..cut].trim_end_matches(['-', '.']);
+    format!("{prefix}{head}-{hash}")
+}
+
+/// The index encoded in `name` if `name` is exactly [`slice_name`]`(node, index, width)`.
+pub fn index_of(name: &str, node: &str, width: usize) -> Option<usize> {
+    let (hex, _) = name.split_once('-')?;
+    if hex.len() != width {
+        return None;
+    }
+    let index = usize::from_str_radix(hex, 16).ok()?;
+    (slice_name(node, index, width) == name).then_some(index)
+}
+
+/// The owner reference every slice of `node` carries: the Node, as controller, so the garbage
+/// collector deletes the slices with the Node (upstream `Owner{APIVersion: "v1", Kind: "Node"}`).
+pub fn node_owner(node: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: node.into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// Whether `slice` names the Node `node` with `uid` as its controller.
+pub fn owned_by(slice: &ResourceSlice, node: &str, uid: &str) -> bool {
+    slice.metadata.owner_references.iter().flatten().any(|o| {
+        o.api_version == "v1"
+            && o.kind == "Node"
+            && o.name == node
+            && o.uid == uid
+            && o.controller == Some(true)
+    })
+}
+
+/// The part of a spec that decides whether a stored slice is up to date: the spec as JSON with
+/// `pool.generation` set to 0, nulls, empty lists and empty maps removed (the API server omits
+/// them, so `Some(vec![])` and `None` compare equal) and taints' server-filled `timeAdded`
+/// removed (upstream `DevicesDeepEqual` ignores it too). Map order never matters.
+pub fn spec_key(spec: &ResourceSliceSpec) -> Value {
+    let mut key = serde_json::to_value(spec).expect("a ResourceSliceSpec serializes to JSON");
+    if let Some(pool) = key.get_mut("pool").and_then(Value::as_object_mut) {
+        pool.insert("generation".into(), Value::from(0));
+    }
+    strip_taint_time_added(&mut key);
+    prune_empty(&mut key);
+    key
+}
+
+fn strip_taint_time_added(key: &mut Value) {
+    let devices = key.get_mut("devices").and_then(Value::as_array_mut);
+    for device in devices.into_iter().flatten() {
+        let taints = device.get_mut("taints").and_then(Value::as_array_mut);
+        for taint in taints.into_iter().flatten() {
+            if let Some(t) = taint.as_object_mut() {
+                t.remove("timeAdded");
+            }
+        }
+    }
+}
+
+/// Removes nulls, empty arrays and empty objects from every object, bottom-up. Array elements
+/// are pruned inside but kept (positions matter).
+fn prune_empty(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for child in map.values_mut() {
+                prune_empty(child);
+            }
+            map.retain(|_, child| !is_empty(child));
+        }
+        Value::Array(items) => items.iter_mut().for_each(prune_empty),
+        _ => {}
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// JSON paths (`devices[0].nodeAllocatableResourceMappings`) where `stored` differs from `sent`,
+/// at most `limit` of them, for the dropped-fields log line.
+pub fn diff_paths(sent: &Value, stored: &Value, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    diff_into("", sent, stored, limit, &mut out);
+    out
+}
+
+fn diff_into(path: &str, a: &Value, b: &Value, limit: usize, out: &mut Vec<String>) {
+    if out.len() >= limit || a == b {
+        return;
+    }
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let child = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                let (ca, cb) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                diff_into(&child, ca, cb, limit, out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (ca, cb)) in x.iter().zip(y).enumerate() {
+                diff_into(&format!("{path}[{i}]"), ca, cb, limit, out);
+            }
+        }
+        _ => out.push(if path.is_empty() { "." } else { path }.to_string()),
+    }
+}
+
+/// The feature gates that probably explain dropped fields, guessed from the differing paths
+/// like upstream `DroppedFieldsError.DisabledFeatures` (`dra-kubelet-plugin.md` §4); `unknown`
+/// when none fits (e.g. the server canonicalized a quantity).
+pub fn guess_disabled_features(paths: &[String]) -> Vec<&'static str> {
+    const GATES: &[(&str, &str)] = &[
+        ("sharedCounters", "DRAPartitionableDevices"),
+        ("consumesCounters", "DRAPartitionableDevices"),
+        ("perDeviceNodeSelection", "DRAPartitionableDevices"),
+        ("taints", "DRADeviceTaints"),
+        ("bindingConditions", "DRADeviceBindingConditions"),
+        ("bindingFailureConditions", "DRADeviceBindingConditions"),
+        ("bindsToNode", "DRADeviceBindingConditions"),
+        ("allowMultipleAllocations", "DRAConsumableCapacity"),
+        ("requestPolicy", "DRAConsumableCapacity"),
+        (
+            "nodeAllocatableResourceMappings",
+            "DRANodeAllocatableResources",
+        ),
+    ];
+    let mut gates: Vec<&'static str> = GATES
+        .iter()
+        .filter(|(field, _)| paths.iter().any(|p| p.contains(field)))
+        .map(|(_, gate)| *gate)
+        .collect();
+    gates.dedup();
+    if gates.is_empty() {
+        gates.push("unknown");
+    }
+    gates
+}
+
+/// A spec the server stored differently from what was sent (dropped fields, canonicalized
+/// values), adopted as the baseline for one slice index: while the desired key is still `sent`,
+/// a stored slice whose key is `stored` counts as up to date, so publishing does not loop on
+/// updates (upstream `sliceStored`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adopted {
+    /// Key ([`spec_key`]) of the spec that was sent.
+    pub sent: Value,
+    /// Key of the spec the server returned.
+    pub stored: Value,
+}
+
+/// Adopted baselines by slice index.
+pub type Baseline = BTreeMap<usize, Adopted>;
+
+/// Why an existing slice is deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObsoleteReason {
+    /// It belongs to another pool than the node's.
+    OtherPool(String),
+    /// Its pool generation is below the pool's highest.
+    LowerGeneration {
+        /// The slice's generation.
+        generation: i64,
+        /// The pool's highest.
+        current: i64,
+    },
+    /// Its name is not one this publisher gives (e.g. an upstream `generateName`d slice, or an
+    /// index width from a pool of another size).
+    ForeignName,
+    /// Its index is not below the desired slice count.
+    BeyondCount {
+        /// The slice's index.
+        index: usize,
+        /// Desired slice count.
+        count: usize,
+    },
+    /// The whole pool is being removed ([`super::Publisher::unpublish`]).
+    Unpublished,
+}
+
+impl std::fmt::Display for ObsoleteReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::OtherPool(p) => write!(f, "belongs to pool {p:?}"),
+            Self::LowerGeneration {
+                generation,
+                current,
+            } => write!(f, "generation {generation} is below the pool's {current}"),
+            Self::ForeignName => write!(f, "name does not follow <index>-{DRIVER_NAME}-<node>"),
+            Self::BeyondCount { index, count } => {
+                write!(f, "index {index} is not below the slice count {count}")
+            }
+            Self::Unpublished => write!(f, "the pool is unpublished"),
+        }
+    }
+}
+
+/// An existing slice to delete, with the preconditions of the delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deletion {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.uid` (delete precondition).
+    pub uid: Option<String>,
+    /// `metadata.resourceVersion` (delete precondition).
+    pub resource_version: Option<String>,
+    /// Why.
+    pub reason: ObsoleteReason,
+}
+
+/// What one publish does, in this order: delete, update, create (upstream order: obsolete
+/// devices disappear even if the new slices turn out to be invalid).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// Pool generation every written slice carries.
+    pub generation: i64,
+    /// Whether `generation` is above the highest existing one.
+    pub bumped: bool,
+    /// Obsolete slices.
+    pub delete: Vec<Deletion>,
+    /// `(desired index, existing slice)` to replace.
+    pub update: Vec<(usize, ResourceSlice)>,
+    /// Desired indices without an existing slice.
+    pub create: Vec<usize>,
+    /// Desired indices whose slice is up to date.
+    pub unchanged: Vec<usize>,
+}
+
+impl Plan {
+    /// API writes the plan needs.
+    pub fn writes(&self) -> usize {
+        self.delete.len() + self.update.len() + self.create.len()
+    }
+}
+
+/// The generation rule of the upstream controller: keep `current` when no slice is new and at
+/// most one existing slice changes (one update is atomic, so consumers never see a mixed pool);
+/// otherwise `current + 1`, and every slice is rewritten with it. Returns `(generation, bumped)`.
+pub fn decide_generation(current: i64, new_slices: usize, changed: usize) -> (i64, bool) {
+    if new_slices == 0 && changed <= 1 {
+        (current, false)
+    } else {
+        (current + 1, true)
+    }
+}
+
+/// What the publisher must know to plan: the pool (node) name, the Node UID for the owner
+/// reference, the desired specs (already completed with driver, pool and node name, generation
+/// 0) and the adopted baselines.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// Node name = pool name.
+    pub node: &'a str,
+    /// Node UID.
+    pub node_uid: &'a str,
+    /// Desired specs in priority order.
+    pub desired: &'a [ResourceSliceSpec],
+    /// Adopted baselines by index.
+    pub baseline: &'a Baseline,
+}
+
+/// Plans a publish of `target` over `existing` (this node's slices of our driver, as listed).
+///
+/// Matching: a slice is matched to desired index `i` when its name is exactly
+/// [`slice_name`]`(node, i, width)`; everything else (other pools, lower generations, foreign
+/// names, indices beyond the count) is obsolete. A matched slice is changed when its
+/// [`spec_key`] differs from the desired one (unless an [`Adopted`] baseline explains the
+/// difference) or it lacks the Node controller reference.
+pub fn plan(target: Target<'_>, existing: &[ResourceSlice]) -> Plan {
+    let count = target.desired.len();
+    let width = index_width(count);
+    let (in_pool, mut delete) = split_other_pools(target.node, existing);
+    let current = in_pool
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0);
+    let mut matched: BTreeMap<usize, &ResourceSlice> = BTreeMap::new();
+    for slice in in_pool {
+        match classify(slice, target.node, width, count, current) {
+            Ok(i) => {
+                matched.insert(i, slice);
+            }
+            Err(reason) => delete.push(deletion(slice, reason)),
+        }
+    }
+    let changed: Vec<usize> = matched
+        .iter()
+        .filter(|(i, s)| !up_to_date(target, **i, s))
+        .map(|(i, _)| *i)
+        .collect();
+    let (generation, bumped) = decide_generation(current, count - matched.len(), changed.len());
+    let mut plan = Plan {
+        generation,
+        bumped,
+        delete,
+        update: Vec::new(),
+        create: (0..count).filter(|i| !matched.contains_key(i)).collect(),
+        unchanged: Vec::new(),
+    };
+    for (i, slice) in matched {
+        if bumped || changed.contains(&i) {
+            plan.update.push((i, slice.clone()));
+        } else {
+            plan.unchanged.push(i);
+        }
+    }
+    plan
+}
+
+fn split_other_pools<'a>(
+    node: &str,
+    existing: &'a [ResourceSlice],
+) -> (Vec<&'a ResourceSlice>, Vec<Deletion>) {
+    let mut sorted: Vec<&ResourceSlice> = existing.iter().collect();
+    sorted.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let (mine, others): (Vec<_>, Vec<_>) =
+        sorted.into_iter().partition(|s| s.spec.pool.name == node);
+    let deletions = others
+        .into_iter()
+        .map(|s| deletion(s, ObsoleteReason::OtherPool(s.spec.pool.name.clone())))
+        .collect();
+    (mine, deletions)
+}
+
+fn classify(
+    slice: &ResourceSlice,
+    node: &str,
+    width: usize,
+    count: usize,
+    current: i64,
+) -> Result<usize, ObsoleteReason> {
+    let generation = slice.spec.pool.generation;
+    if generation < current {
+        return Err(ObsoleteReason::LowerGeneration {
+            generation,
+            current,
+        });
+    }
+    let name = slice.metadata.name.as_deref().unwrap_or_default();
+    let index = index_of(name, node, width).ok_or(ObsoleteReason::ForeignName)?;
+    if index >= count {
+        return Err(ObsoleteReason::BeyondCount { index, count });
+    }
+    Ok(index)
+}
+
+fn deletion(slice: &ResourceSlice, reason: ObsoleteReason) -> Deletion {
+    Deletion {
+        name: slice.metadata.name.clone().unwrap_or_default(),
+        uid: slice.metadata.uid.clone(),
+        resource_version: slice.metadata.resource_version.clone(),
+        reason,
+    }
+}
+
+fn up_to_date(target: Target<'_>, index: usize, slice: &ResourceSlice) -> bool {
+    if !owned_by(slice, target.node, target.node_uid) {
+        return false;
+    }
+    let want = spec_key(&target.desired[index]);
+    let have = spec_key(&slice.spec);
+    want == have
+        || target
+            .baseline
+            .get(&index)
+            .is_some_and(|a| a.sent == want && a.stored == have)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourcePool};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde_json::json;
+
+    const NODE: &str = "n0";
+    const UID: &str = "uid-n0";
+
+    fn spec(devices: &[&str], count: usize) -> ResourceSliceSpec {
+        ResourceSliceSpec {
+            driver: DRIVER_NAME.into(),
+            node_name: Some(NODE.into()),
+            pool: ResourcePool {
+                name: NODE.into(),
+                generation: 0,
+                resource_slice_count: count as i64,
+            },
+            devices: Some(
+                devices
+                    .iter()
+                    .map(|d| Device {
+                        name: d.to_string(),
+                        attributes: Some(BTreeMap::from([(
+                            "type".to_string(),
+                            DeviceAttribute {
+                                string: Some("mig".into()),
+                                ..Default::default()
+                            },
+                        )])),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn desired(n: usize) -> Vec<ResourceSliceSpec> {
+        (0..n).map(|i| spec(&[&format!("dev-{i}")], n)).collect()
+    }
+
+    fn stored(index: usize, width: usize, s: &ResourceSliceSpec, generation: i64) -> ResourceSlice {
+        let mut spec = s.clone();
+        spec.pool.generation = generation;
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(NODE, index, width)),
+                uid: Some(format!("uid-{index}")),
+                resource_version: Some(format!("{}", 100 + index)),
+                owner_references: Some(vec![node_owner(NODE, UID)]),
+                ..Default::default()
+            },
+            spec,
+        }
+    }
+
+    fn published(d: &[ResourceSliceSpec], generation: i64) -> Vec<ResourceSlice> {
+        let w = index_width(d.len());
+        d.iter()
+            .enumerate()
+            .map(|(i, s)| stored(i, w, s, generation))
+            .collect()
+    }
+
+    fn target<'a>(d: &'a [ResourceSliceSpec], b: &'a Baseline) -> Target<'a> {
+        Target {
+            node: NODE,
+            node_uid: UID,
+            desired: d,
+            baseline: b,
+        }
+    }
+
+    #[test]
+    fn names_sort_like_indices_and_parse_back() {
+        assert_eq!(slice_name("n0", 0, 5), "00000-mig.das.com-n0");
+        assert_eq!(slice_name("n0", 10, 5), "0000a-mig.das.com-n0");
+        let w = index_width(300);
+        let names: Vec<String> = (0..300).map(|i| slice_name("n0", i, w)).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        for (i, n) in names.iter().enumerate() {
+            assert_eq!(index_of(n, "n0", w), Some(i));
+        }
+        assert_eq!(index_of("00000-mig.das.com-n1", "n0", 5), None);
+        assert_eq!(index_of("0000-mig.das.com-n0", "n0", 5), None);
+        assert_eq!(index_of("00000-mig.das.com-n0-x7k2p", "n0", 5), None);
+        assert_eq!(index_of("zzzzz-mig.das.com-n0", "n0", 5), None);
+    }
+
+    #[test]
+    fn index_width_grows_past_five_hex_digits() {
+        assert_eq!(index_width(0), 5);
+        assert_eq!(index_width(1), 5);
+        assert_eq!(index_width(0x100000), 5);
+        assert_eq!(index_width(0x100001), 6);
+    }
+
+    #[test]
+    fn long_node_names_are_cut_hashed_and_stay_valid() {
+        let node = format!("{}.{}", "a".repeat(200), "b-".repeat(30));
+        let name = slice_name(&node, 3, 5);
+        assert_eq!(name.len(), MAX_NAME_LEN);
+        assert!(name.starts_with("00003-mig.das.com-aaaa"));
+        assert!(!name.contains("-.") && !name.contains(".-") && !name.contains("--"));
+        assert_ne!(name, slice_name(&format!("{node}x"), 3, 5));
+        assert_eq!(index_of(&name, &node, 5), Some(3));
+    }
+
+    #[test]
+    fn keys_ignore_generation_empty_collections_and_taint_time() {
+        let a = spec(&["d"], 1);
+        let mut b = a.clone();
+        b.pool.generation = 7;
+        b.shared_counters = Some(vec![]);
+        b.devices.as_mut().unwrap()[0].capacity = Some(BTreeMap::new());
+        assert_eq!(spec_key(&a), spec_key(&b));
+        b.pool.resource_slice_count = 2;
+        assert_ne!(spec_key(&a), spec_key(&b));
+
+        let mut t1: Value =
+            json!({"devices": [{"name": "d", "taints": [{"key": "k", "effect": "NoSchedule"}]}]});
+        let mut t2: Value = json!({"devices": [{"name": "d", "taints": [{"key": "k", "effect": "NoSchedule", "timeAdded": "2026-01-01T00:00:00Z"}]}]});
+        strip_taint_time_added(&mut t1);
+        strip_taint_time_added(&mut t2);
+        assert_eq!(t1, t2);
+    }
+
+    #[test]
+    fn generation_rule_matches_upstream() {
+        assert_eq!(decide_generation(4, 0, 0), (4, false));
+        assert_eq!(decide_generation(4, 0, 1), (4, false));
+        assert_eq!(decide_generation(4, 0, 2), (5, true));
+        assert_eq!(decide_generation(4, 1, 0), (5, true));
+        assert_eq!(decide_generation(0, 3, 0), (1, true));
+    }
+
+    #[test]
+    fn empty_cluster_creates_all_at_generation_one() {
+        let d = desired(3);
+        let b = Baseline::new();
+        let p = plan(target(&d, &b), &[]);
+        assert_eq!((p.generation, p.bumped), (1, true));
+        assert_eq!(p.create, vec![0, 1, 2]);
+        assert!(p.update.is_empty() && p.delete.is_empty());
+    }
+
+    #[test]
+    fn identical_pool_needs_no_writes() {
+        let d = desired(3);
+        let b = Baseline::new();
+        let p = plan(target(&d, &b), &published(&d, 4));
+        assert_eq!(p.writes(), 0);
+        assert_eq!((p.generation, p.bumped), (4, false));
+        assert_eq!(p.unchanged, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn one_change_keeps_the_generation_two_bump_it() {
+        let d = desired(3);
+        let existing = published(&d, 4);
+        let b = Baseline::new();
+        let mut one = d.clone();
+        one[1] = spec(&["other"], 3);
+        let p = plan(target(&one, &b), &existing);
+        assert_eq!((p.generation, p.bumped), (4, false));
+        assert_eq!(p.update.iter().map(|u| u.0).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(p.unchanged, vec![0, 2]);
+
+        let mut two = one.clone();
+        two[2] = spec(&["other-2"], 3);
+        let p = plan(target(&two, &b), &existing);
+        assert_eq!((p.generation, p.bumped), (5, true));
+        assert_eq!(p.update.len(), 3, "a bump rewrites every slice");
+    }
+
+    #[test]
+    fn adding_a_slice_bumps_and_rewrites_all() {
+        let d = desired(3);
+        let existing = published(&d, 2);
+        let b = Baseline::new();
+        let p = plan(target(&desired(4), &b), &existing);
+        assert_eq!((p.generation, p.bumped), (3, true));
+        assert_eq!(p.update.len(), 3);
+        assert_eq!(p.create, vec![3]);
+    }
+
+    #[test]
+    fn a_deleted_slice_is_recreated_with_a_bump() {
+        let d = desired(3);
+        let mut existing = published(&d, 2);
+        existing.remove(1);
+        let b = Baseline::new();
+        let p = plan(target(&d, &b), &existing);
+        assert_eq!((p.generation, p.bumped), (3, true));
+        assert_eq!(p.create, vec![1]);
+        assert_eq!(p.update.len(), 2);
+    }
+
+    #[test]
+    fn shrinking_deletes_the_tail() {
+        let existing = published(&desired(4), 2);
+        let b = Baseline::new();
+        let d = desired(1);
+        let p = plan(target(&d, &b), &existing);
+        let reasons: Vec<_> = p.delete.iter().map(|d| d.reason.clone()).collect();
+        assert_eq!(
+            reasons,
+            (1..4)
+                .map(|index| ObsoleteReason::BeyondCount { index, count: 1 })
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(p.delete[0].uid.as_deref(), Some("uid-1"));
+        assert_eq!(p.delete[0].resource_version.as_deref(), Some("101"));
+        // Only slice 0 remains and changes (its count): one update, generation kept.
+        assert_eq!((p.generation, p.bumped), (2, false));
+        assert_eq!(p.update.len(), 1);
+    }
+
+    #[test]
+    fn lower_generations_foreign_names_and_other_pools_are_obsolete() {
+        let d = desired(2);
+        let mut existing = published(&d, 3);
+        existing[1].spec.pool.generation = 2;
+        let mut foreign = existing[0].clone();
+        foreign.metadata.name = Some("00000-mig.das.com-n0-abcde".into());
+        let mut other = existing[0].clone();
+        other.metadata.name = Some("other".into());
+        other.spec.pool.name = "elsewhere".into();
+        existing.push(foreign);
+        existing.push(other);
+        let b = Baseline::new();
+        let p = plan(target(&d, &b), &existing);
+        let reasons: Vec<_> = p.delete.iter().map(|d| d.reason.clone()).collect();
+        assert!(reasons.contains(&ObsoleteReason::OtherPool("elsewhere".into())));
+        assert!(reasons.contains(&ObsoleteReason::LowerGeneration {
+            generation: 2,
+            current: 3
+        }));
+        assert!(reasons.contains(&ObsoleteReason::ForeignName));
+        assert_eq!(p.create, vec![1]);
+        assert_eq!((p.generation, p.bumped), (4, true));
+    }
+
+    #[test]
+    fn a_missing_owner_reference_counts_as_a_change() {
+        let d = desired(2);
+        let mut existing = published(&d, 1);
+        existing[0].metadata.owner_references = None;
+        let b = Baseline::new();
+        let p = plan(target(&d, &b), &existing);
+        assert_eq!(p.update.iter().map(|u| u.0).collect::<Vec<_>>(), vec![0]);
+        assert!(!p.bumped);
+    }
+
+    #[test]
+    fn an_adopted_baseline_stops_update_loops() {
+        let d = desired(1);
+        let mut existing = published(&d, 1);
+        // The server dropped the attributes (as if a gate were off).
+        existing[0].spec.devices.as_mut().unwrap()[0].attributes = None;
+        let none = Baseline::new();
+        assert_eq!(plan(target(&d, &none), &existing).update.len(), 1);
+        let adopted = Baseline::from([(
+            0,
+            Adopted {
+                sent: spec_key(&d[0]),
+                stored: spec_key(&existing[0].spec),
+            },
+        )]);
+        let p = plan(target(&d, &adopted), &existing);
+        assert_eq!(p.writes(), 0);
+        // A new desired spec makes the baseline stale again.
+        let d2 = vec![spec(&["new"], 1)];
+        assert_eq!(plan(target(&d2, &adopted), &existing).update.len(), 1);
+    }
+
+    #[test]
+    fn diff_paths_and_feature_guesses() {
+        let sent = json!({"devices": [{"name": "d", "nodeAllocatableResourceMappings": {"cpu": {}}}], "pool": {"name": "n0"}});
+        let stored = json!({"devices": [{"name": "d"}], "pool": {"name": "n0"}});
+        let paths = diff_paths(&sent, &stored, 10);
+        assert_eq!(paths, vec!["devices[0].nodeAllocatableResourceMappings"]);
+        assert_eq!(
+            guess_disabled_features(&paths),
+            vec!["DRANodeAllocatableResources"]
+        );
+        assert_eq!(
+            guess_disabled_features(&[
+                "sharedCounters".into(),
+                "devices[0].consumesCounters".into()
+            ]),
+            vec!["DRAPartitionableDevices"]
+        );
+        assert_eq!(
+            guess_disabled_features(&["devices[0].capacity.memory.value".into()]),
+            vec!["unknown"]
+        );
+        assert_eq!(diff_paths(&json!([1, 2]), &json!([1]), 10), vec!["."]);
+    }
+}

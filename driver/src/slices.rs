@@ -1,0 +1,786 @@
+//! The desired ResourceSlices of a node, built from its GPU inventory (pure; DESIGN §3, §4).
+//!
+//! - One device per `(GPU, profile, placement start)`, named `gpu-<index>-mig-<profile>-<start>`,
+//!   with the attributes and capacities of DESIGN §3, consuming its resources and the memory-slice
+//!   counters `[start, start + size)` from its GPU's counter set.
+//! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` [bytes], `multiprocessors`, the
+//!   engine counters, and `memory-slice-<n>` = 1 per memory slice. Overlapping placements consume
+//!   the same memory-slice counter, which stops the allocator from picking both.
+//! - Devices are listed in the placement policy's order ([`crate::placement::publish_order`]);
+//!   slices carry an index whose zero-padded hex form sorts like the index, so the allocator (which
+//!   sorts slices by name from 1.36) walks devices in that order.
+//! - Layout by server version (`dra-kubelet-plugin.md` §3.2, §3.3): 1.34 keeps a GPU's counter set
+//!   and its devices in one slice (several GPUs per slice while the limits allow); 1.35+ puts
+//!   counter sets in counter-only slices (`devices` unset) and devices in device-only slices.
+//!
+//! Slices have no `metadata.name` and pool generation 0: naming, generations and owner references
+//! are the publisher's job.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use das_api::{DRIVER_NAME, attributes as attr, capacities as cap, counters};
+
+use crate::gpu::model::profile_dns_label;
+use crate::gpu::{GiProfile, GpuInfo, GpuModel};
+use crate::placement::{GpuView, publish_order};
+
+/// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
+pub const MAX_DEVICES_PER_SLICE: usize = 64;
+/// Most counter sets per slice (1.35+).
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+/// Most counters per counter set (1.35+), and per slice in total (1.34).
+pub const MAX_COUNTERS_PER_SET: usize = 32;
+/// Most device counter consumptions (counters consumed, summed over devices) per slice (1.34).
+pub const MAX_DEVICE_COUNTERS_PER_SLICE_1_34: usize = 1024;
+/// Most attributes plus capacities per device.
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// Longest string attribute value.
+pub const MAX_ATTRIBUTE_STRING: usize = 64;
+
+/// Where counter sets go, by Kubernetes server version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SliceLayout {
+    /// 1.34: a GPU's counter set and its devices share a slice.
+    CountersWithDevices,
+    /// 1.35 and newer: counter sets in their own slices, devices in others.
+    SeparateCounterSlices,
+}
+
+impl SliceLayout {
+    /// The layout for a Kubernetes server `major.minor` (1.35+ → separate slices).
+    pub fn for_server_version(major: u32, minor: u32) -> Self {
+        if (major, minor) >= (1, 35) {
+            SliceLayout::SeparateCounterSlices
+        } else {
+            SliceLayout::CountersWithDevices
+        }
+    }
+}
+
+/// What a slice holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SliceKind {
+    /// Counter sets only (1.35+).
+    Counters,
+    /// Devices only (1.35+).
+    Devices,
+    /// Counter sets and the devices that consume them (1.34).
+    Combined,
+    /// Nothing: a node without MIG-capable GPUs still publishes one empty slice so its pool exists.
+    Empty,
+}
+
+/// One desired slice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredSlice {
+    /// Position in the pool; slices must be named so that they sort by it ([`Self::name_prefix`]).
+    pub index: usize,
+    /// What it holds.
+    pub kind: SliceKind,
+    /// The slice, without `metadata.name`; `spec.pool.generation` is 0.
+    pub slice: ResourceSlice,
+}
+
+impl DesiredSlice {
+    /// The index as zero-padded lower-case hex (at least 5 digits, like the upstream
+    /// resourceslice controller), to start the slice name with.
+    pub fn name_prefix(&self) -> String {
+        format!("{:05x}", self.index)
+    }
+}
+
+/// A GPU that cannot be published within the API limits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SliceError {
+    /// On 1.34 a GPU's counter set and devices must share one slice, and they exceed its limits.
+    #[error("GPU {gpu} ({model}) does not fit in one Kubernetes 1.34 ResourceSlice: {detail}")]
+    GpuTooLargeForSlice {
+        /// GPU index.
+        gpu: u32,
+        /// Model name.
+        model: String,
+        /// Which limit.
+        detail: String,
+    },
+    /// The GPU's counter set has more counters than a set may hold.
+    #[error(
+        "GPU {gpu} ({model}): its counter set needs {counters} counters, at most {MAX_COUNTERS_PER_SET} are allowed"
+    )]
+    TooManyCounters {
+        /// GPU index.
+        gpu: u32,
+        /// Model name.
+        model: String,
+        /// Counters needed.
+        counters: usize,
+    },
+}
+
+/// Device name `gpu-<index>-mig-<profile as DNS label>-<start>` (DESIGN §3), e.g.
+/// `gpu-3-mig-1g-10gb-me-6`.
+pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
+    format!("gpu-{gpu_index}-mig-{}-{start}", profile_dns_label(profile))
+}
+
+/// A version as a semantic version for a `version` attribute: 1 to 3 numeric components, leading
+/// zeros dropped, missing ones 0 (`580.95.05` → `580.95.5`, `9.0` → `9.0.0`). `None` otherwise.
+pub fn semver(version: &str) -> Option<String> {
+    let parts: Vec<&str> = version.trim().split('.').collect();
+    if parts.len() > 3
+        || parts
+            .iter()
+            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return None;
+    }
+    let mut nums = parts
+        .iter()
+        .map(|p| p.parse::<u64>().ok())
+        .collect::<Option<Vec<u64>>>()?;
+    nums.resize(3, 0);
+    Some(format!("{}.{}.{}", nums[0], nums[1], nums[2]))
+}
+
+/// A byte count as Kubernetes writes it canonically (binary suffix for the largest power of 1024
+/// dividing it; plain below 1024), so the stored object equals the desired one.
+pub fn bytes_quantity(bytes: u64) -> Quantity {
+    canonical(bytes, 1024, &["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
+}
+
+/// A count as Kubernetes writes it canonically (decimal suffix for the largest power of 1000
+/// dividing it).
+pub fn count_quantity(n: u64) -> Quantity {
+    canonical(n, 1000, &["", "k", "M", "G", "T", "P", "E"])
+}
+
+fn canonical(mut n: u64, base: u64, suffixes: &[&str]) -> Quantity {
+    let mut exp = 0;
+    if n >= base {
+        while n % base == 0 && exp + 1 < suffixes.len() {
+            n /= base;
+            exp += 1;
+        }
+    }
+    Quantity(format!("{n}{}", suffixes[exp]))
+}
+
+/// Builds the node's desired slices from its inventory: every GPU that offers MIG
+/// ([`GpuInfo::offers_mig`]), in the policy's order, laid out for `layout`.
+pub fn desired_slices(
+    node_name: &str,
+    gpus: &[GpuInfo],
+    layout: SliceLayout,
+) -> Result<Vec<DesiredSlice>, SliceError> {
+    let offered: Vec<&GpuInfo> = gpus.iter().filter(|g| g.offers_mig()).collect();
+    for g in &offered {
+        check_counter_set_size(g)?;
+    }
+    let views: Vec<GpuView<'_>> = offered
+        .iter()
+        .map(|g| GpuView {
+            index: g.index,
+            model: &g.model,
+        })
+        .collect();
+    let devices: Vec<(usize, Device)> = publish_order(&views)
+        .into_iter()
+        .map(|c| (c.gpu, device(offered[c.gpu], c.profile_of(&views), c.start)))
+        .collect();
+    let contents = match layout {
+        SliceLayout::SeparateCounterSlices => separate(&offered, devices),
+        SliceLayout::CountersWithDevices => combined(&offered, devices)?,
+    };
+    Ok(finish(node_name, contents))
+}
+
+/// `(kind, counter sets, devices)` of one slice before the pool fields are known.
+type Contents = (SliceKind, Option<Vec<CounterSet>>, Option<Vec<Device>>);
+
+fn check_counter_set_size(g: &GpuInfo) -> Result<(), SliceError> {
+    let counters = counter_set(g).counters.len();
+    if counters > MAX_COUNTERS_PER_SET {
+        return Err(SliceError::TooManyCounters {
+            gpu: g.index,
+            model: g.model.name.clone(),
+            counters,
+        });
+    }
+    Ok(())
+}
+
+/// 1.35+: counter-only slices of up to 8 sets, then device-only slices of up to 64 devices.
+fn separate(gpus: &[&GpuInfo], devices: Vec<(usize, Device)>) -> Vec<Contents> {
+    let sets: Vec<CounterSet> = gpus.iter().map(|g| counter_set(g)).collect();
+    let devices: Vec<Device> = devices.into_iter().map(|(_, d)| d).collect();
+    let counter_slices = sets
+        .chunks(MAX_COUNTER_SETS_PER_SLICE)
+        .map(|c| (SliceKind::Counters, Some(c.to_vec()), None));
+    let device_slices = devices
+        .chunks(MAX_DEVICES_PER_SLICE)
+        .map(|d| (SliceKind::Devices, None, Some(d.to_vec())));
+    counter_slices.chain(device_slices).collect()
+}
+
+/// What one GPU adds to a 1.34 slice.
+struct GpuBlock {
+    set: CounterSet,
+    devices: Vec<Device>,
+    counters: usize,
+    consumptions: usize,
+}
+
+/// 1.34: consecutive GPUs share a slice while devices ≤ 64, counters ≤ 32 and device counter
+/// consumptions ≤ 1024; a GPU that alone exceeds them is an error.
+fn combined(gpus: &[&GpuInfo], devices: Vec<(usize, Device)>) -> Result<Vec<Contents>, SliceError> {
+    let mut blocks: Vec<GpuBlock> = gpus
+        .iter()
+        .map(|g| {
+            let set = counter_set(g);
+            GpuBlock {
+                counters: set.counters.len(),
+                set,
+                devices: Vec::new(),
+                consumptions: 0,
+            }
+        })
+        .collect();
+    for (gpu, d) in devices {
+        blocks[gpu].consumptions += consumption_count(&d);
+        blocks[gpu].devices.push(d);
+    }
+    for (g, b) in gpus.iter().zip(&blocks) {
+        check_block(g, b)?;
+    }
+    let mut out: Vec<Contents> = Vec::new();
+    let mut current: Option<(Vec<CounterSet>, Vec<Device>, usize, usize)> = None;
+    for b in blocks {
+        if let Some((sets, devs, counters, cons)) = &mut current {
+            if devs.len() + b.devices.len() <= MAX_DEVICES_PER_SLICE
+                && *counters + b.counters <= MAX_COUNTERS_PER_SET
+                && *cons + b.consumptions <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34
+            {
+                sets.push(b.set);
+                devs.extend(b.devices);
+                *counters += b.counters;
+                *cons += b.consumptions;
+                continue;
+            }
+        }
+        if let Some((sets, devs, _, _)) = current.take() {
+            out.push((SliceKind::Combined, Some(sets), Some(devs)));
+        }
+        current = Some((vec![b.set], b.devices, b.counters, b.consumptions));
+    }
+    if let Some((sets, devs, _, _)) = current {
+        out.push((SliceKind::Combined, Some(sets), Some(devs)));
+    }
+    Ok(out)
+}
+
+fn check_block(g: &GpuInfo, b: &GpuBlock) -> Result<(), SliceError> {
+    let detail = if b.devices.len() > MAX_DEVICES_PER_SLICE {
+        format!(
+            "{} devices, at most {MAX_DEVICES_PER_SLICE}",
+            b.devices.len()
+        )
+    } else if b.consumptions > MAX_DEVICE_COUNTERS_PER_SLICE_1_34 {
+        format!(
+            "{} device counter consumptions, at most {MAX_DEVICE_COUNTERS_PER_SLICE_1_34}",
+            b.consumptions
+        )
+    } else {
+        return Ok(());
+    };
+    Err(SliceError::GpuTooLargeForSlice {
+        gpu: g.index,
+        model: g.model.name.clone(),
+        detail,
+    })
+}
+
+fn consumption_count(d: &Device) -> usize {
+    d.consumes_counters
+        .iter()
+        .flatten()
+        .map(|c| c.counters.len())
+        .sum()
+}
+
+fn finish(node_name: &str, mut contents: Vec<Contents>) -> Vec<DesiredSlice> {
+    if contents.is_empty() {
+        contents.push((SliceKind::Empty, None, None));
+    }
+    let count = contents.len() as i64;
+    contents
+        .into_iter()
+        .enumerate()
+        .map(|(index, (kind, shared_counters, devices))| DesiredSlice {
+            index,
+            kind,
+            slice: ResourceSlice {
+                metadata: Default::default(),
+                spec: ResourceSliceSpec {
+                    driver: DRIVER_NAME.to_string(),
+                    node_name: Some(node_name.to_string()),
+                    pool: ResourcePool {
+                        name: node_name.to_string(),
+                        generation: 0,
+                        resource_slice_count: count,
+                    },
+                    devices,
+                    shared_counters,
+                    ..Default::default()
+                },
+            },
+        })
+        .collect()
+}
+
+/// The counter set of a GPU: its model's counter totals and one `memory-slice-<n>` per slice.
+fn counter_set(g: &GpuInfo) -> CounterSet {
+    let mut c: BTreeMap<String, Counter> = g
+        .model
+        .counter_totals
+        .counters()
+        .into_iter()
+        .map(|(name, v)| (name.to_string(), counter(name, v)))
+        .collect();
+    for n in 0..g.model.memory_slices {
+        c.insert(counters::memory_slice(n), counter("", 1));
+    }
+    CounterSet {
+        name: counters::counter_set_name(g.index),
+        counters: c,
+    }
+}
+
+fn counter(name: &str, value: u64) -> Counter {
+    let value = if name == counters::MEMORY {
+        bytes_quantity(value)
+    } else {
+        count_quantity(value)
+    };
+    Counter { value }
+}
+
+/// One device: `profile` at `start` on `g`.
+fn device(g: &GpuInfo, p: &GiProfile, start: u32) -> Device {
+    Device {
+        name: device_name(g.index, &p.name, start),
+        attributes: Some(attributes(g, p, start)),
+        capacity: Some(capacity(p)),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counters::counter_set_name(g.index),
+            counters: consumption(p, start),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The counters a device consumes: its non-zero resources and its memory slices.
+fn consumption(p: &GiProfile, start: u32) -> BTreeMap<String, Counter> {
+    let mut c: BTreeMap<String, Counter> = p
+        .resources()
+        .counters()
+        .into_iter()
+        .filter(|(_, v)| *v > 0)
+        .map(|(name, v)| (name.to_string(), counter(name, v)))
+        .collect();
+    for n in start..start + p.placement_size {
+        c.insert(counters::memory_slice(n), counter("", 1));
+    }
+    c
+}
+
+fn capacity(p: &GiProfile) -> BTreeMap<String, DeviceCapacity> {
+    let r = p.resources();
+    let entries = [
+        (cap::MEMORY, bytes_quantity(r.memory_bytes())),
+        (cap::MULTIPROCESSORS, count_quantity(r.multiprocessors)),
+        (cap::COPY_ENGINES, count_quantity(r.copy_engines)),
+        (cap::DECODERS, count_quantity(r.decoders)),
+        (cap::ENCODERS, count_quantity(r.encoders)),
+        (cap::JPEG_ENGINES, count_quantity(r.jpeg_engines)),
+        (cap::OFA_ENGINES, count_quantity(r.ofa_engines)),
+    ];
+    entries
+        .into_iter()
+        .map(|(name, value)| {
+            (
+                name.to_string(),
+                DeviceCapacity {
+                    value,
+                    request_policy: None,
+                },
+            )
+        })
+        .collect()
+}
+
+fn attributes(g: &GpuInfo, p: &GiProfile, start: u32) -> BTreeMap<String, DeviceAttribute> {
+    let model: &GpuModel = &g.model;
+    let mut a = BTreeMap::new();
+    let mut put = |k: &str, v: DeviceAttribute| {
+        a.insert(k.to_string(), v);
+    };
+    put(attr::TYPE, string(attr::TYPE_MIG));
+    put(attr::PROFILE, string(&p.name));
+    put(attr::PARENT_UUID, string(&g.uuid));
+    put(attr::GPU_INDEX, int(i64::from(g.index)));
+    put(attr::PLACEMENT_START, int(i64::from(start)));
+    put(attr::PLACEMENT_SIZE, int(i64::from(p.placement_size)));
+    put(attr::PRODUCT_NAME, string(&g.product_name));
+    put(attr::ARCHITECTURE, string(&model.architecture));
+    if let Some(v) = semver(&model.cuda_compute_capability) {
+        put(attr::CUDA_COMPUTE_CAPABILITY, version(v));
+    }
+    if let Some(v) = semver(&g.driver_version) {
+        put(attr::DRIVER_VERSION, version(v));
+    }
+    if let Some(bus) = &g.pci_bus_id {
+        put(attr::PCI_BUS_ID, string(bus));
+    }
+    a
+}
+
+/// A string attribute, cut to the API's 64 characters.
+fn string(s: &str) -> DeviceAttribute {
+    let cut: String = s.chars().take(MAX_ATTRIBUTE_STRING).collect();
+    DeviceAttribute {
+        string: Some(cut),
+        ..Default::default()
+    }
+}
+
+fn int(i: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(i),
+        ..Default::default()
+    }
+}
+
+fn version(v: String) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(v),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::model::parse_model;
+    use crate::gpu::{GpuModel, find_model};
+    use std::sync::Arc;
+
+    fn gpu(index: u32, model: &str) -> GpuInfo {
+        gpu_of(index, find_model(model).unwrap().unwrap())
+    }
+
+    fn gpu_of(index: u32, model: Arc<GpuModel>) -> GpuInfo {
+        GpuInfo {
+            index,
+            uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
+            product_name: model.product_name.clone(),
+            model,
+            minor: index,
+            pci_bus_id: None,
+            driver_version: "580.95.05".into(),
+            mig_enabled: true,
+        }
+    }
+
+    fn all_devices(slices: &[DesiredSlice]) -> Vec<&Device> {
+        slices
+            .iter()
+            .flat_map(|s| s.slice.spec.devices.iter().flatten())
+            .collect()
+    }
+
+    fn find<'a>(slices: &'a [DesiredSlice], name: &str) -> &'a Device {
+        all_devices(slices)
+            .into_iter()
+            .find(|d| d.name == name)
+            .unwrap()
+    }
+
+    fn consumed(d: &Device) -> BTreeMap<String, String> {
+        d.consumes_counters.as_ref().unwrap()[0]
+            .counters
+            .iter()
+            .map(|(k, v)| (k.clone(), v.value.0.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn names_and_helpers() {
+        assert_eq!(device_name(0, "1g.10gb", 0), "gpu-0-mig-1g-10gb-0");
+        assert_eq!(device_name(3, "1g.10gb+me", 6), "gpu-3-mig-1g-10gb-me-6");
+        assert_eq!(semver("580.95.05").as_deref(), Some("580.95.5"));
+        assert_eq!(semver("9.0").as_deref(), Some("9.0.0"));
+        assert_eq!(semver("575"), Some("575.0.0".into()));
+        assert_eq!(semver("580.95.05-beta"), None);
+        assert_eq!(semver("1.2.3.4"), None);
+        assert_eq!(bytes_quantity(40960 * 1024 * 1024).0, "40Gi");
+        assert_eq!(bytes_quantity(9984 * 1024 * 1024).0, "9984Mi");
+        assert_eq!(bytes_quantity(1000).0, "1000");
+        assert_eq!(count_quantity(14).0, "14");
+        assert_eq!(count_quantity(0).0, "0");
+        assert_eq!(count_quantity(2000).0, "2k");
+        assert_eq!(
+            SliceLayout::for_server_version(1, 34),
+            SliceLayout::CountersWithDevices
+        );
+        assert_eq!(
+            SliceLayout::for_server_version(1, 36),
+            SliceLayout::SeparateCounterSlices
+        );
+    }
+
+    #[test]
+    fn device_attributes_and_capacity_follow_design() {
+        let mut g = gpu(0, "A100-SXM4-40GB");
+        g.pci_bus_id = Some("0000:3b:00.0".into());
+        let slices = desired_slices("node-a", &[g], SliceLayout::SeparateCounterSlices).unwrap();
+        let d = find(&slices, "gpu-0-mig-1g-10gb-6");
+        let a = d.attributes.as_ref().unwrap();
+        assert_eq!(a["type"].string.as_deref(), Some("mig"));
+        assert_eq!(a["profile"].string.as_deref(), Some("1g.10gb"));
+        assert_eq!(a["gpuIndex"].int, Some(0));
+        assert_eq!(a["placementStart"].int, Some(6));
+        assert_eq!(a["placementSize"].int, Some(2));
+        assert_eq!(a["cudaComputeCapability"].version.as_deref(), Some("8.0.0"));
+        assert_eq!(a["driverVersion"].version.as_deref(), Some("580.95.5"));
+        assert_eq!(a["architecture"].string.as_deref(), Some("Ampere"));
+        assert_eq!(
+            a["resource.kubernetes.io/pciBusID"].string.as_deref(),
+            Some("0000:3b:00.0")
+        );
+        let c = d.capacity.as_ref().unwrap();
+        assert_eq!(c["memory"].value.0, "9984Mi");
+        assert_eq!(c["multiprocessors"].value.0, "14");
+        assert_eq!(c["decoders"].value.0, "1");
+        assert_eq!(c["ofaEngines"].value.0, "0");
+        assert!(a.len() + c.len() <= MAX_ATTRIBUTES_AND_CAPACITIES);
+
+        let no_bus = desired_slices(
+            "node-a",
+            &[gpu(0, "A30")],
+            SliceLayout::SeparateCounterSlices,
+        )
+        .unwrap();
+        let a = find(&no_bus, "gpu-0-mig-1g-6gb-0")
+            .attributes
+            .clone()
+            .unwrap();
+        assert!(!a.contains_key("resource.kubernetes.io/pciBusID"));
+    }
+
+    #[test]
+    fn counter_consumption() {
+        let slices = desired_slices(
+            "n",
+            &[gpu(0, "H100-80GB")],
+            SliceLayout::SeparateCounterSlices,
+        )
+        .unwrap();
+        let small = consumed(find(&slices, "gpu-0-mig-1g-10gb-6"));
+        let expected: BTreeMap<String, String> = [
+            ("memory", "9984Mi"),
+            ("multiprocessors", "16"),
+            ("copy-engines", "1"),
+            ("decoders", "1"),
+            ("jpeg-engines", "1"),
+            ("memory-slice-6", "1"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(small, expected);
+        let big = consumed(find(&slices, "gpu-0-mig-7g-80gb-0"));
+        assert!((0..8).all(|n| big[&format!("memory-slice-{n}")] == "1"));
+        assert_eq!(big["ofa-engines"], "1");
+        let d = find(&slices, "gpu-0-mig-1g-10gb-me-3");
+        assert_eq!(
+            d.consumes_counters.as_ref().unwrap()[0].counter_set,
+            "gpu-0-counter-set"
+        );
+    }
+
+    #[test]
+    fn overlapping_placements_share_memory_slice_counters() {
+        let slices = desired_slices(
+            "n",
+            &[gpu(0, "H100-80GB")],
+            SliceLayout::SeparateCounterSlices,
+        )
+        .unwrap();
+        let users: Vec<&str> = all_devices(&slices)
+            .into_iter()
+            .filter(|d| consumed(d).contains_key("memory-slice-6"))
+            .map(|d| d.name.as_str())
+            .collect();
+        for name in [
+            "gpu-0-mig-1g-10gb-6",
+            "gpu-0-mig-1g-10gb-me-6",
+            "gpu-0-mig-1g-20gb-6",
+            "gpu-0-mig-3g-40gb-4",
+            "gpu-0-mig-7g-80gb-0",
+        ] {
+            assert!(users.contains(&name), "{name} not in {users:?}");
+        }
+        assert_eq!(users.len(), 5);
+        let set = &slices[0].slice.spec.shared_counters.as_ref().unwrap()[0];
+        assert_eq!(set.name, "gpu-0-counter-set");
+        assert_eq!(set.counters["memory-slice-7"].value.0, "1");
+        assert_eq!(set.counters["memory"].value.0, "81152Mi");
+        assert_eq!(set.counters.len(), 7 + 8);
+    }
+
+    #[test]
+    fn eight_h100_on_1_35_and_newer() {
+        let gpus: Vec<GpuInfo> = (0..8).map(|i| gpu(i, "H100-80GB")).collect();
+        let slices = desired_slices("node-a", &gpus, SliceLayout::SeparateCounterSlices).unwrap();
+        // 8 counter sets fit one counter slice; 8 × 25 devices need 4 device slices of ≤ 64.
+        let kinds: Vec<SliceKind> = slices.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds[0], SliceKind::Counters);
+        assert_eq!(slices.len(), 5);
+        for s in &slices {
+            let spec = &s.slice.spec;
+            assert_eq!(spec.pool.resource_slice_count, 5);
+            assert_eq!(spec.pool.name, "node-a");
+            assert_eq!(spec.node_name.as_deref(), Some("node-a"));
+            assert_eq!(spec.driver, "mig.das.com");
+            assert!(s.slice.metadata.name.is_none());
+            assert!(
+                spec.devices
+                    .as_ref()
+                    .is_none_or(|d| d.len() <= MAX_DEVICES_PER_SLICE)
+            );
+            assert!(spec.shared_counters.as_ref().is_none_or(|c| {
+                c.len() <= MAX_COUNTER_SETS_PER_SLICE
+                    && c.iter()
+                        .all(|set| set.counters.len() <= MAX_COUNTERS_PER_SET)
+            }));
+            // Never both in one slice on 1.35+.
+            assert!(spec.devices.is_none() || spec.shared_counters.is_none());
+        }
+        // Counter-only slices leave `devices` unset, so the JSON has no "devices" key.
+        assert!(slices[0].slice.spec.devices.is_none());
+        let json = serde_json::to_value(&slices[0].slice).unwrap();
+        assert!(json["spec"].get("devices").is_none());
+        assert_eq!(all_devices(&slices).len(), 200);
+        let prefixes: Vec<String> = slices.iter().map(DesiredSlice::name_prefix).collect();
+        let mut sorted = prefixes.clone();
+        sorted.sort();
+        assert_eq!(prefixes, sorted);
+        assert_eq!(prefixes[0], "00000");
+    }
+
+    #[test]
+    fn eight_h100_on_1_34() {
+        let gpus: Vec<GpuInfo> = (0..8).map(|i| gpu(i, "H100-80GB")).collect();
+        let slices = desired_slices("node-a", &gpus, SliceLayout::CountersWithDevices).unwrap();
+        // 15 counters per GPU: two GPUs (30 counters, 50 devices) per slice.
+        assert_eq!(slices.len(), 4);
+        for s in &slices {
+            assert_eq!(s.kind, SliceKind::Combined);
+            let spec = &s.slice.spec;
+            let sets = spec.shared_counters.as_ref().unwrap();
+            let devices = spec.devices.as_ref().unwrap();
+            assert_eq!(sets.len(), 2);
+            assert!(sets.iter().map(|c| c.counters.len()).sum::<usize>() <= MAX_COUNTERS_PER_SET);
+            assert!(devices.len() <= MAX_DEVICES_PER_SLICE);
+            let consumptions: usize = devices.iter().map(consumption_count).sum();
+            assert!(consumptions <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34);
+            // Every device consumes from a counter set in its own slice.
+            for d in devices {
+                let set = &d.consumes_counters.as_ref().unwrap()[0].counter_set;
+                assert!(sets.iter().any(|s| &s.name == set), "{}", d.name);
+            }
+        }
+    }
+
+    #[test]
+    fn device_order_is_the_placement_order() {
+        let gpus = [gpu(0, "H100-80GB"), gpu(1, "A100-SXM4-40GB")];
+        let slices = desired_slices("n", &gpus, SliceLayout::SeparateCounterSlices).unwrap();
+        let names: Vec<&str> = all_devices(&slices)
+            .into_iter()
+            .map(|d| d.name.as_str())
+            .collect();
+        let one_g: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| n.starts_with("gpu-0-mig-1g-10gb-") && !n.contains("-me-"))
+            .collect();
+        assert_eq!(one_g[0], "gpu-0-mig-1g-10gb-6");
+        assert_eq!(one_g.last(), Some(&"gpu-0-mig-1g-10gb-0"));
+        let first_gpu1 = names.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
+        assert!(names[first_gpu1..].iter().all(|n| n.starts_with("gpu-1-")));
+    }
+
+    #[test]
+    fn gpus_without_mig_and_empty_nodes() {
+        let mut ampere_off = gpu(0, "A100-SXM4-40GB");
+        ampere_off.mig_enabled = false;
+        let mut hopper_off = gpu(1, "H100-80GB");
+        hopper_off.mig_enabled = false;
+        let slices = desired_slices(
+            "n",
+            &[ampere_off.clone(), hopper_off],
+            SliceLayout::SeparateCounterSlices,
+        )
+        .unwrap();
+        // Ampere cannot switch MIG on without a reset; Hopper can, so it is offered.
+        assert!(
+            all_devices(&slices)
+                .iter()
+                .all(|d| d.name.starts_with("gpu-1-"))
+        );
+        let empty = desired_slices("n", &[ampere_off], SliceLayout::CountersWithDevices).unwrap();
+        assert_eq!(empty.len(), 1);
+        assert_eq!(empty[0].kind, SliceKind::Empty);
+        assert!(
+            empty[0].slice.spec.devices.is_none() && empty[0].slice.spec.shared_counters.is_none()
+        );
+        assert_eq!(empty[0].slice.spec.pool.resource_slice_count, 1);
+    }
+
+    /// A made-up GPU with 65 whole-GPU profiles: 65 devices cannot share a slice with their
+    /// counter set on 1.34, but publish fine on 1.35+.
+    #[test]
+    fn gpu_too_large_for_1_34() {
+        let mut text = String::from(
+            "name = \"BIG\"\nproduct_name = \"Big\"\npci_device_ids = [1]\narchitecture = \"Hopper\"\n\
+             cuda_compute_capability = \"9.0\"\nmemory_mib = 100000\nmemory_slices = 1\ncompute_slices = 1\n\
+             max_gpu_instances = 1\nmig_mode_change_requires_reset = false\n",
+        );
+        for id in 0..65 {
+            text.push_str(&format!(
+                "[[profiles]]\nid = {id}\nnvml_enum = \"NVML_GPU_INSTANCE_PROFILE_1_SLICE\"\nname = \"1g.{id}gb\"\n\
+                 compute_slices = 1\nmemory_mib = 1000\nmultiprocessors = 1\ncopy_engines = 1\ndecoders = 0\n\
+                 encoders = 0\njpeg_engines = 0\nofa_engines = 0\nmax_instances = 1\nmedia_extension = false\n\
+                 placement_size = 1\nplacement_starts = [0]\n\
+                 compute_instance = {{ id = 0, nvml_enum = \"NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE\" }}\n"
+            ));
+        }
+        let model = Arc::new(parse_model("big.toml", &text).unwrap());
+        let g = gpu_of(0, model);
+        let e = desired_slices(
+            "n",
+            std::slice::from_ref(&g),
+            SliceLayout::CountersWithDevices,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("65 devices"), "{e}");
+        let ok = desired_slices("n", &[g], SliceLayout::SeparateCounterSlices).unwrap();
+        assert_eq!(ok.len(), 1 + 2);
+    }
+}

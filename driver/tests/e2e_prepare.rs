@@ -1,0 +1,233 @@
+//! End to end on the local cluster: pods ask for MIG slices through ResourceClaimTemplates, the
+//! real scheduler picks placements from the plugin's ResourceSlices, the real kubelet DRA manager
+//! calls the plugin, which carves the slices on emulated GPUs and writes CDI specs.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, ensure};
+use common::*;
+use das_driver::gpu::find_model;
+use das_e2e::Cluster;
+use das_e2e::das::{self, container_view};
+
+const H100: &str = "n0";
+const A100: &str = "n1";
+
+#[tokio::test]
+async fn slices_are_carved_exposed_through_cdi_and_destroyed() {
+    let cluster = cluster_with_plugins(&[(H100, "H100-80GB:2"), (A100, "A100-SXM4-40GB:2")]).await;
+    cluster.check(scenario(&cluster).await);
+}
+
+async fn scenario(cluster: &Cluster) -> Result<()> {
+    one_slice_with_cdi_and_status(cluster).await?;
+    three_slices_in_one_container(cluster).await?;
+    deleted_pod_releases_its_slice(cluster).await?;
+    large_profiles_share_or_need_an_empty_gpu(cluster).await?;
+    mixed_profiles_share_a_gpu(cluster).await?;
+    Ok(())
+}
+
+async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create_template(&c, "one-1g", "1g.10gb", 1).await?;
+    create_pod(&c, "one", "one-1g", Some(H100)).await?;
+    let pod = wait_running(&c, "one").await?;
+    let uid = pod.metadata.uid.context("pod uid")?;
+    let view = container_view(cluster.node(H100), &uid, "app")?;
+    let live = live_slices(cluster, H100)?;
+    ensure!(live.len() == 1, "one slice expected on {H100}: {live:?}");
+    let (_, profile, _, mig) = &live[0];
+    ensure!(profile == "1g.10gb");
+    ensure!(
+        view.env.get("NVIDIA_VISIBLE_DEVICES") == Some(mig),
+        "container env {:?}, live slice {mig}",
+        view.env
+    );
+    ensure!(view.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some("0"));
+    ensure!(
+        view.device_nodes
+            .iter()
+            .any(|n| n.starts_with("/dev/nvidia-caps/")),
+        "caps nodes: {:?}",
+        view.device_nodes
+    );
+
+    // The claim's status says the device is ready and names the slice.
+    let claim = claim_of(&c, "one").await?;
+    let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
+    ensure!(devices.len() == 1, "status.devices: {devices:?}");
+    let ready = devices[0]
+        .conditions
+        .as_ref()
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    ensure!(ready, "device not Ready: {devices:?}");
+    let data = serde_json::to_value(&devices[0].data)?;
+    ensure!(data["migUUID"] == mig.as_str(), "status data {data}");
+    Ok(())
+}
+
+async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create_template(&c, "three-1g", "1g.10gb", 3).await?;
+    create_pod(&c, "three", "three-1g", Some(H100)).await?;
+    let pod = wait_running(&c, "three").await?;
+    let view = container_view(cluster.node(H100), &pod.metadata.uid.context("uid")?, "app")?;
+    let uuids: Vec<&str> = view.env["NVIDIA_VISIBLE_DEVICES"].split(',').collect();
+    ensure!(uuids.len() == 3, "{uuids:?}");
+    ensure!(view.env["CUDA_VISIBLE_DEVICES"] == "0,1,2");
+    let live: Vec<String> = live_slices(cluster, H100)?
+        .into_iter()
+        .map(|s| s.3)
+        .collect();
+    for u in &uuids {
+        ensure!(
+            live.iter().any(|l| l == u),
+            "{u} is not a live slice: {live:?}"
+        );
+    }
+    check_no_overlap(cluster, H100, "H100-80GB")
+}
+
+async fn deleted_pod_releases_its_slice(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let claim_uid = claim_of(&c, "one")
+        .await?
+        .metadata
+        .uid
+        .context("claim uid")?;
+    let mig = live_slices(cluster, H100)?
+        .into_iter()
+        .map(|s| s.3)
+        .collect::<Vec<_>>();
+    delete_pod(&c, "one").await?;
+    das_e2e::wait::until("the slice of pod one to be destroyed", T, || async {
+        Ok((live_slices(cluster, H100)?.len() == mig.len() - 1).then_some(()))
+    })
+    .await?;
+    let spec = das::PluginDirs::of(cluster.node(H100))
+        .cdi
+        .join(format!("das.com-mig_{claim_uid}.json"));
+    das_e2e::wait::until("the CDI spec of pod one to be deleted", T, || async {
+        Ok((!spec.exists()).then_some(()))
+    })
+    .await?;
+    delete_pod(&c, "three").await?;
+    das_e2e::wait::until("every slice on n0 to be destroyed", T, || async {
+        Ok(live_slices(cluster, H100)?.is_empty().then_some(()))
+    })
+    .await
+}
+
+/// 4g.40gb and 3g.40gb fit together on one H100; 7g.80gb only goes to an empty GPU.
+async fn large_profiles_share_or_need_an_empty_gpu(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    for (t, p) in [
+        ("t-4g", "4g.40gb"),
+        ("t-3g", "3g.40gb"),
+        ("t-7g", "7g.80gb"),
+    ] {
+        create_template(&c, t, p, 1).await?;
+    }
+    create_pod(&c, "big-4g", "t-4g", Some(H100)).await?;
+    wait_running(&c, "big-4g").await?;
+    create_pod(&c, "big-3g", "t-3g", Some(H100)).await?;
+    wait_running(&c, "big-3g").await?;
+    let live = live_slices(cluster, H100)?;
+    let gpu_of = |p: &str| live.iter().find(|s| s.1 == p).map(|s| s.0);
+    ensure!(
+        gpu_of("4g.40gb") == gpu_of("3g.40gb"),
+        "4g and 3g should share a GPU: {live:?}"
+    );
+    create_pod(&c, "big-7g", "t-7g", Some(H100)).await?;
+    wait_running(&c, "big-7g").await?;
+    let live = live_slices(cluster, H100)?;
+    let g7 = live.iter().find(|s| s.1 == "7g.80gb").map(|s| s.0);
+    ensure!(
+        live.iter().filter(|s| Some(s.0) == g7).count() == 1,
+        "7g must be alone on its GPU: {live:?}"
+    );
+    // No empty GPU is left: a second 7g cannot be placed.
+    create_pod(&c, "big-7g-2", "t-7g", Some(H100)).await?;
+    wait_unschedulable(&c, "big-7g-2").await?;
+    check_no_overlap(cluster, H100, "H100-80GB")?;
+    for p in ["big-4g", "big-3g", "big-7g", "big-7g-2"] {
+        delete_pod(&c, p).await?;
+    }
+    Ok(())
+}
+
+async fn mixed_profiles_share_a_gpu(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    for (t, p) in [
+        ("a-1g5", "1g.5gb"),
+        ("a-2g", "2g.10gb"),
+        ("a-3g", "3g.20gb"),
+    ] {
+        create_template(&c, t, p, 1).await?;
+    }
+    for (pod, t) in [
+        ("m-3g", "a-3g"),
+        ("m-2g", "a-2g"),
+        ("m-1g", "a-1g5"),
+        ("m-1g-b", "a-1g5"),
+    ] {
+        create_pod(&c, pod, t, Some(A100)).await?;
+    }
+    for pod in ["m-3g", "m-2g", "m-1g", "m-1g-b"] {
+        wait_running(&c, pod).await?;
+    }
+    let live = live_slices(cluster, A100)?;
+    let mut per_gpu: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for s in &live {
+        per_gpu.entry(s.0).or_default().push(&s.1);
+    }
+    ensure!(
+        per_gpu
+            .values()
+            .any(|ps| ps.iter().collect::<std::collections::BTreeSet<_>>().len() >= 2),
+        "some GPU should hold several profiles: {per_gpu:?}"
+    );
+    check_no_overlap(cluster, A100, "A100-SXM4-40GB")
+}
+
+/// Waits for the scheduler to report pod `name` unschedulable.
+async fn wait_unschedulable(c: &kube::Client, name: &str) -> Result<()> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
+    das_e2e::wait::until(&format!("pod {name} to be unschedulable"), T, || async {
+        let p = api.get(name).await?;
+        let unschedulable = p
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            });
+        Ok(unschedulable.then_some(()))
+    })
+    .await
+}
+
+/// No two live slices on one GPU share a memory slice.
+fn check_no_overlap(cluster: &Cluster, node: &str, model: &str) -> Result<()> {
+    let m = find_model(model)?.with_context(|| format!("model {model}"))?;
+    let mut used: BTreeMap<u64, u64> = BTreeMap::new();
+    for (gpu, profile, start, _) in live_slices(cluster, node)? {
+        let (_, p) = m
+            .profile(&profile)
+            .with_context(|| format!("profile {profile}"))?;
+        let mask = ((1u64 << p.placement_size) - 1) << start;
+        let u = used.entry(gpu).or_default();
+        ensure!(
+            *u & mask == 0,
+            "{profile} at {start} on GPU {gpu} overlaps another slice"
+        );
+        *u |= mask;
+    }
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! DAS on the test cluster: how the node plugin is started for a hollow node, the DeviceClasses
+//! it needs, and what a container would see (CDI resolution as a container runtime does it).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::cluster::NodeInfo;
+
+/// The DRA driver name (DESIGN §3).
+pub const DRIVER: &str = "mig.das.com";
+
+/// Files of the plugin of one node, under the node's kubelet root dir.
+pub struct PluginDirs {
+    pub cdi: PathBuf,
+    pub state: PathBuf,
+}
+
+impl PluginDirs {
+    pub fn of(node: &NodeInfo) -> Self {
+        Self {
+            cdi: node.root_dir.join("cdi"),
+            state: node.root_dir.join("das"),
+        }
+    }
+}
+
+/// Flags for `das-kubelet-plugin` on `node` with emulated `gpus` (e.g. `H100-80GB:2`), the same
+/// flags the Helm chart passes, pointed at the hollow kubelet's directories.
+pub fn plugin_args(
+    node: &NodeInfo,
+    gpus: &str,
+    kubeconfig: &Path,
+    metrics_port: u16,
+) -> Vec<String> {
+    let dirs = PluginDirs::of(node);
+    vec![
+        format!("--node-name={}", node.name),
+        format!("--kubelet-registry-dir={}", node.registry_dir().display()),
+        format!("--kubelet-plugins-dir={}", node.plugins_dir().display()),
+        format!("--cdi-dir={}", dirs.cdi.display()),
+        format!("--state-dir={}", dirs.state.display()),
+        format!("--emulated-gpus={gpus}"),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--metrics-address=127.0.0.1:{metrics_port}"),
+        "--log-level=info,das_driver=debug".into(),
+    ]
+}
+
+/// Creates (server-side apply) the DeviceClass for every slice and one per profile
+/// (`<profile>.mig.das.com`, `+` → `-`), as the Helm chart does.
+pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<()> {
+    let api: Api<DeviceClass> = Api::all(client.clone());
+    let pp = PatchParams::apply("das-e2e").force();
+    let mut classes = vec![(DRIVER.to_string(), format!("device.driver == '{DRIVER}'"))];
+    for p in profiles {
+        classes.push((
+            format!("{}.{DRIVER}", p.replace('+', "-")),
+            format!(
+                "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].profile == '{p}'"
+            ),
+        ));
+    }
+    for (name, cel) in classes {
+        let body = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": cel}}]}
+        });
+        api.patch(&name, &pp, &Patch::Apply(&body))
+            .await
+            .with_context(|| format!("apply DeviceClass {name}"))?;
+    }
+    Ok(())
+}
+
+/// What one container would get from its CDI devices: the environment of the CDI edits, in
+/// device order, and the device node paths.
+#[derive(Debug, Default, Clone)]
+pub struct ContainerView {
+    pub env: BTreeMap<String, String>,
+    pub device_nodes: Vec<String>,
+    pub cdi_devices: Vec<String>,
+}
+
+/// Resolves container `container` of pod `pod_uid` on `node`: the CDI device IDs the kubelet
+/// passed (recorded by the hollow kubelet) are looked up in the spec files of the plugin's CDI
+/// dir, and their edits applied in order, as a CDI-enabled runtime does.
+pub fn container_view(node: &NodeInfo, pod_uid: &str, container: &str) -> Result<ContainerView> {
+    let rec_path = node
+        .cdi_records_dir()
+        .join(format!("{pod_uid}_{container}.json"));
+    let rec: Value = serde_json::from_slice(
+        &std::fs::read(&rec_path).with_context(|| format!("read {}", rec_path.display()))?,
+    )?;
+    let ids: Vec<String> = serde_json::from_value(rec["cdiDevices"].clone())?;
+    let specs = load_specs(&PluginDirs::of(node).cdi)?;
+    let mut view = ContainerView {
+        cdi_devices: ids.clone(),
+        ..Default::default()
+    };
+    for id in &ids {
+        let Some((kind, name)) = id.split_once('=') else {
+            bail!("malformed CDI device ID {id}")
+        };
+        let device = specs
+            .iter()
+            .filter(|s| s["kind"] == kind)
+            .flat_map(|s| s["devices"].as_array().cloned().unwrap_or_default())
+            .find(|d| d["name"] == name)
+            .with_context(|| format!("CDI device {id} is in no spec file"))?;
+        let edits = &device["containerEdits"];
+        for e in edits["env"].as_array().into_iter().flatten() {
+            let (k, v) = e
+                .as_str()
+                .unwrap_or_default()
+                .split_once('=')
+                .unwrap_or_default();
+            view.env.insert(k.to_string(), v.to_string());
+        }
+        for n in edits["deviceNodes"].as_array().into_iter().flatten() {
+            let path = n["path"].as_str().unwrap_or_default().to_string();
+            if !view.device_nodes.contains(&path) {
+                view.device_nodes.push(path);
+            }
+        }
+    }
+    Ok(view)
+}
+
+/// Every CDI spec (`*.json`) in `dir`.
+pub fn load_specs(dir: &Path) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(out);
+    };
+    for e in entries {
+        let p = e?.path();
+        if p.extension().is_some_and(|x| x == "json") {
+            out.push(
+                serde_json::from_slice(&std::fs::read(&p)?)
+                    .with_context(|| format!("parse {}", p.display()))?,
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The emulated GPUs' state file of the plugin on `node` (see `driver/src/gpu/emulated.rs`).
+pub fn emulated_state(node: &NodeInfo) -> Result<Value> {
+    let p = PluginDirs::of(node)
+        .state
+        .join("emulated")
+        .join("emulated-gpus.json");
+    Ok(serde_json::from_slice(
+        &std::fs::read(&p).with_context(|| format!("read {}", p.display()))?,
+    )?)
+}
