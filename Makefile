@@ -20,6 +20,7 @@ K8S_LDFLAGS := -s -w \
 K8S_COMPONENTS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl dra-kubelet
 
 CARGO ?= cargo
+KUBECTL := KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(BIN)/kubectl
 
 .PHONY: help
 help: ## list targets
@@ -48,22 +49,26 @@ e2e: k8s ## run only the end-to-end tests (real control plane + hollow DRA kubel
 	$(CARGO) test -p das-e2e --no-fail-fast
 
 .PHONY: cluster-up
-cluster-up: k8s ## start the local cluster in the background (.local/cluster/kubeconfig)
-	$(CARGO) run -q -p das-e2e --bin das-cluster -- up $(if $(NODES),--nodes $(NODES))
+cluster-up: k8s ## start the local cluster with DAS on emulated GPUs in the background (.local/cluster/kubeconfig)
+	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin
+	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin $(if $(NODES),--nodes $(NODES))
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- down
 
 .PHONY: demo
-demo: cluster-up ## the main job on the local cluster with emulated GPUs
-	@KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(BIN)/kubectl get nodes -o wide
-	@KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(BIN)/kubectl api-resources --api-group=resource.k8s.io
+demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods get MIG slices
+	$(KUBECTL) apply -f docs/examples/
+	@echo "waiting for the example pods to run..."
+	$(KUBECTL) wait --for=condition=Ready pod --all --timeout=120s
 	@echo
-	@echo "The local cluster runs. DAS itself (emulated MIG GPUs, slices carved per pod) arrives"
-	@echo "with the node-plugin issue; until then the demo stops here."
-	@echo "Explore: export KUBECONFIG=$(LOCAL)/cluster/kubeconfig; $(BIN)/kubectl get nodes"
-	@echo "Stop:    make cluster-down"
+	$(KUBECTL) get pods -o wide
+	@echo
+	@$(CARGO) run -q -p das-e2e --bin das-cluster -- report
+	@echo
+	@echo "Keep exploring:  export KUBECONFIG=$(LOCAL)/cluster/kubeconfig; $(BIN)/kubectl get resourceslices"
+	@echo "Stop it all:     make cluster-down"
 
 .PHONY: fmt
 fmt: ## format Rust and Go sources

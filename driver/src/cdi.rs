@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::write_atomically;
+use crate::checkpoint::{Durability, write_atomically};
 
 /// The dynamic CDI directory the kubelet plugin writes to by default (CDI `DefaultDynamicDir`).
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
@@ -621,8 +621,9 @@ fn temp_file_name(claim_uid: &str) -> String {
 }
 
 /// Writes a claim's spec to `dir/das.com-mig_<claimUID>.json` atomically: validate, write a temp
-/// file, fsync it, rename it over the target, fsync the directory. A reader sees the old file or
-/// the new one, never a partial one. Returns the path written.
+/// file, rename it over the target. A reader (the container runtime) sees the old file or the
+/// new one, never a partial one. No fsync ([`Durability::Atomic`]): the CDI dir is a tmpfs on
+/// real nodes and a spec means nothing after a reboot. Returns the path written.
 ///
 /// # Errors
 /// [`CdiError::InvalidName`] / [`CdiError::InvalidSpec`] when the spec is not valid (nothing is
@@ -635,7 +636,7 @@ pub fn write_spec(dir: &Path, claim_uid: &str, spec: &Spec) -> Result<PathBuf, C
     bytes.push(b'\n');
     let path = spec_path(dir, claim_uid);
     let temp = dir.join(temp_file_name(claim_uid));
-    write_atomically(&path, &temp, &bytes).map_err(io_err(&path))?;
+    write_atomically(&path, &temp, &bytes, Durability::Atomic).map_err(io_err(&path))?;
     Ok(path)
 }
 

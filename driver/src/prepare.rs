@@ -71,17 +71,62 @@ pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
     map
 }
 
-/// The checkpoint and the file it is saved to; saves are serialized by the mutex around it.
+/// The checkpoint in memory and on disk. Changes are made under a short lock and numbered;
+/// [`Self::persist`] makes sure a change is on disk by writing the newest state, so prepares that
+/// run at the same time share one write and fsync (group commit) instead of queueing one each.
 pub struct CheckpointStore {
-    pub checkpoint: Checkpoint,
-    pub path: PathBuf,
+    state: std::sync::Mutex<(Checkpoint, u64)>,
+    /// Number of the newest change on disk; held while writing.
+    written: Mutex<u64>,
+    path: PathBuf,
 }
 
 impl CheckpointStore {
-    fn save(&self) -> Result<(), String> {
-        self.checkpoint
-            .save(&self.path)
-            .map_err(|e| format!("checkpoint {}: {e}", self.path.display()))
+    /// A store for `checkpoint`, saved to `path`.
+    pub fn new(checkpoint: Checkpoint, path: PathBuf) -> Self {
+        Self {
+            state: std::sync::Mutex::new((checkpoint, 0)),
+            written: Mutex::new(0),
+            path,
+        }
+    }
+
+    /// Reads the checkpoint.
+    pub fn read<R>(&self, f: impl FnOnce(&Checkpoint) -> R) -> R {
+        f(&self.state.lock().expect("checkpoint lock").0)
+    }
+
+    /// Changes the checkpoint in memory; returns the change's number for [`Self::persist`].
+    fn change<R>(&self, f: impl FnOnce(&mut Checkpoint) -> R) -> (R, u64) {
+        let mut g = self.state.lock().expect("checkpoint lock");
+        g.1 += 1;
+        (f(&mut g.0), g.1)
+    }
+
+    /// Makes sure change `version` (and every earlier one) is on disk.
+    async fn persist(&self, version: u64) -> Result<(), String> {
+        let mut written = self.written.lock().await;
+        if *written >= version {
+            return Ok(()); // someone else's write carried it
+        }
+        let (snapshot, newest) = {
+            let g = self.state.lock().expect("checkpoint lock");
+            (g.0.clone(), g.1)
+        };
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || snapshot.save(&path))
+            .await
+            .map_err(|e| format!("checkpoint {}: {e}", self.path.display()))?
+            .map_err(|e| format!("checkpoint {}: {e}", self.path.display()))?;
+        *written = newest;
+        Ok(())
+    }
+
+    /// Changes the checkpoint and waits until the change is on disk.
+    pub async fn commit<R>(&self, f: impl FnOnce(&mut Checkpoint) -> R) -> Result<R, String> {
+        let (r, version) = self.change(f);
+        self.persist(version).await?;
+        Ok(r)
     }
 }
 
@@ -94,9 +139,11 @@ pub struct Preparer {
     pub cdi_dir: PathBuf,
     /// Major of the `nvidia-caps` char device (from `/proc/devices`; a fixed value when emulated).
     pub caps_major: u32,
-    pub checkpoint: Mutex<CheckpointStore>,
+    pub checkpoint: CheckpointStore,
     pub gpu_locks: HashMap<u32, Arc<Mutex<()>>>,
     pub metrics: Arc<Metrics>,
+    /// Status writes still running, by claim UID (see [`Preparer::finish`]).
+    pub status_writes: std::sync::Mutex<HashMap<String, tokio::task::JoinHandle<()>>>,
 }
 
 /// A device of a claim, resolved against what we publish.
@@ -115,20 +162,15 @@ impl Preparer {
         if let Some(done) = self.completed_result(claim).await {
             return Ok(done);
         }
+        let t0 = Instant::now();
         let planned = self.plan(claim).await?;
         self.roll_back_half_done(claim).await?;
-        {
-            let mut store = self.checkpoint.lock().await;
-            store.checkpoint.set_started(
-                &claim.uid,
-                &claim.namespace,
-                &claim.name,
-                planned.iter().map(record).collect(),
-            );
-            store.save()?;
-        }
-        let created = self.create_all(&planned).await;
-        let slices: Vec<MigSlice> = match created {
+        let started: Vec<Recorded> = planned.iter().map(record).collect();
+        self.checkpoint
+            .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
+            .await?;
+        let t_plan = t0.elapsed();
+        let slices: Vec<MigSlice> = match self.create_all(&planned).await {
             Ok(s) => s,
             Err((made, err)) => {
                 self.destroy_all(&made).await;
@@ -136,8 +178,13 @@ impl Preparer {
                 return Err(format!("claim {claim}: {err}"));
             }
         };
+        let t_create = t0.elapsed();
         match self.finish(claim, &planned, &slices).await {
-            Ok(devices) => Ok(devices),
+            Ok(devices) => {
+                tracing::debug!(claim = %claim, plan_ms = ms(t_plan), create_ms = ms(t_create - t_plan),
+                    finish_ms = ms(t0.elapsed() - t_create), "prepare phases");
+                Ok(devices)
+            }
             Err(err) => {
                 self.destroy_all(&slices).await;
                 let _ = cdi::delete_spec(&self.cdi_dir, &claim.uid);
@@ -149,10 +196,11 @@ impl Preparer {
 
     /// The recorded result of an already completed prepare (kubelet retries are idempotent).
     async fn completed_result(&self, claim: &ClaimRef) -> Option<Vec<PreparedDevice>> {
-        let store = self.checkpoint.lock().await;
-        let rec = store.checkpoint.get(&claim.uid)?;
-        (rec.state == PrepareState::PrepareCompleted)
-            .then(|| kubelet_devices(&rec.devices, &rec.cdi_device_ids))
+        self.checkpoint.read(|cp| {
+            let rec = cp.get(&claim.uid)?;
+            (rec.state == PrepareState::PrepareCompleted)
+                .then(|| kubelet_devices(&rec.devices, &rec.cdi_device_ids))
+        })
     }
 
     /// Fetches the claim and resolves its allocation results for our driver on this node.
@@ -204,12 +252,12 @@ impl Preparer {
 
     /// Rolls back a prepare that started but never completed (crash or failure part-way).
     pub(crate) async fn roll_back_half_done(&self, claim: &ClaimRef) -> Result<(), String> {
-        let started = {
-            let store = self.checkpoint.lock().await;
-            match store.checkpoint.get(&claim.uid) {
-                Some(rec) if rec.state == PrepareState::PrepareStarted => rec.devices.clone(),
-                _ => return Ok(()),
-            }
+        let started = self.checkpoint.read(|cp| match cp.get(&claim.uid) {
+            Some(rec) if rec.state == PrepareState::PrepareStarted => Some(rec.devices.clone()),
+            _ => None,
+        });
+        let Some(started) = started else {
+            return Ok(());
         };
         tracing::warn!(claim = %claim, "rolling back a prepare that did not complete");
         let live = self
@@ -324,11 +372,21 @@ impl Preparer {
             .collect();
         let cdi_ids = self.record_completed(claim, &recorded, slices).await?;
         self.metrics.set_prepared(self.prepared_per_gpu().await);
-        if let Err(e) = self.write_status(claim, &recorded).await {
-            // The slices are ready; a missing status only delays the AllocationClaim's `inUse`.
-            tracing::warn!(claim = %claim, error = %e, "writing the claim's device status failed");
-            self.metrics.status_write_failed();
-        }
+        // The kubelet only needs the CDI devices: the status (for users and the AllocationClaim
+        // controller) is written after answering. Unprepare of the claim waits for it.
+        let (client, metrics, claim_c) = (self.client.clone(), self.metrics.clone(), claim.clone());
+        let recorded_owned = recorded.clone();
+        let task = tokio::spawn(async move {
+            if let Err(e) = write_status(&client, &claim_c, &recorded_owned).await {
+                // The slices are ready; a missing status only delays the AllocationClaim's `inUse`.
+                tracing::warn!(claim = %claim_c, error = %e, "writing the claim's device status failed");
+                metrics.status_write_failed();
+            }
+        });
+        self.status_writes
+            .lock()
+            .expect("status lock")
+            .insert(claim.uid.clone(), task);
         Ok(kubelet_devices(&recorded, &cdi_ids))
     }
 
@@ -367,23 +425,31 @@ impl Preparer {
             .iter()
             .map(|(r, id)| (r.clone(), vec![id.clone()]))
             .collect();
-        let mut store = self.checkpoint.lock().await;
-        store.checkpoint.set_completed(
-            &claim.uid,
-            &claim.namespace,
-            &claim.name,
-            recorded.to_vec(),
-            cdi_ids.clone(),
-        );
-        store.save()?;
+        let ids = cdi_ids.clone();
+        self.checkpoint
+            .commit(|cp| {
+                cp.set_completed(
+                    &claim.uid,
+                    &claim.namespace,
+                    &claim.name,
+                    recorded.to_vec(),
+                    ids,
+                )
+            })
+            .await?;
         Ok(cdi_ids)
     }
 
     pub(crate) async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), String> {
-        let rec = {
-            let store = self.checkpoint.lock().await;
-            store.checkpoint.get(&claim.uid).cloned()
-        };
+        let pending = self
+            .status_writes
+            .lock()
+            .expect("status lock")
+            .remove(&claim.uid);
+        if let Some(task) = pending {
+            let _ = task.await;
+        }
+        let rec = self.checkpoint.read(|cp| cp.get(&claim.uid).cloned());
         if let Some(rec) = rec {
             let live = self
                 .list_slices()
@@ -432,10 +498,8 @@ impl Preparer {
     }
 
     async fn forget(&self, claim: &ClaimRef) {
-        let mut store = self.checkpoint.lock().await;
-        if store.checkpoint.remove(&claim.uid).is_some()
-            && let Err(e) = store.save()
-        {
+        let (removed, version) = self.checkpoint.change(|cp| cp.remove(&claim.uid).is_some());
+        if removed && let Err(e) = self.checkpoint.persist(version).await {
             tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
         }
     }
@@ -454,55 +518,55 @@ impl Preparer {
 
     /// Prepared slices per GPU index, from the checkpoint.
     pub(crate) async fn prepared_per_gpu(&self) -> BTreeMap<u32, u64> {
-        let store = self.checkpoint.lock().await;
-        crate::reconcile::per_gpu(store.checkpoint.claims.values().flat_map(|r| &r.devices))
+        self.checkpoint
+            .read(|cp| crate::reconcile::per_gpu(cp.claims.values().flat_map(|r| &r.devices)))
     }
+}
 
-    /// Server-side applies our entries of `status.devices`: condition `Ready` and the slice data.
-    async fn write_status(
-        &self,
-        claim: &ClaimRef,
-        devices: &[Recorded],
-    ) -> Result<(), kube::Error> {
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let entries: Vec<_> = devices
-            .iter()
-            .map(|d| {
-                serde_json::json!({
-                    "driver": DRIVER_NAME,
-                    "pool": d.pool,
-                    "device": d.device,
-                    "conditions": [{
-                        "type": "Ready",
-                        "status": "True",
-                        "reason": "SliceCreated",
-                        "message": format!("MIG {} at memory slice {} on GPU {} ({})", d.profile, d.placement_start, d.gpu_index, d.mig_uuid.as_deref().unwrap_or("")),
-                        "lastTransitionTime": now,
-                    }],
-                    "data": {
-                        "migUUID": d.mig_uuid,
-                        "gpuUUID": d.gpu_uuid,
-                        "profile": d.profile,
-                        "placement": {"start": d.placement_start, "size": d.placement_size},
-                    },
-                })
+/// Server-side applies our entries of `status.devices`: condition `Ready` and the slice data.
+async fn write_status(
+    client: &kube::Client,
+    claim: &ClaimRef,
+    devices: &[Recorded],
+) -> Result<(), kube::Error> {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let entries: Vec<_> = devices
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "driver": DRIVER_NAME,
+                "pool": d.pool,
+                "device": d.device,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "SliceCreated",
+                    "message": format!("MIG {} at memory slice {} on GPU {} ({})", d.profile, d.placement_start, d.gpu_index, d.mig_uuid.as_deref().unwrap_or("")),
+                    "lastTransitionTime": now,
+                }],
+                "data": {
+                    "migUUID": d.mig_uuid,
+                    "gpuUUID": d.gpu_uuid,
+                    "profile": d.profile,
+                    "placement": {"start": d.placement_start, "size": d.placement_size},
+                },
             })
-            .collect();
-        let body = serde_json::json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": claim.name, "namespace": claim.namespace},
-            "status": {"devices": entries},
-        });
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-        api.patch_status(
-            &claim.name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
-        Ok(())
-    }
+        })
+        .collect();
+    let body = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace},
+        "status": {"devices": entries},
+    });
+    let api: Api<ResourceClaim> = Api::namespaced(client.clone(), &claim.namespace);
+    api.patch_status(
+        &claim.name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
 }
 
 #[tonic::async_trait]
@@ -540,6 +604,11 @@ impl ClaimHandler for Preparer {
         .await;
         done.into_iter().collect()
     }
+}
+
+/// Milliseconds with a fraction, for logs.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
 }
 
 /// The request name the kubelet expects: without `/<subrequest>`.
@@ -740,14 +809,12 @@ mod concurrency_tests {
             devices: HashMap::new(),
             cdi_dir: dir.path().to_path_buf(),
             caps_major: 509,
-            checkpoint: Mutex::new(CheckpointStore {
-                checkpoint: Checkpoint::new("boot"),
-                path: dir.path().join("cp.json"),
-            }),
+            checkpoint: CheckpointStore::new(Checkpoint::new("boot"), dir.path().join("cp.json")),
             gpu_locks: [(0, Arc::default()), (1, Arc::default())]
                 .into_iter()
                 .collect(),
             metrics: Arc::new(Metrics::new()),
+            status_writes: Default::default(),
         };
         let made = p
             .create_all(&[planned(0), planned(1)])

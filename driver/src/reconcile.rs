@@ -61,23 +61,20 @@ impl Preparer {
     }
 
     async fn records(&self, state: PrepareState) -> Vec<(ClaimRef, Vec<Recorded>)> {
-        let store = self.checkpoint.lock().await;
-        store
-            .checkpoint
-            .claims
-            .iter()
-            .filter(|(_, r)| r.state == state)
-            .map(|(uid, r)| {
-                (
-                    ClaimRef {
+        self.checkpoint.read(|cp| {
+            cp.claims
+                .iter()
+                .filter(|(_, r)| r.state == state)
+                .map(|(uid, r)| {
+                    let claim = ClaimRef {
                         namespace: r.namespace.clone(),
                         name: r.name.clone(),
                         uid: uid.clone(),
-                    },
-                    r.devices.clone(),
-                )
-            })
-            .collect()
+                    };
+                    (claim, r.devices.clone())
+                })
+                .collect()
+        })
     }
 
     async fn roll_back_started(&self, report: &mut Report) -> Result<()> {
@@ -190,15 +187,9 @@ impl Preparer {
     }
 
     async fn destroy_orphans(&self, reclaim_foreign: bool, report: &mut Report) -> Result<()> {
-        let owned: Vec<Recorded> = {
-            let store = self.checkpoint.lock().await;
-            store
-                .checkpoint
-                .claims
-                .values()
-                .flat_map(|r| r.devices.clone())
-                .collect()
-        };
+        let owned: Vec<Recorded> = self
+            .checkpoint
+            .read(|cp| cp.claims.values().flat_map(|r| r.devices.clone()).collect());
         let live = self.list_slices().await?;
         let mut orphans = Vec::new();
         for s in live {
@@ -233,13 +224,7 @@ impl Preparer {
     async fn remove_stale_cdi_specs(&self, report: &mut Report) -> Result<()> {
         let held: HashSet<String> = self
             .checkpoint
-            .lock()
-            .await
-            .checkpoint
-            .claims
-            .keys()
-            .cloned()
-            .collect();
+            .read(|cp| cp.claims.keys().cloned().collect());
         cdi::remove_temp_files(&self.cdi_dir)?;
         for f in cdi::list_specs(&self.cdi_dir)? {
             if !held.contains(&f.claim_uid) {

@@ -162,7 +162,7 @@ pub fn count_quantity(n: u64) -> Quantity {
 fn canonical(mut n: u64, base: u64, suffixes: &[&str]) -> Quantity {
     let mut exp = 0;
     if n >= base {
-        while n % base == 0 && exp + 1 < suffixes.len() {
+        while n.is_multiple_of(base) && exp + 1 < suffixes.len() {
             n /= base;
             exp += 1;
         }
@@ -257,30 +257,46 @@ fn combined(gpus: &[&GpuInfo], devices: Vec<(usize, Device)>) -> Result<Vec<Cont
     for (g, b) in gpus.iter().zip(&blocks) {
         check_block(g, b)?;
     }
-    let mut out: Vec<Contents> = Vec::new();
-    let mut current: Option<(Vec<CounterSet>, Vec<Device>, usize, usize)> = None;
+    let mut packs: Vec<Pack> = Vec::new();
     for b in blocks {
-        if let Some((sets, devs, counters, cons)) = &mut current {
-            if devs.len() + b.devices.len() <= MAX_DEVICES_PER_SLICE
-                && *counters + b.counters <= MAX_COUNTERS_PER_SET
-                && *cons + b.consumptions <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34
-            {
-                sets.push(b.set);
-                devs.extend(b.devices);
-                *counters += b.counters;
-                *cons += b.consumptions;
-                continue;
-            }
+        match packs.last_mut() {
+            Some(pack) if pack.fits(&b) => pack.push(b),
+            _ => packs.push(Pack::default().with(b)),
         }
-        if let Some((sets, devs, _, _)) = current.take() {
-            out.push((SliceKind::Combined, Some(sets), Some(devs)));
-        }
-        current = Some((vec![b.set], b.devices, b.counters, b.consumptions));
     }
-    if let Some((sets, devs, _, _)) = current {
-        out.push((SliceKind::Combined, Some(sets), Some(devs)));
+    Ok(packs
+        .into_iter()
+        .map(|p| (SliceKind::Combined, Some(p.sets), Some(p.devices)))
+        .collect())
+}
+
+/// Consecutive GPUs sharing one 1.34 slice.
+#[derive(Default)]
+struct Pack {
+    sets: Vec<CounterSet>,
+    devices: Vec<Device>,
+    counters: usize,
+    consumptions: usize,
+}
+
+impl Pack {
+    fn fits(&self, b: &GpuBlock) -> bool {
+        self.devices.len() + b.devices.len() <= MAX_DEVICES_PER_SLICE
+            && self.counters + b.counters <= MAX_COUNTERS_PER_SET
+            && self.consumptions + b.consumptions <= MAX_DEVICE_COUNTERS_PER_SLICE_1_34
     }
-    Ok(out)
+
+    fn push(&mut self, b: GpuBlock) {
+        self.sets.push(b.set);
+        self.devices.extend(b.devices);
+        self.counters += b.counters;
+        self.consumptions += b.consumptions;
+    }
+
+    fn with(mut self, b: GpuBlock) -> Self {
+        self.push(b);
+        self
+    }
 }
 
 fn check_block(g: &GpuInfo, b: &GpuBlock) -> Result<(), SliceError> {
@@ -720,7 +736,7 @@ mod tests {
             .copied()
             .filter(|n| n.starts_with("gpu-0-mig-1g-10gb-") && !n.contains("-me-"))
             .collect();
-        assert_eq!(one_g[0], "gpu-0-mig-1g-10gb-6");
+        assert_eq!(one_g[0], "gpu-0-mig-1g-10gb-5");
         assert_eq!(one_g.last(), Some(&"gpu-0-mig-1g-10gb-0"));
         let first_gpu1 = names.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
         assert!(names[first_gpu1..].iter().all(|n| n.starts_with("gpu-1-")));

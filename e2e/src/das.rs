@@ -52,6 +52,23 @@ pub fn plugin_args(
     ]
 }
 
+/// The distinct `profile` attributes of every published device of our driver.
+pub async fn published_profiles(client: &Client) -> Result<Vec<String>> {
+    let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
+    let lp = kube::api::ListParams::default().fields(&format!("spec.driver={DRIVER}"));
+    let mut profiles: Vec<String> = api
+        .list(&lp)
+        .await?
+        .items
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter_map(|d| d.attributes.as_ref()?.get("profile")?.string.clone())
+        .collect();
+    profiles.sort();
+    profiles.dedup();
+    Ok(profiles)
+}
+
 /// Creates (server-side apply) the DeviceClass for every slice and one per profile
 /// (`<profile>.mig.das.com`, `+` → `-`), as the Helm chart does.
 pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<()> {
@@ -160,4 +177,141 @@ pub fn emulated_state(node: &NodeInfo) -> Result<Value> {
     Ok(serde_json::from_slice(
         &std::fs::read(&p).with_context(|| format!("read {}", p.display()))?,
     )?)
+}
+
+/// (node, GPU index).
+type GpuKey = (String, i64);
+/// A slice a pod holds: (placement start, size in memory slices, pod name).
+type Held = (i64, i64, String);
+
+/// A text report of DAS on the cluster: pods holding slices, the ResourceSlices per node, and a
+/// picture of every GPU's memory slices with the pod that holds each (from allocated claims and
+/// the published device attributes).
+pub async fn report(client: &Client) -> Result<String> {
+    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    use std::fmt::Write;
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&kube::api::ListParams::default().fields(&format!("spec.driver={DRIVER}")))
+        .await?
+        .items;
+    let claims = Api::<ResourceClaim>::all(client.clone())
+        .list(&Default::default())
+        .await?
+        .items;
+
+    // (node, gpu) -> memory slice count, from the counter sets; device -> (gpu, start, size, profile).
+    let mut gpus: BTreeMap<(String, i64), i64> = BTreeMap::new();
+    let mut devices: BTreeMap<(String, String), (i64, i64, i64, String)> = BTreeMap::new();
+    let mut per_node: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for s in &slices {
+        let node = s.spec.pool.name.clone();
+        let e = per_node.entry(node.clone()).or_default();
+        e.0 += 1;
+        for cs in s.spec.shared_counters.iter().flatten() {
+            let gpu = cs
+                .name
+                .trim_start_matches("gpu-")
+                .split('-')
+                .next()
+                .and_then(|i| i.parse().ok())
+                .unwrap_or(-1);
+            let n = cs
+                .counters
+                .keys()
+                .filter(|k| k.starts_with("memory-slice-"))
+                .count() as i64;
+            gpus.insert((node.clone(), gpu), n);
+        }
+        for d in s.spec.devices.iter().flatten() {
+            e.1 += 1;
+            let a = d.attributes.clone().unwrap_or_default();
+            let int = |k: &str| a.get(k).and_then(|v| v.int).unwrap_or(-1);
+            let profile = a
+                .get("profile")
+                .and_then(|v| v.string.clone())
+                .unwrap_or_default();
+            devices.insert(
+                (node.clone(), d.name.clone()),
+                (
+                    int("gpuIndex"),
+                    int("placementStart"),
+                    int("placementSize"),
+                    profile,
+                ),
+            );
+        }
+    }
+
+    let mut out = String::new();
+    writeln!(out, "Slices held by pods:")?;
+    writeln!(
+        out,
+        "  {:<24} {:<6} {:<10} {:<8} {:<6} DEVICE",
+        "POD", "NODE", "PROFILE", "GPU", "START"
+    )?;
+    let mut owners: BTreeMap<GpuKey, Vec<Held>> = BTreeMap::new();
+    for c in &claims {
+        let pod = c
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .and_then(|r| r.first())
+            .map(|r| r.name.clone())
+            .unwrap_or_else(|| "-".into());
+        let results = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.clone())
+            .unwrap_or_default();
+        for r in results.iter().filter(|r| r.driver == DRIVER) {
+            let Some((gpu, start, size, profile)) =
+                devices.get(&(r.pool.clone(), r.device.clone()))
+            else {
+                continue;
+            };
+            writeln!(
+                out,
+                "  {:<24} {:<6} {:<10} {:<8} {:<6} {}",
+                pod, r.pool, profile, gpu, start, r.device
+            )?;
+            owners
+                .entry((r.pool.clone(), *gpu))
+                .or_default()
+                .push((*start, *size, pod.clone()));
+        }
+    }
+    writeln!(out, "\nResourceSlices of {DRIVER}:")?;
+    for (node, (n, d)) in &per_node {
+        writeln!(
+            out,
+            "  {node}: {n} slices, {d} devices (one per profile and placement)"
+        )?;
+    }
+    writeln!(
+        out,
+        "\nGPU memory slices (each cell one memory slice; letters = pods below):"
+    )?;
+    let mut legend: Vec<String> = Vec::new();
+    for ((node, gpu), n) in &gpus {
+        let mut cells = vec![".".to_string(); *n as usize];
+        for (start, size, pod) in owners.get(&(node.clone(), *gpu)).into_iter().flatten() {
+            let idx = legend.iter().position(|p| p == pod).unwrap_or_else(|| {
+                legend.push(pod.clone());
+                legend.len() - 1
+            });
+            let letter = char::from(b'A' + (idx % 26) as u8).to_string();
+            for i in *start..(*start + *size) {
+                if let Some(c) = cells.get_mut(i as usize) {
+                    *c = letter.clone();
+                }
+            }
+        }
+        writeln!(out, "  {node} gpu-{gpu}  [{}]", cells.join(" "))?;
+    }
+    for (i, pod) in legend.iter().enumerate() {
+        writeln!(out, "    {} = {pod}", char::from(b'A' + (i % 26) as u8))?;
+    }
+    Ok(out)
 }

@@ -19,7 +19,7 @@ use das_driver::metrics::{self, Metrics};
 use das_driver::prepare::{self, CheckpointStore, Preparer};
 use das_driver::publish::{Publisher, RunConfig};
 use das_driver::slices::{self, SliceLayout};
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// `nvidia-caps` major reported for emulated GPUs (a real node reads `/proc/devices`).
@@ -99,16 +99,33 @@ fn init_logging(args: &Args) {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(&args);
-    match run(args).await {
+    limit_malloc_arenas();
+    // Few threads: backend calls are per GPU and short; each idle thread costs memory.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(8)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// glibc gives each thread that allocates its own malloc arena (up to 8 per core), which a
+/// small, mostly idle daemon pays for in resident memory; two arenas are plenty here.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only tunes the allocator; called before other threads start.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 
@@ -191,15 +208,13 @@ async fn run(args: Args) -> Result<()> {
         devices: prepare::device_index(&inventory),
         cdi_dir: args.cdi_dir.clone(),
         caps_major,
-        checkpoint: Mutex::new(CheckpointStore {
-            checkpoint: cp,
-            path: cp_path,
-        }),
+        checkpoint: CheckpointStore::new(cp, cp_path),
         gpu_locks: inventory
             .iter()
             .map(|g| (g.index, Arc::default()))
             .collect::<HashMap<_, _>>(),
         metrics: metrics.clone(),
+        status_writes: Default::default(),
     });
     let report = preparer
         .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)

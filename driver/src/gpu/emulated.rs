@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::layout::{Conflict, Occupancy, Placement};
 use super::model::{GpuModel, ModelError, builtin_models, find_model, model_names};
 use super::{BackendError, GpuBackend, GpuInfo, MigSlice, Target, ci_cap_minor, gi_cap_minor};
+use crate::checkpoint::Durability;
 
 /// File name of the emulated hardware state inside the state directory.
 pub const STATE_FILE: &str = "emulated-gpus.json";
@@ -134,7 +135,7 @@ fn parse_count(c: &str) -> Result<u32, String> {
     }
 }
 
-/// What [`FaultKind`] an injected fault returns.
+/// The error an injected fault returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultKind {
     /// [`BackendError::InsufficientResources`].
@@ -737,20 +738,17 @@ fn to_slice(gpu: &EmuGpu, inst: &InstanceState) -> MigSlice {
     }
 }
 
-/// Writes `state` as JSON to `path` atomically: temp file, fsync, rename, fsync of the directory.
+/// Writes `state` as JSON to `path` atomically (temp file, rename), without fsync: MIG
+/// instances never survive a reboot, so neither need their emulation's records
+/// ([`Durability::Atomic`]). A crashed plugin still finds the last complete state.
 fn write_atomically(path: &Path, state: &StateFile) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
-    let tmp = path.with_extension("json.tmp");
-    {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::checkpoint::write_atomically(
+        path,
+        &path.with_extension("json.tmp"),
+        &bytes,
+        Durability::Atomic,
+    )
 }
 
 /// FNV-1a over `data`, starting from `seed`.

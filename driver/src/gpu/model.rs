@@ -599,6 +599,66 @@ mod tests {
         );
     }
 
+    /// One fact per model from mig-facts §2: (model, profile, real ID, MiB, SMs, starts, size).
+    #[test]
+    fn one_profile_fact_per_model() {
+        type Fact = (
+            &'static str,
+            &'static str,
+            u32,
+            u64,
+            u32,
+            &'static [u32],
+            u32,
+        );
+        let facts: &[Fact] = &[
+            (
+                "A100-SXM4-40GB",
+                "1g.5gb",
+                19,
+                4864,
+                14,
+                &[0, 1, 2, 3, 4, 5, 6],
+                1,
+            ),
+            ("A100-SXM4-80GB", "1g.20gb", 15, 19968, 14, &[0, 2, 4, 6], 2),
+            ("A30-24GB", "2g.12gb", 5, 11968, 28, &[0, 2], 2),
+            ("H100-SXM5-80GB", "3g.40gb", 9, 40448, 60, &[0, 4], 4),
+            ("H100-PCIE-80GB", "7g.80gb", 0, 81152, 114, &[0], 8),
+            ("H100-NVL-94GB", "1g.24gb", 15, 22144, 26, &[0, 2, 4, 6], 2),
+            ("GH200-96GB", "2g.24gb", 14, 23552, 32, &[0, 2, 4], 2),
+            ("H200-141GB", "7g.141gb", 0, 143104, 132, &[0], 8),
+            ("B200-180GB", "1g.45gb", 15, 45312, 30, &[0, 2, 4, 6], 2),
+            (
+                "RTX-PRO-6000-BLACKWELL",
+                "1g.24gb",
+                14,
+                24192,
+                46,
+                &[0, 3, 6, 9],
+                3,
+            ),
+        ];
+        for &(name, profile, id, mib, sms, starts, size) in facts {
+            let m = model(name);
+            let (_, p) = m
+                .profile(profile)
+                .unwrap_or_else(|| panic!("{name}: no {profile}"));
+            assert_eq!(
+                (
+                    p.id,
+                    p.memory_mib,
+                    p.multiprocessors,
+                    p.placement_starts.as_slice(),
+                    p.placement_size
+                ),
+                (id, mib, sms, starts, size),
+                "{name} {profile}"
+            );
+        }
+        assert_eq!(facts.len(), builtin_models().unwrap().len());
+    }
+
     #[test]
     fn counter_totals_cover_every_layout() {
         // A100-40GB: 7 × 1g.5gb = 98 SMs = 7g; one JPEG (7g or the single +me).

@@ -218,7 +218,7 @@ mod tests {
         );
         let mut ff = FirstFit::new(&gpus, Policy::DasAdaptive);
         let c = ff.allocate("1g.5gb+me").unwrap();
-        assert_eq!((c.gpu, c.start), (0, 6));
+        assert_eq!((c.gpu, c.start), (0, 5));
         // The second +me goes to the other GPU: the OFA counter of GPU 0 is used up.
         assert_eq!(ff.allocate("1g.5gb+me").unwrap().gpu, 1);
         assert!(ff.allocate("1g.5gb+me").is_none());

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use das_e2e::cluster::{self, Cluster, ClusterConfig, ClusterState, KUBERNETES_VERSION};
+use das_e2e::das;
 use das_e2e::process::{self, Lifetime};
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(about = "Local Kubernetes (real control plane, hollow DRA kubelets) for DAS")]
@@ -25,14 +27,24 @@ struct Cli {
 enum Cmd {
     /// Start the cluster in the background.
     Up {
-        /// Node names, comma-separated.
-        #[arg(long, value_delimiter = ',', default_value = "n0,n1")]
+        /// Nodes and their emulated GPUs, `node=MODEL:COUNT` comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "n0=A100-SXM4-40GB:2,n1=H100-80GB:2"
+        )]
         nodes: Vec<String>,
+        /// The node plugin binary; when given, each node runs it with its emulated GPUs and the
+        /// DeviceClasses of the published profiles are created.
+        #[arg(long)]
+        plugin_bin: Option<PathBuf>,
     },
     /// Stop the cluster and remove its files.
     Down,
     /// Say whether the cluster runs.
     Status,
+    /// Print which pods hold which MIG slices where (for `make demo`).
+    Report,
 }
 
 fn state_file(dir: &Path) -> PathBuf {
@@ -68,13 +80,29 @@ async fn main() -> Result<()> {
     std::fs::create_dir_all(&cli.state_dir)?;
     let state_dir = cli.state_dir.canonicalize()?;
     match cli.cmd {
-        Cmd::Up { nodes } => up(&state_dir, nodes).await,
+        Cmd::Up { nodes, plugin_bin } => up(&state_dir, nodes, plugin_bin).await,
         Cmd::Down => down(&state_dir),
         Cmd::Status => status(&state_dir),
+        Cmd::Report => {
+            let state = load_state(&state_dir)?.context("no cluster: run `make cluster-up`")?;
+            let client = das_e2e::kubeconfig::client(&state.kubeconfig).await?;
+            print!("{}", das::report(&client).await?);
+            Ok(())
+        }
     }
 }
 
-async fn up(state_dir: &Path, nodes: Vec<String>) -> Result<()> {
+/// `node=MODEL:COUNT` → (node, gpus); a bare `node` has no GPUs.
+fn parse_node(spec: &str) -> (String, Option<String>) {
+    match spec.split_once('=') {
+        Some((n, g)) => (n.to_string(), Some(g.to_string())),
+        None => (spec.to_string(), None),
+    }
+}
+
+async fn up(state_dir: &Path, node_specs: Vec<String>, plugin_bin: Option<PathBuf>) -> Result<()> {
+    let parsed: Vec<(String, Option<String>)> = node_specs.iter().map(|s| parse_node(s)).collect();
+    let nodes: Vec<String> = parsed.iter().map(|(n, _)| n.clone()).collect();
     if let Some(s) = load_state(state_dir)? {
         if running(&s) > 0 {
             bail!(
@@ -95,7 +123,13 @@ async fn up(state_dir: &Path, nodes: Vec<String>) -> Result<()> {
     cfg.dir = Some(dir);
     cfg.lifetime = Lifetime::Detached;
     let t0 = std::time::Instant::now();
-    let cluster = Cluster::start(cfg).await?;
+    let mut cluster = Cluster::start(cfg).await?;
+    if let Some(bin) = &plugin_bin
+        && let Err(e) = start_das(&mut cluster, bin, &parsed).await
+    {
+        cluster.print_log_tails(30);
+        return Err(e);
+    }
     let elapsed = t0.elapsed();
     let kubeconfig = state_dir.join("kubeconfig");
     std::fs::copy(&cluster.kubeconfig, &kubeconfig)?;
@@ -115,6 +149,61 @@ async fn up(state_dir: &Path, nodes: Vec<String>) -> Result<()> {
     println!();
     println!("Component logs: {}", state.dir.join("logs").display());
     println!("Stop it with:   make cluster-down");
+    Ok(())
+}
+
+/// Starts the DAS node plugin on every node with GPUs and waits for their ResourceSlices, then
+/// creates the DeviceClasses (as the Helm chart does).
+async fn start_das(
+    cluster: &mut Cluster,
+    bin: &Path,
+    nodes: &[(String, Option<String>)],
+) -> Result<()> {
+    let bin = bin
+        .canonicalize()
+        .with_context(|| format!("plugin binary {}", bin.display()))?;
+    let kubeconfig = cluster.kubeconfig.clone();
+    for (name, gpus) in nodes {
+        let Some(gpus) = gpus else { continue };
+        let node = cluster.node(name).clone();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        cluster.spawn_program(
+            &format!("das-plugin-{name}"),
+            &bin,
+            das::plugin_args(&node, gpus, &kubeconfig, port),
+        )?;
+    }
+    let client = cluster.client();
+    let with_gpus = nodes.iter().filter(|(_, g)| g.is_some()).count();
+    let profiles = das_e2e::wait::until(
+        "every node plugin to publish its ResourceSlices",
+        Duration::from_secs(60),
+        || async {
+            let api: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
+                kube::Api::all(client.clone());
+            let lp =
+                kube::api::ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
+            let slices = api.list(&lp).await?.items;
+            let mut pools: Vec<&str> = slices.iter().map(|s| s.spec.pool.name.as_str()).collect();
+            pools.sort();
+            pools.dedup();
+            if pools.len() < with_gpus {
+                return Ok(None);
+            }
+            Ok(Some(das::published_profiles(&client).await?))
+        },
+    )
+    .await?;
+    let refs: Vec<&str> = profiles.iter().map(String::as_str).collect();
+    das::apply_device_classes(&client, &refs).await?;
+    println!(
+        "DAS node plugins run on {} node(s); DeviceClasses for {} profiles: {}",
+        with_gpus,
+        refs.len(),
+        refs.join(", ")
+    );
     Ok(())
 }
 
