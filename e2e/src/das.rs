@@ -246,7 +246,7 @@ pub async fn report(client: &Client) -> Result<String> {
     writeln!(out, "Slices held by pods:")?;
     writeln!(
         out,
-        "  {:<24} {:<6} {:<10} {:<8} {:<6} DEVICE",
+        "  {:<32} {:<6} {:<10} {:<4} {:<6} DEVICE",
         "POD", "NODE", "PROFILE", "GPU", "START"
     )?;
     let mut owners: BTreeMap<GpuKey, Vec<Held>> = BTreeMap::new();
@@ -273,7 +273,7 @@ pub async fn report(client: &Client) -> Result<String> {
             };
             writeln!(
                 out,
-                "  {:<24} {:<6} {:<10} {:<8} {:<6} {}",
+                "  {:<32} {:<6} {:<10} {:<4} {:<6} {}",
                 pod, r.pool, profile, gpu, start, r.device
             )?;
             owners
