@@ -9,15 +9,20 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use das_proto::dra::{v1, v1beta1};
-use das_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
-use das_proto::pluginregistration::{
-    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+use das_proto::dra_health::v1alpha1 as health;
+use das_proto::dra_health::v1alpha1::dra_resource_health_server::{
+    DraResourceHealth, DraResourceHealthServer,
 };
+use das_proto::pluginregistration::PluginInfo;
+use das_proto::registration::Registrar;
 use tokio::net::UnixListener;
+use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
@@ -60,6 +65,28 @@ pub trait ClaimHandler: Send + Sync + 'static {
     /// Unprepares every claim; idempotent; one entry per claim UID.
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>>;
 }
+
+/// One device's health as reported to the kubelet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceHealthReport {
+    pub pool: String,
+    pub device: String,
+    pub healthy: bool,
+    /// Why, when unhealthy (at most 1024 characters reach the kubelet).
+    pub message: String,
+}
+
+/// Where device health comes from.
+#[tonic::async_trait]
+pub trait HealthSource: Send + Sync + 'static {
+    /// The health of every published device.
+    async fn device_health(&self) -> Vec<DeviceHealthReport>;
+}
+
+/// How often the health of every device is re-sent on the stream.
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+/// After this long without an update the kubelet reports a device's health as Unknown.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Where the plugin's two sockets go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,6 +157,7 @@ pub async fn serve(
     paths: &SocketPaths,
     driver: &str,
     handler: Arc<dyn ClaimHandler>,
+    health: Arc<dyn HealthSource>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let dra = bind(&paths.dra)?;
@@ -146,6 +174,7 @@ pub async fn serve(
         .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
             handler,
         )))
+        .add_service(DraResourceHealthServer::new(Health(health)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra), wait(stop_rx.clone()));
     let info = PluginInfo {
         r#type: das_proto::pluginregistration::DRA_PLUGIN_TYPE.into(),
@@ -157,7 +186,7 @@ pub async fn serve(
         ],
     };
     let reg_server = tonic::transport::Server::builder()
-        .add_service(RegistrationServer::new(Registrar { info }))
+        .add_service(Registrar::new(info, Box::new(log_registration)))
         .serve_with_incoming_shutdown(das_proto::authority::incoming(reg), wait(stop_rx));
     let dra_task = tokio::spawn(dra_server);
     let reg_task = tokio::spawn(reg_server);
@@ -174,6 +203,15 @@ pub async fn serve(
     Ok(())
 }
 
+/// Logs the kubelet's answer to our registration.
+fn log_registration(registered: bool, error: String) {
+    if registered {
+        tracing::info!("registered with the kubelet");
+    } else {
+        tracing::error!(%error, "the kubelet rejected the registration");
+    }
+}
+
 fn bind(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -187,28 +225,60 @@ fn bind(path: &Path) -> Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("listen on {}", path.display()))
 }
 
-struct Registrar {
-    info: PluginInfo,
-}
+/// The v1alpha1 health service: every device's health at once, then every [`HEALTH_INTERVAL`],
+/// until the kubelet closes the stream.
+struct Health(Arc<dyn HealthSource>);
+
+type HealthStream =
+    Pin<Box<dyn Stream<Item = Result<health::NodeWatchResourcesResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl Registration for Registrar {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        Ok(Response::new(self.info.clone()))
-    }
+impl DraResourceHealth for Health {
+    type NodeWatchResourcesStream = HealthStream;
 
-    async fn notify_registration_status(
+    async fn node_watch_resources(
         &self,
-        req: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        let s = req.into_inner();
-        if s.plugin_registered {
-            tracing::info!("registered with the kubelet");
-        } else {
-            tracing::error!(error = %s.error, "the kubelet rejected the registration");
-        }
-        Ok(Response::new(RegistrationStatusResponse {}))
+        _: Request<health::NodeWatchResourcesRequest>,
+    ) -> Result<Response<HealthStream>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let source = self.0.clone();
+        tokio::spawn(async move {
+            loop {
+                let response = health_response(source.device_health().await);
+                if tx.send(Ok(response)).await.is_err() {
+                    return; // the kubelet went away
+                }
+                tokio::time::sleep(HEALTH_INTERVAL).await;
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
+}
+
+fn health_response(reports: Vec<DeviceHealthReport>) -> health::NodeWatchResourcesResponse {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let devices = reports
+        .into_iter()
+        .map(|r| health::DeviceHealth {
+            device: Some(health::DeviceIdentifier {
+                pool_name: r.pool,
+                device_name: r.device,
+            }),
+            health: if r.healthy {
+                health::HealthStatus::Healthy
+            } else {
+                health::HealthStatus::Unhealthy
+            } as i32,
+            last_updated_time: now,
+            health_check_timeout_seconds: HEALTH_TIMEOUT.as_secs() as i64,
+            message: r.message.chars().take(1024).collect(),
+        })
+        .collect();
+    health::NodeWatchResourcesResponse { devices }
 }
 
 /// The v1 service.

@@ -23,7 +23,7 @@ use tokio::sync::Mutex;
 use crate::cdi::{self, PreparedSlice, RequestSlices};
 use crate::checkpoint::{Checkpoint, PrepareState, PreparedDevice as Recorded};
 use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice};
-use crate::kubelet::{ClaimHandler, ClaimRef, PreparedDevice};
+use crate::kubelet::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 use crate::metrics::Metrics;
 use crate::slices::device_name;
 
@@ -609,6 +609,46 @@ impl ClaimHandler for Preparer {
 /// Milliseconds with a fraction, for logs.
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// A device is healthy while its GPU is in the backend's inventory; when the GPU is gone (fallen
+/// off the bus, driver reset) or the inventory cannot be read, its devices are unhealthy.
+#[tonic::async_trait]
+impl HealthSource for Preparer {
+    async fn device_health(&self) -> Vec<DeviceHealthReport> {
+        let backend = self.backend.clone();
+        let inventory = tokio::task::spawn_blocking(move || backend.inventory()).await;
+        let present: Result<Vec<String>, String> = match inventory {
+            Ok(Ok(gpus)) => Ok(gpus.into_iter().map(|g| g.uuid).collect()),
+            Ok(Err(e)) => Err(format!("reading the GPU inventory failed: {e}")),
+            Err(e) => Err(format!("reading the GPU inventory failed: {e}")),
+        };
+        let mut reports: Vec<DeviceHealthReport> = self
+            .devices
+            .iter()
+            .map(|(name, at)| {
+                let (healthy, message) = match &present {
+                    Ok(uuids) if uuids.contains(&at.gpu_uuid) => (true, String::new()),
+                    Ok(_) => (
+                        false,
+                        format!(
+                            "GPU {} ({}) is no longer visible",
+                            at.gpu_index, at.gpu_uuid
+                        ),
+                    ),
+                    Err(e) => (false, e.clone()),
+                };
+                DeviceHealthReport {
+                    pool: self.node.clone(),
+                    device: name.clone(),
+                    healthy,
+                    message,
+                }
+            })
+            .collect();
+        reports.sort_by(|a, b| a.device.cmp(&b.device));
+        reports
+    }
 }
 
 /// The request name the kubelet expects: without `/<subrequest>`.

@@ -66,6 +66,28 @@ async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
     ensure!(ready, "device not Ready: {devices:?}");
     let data = serde_json::to_value(&devices[0].data)?;
     ensure!(data["migUUID"] == mig.as_str(), "status data {data}");
+
+    // The plugin streams device health; the kubelet shows it in the pod's container status.
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
+    das_e2e::wait::until("device health Healthy in the pod status", T, || async {
+        let p = pods.get("one").await?;
+        let statuses = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        let healthy = statuses
+            .iter()
+            .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+            .any(|r| {
+                // Keyed by the CDI device ID the plugin returned for the request.
+                r.resources.iter().flatten().any(|h| {
+                    h.resource_id.starts_with("das.com/mig=")
+                        && h.health.as_deref() == Some("Healthy")
+                })
+            });
+        Ok(healthy.then_some(()))
+    })
+    .await?;
     Ok(())
 }
 

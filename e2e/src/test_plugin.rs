@@ -12,10 +12,8 @@ use das_proto::dra::v1::{
     Device, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
     NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
 };
-use das_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
-use das_proto::pluginregistration::{
-    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
-};
+use das_proto::pluginregistration::PluginInfo;
+use das_proto::registration::Registrar;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::{Api, Client};
 use tokio::net::UnixListener;
@@ -80,15 +78,16 @@ impl TestPlugin {
             tonic::transport::Server::builder().add_service(dra),
             false,
         )?;
-        let reg = RegistrationServer::new(Reg {
-            info: PluginInfo {
+        let seen = calls.clone();
+        let reg = Registrar::new(
+            PluginInfo {
                 r#type: das_proto::pluginregistration::DRA_PLUGIN_TYPE.into(),
                 name: driver.into(),
                 endpoint: dra_sock.display().to_string(),
                 supported_versions: vec![das_proto::dra::SERVICE_V1.into()],
             },
-            calls,
-        });
+            Box::new(move |ok, error| seen.lock().unwrap().push(Call::Registered { ok, error })),
+        );
         plugin.serve(
             &reg_sock,
             tonic::transport::Server::builder().add_service(reg),
@@ -141,30 +140,6 @@ impl Drop for TestPlugin {
         for s in &self.sockets {
             let _ = std::fs::remove_file(s);
         }
-    }
-}
-
-struct Reg {
-    info: PluginInfo,
-    calls: Arc<Mutex<Vec<Call>>>,
-}
-
-#[tonic::async_trait]
-impl Registration for Reg {
-    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
-        Ok(Response::new(self.info.clone()))
-    }
-
-    async fn notify_registration_status(
-        &self,
-        req: Request<RegistrationStatus>,
-    ) -> Result<Response<RegistrationStatusResponse>, Status> {
-        let s = req.into_inner();
-        self.calls.lock().unwrap().push(Call::Registered {
-            ok: s.plugin_registered,
-            error: s.error,
-        });
-        Ok(Response::new(RegistrationStatusResponse {}))
     }
 }
 

@@ -2,6 +2,7 @@
 //!
 //! - [`dra::v1`] and [`dra::v1beta1`]: the `DRAPlugin` service (NodePrepareResources,
 //!   NodeUnprepareResources). Kubelets 1.34+ accept both and take the first one a plugin lists.
+//! - [`dra_health::v1alpha1`]: the `DRAResourceHealth` stream of device health.
 //! - [`pluginregistration`]: the `Registration` service the kubelet's plugin watcher calls.
 //! - [`authority`]: serving the registration socket to the kubelet's grpc-go client, whose
 //!   `:authority` h2 would reject.
@@ -10,6 +11,7 @@
 //! `pkg/apis/pluginregistration/v1/api.proto` (see `shared/reference/dra-kubelet-plugin.md` §1–2).
 
 pub mod authority;
+pub mod registration;
 
 /// Kubelet DRA node API.
 pub mod dra {
@@ -25,6 +27,16 @@ pub mod dra {
     pub const SERVICE_V1: &str = "v1.DRAPlugin";
     /// Registration string of the v1beta1 DRA service.
     pub const SERVICE_V1BETA1: &str = "v1beta1.DRAPlugin";
+}
+
+/// Device health reporting to the kubelet (KEP-4680).
+pub mod dra_health {
+    /// Package `v1alpha1`, registration string [`SERVICE_V1ALPHA1`].
+    pub mod v1alpha1 {
+        tonic::include_proto!("v1alpha1");
+    }
+    /// Registration string of the v1alpha1 health service.
+    pub const SERVICE_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
 }
 
 /// Kubelet plugin registration (`pluginregistration`).

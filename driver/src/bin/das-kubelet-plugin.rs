@@ -247,9 +247,10 @@ async fn run(args: Args) -> Result<()> {
         args.pod_uid.as_deref(),
     )?;
     let handler: Arc<dyn kubelet::ClaimHandler> = preparer.clone();
+    let health: Arc<dyn kubelet::HealthSource> = preparer.clone();
     let serve_task = tokio::spawn({
         let stop = stop.clone();
-        async move { kubelet::serve(&paths, DRIVER_NAME, handler, stop.cancelled_owned()).await }
+        async move { kubelet::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
     });
     metrics.ready.store(true, Ordering::Relaxed);
 
