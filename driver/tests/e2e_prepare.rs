@@ -67,6 +67,30 @@ async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
     let data = serde_json::to_value(&devices[0].data)?;
     ensure!(data["migUUID"] == mig.as_str(), "status data {data}");
 
+    // The plugin is ready and counts what it did.
+    let port = METRICS_PORTS
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(n, _)| n == H100)
+        .map(|(_, p)| *p)
+        .context("metrics port")?;
+    ensure!(
+        http_get(port, "/readyz").await?.0 == 200,
+        "plugin not ready"
+    );
+    let (code, metrics) = http_get(port, "/metrics").await?;
+    ensure!(code == 200);
+    ensure!(
+        metrics
+            .contains(r#"das_kubelet_plugin_requests_total{method="prepare",result="success"} 1"#),
+        "metrics:\n{metrics}"
+    );
+    ensure!(
+        metrics.contains(r#"das_kubelet_plugin_prepared_slices{gpu="0"} 1"#),
+        "metrics:\n{metrics}"
+    );
+
     // The plugin streams device health; the kubelet shows it in the pod's container status.
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
     das_e2e::wait::until("device health Healthy in the pod status", T, || async {

@@ -43,12 +43,37 @@ pub fn plugin_name(node: &str) -> String {
     format!("das-plugin-{node}")
 }
 
-/// Starts (or restarts) the plugin on `node` with emulated `gpus`.
-pub fn start_plugin(cluster: &mut Cluster, node: &str, gpus: &str) -> Result<()> {
+/// Starts (or restarts) the plugin on `node` with emulated `gpus`; returns its metrics port.
+pub fn start_plugin(cluster: &mut Cluster, node: &str, gpus: &str) -> Result<u16> {
     let n = cluster.node(node).clone();
-    let args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), free_port());
-    cluster.spawn_program(&plugin_name(node), plugin_binary(), args)
+    let port = free_port();
+    let args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), port);
+    cluster.spawn_program(&plugin_name(node), plugin_binary(), args)?;
+    Ok(port)
 }
+
+/// `GET http://127.0.0.1:<port><path>` over HTTP/1.0: (status code, body).
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("HTTP status line")?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Metrics port of the plugin on each node, as started by [`cluster_with_plugins`].
+pub static METRICS_PORTS: std::sync::Mutex<Vec<(String, u16)>> = std::sync::Mutex::new(Vec::new());
 
 /// A cluster with `nodes` = [(name, emulated GPUs)], DAS plugins on each, DeviceClasses, and
 /// every node's ResourceSlices published.
@@ -58,7 +83,8 @@ pub async fn cluster_with_plugins(nodes: &[(&str, &str)]) -> Cluster {
         .await
         .expect("cluster starts");
     for (node, gpus) in nodes {
-        start_plugin(&mut cluster, node, gpus).expect("plugin starts");
+        let port = start_plugin(&mut cluster, node, gpus).expect("plugin starts");
+        METRICS_PORTS.lock().unwrap().push((node.to_string(), port));
     }
     let client = cluster.client();
     let setup = async {
