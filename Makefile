@@ -42,6 +42,8 @@ build: ## build every Rust crate (debug)
 .PHONY: test
 test: k8s ## run every test: unit tests and end-to-end tests against the local cluster
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
+	# das-controller's e2e tests run the node plugin from the same target dir.
+	$(CARGO) build -p das-driver --bin das-kubelet-plugin
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: e2e

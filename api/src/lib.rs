@@ -2,6 +2,9 @@
 //!
 //! The values are fixed by `shared/DESIGN.md` §3: changing one breaks clusters that already run
 //! DAS (ResourceSlices, DeviceClasses, CDI specs and AllocationClaims carry them).
+//! The AllocationClaim custom resource (DESIGN §6) is in [`allocation`].
+
+pub mod allocation;
 
 /// The DRA driver name: `ResourceSlice.spec.driver`, `DeviceClass` selectors, allocation results.
 pub const DRIVER_NAME: &str = "mig.das.com";

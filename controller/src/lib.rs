@@ -1,4 +1,13 @@
-//! The DAS cluster controller (`das-controller`).
+//! The DAS cluster controller (`das-controller`): mirrors every allocated DAS device into an
+//! AllocationClaim (`staged` → `created` → `inUse`); see `shared/DESIGN.md` §6.
 //!
-//! Built by the controller issue: it mirrors allocations into AllocationClaims
-//! (`staged` → `created` → `inUse`); see `shared/DESIGN.md` §6.
+//! - [`mirror`]: the pure function from a ResourceClaim (plus its pods and the published devices)
+//!   to its desired AllocationClaims;
+//! - [`reconcile`]: the kube-runtime controller that applies them;
+//! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease;
+//! - [`metrics`]: Prometheus metrics and health endpoints.
+
+pub mod lease;
+pub mod metrics;
+pub mod mirror;
+pub mod reconcile;

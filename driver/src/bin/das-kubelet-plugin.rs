@@ -9,11 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use das_api::DRIVER_NAME;
 use das_driver::checkpoint::{self, Checkpoint, LoadOutcome};
-use das_driver::gpu::{EmulatedBackend, GpuBackend};
+use das_driver::gpu::nvml::{self, procfs};
+use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
 use das_driver::kubelet::{self, SocketPaths};
 use das_driver::metrics::{self, Metrics};
 use das_driver::prepare::{self, CheckpointStore, Preparer};
@@ -32,7 +33,12 @@ const EMULATED_CAPS_MAJOR: u32 = 509;
 )]
 struct Args {
     /// Name of this node (the ResourceSlice pool is named after it).
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        required_unless_present = "print_inventory",
+        default_value = ""
+    )]
     node_name: String,
     /// The kubelet's plugin registration directory.
     #[arg(
@@ -79,6 +85,19 @@ struct Args {
     /// Boot ID file: a different boot ID resets the checkpoint (MIG slices do not survive a reboot).
     #[arg(long, default_value = checkpoint::BOOT_ID_PATH)]
     boot_id_file: PathBuf,
+    /// Print the GPUs NVML reports (MIG mode, GI profiles, placements, existing instances) and
+    /// exit. Read-only: never changes MIG mode, never creates or destroys instances. With
+    /// --emulated-gpus, prints the emulated inventory instead.
+    #[arg(long)]
+    print_inventory: bool,
+    /// Let DAS switch MIG mode on for Hopper and newer GPUs that have it off (the GPU must be
+    /// idle). Off by default: DAS then never changes MIG mode. Ampere GPUs are never switched
+    /// (they need a GPU reset).
+    #[arg(long, env = "DAS_ENABLE_MIG_MODE")]
+    enable_mig_mode: bool,
+    /// procfs root for `devices` (the `nvidia-caps` major) and the MIG capability minors.
+    #[arg(long, env = "DAS_PROC_ROOT", default_value = procfs::PROC_ROOT)]
+    proc_root: PathBuf,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -102,6 +121,15 @@ fn init_logging(args: &Args) {
 fn main() -> ExitCode {
     let args = Args::parse();
     init_logging(&args);
+    if args.print_inventory {
+        return match print_inventory(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     limit_malloc_arenas();
     // Few threads: backend calls are per GPU and short; each idle thread costs memory.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -143,6 +171,8 @@ async fn client(args: &Args) -> Result<kube::Client> {
     Ok(kube::Client::try_from(config)?)
 }
 
+/// The GPU backend and the `nvidia-caps` major: emulated with --emulated-gpus, else NVML (which
+/// loads `libnvidia-ml.so.1` only here, so emulated mode runs without the NVIDIA driver).
 fn backend(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
     match &args.emulated_gpus {
         Some(spec) => {
@@ -150,10 +180,47 @@ fn backend(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
                 .with_context(|| format!("emulated GPUs {spec:?}"))?;
             Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
         }
-        None => bail!(
-            "no GPU backend: the NVML backend for real GPUs is not built yet; run with --emulated-gpus (e.g. A100-SXM4-40GB:2)"
-        ),
+        None => {
+            let api = init_nvml()?;
+            let options = NvmlOptions {
+                proc_root: args.proc_root.clone(),
+                enable_mig_mode: args.enable_mig_mode,
+            };
+            let b = NvmlBackend::new(api, options).context("read the GPUs through NVML")?;
+            let major =
+                procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
+            Ok((Arc::new(b), major))
+        }
     }
+}
+
+fn init_nvml() -> Result<RealNvml> {
+    RealNvml::init().context(
+        "initialise NVML (libnvidia-ml.so.1): run on a node with the NVIDIA driver and make the driver libraries visible in the container (docs/nvml.md), or use --emulated-gpus",
+    )
+}
+
+/// `--print-inventory`: read-only listing of the GPUs, then exit.
+fn print_inventory(args: &Args) -> Result<()> {
+    match &args.emulated_gpus {
+        Some(_) => {
+            let (b, _) = backend(args)?;
+            for g in b.inventory()? {
+                println!(
+                    "GPU {}: {} {} minor {} MIG {} model {} profiles {}",
+                    g.index,
+                    g.product_name,
+                    g.uuid,
+                    g.minor,
+                    if g.mig_enabled { "on" } else { "off" },
+                    g.model.name,
+                    g.model.profile_names()
+                );
+            }
+        }
+        None => print!("{}", nvml::inventory_report(&init_nvml()?)),
+    }
+    Ok(())
 }
 
 /// Loads the checkpoint; returns it and whether it must be rebuilt from the backend and the API.

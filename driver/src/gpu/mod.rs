@@ -6,6 +6,7 @@
 pub mod emulated;
 pub mod layout;
 pub mod model;
+pub mod nvml;
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ pub use model::{
     CiProfile, GiProfile, GpuModel, ModelError, builtin_models, find_model, find_model_by_pci_id,
     model_list, model_names,
 };
+pub use nvml::{NvmlApi, NvmlBackend, NvmlOptions, RealNvml};
 
 /// One physical GPU as the backend sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,214 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, the protocol of client-go's
+//! `leaderelection` package (<https://pkg.go.dev/k8s.io/client-go/tools/leaderelection>):
+//! the holder renews `spec.renewTime` every `renew_every`; another replica takes the lease over
+//! once `renewTime + leaseDurationSeconds` has passed. Writes carry the read `resourceVersion`,
+//! so of two replicas racing for an expired lease exactly one wins (the other gets 409 Conflict).
+//!
+//! Like client-go, expiry is judged against this replica's clock; replicas on one cluster are
+//! assumed to have clocks within a fraction of the lease duration.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::Api;
+use kube::api::PostParams;
+
+/// Settings of one elector.
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    /// Lease name.
+    pub name: String,
+    /// This replica's identity (holder identity when leading).
+    pub identity: String,
+    /// How long a lease stays valid after its last renewal.
+    pub duration: Duration,
+    /// How often the holder renews, and how often a candidate retries.
+    pub renew_every: Duration,
+}
+
+/// What a replica may do with the lease as it finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// We hold it: renew.
+    Renew,
+    /// Free or expired: take it over.
+    TakeOver,
+    /// Another replica holds a valid lease.
+    HeldByOther,
+}
+
+/// Pure decision from the lease's spec (DESIGN: one writer at a time).
+pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decision {
+    let Some(spec) = spec else {
+        return Decision::TakeOver;
+    };
+    let holder = spec.holder_identity.as_deref().unwrap_or("");
+    if holder == identity {
+        return Decision::Renew;
+    }
+    if holder.is_empty() {
+        return Decision::TakeOver;
+    }
+    let secs = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+    let expired = spec
+        .renew_time
+        .as_ref()
+        .is_none_or(|t| t.0 + SignedDuration::from_secs(secs) < now);
+    if expired {
+        Decision::TakeOver
+    } else {
+        Decision::HeldByOther
+    }
+}
+
+/// A candidate for leadership.
+pub struct Elector {
+    api: Api<Lease>,
+    cfg: LeaseConfig,
+}
+
+impl Elector {
+    /// An elector for lease `cfg.name` through `api` (namespaced).
+    pub fn new(api: Api<Lease>, cfg: LeaseConfig) -> Self {
+        Self { api, cfg }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.cfg
+    }
+
+    fn spec(&self, now: Timestamp, acquired: Option<MicroTime>, transitions: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.cfg.identity.clone()),
+            lease_duration_seconds: Some(self.cfg.duration.as_secs().max(1) as i32),
+            acquire_time: acquired.or(Some(MicroTime(now))),
+            renew_time: Some(MicroTime(now)),
+            lease_transitions: Some(transitions),
+            ..LeaseSpec::default()
+        }
+    }
+
+    /// One round: creates, renews or takes over the lease. `Ok(true)` while we lead; a 409
+    /// Conflict (another replica won the race) is `Ok(false)`.
+    pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+        let now = Timestamp::now();
+        let pp = PostParams::default();
+        let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(self.cfg.name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(self.spec(now, None, 0)),
+            };
+            return conflict_is_false(self.api.create(&pp, &lease).await);
+        };
+        let spec = lease.spec.as_ref();
+        let transitions = spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+        lease.spec = Some(match decide(spec, &self.cfg.identity, now) {
+            Decision::HeldByOther => return Ok(false),
+            Decision::Renew => {
+                self.spec(now, spec.and_then(|s| s.acquire_time.clone()), transitions)
+            }
+            Decision::TakeOver => self.spec(now, None, transitions + 1),
+        });
+        conflict_is_false(self.api.replace(&self.cfg.name, &pp, &lease).await)
+    }
+
+    /// Gives the lease up (clears the holder) so a standby takes over at once; best effort.
+    pub async fn release(&self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else {
+            return;
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return;
+        };
+        if spec.holder_identity.as_deref() != Some(&self.cfg.identity) {
+            return;
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        spec.acquire_time = None;
+        match self
+            .api
+            .replace(&self.cfg.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => tracing::info!(lease = %self.cfg.name, "released the leader lease"),
+            Err(e) => tracing::warn!(error = %e, "could not release the leader lease"),
+        }
+    }
+
+    /// Waits until this replica leads; retries every `renew_every`.
+    pub async fn acquire(&self) {
+        loop {
+            match self.try_acquire_or_renew().await {
+                Ok(true) => {
+                    tracing::info!(identity = %self.cfg.identity, lease = %self.cfg.name, "became leader");
+                    return;
+                }
+                Ok(false) => tracing::debug!("lease held by another replica"),
+                Err(e) => tracing::warn!(error = %e, "leader election"),
+            }
+            tokio::time::sleep(self.cfg.renew_every).await;
+        }
+    }
+
+    /// Renews until leadership is lost: returns when another replica holds the lease or no
+    /// renewal succeeded for a whole lease duration.
+    pub async fn keep(&self) {
+        let mut last_ok = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(self.cfg.renew_every).await;
+            match self.try_acquire_or_renew().await {
+                Ok(true) => last_ok = tokio::time::Instant::now(),
+                Ok(false) => {
+                    tracing::error!("leader lease taken by another replica");
+                    return;
+                }
+                Err(e) => tracing::warn!(error = %e, "renewing the leader lease"),
+            }
+            if last_ok.elapsed() > self.cfg.duration {
+                tracing::error!("could not renew the leader lease for a whole lease duration");
+                return;
+            }
+        }
+    }
+}
+
+fn conflict_is_false(r: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
+    match r {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(holder: &str, renewed_secs_ago: i64) -> LeaseSpec {
+        let now = Timestamp::now();
+        LeaseSpec {
+            holder_identity: Some(holder.into()).filter(|h: &String| !h.is_empty()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(now - SignedDuration::from_secs(renewed_secs_ago))),
+            ..LeaseSpec::default()
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let now = Timestamp::now();
+        assert_eq!(decide(None, "a", now), Decision::TakeOver);
+        assert_eq!(decide(Some(&spec("a", 1)), "a", now), Decision::Renew);
+        assert_eq!(decide(Some(&spec("a", 100)), "a", now), Decision::Renew);
+        assert_eq!(decide(Some(&spec("b", 1)), "a", now), Decision::HeldByOther);
+        assert_eq!(decide(Some(&spec("b", 16)), "a", now), Decision::TakeOver);
+        assert_eq!(decide(Some(&spec("", 1)), "a", now), Decision::TakeOver);
+    }
+}

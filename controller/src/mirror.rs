@@ -1,0 +1,601 @@
+//! What the AllocationClaims of one ResourceClaim should be: a pure function of the claim, the
+//! pods that reserve it and the devices DAS publishes (DESIGN §6).
+//!
+//! One AllocationClaim per allocation result of our driver (`mig.das.com`), named
+//! `<claim>-<device>`, in the claim's namespace, owned by the claim. Its state is
+//! - `inUse` when the claim's `status.devices` has the device with condition `Ready=True`
+//!   (written by the node plugin after it created the slice; `migUUID` comes from its `data`),
+//! - `created` when a reserving pod is bound to a node (`spec.nodeName` set),
+//! - `staged` otherwise (allocated by the scheduler, pod not bound yet).
+//!
+//! Device facts (profile, parent GPU UUID, placement) come from the published ResourceSlices
+//! (attributes of DESIGN §3) and, when the slice is gone or not yet seen, from the device status
+//! data the node plugin wrote.
+
+use std::collections::BTreeMap;
+
+use das_api::DRIVER_NAME;
+use das_api::allocation::{
+    AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationState, CONDITION_STATE,
+    MigPlacement, PodRef, ResourceClaimRef, StateCondition,
+};
+use das_api::attributes as attr;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{
+    AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, ResourceClaim,
+    ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
+
+/// Label on every AllocationClaim: UID of the ResourceClaim it mirrors (for `-l` selection).
+pub const CLAIM_UID_LABEL: &str = "mig.das.com/claim-uid";
+
+/// Where a published device is: the facts an AllocationClaim needs from the ResourceSlices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// MIG profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// UUID of the parent GPU.
+    pub gpu_uuid: String,
+    /// Placement on the GPU.
+    pub placement: MigPlacement,
+}
+
+/// Published devices of our driver by (pool, device name).
+#[derive(Debug, Default, Clone)]
+pub struct DeviceIndex(BTreeMap<(String, String), DeviceFacts>);
+
+impl DeviceIndex {
+    /// Indexes the devices of our driver in `slices` (other drivers' slices are skipped).
+    pub fn from_slices<'a>(slices: impl IntoIterator<Item = &'a ResourceSlice>) -> Self {
+        let mut index = BTreeMap::new();
+        for s in slices.into_iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+            for d in s.spec.devices.iter().flatten() {
+                if let Some(f) = facts_of_device(d) {
+                    index.insert((s.spec.pool.name.clone(), d.name.clone()), f);
+                }
+            }
+        }
+        Self(index)
+    }
+
+    /// Facts of `device` in `pool`, if published.
+    pub fn get(&self, pool: &str, device: &str) -> Option<&DeviceFacts> {
+        self.0.get(&(pool.to_string(), device.to_string()))
+    }
+
+    /// Number of indexed devices.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no device is indexed.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// An attribute by its short name or fully qualified (`mig.das.com/<name>`).
+fn attribute<'a>(d: &'a Device, name: &str) -> Option<&'a DeviceAttribute> {
+    let attrs = d.attributes.as_ref()?;
+    attrs
+        .get(name)
+        .or_else(|| attrs.get(&format!("{DRIVER_NAME}/{name}")))
+}
+
+fn int_attribute(d: &Device, name: &str) -> Option<i32> {
+    attribute(d, name)?.int.and_then(|v| i32::try_from(v).ok())
+}
+
+fn string_attribute(d: &Device, name: &str) -> Option<String> {
+    attribute(d, name)?.string.clone()
+}
+
+/// Facts from a device's attributes (DESIGN §3); `None` if one is missing.
+fn facts_of_device(d: &Device) -> Option<DeviceFacts> {
+    Some(DeviceFacts {
+        profile: string_attribute(d, attr::PROFILE)?,
+        gpu_uuid: string_attribute(d, attr::PARENT_UUID)?,
+        placement: MigPlacement {
+            start: int_attribute(d, attr::PLACEMENT_START)?,
+            size: int_attribute(d, attr::PLACEMENT_SIZE)?,
+        },
+    })
+}
+
+/// Facts from the node plugin's device status `data`
+/// (`{migUUID, gpuUUID, profile, placement{start,size}}`).
+fn facts_of_status(s: &AllocatedDeviceStatus) -> Option<DeviceFacts> {
+    let data = &s.data.as_ref()?.0;
+    let int = |v: &serde_json::Value| v.as_i64().and_then(|v| i32::try_from(v).ok());
+    Some(DeviceFacts {
+        profile: data["profile"].as_str()?.to_string(),
+        gpu_uuid: data["gpuUUID"].as_str()?.to_string(),
+        placement: MigPlacement {
+            start: int(&data["placement"]["start"])?,
+            size: int(&data["placement"]["size"])?,
+        },
+    })
+}
+
+/// The result of mirroring one claim: the objects to keep, and the results that cannot be
+/// mirrored (with the reason, for an Event).
+#[derive(Debug, Default)]
+pub struct Mirror {
+    /// Desired AllocationClaims, in allocation-result order.
+    pub claims: Vec<AllocationClaim>,
+    /// Results of our driver that lack the facts an AllocationClaim needs.
+    pub unmirrored: Vec<String>,
+}
+
+/// Name of the AllocationClaim of `device` in claim `claim`: `<claim>-<device>`, shortened with
+/// a hash when longer than a DNS subdomain allows (253).
+pub fn allocation_claim_name(claim: &str, device: &str) -> String {
+    let name = format!("{claim}-{device}");
+    if name.len() <= 253 {
+        return name;
+    }
+    // FNV-1a: stable across releases, unlike `DefaultHasher`.
+    let hash = name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    });
+    format!("{}-{hash:016x}", &name[..253 - 17])
+}
+
+/// Our device's entry in the claim's `status.devices`.
+fn device_status<'a>(
+    claim: &'a ResourceClaim,
+    r: &DeviceRequestAllocationResult,
+) -> Option<&'a AllocatedDeviceStatus> {
+    claim
+        .status
+        .as_ref()?
+        .devices
+        .iter()
+        .flatten()
+        .find(|s| s.driver == r.driver && s.pool == r.pool && s.device == r.device)
+}
+
+/// Whether the device status has condition `Ready=True`.
+fn is_ready(s: &AllocatedDeviceStatus) -> bool {
+    s.conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// The pods in `pods` that the claim is reserved for.
+fn reserving_pods<'a>(claim: &ResourceClaim, pods: &'a [Pod]) -> Vec<&'a Pod> {
+    let uids: Vec<&str> = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| r.uid.as_str())
+        .collect();
+    pods.iter()
+        .filter(|p| p.metadata.uid.as_deref().is_some_and(|u| uids.contains(&u)))
+        .collect()
+}
+
+/// The claim's allocation results of our driver (none when it is not allocated or is being
+/// deleted).
+pub fn our_results(claim: &ResourceClaim) -> Vec<&DeviceRequestAllocationResult> {
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Vec::new();
+    }
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.driver == DRIVER_NAME)
+        .collect()
+}
+
+/// The owner reference of an AllocationClaim: its ResourceClaim, so the garbage collector
+/// deletes it with the claim.
+fn owner_of(claim: &ResourceClaim) -> OwnerReference {
+    OwnerReference {
+        api_version: "resource.k8s.io/v1".into(),
+        kind: "ResourceClaim".into(),
+        name: claim.name_any(),
+        uid: claim.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
+}
+
+/// The desired AllocationClaims of `claim` (DESIGN §6): one per allocation result of our driver.
+///
+/// `pods` may hold any pods; only those the claim is reserved for count. `now` (RFC 3339) is the
+/// `lastTransitionTime` of the state condition; the caller keeps the stored one when the state
+/// did not change (see [`carry_transition_time`]).
+pub fn desired_allocation_claims(
+    claim: &ResourceClaim,
+    pods: &[Pod],
+    devices: &DeviceIndex,
+    now: &str,
+) -> Mirror {
+    let mut mirror = Mirror::default();
+    let pods = reserving_pods(claim, pods);
+    let pod = pods.first();
+    let bound = pods
+        .iter()
+        .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
+    for r in our_results(claim) {
+        let status = device_status(claim, r);
+        let Some(facts) = devices
+            .get(&r.pool, &r.device)
+            .cloned()
+            .or_else(|| status.and_then(facts_of_status))
+        else {
+            mirror.unmirrored.push(format!(
+                "device {} in pool {} (request {}) is neither published nor reported by the node plugin",
+                r.device, r.pool, r.request
+            ));
+            continue;
+        };
+        let ready = status.filter(|s| is_ready(s));
+        let state = match (ready, bound) {
+            (Some(_), _) => AllocationState::InUse,
+            (None, true) => AllocationState::Created,
+            (None, false) => AllocationState::Staged,
+        };
+        let mig_uuid = status
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.0["migUUID"].as_str())
+            .map(str::to_string);
+        mirror
+            .claims
+            .push(build(claim, pod.copied(), r, facts, state, mig_uuid, now));
+    }
+    mirror
+}
+
+/// One AllocationClaim.
+fn build(
+    claim: &ResourceClaim,
+    pod: Option<&Pod>,
+    r: &DeviceRequestAllocationResult,
+    facts: DeviceFacts,
+    state: AllocationState,
+    mig_uuid: Option<String>,
+    now: &str,
+) -> AllocationClaim {
+    let namespace = claim.namespace().unwrap_or_default();
+    let claim_uid = claim.uid().unwrap_or_default();
+    let spec = AllocationClaimSpec {
+        profile: facts.profile,
+        gpu_uuid: facts.gpu_uuid,
+        mig_placement: facts.placement,
+        // DAS pools are named after their node (DESIGN §3).
+        nodename: r.pool.clone(),
+        pod_ref: pod.map(|p| PodRef {
+            kind: "Pod".into(),
+            namespace: namespace.clone(),
+            name: p.name_any(),
+            uid: p.uid().unwrap_or_default(),
+        }),
+        resource_claim_ref: ResourceClaimRef {
+            name: claim.name_any(),
+            uid: claim_uid.clone(),
+        },
+        request: r.request.clone(),
+        pool: r.pool.clone(),
+        device: r.device.clone(),
+    };
+    let mut a = AllocationClaim::new(&allocation_claim_name(&claim.name_any(), &r.device), spec);
+    a.metadata = ObjectMeta {
+        namespace: Some(namespace),
+        labels: Some([(CLAIM_UID_LABEL.to_string(), claim_uid)].into()),
+        owner_references: Some(vec![owner_of(claim)]),
+        ..a.metadata
+    };
+    a.status = Some(AllocationClaimStatus {
+        state,
+        mig_uuid,
+        conditions: vec![StateCondition {
+            type_: CONDITION_STATE.into(),
+            status: "True".into(),
+            reason: state.as_str().into(),
+            message: format!("slice is {}", state.as_str()),
+            last_transition_time: now.into(),
+        }],
+    });
+    a
+}
+
+/// Keeps `existing`'s condition (and its transition time) in `desired` when the state is the
+/// same, so an unchanged claim compares equal and is not written.
+pub fn carry_transition_time(desired: &mut AllocationClaim, existing: &AllocationClaim) {
+    let (Some(d), Some(e)) = (desired.status.as_mut(), existing.status.as_ref()) else {
+        return;
+    };
+    if d.state == e.state && !e.conditions.is_empty() {
+        d.conditions = e.conditions.clone();
+    }
+}
+
+/// What must be written to make `existing` (if any) look like `desired`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writes {
+    /// Spec, labels or owner references differ (or the object does not exist).
+    pub object: bool,
+    /// Status differs.
+    pub status: bool,
+}
+
+/// Compares the fields the controller owns.
+pub fn writes_needed(desired: &AllocationClaim, existing: Option<&AllocationClaim>) -> Writes {
+    let Some(e) = existing else {
+        return Writes {
+            object: true,
+            status: true,
+        };
+    };
+    let labels_ok = desired
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| e.labels().get(k) == Some(v));
+    let owners_ok = desired.metadata.owner_references == e.metadata.owner_references;
+    Writes {
+        object: desired.spec != e.spec || !labels_ok || !owners_ok,
+        status: desired.status != e.status,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: &str = "2026-01-01T00:00:00Z";
+
+    fn slice() -> ResourceSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n0-slice"},
+            "spec": {"driver": DRIVER_NAME, "nodeName": "n0",
+                "pool": {"name": "n0", "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {"name": "gpu-0-mig-1g-10gb-6", "attributes": {
+                        "profile": {"string": "1g.10gb"}, "parentUUID": {"string": "GPU-a"},
+                        "gpuIndex": {"int": 0}, "placementStart": {"int": 6}, "placementSize": {"int": 1}}},
+                    {"name": "gpu-0-mig-3g-40gb-0", "attributes": {
+                        "profile": {"string": "3g.40gb"}, "parentUUID": {"string": "GPU-a"},
+                        "gpuIndex": {"int": 0}, "placementStart": {"int": 0}, "placementSize": {"int": 4}}}
+                ]}
+        }))
+        .unwrap()
+    }
+
+    fn claim(devices: &[&str], reserved: bool, status_devices: serde_json::Value) -> ResourceClaim {
+        let results: Vec<_> = devices
+            .iter()
+            .map(|d| json!({"request": "mig", "driver": DRIVER_NAME, "pool": "n0", "device": d}))
+            .collect();
+        let reserved_for = if reserved {
+            json!([{"resource": "pods", "name": "p", "uid": "pod-uid"}])
+        } else {
+            json!([])
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": results}},
+                "reservedFor": reserved_for, "devices": status_devices}
+        }))
+        .unwrap()
+    }
+
+    fn pod(node: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+            "spec": {"containers": [], "nodeName": node}
+        }))
+        .unwrap()
+    }
+
+    fn ready(device: &str, status: &str) -> serde_json::Value {
+        json!({"driver": DRIVER_NAME, "pool": "n0", "device": device,
+            "conditions": [{"type": "Ready", "status": status, "reason": "SliceCreated",
+                "message": "", "lastTransitionTime": NOW}],
+            "data": {"migUUID": "MIG-1", "gpuUUID": "GPU-a", "profile": "1g.10gb",
+                "placement": {"start": 6, "size": 1}}})
+    }
+
+    fn index() -> DeviceIndex {
+        DeviceIndex::from_slices([&slice()])
+    }
+
+    #[test]
+    fn allocated_claim_without_bound_pod_is_staged() {
+        let c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([]));
+        let m = desired_allocation_claims(&c, &[pod(None)], &index(), NOW);
+        assert_eq!(m.claims.len(), 1);
+        let a = &m.claims[0];
+        assert_eq!(a.metadata.name.as_deref(), Some("c-gpu-0-mig-1g-10gb-6"));
+        assert_eq!(a.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(a.spec.profile, "1g.10gb");
+        assert_eq!(a.spec.gpu_uuid, "GPU-a");
+        assert_eq!(a.spec.mig_placement, MigPlacement { start: 6, size: 1 });
+        assert_eq!(a.spec.nodename, "n0");
+        assert_eq!(a.spec.pod_ref.as_ref().unwrap().uid, "pod-uid");
+        assert_eq!(a.spec.resource_claim_ref.uid, "claim-uid");
+        let owner = &a.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("ResourceClaim", "claim-uid")
+        );
+        let s = a.status.as_ref().unwrap();
+        assert_eq!(s.state, AllocationState::Staged);
+        assert_eq!(s.conditions[0].reason, "staged");
+        assert_eq!(s.mig_uuid, None);
+    }
+
+    #[test]
+    fn bound_pod_makes_it_created() {
+        let c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([]));
+        let m = desired_allocation_claims(&c, &[pod(Some("n0"))], &index(), NOW);
+        assert_eq!(
+            m.claims[0].status.as_ref().unwrap().state,
+            AllocationState::Created
+        );
+    }
+
+    #[test]
+    fn unreserved_pods_do_not_count() {
+        let c = claim(&["gpu-0-mig-1g-10gb-6"], false, json!([]));
+        let m = desired_allocation_claims(&c, &[pod(Some("n0"))], &index(), NOW);
+        let a = &m.claims[0];
+        assert_eq!(a.status.as_ref().unwrap().state, AllocationState::Staged);
+        assert!(a.spec.pod_ref.is_none());
+    }
+
+    #[test]
+    fn ready_device_is_in_use_with_mig_uuid() {
+        let c = claim(
+            &["gpu-0-mig-1g-10gb-6"],
+            true,
+            json!([ready("gpu-0-mig-1g-10gb-6", "True")]),
+        );
+        let m = desired_allocation_claims(&c, &[pod(Some("n0"))], &index(), NOW);
+        let s = m.claims[0].status.as_ref().unwrap();
+        assert_eq!(s.state, AllocationState::InUse);
+        assert_eq!(s.mig_uuid.as_deref(), Some("MIG-1"));
+        assert_eq!(s.conditions[0].reason, "inUse");
+    }
+
+    #[test]
+    fn not_ready_device_is_not_in_use() {
+        let c = claim(
+            &["gpu-0-mig-1g-10gb-6"],
+            true,
+            json!([ready("gpu-0-mig-1g-10gb-6", "False")]),
+        );
+        let m = desired_allocation_claims(&c, &[pod(Some("n0"))], &index(), NOW);
+        assert_eq!(
+            m.claims[0].status.as_ref().unwrap().state,
+            AllocationState::Created
+        );
+    }
+
+    #[test]
+    fn one_per_result_of_our_driver_only() {
+        let mut c = claim(
+            &["gpu-0-mig-1g-10gb-6", "gpu-0-mig-3g-40gb-0"],
+            true,
+            json!([]),
+        );
+        let other: DeviceRequestAllocationResult = serde_json::from_value(
+            json!({"request": "net", "driver": "other.example.com", "pool": "n0", "device": "x"}),
+        )
+        .unwrap();
+        let results = c.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        results
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()
+            .push(other);
+        let m = desired_allocation_claims(&c, &[pod(None)], &index(), NOW);
+        let placements: Vec<_> = m.claims.iter().map(|a| a.spec.mig_placement).collect();
+        assert_eq!(
+            placements,
+            [
+                MigPlacement { start: 6, size: 1 },
+                MigPlacement { start: 0, size: 4 }
+            ]
+        );
+        assert!(m.unmirrored.is_empty());
+    }
+
+    #[test]
+    fn unallocated_or_deleting_claim_has_none() {
+        let mut c = claim(&[], true, json!([]));
+        assert!(
+            desired_allocation_claims(&c, &[], &index(), NOW)
+                .claims
+                .is_empty()
+        );
+        c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([]));
+        c.metadata.deletion_timestamp = Some(serde_json::from_value(json!(NOW)).unwrap());
+        assert!(
+            desired_allocation_claims(&c, &[], &index(), NOW)
+                .claims
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn status_data_stands_in_for_a_missing_slice() {
+        let c = claim(
+            &["gpu-0-mig-1g-10gb-6"],
+            true,
+            json!([ready("gpu-0-mig-1g-10gb-6", "True")]),
+        );
+        let m = desired_allocation_claims(&c, &[], &DeviceIndex::default(), NOW);
+        assert_eq!(m.claims[0].spec.gpu_uuid, "GPU-a");
+        let c = claim(&["gpu-9-mig-1g-10gb-0"], true, json!([]));
+        let m = desired_allocation_claims(&c, &[], &DeviceIndex::default(), NOW);
+        assert!(m.claims.is_empty());
+        assert_eq!(m.unmirrored.len(), 1);
+    }
+
+    #[test]
+    fn unchanged_object_needs_no_write() {
+        let c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([]));
+        let existing = desired_allocation_claims(&c, &[pod(None)], &index(), NOW)
+            .claims
+            .remove(0);
+        let mut later =
+            desired_allocation_claims(&c, &[pod(None)], &index(), "2026-01-02T00:00:00Z")
+                .claims
+                .remove(0);
+        carry_transition_time(&mut later, &existing);
+        assert_eq!(
+            writes_needed(&later, Some(&existing)),
+            Writes {
+                object: false,
+                status: false
+            }
+        );
+        let mut bound = desired_allocation_claims(&c, &[pod(Some("n0"))], &index(), NOW)
+            .claims
+            .remove(0);
+        carry_transition_time(&mut bound, &existing);
+        assert_eq!(
+            writes_needed(&bound, Some(&existing)),
+            Writes {
+                object: false,
+                status: true
+            }
+        );
+        assert_eq!(
+            writes_needed(&bound, None),
+            Writes {
+                object: true,
+                status: true
+            }
+        );
+    }
+
+    #[test]
+    fn long_names_are_shortened_stably() {
+        let long = "c".repeat(250);
+        let n = allocation_claim_name(&long, "gpu-0-mig-1g-10gb-6");
+        assert_eq!(n.len(), 253);
+        assert_eq!(n, allocation_claim_name(&long, "gpu-0-mig-1g-10gb-6"));
+        assert_ne!(n, allocation_claim_name(&long, "gpu-0-mig-1g-10gb-5"));
+    }
+}

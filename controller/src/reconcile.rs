@@ -1,0 +1,450 @@
+//! The controller loop: a kube-runtime [`Controller`] over ResourceClaims (all namespaces),
+//! triggered also by the pods that use them and by their AllocationClaims, that keeps each
+//! claim's AllocationClaims equal to [`desired_allocation_claims`] (DESIGN §6).
+//!
+//! Pods, AllocationClaims and our ResourceSlices are kept in shared reflector stores; the
+//! triggers come from the same streams, so a reconcile always sees the change that caused it
+//! (<https://docs.rs/kube/latest/kube/runtime/struct.Controller.html#method.owns_shared_stream>).
+//! Writes are server-side apply with field manager [`FIELD_MANAGER`]; nothing is written when
+//! the stored object already matches. A sweep deletes AllocationClaims whose ResourceClaim is
+//! gone (the garbage collector does too, through the owner reference; the sweep covers a
+//! cluster without it and makes a restarted controller converge at once).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use das_api::allocation::{AllocationClaim, AllocationState};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+
+use crate::metrics::Metrics;
+use crate::mirror::{
+    DeviceIndex, carry_transition_time, desired_allocation_claims, our_results, writes_needed,
+};
+
+/// Field manager of every write (server-side apply).
+pub const FIELD_MANAGER: &str = "das-controller";
+
+/// Shared state of the reconciles.
+pub struct Context {
+    client: Client,
+    pods: Store<Pod>,
+    slices: Store<ResourceSlice>,
+    allocs: Store<AllocationClaim>,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Whether `a` mirrors the claim with `uid`.
+fn owned_by(a: &AllocationClaim, uid: &str) -> bool {
+    a.owner_references().iter().any(|o| o.uid == uid)
+}
+
+/// The pods the claim is reserved for, from the pod store.
+fn reserving_pods(claim: &ResourceClaim, pods: &Store<Pod>) -> Vec<Pod> {
+    let ns = claim.namespace().unwrap_or_default();
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods")
+        .filter_map(|r| pods.get(&ObjectRef::new(&r.name).within(&ns)))
+        .map(|p| (*p).clone())
+        .collect()
+}
+
+/// The published devices of the pools the claim's results are in.
+fn device_index(claim: &ResourceClaim, slices: &Store<ResourceSlice>) -> DeviceIndex {
+    let pools: Vec<&str> = our_results(claim).iter().map(|r| r.pool.as_str()).collect();
+    if pools.is_empty() {
+        return DeviceIndex::default();
+    }
+    let relevant = slices.state_filter(|s| pools.contains(&s.spec.pool.name.as_str()));
+    DeviceIndex::from_slices(relevant.iter().map(|s| s.as_ref()))
+}
+
+/// Seconds since `time` (RFC 3339), if it parses and is in the past.
+fn seconds_since(time: &str) -> Option<f64> {
+    let t: Timestamp = time.parse().ok()?;
+    let d = Timestamp::now().duration_since(t);
+    (!d.is_negative()).then(|| d.as_secs_f64())
+}
+
+/// The `lastTransitionTime` of the claim's `Ready` condition for `device`.
+fn ready_since(claim: &ResourceClaim, device: &str) -> Option<String> {
+    let devices = claim.status.as_ref()?.devices.as_ref()?;
+    let d = devices.iter().find(|d| d.device == device)?;
+    let c = d.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
+    Some(c.last_transition_time.0.to_string())
+}
+
+/// Makes `claim`'s AllocationClaims what they should be.
+pub async fn reconcile(
+    claim: Arc<ResourceClaim>,
+    ctx: Arc<Context>,
+) -> Result<Action, kube::Error> {
+    let result = mirror_claim(&claim, &ctx).await;
+    ctx.metrics.reconciled(result.is_ok());
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .expect("not poisoned")
+            .remove(&key(&claim));
+    }
+    result.map(|()| Action::await_change())
+}
+
+fn key(claim: &ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.namespace().unwrap_or_default(),
+        claim.name_any()
+    )
+}
+
+async fn mirror_claim(claim: &ResourceClaim, ctx: &Context) -> Result<(), kube::Error> {
+    let ns = claim.namespace().unwrap_or_default();
+    let uid = claim.uid().unwrap_or_default();
+    let pods = reserving_pods(claim, &ctx.pods);
+    let index = device_index(claim, &ctx.slices);
+    let now = Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let mirror = desired_allocation_claims(claim, &pods, &index, &now);
+    if !mirror.unmirrored.is_empty() {
+        warn_unmirrored(claim, &mirror.unmirrored, ctx).await;
+    }
+    let existing = ctx
+        .allocs
+        .state_filter(|a| a.namespace().as_deref() == Some(ns.as_str()) && owned_by(a, &uid));
+    let api: Api<AllocationClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    for mut desired in mirror.claims {
+        let name = desired.name_any();
+        let current = existing.iter().find(|a| a.name_any() == name);
+        if let Some(c) = current {
+            carry_transition_time(&mut desired, c);
+        }
+        apply(&api, &desired, current.map(|c| c.as_ref()), claim, ctx).await?;
+    }
+    for stale in existing
+        .iter()
+        .filter(|a| !is_desired(a, claim, &index, &pods))
+    {
+        delete(&api, &stale.name_any(), ctx).await?;
+    }
+    Ok(())
+}
+
+/// Whether an existing AllocationClaim still mirrors one of the claim's results.
+fn is_desired(
+    a: &AllocationClaim,
+    claim: &ResourceClaim,
+    index: &DeviceIndex,
+    pods: &[Pod],
+) -> bool {
+    let names: Vec<String> = desired_allocation_claims(claim, pods, index, "")
+        .claims
+        .iter()
+        .map(|d| d.name_any())
+        .collect();
+    names.contains(&a.name_any())
+}
+
+/// Writes what differs between `desired` and `current`: the object (spec, labels, owner) and
+/// then the status, each by server-side apply.
+async fn apply(
+    api: &Api<AllocationClaim>,
+    desired: &AllocationClaim,
+    current: Option<&AllocationClaim>,
+    claim: &ResourceClaim,
+    ctx: &Context,
+) -> Result<(), kube::Error> {
+    let w = writes_needed(desired, current);
+    let name = desired.name_any();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    if w.object {
+        let mut object = desired.clone();
+        object.status = None;
+        api.patch(&name, &pp, &Patch::Apply(&object)).await?;
+        ctx.metrics.wrote("apply");
+    }
+    if w.status {
+        let body = json!({
+            "apiVersion": AllocationClaim::api_version(&()),
+            "kind": AllocationClaim::kind(&()),
+            "metadata": {"name": name},
+            "status": desired.status,
+        });
+        api.patch_status(&name, &pp, &Patch::Apply(&body)).await?;
+        ctx.metrics.wrote("status");
+        observe_in_use(desired, current, claim, ctx);
+        tracing::info!(
+            claim = %key(claim), allocation_claim = %name,
+            state = desired.status.as_ref().map_or("", |s| s.state.as_str()),
+            "mirrored"
+        );
+    }
+    Ok(())
+}
+
+/// Records the lag of an `inUse` transition.
+fn observe_in_use(
+    desired: &AllocationClaim,
+    current: Option<&AllocationClaim>,
+    claim: &ResourceClaim,
+    ctx: &Context,
+) {
+    let state = |a: &AllocationClaim| a.status.as_ref().map(|s| s.state);
+    if state(desired) != Some(AllocationState::InUse)
+        || current.and_then(state) == Some(AllocationState::InUse)
+    {
+        return;
+    }
+    if let Some(lag) = ready_since(claim, &desired.spec.device).and_then(|t| seconds_since(&t)) {
+        ctx.metrics.in_use_lag.observe(lag);
+    }
+}
+
+/// Deletes one AllocationClaim; already gone is fine.
+async fn delete(api: &Api<AllocationClaim>, name: &str, ctx: &Context) -> Result<(), kube::Error> {
+    match api.delete(name, &DeleteParams::background()).await {
+        Ok(_) => {
+            ctx.metrics.wrote("delete");
+            tracing::info!(allocation_claim = %name, namespace = ?api.resource_url(), "deleted");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A Warning Event on the claim for results that cannot be mirrored; best effort.
+async fn warn_unmirrored(claim: &ResourceClaim, why: &[String], ctx: &Context) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "CannotMirror".into(),
+        note: Some(format!("no AllocationClaim for: {}", why.join("; "))),
+        action: "MirrorAllocation".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &claim.object_ref(&())).await {
+        tracing::warn!(claim = %key(claim), error = %e, "could not publish an event");
+    }
+}
+
+/// Requeue with exponential backoff per claim: 250 ms doubling up to 30 s.
+fn error_policy(claim: Arc<ResourceClaim>, err: &kube::Error, ctx: Arc<Context>) -> Action {
+    let mut failures = ctx.failures.lock().expect("not poisoned");
+    let n = failures.entry(key(&claim)).or_insert(0);
+    *n = n.saturating_add(1);
+    let delay = Duration::from_millis(250u64 << (*n).min(7)).min(Duration::from_secs(30));
+    tracing::warn!(claim = %key(&claim), error = %err, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Claims a pod uses: its generated (`status.resourceClaimStatuses`) and named claims.
+fn claims_of_pod(pod: Arc<Pod>) -> Vec<ObjectRef<ResourceClaim>> {
+    let ns = pod.namespace().unwrap_or_default();
+    let generated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.resource_claim_name.clone());
+    let named = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.resource_claim_name.clone());
+    generated
+        .chain(named)
+        .map(|n| ObjectRef::new(&n).within(&ns))
+        .collect()
+}
+
+/// A reflector over `api`, shared: returns its store, the trigger stream of its changes and the
+/// future that drives it.
+fn shared<K>(
+    api: Api<K>,
+    cfg: watcher::Config,
+) -> (
+    Store<K>,
+    reflector::ReflectHandle<K>,
+    impl Future<Output = ()> + Send,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + serde::de::DeserializeOwned
+        + 'static,
+{
+    let (reader, writer) = reflector::store_shared(1024);
+    let subscriber = writer.subscribe().expect("a shared store has subscribers");
+    let drive = watcher(api, cfg)
+        .default_backoff()
+        .reflect_shared(writer)
+        .for_each(|ev| async move {
+            if let Err(e) = ev {
+                tracing::warn!(error = %e, "watch");
+            }
+        });
+    (reader, subscriber, drive)
+}
+
+/// Runs the controller until `shutdown` resolves.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    identity: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let all = watcher::Config::default();
+    let (pods, pod_events, pod_drive) = shared(Api::<Pod>::all(client.clone()), all.clone());
+    let (allocs, alloc_events, alloc_drive) =
+        shared(Api::<AllocationClaim>::all(client.clone()), all.clone());
+    let ours = all
+        .clone()
+        .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
+    let (slices, _, slice_drive) = shared(Api::<ResourceSlice>::all(client.clone()), ours);
+    let reporter = Reporter {
+        controller: FIELD_MANAGER.into(),
+        instance: Some(identity),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        pods: pods.clone(),
+        slices: slices.clone(),
+        allocs: allocs.clone(),
+        metrics: metrics.clone(),
+        failures: Mutex::default(),
+    });
+    let controller = Controller::new(Api::<ResourceClaim>::all(client.clone()), all)
+        .with_config(kube::runtime::controller::Config::default().concurrency(16))
+        .owns_shared_stream(alloc_events)
+        .watches_shared_stream(pod_events, claims_of_pod);
+    let claims = controller.store();
+    let sweeper = sweep_loop(client, claims.clone(), allocs.clone(), metrics.clone());
+    let ready = async {
+        let _ = tokio::join!(
+            pods.wait_until_ready(),
+            allocs.wait_until_ready(),
+            slices.wait_until_ready(),
+            claims.wait_until_ready()
+        );
+        metrics
+            .ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!("caches synced");
+        std::future::pending::<()>().await
+    };
+    let run = controller
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::select! {
+        _ = run => {},
+        _ = pod_drive => {},
+        _ = alloc_drive => {},
+        _ = slice_drive => {},
+        _ = sweeper => {},
+        _ = ready => {},
+    }
+}
+
+/// Every few seconds, once the caches are synced: deletes AllocationClaims whose ResourceClaim
+/// is gone and updates the per-state gauge.
+async fn sweep_loop(
+    client: Client,
+    claims: Store<ResourceClaim>,
+    allocs: Store<AllocationClaim>,
+    metrics: Arc<Metrics>,
+) {
+    let _ = tokio::join!(claims.wait_until_ready(), allocs.wait_until_ready());
+    loop {
+        sweep(&client, &claims, &allocs, &metrics).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn sweep(
+    client: &Client,
+    claims: &Store<ResourceClaim>,
+    allocs: &Store<AllocationClaim>,
+    metrics: &Metrics,
+) {
+    let live: Vec<String> = claims.state().iter().filter_map(|c| c.uid()).collect();
+    let mut counts: HashMap<AllocationState, i64> = HashMap::new();
+    for a in allocs.state() {
+        if let Some(s) = a.status.as_ref() {
+            *counts.entry(s.state).or_default() += 1;
+        }
+        if live.iter().any(|uid| owned_by(&a, uid)) {
+            continue;
+        }
+        let api: Api<AllocationClaim> =
+            Api::namespaced(client.clone(), &a.namespace().unwrap_or_default());
+        match api.delete(&a.name_any(), &DeleteParams::background()).await {
+            Ok(_) => {
+                metrics.wrote("delete");
+                tracing::info!(allocation_claim = %a.name_any(), "deleted: its ResourceClaim is gone");
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => tracing::warn!(error = %e, "sweep"),
+        }
+    }
+    let counts: Vec<_> = counts.into_iter().collect();
+    metrics.set_claims(&counts);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_map_to_their_claims() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [], "resourceClaims": [
+                {"name": "a", "resourceClaimName": "shared"},
+                {"name": "b", "resourceClaimTemplateName": "t"}]},
+            "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]}
+        }))
+        .unwrap();
+        let names: Vec<_> = claims_of_pod(Arc::new(pod))
+            .into_iter()
+            .map(|r| r.to_string())
+            .collect();
+        assert_eq!(names.len(), 2);
+        assert!(
+            names
+                .iter()
+                .any(|n| n.contains("ns") && n.contains("p-b-x1"))
+        );
+        assert!(names.iter().any(|n| n.contains("shared")));
+    }
+
+    #[test]
+    fn seconds_since_parses_rfc3339() {
+        assert!(seconds_since("2020-01-01T00:00:00Z").unwrap() > 0.0);
+        assert!(seconds_since("garbage").is_none());
+    }
+}

@@ -1,0 +1,450 @@
+//! End-to-end tests of `das-controller` on the local cluster (real kube-apiserver, scheduler,
+//! controller-manager and hollow DRA kubelets) with the DAS node plugin on emulated GPUs.
+//!
+//! The plugin binary is taken from the same target directory as `das-controller`; `make test`
+//! builds it first (`cargo test --workspace` builds it too).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use das_api::allocation::{AllocationClaim, AllocationState};
+use das_e2e::das::{self, apply_device_classes};
+use das_e2e::{Cluster, ClusterConfig, wait};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "default";
+const T: Duration = Duration::from_secs(60);
+const NODE: &str = "n0";
+
+fn controller_binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_das-controller"))
+}
+
+/// `das-kubelet-plugin`, next to `das-controller` in the target directory.
+fn plugin_binary() -> Result<PathBuf> {
+    let p = controller_binary().with_file_name("das-kubelet-plugin");
+    if !p.exists() {
+        bail!(
+            "{} missing: run `cargo build -p das-driver --bin das-kubelet-plugin`",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts controller replica `name`; returns its metrics port.
+fn start_controller(cluster: &mut Cluster, name: &str) -> Result<u16> {
+    let port = free_port();
+    let args = vec![
+        format!("--kubeconfig={}", cluster.kubeconfig.display()),
+        format!("--metrics-address=127.0.0.1:{port}"),
+        format!("--leader-elect-namespace={NS}"),
+        format!("--identity={name}"),
+        "--lease-duration-seconds=6".into(),
+        "--log-level=info,das_controller=debug".into(),
+    ];
+    cluster.spawn_program(name, controller_binary(), args)?;
+    Ok(port)
+}
+
+/// A one-node cluster (emulated H100 80GB x1) with the plugin, DeviceClasses and the CRD.
+async fn cluster() -> Cluster {
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[NODE]))
+        .await
+        .expect("cluster starts");
+    let setup = async {
+        let n = cluster.node(NODE).clone();
+        let args = das::plugin_args(&n, "H100-80GB:1", &cluster.kubeconfig.clone(), free_port());
+        cluster.spawn_program("das-plugin-n0", &plugin_binary()?, args)?;
+        let client = cluster.client();
+        apply_device_classes(&client, &["1g.10gb", "3g.40gb"]).await?;
+        install_crd(&client).await?;
+        wait_published(&client).await
+    };
+    let r = setup.await;
+    cluster.check(r);
+    cluster
+}
+
+/// Applies the committed CRD YAML (the one `deploy/` ships) and waits until it is served.
+async fn install_crd(client: &Client) -> Result<()> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/crds/allocationclaims.yaml"
+    );
+    let yaml = std::fs::read_to_string(path)?;
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        AllocationClaim::crd_name(),
+        &PatchParams::apply("das-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    wait::until("AllocationClaim CRD established", T, || async {
+        let c = api.get(AllocationClaim::crd_name()).await?;
+        let ok = c
+            .status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        Ok(ok.then_some(()))
+    })
+    .await
+}
+
+async fn wait_published(client: &Client) -> Result<()> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    wait::until("ResourceSlices", T, || async {
+        let lp = ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
+        Ok((!api.list(&lp).await?.items.is_empty()).then_some(()))
+    })
+    .await
+}
+
+async fn create_template(client: &Client, name: &str, profile: &str, count: u32) -> Result<()> {
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+    let t: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": das_api::profile_device_class(profile),
+            "allocationMode": "ExactCount", "count": count}}]}}}
+    }))?;
+    api.create(&PostParams::default(), &t).await?;
+    Ok(())
+}
+
+async fn create_pod(client: &Client, name: &str, template: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": "mig"}]}}],
+            "terminationGracePeriodSeconds": 0}
+    }))?;
+    api.create(&PostParams::default(), &pod).await?;
+    Ok(())
+}
+
+async fn delete_pod(client: &Client, name: &str) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    api.delete(name, &DeleteParams::default().grace_period(0))
+        .await?;
+    Ok(())
+}
+
+/// The AllocationClaims of pod `pod`.
+async fn allocs_of(client: &Client, pod: &str) -> Result<Vec<AllocationClaim>> {
+    let api: Api<AllocationClaim> = Api::namespaced(client.clone(), NS);
+    let all = api.list(&ListParams::default()).await?.items;
+    Ok(all
+        .into_iter()
+        .filter(|a| a.spec.pod_ref.as_ref().is_some_and(|p| p.name == pod))
+        .collect())
+}
+
+/// Waits until pod `pod` has `n` AllocationClaims, all `inUse`.
+async fn wait_in_use(client: &Client, pod: &str, n: usize) -> Result<Vec<AllocationClaim>> {
+    wait::until(
+        &format!("{n} inUse AllocationClaims of {pod}"),
+        T,
+        || async {
+            let a = allocs_of(client, pod).await?;
+            let in_use = a.iter().all(|a| {
+                a.status
+                    .as_ref()
+                    .is_some_and(|s| s.state == AllocationState::InUse)
+            });
+            Ok((a.len() == n && in_use).then_some(a))
+        },
+    )
+    .await
+}
+
+async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
+    let p = Api::<Pod>::namespaced(client.clone(), NS).get(pod).await?;
+    let name = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.resource_claim_name)
+        .context("no generated claim")?;
+    Ok(Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .get(&name)
+        .await?)
+}
+
+/// `kubectl get allocationclaims -A` with the cluster's kubeconfig.
+fn kubectl_get(cluster: &Cluster) -> Result<String> {
+    let kubectl = das_e2e::cluster::workspace_root().join(".local/bin/kubectl");
+    let out = std::process::Command::new(kubectl)
+        .args(["get", "allocationclaims", "-A"])
+        .env("KUBECONFIG", &cluster.kubeconfig)
+        .output()?;
+    if !out.status.success() {
+        bail!("kubectl: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// One 1-slice pod, one 3-slice pod, one unschedulable pod; then the pods are deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mirrors_allocations_through_their_life() {
+    let mut cluster = cluster().await;
+    start_controller(&mut cluster, "das-controller").expect("controller starts");
+    let c = cluster.client();
+    let r =
+        async {
+            create_template(&c, "one", "1g.10gb", 1).await?;
+            create_template(&c, "three", "1g.10gb", 3).await?;
+            create_template(&c, "too-many", "3g.40gb", 3).await?;
+            create_pod(&c, "single", "one").await?;
+            let a = wait_in_use(&c, "single", 1).await?;
+            let claim = claim_of(&c, "single").await?;
+            let result = &claim
+                .status
+                .as_ref()
+                .unwrap()
+                .allocation
+                .as_ref()
+                .unwrap()
+                .devices
+                .as_ref()
+                .unwrap()
+                .results
+                .as_ref()
+                .unwrap()[0];
+            let a = &a[0];
+            assert_eq!(a.spec.profile, "1g.10gb");
+            assert_eq!(a.spec.nodename, NODE);
+            assert_eq!(a.spec.device, result.device);
+            assert!(a.spec.gpu_uuid.starts_with("GPU-"), "{:?}", a.spec);
+            assert_eq!(a.spec.mig_placement.size, 1);
+            assert!(
+                result
+                    .device
+                    .ends_with(&format!("-{}", a.spec.mig_placement.start))
+            );
+            assert_eq!(a.spec.resource_claim_ref.uid, claim.uid().unwrap());
+            let status = a.status.as_ref().unwrap();
+            assert!(
+                status
+                    .mig_uuid
+                    .as_deref()
+                    .is_some_and(|u| u.starts_with("MIG-")),
+                "{status:?}"
+            );
+            assert_eq!(status.conditions[0].reason, "inUse");
+            let owner = &a.owner_references()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.uid.as_str()),
+                ("ResourceClaim", claim.uid().unwrap().as_str())
+            );
+
+            let table = kubectl_get(&cluster)?;
+            println!("{table}");
+            let header: Vec<_> = table
+                .lines()
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .collect();
+            assert_eq!(
+                header,
+                [
+                    "NAMESPACE",
+                    "NAME",
+                    "PROFILE",
+                    "NODE",
+                    "GPU",
+                    "START",
+                    "STATE",
+                    "POD",
+                    "AGE"
+                ]
+            );
+            assert!(table.lines().any(|l| l.contains("single")
+                && l.contains("inUse")
+                && l.contains(&a.spec.gpu_uuid)));
+
+            create_pod(&c, "triple", "three").await?;
+            let three = wait_in_use(&c, "triple", 3).await?;
+            let mut starts: Vec<_> = three.iter().map(|a| a.spec.mig_placement.start).collect();
+            starts.sort();
+            starts.dedup();
+            assert_eq!(starts.len(), 3, "distinct placements: {starts:?}");
+            assert!(!starts.contains(&a.spec.mig_placement.start));
+
+            create_pod(&c, "unschedulable", "too-many").await?;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let p = Api::<Pod>::namespaced(c.clone(), NS)
+                .get("unschedulable")
+                .await?;
+            assert_eq!(
+                p.spec.and_then(|s| s.node_name),
+                None,
+                "the pod must not be scheduled"
+            );
+            assert!(allocs_of(&c, "unschedulable").await?.is_empty());
+            let api: Api<AllocationClaim> = Api::namespaced(c.clone(), NS);
+            assert_eq!(api.list(&ListParams::default()).await?.items.len(), 4);
+
+            for p in ["single", "triple", "unschedulable"] {
+                delete_pod(&c, p).await?;
+            }
+            wait::until("every AllocationClaim gone", T, || async {
+                Ok(api
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty()
+                    .then_some(()))
+            })
+            .await?;
+            Ok(())
+        };
+    let r: Result<()> = r.await;
+    cluster.check(r);
+}
+
+/// `GET http://127.0.0.1:<port><path>` body (HTTP/1.0, so the server closes the connection).
+async fn http_get(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    Ok(buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default())
+}
+
+/// Sum of the `das_controller_writes_total` samples in a metrics text.
+fn writes(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("das_controller_writes_total"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Holder of the controller's leader Lease.
+async fn leader(client: &Client) -> Result<String> {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), NS);
+    wait::until("a leader", T, || async {
+        let l = api.get_opt("das-controller").await?;
+        Ok(l.and_then(|l| l.spec?.holder_identity))
+    })
+    .await
+}
+
+/// The AllocationClaims match the live allocations exactly: one per allocated result of our
+/// driver (by name), none for anything else.
+async fn wait_consistent(client: &Client) -> Result<()> {
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    let allocs: Api<AllocationClaim> = Api::namespaced(client.clone(), NS);
+    wait::until("AllocationClaims to match the allocations", T, || async {
+        let mut want: Vec<String> = Vec::new();
+        for c in claims.list(&ListParams::default()).await?.items {
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.clone())
+                .unwrap_or_default();
+            if c.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            want.extend(
+                results
+                    .iter()
+                    .filter(|r| r.driver == das::DRIVER)
+                    .map(|r| format!("{}-{}", c.name_any(), r.device)),
+            );
+        }
+        let mut have: Vec<String> = allocs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(|a| a.name_any())
+            .collect();
+        want.sort();
+        have.sort();
+        Ok((want == have && !want.is_empty()).then_some(()))
+    })
+    .await
+}
+
+/// Two replicas: only the leader writes; killing it hands over; killing every replica while
+/// pods come and go, then restarting, converges to exactly the live allocations.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_writes_and_restart_converges() {
+    let mut cluster = cluster().await;
+    let a = start_controller(&mut cluster, "ctl-a").expect("a starts");
+    let b = start_controller(&mut cluster, "ctl-b").expect("b starts");
+    let c = cluster.client();
+    let r = async {
+        create_template(&c, "one", "1g.10gb", 1).await?;
+        create_pod(&c, "p1", "one").await?;
+        wait_in_use(&c, "p1", 1).await?;
+        let lead = leader(&c).await?;
+        let (lead_port, follow_port, follower) = if lead == "ctl-a" {
+            (a, b, "ctl-b")
+        } else {
+            (b, a, "ctl-a")
+        };
+        let (lm, fm) = (
+            http_get(lead_port, "/metrics").await?,
+            http_get(follow_port, "/metrics").await?,
+        );
+        assert!(writes(&lm) >= 2, "the leader wrote:\n{lm}");
+        assert_eq!(writes(&fm), 0, "the follower must not write:\n{fm}");
+        assert!(fm.contains("das_controller_leader 0"), "{fm}");
+        assert_eq!(http_get(follow_port, "/readyz").await?, "ok");
+
+        // The leader crashes; the follower takes over after the lease expires.
+        cluster.stop_component(&lead, false)?;
+        delete_pod(&c, "p1").await?;
+        create_pod(&c, "p2", "one").await?;
+        wait_in_use(&c, "p2", 1).await?;
+        assert_eq!(leader(&c).await?, follower);
+        wait_consistent(&c).await?;
+
+        // Every replica down while pods come and go, then a fresh one.
+        cluster.stop_component(follower, false)?;
+        delete_pod(&c, "p2").await?;
+        create_pod(&c, "p3", "one").await?;
+        create_pod(&c, "p4", "one").await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        start_controller(&mut cluster, "ctl-c")?;
+        wait_in_use(&c, "p3", 1).await?;
+        wait_in_use(&c, "p4", 1).await?;
+        wait_consistent(&c).await?;
+        Ok(())
+    };
+    let r: Result<()> = r.await;
+    cluster.check(r);
+}

@@ -1,0 +1,321 @@
+//! The NVML backend for real GPUs (issue 7): carves MIG slices at exact placements, finds their
+//! MIG UUIDs and capability device minors, destroys them compute instance first, and lists what
+//! exists.
+//!
+//! Layers:
+//! - [`NvmlApi`]: a thin function table with exactly the NVML calls the backend needs. The real
+//!   implementation is [`RealNvml`] (nvml-wrapper 0.13 where it covers the call, its raw
+//!   `nvml-wrapper-sys` bindings where it does not, mig-facts §4.6); the unit tests drive the
+//!   backend with [`FakeNvml`], which reproduces NVML's return codes and placement rules from the
+//!   same data files as the emulated backend.
+//! - [`NvmlBackend`]: [`GpuBackend`](super::GpuBackend) with NVML semantics (mig-facts §4).
+//! - [`procfs`]: the `nvidia-caps` major and the GI/CI capability minors (mig-facts §4.1.1).
+//! - [`inventory_report`]: the read-only `das-kubelet-plugin --print-inventory` text.
+//!
+//! Objects are addressed by IDs (GPU index, GI ID, CI ID) rather than NVML handles, so the fake
+//! needs no pointers; the real implementation looks handles up by ID (`…GetGpuInstanceById`,
+//! `…GetComputeInstanceById`), which NVML answers from the driver without a scan.
+
+mod backend;
+pub mod fake;
+pub mod procfs;
+mod real;
+mod report;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+pub use backend::{NvmlBackend, NvmlOptions, model_from_nvml};
+pub use fake::{FakeGpuSpec, FakeNvml};
+pub use real::RealNvml;
+pub use report::inventory_report;
+
+use super::layout::Placement;
+
+/// NVML return codes the backend distinguishes (`nvmlReturn_t`, `nvml.h` 13.3).
+pub mod code {
+    /// `NVML_SUCCESS`.
+    pub const SUCCESS: u32 = 0;
+    /// `NVML_ERROR_UNINITIALIZED`.
+    pub const UNINITIALIZED: u32 = 1;
+    /// `NVML_ERROR_INVALID_ARGUMENT`: bad profile, placement not in the list, enum ≥ COUNT.
+    pub const INVALID_ARGUMENT: u32 = 2;
+    /// `NVML_ERROR_NOT_SUPPORTED`: not MIG-capable, MIG mode off, profile not on this GPU.
+    pub const NOT_SUPPORTED: u32 = 3;
+    /// `NVML_ERROR_NO_PERMISSION`: MIG management needs root / `CAP_SYS_ADMIN`.
+    pub const NO_PERMISSION: u32 = 4;
+    /// `NVML_ERROR_NOT_FOUND`: no such GI / CI; an empty MIG device slot.
+    pub const NOT_FOUND: u32 = 6;
+    /// `NVML_ERROR_INSUFFICIENT_SIZE`.
+    pub const INSUFFICIENT_SIZE: u32 = 7;
+    /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or needs a reset.
+    pub const GPU_IS_LOST: u32 = 15;
+    /// `NVML_ERROR_RESET_REQUIRED`: MIG mode change pending until a GPU reset (Ampere).
+    pub const RESET_REQUIRED: u32 = 16;
+    /// `NVML_ERROR_IN_USE`: processes or compute instances still use the instance.
+    pub const IN_USE: u32 = 19;
+    /// `NVML_ERROR_INSUFFICIENT_RESOURCES`: placement occupied, profile count or `+me` limit.
+    pub const INSUFFICIENT_RESOURCES: u32 = 23;
+    /// `NVML_ERROR_UNKNOWN`.
+    pub const UNKNOWN: u32 = 999;
+
+    /// The `NVML_*` name of a return code, for messages.
+    pub fn name(code: u32) -> &'static str {
+        match code {
+            SUCCESS => "NVML_SUCCESS",
+            UNINITIALIZED => "NVML_ERROR_UNINITIALIZED",
+            INVALID_ARGUMENT => "NVML_ERROR_INVALID_ARGUMENT",
+            NOT_SUPPORTED => "NVML_ERROR_NOT_SUPPORTED",
+            NO_PERMISSION => "NVML_ERROR_NO_PERMISSION",
+            NOT_FOUND => "NVML_ERROR_NOT_FOUND",
+            INSUFFICIENT_SIZE => "NVML_ERROR_INSUFFICIENT_SIZE",
+            GPU_IS_LOST => "NVML_ERROR_GPU_IS_LOST",
+            RESET_REQUIRED => "NVML_ERROR_RESET_REQUIRED",
+            IN_USE => "NVML_ERROR_IN_USE",
+            INSUFFICIENT_RESOURCES => "NVML_ERROR_INSUFFICIENT_RESOURCES",
+            _ => "NVML_ERROR_UNKNOWN",
+        }
+    }
+}
+
+/// A failed NVML call: the return code and the function that returned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlCallError {
+    /// `nvmlReturn_t` value (see [`code`]).
+    pub code: u32,
+    /// The NVML function, e.g. `nvmlDeviceCreateGpuInstanceWithPlacement`.
+    pub call: &'static str,
+}
+
+impl NvmlCallError {
+    /// An error `code` from `call`.
+    pub fn new(call: &'static str, code: u32) -> Self {
+        Self { code, call }
+    }
+}
+
+impl fmt::Display for NvmlCallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} returned {} ({})",
+            self.call,
+            code::name(self.code),
+            self.code
+        )
+    }
+}
+
+impl std::error::Error for NvmlCallError {}
+
+/// Result of one NVML call.
+pub type NvmlResult<T> = Result<T, NvmlCallError>;
+
+/// `NVML_DEVICE_ARCH_HOPPER` (`nvml.h`): Hopper and newer switch MIG mode without a GPU reset.
+pub const ARCH_HOPPER: u32 = 9;
+
+/// `NVML_GPU_INSTANCE_PROFILE_COUNT` in nvml-wrapper-sys 0.10 (17; 0x12 in NVML 13.3, whose
+/// extra enum `3_SLICE_GFX` no data-center GPU supports; mig-facts §1.2).
+pub const GI_PROFILE_ENUM_COUNT: u32 = 17;
+
+/// CI profile enums `0..CI_PROFILE_ENUM_COUNT` (`1_SLICE` … `7_SLICE_NVL`, mig-facts §3).
+pub const CI_PROFILE_ENUM_COUNT: u32 = 9;
+
+/// What identifies a GPU: `nvmlDeviceGetName`, `…GetUUID`, `…GetMinorNumber`, `…GetPciInfo`,
+/// `…GetMemoryInfo`, `…GetArchitecture`, `…GetCudaComputeCapability`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceIdentity {
+    /// Product name, e.g. `NVIDIA A100-SXM4-40GB`.
+    pub name: String,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// `pciDeviceId`: `0xDDDDVVVV` (device ID, vendor ID).
+    pub pci_device_id: u32,
+    /// PCI bus ID, e.g. `00000000:3B:00.0`.
+    pub pci_bus_id: String,
+    /// Total memory [MiB].
+    pub memory_mib: u64,
+    /// `NVML_DEVICE_ARCH_*` (7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell).
+    pub architecture: u32,
+    /// CUDA compute capability `(major, minor)`.
+    pub cuda_compute_capability: (u32, u32),
+}
+
+/// `nvmlDeviceGetMigMode`: current and pending mode (pending differs on Ampere until a reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigModeState {
+    /// MIG mode is on now.
+    pub current: bool,
+    /// MIG mode after the next GPU reset.
+    pub pending: bool,
+}
+
+/// `nvmlGpuInstanceProfileInfo_v2_t` (from `nvmlDeviceGetGpuInstanceProfileInfoV`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GiProfileInfo {
+    /// The *real* profile ID (19, 20, 15, … on 8-slice GPUs), not the enum (mig-facts §0 fact 3).
+    pub id: u32,
+    /// Compute (SM) slices.
+    pub slice_count: u32,
+    /// Most instances of the profile.
+    pub instance_count: u32,
+    /// SMs.
+    pub multiprocessors: u32,
+    /// Copy engines.
+    pub copy_engines: u32,
+    /// NVDEC.
+    pub decoders: u32,
+    /// NVENC.
+    pub encoders: u32,
+    /// NVJPG.
+    pub jpeg_engines: u32,
+    /// OFA.
+    pub ofa_engines: u32,
+    /// `memorySizeMB` [MiB].
+    pub memory_mib: u64,
+    /// The driver's name, e.g. `MIG 1g.10gb` (see [`GiProfileInfo::short_name`]).
+    pub name: String,
+}
+
+impl GiProfileInfo {
+    /// The name without NVML's `MIG ` prefix, as nvidia-smi prints it (`1g.10gb+me`).
+    pub fn short_name(&self) -> &str {
+        self.name.strip_prefix("MIG ").unwrap_or(&self.name)
+    }
+}
+
+/// `nvmlGpuInstanceInfo_t` (from `nvmlGpuInstanceGetInfo`), without the device handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GiInfo {
+    /// GI ID, assigned by the driver (0–14).
+    pub id: u32,
+    /// Real GI profile ID.
+    pub profile_id: u32,
+    /// Memory slices occupied.
+    pub placement: Placement,
+}
+
+/// `nvmlComputeInstanceProfileInfo_t` (from `nvmlGpuInstanceGetComputeInstanceProfileInfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CiProfileInfo {
+    /// CI profile ID (equals the enum, mig-facts §3).
+    pub id: u32,
+    /// Compute slices of the CI.
+    pub slice_count: u32,
+    /// Most CIs of this profile in the GI.
+    pub instance_count: u32,
+    /// SMs.
+    pub multiprocessors: u32,
+}
+
+/// `nvmlComputeInstanceInfo_t` (from `nvmlComputeInstanceGetInfo_v2`), without the handles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CiInfo {
+    /// CI ID inside its GI (0–7).
+    pub id: u32,
+    /// CI profile ID.
+    pub profile_id: u32,
+}
+
+/// One MIG device handle's identity: `nvmlDeviceGetMigDeviceHandleByIndex` then
+/// `nvmlDeviceGetGpuInstanceId`, `nvmlDeviceGetComputeInstanceId` and `nvmlDeviceGetUUID` on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigDeviceInfo {
+    /// GI ID.
+    pub gi_id: u32,
+    /// CI ID.
+    pub ci_id: u32,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+}
+
+/// The NVML calls the backend makes (mig-facts §4.1, §4.2), by GPU index, GI ID and CI ID.
+///
+/// Every method blocks; implementations must be callable from several threads (NVML is
+/// thread-safe).
+pub trait NvmlApi: Send + Sync {
+    /// `nvmlDeviceGetCount_v2`.
+    fn device_count(&self) -> NvmlResult<u32>;
+    /// `nvmlSystemGetDriverVersion`.
+    fn driver_version(&self) -> NvmlResult<String>;
+    /// Name, UUID, minor, PCI info, memory, architecture and compute capability of GPU `dev`.
+    fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity>;
+    /// `nvmlDeviceGetMigMode`; `NOT_SUPPORTED` on GPUs without MIG.
+    fn mig_mode(&self, dev: u32) -> NvmlResult<MigModeState>;
+    /// `nvmlDeviceSetMigMode`. Only called behind `--enable-mig-mode`, on Hopper and newer.
+    fn set_mig_mode(&self, dev: u32, enable: bool) -> NvmlResult<()>;
+    /// `nvmlDeviceGetGpuInstanceProfileInfoV` (v2) for the enum `profile_enum`
+    /// (`NVML_GPU_INSTANCE_PROFILE_*`); `NOT_SUPPORTED` for profiles the GPU lacks,
+    /// `INVALID_ARGUMENT` past the last enum.
+    fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo>;
+    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` for the real `profile_id` (raw: the
+    /// wrapper's version always returns an empty list, mig-facts §0 fact 9).
+    fn gi_possible_placements(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<Placement>>;
+    /// `nvmlDeviceCreateGpuInstanceWithPlacement`, then `nvmlGpuInstanceGetInfo` on the result.
+    fn create_gi(&self, dev: u32, profile_id: u32, placement: Placement) -> NvmlResult<GiInfo>;
+    /// `nvmlDeviceGetGpuInstances` for `profile_id`, then `nvmlGpuInstanceGetInfo` on each.
+    fn gpu_instances(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<GiInfo>>;
+    /// `nvmlDeviceGetGpuInstanceById` + `nvmlGpuInstanceDestroy`; `IN_USE` while it holds CIs or
+    /// processes.
+    fn destroy_gi(&self, dev: u32, gi_id: u32) -> NvmlResult<()>;
+    /// `nvmlGpuInstanceGetComputeInstanceProfileInfo` (engine profile `SHARED`) for the CI enum.
+    fn ci_profile_info(&self, dev: u32, gi_id: u32, profile_enum: u32)
+    -> NvmlResult<CiProfileInfo>;
+    /// `nvmlGpuInstanceCreateComputeInstance`, then `nvmlComputeInstanceGetInfo_v2`.
+    fn create_ci(&self, dev: u32, gi_id: u32, profile_id: u32) -> NvmlResult<CiInfo>;
+    /// `nvmlGpuInstanceGetComputeInstances` for `profile_id`, then `…GetInfo_v2` on each.
+    fn compute_instances(&self, dev: u32, gi_id: u32, profile_id: u32) -> NvmlResult<Vec<CiInfo>>;
+    /// `nvmlGpuInstanceGetComputeInstanceById` + `nvmlComputeInstanceDestroy`.
+    fn destroy_ci(&self, dev: u32, gi_id: u32, ci_id: u32) -> NvmlResult<()>;
+    /// `nvmlDeviceGetMaxMigDeviceCount` (the most MIG devices, not the current count).
+    fn max_mig_device_count(&self, dev: u32) -> NvmlResult<u32>;
+    /// The MIG device at slot `index`; `NOT_FOUND` for an empty slot.
+    fn mig_device(&self, dev: u32, index: u32) -> NvmlResult<MigDeviceInfo>;
+}
+
+/// `NVML_GPU_INSTANCE_PROFILE_*` enum names by value (mig-facts §1.2).
+pub(crate) const GI_ENUM_NAMES: [&str; GI_PROFILE_ENUM_COUNT as usize] = [
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_8_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_6_SLICE",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX",
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME",
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME",
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME",
+];
+
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum names and their compute slices, by value (mig-facts §3).
+pub(crate) const CI_ENUMS: [(&str, u32); CI_PROFILE_ENUM_COUNT as usize] = [
+    ("NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 1),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE", 2),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE", 3),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE", 4),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE", 7),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_8_SLICE", 8),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_6_SLICE", 6),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1", 1),
+    ("NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL", 7),
+];
+
+/// The full-size CI enum for a GI of `slices` compute slices (`1_SLICE`…`8_SLICE`), by slice
+/// count, never by the GI enum (mig-facts §3).
+pub(crate) fn full_ci_enum(slices: u32) -> Option<u32> {
+    CI_ENUMS
+        .iter()
+        .position(|(_, s)| *s == slices)
+        .map(|i| i as u32)
+}
