@@ -52,8 +52,9 @@ e2e: k8s ## run only the end-to-end tests (real control plane + hollow DRA kubel
 
 .PHONY: cluster-up
 cluster-up: k8s ## start the local cluster with DAS on emulated GPUs in the background (.local/cluster/kubeconfig)
-	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin
-	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin $(if $(NODES),--nodes $(NODES))
+	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
+	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
+	  --controller-bin target/debug/das-controller $(if $(NODES),--nodes $(NODES))
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
@@ -66,6 +67,9 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	$(KUBECTL) wait --for=condition=Ready pod --all --timeout=120s
 	@echo
 	$(KUBECTL) get pods -o wide
+	@echo
+	$(KUBECTL) wait --for=jsonpath='{.status.state}'=inUse allocationclaims --all -A --timeout=60s >/dev/null
+	$(KUBECTL) get allocationclaims -A
 	@echo
 	@$(CARGO) run -q -p das-e2e --bin das-cluster -- report
 	@echo

@@ -315,3 +315,44 @@ pub async fn report(client: &Client) -> Result<String> {
     }
     Ok(out)
 }
+
+/// Installs the AllocationClaim CRD (from the type in `das-api`, the source of the committed
+/// YAML) and waits until the API server serves it.
+pub async fn install_allocation_claim_crd(client: &Client) -> Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    let crd = das_api::allocation::AllocationClaim::crd();
+    let name = crd.metadata.name.clone().context("CRD name")?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        &name,
+        &PatchParams::apply("das-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .context("apply the AllocationClaim CRD")?;
+    crate::wait::until(
+        "the AllocationClaim CRD to be established",
+        std::time::Duration::from_secs(30),
+        || async {
+            let c = api.get(&name).await?;
+            let established = c
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            Ok(established.then_some(()))
+        },
+    )
+    .await
+}
+
+/// Flags for `das-controller` on the test cluster (no leader election: one replica).
+pub fn controller_args(kubeconfig: &Path, metrics_port: u16) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--metrics-address=127.0.0.1:{metrics_port}"),
+        "--leader-elect=false".into(),
+    ]
+}

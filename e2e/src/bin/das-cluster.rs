@@ -38,6 +38,10 @@ enum Cmd {
         /// DeviceClasses of the published profiles are created.
         #[arg(long)]
         plugin_bin: Option<PathBuf>,
+        /// The controller binary; when given, the AllocationClaim CRD is installed and the
+        /// controller mirrors every allocation into an AllocationClaim.
+        #[arg(long)]
+        controller_bin: Option<PathBuf>,
     },
     /// Stop the cluster and remove its files.
     Down,
@@ -80,7 +84,11 @@ async fn main() -> Result<()> {
     std::fs::create_dir_all(&cli.state_dir)?;
     let state_dir = cli.state_dir.canonicalize()?;
     match cli.cmd {
-        Cmd::Up { nodes, plugin_bin } => up(&state_dir, nodes, plugin_bin).await,
+        Cmd::Up {
+            nodes,
+            plugin_bin,
+            controller_bin,
+        } => up(&state_dir, nodes, plugin_bin, controller_bin).await,
         Cmd::Down => down(&state_dir),
         Cmd::Status => status(&state_dir),
         Cmd::Report => {
@@ -100,7 +108,12 @@ fn parse_node(spec: &str) -> (String, Option<String>) {
     }
 }
 
-async fn up(state_dir: &Path, node_specs: Vec<String>, plugin_bin: Option<PathBuf>) -> Result<()> {
+async fn up(
+    state_dir: &Path,
+    node_specs: Vec<String>,
+    plugin_bin: Option<PathBuf>,
+    controller_bin: Option<PathBuf>,
+) -> Result<()> {
     let parsed: Vec<(String, Option<String>)> = node_specs.iter().map(|s| parse_node(s)).collect();
     let nodes: Vec<String> = parsed.iter().map(|(n, _)| n.clone()).collect();
     if let Some(s) = load_state(state_dir)? {
@@ -126,6 +139,12 @@ async fn up(state_dir: &Path, node_specs: Vec<String>, plugin_bin: Option<PathBu
     let mut cluster = Cluster::start(cfg).await?;
     if let Some(bin) = &plugin_bin
         && let Err(e) = start_das(&mut cluster, bin, &parsed).await
+    {
+        cluster.print_log_tails(30);
+        return Err(e);
+    }
+    if let Some(bin) = &controller_bin
+        && let Err(e) = start_controller(&mut cluster, bin).await
     {
         cluster.print_log_tails(30);
         return Err(e);
@@ -204,6 +223,21 @@ async fn start_das(
         refs.len(),
         refs.join(", ")
     );
+    Ok(())
+}
+
+/// Installs the AllocationClaim CRD and starts the controller.
+async fn start_controller(cluster: &mut Cluster, bin: &Path) -> Result<()> {
+    let bin = bin
+        .canonicalize()
+        .with_context(|| format!("controller binary {}", bin.display()))?;
+    das::install_allocation_claim_crd(&cluster.client()).await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let args = das::controller_args(&cluster.kubeconfig.clone(), port);
+    cluster.spawn_program("das-controller", &bin, args)?;
+    println!("das-controller runs: kubectl get allocationclaims -A");
     Ok(())
 }
 

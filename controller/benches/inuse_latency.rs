@@ -1,0 +1,416 @@
+//! Benchmark: how fast the controller mirrors a device's readiness into its AllocationClaim, and
+//! the controller's memory, for 200 pods created in a burst.
+//!
+//! A local cluster (real kube-apiserver, scheduler, controller-manager, 2 hollow DRA kubelets),
+//! `das-kubelet-plugin` on each node with 16 emulated H100-80GB (7 × 1g.10gb each: 224 slices,
+//! ≤ 110 pods per node) and `das-controller` (release builds, leader election on, log level info)
+//! run; the benchmark creates 200 pods with a 1 × 1g.10gb claim template as fast as the API server
+//! takes them. Two client-side watches record, with local `Instant`s (condition timestamps have
+//! second precision), the first moment each device has `Ready=True` in its ResourceClaim's
+//! `status.devices` (written by the node plugin) and the first moment its AllocationClaim shows
+//! state `inUse`; devices are matched by claim UID, pool and device name.
+//!
+//! Needs the plugin's release build next to the controller:
+//! `cargo build --release -p das-driver --bin das-kubelet-plugin`.
+//!
+//! Run: `cargo bench -p das-controller --bench inuse_latency` (prints a table; figures go into
+//! docs/benchmarks.md by hand).
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use das_api::allocation::{AllocationClaim, AllocationState};
+use das_e2e::das::{self, apply_device_classes};
+use das_e2e::{Cluster, ClusterConfig, process, wait};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "default";
+const NODES: [&str; 2] = ["n0", "n1"];
+const GPUS_PER_NODE: u32 = 16;
+const PODS: usize = 200;
+/// Pod creations in flight at once.
+const CREATE_CONCURRENCY: usize = 32;
+const T: Duration = Duration::from_secs(60);
+const BURST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A device of a claim: (claim UID, pool, device).
+type Key = (String, String, String);
+type Seen = Arc<Mutex<HashMap<Key, Instant>>>;
+
+fn controller_binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_das-controller"))
+}
+
+/// `das-kubelet-plugin`, next to `das-controller` in the (release) target directory.
+fn plugin_binary() -> Result<PathBuf> {
+    let p = controller_binary().with_file_name("das-kubelet-plugin");
+    if !p.exists() {
+        bail!(
+            "{} missing: run `cargo build --release -p das-driver --bin das-kubelet-plugin` first",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Applies the committed CRD YAML and waits until it is served.
+async fn install_crd(client: &Client) -> Result<()> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/crds/allocationclaims.yaml"
+    );
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        AllocationClaim::crd_name(),
+        &PatchParams::apply("das-bench").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    wait::until("AllocationClaim CRD established", T, || async {
+        let c = api.get(AllocationClaim::crd_name()).await?;
+        let ok = c
+            .status
+            .and_then(|s| s.conditions)
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        Ok(ok.then_some(()))
+    })
+    .await
+}
+
+/// Waits until every node's plugin has published its ResourceSlices.
+async fn wait_published(client: &Client) -> Result<()> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    wait::until("ResourceSlices of every node", T, || async {
+        let lp = ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
+        let slices = api.list(&lp).await?.items;
+        let all = NODES.iter().all(|n| {
+            slices
+                .iter()
+                .any(|s| s.spec.node_name.as_deref() == Some(*n))
+        });
+        Ok(all.then_some(()))
+    })
+    .await
+}
+
+/// `GET http://127.0.0.1:<port><path>`: (status line, body).
+async fn http_get(port: u16, path: &str) -> Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+/// Records the first `Instant` each key of an object appears, for every event of `api`; sets
+/// `synced` once the initial list is through.
+fn record<K, F>(api: Api<K>, seen: Seen, synced: Arc<Mutex<bool>>, keys: F)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    F: Fn(&K) -> Vec<Key> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut s = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(ev) = s.next().await {
+            let now = Instant::now();
+            match ev {
+                Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => {
+                    let mut m = seen.lock().unwrap();
+                    for k in keys(&o) {
+                        m.entry(k).or_insert(now);
+                    }
+                }
+                Ok(Event::InitDone) => *synced.lock().unwrap() = true,
+                Ok(_) => {}
+                Err(e) => eprintln!("watch error: {e}"),
+            }
+        }
+    });
+}
+
+/// Devices of `c` with `Ready=True` in `status.devices`.
+fn ready_devices(c: &ResourceClaim) -> Vec<Key> {
+    let uid = c.uid().unwrap_or_default();
+    c.status
+        .as_ref()
+        .and_then(|s| s.devices.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|d| d.driver == das::DRIVER)
+        .filter(|d| {
+            d.conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+        .map(|d| (uid.clone(), d.pool.clone(), d.device.clone()))
+        .collect()
+}
+
+/// The device of `a` if it is `inUse`.
+fn in_use(a: &AllocationClaim) -> Vec<Key> {
+    let s = &a.spec;
+    a.status
+        .as_ref()
+        .filter(|st| st.state == AllocationState::InUse)
+        .map(|_| {
+            (
+                s.resource_claim_ref.uid.clone(),
+                s.pool.clone(),
+                s.device.clone(),
+            )
+        })
+        .into_iter()
+        .collect()
+}
+
+/// A running pod, keyed by name.
+fn running(p: &Pod) -> Vec<Key> {
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase == Some("Running") {
+        vec![(p.name_any(), String::new(), String::new())]
+    } else {
+        vec![]
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn mib(pid: u32) -> (f64, f64) {
+    let (rss, peak) = process::memory_kib(pid as i32).unwrap_or((0, 0));
+    (rss as f64 / 1024.0, peak as f64 / 1024.0)
+}
+
+fn len(s: &Seen) -> usize {
+    s.lock().unwrap().len()
+}
+
+async fn create_pod(pods: &Api<Pod>, name: String) -> Result<()> {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one"}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": "mig"}]}}],
+            "terminationGracePeriodSeconds": 0}
+    }))?;
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("create pod {name}"))?;
+    Ok(())
+}
+
+async fn run(cluster: &mut Cluster) -> Result<()> {
+    let plugin = plugin_binary()?;
+    let kubeconfig = cluster.kubeconfig.clone();
+    for n in NODES {
+        let node = cluster.node(n).clone();
+        let args = das::plugin_args(
+            &node,
+            &format!("H100-80GB:{GPUS_PER_NODE}"),
+            &kubeconfig,
+            free_port()?,
+        );
+        cluster.spawn_program(&format!("das-plugin-{n}"), &plugin, args)?;
+    }
+    let client = cluster.client();
+    apply_device_classes(&client, &["1g.10gb"]).await?;
+    install_crd(&client).await?;
+    wait_published(&client).await?;
+
+    let port = free_port()?;
+    cluster.spawn_program(
+        "das-controller",
+        controller_binary(),
+        vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--metrics-address=127.0.0.1:{port}"),
+            format!("--leader-elect-namespace={NS}"),
+            "--identity=das-controller".into(),
+            "--log-level=info".into(),
+        ],
+    )?;
+    let controller = *cluster.pids().last().context("controller pid")?;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), NS);
+    wait::until("the controller leads and is ready", T, || async {
+        let leader = leases
+            .get_opt("das-controller")
+            .await?
+            .and_then(|l| l.spec?.holder_identity);
+        let ready = http_get(port, "/readyz")
+            .await
+            .is_ok_and(|(s, _)| s.contains(" 200"));
+        Ok((leader.as_deref() == Some("das-controller") && ready).then_some(()))
+    })
+    .await?;
+
+    let t: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+    t.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                "deviceClassName": das_api::profile_device_class("1g.10gb"),
+                "allocationMode": "ExactCount", "count": 1}}]}}}
+        }))?,
+    )
+    .await?;
+
+    let (ready, inuse, run_at): (Seen, Seen, Seen) = Default::default();
+    let synced: Vec<Arc<Mutex<bool>>> = (0..3).map(|_| Default::default()).collect();
+    record(
+        Api::<ResourceClaim>::namespaced(client.clone(), NS),
+        ready.clone(),
+        synced[0].clone(),
+        ready_devices,
+    );
+    record(
+        Api::<AllocationClaim>::namespaced(client.clone(), NS),
+        inuse.clone(),
+        synced[1].clone(),
+        in_use,
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    record(pods.clone(), run_at.clone(), synced[2].clone(), running);
+    wait::until("the watches", T, || async {
+        Ok(synced.iter().all(|s| *s.lock().unwrap()).then_some(()))
+    })
+    .await?;
+    let (rss_idle, _) = mib(controller);
+
+    // The burst.
+    let t0 = Instant::now();
+    futures::stream::iter((0..PODS).map(|i| create_pod(&pods, format!("bench-{i:03}"))))
+        .buffer_unordered(CREATE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let created = t0.elapsed();
+    wait::until(
+        &format!("{PODS} pods Running and {PODS} AllocationClaims inUse"),
+        BURST_TIMEOUT,
+        || async {
+            let done = len(&run_at) >= PODS && len(&inuse) >= PODS && len(&ready) >= PODS;
+            Ok(done.then_some(()))
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "running {}, ready {}, inUse {}",
+            len(&run_at),
+            len(&ready),
+            len(&inuse)
+        )
+    })?;
+    // Let the controller settle (no more work queued) before reading its memory.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (rss, peak) = mib(controller);
+
+    let ready = ready.lock().unwrap().clone();
+    let inuse = inuse.lock().unwrap().clone();
+    let last = |m: &HashMap<Key, Instant>| {
+        m.values()
+            .map(|t| t.duration_since(t0))
+            .max()
+            .unwrap_or_default()
+    };
+    let all_running = last(&run_at.lock().unwrap());
+    let all_in_use = last(&inuse);
+    let mut lat: Vec<f64> = Vec::new();
+    let mut unmatched = 0;
+    for (k, t_in_use) in &inuse {
+        match ready.get(k) {
+            // Signed: the two watches are separate streams, so in principle the AllocationClaim
+            // event could be seen first.
+            Some(t_ready) => lat.push(if t_in_use >= t_ready {
+                t_in_use.duration_since(*t_ready).as_secs_f64()
+            } else {
+                -t_ready.duration_since(*t_in_use).as_secs_f64()
+            }),
+            None => unmatched += 1,
+        }
+    }
+    anyhow::ensure!(!lat.is_empty(), "no device matched");
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let ms = |s: f64| format!("{:.0} ms", s * 1000.0);
+    let (_, metrics) = http_get(port, "/metrics").await.unwrap_or_default();
+    let reconciles: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("das_controller_reconciles_total"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum();
+
+    println!(
+        "{PODS} pods (1 × 1g.10gb each) created in a burst; 2 nodes × {GPUS_PER_NODE} emulated H100-80GB; real kube-apiserver"
+    );
+    println!("| what | figure |");
+    println!("|---|---|");
+    println!(
+        "| device Ready=True → AllocationClaim inUse, p50 / p99 / max ({} devices) | {} / {} / {} |",
+        lat.len(),
+        ms(percentile(&lat, 0.5)),
+        ms(percentile(&lat, 0.99)),
+        ms(*lat.last().unwrap())
+    );
+    println!(
+        "| {PODS} pods created / all Running / all AllocationClaims inUse (from the first create) | {:.1} s / {:.1} s / {:.1} s |",
+        created.as_secs_f64(),
+        all_running.as_secs_f64(),
+        all_in_use.as_secs_f64()
+    );
+    println!(
+        "| controller RSS idle / after the burst (VmRSS), peak (VmHWM) | {rss_idle:.1} MiB / {rss:.1} MiB, peak {peak:.1} MiB |"
+    );
+    println!("| controller reconciles (das_controller_reconciles_total) | {reconciles:.0} |");
+    if unmatched > 0 {
+        println!("inUse without an observed Ready=True: {unmatched}");
+    }
+    println!(
+        "CPUs: {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&NODES)).await?;
+    let r = run(&mut cluster).await;
+    if r.is_err() {
+        cluster.print_log_tails(30);
+    }
+    r
+}
