@@ -479,7 +479,9 @@ impl Preparer {
     async fn destroy_one(&self, s: &MigSlice) -> Result<(), String> {
         let lock = self.gpu_lock(s.gpu_index);
         let _held = lock.lock().await;
-        for (attempt, pause) in DESTROY_RETRIES.iter().enumerate() {
+        // One try, then one more after each pause while NVML answers IN_USE.
+        let mut pauses = DESTROY_RETRIES.iter();
+        loop {
             let backend = self.backend.clone();
             let (gpu, gi) = (s.gpu_index, s.gi_id);
             let t0 = Instant::now();
@@ -487,14 +489,14 @@ impl Preparer {
             self.metrics.observe_backend("destroy", t0.elapsed());
             match r {
                 Ok(Ok(())) | Ok(Err(BackendError::NotFound { .. })) => return Ok(()),
-                Ok(Err(BackendError::InUse { .. })) if attempt + 1 < DESTROY_RETRIES.len() => {
-                    tokio::time::sleep(*pause).await;
-                }
+                Ok(Err(e @ BackendError::InUse { .. })) => match pauses.next() {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => return Err(format!("slice {} ({}): still {e}", s.mig_uuid, s.profile)),
+                },
                 Ok(Err(e)) => return Err(format!("slice {} ({}): {e}", s.mig_uuid, s.profile)),
                 Err(e) => return Err(format!("slice {}: backend task failed: {e}", s.mig_uuid)),
             }
         }
-        unreachable!("the last attempt returns")
     }
 
     async fn forget(&self, claim: &ClaimRef) {
@@ -832,30 +834,59 @@ mod concurrency_tests {
         }
     }
 
+    fn preparer_with(backend: Arc<dyn GpuBackend>, dir: &std::path::Path) -> Preparer {
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        Preparer {
+            client,
+            node: "n0".into(),
+            backend,
+            devices: HashMap::new(),
+            cdi_dir: dir.to_path_buf(),
+            caps_major: 509,
+            checkpoint: CheckpointStore::new(Checkpoint::new("boot"), dir.join("cp.json")),
+            gpu_locks: [(0, Arc::default()), (1, Arc::default())]
+                .into_iter()
+                .collect(),
+            metrics: Arc::new(Metrics::new()),
+            status_writes: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn destroy_retries_while_the_slice_is_in_use() {
+        use crate::gpu::{EmulatedBackend, FaultKind};
+        let dir = tempfile::tempdir().unwrap();
+        let emu =
+            Arc::new(EmulatedBackend::open("H100-80GB:1", "n0", &dir.path().join("emu")).unwrap());
+        let slice = emu.create_slice(0, "1g.10gb", 6).unwrap();
+        let p = preparer_with(emu.clone(), dir.path());
+
+        // Processes still exiting: NVML answers IN_USE twice, then the destroy goes through.
+        emu.inject_destroy_faults(0, 2, FaultKind::InUse);
+        p.destroy_one(&slice).await.unwrap();
+        assert!(emu.list_slices().unwrap().is_empty());
+
+        // Other errors are reported at once, naming the slice.
+        let slice = emu.create_slice(0, "1g.10gb", 6).unwrap();
+        emu.inject_destroy_faults(0, 1, FaultKind::NotSupported);
+        let err = p.destroy_one(&slice).await.unwrap_err();
+        assert!(
+            err.contains(&slice.mig_uuid) && err.contains("not supported"),
+            "{err}"
+        );
+        assert_eq!(emu.list_slices().unwrap().len(), 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn slices_on_different_gpus_are_created_concurrently() {
         let backend = Arc::new(RendezvousBackend {
             barrier: Arc::new(Barrier::new(2)),
             met: Default::default(),
         });
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let p = Preparer {
-            client,
-            node: "n0".into(),
-            backend: backend.clone(),
-            devices: HashMap::new(),
-            cdi_dir: dir.path().to_path_buf(),
-            caps_major: 509,
-            checkpoint: CheckpointStore::new(Checkpoint::new("boot"), dir.path().join("cp.json")),
-            gpu_locks: [(0, Arc::default()), (1, Arc::default())]
-                .into_iter()
-                .collect(),
-            metrics: Arc::new(Metrics::new()),
-            status_writes: Default::default(),
-        };
+        let p = preparer_with(backend.clone(), dir.path());
         let made = p
             .create_all(&[planned(0), planned(1)])
             .await
