@@ -129,12 +129,17 @@ async fn http_get(port: u16, path: &str) -> Result<(String, String)> {
 
 /// Records the first `Instant` each key of an object appears, for every event of `api`; sets
 /// `synced` once the initial list is through.
-fn record<K, F>(api: Api<K>, seen: Seen, synced: Arc<Mutex<bool>>, keys: F)
+fn record<K, F>(
+    api: Api<K>,
+    seen: Seen,
+    synced: Arc<Mutex<bool>>,
+    keys: F,
+) -> tokio::task::AbortHandle
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
     F: Fn(&K) -> Vec<Key> + Send + 'static,
 {
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut s = watcher::watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
@@ -153,6 +158,7 @@ where
             }
         }
     });
+    task.abort_handle()
 }
 
 /// Devices of `c` with `Ready=True` in `status.devices`.
@@ -289,20 +295,27 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
 
     let (ready, inuse, run_at): (Seen, Seen, Seen) = Default::default();
     let synced: Vec<Arc<Mutex<bool>>> = (0..3).map(|_| Default::default()).collect();
-    record(
-        Api::<ResourceClaim>::namespaced(client.clone(), NS),
-        ready.clone(),
-        synced[0].clone(),
-        ready_devices,
-    );
-    record(
-        Api::<AllocationClaim>::namespaced(client.clone(), NS),
-        inuse.clone(),
-        synced[1].clone(),
-        in_use,
-    );
+    let watches = [
+        record(
+            Api::<ResourceClaim>::namespaced(client.clone(), NS),
+            ready.clone(),
+            synced[0].clone(),
+            ready_devices,
+        ),
+        record(
+            Api::<AllocationClaim>::namespaced(client.clone(), NS),
+            inuse.clone(),
+            synced[1].clone(),
+            in_use,
+        ),
+        record(
+            Api::<Pod>::namespaced(client.clone(), NS),
+            run_at.clone(),
+            synced[2].clone(),
+            running,
+        ),
+    ];
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    record(pods.clone(), run_at.clone(), synced[2].clone(), running);
     wait::until("the watches", T, || async {
         Ok(synced.iter().all(|s| *s.lock().unwrap()).then_some(()))
     })
@@ -336,6 +349,9 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     // Let the controller settle (no more work queued) before reading its memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss, peak) = mib(controller);
+    for w in watches {
+        w.abort();
+    }
 
     let ready = ready.lock().unwrap().clone();
     let inuse = inuse.lock().unwrap().clone();
@@ -391,6 +407,11 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     );
     println!(
         "| controller RSS idle / after the burst (VmRSS), peak (VmHWM) | {rss_idle:.1} MiB / {rss:.1} MiB, peak {peak:.1} MiB |"
+    );
+    println!(
+        "| devices over 500 ms / over 1 s | {} / {} |",
+        lat.iter().filter(|s| **s > 0.5).count(),
+        lat.iter().filter(|s| **s > 1.0).count()
     );
     println!("| controller reconciles (das_controller_reconciles_total) | {reconciles:.0} |");
     if unmatched > 0 {
