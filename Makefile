@@ -42,8 +42,9 @@ build: ## build every Rust crate (debug)
 .PHONY: test
 test: k8s ## run every test: unit tests and end-to-end tests against the local cluster
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
-	# das-controller's e2e tests run the node plugin from the same target dir.
-	$(CARGO) build -p das-driver --bin das-kubelet-plugin
+	# das-controller's and das-webhook's e2e tests run the node plugin (the webhook's also
+	# das-controller) from the same target dir.
+	$(CARGO) build -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: e2e

@@ -1,0 +1,120 @@
+//! `das-webhook`: the compatibility admission webhook (DESIGN §8). Serves `POST /mutate-pods`,
+//! `/healthz`, `/readyz` and `/metrics` over HTTPS; the certificate files are re-read when they
+//! change. SIGTERM or SIGINT stops it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Parser, ValueEnum};
+use das_webhook::metrics::Metrics;
+use das_webhook::profiles::Profiles;
+use das_webhook::server::{self, App};
+use das_webhook::templates::Templates;
+use das_webhook::tls::ReloadingCert;
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "DAS webhook: legacy nvidia.com/mig-* pods -> ResourceClaims"
+)]
+struct Args {
+    /// Kubeconfig file; in-cluster configuration (or $KUBECONFIG) when absent.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// HTTPS listen address.
+    #[arg(long, env = "DAS_WEBHOOK_ADDRESS", default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// Serving certificate (PEM, chain first).
+    #[arg(
+        long,
+        env = "DAS_WEBHOOK_TLS_CERT",
+        default_value = "/etc/das-webhook/tls/tls.crt"
+    )]
+    tls_cert_file: PathBuf,
+    /// Serving key (PEM).
+    #[arg(
+        long,
+        env = "DAS_WEBHOOK_TLS_KEY",
+        default_value = "/etc/das-webhook/tls/tls.key"
+    )]
+    tls_key_file: PathBuf,
+    /// How often the certificate files are checked for changes, in seconds.
+    #[arg(long, default_value_t = 10)]
+    cert_reload_interval_seconds: u64,
+    /// How long the list of offered profiles (DeviceClasses) is cached, in seconds.
+    #[arg(long, default_value_t = 30)]
+    profiles_ttl_seconds: u64,
+    /// Log output.
+    #[arg(long, env = "DAS_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `das_webhook=debug`.
+    #[arg(long, env = "DAS_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(args: &Args) {
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level));
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn client(args: &Args) -> Result<Client> {
+    let Some(path) = &args.kubeconfig else {
+        return Client::try_default().await.context("Kubernetes client");
+    };
+    let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(cfg)?)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    init_logging(&args);
+    let cert = ReloadingCert::new(&args.tls_cert_file, &args.tls_key_file)?;
+    let tls = cert.server_config()?;
+    tokio::spawn(cert.watch(Duration::from_secs(
+        args.cert_reload_interval_seconds.max(1),
+    )));
+    let client = client(&args).await?;
+    let app = Arc::new(App {
+        profiles: Profiles::new(
+            client.clone(),
+            Duration::from_secs(args.profiles_ttl_seconds),
+        ),
+        templates: Templates::watch(client.clone()),
+        metrics: Metrics::default(),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("bind {}", args.listen))?;
+    tracing::info!(address = %listener.local_addr()?, "das-webhook serving HTTPS");
+    tokio::select! {
+        r = server::serve(listener, tls, server::router(app)) => r,
+        _ = shutdown() => { tracing::info!("shutting down"); Ok(()) }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,83 @@
+//! Prometheus metrics of the webhook (DESIGN §9), text format on `/metrics`.
+//!
+//! Source: prometheus-client (<https://docs.rs/prometheus-client>).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Label of the request counter: how the review was answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    /// `unchanged`, `patched`, `denied` or `error`.
+    pub outcome: String,
+}
+
+/// Every metric the webhook exports.
+pub struct Metrics {
+    pub registry: Registry,
+    /// `das_webhook_admission_requests_total{outcome}`.
+    pub requests: Family<Outcome, Counter>,
+    /// `das_webhook_denials_total`.
+    pub denials: Counter,
+    /// `das_webhook_templates_created_total`.
+    pub templates_created: Counter,
+    /// `das_webhook_admission_duration_seconds`.
+    pub latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("das_webhook");
+        let requests = Family::<Outcome, Counter>::default();
+        let denials = Counter::default();
+        let templates_created = Counter::default();
+        let latency = Histogram::new([
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+        ]);
+        registry.register(
+            "admission_requests",
+            "Admission reviews answered, by outcome",
+            requests.clone(),
+        );
+        registry.register("denials", "Pods denied", denials.clone());
+        registry.register(
+            "templates_created",
+            "ResourceClaimTemplates created",
+            templates_created.clone(),
+        );
+        registry.register(
+            "admission_duration_seconds",
+            "Time to answer one admission review",
+            latency.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            denials,
+            templates_created,
+            latency,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts one review with `outcome`.
+    pub fn count(&self, outcome: &str) {
+        self.requests
+            .get_or_create(&Outcome {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,219 @@
+//! The admission server: `POST /mutate-pods` (AdmissionReview `admission.k8s.io/v1`), `/healthz`,
+//! `/readyz`, `/metrics`, over HTTPS.
+//!
+//! Source: "Dynamic Admission Control"
+//! (<https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/>):
+//! a mutating webhook answers with a base64 JSON patch; `dryRun` requests must have no side
+//! effects when the configuration says `sideEffects: NoneOnDryRun`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use k8s_openapi::api::core::v1::Pod;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+
+use crate::metrics::Metrics;
+use crate::profiles::Profiles;
+use crate::templates::{Ensured, Templates};
+use crate::translate::{self, Translation};
+
+/// Shared state of the handlers.
+pub struct App {
+    pub profiles: Profiles,
+    pub templates: Templates,
+    pub metrics: Metrics,
+}
+
+/// The routes of the webhook.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/mutate-pods", post(mutate_pods))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(app)
+}
+
+/// Accepts TLS connections on `listener` for ever, one task per connection (HTTP/1.1).
+pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, routes: Router) -> Result<()> {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        let acceptor = acceptor.clone();
+        let svc = TowerToHyperService::new(routes.clone());
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(tcp).await {
+                Ok(s) => s,
+                Err(e) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            };
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, String) {
+    match app.profiles.check().await {
+        Ok(()) => (StatusCode::OK, "ok".into()),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot list DeviceClasses: {e:#}"),
+        ),
+    }
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> ([(&'static str, &'static str); 1], String) {
+    let ct = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    ([("content-type", ct)], app.metrics.encode())
+}
+
+async fn mutate_pods(
+    State(app): State<Arc<App>>,
+    Json(review): Json<AdmissionReview<Pod>>,
+) -> Json<Value> {
+    let started = Instant::now();
+    let parsed: Result<AdmissionRequest<Pod>, _> = review.try_into();
+    let (outcome, response) = match parsed {
+        Ok(req) => review_pod(&app, &req).await,
+        Err(e) => (
+            "error",
+            AdmissionResponse::invalid(format!("bad AdmissionReview: {e}")),
+        ),
+    };
+    app.metrics.count(outcome);
+    app.metrics.latency.observe(started.elapsed().as_secs_f64());
+    Json(wire_review(response.into_review()))
+}
+
+/// The review as JSON with `response.patch` base64-encoded, as the API expects for a `[]byte`
+/// field (kube-core serializes its `Vec<u8>` as an array of numbers, which the API server
+/// accepts but which is about four times larger).
+fn wire_review(review: AdmissionReview<DynamicObject>) -> Value {
+    use base64::Engine;
+    let mut v = serde_json::to_value(&review).expect("an AdmissionReview serializes");
+    if let Some(Value::Array(bytes)) = v.pointer("/response/patch") {
+        let raw: Vec<u8> = bytes
+            .iter()
+            .filter_map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect();
+        v["response"]["patch"] =
+            Value::String(base64::engine::general_purpose::STANDARD.encode(raw));
+    }
+    v
+}
+
+/// Answers one review: (outcome label, response).
+async fn review_pod(app: &App, req: &AdmissionRequest<Pod>) -> (&'static str, AdmissionResponse) {
+    let resp = AdmissionResponse::from(req);
+    let Some(pod) = req.object.as_ref() else {
+        return ("unchanged", resp);
+    };
+    let t = match translation(app, pod).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(denial)) => {
+            app.metrics.denials.inc();
+            tracing::info!(pod = %pod_ref(req, pod), reason = %denial, "denied");
+            return ("denied", resp.deny(denial));
+        }
+        Err(e) => return ("error", resp.deny(format!("das-webhook: {e:#}"))),
+    };
+    if t.is_empty() {
+        return ("unchanged", resp);
+    }
+    if !req.dry_run
+        && let Err(e) = ensure_templates(app, req, &t).await
+    {
+        return ("error", resp.deny(format!("das-webhook: {e:#}")));
+    }
+    tracing::info!(pod = %pod_ref(req, pod), dry_run = req.dry_run, translated = ?t.translated, "translated");
+    match resp.with_patch(t.patch) {
+        Ok(r) => ("patched", r),
+        Err(e) => (
+            "error",
+            AdmissionResponse::from(req).deny(format!("das-webhook: {e}")),
+        ),
+    }
+}
+
+/// The translation of `pod` against the profiles the cluster offers; the outer error is an
+/// infrastructure failure (DeviceClasses cannot be listed), the inner one a denial.
+async fn translation(app: &App, pod: &Pod) -> Result<Result<Translation, translate::Denial>> {
+    let wanted = translate::requested_profiles(pod);
+    if wanted.is_empty() {
+        return Ok(Ok(Translation::default()));
+    }
+    let offered = app.profiles.get(&wanted).await?;
+    Ok(translate::translate(pod, &offered))
+}
+
+/// Creates the templates the pod's claims point at in the request's namespace; a template that
+/// already exists (another pod, another replica, a race) is fine.
+async fn ensure_templates(app: &App, req: &AdmissionRequest<Pod>, t: &Translation) -> Result<()> {
+    let ns = req.namespace.as_deref().unwrap_or("default");
+    for tpl in &t.templates {
+        if app.templates.ensure(ns, tpl).await? == Ensured::Created {
+            app.metrics.templates_created.inc();
+        }
+    }
+    Ok(())
+}
+
+fn pod_ref(req: &AdmissionRequest<Pod>, pod: &Pod) -> String {
+    let name = pod
+        .metadata
+        .name
+        .as_deref()
+        .or(pod.metadata.generate_name.as_deref())
+        .unwrap_or(&req.name);
+    format!("{}/{name}", req.namespace.as_deref().unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use base64::Engine;
+    use serde_json::json;
+
+    #[test]
+    fn the_patch_goes_on_the_wire_as_base64() {
+        let req: AdmissionReview<Pod> = serde_json::from_value(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+                "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE", "userInfo": {}, "dryRun": false}
+        }))
+        .unwrap();
+        let req: AdmissionRequest<Pod> = req.try_into().unwrap();
+        let patch: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "remove", "path": "/a"}])).unwrap();
+        let review = AdmissionResponse::from(&req)
+            .with_patch(patch)
+            .unwrap()
+            .into_review();
+        let v = wire_review(review);
+        let b64 = v["response"]["patch"].as_str().expect("a string");
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        let back: Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(back, json!([{"op": "remove", "path": "/a"}]));
+        assert_eq!(v["response"]["uid"], "u1");
+        assert_eq!(v["response"]["patchType"], "JSONPatch");
+    }
+}

@@ -1,0 +1,66 @@
+//! The ResourceClaimTemplates the webhook created, watched: a pod whose template already exists
+//! costs no API call at admission; a deleted template is noticed and created again.
+//!
+//! Source: kube-runtime reflector (<https://docs.rs/kube/latest/kube/runtime/fn.reflector.html>).
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use crate::translate::MANAGED_BY_LABEL;
+
+/// What [`Templates::ensure`] did with one template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    /// The watch cache has it: no API call.
+    Cached,
+    /// Created now.
+    Created,
+    /// The API server already had it (a race, or a template the cache does not watch).
+    Existed,
+}
+
+/// Creates missing templates; knows existing ones from a watch on the webhook's label.
+#[derive(Clone)]
+pub struct Templates {
+    client: Client,
+    store: Store<ResourceClaimTemplate>,
+}
+
+impl Templates {
+    /// Starts the watch (on the runtime of the caller) and returns the cache.
+    pub fn watch(client: Client) -> Self {
+        let api: Api<ResourceClaimTemplate> = Api::all(client.clone());
+        let cfg = watcher::Config::default()
+            .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
+        let (store, writer) = reflector::store();
+        let drive = reflector::reflector(writer, watcher(api, cfg))
+            .default_backoff()
+            .touched_objects()
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "ResourceClaimTemplate watch");
+                }
+            });
+        tokio::spawn(drive);
+        Self { client, store }
+    }
+
+    /// Makes sure `template` exists in namespace `ns`; an AlreadyExists answer is success.
+    pub async fn ensure(&self, ns: &str, template: &ResourceClaimTemplate) -> Result<Ensured> {
+        let name = template.metadata.name.as_deref().unwrap_or_default();
+        if self.store.get(&ObjectRef::new(name).within(ns)).is_some() {
+            return Ok(Ensured::Cached);
+        }
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
+        match api.create(&PostParams::default(), template).await {
+            Ok(_) => Ok(Ensured::Created),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ensured::Existed),
+            Err(e) => Err(e).with_context(|| format!("create ResourceClaimTemplate {ns}/{name}")),
+        }
+    }
+}

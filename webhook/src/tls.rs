@@ -1,0 +1,181 @@
+//! TLS for the webhook: a rustls server whose certificate is re-read from its files when they
+//! change (cert-manager and kubelet-projected secrets rotate files in place).
+//!
+//! Source: rustls `ResolvesServerCert` (<https://docs.rs/rustls/latest/rustls/server/trait.ResolvesServerCert.html>).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::crypto::ring;
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+
+/// The certificate in use and the modification times of the files it came from.
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    stamp: (Option<SystemTime>, Option<SystemTime>),
+}
+
+/// Serves the certificate from `cert`/`key` (PEM) and reloads it when either file changes.
+pub struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    current: RwLock<Loaded>,
+}
+
+impl fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadingCert")
+            .field("cert", &self.cert)
+            .finish()
+    }
+}
+
+impl ReloadingCert {
+    /// Loads the pair; fails when the files are missing or do not hold a usable key pair.
+    pub fn new(cert: &Path, key: &Path) -> Result<Arc<Self>> {
+        let loaded = load(cert, key)?;
+        Ok(Arc::new(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: RwLock::new(loaded),
+        }))
+    }
+
+    /// Re-reads the files if their modification time changed. A broken new pair is logged and
+    /// the old one kept (a rotation may write the two files one after the other).
+    pub fn reload_if_changed(&self) -> bool {
+        let stamp = stamps(&self.cert, &self.key);
+        if self.current.read().expect("lock").stamp == stamp {
+            return false;
+        }
+        match load(&self.cert, &self.key) {
+            Ok(l) => {
+                *self.current.write().expect("lock") = l;
+                tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "certificate files changed but do not load; keeping the old pair");
+                false
+            }
+        }
+    }
+
+    /// The certificate served now.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        self.current.read().expect("lock").key.clone()
+    }
+
+    /// Polls the files every `every` for ever.
+    pub async fn watch(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            self.reload_if_changed();
+        }
+    }
+
+    /// A rustls server configuration (HTTP/1.1 over ALPN) that serves this certificate.
+    pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>> {
+        let mut cfg = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .context("TLS protocol versions")?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone());
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+fn stamps(cert: &Path, key: &Path) -> (Option<SystemTime>, Option<SystemTime>) {
+    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    (m(cert), m(key))
+}
+
+fn load(cert: &Path, key: &Path) -> Result<Loaded> {
+    let stamp = stamps(cert, key);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("read {}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("parse {}", cert.display()))?;
+    anyhow::ensure!(!chain.is_empty(), "no certificate in {}", cert.display());
+    let der =
+        PrivateKeyDer::from_pem_file(key).with_context(|| format!("read {}", key.display()))?;
+    let signing = ring::sign::any_supported_type(&der).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ck = CertifiedKey::new(chain, signing);
+    ck.keys_match()
+        .map_err(|e: rustls::Error| anyhow::anyhow!("certificate and key do not match: {e}"))?;
+    Ok(Loaded {
+        key: Arc::new(ck),
+        stamp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use das_e2e::pki::{Pki, Usage};
+
+    fn issue(pki: &Pki, cn: &str) -> das_e2e::pki::CertFiles {
+        let sans = vec!["127.0.0.1".to_string()];
+        pki.issue("serving", cn, Usage::Server { sans }).unwrap()
+    }
+
+    /// Bumps both files' modification times so the change is seen whatever the clock granularity.
+    fn touch_later(files: &das_e2e::pki::CertFiles, secs: u64) {
+        let t = SystemTime::now() + Duration::from_secs(secs);
+        for p in [&files.cert, &files.key] {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_rotated_pair_is_served_and_a_broken_one_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::create(dir.path()).unwrap();
+        let files = issue(&pki, "first");
+        let cert = ReloadingCert::new(&files.cert, &files.key).unwrap();
+        let first = cert.current().cert[0].clone();
+        assert!(
+            !cert.reload_if_changed(),
+            "unchanged files are not reloaded"
+        );
+
+        issue(&pki, "second");
+        touch_later(&files, 10);
+        assert!(cert.reload_if_changed());
+        let second = cert.current().cert[0].clone();
+        assert_ne!(first, second);
+
+        std::fs::write(&files.key, "not a key").unwrap();
+        touch_later(&files, 20);
+        assert!(!cert.reload_if_changed(), "a broken pair is not taken");
+        assert_eq!(cert.current().cert[0], second);
+        assert!(cert.server_config().is_ok());
+    }
+
+    #[test]
+    fn missing_files_fail_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("none.crt");
+        assert!(ReloadingCert::new(&p, &p).is_err());
+    }
+}

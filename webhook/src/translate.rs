@@ -1,0 +1,399 @@
+//! The pure part of the webhook: a legacy pod (`nvidia.com/mig-<profile>: N`) becomes a JSON
+//! patch plus the ResourceClaimTemplates it needs (DESIGN §3 names, §8 behaviour).
+//!
+//! Sources: Pod `spec.resourceClaims` / container `resources.claims` (KEP-4381,
+//! <https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/>),
+//! ResourceClaimTemplate `resource.k8s.io/v1`, JSON patch RFC 6902 (what an AdmissionResponse
+//! carries, <https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/#response>).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use das_api::{DRIVER_NAME, LEGACY_RESOURCE_PREFIX, profile_device_class};
+use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::Serialize;
+use serde_json::json;
+
+/// Annotation that records what the webhook translated: a JSON list of [`Translated`].
+pub const TRANSLATION_ANNOTATION: &str = "mig.das.com/legacy-translation";
+
+/// Label on the ResourceClaimTemplates the webhook creates.
+pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "das-webhook");
+
+/// Name of the device request inside a generated template.
+pub const REQUEST_NAME: &str = "mig";
+
+/// Prefix of generated template names: `das-mig-<profile as DNS label>-x<count>`.
+const TEMPLATE_PREFIX: &str = "das-mig-";
+
+/// Longest DNS label (RFC 1123).
+const DNS_LABEL_MAX: usize = 63;
+
+/// One legacy request that was translated, as recorded in [`TRANSLATION_ANNOTATION`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Translated {
+    pub container: String,
+    pub resource: String,
+    pub count: u32,
+    pub claim: String,
+    pub template: String,
+}
+
+/// What the webhook does to an admitted pod: the patch and the templates that must exist.
+#[derive(Debug, Clone, Default)]
+pub struct Translation {
+    /// RFC 6902 patch against the pod as received; empty when there is nothing to translate.
+    pub patch: json_patch::Patch,
+    /// Templates the pod's claims point at, one per distinct (profile, count).
+    pub templates: Vec<ResourceClaimTemplate>,
+    /// What was translated (also in the annotation).
+    pub translated: Vec<Translated>,
+}
+
+impl Translation {
+    /// True when the pod had no legacy request: the webhook allows it unchanged.
+    pub fn is_empty(&self) -> bool {
+        self.translated.is_empty()
+    }
+}
+
+/// Why a pod is refused; every problem found is listed, and nothing is applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .problems.join("; "))]
+pub struct Denial {
+    pub problems: Vec<String>,
+}
+
+/// One legacy request of one container, validated.
+#[derive(Debug, Clone)]
+struct LegacyRequest {
+    container: String,
+    profile: String,
+    count: u32,
+}
+
+/// Translates `pod`; `offered_profiles` are the profiles the cluster has a DeviceClass for, as
+/// written in the class name (`1g.10gb`, `1g.10gb-me`), see [`offered_profile`].
+pub fn translate(pod: &Pod, offered_profiles: &[String]) -> Result<Translation, Denial> {
+    let requests = collect_requests(pod, offered_profiles)?;
+    if requests.is_empty() {
+        return Ok(Translation::default());
+    }
+    let mut out = pod.clone();
+    let mut used: BTreeSet<String> = existing_claims(pod).map(|c| c.name.clone()).collect();
+    let mut translated = Vec::new();
+    for r in &requests {
+        let claim = unique_name(&claim_name(&r.container, &r.profile), &used);
+        used.insert(claim.clone());
+        let template = template_name(&r.profile, r.count);
+        add_claim(&mut out, r, &claim, &template);
+        translated.push(Translated {
+            container: r.container.clone(),
+            resource: format!("{LEGACY_RESOURCE_PREFIX}{}", r.profile),
+            count: r.count,
+            claim,
+            template,
+        });
+    }
+    strip_legacy(&mut out);
+    annotate(&mut out, &translated);
+    let before = serde_json::to_value(pod).expect("a Pod serializes");
+    let after = serde_json::to_value(&out).expect("a Pod serializes");
+    Ok(Translation {
+        patch: json_patch::diff(&before, &after),
+        templates: templates_for(&requests),
+        translated,
+    })
+}
+
+/// The profile a DeviceClass named `name` offers (`1g.10gb.mig.das.com` → `1g.10gb`); `None` for
+/// the catch-all class `mig.das.com` and for classes of other drivers.
+pub fn offered_profile(class_name: &str) -> Option<String> {
+    let p = class_name.strip_suffix(&format!(".{DRIVER_NAME}"))?;
+    (!p.is_empty()).then(|| p.to_string())
+}
+
+/// Name of the template that asks for `count` slices of `profile`: `das-mig-1g-10gb-x2`.
+pub fn template_name(profile: &str, count: u32) -> String {
+    format!("{TEMPLATE_PREFIX}{}-x{count}", dns_label(profile))
+}
+
+/// The ResourceClaimTemplate named [`template_name`]: `count` devices of `<profile>.mig.das.com`.
+pub fn template(profile: &str, count: u32) -> ResourceClaimTemplate {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": template_name(profile, count),
+            "labels": {MANAGED_BY_LABEL.0: MANAGED_BY_LABEL.1},
+            "annotations": {"mig.das.com/legacy-resource":
+                format!("{LEGACY_RESOURCE_PREFIX}{profile}")},
+        },
+        "spec": {"spec": {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": {
+            "deviceClassName": profile_device_class(profile),
+            "allocationMode": "ExactCount", "count": count}}]}}}
+    }))
+    .expect("a ResourceClaimTemplate deserializes")
+}
+
+/// Every init and regular container with its legacy requests, validated against the cluster.
+/// All problems are gathered so one denial names them all.
+fn collect_requests(pod: &Pod, offered: &[String]) -> Result<Vec<LegacyRequest>, Denial> {
+    let mut problems = Vec::new();
+    let mut out = Vec::new();
+    for c in containers(pod) {
+        for profile in legacy_profiles(c) {
+            match check_request(pod, c, &profile, offered) {
+                Ok(count) => out.push(LegacyRequest {
+                    container: c.name.clone(),
+                    profile,
+                    count,
+                }),
+                Err(p) => problems.push(p),
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(out)
+    } else {
+        Err(Denial { problems })
+    }
+}
+
+/// Init containers first, then regular containers (ephemeral containers cannot hold claims).
+fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    let spec = pod.spec.as_ref();
+    let init = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[]);
+    let regular = spec.map(|s| s.containers.as_slice()).unwrap_or(&[]);
+    init.iter().chain(regular)
+}
+
+/// Every distinct profile the pod's containers ask for through `nvidia.com/mig-*` (what the
+/// offered-profile cache must know about).
+pub fn requested_profiles(pod: &Pod) -> Vec<String> {
+    let all: BTreeSet<String> = containers(pod).flat_map(legacy_profiles).collect();
+    all.into_iter().collect()
+}
+
+/// The distinct profiles named by `nvidia.com/mig-*` keys in a container's limits or requests.
+fn legacy_profiles(c: &Container) -> BTreeSet<String> {
+    let r = c.resources.as_ref();
+    let limits = r.and_then(|r| r.limits.as_ref()).into_iter().flatten();
+    let requests = r.and_then(|r| r.requests.as_ref()).into_iter().flatten();
+    limits
+        .chain(requests)
+        .filter_map(|(k, _)| k.strip_prefix(LEGACY_RESOURCE_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Validates one request of container `c`; returns its count or the problem.
+fn check_request(
+    pod: &Pod,
+    c: &Container,
+    profile: &str,
+    offered: &[String],
+) -> Result<u32, String> {
+    let key = format!("{LEGACY_RESOURCE_PREFIX}{profile}");
+    let who = format!("container {:?}: {key}", c.name);
+    if !offered.iter().any(|o| *o == profile.replace('+', "-")) {
+        return Err(format!(
+            "{who}: unknown MIG profile {profile:?}; this cluster offers {}",
+            offered_list(offered)
+        ));
+    }
+    let r = c.resources.as_ref();
+    let limit = r.and_then(|r| r.limits.as_ref()?.get(&key));
+    let request = r.and_then(|r| r.requests.as_ref()?.get(&key));
+    if let (Some(l), Some(q)) = (limit, request)
+        && l.0.trim() != q.0.trim()
+    {
+        return Err(format!(
+            "{who}: requests ({}) and limits ({}) differ; MIG slices cannot be overcommitted, set them equal",
+            q.0, l.0
+        ));
+    }
+    let qty = limit
+        .or(request)
+        .expect("the key came from limits or requests");
+    let count = parse_count(qty).ok_or_else(|| {
+        format!(
+            "{who}: quantity {:?} is not a positive integer; ask for a whole number of slices, e.g. 1 or 2",
+            qty.0
+        )
+    })?;
+    if let Some(claim) = das_claim_for(pod, c, profile) {
+        return Err(format!(
+            "{who}: the container already holds DAS claim {claim:?} for profile {profile}; \
+             ask for the slices either through {key} or through the claim, not both"
+        ));
+    }
+    Ok(count)
+}
+
+/// `"1"`, `"3"`: plain decimal integers ≥ 1. Suffixes, fractions, exponents and zero are refused.
+fn parse_count(q: &Quantity) -> Option<u32> {
+    let s = q.0.trim();
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse::<u32>().ok().filter(|n| *n > 0)
+}
+
+/// Offered profiles for a message: `1g.10gb, 2g.20gb` or `none (no <profile>.mig.das.com DeviceClass)`.
+fn offered_list(offered: &[String]) -> String {
+    if offered.is_empty() {
+        return format!("none (no <profile>.{DRIVER_NAME} DeviceClass exists)");
+    }
+    let mut v: Vec<&str> = offered.iter().map(String::as_str).collect();
+    v.sort_unstable();
+    v.dedup();
+    v.join(", ")
+}
+
+/// The name of a pod claim used by `c` that comes from a DAS template for `profile`, if any.
+fn das_claim_for(pod: &Pod, c: &Container, profile: &str) -> Option<String> {
+    let prefix = format!("{TEMPLATE_PREFIX}{}-x", dns_label(profile));
+    let used: BTreeSet<&str> = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.claims.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|rc| rc.name.as_str())
+        .collect();
+    existing_claims(pod)
+        .filter(|pc| used.contains(pc.name.as_str()))
+        .find(|pc| {
+            pc.resource_claim_template_name
+                .as_deref()
+                .is_some_and(|t| t.starts_with(&prefix))
+        })
+        .map(|pc| pc.name.clone())
+}
+
+fn existing_claims(pod: &Pod) -> impl Iterator<Item = &PodResourceClaim> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+}
+
+/// `profile` as a DNS label fragment: lower case, every character outside `[a-z0-9]` → `-`.
+fn dns_label(s: &str) -> String {
+    s.chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9') => c,
+            _ => '-',
+        })
+        .collect()
+}
+
+/// Pod claim name for `container` and `profile`: `mig-<container>-<profile>`, kept a valid DNS
+/// label (≤ 63, alphanumeric ends) by truncating and appending a hash of the full name.
+fn claim_name(container: &str, profile: &str) -> String {
+    let full = format!("mig-{}-{}", dns_label(container), dns_label(profile));
+    fit_label(&full, &full)
+}
+
+/// `base` if it is free in `used`, else `base` with a numeric suffix that is.
+fn unique_name(base: &str, used: &BTreeSet<String>) -> String {
+    if !used.contains(base) {
+        return base.to_string();
+    }
+    (2u32..)
+        .map(|i| fit_label(&format!("{base}-{i}"), &format!("{base}-{i}")))
+        .find(|n| !used.contains(n))
+        .expect("an unbounded range finds a free name")
+}
+
+/// `name` cut to a DNS label; when cut, an 8-hex-digit FNV-1a hash of `seed` keeps it unique.
+fn fit_label(name: &str, seed: &str) -> String {
+    let trimmed = name.trim_matches('-');
+    if trimmed.len() <= DNS_LABEL_MAX {
+        return trimmed.to_string();
+    }
+    let hash = format!("{:08x}", fnv1a(seed.as_bytes()));
+    let head = trimmed[..DNS_LABEL_MAX - hash.len() - 1].trim_end_matches('-');
+    format!("{head}-{hash}")
+}
+
+/// FNV-1a, 32 bits (<http://www.isthe.com/chongo/tech/comp/fnv/>): stable across releases,
+/// unlike `std`'s hasher.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Adds pod claim `claim` (from `template`) and the container's reference to it.
+fn add_claim(pod: &mut Pod, r: &LegacyRequest, claim: &str, template: &str) {
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.resource_claims
+        .get_or_insert_with(Vec::new)
+        .push(PodResourceClaim {
+            name: claim.to_string(),
+            resource_claim_template_name: Some(template.to_string()),
+            ..Default::default()
+        });
+    let init = spec.init_containers.iter_mut().flatten();
+    if let Some(c) = init
+        .chain(spec.containers.iter_mut())
+        .find(|c| c.name == r.container)
+    {
+        c.resources
+            .get_or_insert_with(Default::default)
+            .claims
+            .get_or_insert_with(Vec::new)
+            .push(ResourceClaim {
+                name: claim.to_string(),
+                ..Default::default()
+            });
+    }
+}
+
+/// Removes every `nvidia.com/mig-*` entry from every container's requests and limits; a map left
+/// empty is dropped.
+fn strip_legacy(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let init = spec.init_containers.iter_mut().flatten();
+    for c in init.chain(spec.containers.iter_mut()) {
+        let Some(r) = c.resources.as_mut() else {
+            continue;
+        };
+        for map in [&mut r.limits, &mut r.requests] {
+            if let Some(m) = map.as_mut() {
+                m.retain(|k, _| !k.starts_with(LEGACY_RESOURCE_PREFIX));
+                if m.is_empty() {
+                    *map = None;
+                }
+            }
+        }
+    }
+}
+
+/// Records `translated` in [`TRANSLATION_ANNOTATION`].
+fn annotate(pod: &mut Pod, translated: &[Translated]) {
+    let value = serde_json::to_string(translated).expect("plain data serializes");
+    pod.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(TRANSLATION_ANNOTATION.to_string(), value);
+}
+
+/// One template per distinct (profile, count), in name order.
+fn templates_for(requests: &[LegacyRequest]) -> Vec<ResourceClaimTemplate> {
+    let distinct: BTreeSet<(String, u32)> = requests
+        .iter()
+        .map(|r| (r.profile.clone(), r.count))
+        .collect();
+    distinct.iter().map(|(p, n)| template(p, *n)).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,306 @@
+//! Unit tests of the translation (DESIGN §8): shape of the patched pod, names, idempotence and
+//! every denial.
+
+use super::*;
+use serde_json::Value;
+
+fn offered() -> Vec<String> {
+    ["1g.10gb", "1g.10gb-me", "2g.20gb", "3g.40gb"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn pod(v: Value) -> Pod {
+    serde_json::from_value(v).expect("test pod")
+}
+
+/// A pod with one container `app` whose resources are `resources`.
+fn one(resources: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [{"name": "app", "image": "i", "resources": resources}]}})
+}
+
+/// Applies the translation's patch to `raw`, as the API server does.
+fn apply(raw: &Value, t: &Translation) -> Value {
+    let mut out = raw.clone();
+    json_patch::patch(&mut out, &t.patch).expect("patch applies");
+    out
+}
+
+fn ok(raw: &Value) -> (Translation, Value) {
+    let t = translate(&pod(raw.clone()), &offered()).expect("translated");
+    let after = apply(raw, &t);
+    (t, after)
+}
+
+fn denied(raw: Value) -> String {
+    translate(&pod(raw), &offered())
+        .expect_err("denied")
+        .to_string()
+}
+
+#[test]
+fn one_slice_becomes_a_claim_from_a_template() {
+    let raw = one(
+        json!({"limits": {"nvidia.com/mig-1g.10gb": "1", "cpu": "2"},
+        "requests": {"nvidia.com/mig-1g.10gb": "1", "cpu": "1"}}),
+    );
+    let (t, after) = ok(&raw);
+    assert_eq!(
+        after["spec"]["resourceClaims"],
+        json!([{"name": "mig-app-1g-10gb", "resourceClaimTemplateName": "das-mig-1g-10gb-x1"}])
+    );
+    let res = &after["spec"]["containers"][0]["resources"];
+    assert_eq!(res["claims"], json!([{"name": "mig-app-1g-10gb"}]));
+    assert_eq!(res["limits"], json!({"cpu": "2"}), "other limits untouched");
+    assert_eq!(
+        res["requests"],
+        json!({"cpu": "1"}),
+        "other requests untouched"
+    );
+    let ann: Vec<Translated> = serde_json::from_str(
+        after["metadata"]["annotations"][TRANSLATION_ANNOTATION]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        ann,
+        vec![Translated {
+            container: "app".into(),
+            resource: "nvidia.com/mig-1g.10gb".into(),
+            count: 1,
+            claim: "mig-app-1g-10gb".into(),
+            template: "das-mig-1g-10gb-x1".into(),
+        }]
+    );
+    assert_eq!(t.templates.len(), 1);
+    let tv = serde_json::to_value(&t.templates[0]).unwrap();
+    assert_eq!(tv["metadata"]["name"], "das-mig-1g-10gb-x1");
+    assert_eq!(
+        tv["spec"]["spec"]["devices"]["requests"],
+        json!([{"name": "mig", "exactly": {"deviceClassName": "1g.10gb.mig.das.com",
+            "allocationMode": "ExactCount", "count": 1}}])
+    );
+}
+
+#[test]
+fn count_goes_into_the_template() {
+    let raw = one(json!({"limits": {"nvidia.com/mig-1g.10gb": "3"}}));
+    let (t, after) = ok(&raw);
+    assert_eq!(
+        after["spec"]["resourceClaims"][0]["resourceClaimTemplateName"],
+        "das-mig-1g-10gb-x3"
+    );
+    let tv = serde_json::to_value(&t.templates[0]).unwrap();
+    assert_eq!(
+        tv["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"],
+        3
+    );
+    assert!(
+        after["spec"]["containers"][0]["resources"]
+            .get("limits")
+            .is_none()
+    );
+}
+
+#[test]
+fn requests_only_are_translated_too() {
+    let raw = one(json!({"requests": {"nvidia.com/mig-2g.20gb": "2", "memory": "1Gi"}}));
+    let (_, after) = ok(&raw);
+    let res = &after["spec"]["containers"][0]["resources"];
+    assert_eq!(res["requests"], json!({"memory": "1Gi"}));
+    assert_eq!(res["claims"], json!([{"name": "mig-app-2g-20gb"}]));
+}
+
+#[test]
+fn me_profile_uses_the_dash_class_and_dns_names() {
+    let raw = one(json!({"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}));
+    let (t, after) = ok(&raw);
+    assert_eq!(
+        after["spec"]["resourceClaims"][0]["name"],
+        "mig-app-1g-10gb-me"
+    );
+    let tv = serde_json::to_value(&t.templates[0]).unwrap();
+    assert_eq!(tv["metadata"]["name"], "das-mig-1g-10gb-me-x1");
+    assert_eq!(
+        tv["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+        "1g.10gb-me.mig.das.com"
+    );
+}
+
+#[test]
+fn init_and_regular_containers_each_get_their_own_claim() {
+    let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [{"name": "init", "image": "i",
+                "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
+            "containers": [
+                {"name": "a", "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}},
+                {"name": "b", "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-2g.20gb": "1"}}},
+                {"name": "plain", "image": "i", "resources": {"limits": {"cpu": "1"}}}]}});
+    let (t, after) = ok(&raw);
+    let names: Vec<&str> = after["spec"]["resourceClaims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "mig-init-1g-10gb",
+            "mig-a-1g-10gb",
+            "mig-b-1g-10gb",
+            "mig-b-2g-20gb"
+        ]
+    );
+    assert_eq!(
+        after["spec"]["initContainers"][0]["resources"]["claims"],
+        json!([{"name": "mig-init-1g-10gb"}])
+    );
+    assert_eq!(
+        after["spec"]["containers"][1]["resources"]["claims"],
+        json!([{"name": "mig-b-1g-10gb"}, {"name": "mig-b-2g-20gb"}])
+    );
+    assert_eq!(
+        after["spec"]["containers"][2]["resources"],
+        json!({"limits": {"cpu": "1"}})
+    );
+    let tnames: Vec<String> = t
+        .templates
+        .iter()
+        .map(|t| t.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(
+        tnames,
+        ["das-mig-1g-10gb-x1", "das-mig-2g-20gb-x1"],
+        "one template per (profile, count)"
+    );
+}
+
+#[test]
+fn translating_twice_changes_nothing() {
+    let raw = one(json!({"limits": {"nvidia.com/mig-1g.10gb": "2"}}));
+    let (_, after) = ok(&raw);
+    let again = translate(&pod(after), &offered()).expect("still valid");
+    assert!(again.is_empty());
+    assert!(again.patch.0.is_empty());
+    assert!(again.templates.is_empty());
+}
+
+#[test]
+fn pod_without_legacy_requests_is_left_alone() {
+    let t = translate(&pod(one(json!({"limits": {"cpu": "1"}}))), &offered()).unwrap();
+    assert!(t.is_empty() && t.patch.0.is_empty());
+}
+
+#[test]
+fn fields_unknown_to_the_typed_pod_survive_the_patch() {
+    let mut raw = one(json!({"limits": {"nvidia.com/mig-1g.10gb": "1"}}));
+    raw["spec"]["someFutureField"] = json!({"x": 1});
+    let (_, after) = ok(&raw);
+    assert_eq!(after["spec"]["someFutureField"], json!({"x": 1}));
+}
+
+#[test]
+fn names_stay_dns_labels_whatever_the_container_name() {
+    let long = "c".repeat(63);
+    let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [
+            {"name": long, "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}},
+            {"name": format!("{long}x"), "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}}]}});
+    let (_, after) = ok(&raw);
+    let claims = after["spec"]["resourceClaims"].as_array().unwrap();
+    let a = claims[0]["name"].as_str().unwrap();
+    let b = claims[1]["name"].as_str().unwrap();
+    for n in [a, b] {
+        assert!(n.len() <= 63, "{n}");
+        assert!(
+            n.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        );
+        assert!(!n.starts_with('-') && !n.ends_with('-'));
+    }
+    assert_ne!(a, b);
+}
+
+#[test]
+fn claim_names_avoid_existing_pod_claims() {
+    let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"resourceClaims": [{"name": "mig-app-1g-10gb", "resourceClaimName": "mine"}],
+            "containers": [{"name": "app", "image": "i",
+                "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}});
+    let (_, after) = ok(&raw);
+    assert_eq!(
+        after["spec"]["resourceClaims"][1]["name"],
+        "mig-app-1g-10gb-2"
+    );
+}
+
+#[test]
+fn unknown_profile_is_denied_with_the_offered_list() {
+    let m = denied(one(json!({"limits": {"nvidia.com/mig-9g.99gb": "1"}})));
+    assert!(m.contains("unknown MIG profile \"9g.99gb\""), "{m}");
+    assert!(m.contains("1g.10gb, 1g.10gb-me, 2g.20gb, 3g.40gb"), "{m}");
+    let none = translate(
+        &pod(one(json!({"limits": {"nvidia.com/mig-1g.10gb": "1"}}))),
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(none.contains("offers none"), "{none}");
+}
+
+#[test]
+fn non_positive_integer_quantities_are_denied() {
+    for q in ["0", "1.5", "500m", "-1", "1k", "2e0"] {
+        let m = denied(one(json!({"limits": {"nvidia.com/mig-1g.10gb": q}})));
+        assert!(m.contains("is not a positive integer"), "{q}: {m}");
+        assert!(m.contains("container \"app\""), "{m}");
+    }
+}
+
+#[test]
+fn requests_different_from_limits_are_denied() {
+    let m = denied(one(json!({"limits": {"nvidia.com/mig-1g.10gb": "2"},
+        "requests": {"nvidia.com/mig-1g.10gb": "1"}})));
+    assert!(m.contains("requests (1) and limits (2) differ"), "{m}");
+}
+
+#[test]
+fn a_das_claim_for_the_same_profile_is_denied() {
+    let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"resourceClaims": [{"name": "mine", "resourceClaimTemplateName": "das-mig-1g-10gb-x1"}],
+            "containers": [{"name": "app", "image": "i", "resources": {
+                "claims": [{"name": "mine"}],
+                "limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}});
+    let m = denied(raw);
+    assert!(m.contains("already holds DAS claim \"mine\""), "{m}");
+}
+
+#[test]
+fn every_problem_is_reported_and_nothing_applied() {
+    let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [
+            {"name": "a", "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}},
+            {"name": "b", "image": "i", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}},
+            {"name": "c", "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "0"}}}]}});
+    let d = translate(&pod(raw), &offered()).unwrap_err();
+    assert_eq!(d.problems.len(), 2, "{d}");
+}
+
+#[test]
+fn offered_profiles_come_from_class_names() {
+    assert_eq!(
+        offered_profile("1g.10gb.mig.das.com").as_deref(),
+        Some("1g.10gb")
+    );
+    assert_eq!(
+        offered_profile("1g.10gb-me.mig.das.com").as_deref(),
+        Some("1g.10gb-me")
+    );
+    assert_eq!(offered_profile("mig.das.com"), None);
+    assert_eq!(offered_profile("gpu.nvidia.com"), None);
+}

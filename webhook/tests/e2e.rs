@@ -1,0 +1,671 @@
+//! End-to-end tests of `das-webhook` on the local cluster (real kube-apiserver with admission
+//! webhooks, scheduler, controller-manager, hollow DRA kubelets) with the DAS node plugin on an
+//! emulated H100 80GB and das-controller: legacy `nvidia.com/mig-*` pods behave as they did with the seed operator
+//! (DESIGN §8, issue 5).
+//!
+//! The webhook is registered by URL on loopback with its own CA. The plugin binary is taken from
+//! the same target directory (`make test` builds it first).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use das_api::allocation::AllocationClaim;
+use das_e2e::das::{self, apply_device_classes, container_view};
+use das_e2e::pki::{Pki, Usage};
+use das_e2e::{Cluster, ClusterConfig, wait};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NS: &str = "default";
+const T: Duration = Duration::from_secs(60);
+const NODE: &str = "n0";
+const WEBHOOK: &str = "legacy-pods.mig.das.com";
+/// Profiles with a DeviceClass on the test cluster.
+const PROFILES: &[&str] = &["1g.10gb", "2g.20gb", "3g.40gb"];
+
+fn webhook_binary() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_das-webhook"))
+}
+
+/// Binary `name` of another crate, next to `das-webhook` in the target directory (`make test`
+/// builds `das-kubelet-plugin` and `das-controller` before `cargo test`).
+fn sibling_binary(name: &str, package: &str) -> Result<PathBuf> {
+    let p = webhook_binary().with_file_name(name);
+    ensure!(
+        p.exists(),
+        "{} missing: run `cargo build -p {package} --bin {name}`",
+        p.display()
+    );
+    Ok(p)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The running webhook: its port and the CA that signed its certificate.
+struct Webhook {
+    port: u16,
+    ca: PathBuf,
+    /// The serving certificate and key files the webhook watches.
+    serving: das_e2e::pki::CertFiles,
+}
+
+#[tokio::test]
+async fn legacy_mig_pods_are_translated_and_run() {
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[NODE]))
+        .await
+        .expect("cluster starts");
+    let hook = match setup(&mut cluster).await {
+        Ok(h) => h,
+        Err(e) => return cluster.check(Err(e)),
+    };
+    cluster.check(scenarios(&cluster, &hook).await);
+}
+
+async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
+    let c = cluster.client();
+    pod_without_mig_never_reaches_the_webhook(&c, hook).await?;
+    one_slice(cluster).await?;
+    three_slices_in_one_container(cluster).await?;
+    two_containers_and_an_init_container(cluster).await?;
+    bad_pods_are_denied(&c).await?;
+    dry_run_creates_nothing(&c).await?;
+    mixed_profiles_share_the_gpu(cluster).await?;
+    fill_then_pending_then_runs(&c).await?;
+    deployment_of_two(&c).await?;
+    deleted_template_is_created_again(&c).await?;
+    certificate_rotation_is_picked_up(cluster, hook).await?;
+    Ok(())
+}
+
+/// Cluster (one node, emulated H100 80GB x1), plugin, DeviceClasses, webhook and its
+/// MutatingWebhookConfiguration.
+async fn setup(cluster: &mut Cluster) -> Result<Webhook> {
+    let n = cluster.node(NODE).clone();
+    let args = das::plugin_args(&n, "H100-80GB:1", &cluster.kubeconfig.clone(), free_port());
+    let plugin = sibling_binary("das-kubelet-plugin", "das-driver")?;
+    cluster.spawn_program("das-plugin-n0", &plugin, args)?;
+    let client = cluster.client();
+    apply_device_classes(&client, PROFILES).await?;
+    das::install_allocation_claim_crd(&client).await?;
+    let controller = sibling_binary("das-controller", "das-controller")?;
+    let args = das::controller_args(&cluster.kubeconfig.clone(), free_port());
+    cluster.spawn_program("das-controller", &controller, args)?;
+    wait_published(&client).await?;
+    let hook = start_webhook(cluster)?;
+    wait::until("webhook /healthz", T, || async {
+        Ok(https(&hook, "GET", "/healthz", "")
+            .await
+            .ok()
+            .filter(|r| r.0 == 200))
+    })
+    .await?;
+    register_webhook(&client, &hook).await?;
+    Ok(hook)
+}
+
+/// Issues a serving certificate for 127.0.0.1 from a CA of the webhook's own and starts it.
+fn start_webhook(cluster: &mut Cluster) -> Result<Webhook> {
+    let dir = cluster.pki_dir.join("webhook");
+    let pki = Pki::create(&dir)?;
+    let serving = pki.issue(
+        "serving",
+        "das-webhook",
+        Usage::Server {
+            sans: vec!["127.0.0.1".into()],
+        },
+    )?;
+    let port = free_port();
+    let args = vec![
+        format!("--kubeconfig={}", cluster.kubeconfig.display()),
+        format!("--listen=127.0.0.1:{port}"),
+        format!("--tls-cert-file={}", serving.cert.display()),
+        format!("--tls-key-file={}", serving.key.display()),
+        "--cert-reload-interval-seconds=1".into(),
+        "--log-level=info,das_webhook=debug".into(),
+    ];
+    cluster.spawn_program("das-webhook", webhook_binary(), args)?;
+    Ok(Webhook {
+        port,
+        ca: pki.ca.cert.clone(),
+        serving,
+    })
+}
+
+/// The configuration shipped in `deploy/webhook/mutating-webhook.yaml` (matchConditions,
+/// namespaceSelector, failurePolicy, sideEffects as they are there), by URL on loopback instead
+/// of a Service reference.
+async fn register_webhook(client: &Client, hook: &Webhook) -> Result<()> {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&hook.ca)?);
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/webhook/mutating-webhook.yaml"
+    );
+    let mut cfg: Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
+    let w = &mut cfg["webhooks"][0];
+    ensure!(
+        w["name"] == WEBHOOK,
+        "unexpected webhook in {path}: {}",
+        w["name"]
+    );
+    w["clientConfig"] = json!({
+        "url": format!("https://127.0.0.1:{}/mutate-pods", hook.port),
+        "caBundle": ca,
+    });
+    let cfg: MutatingWebhookConfiguration = serde_json::from_value(cfg)?;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &cfg)
+        .await?;
+    // The API server picks configurations up from an informer: wait until a legacy pod is
+    // translated (dry run, so nothing stays behind).
+    wait_translating(client).await
+}
+
+/// Waits until a legacy pod is translated (dry run, so nothing stays behind).
+async fn wait_translating(client: &Client) -> Result<()> {
+    wait::until("webhook configuration active", T, || async {
+        let p = pod_json("probe", &[("app", "nvidia.com/mig-1g.10gb", "1")], None);
+        let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+        let out = api
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &serde_json::from_value(p)?,
+            )
+            .await?;
+        Ok(out
+            .spec
+            .and_then(|s| s.resource_claims)
+            .is_some()
+            .then_some(()))
+    })
+    .await
+}
+
+async fn wait_published(client: &Client) -> Result<()> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    wait::until("ResourceSlices", T, || async {
+        let lp = ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
+        Ok((!api.list(&lp).await?.items.is_empty()).then_some(()))
+    })
+    .await
+}
+
+/// `method path` over HTTPS to the webhook, trusting only its CA: (status, body).
+async fn https(hook: &Webhook, method: &str, path: &str, body: &str) -> Result<(u16, String)> {
+    use rustls_pki_types::pem::PemObject;
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_file_iter(&hook.ca)? {
+        roots.add(c?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", hook.port)).await?;
+    let name = rustls_pki_types::ServerName::try_from("127.0.0.1")?;
+    let mut s = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await; // peers may close without close_notify
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("HTTP status line")?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Sum of `das_webhook_admission_requests_total` over outcomes.
+async fn reviews_seen(hook: &Webhook) -> Result<f64> {
+    let (code, body) = https(hook, "GET", "/metrics", "").await?;
+    ensure!(code == 200, "/metrics answered {code}");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with("das_webhook_admission_requests_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Pod JSON: `containers` = [(name, resource, quantity)] (limits only); `init` likewise.
+fn pod_json(
+    name: &str,
+    containers: &[(&str, &str, &str)],
+    init: Option<(&str, &str, &str)>,
+) -> Value {
+    let c = |(n, r, q): (&str, &str, &str)| {
+        json!({"name": n, "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {r: q, "cpu": "100m"}}})
+    };
+    let mut spec = json!({
+        "containers": containers.iter().map(|x| c(*x)).collect::<Vec<_>>(),
+        "terminationGracePeriodSeconds": 0
+    });
+    if let Some(i) = init {
+        // A native sidecar: the hollow kubelet's fake runtime never ends a container, so a
+        // classic init container would keep the pod in Init for ever.
+        let mut ic = c(i);
+        ic["restartPolicy"] = json!("Always");
+        spec["initContainers"] = json!([ic]);
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec})
+}
+
+async fn create(c: &Client, pod: Value) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    Ok(api
+        .create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?)
+}
+
+async fn wait_running(c: &Client, name: &str) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    wait::until(
+        &format!("pod {name} to run"),
+        Duration::from_secs(90),
+        || async {
+            let p = api.get(name).await?;
+            Ok(
+                (p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .then_some(p),
+            )
+        },
+    )
+    .await
+}
+
+async fn delete(c: &Client, names: &[&str]) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    for n in names {
+        api.delete(n, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    for n in names {
+        wait::until(&format!("pod {n} to be gone"), T, || async {
+            Ok(api.get_opt(n).await?.is_none().then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// MIG UUIDs container `container` of running pod `pod` sees, and its CUDA_VISIBLE_DEVICES.
+fn visible(cluster: &Cluster, pod: &Pod, container: &str) -> Result<(Vec<String>, String)> {
+    let uid = pod.metadata.uid.as_deref().context("pod uid")?;
+    let view = container_view(cluster.node(NODE), uid, container)?;
+    let uuids = view
+        .env
+        .get("NVIDIA_VISIBLE_DEVICES")
+        .with_context(|| format!("{container}: no NVIDIA_VISIBLE_DEVICES in {:?}", view.env))?;
+    let cuda = view
+        .env
+        .get("CUDA_VISIBLE_DEVICES")
+        .cloned()
+        .unwrap_or_default();
+    Ok((uuids.split(',').map(str::to_string).collect(), cuda))
+}
+
+async fn pod_without_mig_never_reaches_the_webhook(c: &Client, hook: &Webhook) -> Result<()> {
+    let before = reviews_seen(hook).await?;
+    let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {"cpu": "100m"}}}], "terminationGracePeriodSeconds": 0}});
+    let pod = create(c, p).await?;
+    ensure!(pod.spec.and_then(|s| s.resource_claims).is_none());
+    wait_running(c, "plain").await?;
+    let after = reviews_seen(hook).await?;
+    ensure!(
+        after == before,
+        "webhook saw {} reviews for a plain pod",
+        after - before
+    );
+    delete(c, &["plain"]).await
+}
+
+async fn one_slice(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let created = create(
+        &c,
+        pod_json("one", &[("app", "nvidia.com/mig-1g.10gb", "1")], None),
+    )
+    .await?;
+    let spec = created.spec.as_ref().context("spec")?;
+    let limits = spec.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    ensure!(
+        !limits.keys().any(|k| k.starts_with("nvidia.com/mig-")),
+        "legacy limit left: {limits:?}"
+    );
+    ensure!(limits.contains_key("cpu"), "cpu limit lost: {limits:?}");
+    let pod = wait_running(&c, "one").await?;
+    let (uuids, cuda) = visible(cluster, &pod, "app")?;
+    ensure!(
+        uuids.len() == 1 && uuids[0].starts_with("MIG-"),
+        "{uuids:?}"
+    );
+    ensure!(cuda == "0", "CUDA_VISIBLE_DEVICES={cuda}");
+    let tpl = Api::<ResourceClaimTemplate>::namespaced(c.clone(), NS)
+        .get("das-mig-1g-10gb-x1")
+        .await?;
+    ensure!(
+        tpl.metadata
+            .labels
+            .unwrap_or_default()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some("das-webhook")
+    );
+    delete(&c, &["one"]).await
+}
+
+async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(
+        &c,
+        pod_json("three", &[("app", "nvidia.com/mig-1g.10gb", "3")], None),
+    )
+    .await?;
+    let pod = wait_running(&c, "three").await?;
+    let (uuids, cuda) = visible(cluster, &pod, "app")?;
+    ensure!(uuids.len() == 3, "{uuids:?}");
+    ensure!(cuda == "0,1,2", "CUDA_VISIBLE_DEVICES={cuda}");
+    delete(&c, &["three"]).await
+}
+
+async fn two_containers_and_an_init_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let p = pod_json(
+        "two",
+        &[
+            ("a", "nvidia.com/mig-1g.10gb", "1"),
+            ("b", "nvidia.com/mig-1g.10gb", "1"),
+        ],
+        Some(("init", "nvidia.com/mig-1g.10gb", "1")),
+    );
+    create(&c, p).await?;
+    let pod = wait_running(&c, "two").await?;
+    let (a, _) = visible(cluster, &pod, "a")?;
+    let (b, _) = visible(cluster, &pod, "b")?;
+    let (i, _) = visible(cluster, &pod, "init")?;
+    ensure!(
+        a.len() == 1 && b.len() == 1 && i.len() == 1,
+        "a={a:?} b={b:?} init={i:?}"
+    );
+    ensure!(
+        a != b && a != i && b != i,
+        "slices shared: a={a:?} b={b:?} init={i:?}"
+    );
+    delete(&c, &["two"]).await
+}
+
+/// Creates `pod` expecting a denial whose message contains every one of `want`.
+async fn expect_denied(c: &Client, pod: Value, want: &[&str]) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    match api
+        .create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await
+    {
+        Ok(p) => bail!("pod {:?} admitted", p.metadata.name),
+        Err(kube::Error::Api(s)) => {
+            ensure!(
+                s.message.contains(WEBHOOK),
+                "not denied by the webhook: {}",
+                s.message
+            );
+            for w in want {
+                ensure!(s.message.contains(w), "message {:?} lacks {w:?}", s.message);
+            }
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn bad_pods_are_denied(c: &Client) -> Result<()> {
+    let unknown = pod_json("bad1", &[("app", "nvidia.com/mig-9g.99gb", "1")], None);
+    expect_denied(
+        c,
+        unknown,
+        &[
+            "unknown MIG profile \"9g.99gb\"",
+            "1g.10gb, 2g.20gb, 3g.40gb",
+        ],
+    )
+    .await?;
+    let frac = pod_json("bad2", &[("app", "nvidia.com/mig-1g.10gb", "500m")], None);
+    expect_denied(c, frac, &["is not a positive integer"]).await?;
+    let zero = pod_json("bad3", &[("app", "nvidia.com/mig-1g.10gb", "0")], None);
+    expect_denied(c, zero, &["is not a positive integer"]).await?;
+    let mut differ = pod_json("bad4", &[("app", "nvidia.com/mig-1g.10gb", "2")], None);
+    differ["spec"]["containers"][0]["resources"]["requests"] =
+        json!({"nvidia.com/mig-1g.10gb": "1"});
+    expect_denied(c, differ, &["requests (1) and limits (2) differ"]).await?;
+    let mut both = pod_json("bad5", &[("app", "nvidia.com/mig-1g.10gb", "1")], None);
+    both["spec"]["resourceClaims"] =
+        json!([{"name": "mine", "resourceClaimTemplateName": "das-mig-1g-10gb-x1"}]);
+    both["spec"]["containers"][0]["resources"]["claims"] = json!([{"name": "mine"}]);
+    expect_denied(c, both, &["already holds DAS claim \"mine\""]).await?;
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    ensure!(
+        api.list(&ListParams::default()).await?.items.is_empty(),
+        "a denied pod exists"
+    );
+    Ok(())
+}
+
+async fn dry_run_creates_nothing(c: &Client) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    let pod = pod_json("dry", &[("app", "nvidia.com/mig-1g.10gb", "5")], None);
+    let out = api
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &serde_json::from_value(pod)?,
+        )
+        .await?;
+    let claims = out.spec.and_then(|s| s.resource_claims).unwrap_or_default();
+    ensure!(
+        claims
+            .first()
+            .and_then(|c| c.resource_claim_template_name.as_deref())
+            == Some("das-mig-1g-10gb-x5"),
+        "dry run not translated: {claims:?}"
+    );
+    let tpls = Api::<ResourceClaimTemplate>::namespaced(c.clone(), NS);
+    ensure!(
+        tpls.get_opt("das-mig-1g-10gb-x5").await?.is_none(),
+        "dry run created a template"
+    );
+    ensure!(api.get_opt("dry").await?.is_none(), "dry run created a pod");
+    Ok(())
+}
+
+async fn mixed_profiles_share_the_gpu(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(
+        &c,
+        pod_json("small", &[("app", "nvidia.com/mig-1g.10gb", "1")], None),
+    )
+    .await?;
+    create(
+        &c,
+        pod_json("medium", &[("app", "nvidia.com/mig-2g.20gb", "1")], None),
+    )
+    .await?;
+    let s = wait_running(&c, "small").await?;
+    let m = wait_running(&c, "medium").await?;
+    let (su, _) = visible(cluster, &s, "app")?;
+    let (mu, _) = visible(cluster, &m, "app")?;
+    ensure!(su != mu, "1g and 2g got the same slice");
+    delete(&c, &["small", "medium"]).await
+}
+
+/// An H100 80GB has 7 `1g.10gb` slices: 7 pods run, the 8th waits until one is deleted.
+async fn fill_then_pending_then_runs(c: &Client) -> Result<()> {
+    let names: Vec<String> = (0..7).map(|i| format!("fill-{i}")).collect();
+    for n in &names {
+        create(
+            c,
+            pod_json(n, &[("app", "nvidia.com/mig-1g.10gb", "1")], None),
+        )
+        .await?;
+    }
+    for n in &names {
+        wait_running(c, n).await?;
+    }
+    create(
+        c,
+        pod_json("extra", &[("app", "nvidia.com/mig-1g.10gb", "1")], None),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    let phase = api
+        .get("extra")
+        .await?
+        .status
+        .and_then(|s| s.phase)
+        .unwrap_or_default();
+    ensure!(phase == "Pending", "8th pod is {phase}, expected Pending");
+    delete(c, &["fill-0"]).await?;
+    wait_running(c, "extra").await?;
+    let mut rest: Vec<&str> = names[1..].iter().map(String::as_str).collect();
+    rest.push("extra");
+    delete(c, &rest).await
+}
+
+async fn deployment_of_two(c: &Client) -> Result<()> {
+    let d: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "legacy"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "legacy"}},
+            "template": {"metadata": {"labels": {"app": "legacy"}}, "spec": {
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}}}
+    }))?;
+    let deployments: Api<Deployment> = Api::namespaced(c.clone(), NS);
+    deployments.create(&PostParams::default(), &d).await?;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), NS);
+    let lp = ListParams::default().labels("app=legacy");
+    wait::until(
+        "2 running legacy Deployment pods with claims",
+        Duration::from_secs(90),
+        || async {
+            let items = pods.list(&lp).await?.items;
+            let ok = items.len() == 2
+                && items.iter().all(|p| {
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && p.spec
+                            .as_ref()
+                            .and_then(|s| s.resource_claims.as_ref())
+                            .is_some_and(|v| v.len() == 1)
+                });
+            Ok(ok.then_some(()))
+        },
+    )
+    .await?;
+    let allocs: Api<AllocationClaim> = Api::namespaced(c.clone(), NS);
+    wait::until("an AllocationClaim for each Deployment pod", T, || async {
+        let mut owners: Vec<String> = allocs
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|a| a.spec.pod_ref.map(|p| p.name))
+            .filter(|n| n.starts_with("legacy-"))
+            .collect();
+        owners.sort();
+        owners.dedup();
+        Ok((owners.len() == 2).then_some(()))
+    })
+    .await?;
+    deployments
+        .delete("legacy", &DeleteParams::default())
+        .await?;
+    Ok(())
+}
+
+/// The webhook creates a template again when it was deleted (its watch saw the deletion).
+async fn deleted_template_is_created_again(c: &Client) -> Result<()> {
+    let tpls: Api<ResourceClaimTemplate> = Api::namespaced(c.clone(), NS);
+    tpls.delete("das-mig-1g-10gb-x1", &DeleteParams::default())
+        .await?;
+    // Let the webhook's watch see the deletion.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    create(
+        c,
+        pod_json("again", &[("app", "nvidia.com/mig-1g.10gb", "1")], None),
+    )
+    .await?;
+    wait_running(c, "again").await?;
+    ensure!(tpls.get_opt("das-mig-1g-10gb-x1").await?.is_some());
+    delete(c, &["again"]).await
+}
+
+/// New CA and serving pair written over the files the webhook reads: the webhook serves the new
+/// certificate without a restart, and with the new caBundle the API server calls it again.
+async fn certificate_rotation_is_picked_up(cluster: &Cluster, hook: &Webhook) -> Result<()> {
+    use base64::Engine;
+    let pki = Pki::create(&cluster.pki_dir.join("webhook-rotated"))?;
+    let sans = vec!["127.0.0.1".into()];
+    let new = pki.issue("serving", "das-webhook-rotated", Usage::Server { sans })?;
+    std::fs::copy(&new.key, &hook.serving.key)?;
+    std::fs::copy(&new.cert, &hook.serving.cert)?;
+    let rotated = Webhook {
+        port: hook.port,
+        ca: pki.ca.cert.clone(),
+        serving: new,
+    };
+    wait::until("the rotated certificate served", T, || async {
+        Ok(https(&rotated, "GET", "/healthz", "")
+            .await
+            .ok()
+            .filter(|r| r.0 == 200))
+    })
+    .await?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&rotated.ca)?);
+    let patch: json_patch::Patch = serde_json::from_value(json!([{"op": "replace",
+        "path": "/webhooks/0/clientConfig/caBundle", "value": ca}]))?;
+    Api::<MutatingWebhookConfiguration>::all(cluster.client())
+        .patch(
+            "das-webhook",
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        )
+        .await?;
+    wait_translating(&cluster.client()).await
+}
