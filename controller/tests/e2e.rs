@@ -7,12 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use das_api::allocation::{AllocationClaim, AllocationState};
 use das_e2e::das::{self, apply_device_classes};
+use das_e2e::workload::{claim_of, create_template, free_port};
 use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt, ResourceExt};
@@ -36,14 +37,6 @@ fn plugin_binary() -> Result<PathBuf> {
         );
     }
     Ok(p)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts controller replica `name`; returns its metrics port.
@@ -117,19 +110,6 @@ async fn wait_published(client: &Client) -> Result<()> {
     .await
 }
 
-async fn create_template(client: &Client, name: &str, profile: &str, count: u32) -> Result<()> {
-    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
-    let t: ResourceClaimTemplate = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-            "deviceClassName": das_api::profile_device_class(profile),
-            "allocationMode": "ExactCount", "count": count}}]}}}
-    }))?;
-    api.create(&PostParams::default(), &t).await?;
-    Ok(())
-}
-
 async fn create_pod(client: &Client, name: &str, template: &str) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);
     let pod: Pod = serde_json::from_value(json!({
@@ -177,20 +157,6 @@ async fn wait_in_use(client: &Client, pod: &str, n: usize) -> Result<Vec<Allocat
         },
     )
     .await
-}
-
-async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
-    let p = Api::<Pod>::namespaced(client.clone(), NS).get(pod).await?;
-    let name = p
-        .status
-        .and_then(|s| s.resource_claim_statuses)
-        .into_iter()
-        .flatten()
-        .find_map(|s| s.resource_claim_name)
-        .context("no generated claim")?;
-    Ok(Api::<ResourceClaim>::namespaced(client.clone(), NS)
-        .get(&name)
-        .await?)
 }
 
 /// `kubectl get allocationclaims -A` with the cluster's kubeconfig.

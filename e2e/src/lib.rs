@@ -8,6 +8,7 @@
 //!   without the DAS driver.
 //! - [`das`]: starting the DAS node plugin on a hollow node and seeing what a container gets.
 //! - [`wait`]: polling helpers for test assertions.
+//! - [`workload`]: pods, templates and probes shared by every component's e2e tests.
 
 pub mod cluster;
 pub mod das;
@@ -16,5 +17,6 @@ pub mod pki;
 pub mod process;
 pub mod test_plugin;
 pub mod wait;
+pub mod workload;
 
 pub use cluster::{Cluster, ClusterConfig, NodeInfo};

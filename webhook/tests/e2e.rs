@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail, ensure};
 use das_api::allocation::AllocationClaim;
 use das_e2e::das::{self, apply_device_classes, container_view};
 use das_e2e::pki::{Pki, Usage};
+use das_e2e::workload::{free_port, wait_running};
 use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -45,14 +46,6 @@ fn sibling_binary(name: &str, package: &str) -> Result<PathBuf> {
         p.display()
     );
     Ok(p)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The running webhook: its port and the CA that signed its certificate.
@@ -285,22 +278,6 @@ async fn create(c: &Client, pod: Value) -> Result<Pod> {
     Ok(api
         .create(&PostParams::default(), &serde_json::from_value(pod)?)
         .await?)
-}
-
-async fn wait_running(c: &Client, name: &str) -> Result<Pod> {
-    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
-    wait::until(
-        &format!("pod {name} to run"),
-        Duration::from_secs(90),
-        || async {
-            let p = api.get(name).await?;
-            Ok(
-                (p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                    .then_some(p),
-            )
-        },
-    )
-    .await
 }
 
 async fn delete(c: &Client, names: &[&str]) -> Result<()> {

@@ -3,7 +3,6 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,12 +10,13 @@ use anyhow::{Context, Result};
 use das_e2e::das::{self, apply_device_classes};
 use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-pub const NS: &str = "default";
+#[allow(unused_imports)] // each test binary uses its own subset
+pub use das_e2e::workload::{NS, claim_of, create_template, free_port, http_get, wait_running};
 pub const T: Duration = Duration::from_secs(60);
 
 /// Profiles the tests ask for (DeviceClasses are created for them).
@@ -28,14 +28,6 @@ pub const PROFILES: &[&str] = &[
 /// The plugin binary built by cargo for this test.
 pub fn plugin_binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_das-kubelet-plugin"))
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Component name of the plugin on `node`.
@@ -50,26 +42,6 @@ pub fn start_plugin(cluster: &mut Cluster, node: &str, gpus: &str) -> Result<u16
     let args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), port);
     cluster.spawn_program(&plugin_name(node), plugin_binary(), args)?;
     Ok(port)
-}
-
-/// `GET http://127.0.0.1:<port><path>` over HTTP/1.0: (status code, body).
-pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    let code = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("HTTP status line")?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
 }
 
 /// Metrics port of the plugin on each node, as started by [`cluster_with_plugins`].
@@ -120,22 +92,6 @@ pub async fn wait_published(client: &Client, node: &str) -> Result<Vec<ResourceS
     .await
 }
 
-/// Creates ResourceClaimTemplate `name` asking for `count` slices of `profile`.
-pub async fn create_template(client: &Client, name: &str, profile: &str, count: u32) -> Result<()> {
-    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
-    let class = format!("{}.{}", profile.replace('+', "-"), das::DRIVER);
-    let t: ResourceClaimTemplate = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-            "deviceClassName": class, "allocationMode": "ExactCount", "count": count}}]}}}
-    }))?;
-    api.create(&PostParams::default(), &t)
-        .await
-        .with_context(|| format!("create template {name}"))?;
-    Ok(())
-}
-
 /// Creates pod `name` with one container `app` using a claim from `template`, optionally pinned
 /// to `node`.
 pub async fn create_pod(
@@ -162,23 +118,6 @@ pub async fn create_pod(
     Ok(())
 }
 
-/// Waits until pod `name` runs; returns it.
-pub async fn wait_running(client: &Client, name: &str) -> Result<Pod> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-    wait::until(
-        &format!("pod {name} to run"),
-        Duration::from_secs(90),
-        || async {
-            let p = api.get(name).await?;
-            Ok(
-                (p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                    .then_some(p),
-            )
-        },
-    )
-    .await
-}
-
 /// Deletes pod `name` and waits until it is gone (its claim unprepared by the kubelet).
 pub async fn delete_pod(client: &Client, name: &str) -> Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -188,21 +127,6 @@ pub async fn delete_pod(client: &Client, name: &str) -> Result<()> {
         Ok(api.get_opt(name).await?.is_none().then_some(()))
     })
     .await
-}
-
-/// The ResourceClaim generated for pod `name`.
-pub async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let p = pods.get(pod).await?;
-    let claim = p
-        .status
-        .and_then(|s| s.resource_claim_statuses)
-        .and_then(|v| v.into_iter().next())
-        .and_then(|s| s.resource_claim_name)
-        .context("pod has no generated claim")?;
-    Ok(Api::<ResourceClaim>::namespaced(client.clone(), NS)
-        .get(&claim)
-        .await?)
 }
 
 /// Live slices of the emulated GPUs on `node`: (gpu index, profile, start, MIG UUID).

@@ -1,0 +1,94 @@
+//! Workloads on the test cluster, shared by the end-to-end tests of every component: pods that
+//! ask for MIG slices through ResourceClaimTemplates, and small probes (free ports, HTTP GET).
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use serde_json::json;
+
+use crate::wait;
+
+/// The namespace the tests use.
+pub const NS: &str = "default";
+
+/// A free TCP port on 127.0.0.1 (free when asked; bind it soon).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET http://127.0.0.1:<port><path>` over HTTP/1.0: (status code, body).
+pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("HTTP status line")?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Creates ResourceClaimTemplate `name` in [`NS`] asking for `count` slices of `profile`
+/// (DeviceClass `<profile>.mig.das.com`), as request `mig`.
+pub async fn create_template(client: &Client, name: &str, profile: &str, count: u32) -> Result<()> {
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+    let t: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": das_api::profile_device_class(profile),
+            "allocationMode": "ExactCount", "count": count}}]}}}
+    }))?;
+    api.create(&PostParams::default(), &t)
+        .await
+        .with_context(|| format!("create template {name}"))?;
+    Ok(())
+}
+
+/// Waits until pod `name` in [`NS`] runs; returns it.
+pub async fn wait_running(client: &Client, name: &str) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    wait::until(
+        &format!("pod {name} to run"),
+        Duration::from_secs(90),
+        || async {
+            let p = api.get(name).await?;
+            Ok(
+                (p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                    .then_some(p),
+            )
+        },
+    )
+    .await
+}
+
+/// The ResourceClaim generated for pod `pod` in [`NS`] (its first pod-level claim).
+pub async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
+    let p = Api::<Pod>::namespaced(client.clone(), NS).get(pod).await?;
+    let name = p
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .into_iter()
+        .flatten()
+        .find_map(|s| s.resource_claim_name)
+        .context("pod has no generated claim")?;
+    Ok(Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .get(&name)
+        .await?)
+}
