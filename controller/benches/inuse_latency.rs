@@ -28,12 +28,11 @@ use das_e2e::das::{self, apply_device_classes};
 use das_e2e::{Cluster, ClusterConfig, process, wait};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::PostParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use kube::{Api, ResourceExt};
 use serde_json::json;
 
 const NS: &str = "default";
@@ -67,49 +66,6 @@ fn plugin_binary() -> Result<PathBuf> {
 
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Applies the committed CRD YAML and waits until it is served.
-async fn install_crd(client: &Client) -> Result<()> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/crds/allocationclaims.yaml"
-    );
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.patch(
-        AllocationClaim::crd_name(),
-        &PatchParams::apply("das-bench").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    wait::until("AllocationClaim CRD established", T, || async {
-        let c = api.get(AllocationClaim::crd_name()).await?;
-        let ok = c
-            .status
-            .and_then(|s| s.conditions)
-            .into_iter()
-            .flatten()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        Ok(ok.then_some(()))
-    })
-    .await
-}
-
-/// Waits until every node's plugin has published its ResourceSlices.
-async fn wait_published(client: &Client) -> Result<()> {
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    wait::until("ResourceSlices of every node", T, || async {
-        let lp = ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
-        let slices = api.list(&lp).await?.items;
-        let all = NODES.iter().all(|n| {
-            slices
-                .iter()
-                .any(|s| s.spec.node_name.as_deref() == Some(*n))
-        });
-        Ok(all.then_some(()))
-    })
-    .await
 }
 
 /// `GET http://127.0.0.1:<port><path>`: (status line, body).
@@ -250,8 +206,8 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     }
     let client = cluster.client();
     apply_device_classes(&client, &["1g.10gb"]).await?;
-    install_crd(&client).await?;
-    wait_published(&client).await?;
+    das::install_allocation_claim_crd(&client).await?;
+    das_e2e::workload::wait_published(&client, &NODES).await?;
 
     let port = free_port()?;
     cluster.spawn_program(

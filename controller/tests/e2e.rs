@@ -13,10 +13,9 @@ use das_e2e::das::{self, apply_device_classes};
 use das_e2e::workload::{claim_of, create_template, free_port};
 use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, CustomResourceExt, ResourceExt};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 const NS: &str = "default";
@@ -65,49 +64,12 @@ async fn cluster() -> Cluster {
         cluster.spawn_program("das-plugin-n0", &plugin_binary()?, args)?;
         let client = cluster.client();
         apply_device_classes(&client, &["1g.10gb", "3g.40gb"]).await?;
-        install_crd(&client).await?;
-        wait_published(&client).await
+        das::install_allocation_claim_crd(&client).await?;
+        das_e2e::workload::wait_published(&client, &[NODE]).await
     };
     let r = setup.await;
     cluster.check(r);
     cluster
-}
-
-/// Applies the committed CRD YAML (the one `deploy/` ships) and waits until it is served.
-async fn install_crd(client: &Client) -> Result<()> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/crds/allocationclaims.yaml"
-    );
-    let yaml = std::fs::read_to_string(path)?;
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&yaml)?;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.patch(
-        AllocationClaim::crd_name(),
-        &PatchParams::apply("das-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    wait::until("AllocationClaim CRD established", T, || async {
-        let c = api.get(AllocationClaim::crd_name()).await?;
-        let ok = c
-            .status
-            .and_then(|s| s.conditions)
-            .into_iter()
-            .flatten()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        Ok(ok.then_some(()))
-    })
-    .await
-}
-
-async fn wait_published(client: &Client) -> Result<()> {
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    wait::until("ResourceSlices", T, || async {
-        let lp = ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
-        Ok((!api.list(&lp).await?.items.is_empty()).then_some(()))
-    })
-    .await
 }
 
 async fn create_pod(client: &Client, name: &str, template: &str) -> Result<()> {

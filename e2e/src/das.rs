@@ -316,12 +316,15 @@ pub async fn report(client: &Client) -> Result<String> {
     Ok(out)
 }
 
-/// Installs the AllocationClaim CRD (from the type in `das-api`, the source of the committed
-/// YAML) and waits until the API server serves it.
+/// Installs the AllocationClaim CRD exactly as shipped (`deploy/crds/allocationclaims.yaml`,
+/// written by `crdgen` and checked against the type by a test) and waits until it is served.
 pub async fn install_allocation_claim_crd(client: &Client) -> Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
-    let crd = das_api::allocation::AllocationClaim::crd();
+    let path = crate::cluster::workspace_root().join("deploy/crds/allocationclaims.yaml");
+    let yaml =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&yaml).with_context(|| format!("parse {}", path.display()))?;
     let name = crd.metadata.name.clone().context("CRD name")?;
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     api.patch(

@@ -92,3 +92,31 @@ pub async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
         .get(&name)
         .await?)
 }
+
+/// Waits until each of `nodes` has at least one ResourceSlice of the DAS driver (any node when
+/// `nodes` is empty).
+pub async fn wait_published(client: &Client, nodes: &[&str]) -> Result<()> {
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    wait::until(
+        &format!("ResourceSlices of {nodes:?}"),
+        Duration::from_secs(60),
+        || async {
+            let lp = kube::api::ListParams::default()
+                .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
+            let slices = api.list(&lp).await?.items;
+            let on = |n: &str| {
+                slices
+                    .iter()
+                    .any(|s| s.spec.node_name.as_deref() == Some(n))
+            };
+            let done = if nodes.is_empty() {
+                !slices.is_empty()
+            } else {
+                nodes.iter().all(|n| on(n))
+            };
+            Ok(done.then_some(()))
+        },
+    )
+    .await
+}

@@ -19,7 +19,7 @@ use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -97,7 +97,7 @@ async fn setup(cluster: &mut Cluster) -> Result<Webhook> {
     let controller = sibling_binary("das-controller", "das-controller")?;
     let args = das::controller_args(&cluster.kubeconfig.clone(), free_port());
     cluster.spawn_program("das-controller", &controller, args)?;
-    wait_published(&client).await?;
+    das_e2e::workload::wait_published(&client, &[NODE]).await?;
     let hook = start_webhook(cluster)?;
     wait::until("webhook /healthz", T, || async {
         Ok(https(&hook, "GET", "/healthz", "")
@@ -187,15 +187,6 @@ async fn wait_translating(client: &Client) -> Result<()> {
             .and_then(|s| s.resource_claims)
             .is_some()
             .then_some(()))
-    })
-    .await
-}
-
-async fn wait_published(client: &Client) -> Result<()> {
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    wait::until("ResourceSlices", T, || async {
-        let lp = ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
-        Ok((!api.list(&lp).await?.items.is_empty()).then_some(()))
     })
     .await
 }
