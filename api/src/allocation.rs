@@ -173,7 +173,7 @@ pub struct StateCondition {
     pub last_transition_time: String,
 }
 
-/// The CRD of [`AllocationClaim`] as YAML, as written to `deploy/crds/allocationclaims.yaml`.
+/// The CRD of [`AllocationClaim`] as YAML, as written to `deploy/helm/das/files/allocationclaims.yaml`.
 pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
     let crd = AllocationClaim::crd();
@@ -259,7 +259,7 @@ mod tests {
     fn committed_crd_is_current() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../deploy/crds/allocationclaims.yaml"
+            "/../deploy/helm/das/files/allocationclaims.yaml"
         );
         let committed = std::fs::read_to_string(path).unwrap_or_default();
         assert!(

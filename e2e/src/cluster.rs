@@ -306,11 +306,22 @@ impl Cluster {
     /// Starts another component (e.g. the DAS node plugin) as part of the cluster: same log
     /// folder, same teardown. `name` must be unique among running components.
     pub fn spawn_program(&mut self, name: &str, program: &Path, args: Vec<String>) -> Result<()> {
+        self.spawn_program_with_env(name, program, args, &[])
+    }
+
+    /// [`Cluster::spawn_program`] with extra environment variables (on top of this process's).
+    pub fn spawn_program_with_env(
+        &mut self,
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+        env: &[(String, String)],
+    ) -> Result<()> {
         if self.processes.iter().any(|p| p.name == name) {
             bail!("a component named {name} already runs");
         }
         let log = self.dir.join("logs").join(format!("{name}.log"));
-        let p = Process::spawn(name, program, &args, &log, self.lifetime)?;
+        let p = Process::spawn(name, program, &args, env, &log, self.lifetime)?;
         self.processes.push(p);
         Ok(())
     }

@@ -316,11 +316,11 @@ pub async fn report(client: &Client) -> Result<String> {
     Ok(out)
 }
 
-/// Installs the AllocationClaim CRD exactly as shipped (`deploy/crds/allocationclaims.yaml`,
+/// Installs the AllocationClaim CRD exactly as shipped (`deploy/helm/das/files/allocationclaims.yaml`,
 /// written by `crdgen` and checked against the type by a test) and waits until it is served.
 pub async fn install_allocation_claim_crd(client: &Client) -> Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let path = crate::cluster::workspace_root().join("deploy/crds/allocationclaims.yaml");
+    let path = crate::cluster::workspace_root().join("deploy/helm/das/files/allocationclaims.yaml");
     let yaml =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     let crd: CustomResourceDefinition =

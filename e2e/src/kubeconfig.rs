@@ -35,6 +35,20 @@ pub fn write(path: &Path, server: &str, ca: &Path, creds: &CertFiles, user: &str
     Ok(())
 }
 
+/// Writes to `out` a copy of the kubeconfig `base` (as [`write`] wrote it: same server and CA)
+/// that authenticates as `user` with the bearer `token`, e.g. a service-account token from the
+/// TokenRequest API.
+pub fn with_token(base: &Path, out: &Path, token: &str, user: &str) -> Result<()> {
+    let mut doc: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(base).with_context(|| format!("read {}", base.display()))?,
+    )
+    .with_context(|| format!("{} is not a kubeconfig written by das-e2e", base.display()))?;
+    doc["users"] = serde_json::json!([{"name": user, "user": {"token": token}}]);
+    doc["contexts"][0]["context"]["user"] = user.into();
+    std::fs::write(out, serde_json::to_vec_pretty(&doc)?)?;
+    Ok(())
+}
+
 /// A client for the kubeconfig at `path`.
 pub async fn client(path: &Path) -> Result<Client> {
     let kc = Kubeconfig::read_from(path)

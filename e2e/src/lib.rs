@@ -9,9 +9,13 @@
 //! - [`das`]: starting the DAS node plugin on a hollow node and seeing what a container gets.
 //! - [`wait`]: polling helpers for test assertions.
 //! - [`workload`]: pods, templates and probes shared by every component's e2e tests.
+//! - [`chart`]: the Helm chart rendered by Helm; [`install`]: DAS installed from it (the chart's
+//!   RBAC identities, environment and arguments) on the local cluster.
 
+pub mod chart;
 pub mod cluster;
 pub mod das;
+pub mod install;
 pub mod kubeconfig;
 pub mod pki;
 pub mod process;

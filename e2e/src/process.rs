@@ -33,6 +33,7 @@ impl Process {
         name: &str,
         program: &Path,
         args: &[String],
+        env: &[(String, String)],
         log: &Path,
         lifetime: Lifetime,
     ) -> Result<Self> {
@@ -43,6 +44,7 @@ impl Process {
             .with_context(|| format!("open log {}", log.display()))?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::from(out.try_clone()?))
             .stderr(Stdio::from(out))
@@ -179,6 +181,7 @@ mod tests {
             "sh",
             Path::new("/bin/sh"),
             &["-c".into(), script],
+            &[],
             &log,
             Lifetime::TiedToParent,
         )

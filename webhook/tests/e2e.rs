@@ -138,27 +138,17 @@ fn start_webhook(cluster: &mut Cluster) -> Result<Webhook> {
     })
 }
 
-/// The configuration shipped in `deploy/webhook/mutating-webhook.yaml` (matchConditions,
-/// namespaceSelector, failurePolicy, sideEffects as they are there), by URL on loopback instead
-/// of a Service reference.
+/// The Helm chart's MutatingWebhookConfiguration (matchConditions, namespaceSelector,
+/// failurePolicy, sideEffects as the chart renders them), by URL on loopback instead of a
+/// Service reference.
 async fn register_webhook(client: &Client, hook: &Webhook) -> Result<()> {
-    use base64::Engine;
-    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&hook.ca)?);
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/webhook/mutating-webhook.yaml"
-    );
-    let mut cfg: Value = serde_yaml::from_str(&std::fs::read_to_string(path)?)?;
-    let w = &mut cfg["webhooks"][0];
+    let rendered = das_e2e::install::render()?;
+    let cfg = das_e2e::install::webhook_configuration(&rendered, hook.port, &hook.ca)?;
     ensure!(
-        w["name"] == WEBHOOK,
-        "unexpected webhook in {path}: {}",
-        w["name"]
+        cfg["webhooks"][0]["name"] == WEBHOOK,
+        "unexpected webhook in the chart: {}",
+        cfg["webhooks"][0]["name"]
     );
-    w["clientConfig"] = json!({
-        "url": format!("https://127.0.0.1:{}/mutate-pods", hook.port),
-        "caBundle": ca,
-    });
     let cfg: MutatingWebhookConfiguration = serde_json::from_value(cfg)?;
     Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &cfg)

@@ -1,4 +1,4 @@
-//! Writes the AllocationClaim CRD to `deploy/crds/allocationclaims.yaml` (or to the path given as
+//! Writes the AllocationClaim CRD to `deploy/helm/das/files/allocationclaims.yaml` (or to the path given as
 //! the first argument; `-` prints it). The unit test `committed_crd_is_current` fails when the
 //! committed file is stale.
 
@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 fn main() -> anyhow::Result<()> {
     let yaml = das_api::allocation::crd_yaml();
-    let default =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds/allocationclaims.yaml");
+    let default = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/helm/das/files/allocationclaims.yaml");
     match std::env::args().nth(1) {
         Some(p) if p == "-" => print!("{yaml}"),
         arg => {

@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use das_e2e::cluster::{self, Cluster, ClusterConfig, ClusterState, KUBERNETES_VERSION};
-use das_e2e::das;
+use das_e2e::install::{self, Binaries};
 use das_e2e::process::{self, Lifetime};
-use std::time::Duration;
 
 #[derive(Parser)]
 #[command(about = "Local Kubernetes (real control plane, hollow DRA kubelets) for DAS")]
@@ -34,14 +33,24 @@ enum Cmd {
             default_value = "n0=A100-SXM4-40GB:2,n1=H100-80GB:2"
         )]
         nodes: Vec<String>,
-        /// The node plugin binary; when given, each node runs it with its emulated GPUs and the
-        /// DeviceClasses of the published profiles are created.
+        /// The node plugin binary; when given, DAS is installed from the Helm chart (its
+        /// CRD, DeviceClasses, RBAC and policies) and each node with GPUs runs the plugin as the
+        /// chart's DaemonSet would, under the plugin's service account.
         #[arg(long)]
         plugin_bin: Option<PathBuf>,
-        /// The controller binary; when given, the AllocationClaim CRD is installed and the
-        /// controller mirrors every allocation into an AllocationClaim.
-        #[arg(long)]
+        /// The controller binary (with --plugin-bin): it mirrors every allocation into an
+        /// AllocationClaim.
+        #[arg(long, requires = "plugin_bin")]
         controller_bin: Option<PathBuf>,
+        /// The webhook binary (with --plugin-bin): legacy `nvidia.com/mig-*` pods get
+        /// ResourceClaims.
+        #[arg(long, requires = "plugin_bin")]
+        webhook_bin: Option<PathBuf>,
+    },
+    /// Write the plain manifests rendered from the Helm chart (for users without Helm).
+    Manifests {
+        #[arg(long, default_value = das_e2e::chart::MANIFESTS)]
+        out: PathBuf,
     },
     /// Stop the cluster and remove its files.
     Down,
@@ -88,13 +97,28 @@ async fn main() -> Result<()> {
             nodes,
             plugin_bin,
             controller_bin,
-        } => up(&state_dir, nodes, plugin_bin, controller_bin).await,
+            webhook_bin,
+        } => {
+            let bins = plugin_bin.map(|plugin| Binaries {
+                plugin,
+                controller: controller_bin,
+                webhook: webhook_bin,
+            });
+            up(&state_dir, nodes, bins).await
+        }
+        Cmd::Manifests { out } => {
+            let out = cluster::workspace_root().join(out);
+            std::fs::create_dir_all(out.parent().context("manifests path")?)?;
+            std::fs::write(&out, das_e2e::chart::manifests()?)?;
+            println!("wrote {}", out.display());
+            Ok(())
+        }
         Cmd::Down => down(&state_dir),
         Cmd::Status => status(&state_dir),
         Cmd::Report => {
             let state = load_state(&state_dir)?.context("no cluster: run `make cluster-up`")?;
             let client = das_e2e::kubeconfig::client(&state.kubeconfig).await?;
-            print!("{}", das::report(&client).await?);
+            print!("{}", das_e2e::das::report(&client).await?);
             Ok(())
         }
     }
@@ -108,12 +132,7 @@ fn parse_node(spec: &str) -> (String, Option<String>) {
     }
 }
 
-async fn up(
-    state_dir: &Path,
-    node_specs: Vec<String>,
-    plugin_bin: Option<PathBuf>,
-    controller_bin: Option<PathBuf>,
-) -> Result<()> {
+async fn up(state_dir: &Path, node_specs: Vec<String>, bins: Option<Binaries>) -> Result<()> {
     let parsed: Vec<(String, Option<String>)> = node_specs.iter().map(|s| parse_node(s)).collect();
     let nodes: Vec<String> = parsed.iter().map(|(n, _)| n.clone()).collect();
     if let Some(s) = load_state(state_dir)? {
@@ -137,14 +156,8 @@ async fn up(
     cfg.lifetime = Lifetime::Detached;
     let t0 = std::time::Instant::now();
     let mut cluster = Cluster::start(cfg).await?;
-    if let Some(bin) = &plugin_bin
-        && let Err(e) = start_das(&mut cluster, bin, &parsed).await
-    {
-        cluster.print_log_tails(30);
-        return Err(e);
-    }
-    if let Some(bin) = &controller_bin
-        && let Err(e) = start_controller(&mut cluster, bin).await
+    if let Some(bins) = bins
+        && let Err(e) = start_das(&mut cluster, bins, &parsed).await
     {
         cluster.print_log_tails(30);
         return Err(e);
@@ -171,73 +184,43 @@ async fn up(
     Ok(())
 }
 
-/// Starts the DAS node plugin on every node with GPUs and waits for their ResourceSlices, then
-/// creates the DeviceClasses (as the Helm chart does).
+/// Installs DAS from the Helm chart and starts its components (see `das_e2e::install`).
 async fn start_das(
     cluster: &mut Cluster,
-    bin: &Path,
+    bins: Binaries,
     nodes: &[(String, Option<String>)],
 ) -> Result<()> {
-    let bin = bin
-        .canonicalize()
-        .with_context(|| format!("plugin binary {}", bin.display()))?;
-    let kubeconfig = cluster.kubeconfig.clone();
-    for (name, gpus) in nodes {
-        let Some(gpus) = gpus else { continue };
-        let node = cluster.node(name).clone();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        cluster.spawn_program(
-            &format!("das-plugin-{name}"),
-            &bin,
-            das::plugin_args(&node, gpus, &kubeconfig, port),
-        )?;
-    }
-    let client = cluster.client();
-    let with_gpus = nodes.iter().filter(|(_, g)| g.is_some()).count();
-    let profiles = das_e2e::wait::until(
-        "every node plugin to publish its ResourceSlices",
-        Duration::from_secs(60),
-        || async {
-            let api: kube::Api<k8s_openapi::api::resource::v1::ResourceSlice> =
-                kube::Api::all(client.clone());
-            let lp =
-                kube::api::ListParams::default().fields(&format!("spec.driver={}", das::DRIVER));
-            let slices = api.list(&lp).await?.items;
-            let mut pools: Vec<&str> = slices.iter().map(|s| s.spec.pool.name.as_str()).collect();
-            pools.sort();
-            pools.dedup();
-            if pools.len() < with_gpus {
-                return Ok(None);
-            }
-            Ok(Some(das::published_profiles(&client).await?))
-        },
-    )
-    .await?;
-    let refs: Vec<&str> = profiles.iter().map(String::as_str).collect();
-    das::apply_device_classes(&client, &refs).await?;
+    let canonical = |p: &Path| {
+        p.canonicalize()
+            .with_context(|| format!("binary {}", p.display()))
+    };
+    let bins = Binaries {
+        plugin: canonical(&bins.plugin)?,
+        controller: bins.controller.as_deref().map(canonical).transpose()?,
+        webhook: bins.webhook.as_deref().map(canonical).transpose()?,
+    };
+    let gpus: Vec<(String, String)> = nodes
+        .iter()
+        .filter_map(|(n, g)| Some((n.clone(), g.clone()?)))
+        .collect();
+    install::install(cluster, &gpus, &bins).await?;
     println!(
-        "DAS node plugins run on {} node(s); DeviceClasses for {} profiles: {}",
-        with_gpus,
-        refs.len(),
-        refs.join(", ")
+        "DAS installed from deploy/helm/das: node plugins on {}{}{}",
+        gpus.iter()
+            .map(|(n, g)| format!("{n} ({g})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        if bins.controller.is_some() {
+            ", das-controller"
+        } else {
+            ""
+        },
+        if bins.webhook.is_some() {
+            ", das-webhook"
+        } else {
+            ""
+        },
     );
-    Ok(())
-}
-
-/// Installs the AllocationClaim CRD and starts the controller.
-async fn start_controller(cluster: &mut Cluster, bin: &Path) -> Result<()> {
-    let bin = bin
-        .canonicalize()
-        .with_context(|| format!("controller binary {}", bin.display()))?;
-    das::install_allocation_claim_crd(&cluster.client()).await?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let args = das::controller_args(&cluster.kubeconfig.clone(), port);
-    cluster.spawn_program("das-controller", &bin, args)?;
-    println!("das-controller runs: kubectl get allocationclaims -A");
     Ok(())
 }
 

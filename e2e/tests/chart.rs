@@ -1,0 +1,456 @@
+//! The Helm chart `deploy/helm/das`: it lints and renders for the default, emulated and minimal
+//! values; the local API server accepts every rendered object (server-side dry run: schema
+//! validation and admission); the plain manifests are current; the ResourceSlice policy keeps a
+//! node plugin to its own node's slices; and DAS installed from the chart (its RBAC identities,
+//! environment and arguments) serves every example in docs/examples, legacy pod included.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use das_api::allocation::{AllocationClaim, AllocationState};
+use das_e2e::chart::{self, NAMESPACE, RenderOptions, Rendered};
+use das_e2e::install::{self, Binaries, PLUGIN_SA};
+use das_e2e::{Cluster, ClusterConfig, wait};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+const T: Duration = Duration::from_secs(90);
+
+fn default_values() -> RenderOptions {
+    RenderOptions::default()
+}
+
+fn emulated_values() -> RenderOptions {
+    RenderOptions::with_values(chart::ci_values("emulated-values.yaml"))
+}
+
+fn minimal_values() -> RenderOptions {
+    RenderOptions::with_values(chart::ci_values("minimal-values.yaml"))
+}
+
+fn env_of(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
+        .map(str::to_string)
+}
+
+#[test]
+fn chart_lints_and_renders_what_each_values_set_asks_for() {
+    for opts in [default_values(), emulated_values(), minimal_values()] {
+        chart::lint(&opts).unwrap_or_else(|e| panic!("helm lint {opts:?}: {e:#}"));
+    }
+
+    let d = Rendered::new(&default_values()).unwrap();
+    let plugin = d.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    let ds = d.get("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(plugin["securityContext"]["privileged"], true, "real GPUs");
+    assert_eq!(ds["spec"]["template"]["spec"]["runtimeClassName"], "nvidia");
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["priorityClassName"],
+        "system-node-critical"
+    );
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0);
+    assert_eq!(env_of(plugin, "DAS_EMULATED_GPUS"), None);
+    assert_eq!(
+        env_of(plugin, "KUBELET_PLUGINS_DIR").as_deref(),
+        Some("/var/lib/kubelet/plugins")
+    );
+    // One DeviceClass for every slice and one per profile, `+` spelled `-`.
+    assert!(d.find("DeviceClass", "mig.das.com").is_some());
+    assert!(d.find("DeviceClass", "1g.10gb-me.mig.das.com").is_some());
+    assert_eq!(d.of_kind("DeviceClass").count(), 46);
+    let controller = d.get("Deployment", "das-controller").unwrap();
+    assert_eq!(controller["spec"]["replicas"], 2);
+    assert!(
+        chart::container_args(d.container("Deployment", "das-controller").unwrap())
+            .contains(&"--leader-elect=true".to_string())
+    );
+    assert!(d.find("PodDisruptionBudget", "das-controller").is_some());
+    let mwc = d
+        .get("MutatingWebhookConfiguration", "das-webhook")
+        .unwrap();
+    let secret = d.get("Secret", "das-webhook-tls").unwrap();
+    assert_eq!(
+        mwc["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]["ca.crt"],
+        "the caBundle is the CA of the generated serving certificate"
+    );
+    assert!(
+        d.find("ValidatingAdmissionPolicy", "das-resourceslices-own-node")
+            .is_some()
+    );
+    assert!(
+        d.find(
+            "CustomResourceDefinition",
+            "allocationclaims.inference.redhat.com"
+        )
+        .is_some()
+    );
+
+    let e = Rendered::new(&emulated_values()).unwrap();
+    let plugin = e.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(plugin["securityContext"]["privileged"], false);
+    assert_eq!(
+        env_of(plugin, "DAS_EMULATED_GPUS").as_deref(),
+        Some("A100-SXM4-40GB:2")
+    );
+    let spec = &e.get("DaemonSet", "das-kubelet-plugin").unwrap()["spec"]["template"]["spec"];
+    assert!(spec["runtimeClassName"].is_null());
+    assert!(spec["nodeSelector"].is_null());
+
+    let m = Rendered::new(&minimal_values()).unwrap();
+    for (kind, name) in [
+        ("Deployment", "das-webhook"),
+        ("MutatingWebhookConfiguration", "das-webhook"),
+        ("ValidatingAdmissionPolicy", "das-resourceslices-own-node"),
+        (
+            "CustomResourceDefinition",
+            "allocationclaims.inference.redhat.com",
+        ),
+        ("PodDisruptionBudget", "das-controller"),
+    ] {
+        assert!(
+            m.find(kind, name).is_none(),
+            "minimal renders {kind} {name}"
+        );
+    }
+    assert_eq!(m.of_kind("DeviceClass").count(), 1);
+    assert!(
+        chart::container_args(m.container("Deployment", "das-controller").unwrap())
+            .contains(&"--leader-elect=false".to_string())
+    );
+
+    // Extended resource names only where the API has the field (1.36+).
+    let ext = |v: &str| {
+        let mut o = default_values().set("deviceClasses.extendedResourceNames=true");
+        o.kube_version = Some(v.into());
+        Rendered::new(&o).unwrap()
+    };
+    assert_eq!(
+        ext("v1.36.0")
+            .get("DeviceClass", "1g.10gb-me.mig.das.com")
+            .unwrap()["spec"]["extendedResourceName"],
+        "nvidia.com/mig-1g.10gb-me"
+    );
+    assert!(
+        ext("v1.35.2")
+            .get("DeviceClass", "1g.10gb.mig.das.com")
+            .unwrap()["spec"]["extendedResourceName"]
+            .is_null()
+    );
+}
+
+#[test]
+fn bad_values_are_rejected_with_what_is_valid() {
+    let err = chart::render_yaml(&default_values().set("kubeletPlugin.driverLibraries=nvml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("driverLibraries") && err.contains("runtimeClass"),
+        "{err}"
+    );
+    let err = chart::render_yaml(&default_values().set("webhook.replicas=0"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("replicas"), "{err}");
+    let err = chart::render_yaml(&default_values().set("kubeletPlugin.emulatedGpus=A100"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("emulatedGpus"), "{err}");
+    let err = chart::render_yaml(&default_values().set("webhook.tls.mode=secret"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("webhook.tls.secretName is required"), "{err}");
+    let mut old = default_values();
+    old.kube_version = Some("v1.33.5".into());
+    let err = chart::render_yaml(&old).unwrap_err().to_string();
+    assert!(err.contains("kubeVersion"), "{err}");
+}
+
+#[test]
+fn plain_manifests_are_rendered_from_the_current_chart() {
+    let path = das_e2e::cluster::workspace_root().join(chart::MANIFESTS);
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == chart::manifests().unwrap(),
+        "{} is stale: run `make manifests`",
+        path.display()
+    );
+}
+
+/// Every object of `opts` through `kubectl apply --dry-run=server`: the API server's schema
+/// validation, defaulting and admission (CEL in the policy and DeviceClasses included).
+fn server_dry_run(cluster: &Cluster, opts: &RenderOptions) -> Result<Vec<Value>> {
+    let yaml = chart::render_yaml(opts)?;
+    let out = chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--field-manager=das-e2e",
+            "-o",
+            "json",
+            "-f",
+            "-",
+        ],
+        Some(&yaml),
+    )
+    .with_context(|| format!("server-side dry run of the chart with {opts:?}"))?;
+    let v: Value = serde_json::from_str(&out)?;
+    Ok(match v["items"].as_array() {
+        Some(items) => items.clone(),
+        None => vec![v],
+    })
+}
+
+#[tokio::test]
+async fn api_server_accepts_every_rendered_object() {
+    let cluster = Cluster::start(ClusterConfig::with_nodes(&["n0"]))
+        .await
+        .expect("cluster starts");
+    cluster.check(dry_runs(&cluster).await);
+}
+
+async fn dry_runs(cluster: &Cluster) -> Result<()> {
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &["create", "namespace", NAMESPACE],
+        None,
+    )?;
+    for opts in [default_values(), emulated_values(), minimal_values()] {
+        let rendered = Rendered::parse(&chart::render_yaml(&opts)?)?;
+        let accepted = server_dry_run(cluster, &opts)?;
+        ensure!(
+            accepted.len() == rendered.objects.len(),
+            "{} objects rendered, {} accepted",
+            rendered.objects.len(),
+            accepted.len()
+        );
+    }
+    // The 1.36 API server keeps extendedResourceName (DRAExtendedResource is on).
+    let accepted = server_dry_run(
+        cluster,
+        &default_values().set("deviceClasses.extendedResourceNames=true"),
+    )?;
+    let class = accepted
+        .iter()
+        .find(|o| o["kind"] == "DeviceClass" && o["metadata"]["name"] == "1g.10gb.mig.das.com")
+        .context("DeviceClass 1g.10gb.mig.das.com in the dry-run answer")?;
+    ensure!(
+        class["spec"]["extendedResourceName"] == "nvidia.com/mig-1g.10gb",
+        "extendedResourceName dropped by the API server: {class}"
+    );
+    Ok(())
+}
+
+fn slice(name: &str, node: &str, driver: &str) -> ResourceSlice {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver, "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "d0"}]
+        }
+    }))
+    .expect("slice")
+}
+
+#[tokio::test]
+async fn resource_slice_policy_keeps_a_node_plugin_to_its_own_node() {
+    let cluster = Cluster::start(ClusterConfig::with_nodes(&["n0", "n1"]))
+        .await
+        .expect("cluster starts");
+    cluster.check(policy(&cluster).await);
+}
+
+async fn policy(cluster: &Cluster) -> Result<()> {
+    let rendered = install::render()?;
+    install::apply_access(cluster, &rendered).await?;
+    let admin = cluster.client();
+    let pod = install::stand_in_pod(&admin, &rendered, "n0").await?;
+    let n0 = das_e2e::kubeconfig::client(
+        &install::identity(cluster, PLUGIN_SA, Some(&pod), "n0").await?,
+    )
+    .await?;
+    let n0_slices: Api<ResourceSlice> = Api::all(n0);
+    let admin_slices: Api<ResourceSlice> = Api::all(admin.clone());
+    let pp = PostParams::default();
+
+    // The policy is picked up by an informer: wait until node B's slice is refused (dry run).
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let denied = wait::until("the ResourceSlice policy to be active", T, || async {
+        match n0_slices
+            .create(&dry, &slice("probe", "n1", das_e2e::das::DRIVER))
+            .await
+        {
+            // A policy denial is answered 422 Invalid, naming the policy.
+            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("own node") => {
+                Ok(Some(s.message))
+            }
+            _ => Ok(None),
+        }
+    })
+    .await?;
+    ensure!(
+        denied.contains("on node n0") && denied.contains("not of node n1"),
+        "{denied}"
+    );
+
+    // Node A writes its own slices: create, update, delete.
+    let mut own = n0_slices
+        .create(&pp, &slice("n0-own", "n0", das_e2e::das::DRIVER))
+        .await
+        .context("n0's plugin creates a slice of n0")?;
+    own.spec.pool.generation = 2;
+    let own = n0_slices
+        .replace("n0-own", &pp, &own)
+        .await
+        .context("n0's plugin updates its slice")?;
+    ensure!(own.spec.pool.generation == 2);
+
+    // ...but not node B's: create, update or delete.
+    let err = n0_slices
+        .create(&pp, &slice("n0-writes-n1", "n1", das_e2e::das::DRIVER))
+        .await
+        .expect_err("n0's plugin creates a slice of n1");
+    ensure!(err.to_string().contains("own node"), "{err}");
+    let mut theirs = admin_slices
+        .create(&pp, &slice("n1-theirs", "n1", das_e2e::das::DRIVER))
+        .await?;
+    theirs.spec.pool.generation = 2;
+    let err = n0_slices
+        .replace("n1-theirs", &pp, &theirs)
+        .await
+        .expect_err("n0's plugin updates a slice of n1");
+    ensure!(err.to_string().contains("own node"), "{err}");
+    let err = n0_slices
+        .delete("n1-theirs", &DeleteParams::default())
+        .await
+        .expect_err("n0's plugin deletes a slice of n1");
+    ensure!(err.to_string().contains("own node"), "{err}");
+    ensure!(admin_slices.get_opt("n1-theirs").await?.is_some());
+
+    // ...nor another driver's slice on its own node.
+    let err = n0_slices
+        .create(&pp, &slice("n0-other-driver", "n0", "gpu.example.com"))
+        .await
+        .expect_err("n0's plugin creates another driver's slice");
+    ensure!(err.to_string().contains("driver"), "{err}");
+
+    // A plugin token that names no node (not from a pod) writes nothing.
+    let unbound =
+        das_e2e::kubeconfig::client(&install::identity(cluster, PLUGIN_SA, None, "unbound").await?)
+            .await?;
+    let err = Api::<ResourceSlice>::all(unbound)
+        .create(&pp, &slice("unbound", "n0", das_e2e::das::DRIVER))
+        .await
+        .expect_err("a token without a node creates a slice");
+    ensure!(err.to_string().contains("names no node"), "{err}");
+
+    n0_slices
+        .delete("n0-own", &DeleteParams::default())
+        .await
+        .context("n0's plugin deletes its slice")?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn das_installed_from_the_chart_serves_every_example() {
+    let bins = Binaries::in_target_dir("debug", true).expect("DAS binaries");
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&["n0", "n1"]))
+        .await
+        .expect("cluster starts");
+    let gpus = [
+        ("n0".to_string(), "A100-SXM4-40GB:2".to_string()),
+        ("n1".to_string(), "H100-80GB:2".to_string()),
+    ];
+    let r = install::install(&mut cluster, &gpus, &bins).await;
+    cluster.check(r.map(|_| ()));
+    cluster.check(examples(&cluster).await);
+}
+
+/// Applies docs/examples, waits for the pods, and checks what each got.
+async fn examples(cluster: &Cluster) -> Result<()> {
+    let dir = das_e2e::cluster::workspace_root().join("docs/examples");
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &["apply", "-f", &dir.display().to_string()],
+        None,
+    )?;
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    // one-slice (1) + multi-slice (3) + inference Deployment (2 × 1) + legacy-slice (1).
+    let running = wait::until("every example pod to run", T, || async {
+        let list = pods.list(&Default::default()).await?.items;
+        let running = list
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        Ok((list.len() == 5 && running == 5).then_some(list))
+    })
+    .await?;
+
+    // The legacy pod was translated by the webhook into a claim of the 1g.5gb class.
+    let legacy = running
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("legacy-slice"))
+        .context("legacy-slice")?;
+    let claims = legacy
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.clone())
+        .unwrap_or_default();
+    ensure!(
+        claims.len() == 1
+            && claims[0].resource_claim_template_name.as_deref() == Some("das-mig-1g-5gb-x1"),
+        "legacy pod not translated: {claims:?}"
+    );
+
+    // Every device was prepared by a plugin running under the chart's RBAC: its status is on
+    // the claim (resourceclaims/status + the 1.36 associated-node verbs), and the controller
+    // (chart RBAC too) mirrors it as inUse.
+    let all_claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    wait::until(
+        "every claim's devices reported by the plugin",
+        T,
+        || async {
+            let list = all_claims.list(&Default::default()).await?.items;
+            let devices: usize = list
+                .iter()
+                .map(|c| {
+                    c.status
+                        .as_ref()
+                        .and_then(|s| s.devices.as_ref())
+                        .map_or(0, Vec::len)
+                })
+                .sum();
+            Ok((list.len() == 5 && devices == 7).then_some(()))
+        },
+    )
+    .await?;
+    let allocs: Api<AllocationClaim> = Api::namespaced(client, "default");
+    wait::until("7 AllocationClaims inUse", T, || async {
+        let list = allocs.list(&Default::default()).await?.items;
+        let in_use = list
+            .iter()
+            .filter(|a| {
+                a.status
+                    .as_ref()
+                    .is_some_and(|s| s.state == AllocationState::InUse)
+            })
+            .count();
+        Ok((list.len() == 7 && in_use == 7).then_some(()))
+    })
+    .await?;
+    Ok(())
+}
