@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use crate::chart::{self, NAMESPACE, PodFacts, RenderOptions, Rendered};
 use crate::cluster::Cluster;
 use crate::das::PluginDirs;
-use crate::pki::{Pki, Usage};
+use crate::pki::loopback_serving;
 use crate::wait;
 use crate::workload::free_port;
 
@@ -326,14 +326,7 @@ pub async fn start_controller(
 /// URL with that CA. Returns once a legacy pod is translated (dry run).
 pub async fn start_webhook(cluster: &mut Cluster, rendered: &Rendered, bin: &Path) -> Result<u16> {
     let kubeconfig = identity(cluster, WEBHOOK_SA, None, "0").await?;
-    let pki = Pki::create(&cluster.pki_dir.join("webhook"))?;
-    let serving = pki.issue(
-        "serving",
-        "das-webhook",
-        Usage::Server {
-            sans: vec!["127.0.0.1".into()],
-        },
-    )?;
+    let (pki, serving) = loopback_serving(&cluster.pki_dir.join("webhook"), "das-webhook")?;
     let port = free_port();
     let facts = PodFacts {
         name: "das-webhook-0".into(),

@@ -113,6 +113,20 @@ impl Pki {
     }
 }
 
+/// A CA of its own in `dir` and a serving certificate from it for `127.0.0.1`, as a webhook on
+/// loopback needs (the API server calls it by URL and checks the certificate against the CA).
+pub fn loopback_serving(dir: &Path, cn: &str) -> Result<(Pki, CertFiles)> {
+    let pki = Pki::create(dir)?;
+    let serving = pki.issue(
+        "serving",
+        cn,
+        Usage::Server {
+            sans: vec!["127.0.0.1".into()],
+        },
+    )?;
+    Ok((pki, serving))
+}
+
 /// SANs of the kube-apiserver serving certificate: loopback plus the in-cluster names.
 pub fn apiserver_sans() -> Vec<String> {
     [

@@ -455,7 +455,12 @@ async fn examples(cluster: &Cluster) -> Result<()> {
 
     // Nothing a component tried was refused: the chart's RBAC covers every call they make
     // (a missing verb shows up as a logged 403 even where the component recovers).
-    for name in ["das-plugin-n0", "das-plugin-n1", "das-controller", "das-webhook"] {
+    for name in [
+        "das-plugin-n0",
+        "das-plugin-n1",
+        "das-controller",
+        "das-webhook",
+    ] {
         let log = std::fs::read_to_string(cluster.log_of(name))?;
         let refused: Vec<&str> = log
             .lines()

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use das_api::allocation::AllocationClaim;
 use das_e2e::das::{self, apply_device_classes, container_view};
-use das_e2e::pki::{Pki, Usage};
+use das_e2e::pki::loopback_serving;
 use das_e2e::workload::{free_port, wait_running};
 use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -112,15 +112,7 @@ async fn setup(cluster: &mut Cluster) -> Result<Webhook> {
 
 /// Issues a serving certificate for 127.0.0.1 from a CA of the webhook's own and starts it.
 fn start_webhook(cluster: &mut Cluster) -> Result<Webhook> {
-    let dir = cluster.pki_dir.join("webhook");
-    let pki = Pki::create(&dir)?;
-    let serving = pki.issue(
-        "serving",
-        "das-webhook",
-        Usage::Server {
-            sans: vec!["127.0.0.1".into()],
-        },
-    )?;
+    let (pki, serving) = loopback_serving(&cluster.pki_dir.join("webhook"), "das-webhook")?;
     let port = free_port();
     let args = vec![
         format!("--kubeconfig={}", cluster.kubeconfig.display()),
@@ -598,9 +590,10 @@ async fn deleted_template_is_created_again(c: &Client) -> Result<()> {
 /// certificate without a restart, and with the new caBundle the API server calls it again.
 async fn certificate_rotation_is_picked_up(cluster: &Cluster, hook: &Webhook) -> Result<()> {
     use base64::Engine;
-    let pki = Pki::create(&cluster.pki_dir.join("webhook-rotated"))?;
-    let sans = vec!["127.0.0.1".into()];
-    let new = pki.issue("serving", "das-webhook-rotated", Usage::Server { sans })?;
+    let (pki, new) = loopback_serving(
+        &cluster.pki_dir.join("webhook-rotated"),
+        "das-webhook-rotated",
+    )?;
     std::fs::copy(&new.key, &hook.serving.key)?;
     std::fs::copy(&new.cert, &hook.serving.cert)?;
     let rotated = Webhook {
