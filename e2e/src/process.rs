@@ -160,10 +160,29 @@ pub fn memory_kib(pid: i32) -> Option<(u64, u64)> {
 /// The component name of `pid` (`argv[1]` of the multi-call binary), if it runs.
 pub fn component_name(pid: i32) -> Option<String> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    cmdline
+    let mut argv = cmdline
         .split(|b| *b == 0)
-        .nth(1)
-        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .map(|s| String::from_utf8_lossy(s).into_owned());
+    let program = argv.next()?;
+    let program = program.rsplit('/').next().unwrap_or(&program).to_string();
+    // The control plane is one multi-call binary: `k8s <component> ...`.
+    let name = if program == "k8s" {
+        argv.next()?
+    } else {
+        program
+    };
+    // DAS node plugins started from the chart get their node from the environment.
+    let node = std::fs::read(format!("/proc/{pid}/environ"))
+        .ok()
+        .and_then(|env| {
+            env.split(|b| *b == 0)
+                .find_map(|kv| kv.strip_prefix(b"NODE_NAME=").map(|v| v.to_vec()))
+        })
+        .map(|v| String::from_utf8_lossy(&v).into_owned());
+    Some(match node {
+        Some(n) => format!("{name} ({n})"),
+        None => name,
+    })
 }
 
 #[cfg(test)]
