@@ -470,3 +470,77 @@ async fn examples(cluster: &Cluster) -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn extended_resource_names_serve_legacy_pods_without_the_webhook() {
+    let bins = Binaries::in_target_dir("debug", false).expect("DAS binaries");
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&["n0"]))
+        .await
+        .expect("cluster starts");
+    let gpus = [("n0".to_string(), "H100-80GB:1".to_string())];
+    let r = install::install(&mut cluster, &gpus, &bins).await;
+    cluster.check(r.map(|_| ()));
+    cluster.check(extended_resources(&cluster).await);
+}
+
+/// The chart's DeviceClasses with `deviceClasses.extendedResourceNames=true`: the 1.36
+/// scheduler itself turns `nvidia.com/mig-1g.10gb: 2` into a claim for two devices of the class
+/// (DRAExtendedResource), the plugin prepares it and the controller mirrors it.
+async fn extended_resources(cluster: &Cluster) -> Result<()> {
+    let mut opts = emulated_values().set("deviceClasses.extendedResourceNames=true");
+    opts.kube_version = Some(das_e2e::cluster::KUBERNETES_VERSION.into());
+    let rendered = Rendered::new(&opts)?;
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=das-e2e",
+            "-f",
+            "-",
+        ],
+        Some(&Rendered::to_yaml(rendered.of_kind("DeviceClass"))?),
+    )?;
+    let client = cluster.client();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "extended"},
+        "spec": {"containers": [{"name": "app", "image": "x",
+            "resources": {"limits": {"nvidia.com/mig-1g.10gb": "2"}}}]}
+    });
+    pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
+        .await?;
+    let claim = wait::until("the extended-resource pod to run", T, || async {
+        let p = pods.get("extended").await?;
+        let status = p.status.unwrap_or_default();
+        if status.phase.as_deref() != Some("Running") {
+            return Ok(None);
+        }
+        Ok(status
+            .extended_resource_claim_status
+            .map(|s| s.resource_claim_name))
+    })
+    .await?;
+    let allocs: Api<AllocationClaim> = Api::namespaced(client, "default");
+    wait::until(
+        "2 AllocationClaims inUse for the scheduler's claim",
+        T,
+        || async {
+            let list = allocs.list(&Default::default()).await?.items;
+            let ours: Vec<_> = list
+                .iter()
+                .filter(|a| a.spec.resource_claim_ref.name == claim)
+                .filter(|a| a.spec.profile == "1g.10gb")
+                .filter(|a| {
+                    a.status
+                        .as_ref()
+                        .is_some_and(|s| s.state == AllocationState::InUse)
+                })
+                .collect();
+            Ok((ours.len() == 2).then_some(()))
+        },
+    )
+    .await
+}
