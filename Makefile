@@ -95,7 +95,7 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	$(KUBECTL) get allocationclaims -A
 	@echo
 	@echo "legacy-slice asked for nvidia.com/mig-1g.5gb: 1; das-webhook gave it:"
-	@$(KUBECTL) get pod legacy-slice -o jsonpath='  resourceClaims: {.spec.resourceClaims}{"\n"}  limits: {.spec.containers[0].resources.limits}{"\n"}'
+	@$(KUBECTL) get pod legacy-slice -o jsonpath='  resourceClaims: {.spec.resourceClaims}{"\n"}  container claims: {.spec.containers[0].resources.claims}{"\n"}'
 	@echo
 	@$(CARGO) run -q -p das-e2e --bin das-cluster -- report
 	@echo
