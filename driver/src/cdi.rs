@@ -549,6 +549,22 @@ pub fn build_claim_spec(
     Ok(ClaimSpec { spec, device_ids })
 }
 
+/// Removes every device node from `spec` (and lowers `cdiVersion` to what is left needs).
+///
+/// For emulated GPUs on a node that has no NVIDIA devices: a CDI-enabled runtime stats each
+/// host device node it injects and refuses to start the container when one is missing
+/// (container-device-interface `fillMissingInfo`), while the environment alone lets the
+/// container start and shows which MIG UUIDs it was given.
+pub fn without_device_nodes(spec: &mut Spec) {
+    for d in &mut spec.devices {
+        d.container_edits.device_nodes.clear();
+    }
+    if let Some(e) = &mut spec.container_edits {
+        e.device_nodes.clear();
+    }
+    spec.cdi_version = spec.minimum_version().to_string();
+}
+
 fn request_edits(claim_uid: &str, request: &RequestSlices) -> Result<ContainerEdits, CdiError> {
     let context = || format!("claim {claim_uid} request {:?}", request.request);
     if request.slices.is_empty() {
@@ -794,6 +810,19 @@ mod tests {
             built.device_ids,
             BTreeMap::from([("gpu".to_string(), format!("das.com/mig={UID}-gpu"))])
         );
+    }
+
+    #[test]
+    fn without_device_nodes_keeps_the_environment_and_validates() {
+        let mut built = build_claim_spec(UID, &[request("gpu", vec![slice(1, 0)])]).unwrap();
+        let env = built.spec.devices[0].container_edits.env.clone();
+        without_device_nodes(&mut built.spec);
+        let edits = &built.spec.devices[0].container_edits;
+        assert!(edits.device_nodes.is_empty());
+        assert_eq!(edits.env, env);
+        built.spec.validate().unwrap();
+        let value = serde_json::to_value(&built.spec).unwrap();
+        assert!(value["devices"][0]["containerEdits"]["deviceNodes"].is_null());
     }
 
     #[test]

@@ -139,6 +139,9 @@ pub struct Preparer {
     pub cdi_dir: PathBuf,
     /// Major of the `nvidia-caps` char device (from `/proc/devices`; a fixed value when emulated).
     pub caps_major: u32,
+    /// Put the slices' device nodes into CDI specs (off for emulated GPUs on real nodes, see
+    /// [`cdi::without_device_nodes`]).
+    pub cdi_device_nodes: bool,
     pub checkpoint: CheckpointStore,
     pub gpu_locks: HashMap<u32, Arc<Mutex<()>>>,
     pub metrics: Arc<Metrics>,
@@ -416,8 +419,11 @@ impl Preparer {
             .into_iter()
             .map(|(request, slices)| RequestSlices { request, slices })
             .collect();
-        let spec =
+        let mut spec =
             cdi::build_claim_spec(&claim.uid, &requests).map_err(|e| format!("CDI spec: {e}"))?;
+        if !self.cdi_device_nodes {
+            cdi::without_device_nodes(&mut spec.spec);
+        }
         cdi::write_spec(&self.cdi_dir, &claim.uid, &spec.spec)
             .map_err(|e| format!("CDI spec: {e}"))?;
         let cdi_ids: BTreeMap<String, Vec<String>> = spec
@@ -845,6 +851,7 @@ mod concurrency_tests {
             devices: HashMap::new(),
             cdi_dir: dir.to_path_buf(),
             caps_major: 509,
+            cdi_device_nodes: true,
             checkpoint: CheckpointStore::new(Checkpoint::new("boot"), dir.join("cp.json")),
             gpu_locks: [(0, Arc::default()), (1, Arc::default())]
                 .into_iter()

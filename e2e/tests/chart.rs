@@ -57,6 +57,7 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     );
     assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0);
     assert_eq!(env_of(plugin, "DAS_EMULATED_GPUS"), None);
+    assert_eq!(env_of(plugin, "DAS_CDI_DEVICE_NODES"), None);
     assert_eq!(
         env_of(plugin, "KUBELET_PLUGINS_DIR").as_deref(),
         Some("/var/lib/kubelet/plugins")
@@ -98,6 +99,11 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     assert_eq!(
         env_of(plugin, "DAS_EMULATED_GPUS").as_deref(),
         Some("A100-SXM4-40GB:2")
+    );
+    assert_eq!(
+        env_of(plugin, "DAS_CDI_DEVICE_NODES").as_deref(),
+        Some("false"),
+        "emulated GPUs: no device nodes in CDI specs"
     );
     let spec = &e.get("DaemonSet", "das-kubelet-plugin").unwrap()["spec"]["template"]["spec"];
     assert!(spec["runtimeClassName"].is_null());
@@ -452,6 +458,26 @@ async fn examples(cluster: &Cluster) -> Result<()> {
         Ok((list.len() == 7 && in_use == 7).then_some(()))
     })
     .await?;
+
+    // Emulated GPUs from the chart: CDI specs carry the MIG UUIDs but no device nodes, so a
+    // real runtime on a node without NVIDIA devices would start the containers.
+    let mut specs = Vec::new();
+    for node in ["n0", "n1"] {
+        specs.extend(das_e2e::das::load_specs(
+            &das_e2e::das::PluginDirs::of(cluster.node(node)).cdi,
+        )?);
+    }
+    ensure!(specs.len() == 5, "{} CDI specs for 5 claims", specs.len());
+    for spec in &specs {
+        let edits = &spec["devices"][0]["containerEdits"];
+        ensure!(edits["deviceNodes"].is_null(), "device nodes in {spec}");
+        ensure!(
+            edits["env"]
+                .to_string()
+                .contains("NVIDIA_VISIBLE_DEVICES=MIG-"),
+            "no MIG UUIDs in {spec}"
+        );
+    }
 
     // Nothing a component tried was refused: the chart's RBAC covers every call they make
     // (a missing verb shows up as a logged 403 even where the component recovers).

@@ -57,6 +57,12 @@ struct Args {
     /// Where CDI spec files are written (the container runtime must read it).
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
+    /// Put the slices' device nodes (`/dev/nvidia<N>`, `nvidiactl`, `nvidia-uvm*`, the MIG
+    /// capability nodes) into CDI specs. Turn it off only for emulated GPUs on nodes without
+    /// NVIDIA devices, where a container runtime refuses to start a container whose CDI device
+    /// names a missing node.
+    #[arg(long, env = "DAS_CDI_DEVICE_NODES", default_value_t = true, action = clap::ArgAction::Set)]
+    cdi_device_nodes: bool,
     /// Plugin state: checkpoint, and the emulated GPUs' state.
     #[arg(long, env = "DAS_STATE_DIR", default_value = "/var/lib/das")]
     state_dir: PathBuf,
@@ -275,6 +281,7 @@ async fn run(args: Args) -> Result<()> {
         devices: prepare::device_index(&inventory),
         cdi_dir: args.cdi_dir.clone(),
         caps_major,
+        cdi_device_nodes: args.cdi_device_nodes,
         checkpoint: CheckpointStore::new(cp, cp_path),
         gpu_locks: inventory
             .iter()
