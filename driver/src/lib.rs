@@ -13,6 +13,7 @@
 pub mod cdi;
 pub mod checkpoint;
 pub mod gpu;
+pub mod handover;
 pub mod kubelet;
 pub mod metrics;
 pub mod placement;

@@ -55,7 +55,11 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
         ds["spec"]["template"]["spec"]["priorityClassName"],
         "system-node-critical"
     );
-    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 0);
+    assert_eq!(ds["spec"]["updateStrategy"]["rollingUpdate"]["maxSurge"], 1);
+    assert_eq!(
+        ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
     assert_eq!(env_of(plugin, "DAS_EMULATED_GPUS"), None);
     assert_eq!(env_of(plugin, "DAS_CDI_DEVICE_NODES"), None);
     assert_eq!(

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
@@ -15,6 +16,7 @@ use das_api::DRIVER_NAME;
 use das_driver::checkpoint::{self, Checkpoint, LoadOutcome};
 use das_driver::gpu::nvml::{self, procfs};
 use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
+use das_driver::handover::{self, Active, Gate, Gated};
 use das_driver::kubelet::{self, SocketPaths};
 use das_driver::metrics::{self, Metrics};
 use das_driver::prepare::{self, CheckpointStore, Preparer};
@@ -261,6 +263,24 @@ async fn run(args: Args) -> Result<()> {
     for dir in [&args.cdi_dir, &args.state_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
+    let metrics = Arc::new(Metrics::new());
+    let stop = CancellationToken::new();
+    // /healthz answers while this instance waits to take over; /readyz once it serves.
+    let metrics_task = tokio::spawn(metrics::serve(
+        args.metrics_address,
+        metrics.clone(),
+        stop.clone().cancelled_owned(),
+    ));
+    // Only the node's active instance touches the state dir and the GPUs (see handover.rs).
+    let active = tokio::select! {
+        a = handover::take_over(&args.state_dir, HANDOVER_POLL) => a
+            .with_context(|| format!("lock {}", args.state_dir.display()))?,
+        _ = wait_for_signal() => {
+            tracing::info!("stopped while waiting to take over");
+            stop.cancel();
+            return Ok(());
+        }
+    };
     let client = client(&args).await?;
     let (backend, caps_major) = backend(&args)?;
     let inventory = {
@@ -273,7 +293,6 @@ async fn run(args: Args) -> Result<()> {
     let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &boot_id)?;
-    let metrics = Arc::new(Metrics::new());
     let preparer = Arc::new(Preparer {
         client: client.clone(),
         node: args.node_name.clone(),
@@ -299,20 +318,15 @@ async fn run(args: Args) -> Result<()> {
     let desired = slices::desired_slices(&args.node_name, &inventory, layout)?;
     tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
 
-    let stop = CancellationToken::new();
-    let metrics_task = tokio::spawn(metrics::serve(
-        args.metrics_address,
-        metrics.clone(),
-        stop.clone().cancelled_owned(),
-    ));
-
     // Publish once before registering, so the scheduler can place pods as soon as we answer.
     let specs: Vec<_> = desired.into_iter().map(|d| d.slice.spec).collect();
     let mut publisher = Publisher::new(client.clone(), &args.node_name, None);
     let stats = publisher.publish(specs.clone()).await?;
     tracing::info!(?stats, "ResourceSlices published");
     let (_desired_tx, desired_rx) = watch::channel(specs);
-    let publish_task = tokio::spawn(publisher.run(desired_rx, stop.clone(), RunConfig::default()));
+    let publish_stop = stop.child_token();
+    let publish_task =
+        tokio::spawn(publisher.run(desired_rx, publish_stop.clone(), RunConfig::default()));
 
     let paths = SocketPaths::new(
         &args.kubelet_registry_dir,
@@ -320,22 +334,68 @@ async fn run(args: Args) -> Result<()> {
         DRIVER_NAME,
         args.pod_uid.as_deref(),
     )?;
-    let handler: Arc<dyn kubelet::ClaimHandler> = preparer.clone();
+    let gate = Arc::new(Gate::default());
+    let handler: Arc<dyn kubelet::ClaimHandler> = Arc::new(Gated {
+        inner: preparer.clone(),
+        gate: gate.clone(),
+    });
     let health: Arc<dyn kubelet::HealthSource> = preparer.clone();
     let serve_task = tokio::spawn({
         let stop = stop.clone();
         async move { kubelet::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
     });
     metrics.ready.store(true, Ordering::Relaxed);
+    let handover_task = tokio::spawn(hand_over_when_asked(
+        active,
+        gate,
+        publish_stop,
+        metrics.clone(),
+        stop.clone(),
+    ));
 
     wait_for_signal().await;
     tracing::info!("shutting down");
     metrics.ready.store(false, Ordering::Relaxed);
     stop.cancel();
+    handover_task.await?;
     serve_task.await??;
     publish_task.await?;
     metrics_task.await??;
     Ok(())
+}
+
+/// How often a waiting instance tries the lock, and the active one looks for a waiter.
+const HANDOVER_POLL: Duration = Duration::from_millis(250);
+
+/// While this instance is active: when a newer instance waits to take over (rolling update with
+/// surge), or on shutdown, stop taking prepares, let the ones in flight finish (their
+/// checkpoints are on disk before they answer), stop publishing, and release the node.
+async fn hand_over_when_asked(
+    active: Active,
+    gate: Arc<Gate>,
+    publish_stop: CancellationToken,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(HANDOVER_POLL);
+    let handover = loop {
+        tokio::select! {
+            _ = stop.cancelled() => break false,
+            _ = tick.tick() => if active.handover_requested() { break true },
+        }
+    };
+    if handover {
+        tracing::info!("a newer DAS plugin instance waits on this node: handing over");
+        metrics.ready.store(false, Ordering::Relaxed);
+    }
+    gate.close().await;
+    publish_stop.cancel();
+    drop(active);
+    if handover {
+        tracing::info!(
+            "handed over: this instance no longer prepares, unprepares or publishes; it exits on SIGTERM"
+        );
+    }
 }
 
 async fn wait_for_signal() {

@@ -1,0 +1,105 @@
+//! A rolling update with surge, as the chart's DaemonSet does it: a new plugin instance starts
+//! on the node while the old one still serves. The new one waits until the old one hands over
+//! (no two instances ever touch the state dir), then serves: new pods prepare while the old
+//! instance is still running, and a slice the old instance prepared is released by the new one.
+
+mod common;
+
+use anyhow::{Result, ensure};
+use common::*;
+use das_e2e::Cluster;
+use das_e2e::das;
+
+const NODE: &str = "n0";
+const GPUS: &str = "H100-80GB:1";
+
+/// Starts a plugin instance of a DaemonSet pod with `pod_uid` (socket names carry it).
+fn start_instance(cluster: &mut Cluster, name: &str, pod_uid: &str) -> Result<u16> {
+    let n = cluster.node(NODE).clone();
+    let port = free_port();
+    let mut args = das::plugin_args(&n, GPUS, &cluster.kubeconfig.clone(), port);
+    args.push(format!("--pod-uid={pod_uid}"));
+    cluster.spawn_program(name, plugin_binary(), args)?;
+    Ok(port)
+}
+
+async fn readyz(port: u16) -> u16 {
+    das_e2e::workload::http_get(port, "/readyz")
+        .await
+        .map(|r| r.0)
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn surge_rollout_hands_over_without_losing_a_slice() {
+    let mut cluster = das_e2e::Cluster::start(das_e2e::ClusterConfig::with_nodes(&[NODE]))
+        .await
+        .expect("cluster starts");
+    let r = scenario(&mut cluster).await;
+    cluster.check(r);
+}
+
+async fn scenario(cluster: &mut Cluster) -> Result<()> {
+    let c = cluster.client();
+    let old_port = start_instance(
+        cluster,
+        "plugin-old",
+        "0ld00000-0000-4000-8000-000000000001",
+    )?;
+    das::apply_device_classes(&c, PROFILES).await?;
+    wait_published(&c, NODE).await?;
+    create_template(&c, "one-1g", "1g.10gb", 1).await?;
+    create_pod(&c, "a", "one-1g", None).await?;
+    wait_running(&c, "a").await?;
+    let a_slice = live_slices(cluster, NODE)?;
+    ensure!(a_slice.len() == 1, "{a_slice:?}");
+
+    // The new instance starts next to the old one and takes over.
+    let new_port = start_instance(
+        cluster,
+        "plugin-new",
+        "9e900000-0000-4000-8000-000000000002",
+    )?;
+    das_e2e::wait::until("the new instance to be ready", T, || async {
+        Ok((readyz(new_port).await == 200).then_some(()))
+    })
+    .await?;
+    let old_log = std::fs::read_to_string(cluster.log_of("plugin-old"))?;
+    ensure!(
+        old_log.contains("handing over") && old_log.contains("handed over"),
+        "the old instance handed over explicitly"
+    );
+    let new_log = std::fs::read_to_string(cluster.log_of("plugin-new"))?;
+    ensure!(
+        new_log.contains("waiting for it to hand over") && new_log.contains("took over"),
+        "the new instance waited for the old one"
+    );
+    ensure!(
+        readyz(old_port).await == 503,
+        "the old instance is no longer ready"
+    );
+
+    // The old instance still runs (its pod is not deleted yet): new pods prepare all the same.
+    create_pod(&c, "b", "one-1g", None).await?;
+    wait_running(&c, "b").await?;
+    let both = live_slices(cluster, NODE)?;
+    ensure!(both.len() == 2, "a's slice kept, b's created: {both:?}");
+    ensure!(both.iter().any(|s| s.3 == a_slice[0].3), "{both:?}");
+
+    // The DaemonSet deletes the old pod; the new instance releases what the old one prepared.
+    cluster.stop_component("plugin-old", true)?;
+    delete_pod(&c, "a").await?;
+    das_e2e::wait::until(
+        "a's slice to be destroyed by the new instance",
+        T,
+        || async {
+            let live = live_slices(cluster, NODE)?;
+            Ok((live.len() == 1 && live[0].3 != a_slice[0].3).then_some(()))
+        },
+    )
+    .await?;
+    create_pod(&c, "c", "one-1g", None).await?;
+    wait_running(&c, "c").await?;
+    ensure!(live_slices(cluster, NODE)?.len() == 2);
+    Ok(())
+}
