@@ -263,6 +263,7 @@ async fn run(args: Args) -> Result<()> {
     for dir in [&args.cdi_dir, &args.state_dir] {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
+    let mut shutdown = Shutdown::listen()?;
     let metrics = Arc::new(Metrics::new());
     let stop = CancellationToken::new();
     // /healthz answers while this instance waits to take over; /readyz once it serves.
@@ -275,7 +276,7 @@ async fn run(args: Args) -> Result<()> {
     let active = tokio::select! {
         a = handover::take_over(&args.state_dir, HANDOVER_POLL) => a
             .with_context(|| format!("lock {}", args.state_dir.display()))?,
-        _ = wait_for_signal() => {
+        _ = shutdown.wait() => {
             tracing::info!("stopped while waiting to take over");
             stop.cancel();
             return Ok(());
@@ -353,7 +354,7 @@ async fn run(args: Args) -> Result<()> {
         stop.clone(),
     ));
 
-    wait_for_signal().await;
+    shutdown.wait().await;
     tracing::info!("shutting down");
     metrics.ready.store(false, Ordering::Relaxed);
     stop.cancel();
@@ -398,11 +399,26 @@ async fn hand_over_when_asked(
     }
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM and SIGINT, listened for from the start: a signal that arrives while the plugin is
+/// still starting is kept and ends it once it waits.
+struct Shutdown {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    fn listen() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
+        })
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
