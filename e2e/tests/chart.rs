@@ -574,3 +574,135 @@ async fn extended_resources(cluster: &Cluster) -> Result<()> {
     )
     .await
 }
+
+/// `helm` against the local cluster's API server (admin kubeconfig), failing with its stderr.
+fn helm_on(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(chart::helm_binary())
+        .args(args)
+        .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "helm {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[tokio::test]
+async fn helm_install_upgrade_and_uninstall_keep_what_they_promise() {
+    let cluster = Cluster::start(ClusterConfig::with_nodes(&["n0"]))
+        .await
+        .expect("cluster starts");
+    cluster.check(install_upgrade_uninstall(&cluster).await);
+}
+
+/// A real `helm install` / `upgrade` / `uninstall` of the chart: the generated webhook
+/// certificate and the caBundle survive an upgrade (lookup of the existing Secret), and the CRD
+/// survives an uninstall (`helm.sh/resource-policy: keep`) while everything else goes.
+async fn install_upgrade_uninstall(cluster: &Cluster) -> Result<()> {
+    let chart_dir = chart::chart_dir().display().to_string();
+    let values = format!(
+        "--values={}",
+        chart::ci_values("emulated-values.yaml").display()
+    );
+    let ns = format!("--namespace={NAMESPACE}");
+    helm_on(
+        cluster,
+        &[
+            "install",
+            chart::RELEASE,
+            &chart_dir,
+            &ns,
+            "--create-namespace",
+            &values,
+        ],
+    )?;
+    let tls = |c: &Cluster| -> Result<(String, String)> {
+        let secret = chart::kubectl(
+            &c.kubeconfig,
+            &[
+                "-n",
+                NAMESPACE,
+                "get",
+                "secret",
+                "das-webhook-tls",
+                "-o",
+                "jsonpath={.data.tls\\.crt}",
+            ],
+            None,
+        )?;
+        let bundle = chart::kubectl(
+            &c.kubeconfig,
+            &[
+                "get",
+                "mutatingwebhookconfiguration",
+                "das-webhook",
+                "-o",
+                "jsonpath={.webhooks[0].clientConfig.caBundle}",
+            ],
+            None,
+        )?;
+        Ok((secret, bundle))
+    };
+    let (crt, bundle) = tls(cluster)?;
+    ensure!(
+        !crt.is_empty() && !bundle.is_empty(),
+        "certificate and caBundle installed"
+    );
+
+    helm_on(
+        cluster,
+        &[
+            "upgrade",
+            chart::RELEASE,
+            &chart_dir,
+            &ns,
+            &values,
+            "--set=logging.format=json",
+        ],
+    )?;
+    let (crt2, bundle2) = tls(cluster)?;
+    ensure!(
+        crt2 == crt,
+        "the upgrade replaced the webhook's serving certificate"
+    );
+    ensure!(bundle2 == bundle, "the upgrade changed the caBundle");
+    let env = chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployment",
+            "das-controller",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"DAS_LOG_FORMAT\")].value}",
+        ],
+        None,
+    )?;
+    ensure!(env == "json", "the upgrade applied the new value: {env}");
+
+    helm_on(cluster, &["uninstall", chart::RELEASE, &ns])?;
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &["get", "crd", "allocationclaims.inference.redhat.com"],
+        None,
+    )
+    .context("the CRD is kept on uninstall")?;
+    let left = chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "get",
+            "deviceclasses,clusterroles,validatingadmissionpolicies",
+            "-l",
+            "app.kubernetes.io/part-of=das",
+            "-o",
+            "name",
+        ],
+        None,
+    )?;
+    ensure!(left.trim().is_empty(), "uninstall left: {left}");
+    Ok(())
+}
