@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::cluster::NodeInfo;
 
@@ -30,8 +30,10 @@ impl PluginDirs {
     }
 }
 
-/// Flags for `das-kubelet-plugin` on `node` with emulated `gpus` (e.g. `H100-80GB:2`), the same
-/// flags the Helm chart passes, pointed at the hollow kubelet's directories.
+/// Flags for `das-kubelet-plugin` on `node` with emulated `gpus` (e.g. `H100-80GB:2`), pointed at
+/// the hollow kubelet's directories, with the admin kubeconfig: for tests of the plugin's
+/// behaviour. [`crate::install`] starts it as the Helm chart configures it instead (the chart's
+/// environment and service-account identity).
 pub fn plugin_args(
     node: &NodeInfo,
     gpus: &str,
@@ -69,27 +71,24 @@ pub async fn published_profiles(client: &Client) -> Result<Vec<String>> {
     Ok(profiles)
 }
 
-/// Creates (server-side apply) the DeviceClass for every slice and one per profile
-/// (`<profile>.mig.das.com`, `+` → `-`), as the Helm chart does.
+/// Creates (server-side apply) the Helm chart's DeviceClass for every slice and the chart's
+/// DeviceClasses of `profiles` (`<profile>.mig.das.com`, `+` → `-`), exactly as rendered.
+///
+/// # Errors
+/// Helm is not built (`make helm`), a profile has no DeviceClass in the chart, or the API server
+/// refuses one.
 pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<()> {
+    let rendered = crate::install::render()?;
     let api: Api<DeviceClass> = Api::all(client.clone());
     let pp = PatchParams::apply("das-e2e").force();
-    let mut classes = vec![(DRIVER.to_string(), format!("device.driver == '{DRIVER}'"))];
-    for p in profiles {
-        classes.push((
-            format!("{}.{DRIVER}", p.replace('+', "-")),
-            format!(
-                "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].profile == '{p}'"
-            ),
-        ));
-    }
-    for (name, cel) in classes {
-        let body = json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": name},
-            "spec": {"selectors": [{"cel": {"expression": cel}}]}
-        });
-        api.patch(&name, &pp, &Patch::Apply(&body))
+    let names = std::iter::once(DRIVER.to_string()).chain(
+        profiles
+            .iter()
+            .map(|p| format!("{}.{DRIVER}", p.replace('+', "-"))),
+    );
+    for name in names {
+        let body = rendered.get("DeviceClass", &name)?;
+        api.patch(&name, &pp, &Patch::Apply(body))
             .await
             .with_context(|| format!("apply DeviceClass {name}"))?;
     }
