@@ -132,7 +132,8 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     assert_eq!(m.of_kind("DeviceClass").count(), 1);
     assert!(
         chart::container_args(m.container("Deployment", "das-controller").unwrap())
-            .contains(&"--leader-elect=false".to_string())
+            .contains(&"--leader-elect=true".to_string()),
+        "one replica still elects a leader: a rolling update overlaps two controllers"
     );
 
     // Extended resource names only where the API has the field (1.36+).
@@ -155,6 +156,47 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     );
 }
 
+/// Every host path the plugin is told to use (its environment) is mounted at the same path
+/// from the same host path: the kubelet dials the sockets at the paths the plugin reports, and
+/// the harness overrides these variables, so only this test sees the DaemonSet's mounts.
+#[test]
+fn plugin_paths_are_mounted_at_the_same_host_paths() {
+    for opts in [
+        default_values(),
+        emulated_values(),
+        default_values()
+            .set("kubeletPlugin.kubeletDir=/var/lib/k0s/kubelet")
+            .set("kubeletPlugin.cdiDir=/etc/cdi")
+            .set("kubeletPlugin.stateDir=/opt/das"),
+    ] {
+        let r = Rendered::new(&opts).unwrap();
+        let spec = &r.get("DaemonSet", "das-kubelet-plugin").unwrap()["spec"]["template"]["spec"];
+        let container = &spec["containers"][0];
+        let env = |n: &str| env_of(container, n).unwrap_or_else(|| panic!("{n} unset"));
+        let needed = [
+            env("KUBELET_REGISTRY_DIR"),
+            format!("{}/mig.das.com", env("KUBELET_PLUGINS_DIR")),
+            env("CDI_DIR"),
+            env("DAS_STATE_DIR"),
+        ];
+        for path in needed {
+            let mount = container["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["mountPath"] == path.as_str())
+                .unwrap_or_else(|| panic!("{path} is not mounted ({opts:?})"));
+            let volume = spec["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == mount["name"])
+                .unwrap();
+            assert_eq!(volume["hostPath"]["path"], path.as_str(), "{opts:?}");
+        }
+    }
+}
+
 #[test]
 fn bad_values_are_rejected_with_what_is_valid() {
     let err = chart::render_yaml(&default_values().set("kubeletPlugin.driverLibraries=nvml"))
@@ -167,11 +209,17 @@ fn bad_values_are_rejected_with_what_is_valid() {
     let err = chart::render_yaml(&default_values().set("webhook.replicas=0"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("replicas"), "{err}");
+    assert!(
+        err.contains("/webhook/replicas") && err.contains("minimum"),
+        "{err}"
+    );
     let err = chart::render_yaml(&default_values().set("kubeletPlugin.emulatedGpus=A100"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("emulatedGpus"), "{err}");
+    assert!(
+        err.contains("/kubeletPlugin/emulatedGpus") && err.contains("does not match pattern"),
+        "{err}"
+    );
     let err = chart::render_yaml(&default_values().set("webhook.tls.mode=secret"))
         .unwrap_err()
         .to_string();
