@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{RwLock, RwLockReadGuard};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::kubelet::{ClaimHandler, ClaimRef, PreparedDevice};
 
@@ -69,6 +69,11 @@ impl Active {
             Err(TryLockError::WouldBlock) => Ok(None),
             Err(TryLockError::Error(e)) => Err(e),
         }
+    }
+
+    /// The state dir this instance holds.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Whether another instance waits to take over (holds a lock on `handover.wait`).
@@ -135,16 +140,17 @@ pub async fn take_over(dir: &Path, poll: Duration) -> io::Result<Active> {
 #[derive(Debug, Default)]
 pub struct Gate {
     closed: AtomicBool,
-    in_flight: RwLock<()>,
+    in_flight: Arc<RwLock<()>>,
 }
 
 impl Gate {
-    /// A pass for one call, or `None` once the gate is closed.
-    pub async fn enter(&self) -> Option<RwLockReadGuard<'_, ()>> {
+    /// A pass for one call, or `None` once the gate is closed. The pass is owned, so the work it
+    /// covers can run in a task of its own (see [`Gated`]).
+    pub async fn enter(&self) -> Option<OwnedRwLockReadGuard<()>> {
         if self.closed.load(Ordering::SeqCst) {
             return None;
         }
-        let pass = self.in_flight.read().await;
+        let pass = self.in_flight.clone().read_owned().await;
         // Closed while we waited behind `close`: the state is no longer ours.
         (!self.closed.load(Ordering::SeqCst)).then_some(pass)
     }
@@ -174,23 +180,54 @@ fn refuse<T>(claims: &[ClaimRef]) -> HashMap<String, Result<T, String>> {
         .collect()
 }
 
+impl Gated {
+    /// Runs `work` in a task of its own that holds the gate's pass: when the kubelet cancels the
+    /// call (a timeout), tonic drops our future, but the work (GPU calls, checkpoint writes)
+    /// still finishes before the gate can close and the node be handed over.
+    async fn run<T, F>(&self, claims: &[ClaimRef], work: F) -> HashMap<String, Result<T, String>>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = HashMap<String, Result<T, String>>> + Send + 'static,
+    {
+        let Some(pass) = self.gate.enter().await else {
+            return refuse(claims);
+        };
+        let task = tokio::spawn(async move {
+            let _pass = pass;
+            work.await
+        });
+        match task.await {
+            Ok(results) => results,
+            Err(e) => claims
+                .iter()
+                .map(|c| {
+                    (
+                        c.uid.clone(),
+                        Err(format!("claim {c}: the call failed: {e}")),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl ClaimHandler for Gated {
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
-        match self.gate.enter().await {
-            Some(_pass) => self.inner.prepare(claims).await,
-            None => refuse(&claims),
-        }
+        let inner = self.inner.clone();
+        let ids = claims.clone();
+        self.run(&ids, async move { inner.prepare(claims).await })
+            .await
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
-        match self.gate.enter().await {
-            Some(_pass) => self.inner.unprepare(claims).await,
-            None => refuse(&claims),
-        }
+        let inner = self.inner.clone();
+        let ids = claims.clone();
+        self.run(&ids, async move { inner.unprepare(claims).await })
+            .await
     }
 }
 
@@ -257,6 +294,46 @@ mod tests {
         drop(pass);
         closing.await.unwrap();
         assert!(gate.is_closed());
+    }
+
+    /// A handler whose prepare takes `delay`.
+    struct Slow(Duration);
+    #[tonic::async_trait]
+    impl ClaimHandler for Slow {
+        async fn prepare(
+            &self,
+            claims: Vec<ClaimRef>,
+        ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+            tokio::time::sleep(self.0).await;
+            claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
+        }
+        async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+            claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_call_still_holds_the_gate_until_its_work_ends() {
+        let gated = Arc::new(Gated {
+            inner: Arc::new(Slow(Duration::from_millis(200))),
+            gate: Arc::default(),
+        });
+        let claim = ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "u1".into(),
+        };
+        let g = gated.clone();
+        let call = tokio::spawn(async move { g.prepare(vec![claim]).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        call.abort(); // the kubelet gave up
+        let t0 = std::time::Instant::now();
+        gated.gate.close().await;
+        assert!(
+            t0.elapsed() >= Duration::from_millis(100),
+            "close waited for the abandoned prepare's work ({:?})",
+            t0.elapsed()
+        );
     }
 
     struct Ok1;

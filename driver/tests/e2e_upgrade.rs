@@ -15,9 +15,18 @@ const GPUS: &str = "H100-80GB:1";
 
 /// Starts a plugin instance of a DaemonSet pod with `pod_uid` (socket names carry it).
 fn start_instance(cluster: &mut Cluster, name: &str, pod_uid: &str) -> Result<u16> {
+    start_instance_with(cluster, name, pod_uid, GPUS)
+}
+
+fn start_instance_with(
+    cluster: &mut Cluster,
+    name: &str,
+    pod_uid: &str,
+    gpus: &str,
+) -> Result<u16> {
     let n = cluster.node(NODE).clone();
     let port = free_port();
-    let mut args = das::plugin_args(&n, GPUS, &cluster.kubeconfig.clone(), port);
+    let mut args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), port);
     args.push(format!("--pod-uid={pod_uid}"));
     cluster.spawn_program(name, plugin_binary(), args)?;
     Ok(port)
@@ -102,4 +111,73 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     wait_running(&c, "c").await?;
     ensure!(live_slices(cluster, NODE)?.len() == 2);
     Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_new_instance_does_not_leave_the_node_unserved() {
+    let mut cluster = das_e2e::Cluster::start(das_e2e::ClusterConfig::with_nodes(&[NODE]))
+        .await
+        .expect("cluster starts");
+    let r = failed_rollout(&mut cluster).await;
+    cluster.check(r);
+}
+
+/// The new instance takes the node over and then fails at start-up (here: a GPU model it does
+/// not know). The old instance, which had handed over, notices that nobody serves the node and
+/// exits with an error, so that the kubelet restarts its container and it serves again.
+async fn failed_rollout(cluster: &mut Cluster) -> Result<()> {
+    let c = cluster.client();
+    start_instance(
+        cluster,
+        "plugin-old",
+        "0ld00000-0000-4000-8000-000000000003",
+    )?;
+    das::apply_device_classes(&c, PROFILES).await?;
+    wait_published(&c, NODE).await?;
+    create_template(&c, "one-1g", "1g.10gb", 1).await?;
+    create_pod(&c, "a", "one-1g", None).await?;
+    wait_running(&c, "a").await?;
+
+    start_instance_with(
+        cluster,
+        "plugin-bad",
+        "bad00000-0000-4000-8000-000000000004",
+        "NoSuchGPU:1",
+    )?;
+    das_e2e::wait::until(
+        "the old instance to give up the handed-over node",
+        T,
+        || async {
+            let log = std::fs::read_to_string(cluster.log_of("plugin-old"))?;
+            Ok(log.contains("took over this node is gone").then_some(()))
+        },
+    )
+    .await?;
+    let bad = std::fs::read_to_string(cluster.log_of("plugin-bad"))?;
+    ensure!(
+        bad.contains("NoSuchGPU"),
+        "the new instance failed on its GPUs"
+    );
+    let exited = cluster.check_alive().unwrap_err().to_string();
+    ensure!(
+        exited.contains("plugin-") && exited.contains("exited"),
+        "{exited}"
+    );
+    cluster.stop_component("plugin-old", false)?;
+    cluster.stop_component("plugin-bad", false)?;
+
+    // The kubelet restarts the old pod's container: it serves the node again, with a's slice.
+    start_instance(
+        cluster,
+        "plugin-old-restarted",
+        "0ld00000-0000-4000-8000-000000000003",
+    )?;
+    create_pod(&c, "b", "one-1g", None).await?;
+    wait_running(&c, "b").await?;
+    ensure!(live_slices(cluster, NODE)?.len() == 2);
+    delete_pod(&c, "a").await?;
+    das_e2e::wait::until("a's slice to be released", T, || async {
+        Ok((live_slices(cluster, NODE)?.len() == 1).then_some(()))
+    })
+    .await
 }

@@ -272,6 +272,10 @@ async fn run(args: Args) -> Result<()> {
         metrics.clone(),
         stop.clone().cancelled_owned(),
     ));
+    // Checks that touch nothing on the node come first: an instance that cannot reach the API
+    // server should fail before it asks the active instance to hand over.
+    let client = client(&args).await?;
+    let layout = slice_layout(&client).await?;
     // Only the node's active instance touches the state dir and the GPUs (see handover.rs).
     let active = tokio::select! {
         a = handover::take_over(&args.state_dir, HANDOVER_POLL) => a
@@ -282,7 +286,6 @@ async fn run(args: Args) -> Result<()> {
             return Ok(());
         }
     };
-    let client = client(&args).await?;
     let (backend, caps_major) = backend(&args)?;
     let inventory = {
         let b = backend.clone();
@@ -315,7 +318,6 @@ async fn run(args: Args) -> Result<()> {
         .await?;
     tracing::info!(?report, "start-up reconciliation done");
 
-    let layout = slice_layout(&client).await?;
     let desired = slices::desired_slices(&args.node_name, &inventory, layout)?;
     tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
 
@@ -346,38 +348,68 @@ async fn run(args: Args) -> Result<()> {
         async move { kubelet::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
     });
     metrics.ready.store(true, Ordering::Relaxed);
-    let handover_task = tokio::spawn(hand_over_when_asked(
+    let mut handover_task = tokio::spawn(hand_over_when_asked(
         active,
         gate,
-        publish_stop,
+        Publishing {
+            task: publish_task,
+            stop: publish_stop,
+        },
         metrics.clone(),
         stop.clone(),
     ));
 
-    shutdown.wait().await;
+    let ended = tokio::select! {
+        _ = shutdown.wait() => None,
+        ended = &mut handover_task => Some(ended?),
+    };
     tracing::info!("shutting down");
     metrics.ready.store(false, Ordering::Relaxed);
     stop.cancel();
-    handover_task.await?;
+    let ended = match ended {
+        Some(e) => e,
+        None => handover_task.await?,
+    };
     serve_task.await??;
-    publish_task.await?;
     metrics_task.await??;
-    Ok(())
+    match ended {
+        Ended::Stopped => Ok(()),
+        Ended::NodeUnserved => anyhow::bail!(
+            "the plugin instance that took over this node is gone and none waits: exiting so that this pod restarts and serves the node again"
+        ),
+    }
 }
 
 /// How often a waiting instance tries the lock, and the active one looks for a waiter.
 const HANDOVER_POLL: Duration = Duration::from_millis(250);
 
+/// The ResourceSlice publisher's task and its stop token.
+struct Publishing {
+    task: tokio::task::JoinHandle<Publisher>,
+    stop: CancellationToken,
+}
+
+/// How [`hand_over_when_asked`] ended.
+enum Ended {
+    /// Shutdown (SIGTERM).
+    Stopped,
+    /// This instance handed over, then the node's lock came free again with nobody waiting for
+    /// it: the instance that took over is gone (it failed at start-up, or was deleted in a
+    /// rollback). This one must start over to serve the node (its view of the state is stale).
+    NodeUnserved,
+}
+
 /// While this instance is active: when a newer instance waits to take over (rolling update with
 /// surge), or on shutdown, stop taking prepares, let the ones in flight finish (their
-/// checkpoints are on disk before they answer), stop publishing, and release the node.
+/// checkpoints are on disk before they answer), stop publishing, and release the node. After a
+/// handover, watch that the node stays served.
 async fn hand_over_when_asked(
     active: Active,
     gate: Arc<Gate>,
-    publish_stop: CancellationToken,
+    publishing: Publishing,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
-) {
+) -> Ended {
     let mut tick = tokio::time::interval(HANDOVER_POLL);
     let handover = loop {
         tokio::select! {
@@ -390,12 +422,30 @@ async fn hand_over_when_asked(
         metrics.ready.store(false, Ordering::Relaxed);
     }
     gate.close().await;
-    publish_stop.cancel();
+    publishing.stop.cancel();
+    if let Err(e) = publishing.task.await {
+        tracing::warn!(error = %e, "the ResourceSlice publisher ended badly");
+    }
+    let dir = active.dir().to_path_buf();
     drop(active);
-    if handover {
-        tracing::info!(
-            "handed over: this instance no longer prepares, unprepares or publishes; it exits on SIGTERM"
-        );
+    if !handover {
+        return Ended::Stopped;
+    }
+    tracing::info!(
+        "handed over: this instance no longer prepares, unprepares or publishes; it exits on SIGTERM"
+    );
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ended::Stopped,
+            _ = tick.tick() => {}
+        }
+        // Free with a waiter still announced: the new instance has not polled yet.
+        if let Ok(Some(lock)) = Active::try_acquire(&dir)
+            && !lock.handover_requested()
+        {
+            tracing::error!("the plugin instance that took over this node is gone");
+            return Ended::NodeUnserved;
+        }
     }
 }
 
