@@ -39,29 +39,42 @@ async fn readyz(port: u16) -> u16 {
         .unwrap_or(0)
 }
 
+/// A one-node cluster without any plugin yet.
+async fn one_node() -> Cluster {
+    das_e2e::Cluster::start(das_e2e::ClusterConfig::with_nodes(&[NODE]))
+        .await
+        .expect("cluster starts")
+}
+
+/// The old instance (`plugin-old`, DaemonSet pod `pod_uid`) serving pod `a` with one 1g.10gb
+/// slice: its metrics port and the node's live slices.
+async fn old_instance_serving_a(
+    cluster: &mut Cluster,
+    pod_uid: &str,
+) -> Result<(u16, Vec<(u64, String, u64, String)>)> {
+    let c = cluster.client();
+    let port = start_instance(cluster, "plugin-old", pod_uid)?;
+    das::apply_device_classes(&c, PROFILES).await?;
+    wait_published(&c, NODE).await?;
+    create_template(&c, "one-1g", "1g.10gb", 1).await?;
+    create_pod(&c, "a", "one-1g", None).await?;
+    wait_running(&c, "a").await?;
+    let slices = live_slices(cluster, NODE)?;
+    ensure!(slices.len() == 1, "{slices:?}");
+    Ok((port, slices))
+}
+
 #[tokio::test]
 async fn surge_rollout_hands_over_without_losing_a_slice() {
-    let mut cluster = das_e2e::Cluster::start(das_e2e::ClusterConfig::with_nodes(&[NODE]))
-        .await
-        .expect("cluster starts");
+    let mut cluster = one_node().await;
     let r = scenario(&mut cluster).await;
     cluster.check(r);
 }
 
 async fn scenario(cluster: &mut Cluster) -> Result<()> {
     let c = cluster.client();
-    let old_port = start_instance(
-        cluster,
-        "plugin-old",
-        "0ld00000-0000-4000-8000-000000000001",
-    )?;
-    das::apply_device_classes(&c, PROFILES).await?;
-    wait_published(&c, NODE).await?;
-    create_template(&c, "one-1g", "1g.10gb", 1).await?;
-    create_pod(&c, "a", "one-1g", None).await?;
-    wait_running(&c, "a").await?;
-    let a_slice = live_slices(cluster, NODE)?;
-    ensure!(a_slice.len() == 1, "{a_slice:?}");
+    let (old_port, a_slice) =
+        old_instance_serving_a(cluster, "0ld00000-0000-4000-8000-000000000001").await?;
 
     // The new instance starts next to the old one and takes over.
     let new_port = start_instance(
@@ -115,9 +128,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
 
 #[tokio::test]
 async fn a_failed_new_instance_does_not_leave_the_node_unserved() {
-    let mut cluster = das_e2e::Cluster::start(das_e2e::ClusterConfig::with_nodes(&[NODE]))
-        .await
-        .expect("cluster starts");
+    let mut cluster = one_node().await;
     let r = failed_rollout(&mut cluster).await;
     cluster.check(r);
 }
@@ -127,16 +138,7 @@ async fn a_failed_new_instance_does_not_leave_the_node_unserved() {
 /// exits with an error, so that the kubelet restarts its container and it serves again.
 async fn failed_rollout(cluster: &mut Cluster) -> Result<()> {
     let c = cluster.client();
-    start_instance(
-        cluster,
-        "plugin-old",
-        "0ld00000-0000-4000-8000-000000000003",
-    )?;
-    das::apply_device_classes(&c, PROFILES).await?;
-    wait_published(&c, NODE).await?;
-    create_template(&c, "one-1g", "1g.10gb", 1).await?;
-    create_pod(&c, "a", "one-1g", None).await?;
-    wait_running(&c, "a").await?;
+    old_instance_serving_a(cluster, "0ld00000-0000-4000-8000-000000000003").await?;
 
     start_instance_with(
         cluster,
