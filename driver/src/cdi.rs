@@ -5,8 +5,24 @@
 //! (`/etc/cdi`, `/var/run/cdi`) and applies the device's container edits (env, device nodes,
 //! mounts, hooks).
 //!
-//! DAS writes one spec file per claim (`shared/DESIGN.md` §3): kind [`das_api::CDI_KIND`], file
-//! `das.com-mig_<claimUID>.json`, one CDI device per claim request named `<claimUID>-<request>`.
+//! DAS writes one spec file per claim: kind [`das_api::CDI_KIND`], file
+//! `das.com-mig_<claimUID>.json`, one CDI device per allocated device (MIG slice) named
+//! `<claimUID>-<device>`.
+//!
+//! Specs compose: a container may get any number of DAS devices from any number of claims, and
+//! runtimes merge the environment of all of them by key, the last one winning
+//! (container-device-interface `ContainerEdits.Apply`). So no two DAS devices set one key to
+//! different values:
+//! - each device carries its own device nodes (the parent GPU's `/dev/nvidia<N>` and the GI and
+//!   CI capability nodes `/dev/nvidia-caps/nvidia-cap<M>`), which is what gives CUDA access to
+//!   exactly its MIG instances;
+//! - each device sets one variable of its own, [`mig_uuid_env_key`] (claim UID, request and the
+//!   device's position in the request), to its MIG UUID: users and tests read which slices a
+//!   container holds with `env | grep ^DAS_MIG_UUID_`;
+//! - the spec-level edits, the same in every DAS spec, add `/dev/nvidiactl` and the UVM nodes and
+//!   set `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's own CDI generator does (`nvidia-ctk cdi
+//!   generate`), so the NVIDIA container runtime hook adds no GPUs of its own (a CUDA image's
+//!   `NVIDIA_VISIBLE_DEVICES=all` would otherwise expose every GPU); no `CUDA_VISIBLE_DEVICES`.
 //!
 //! Sources: cncf-tags/container-device-interface `SPEC.md` (spec 1.1.0), `specs-go/config.go`
 //! (field names), `specs-go/version.go` (minimum version by feature), `pkg/parser/parser.go` (name
@@ -435,15 +451,16 @@ pub fn qualified_name(kind: &str, name: &str) -> String {
     format!("{kind}={name}")
 }
 
-/// The CDI device name of a claim request: `<claimUID>-<request>`. A request of a prioritized
-/// list (`<request>/<subrequest>`) has its `/` replaced by `.`, which request names (DNS labels)
-/// never contain, so names stay distinct.
+/// The CDI device name of a device of a claim: `<claimUID>-<key>`, the key being the allocated
+/// device's name (or, in specs of the first release, a request name). A `/` (a prioritized-list
+/// request, `<request>/<subrequest>`) is replaced by `.`, which device and request names (DNS
+/// labels) never contain, so names stay distinct.
 ///
 /// # Errors
 /// [`CdiError::InvalidName`] when the result is not a valid CDI device name.
-pub fn device_name(claim_uid: &str, request: &str) -> Result<String, CdiError> {
+pub fn device_name(claim_uid: &str, key: &str) -> Result<String, CdiError> {
     validate_claim_uid(claim_uid)?;
-    let name = format!("{claim_uid}-{}", request.replace('/', "."));
+    let name = format!("{claim_uid}-{}", key.replace('/', "."));
     validate_device_name(&name)?;
     Ok(name)
 }
@@ -465,7 +482,8 @@ pub fn spec_path(dir: &Path, claim_uid: &str) -> PathBuf {
 
 /// A MIG slice prepared for a container: what its device nodes and env need. Minors come from
 /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access` and `…/gi<G>/ci<C>/access`,
-/// the major from the `nvidia-caps` line of `/proc/devices` (`mig-facts.md` §4.1.1).
+/// the major from the `nvidia-caps` line of `/proc/devices` (NVIDIA MIG User Guide, "Device
+/// Nodes and Capabilities").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedSlice {
     /// MIG device UUID, `MIG-…`.
@@ -481,14 +499,20 @@ pub struct PreparedSlice {
     /// Mode of the capability nodes (`DeviceFileMode` of the access files, normally `0o444`);
     /// `None` leaves it to the runtime.
     pub caps_file_mode: Option<u32>,
+    /// Base name of the claim request the slice serves (without `/<subrequest>`).
+    pub request: String,
+    /// Position of the slice among its request's devices, in allocation-result order.
+    pub index: usize,
 }
 
-/// The slices prepared for one request of a claim.
+/// One CDI device of a claim's spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestSlices {
-    /// Request name as in the allocation result (`<request>` or `<request>/<subrequest>`).
-    pub request: String,
-    /// The slices, in the order the container should number them (`CUDA_VISIBLE_DEVICES`).
+pub struct SpecDevice {
+    /// What the device stands for, and the key of its ID in [`ClaimSpec::device_ids`]: the
+    /// allocated device's name (`gpu-0-mig-1g-10gb-6`). The CDI device is `<claimUID>-<key>`.
+    pub key: String,
+    /// The slices it gives a container: one for an allocated device (checkpoints of the first
+    /// release named a CDI device per request, holding all of the request's slices).
     pub slices: Vec<PreparedSlice>,
 }
 
@@ -497,52 +521,78 @@ pub struct RequestSlices {
 pub struct ClaimSpec {
     /// The spec to write with [`write_spec`].
     pub spec: Spec,
-    /// Fully-qualified CDI device ID per request name, e.g. `das.com/mig=<uid>-gpu`.
+    /// Fully-qualified CDI device ID per [`SpecDevice::key`], e.g.
+    /// `das.com/mig=<uid>-gpu-0-mig-1g-10gb-6`.
     pub device_ids: BTreeMap<String, String>,
 }
 
-/// Builds DAS's spec for a claim: kind [`das_api::CDI_KIND`], one device per request named
-/// [`device_name`], with `NVIDIA_VISIBLE_DEVICES` = the MIG UUIDs (comma-separated),
-/// `CUDA_VISIBLE_DEVICES` = `0,…,n-1`, the parent GPU nodes (once each), `/dev/nvidiactl`,
-/// `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`, and the GI and CI capability nodes of each slice
-/// (`DESIGN.md` §3 CDI). `cdiVersion` is the minimum the spec needs.
+/// Prefix of the per-slice environment variables ([`mig_uuid_env_key`]).
+pub const MIG_UUID_ENV_PREFIX: &str = "DAS_MIG_UUID_";
+
+/// Name of the variable that holds the MIG UUID of slice `index` of `request` in claim
+/// `claim_uid`: `DAS_MIG_UUID_<claim UID>_<request>_<index>` with `-` and `/` turned into `_`
+/// (claim UIDs are hex and dashes, request names DNS labels, so the name is a valid POSIX
+/// variable name and unique per claim, request and slice).
+pub fn mig_uuid_env_key(claim_uid: &str, request: &str, index: usize) -> String {
+    let clean = |s: &str| s.replace(['-', '/', '.'], "_");
+    format!(
+        "{MIG_UUID_ENV_PREFIX}{}_{}_{index}",
+        clean(claim_uid),
+        clean(request)
+    )
+}
+
+/// What `NVIDIA_VISIBLE_DEVICES` is set to in every DAS spec: the NVIDIA container runtime hook
+/// then leaves device injection to CDI (the value NVIDIA's CDI generator sets).
+pub const NVIDIA_VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
+
+/// Builds DAS's spec for a claim: kind [`das_api::CDI_KIND`], one CDI device per
+/// [`SpecDevice`], named `<claimUID>-<key>`, with the slices' device nodes (parent GPU once per
+/// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per slice; the
+/// spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
+/// [`NVIDIA_VISIBLE_DEVICES_VOID`] (see the module docs for why the edits compose).
+/// `cdiVersion` is the minimum the spec needs.
 ///
 /// # Errors
-/// [`CdiError::InvalidName`] for a bad claim UID or request name; [`CdiError::InvalidSpec`] for
-/// no requests, a request without slices, a duplicate request, or a MIG UUID that cannot go
-/// into a comma-separated list.
-pub fn build_claim_spec(
-    claim_uid: &str,
-    requests: &[RequestSlices],
-) -> Result<ClaimSpec, CdiError> {
-    if requests.is_empty() {
+/// [`CdiError::InvalidName`] for a bad claim UID or key; [`CdiError::InvalidSpec`] for no
+/// devices, a device without slices, a duplicate key, or an empty MIG UUID.
+pub fn build_claim_spec(claim_uid: &str, devices: &[SpecDevice]) -> Result<ClaimSpec, CdiError> {
+    if devices.is_empty() {
         return Err(CdiError::InvalidSpec(format!(
-            "claim {claim_uid}: no requests"
+            "claim {claim_uid}: no devices"
         )));
     }
-    let mut devices = Vec::with_capacity(requests.len());
+    let mut spec_devices = Vec::with_capacity(devices.len());
     let mut device_ids = BTreeMap::new();
-    for request in requests {
-        let name = device_name(claim_uid, &request.request)?;
+    for device in devices {
+        let name = device_name(claim_uid, &device.key)?;
         let id = qualified_name(das_api::CDI_KIND, &name);
-        if device_ids.insert(request.request.clone(), id).is_some() {
+        if device_ids.insert(device.key.clone(), id).is_some() {
             return Err(CdiError::InvalidSpec(format!(
-                "claim {claim_uid}: request {:?} listed twice",
-                request.request
+                "claim {claim_uid}: device {:?} listed twice",
+                device.key
             )));
         }
-        devices.push(Device {
+        spec_devices.push(Device {
             name,
             annotations: BTreeMap::new(),
-            container_edits: request_edits(claim_uid, request)?,
+            container_edits: device_edits(claim_uid, device)?,
         });
     }
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: das_api::CDI_KIND.to_string(),
         annotations: BTreeMap::new(),
-        devices,
-        container_edits: None,
+        devices: spec_devices,
+        container_edits: Some(ContainerEdits {
+            env: vec![NVIDIA_VISIBLE_DEVICES_VOID.to_string()],
+            device_nodes: [NVIDIACTL_PATH, NVIDIA_UVM_PATH, NVIDIA_UVM_TOOLS_PATH]
+                .into_iter()
+                .map(DeviceNode::from_host)
+                .collect(),
+            mounts: Vec::new(),
+            hooks: Vec::new(),
+        }),
     };
     spec.cdi_version = spec.minimum_version().to_string();
     spec.validate()?;
@@ -565,39 +615,35 @@ pub fn without_device_nodes(spec: &mut Spec) {
     spec.cdi_version = spec.minimum_version().to_string();
 }
 
-fn request_edits(claim_uid: &str, request: &RequestSlices) -> Result<ContainerEdits, CdiError> {
-    let context = || format!("claim {claim_uid} request {:?}", request.request);
-    if request.slices.is_empty() {
+fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, CdiError> {
+    let context = || format!("claim {claim_uid} device {:?}", device.key);
+    if device.slices.is_empty() {
         return Err(CdiError::InvalidSpec(format!("{}: no slices", context())));
     }
-    for slice in &request.slices {
+    let mut env = Vec::with_capacity(device.slices.len());
+    for slice in &device.slices {
         let uuid = &slice.mig_uuid;
-        if uuid.is_empty() || uuid.contains(|c: char| c == ',' || c.is_whitespace()) {
+        if uuid.is_empty() || uuid.contains(|c: char| c == ',' || c == '=' || c.is_whitespace()) {
             return Err(CdiError::InvalidSpec(format!(
-                "{}: MIG UUID {uuid:?} is empty or has a comma or blank",
+                "{}: MIG UUID {uuid:?} is empty or has a comma, '=' or blank",
                 context()
             )));
         }
+        env.push(format!(
+            "{}={uuid}",
+            mig_uuid_env_key(claim_uid, &slice.request, slice.index)
+        ));
     }
     Ok(ContainerEdits {
-        env: visible_devices_env(&request.slices),
-        device_nodes: slice_device_nodes(&request.slices),
+        env,
+        device_nodes: slice_device_nodes(&device.slices),
         mounts: Vec::new(),
         hooks: Vec::new(),
     })
 }
 
-fn visible_devices_env(slices: &[PreparedSlice]) -> Vec<String> {
-    let uuids: Vec<&str> = slices.iter().map(|s| s.mig_uuid.as_str()).collect();
-    let indexes: Vec<String> = (0..slices.len()).map(|i| i.to_string()).collect();
-    vec![
-        format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(",")),
-        format!("CUDA_VISIBLE_DEVICES={}", indexes.join(",")),
-    ]
-}
-
-/// Parent GPU nodes (first appearance order, no duplicates), the control and UVM nodes, then the
-/// GI and CI capability nodes of each slice.
+/// Parent GPU nodes (first appearance order, no duplicates), then the GI and CI capability nodes
+/// of each slice.
 fn slice_device_nodes(slices: &[PreparedSlice]) -> Vec<DeviceNode> {
     let mut nodes = Vec::new();
     let mut parents = BTreeSet::new();
@@ -608,9 +654,6 @@ fn slice_device_nodes(slices: &[PreparedSlice]) -> Vec<DeviceNode> {
                 slice.parent_minor
             )));
         }
-    }
-    for path in [NVIDIACTL_PATH, NVIDIA_UVM_PATH, NVIDIA_UVM_TOOLS_PATH] {
-        nodes.push(DeviceNode::from_host(path));
     }
     for slice in slices {
         for minor in [slice.gi_cap_minor, slice.ci_cap_minor] {
@@ -651,6 +694,8 @@ pub fn write_spec(dir: &Path, claim_uid: &str, spec: &Spec) -> Result<PathBuf, C
         .map_err(|e| CdiError::InvalidSpec(format!("cannot serialize: {e}")))?;
     bytes.push(b'\n');
     let path = spec_path(dir, claim_uid);
+    // The CDI dir is a tmpfs on real nodes: it may be gone after a reboot of the node.
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
     let temp = dir.join(temp_file_name(claim_uid));
     write_atomically(&path, &temp, &bytes, Durability::Atomic).map_err(io_err(&path))?;
     Ok(path)
@@ -770,51 +815,149 @@ mod tests {
             ci_cap_minor: 3 + 135 * parent + 9 * n + 1,
             caps_major: 508,
             caps_file_mode: None,
+            request: "gpu".into(),
+            index: 0,
         }
     }
 
-    fn request(name: &str, slices: Vec<PreparedSlice>) -> RequestSlices {
-        RequestSlices {
-            request: name.to_string(),
+    fn device(key: &str, slices: Vec<PreparedSlice>) -> SpecDevice {
+        SpecDevice {
+            key: key.to_string(),
             slices,
         }
     }
 
+    /// Device `n` of request `request`, on GPU `parent`.
+    fn one(request: &str, index: usize, n: u32, parent: u32) -> SpecDevice {
+        let s = PreparedSlice {
+            request: request.into(),
+            index,
+            ..slice(n, parent)
+        };
+        device(&format!("gpu-{parent}-mig-1g-10gb-{n}"), vec![s])
+    }
+
     #[test]
-    fn one_slice_request_has_the_documented_shape() {
-        let built = build_claim_spec(UID, &[request("gpu", vec![slice(1, 0)])]).unwrap();
+    fn one_slice_claim_has_the_documented_shape() {
+        let built = build_claim_spec(UID, &[one("gpu", 0, 1, 0)]).unwrap();
         let value = serde_json::to_value(&built.spec).unwrap();
         let expected = json!({
             "cdiVersion": "0.5.0",
             "kind": "das.com/mig",
             "devices": [{
-                "name": format!("{UID}-gpu"),
+                "name": format!("{UID}-gpu-0-mig-1g-10gb-1"),
                 "containerEdits": {
                     "env": [
-                        "NVIDIA_VISIBLE_DEVICES=MIG-00000001-aaaa-bbbb-cccc-dddddddddddd",
-                        "CUDA_VISIBLE_DEVICES=0"
+                        "DAS_MIG_UUID_8f2c1a7e_0b1d_4c55_9a0e_3d2f6b7c8d9e_gpu_0=MIG-00000001-aaaa-bbbb-cccc-dddddddddddd"
                     ],
                     "deviceNodes": [
                         {"path": "/dev/nvidia0"},
-                        {"path": "/dev/nvidiactl"},
-                        {"path": "/dev/nvidia-uvm"},
-                        {"path": "/dev/nvidia-uvm-tools"},
                         {"path": "/dev/nvidia-caps/nvidia-cap12", "type": "c", "major": 508, "minor": 12},
                         {"path": "/dev/nvidia-caps/nvidia-cap13", "type": "c", "major": 508, "minor": 13}
                     ]
                 }
-            }]
+            }],
+            "containerEdits": {
+                "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+                "deviceNodes": [
+                    {"path": "/dev/nvidiactl"},
+                    {"path": "/dev/nvidia-uvm"},
+                    {"path": "/dev/nvidia-uvm-tools"}
+                ]
+            }
         });
         assert_eq!(value, expected);
         assert_eq!(
             built.device_ids,
-            BTreeMap::from([("gpu".to_string(), format!("das.com/mig={UID}-gpu"))])
+            BTreeMap::from([(
+                "gpu-0-mig-1g-10gb-1".to_string(),
+                format!("das.com/mig={UID}-gpu-0-mig-1g-10gb-1")
+            )])
+        );
+    }
+
+    /// What a runtime does with the edits of several CDI devices (container-device-interface
+    /// `ContainerEdits.Apply`): environment merged by key, last one wins; device nodes by path.
+    fn merge(specs: &[&Spec]) -> (BTreeMap<String, String>, BTreeSet<String>, Vec<String>) {
+        let mut env = BTreeMap::new();
+        let mut nodes = BTreeSet::new();
+        let mut conflicts = Vec::new();
+        let mut apply = |e: &ContainerEdits| {
+            for kv in &e.env {
+                let (k, v) = kv.split_once('=').unwrap();
+                if let Some(old) = env.insert(k.to_string(), v.to_string())
+                    && old != v
+                {
+                    conflicts.push(k.to_string());
+                }
+            }
+            nodes.extend(e.device_nodes.iter().map(|n| n.path.clone()));
+        };
+        for spec in specs {
+            for d in &spec.devices {
+                spec.container_edits.iter().for_each(&mut apply);
+                apply(&d.container_edits);
+            }
+        }
+        (env, nodes, conflicts)
+    }
+
+    /// Issue 11 finding 4: a container with devices from two claims, and a claim with two
+    /// requests, sees every MIG UUID; no key is set to two values.
+    #[test]
+    fn devices_of_several_claims_and_requests_compose_in_one_container() {
+        const UID2: &str = "11111111-2222-3333-4444-555555555555";
+        let a = build_claim_spec(UID, &[one("gpu", 0, 1, 0), one("gpu", 1, 2, 1)]).unwrap();
+        let b = build_claim_spec(UID2, &[one("small", 0, 3, 0), one("big", 0, 4, 1)]).unwrap();
+        let (env, nodes, conflicts) = merge(&[&a.spec, &b.spec]);
+        assert!(
+            conflicts.is_empty(),
+            "keys set to two values: {conflicts:?}"
+        );
+        let uuids: BTreeSet<&str> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with(MIG_UUID_ENV_PREFIX))
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(uuids.len(), 4, "{env:?}");
+        for n in 1..=4 {
+            assert!(
+                uuids.contains(slice(n, 0).mig_uuid.as_str()),
+                "{n}: {env:?}"
+            );
+        }
+        assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "void");
+        assert!(!env.contains_key("CUDA_VISIBLE_DEVICES"));
+        for n in [1, 2, 3, 4] {
+            let parent = if n % 2 == 1 { 0 } else { 1 };
+            let gi = 3 + 135 * parent + 9 * n;
+            assert!(
+                nodes.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi}")),
+                "{nodes:?}"
+            );
+        }
+        assert!(nodes.contains("/dev/nvidia0") && nodes.contains("/dev/nvidia1"));
+    }
+
+    #[test]
+    fn env_keys_are_unique_per_claim_request_and_slice_and_valid_names() {
+        let k = mig_uuid_env_key(UID, "gpu-a", 2);
+        assert_eq!(
+            k,
+            "DAS_MIG_UUID_8f2c1a7e_0b1d_4c55_9a0e_3d2f6b7c8d9e_gpu_a_2"
+        );
+        assert!(k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        assert_ne!(k, mig_uuid_env_key(UID, "gpu-a", 1));
+        assert_ne!(k, mig_uuid_env_key(UID, "gpu-b", 2));
+        assert_ne!(
+            k,
+            mig_uuid_env_key("11111111-2222-3333-4444-555555555555", "gpu-a", 2)
         );
     }
 
     #[test]
     fn without_device_nodes_keeps_the_environment_and_validates() {
-        let mut built = build_claim_spec(UID, &[request("gpu", vec![slice(1, 0)])]).unwrap();
+        let mut built = build_claim_spec(UID, &[one("gpu", 0, 1, 0)]).unwrap();
         let env = built.spec.devices[0].container_edits.env.clone();
         without_device_nodes(&mut built.spec);
         let edits = &built.spec.devices[0].container_edits;
@@ -823,23 +966,32 @@ mod tests {
         built.spec.validate().unwrap();
         let value = serde_json::to_value(&built.spec).unwrap();
         assert!(value["devices"][0]["containerEdits"]["deviceNodes"].is_null());
+        assert!(value["containerEdits"]["deviceNodes"].is_null());
+        assert_eq!(
+            value["containerEdits"]["env"][0],
+            "NVIDIA_VISIBLE_DEVICES=void"
+        );
     }
 
     #[test]
-    fn three_slice_request_lists_every_slice_and_dedups_parents() {
-        let slices = vec![slice(1, 0), slice(2, 1), slice(3, 0)];
-        let built = build_claim_spec(UID, &[request("big", slices.clone())]).unwrap();
+    fn a_legacy_request_device_lists_every_slice_and_dedups_parents() {
+        let slices: Vec<PreparedSlice> = [(1, 0), (2, 1), (3, 0)]
+            .into_iter()
+            .enumerate()
+            .map(|(i, (n, p))| PreparedSlice {
+                index: i,
+                ..slice(n, p)
+            })
+            .collect();
+        let built = build_claim_spec(UID, &[device("big", slices.clone())]).unwrap();
         let device = &built.spec.devices[0];
-        assert_eq!(
-            device.container_edits.env,
-            vec![
-                format!(
-                    "NVIDIA_VISIBLE_DEVICES={},{},{}",
-                    slices[0].mig_uuid, slices[1].mig_uuid, slices[2].mig_uuid
-                ),
-                "CUDA_VISIBLE_DEVICES=0,1,2".to_string(),
-            ]
-        );
+        assert_eq!(device.container_edits.env.len(), 3);
+        for (i, s) in slices.iter().enumerate() {
+            assert_eq!(
+                device.container_edits.env[i],
+                format!("{}={}", mig_uuid_env_key(UID, "gpu", i), s.mig_uuid)
+            );
+        }
         let paths: Vec<&str> = device
             .container_edits
             .device_nodes
@@ -851,9 +1003,6 @@ mod tests {
             vec![
                 "/dev/nvidia0",
                 "/dev/nvidia1",
-                "/dev/nvidiactl",
-                "/dev/nvidia-uvm",
-                "/dev/nvidia-uvm-tools",
                 "/dev/nvidia-caps/nvidia-cap12",
                 "/dev/nvidia-caps/nvidia-cap13",
                 "/dev/nvidia-caps/nvidia-cap156",
@@ -862,18 +1011,18 @@ mod tests {
                 "/dev/nvidia-caps/nvidia-cap31",
             ]
         );
-        let caps = &device.container_edits.device_nodes[5];
+        let caps = &device.container_edits.device_nodes[2];
         assert_eq!(caps.node_type.as_deref(), Some("c"));
         assert_eq!((caps.major, caps.minor), (Some(508), Some(12)));
     }
 
     #[test]
-    fn one_device_per_request_and_subrequest_names_are_valid() {
+    fn one_device_per_allocated_device_and_subrequest_names_are_valid() {
         let built = build_claim_spec(
             UID,
             &[
-                request("a", vec![slice(1, 0)]),
-                request("b/small", vec![slice(2, 0)]),
+                device("a", vec![slice(1, 0)]),
+                device("b/small", vec![slice(2, 0)]),
             ],
         )
         .unwrap();
@@ -889,10 +1038,10 @@ mod tests {
     fn caps_file_mode_is_written_when_known() {
         let mut s = slice(1, 0);
         s.caps_file_mode = Some(0o444);
-        let built = build_claim_spec(UID, &[request("gpu", vec![s])]).unwrap();
+        let built = build_claim_spec(UID, &[device("gpu", vec![s])]).unwrap();
         let value = serde_json::to_value(&built.spec).unwrap();
         assert_eq!(
-            value["devices"][0]["containerEdits"]["deviceNodes"][4]["fileMode"],
+            value["devices"][0]["containerEdits"]["deviceNodes"][1]["fileMode"],
             292
         );
     }
@@ -900,7 +1049,7 @@ mod tests {
     #[test]
     fn minimum_version_follows_features() {
         let letter_uid = "c0ffee00-0000-4000-8000-000000000000";
-        let mut spec = build_claim_spec(letter_uid, &[request("gpu", vec![slice(1, 0)])])
+        let mut spec = build_claim_spec(letter_uid, &[device("gpu", vec![slice(1, 0)])])
             .unwrap()
             .spec;
         // The dot of `das.com/mig` is in the vendor, not the class: no 0.6.0.
@@ -924,7 +1073,7 @@ mod tests {
 
     #[test]
     fn digit_first_device_name_needs_050() {
-        let spec = build_claim_spec("1abc", &[request("gpu", vec![slice(1, 0)])])
+        let spec = build_claim_spec("1abc", &[device("gpu", vec![slice(1, 0)])])
             .unwrap()
             .spec;
         assert_eq!(spec.cdi_version, "0.5.0");
@@ -932,7 +1081,7 @@ mod tests {
 
     #[test]
     fn validate_rejects_old_or_unknown_versions() {
-        let mut spec = build_claim_spec(UID, &[request("gpu", vec![slice(1, 0)])])
+        let mut spec = build_claim_spec(UID, &[device("gpu", vec![slice(1, 0)])])
             .unwrap()
             .spec;
         spec.cdi_version = "0.3.0".into();
@@ -963,21 +1112,21 @@ mod tests {
     #[test]
     fn builder_rejects_bad_input() {
         assert!(build_claim_spec(UID, &[]).is_err());
-        assert!(build_claim_spec(UID, &[request("gpu", vec![])]).is_err());
+        assert!(build_claim_spec(UID, &[device("gpu", vec![])]).is_err());
         let twice = [
-            request("gpu", vec![slice(1, 0)]),
-            request("gpu", vec![slice(2, 0)]),
+            device("gpu", vec![slice(1, 0)]),
+            device("gpu", vec![slice(2, 0)]),
         ];
         assert!(build_claim_spec(UID, &twice).is_err());
         let mut s = slice(1, 0);
         s.mig_uuid = "MIG-a,MIG-b".into();
-        assert!(build_claim_spec(UID, &[request("gpu", vec![s])]).is_err());
+        assert!(build_claim_spec(UID, &[device("gpu", vec![s])]).is_err());
     }
 
     #[test]
     fn write_read_list_delete_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let built = build_claim_spec(UID, &[request("gpu", vec![slice(1, 0)])]).unwrap();
+        let built = build_claim_spec(UID, &[device("gpu", vec![slice(1, 0)])]).unwrap();
         let path = write_spec(dir.path(), UID, &built.spec).unwrap();
         assert_eq!(path, dir.path().join(format!("das.com-mig_{UID}.json")));
         assert_eq!(read_spec(&path).unwrap(), built.spec);
@@ -1005,7 +1154,7 @@ mod tests {
     #[test]
     fn invalid_spec_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = build_claim_spec(UID, &[request("gpu", vec![slice(1, 0)])])
+        let mut spec = build_claim_spec(UID, &[device("gpu", vec![slice(1, 0)])])
             .unwrap()
             .spec;
         spec.devices.clear();

@@ -1,28 +1,42 @@
-//! The node plugin's checkpoint: the claims it prepared, kept on disk so unprepare works after a
-//! plugin restart and a half-done prepare can be finished or rolled back (`shared/DESIGN.md` §7).
+//! The node plugin's checkpoint: the claims it prepared and the exact MIG instances it created
+//! for them, kept on disk so unprepare works after a plugin restart, a half-done prepare can be
+//! rolled back, and a slice is only ever destroyed by the claim that owns it
+//! (docs/architecture.md, "Prepare and unprepare").
 //!
 //! The file is a versioned JSON document, rewritten whole and atomically on every change (temp
 //! file, fsync, rename, fsync directory); fine for the few hundred claims a node holds:
 //!
 //! ```json
 //! {
-//!   "version": 1,
+//!   "version": 2,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
 //!     "<claimUID>": {
 //!       "namespace": "ns", "name": "claim",
-//!       "state": "PrepareStarted" | "PrepareCompleted",
+//!       "state": "PrepareStarted" | "PrepareCompleted" | "Releasing",
 //!       "devices": [{"request": "gpu", "pool": "node-a", "device": "gpu-0-mig-1g-10gb-6",
 //!                    "gpuIndex": 0, "gpuUUID": "GPU-…", "profile": "1g.10gb",
 //!                    "placementStart": 6, "placementSize": 2,
-//!                    "giId": 13, "ciId": 0, "migUUID": "MIG-…"}],
-//!       "cdiDeviceIds": {"gpu": ["das.com/mig=<claimUID>-gpu"]},
+//!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"}}],
+//!       "cdiDeviceIds": {"gpu-0-mig-1g-10gb-6": ["das.com/mig=<claimUID>-gpu-0-mig-1g-10gb-6"]},
 //!       "updatedAt": 1767225600
 //!     }
 //!   }
 //! }
 //! ```
+//!
+//! A device's `instance` is the identity of the MIG instance created for it: GPU UUID (the
+//! device's `gpuUUID`), GPU-instance ID, compute-instance ID and MIG UUID. NVML reuses GI IDs
+//! after a destroy and a MIG UUID is new on every creation, so together they name one instance
+//! and never its successor at the same placement. `instance` is absent only while a prepare is
+//! creating the slice (and in a record left by a crash in that window).
+//!
+//! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
+//! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
+//! ([`LoadOutcome::Upgraded`]), never treated as corrupt. A version-1 binary moves a version-2
+//! file aside as corrupt and rebuilds from the GPUs and the API server (a downgrade loses no
+//! running slice).
 //!
 //! `checksum` is CRC-32 (IEEE, the `crc32fast` crate) of the compact JSON serialization of the
 //! same document without the `checksum` field; map keys are sorted, so the serialization is
@@ -43,8 +57,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-/// Version of the document this module writes and the only one it reads.
-pub const CHECKPOINT_VERSION: u64 = 1;
+/// Version of the document this module writes. It also reads version 1 (see the module docs).
+pub const CHECKPOINT_VERSION: u64 = 2;
 
 /// Default file name of the checkpoint in the plugin's state directory.
 pub const CHECKPOINT_FILE_NAME: &str = "checkpoint.json";
@@ -76,15 +90,33 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
     }
 }
 
-/// How far the prepare of a claim got (`DESIGN.md` §7: checkpoint "started" → create slices →
-/// write CDI → checkpoint "completed").
+/// Where a claim is in its life on this node: checkpoint "started" → create slices → write CDI
+/// → checkpoint "completed" → … → unprepare destroys the slices → record dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PrepareState {
     /// Recorded before any slice was created: slices may or may not exist, the CDI spec may or
-    /// may not be written. A retried prepare finishes it; an unprepare rolls it back.
+    /// may not be written. Seen outside a running prepare only after a crash; it is rolled back.
     PrepareStarted,
     /// Slices exist and the CDI spec is written; the CDI device IDs were (or can be) returned.
     PrepareCompleted,
+    /// The claim's slices must go (its unprepare, or the roll-back of a failed prepare, could
+    /// not destroy them all): `devices` are the ones not yet confirmed destroyed. The reaper
+    /// retries until they are gone; only then is the record dropped.
+    Releasing,
+}
+
+/// The identity of one MIG instance (a GPU instance with its compute instance) on the GPU named
+/// by the device's `gpuUUID`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceId {
+    /// GPU-instance ID, assigned by the driver (NVML reuses it after a destroy).
+    pub gi_id: u32,
+    /// Compute-instance ID inside the GPU instance.
+    pub ci_id: u32,
+    /// MIG device UUID, `MIG-…`: new on every creation.
+    #[serde(rename = "migUUID")]
+    pub mig_uuid: String,
 }
 
 /// One allocated device of a claim, as prepared on this node.
@@ -108,15 +140,16 @@ pub struct PreparedDevice {
     pub placement_start: u32,
     /// Number of memory slices of the placement.
     pub placement_size: u32,
-    /// GPU instance ID, once created (driver-assigned).
+    /// The MIG instance created for the device, once created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gi_id: Option<u32>,
-    /// Compute instance ID, once created.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ci_id: Option<u32>,
-    /// MIG device UUID, once created (changes on every re-creation).
-    #[serde(default, rename = "migUUID", skip_serializing_if = "Option::is_none")]
-    pub mig_uuid: Option<String>,
+    pub instance: Option<InstanceId>,
+}
+
+impl PreparedDevice {
+    /// The MIG UUID of the device's instance, once created.
+    pub fn mig_uuid(&self) -> Option<&str> {
+        self.instance.as_ref().map(|i| i.mig_uuid.as_str())
+    }
 }
 
 /// What the checkpoint knows about one claim.
@@ -131,12 +164,21 @@ pub struct ClaimRecord {
     pub state: PrepareState,
     /// The claim's devices on this node.
     pub devices: Vec<PreparedDevice>,
-    /// Fully-qualified CDI device IDs per request name, as returned to the kubelet; empty until
-    /// [`PrepareState::PrepareCompleted`].
+    /// Fully-qualified CDI device IDs per device name (version 1: per request name), as
+    /// returned to the kubelet; empty until [`PrepareState::PrepareCompleted`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cdi_device_ids: BTreeMap<String, Vec<String>>,
     /// Last change, seconds since the Unix epoch.
     pub updated_at: u64,
+}
+
+impl ClaimRecord {
+    /// The record's devices whose instance is known.
+    pub fn instances(&self) -> impl Iterator<Item = (&PreparedDevice, &InstanceId)> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.instance.as_ref().map(|i| (d, i)))
+    }
 }
 
 /// The in-memory checkpoint. Change it with the `set_*`/[`Checkpoint::remove`] methods, then
@@ -190,6 +232,14 @@ impl fmt::Display for CorruptReason {
 pub enum LoadOutcome {
     /// The file was valid and from this boot.
     Loaded(Checkpoint),
+    /// The file was a valid older version from this boot, upgraded in memory (the next save
+    /// writes [`CHECKPOINT_VERSION`]).
+    Upgraded {
+        /// The upgraded checkpoint.
+        checkpoint: Checkpoint,
+        /// The version the file had.
+        from: u64,
+    },
     /// There was no file: first start on this node (or the state dir was wiped).
     Fresh,
     /// The file was valid but written in an earlier boot: MIG instances and `/var/run/cdi` are
@@ -255,8 +305,9 @@ impl Checkpoint {
             Err(e) => return Err(io_err(path)(e)),
         };
         match parse(&bytes) {
-            Ok(cp) if cp.boot_id == boot_id => Ok(LoadOutcome::Loaded(cp)),
-            Ok(previous) => Ok(LoadOutcome::NewBoot { previous }),
+            Ok((cp, _)) if cp.boot_id != boot_id => Ok(LoadOutcome::NewBoot { previous: cp }),
+            Ok((cp, CHECKPOINT_VERSION)) => Ok(LoadOutcome::Loaded(cp)),
+            Ok((checkpoint, from)) => Ok(LoadOutcome::Upgraded { checkpoint, from }),
             Err(reason) => {
                 let moved_to = move_aside(path)?;
                 Ok(LoadOutcome::Corrupt { moved_to, reason })
@@ -271,11 +322,19 @@ impl Checkpoint {
     /// # Errors
     /// [`CheckpointError::Io`] when a file step fails; the old file is then left intact.
     pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
+        self.save_with(path, Durability::Durable)
+    }
+
+    /// [`Self::save`] with a choice of durability ([`CheckpointStore::without_fsync`]).
+    ///
+    /// # Errors
+    /// As [`Self::save`].
+    pub fn save_with(&self, path: &Path, durability: Durability) -> Result<(), CheckpointError> {
         let bytes = self.to_bytes()?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
         }
-        write_atomically(path, &temp_path(path), &bytes, Durability::Durable).map_err(io_err(path))
+        write_atomically(path, &temp_path(path), &bytes, durability).map_err(io_err(path))
     }
 
     /// The file content: pretty JSON with the checksum, ending in a newline.
@@ -298,7 +357,7 @@ impl Checkpoint {
     }
 
     /// Records that prepare of a claim started, replacing any earlier record; `devices` are the
-    /// allocated devices, with GI/CI IDs and MIG UUIDs where already known. Callers check
+    /// allocated devices, with their instances where already known. Callers check
     /// [`Checkpoint::get`] first so a retried prepare of a completed claim does not downgrade it.
     pub fn set_started(
         &mut self,
@@ -317,8 +376,8 @@ impl Checkpoint {
         );
     }
 
-    /// Records that prepare of a claim completed: its devices (GI/CI IDs and MIG UUIDs filled
-    /// in) and the CDI device IDs per request. Replaces any earlier record, so it also works
+    /// Records that prepare of a claim completed: its devices (instances filled in) and the CDI
+    /// device IDs per device name. Replaces any earlier record, so it also works
     /// when the claim was never recorded as started (state rebuilt after a corrupt file).
     pub fn set_completed(
         &mut self,
@@ -358,6 +417,25 @@ impl Checkpoint {
         self.claims.insert(claim_uid.to_string(), record);
     }
 
+    /// Records that the claim's slices in `devices` must still be destroyed
+    /// ([`PrepareState::Releasing`]); keeps the claim's namespace and name.
+    pub fn set_releasing(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<PreparedDevice>,
+    ) {
+        self.upsert(
+            claim_uid,
+            namespace,
+            name,
+            PrepareState::Releasing,
+            devices,
+            BTreeMap::new(),
+        );
+    }
+
     /// Forgets a claim (after unprepare). Idempotent: returns the removed record, `None` when
     /// there was none.
     pub fn remove(&mut self, claim_uid: &str) -> Option<ClaimRecord> {
@@ -365,28 +443,174 @@ impl Checkpoint {
     }
 }
 
-/// Parses and verifies file content; the error says why it is corrupt.
-fn parse(bytes: &[u8]) -> Result<Checkpoint, CorruptReason> {
+/// Parses and verifies file content; returns the checkpoint (upgraded to the current version)
+/// and the version the file had, or why it is corrupt.
+fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
     let value: serde_json::Value =
         serde_json::from_slice(bytes).map_err(|e| CorruptReason::InvalidJson(e.to_string()))?;
     let version = value.get("version");
-    if version.and_then(serde_json::Value::as_u64) != Some(CHECKPOINT_VERSION) {
-        let found = version.map_or_else(|| "(missing)".to_string(), |v| v.to_string());
-        return Err(CorruptReason::UnknownVersion(found));
+    match version.and_then(serde_json::Value::as_u64) {
+        Some(CHECKPOINT_VERSION) => {
+            let doc: Document = serde_json::from_value(value)
+                .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
+            verify(&doc.checksum, doc.compute_checksum())?;
+            Ok((
+                Checkpoint {
+                    boot_id: doc.boot_id,
+                    claims: doc.claims,
+                },
+                CHECKPOINT_VERSION,
+            ))
+        }
+        Some(1) => {
+            let doc: v1::Document = serde_json::from_value(value)
+                .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
+            verify(&doc.checksum, doc.compute_checksum())?;
+            Ok((doc.upgrade(), 1))
+        }
+        _ => {
+            let found = version.map_or_else(|| "(missing)".to_string(), |v| v.to_string());
+            Err(CorruptReason::UnknownVersion(found))
+        }
     }
-    let doc: Document =
-        serde_json::from_value(value).map_err(|e| CorruptReason::BadShape(e.to_string()))?;
-    let computed = doc
-        .compute_checksum()
-        .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
-    let stored = doc.checksum.clone().unwrap_or_default();
+}
+
+/// Compares a stored checksum with the computed one.
+fn verify(
+    stored: &Option<String>,
+    computed: Result<String, serde_json::Error>,
+) -> Result<(), CorruptReason> {
+    let computed = computed.map_err(|e| CorruptReason::BadShape(e.to_string()))?;
+    let stored = stored.clone().unwrap_or_default();
     if stored != computed {
         return Err(CorruptReason::ChecksumMismatch { stored, computed });
     }
-    Ok(Checkpoint {
-        boot_id: doc.boot_id,
-        claims: doc.claims,
-    })
+    Ok(())
+}
+
+/// Version 1 of the document (the first release), read to upgrade it.
+mod v1 {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::{Checkpoint, ClaimRecord, InstanceId, PrepareState};
+
+    /// A version-1 device: the instance fields are flat and each optional.
+    #[derive(Serialize, Deserialize, Clone)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub(super) struct PreparedDevice {
+        request: String,
+        pool: String,
+        device: String,
+        gpu_index: u32,
+        #[serde(rename = "gpuUUID")]
+        gpu_uuid: String,
+        profile: String,
+        placement_start: u32,
+        placement_size: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gi_id: Option<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ci_id: Option<u32>,
+        #[serde(default, rename = "migUUID", skip_serializing_if = "Option::is_none")]
+        mig_uuid: Option<String>,
+    }
+
+    /// Version 1 had only the two prepare states.
+    #[derive(Serialize, Deserialize, Clone, Copy)]
+    pub(super) enum State {
+        PrepareStarted,
+        PrepareCompleted,
+    }
+
+    #[derive(Serialize, Deserialize, Clone)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub(super) struct ClaimRecordV1 {
+        namespace: String,
+        name: String,
+        state: State,
+        devices: Vec<PreparedDevice>,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        cdi_device_ids: BTreeMap<String, Vec<String>>,
+        updated_at: u64,
+    }
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub(super) struct Document {
+        pub(super) version: u64,
+        pub(super) boot_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub(super) checksum: Option<String>,
+        pub(super) claims: BTreeMap<String, ClaimRecordV1>,
+    }
+
+    impl Document {
+        /// The version-1 checksum: the same rule as version 2, over the version-1 document.
+        pub(super) fn compute_checksum(&self) -> Result<String, serde_json::Error> {
+            let unsummed = Document {
+                version: self.version,
+                boot_id: self.boot_id.clone(),
+                checksum: None,
+                claims: self.claims.clone(),
+            };
+            let bytes = serde_json::to_vec(&unsummed)?;
+            Ok(format!("crc32:{:08x}", crc32fast::hash(&bytes)))
+        }
+
+        /// The same records in version 2: an instance is known when all three of its fields
+        /// were. CDI device IDs were per request: a completed record's spec is written again,
+        /// per device, by the next prepare retry or start-up (they check it), so the old IDs are
+        /// kept as they are until then.
+        pub(super) fn upgrade(self) -> Checkpoint {
+            let claims = self
+                .claims
+                .into_iter()
+                .map(|(uid, r)| {
+                    let devices = r
+                        .devices
+                        .into_iter()
+                        .map(|d| super::PreparedDevice {
+                            instance: match (d.gi_id, d.ci_id, d.mig_uuid) {
+                                (Some(gi_id), Some(ci_id), Some(mig_uuid)) => Some(InstanceId {
+                                    gi_id,
+                                    ci_id,
+                                    mig_uuid,
+                                }),
+                                _ => None,
+                            },
+                            request: d.request,
+                            pool: d.pool,
+                            device: d.device,
+                            gpu_index: d.gpu_index,
+                            gpu_uuid: d.gpu_uuid,
+                            profile: d.profile,
+                            placement_start: d.placement_start,
+                            placement_size: d.placement_size,
+                        })
+                        .collect();
+                    let state = match r.state {
+                        State::PrepareStarted => PrepareState::PrepareStarted,
+                        State::PrepareCompleted => PrepareState::PrepareCompleted,
+                    };
+                    let record = ClaimRecord {
+                        namespace: r.namespace,
+                        name: r.name,
+                        state,
+                        devices,
+                        cdi_device_ids: r.cdi_device_ids,
+                        updated_at: r.updated_at,
+                    };
+                    (uid, record)
+                })
+                .collect();
+            Checkpoint {
+                boot_id: self.boot_id,
+                claims,
+            }
+        }
+    }
 }
 
 /// Renames a corrupt file to `<path>.corrupt-<unix time>` (with `.<n>` added if that exists).
@@ -506,6 +730,92 @@ fn sync_parent(path: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// The checkpoint in memory and on disk. Changes are made under a short lock and numbered;
+/// [`Self::persist`] makes sure a change is on disk by writing the newest state, so changes made
+/// at the same time share one write and fsync (group commit) instead of queueing one each.
+pub struct CheckpointStore {
+    state: std::sync::Mutex<(Checkpoint, u64)>,
+    /// Number of the newest change on disk; held while writing.
+    written: tokio::sync::Mutex<u64>,
+    path: PathBuf,
+    durability: Durability,
+    blocking: crate::blocking::BlockingCalls,
+}
+
+impl CheckpointStore {
+    /// A store for `checkpoint`, saved to `path` with fsync ([`Durability::Durable`]).
+    pub fn new(checkpoint: Checkpoint, path: PathBuf) -> Self {
+        Self {
+            state: std::sync::Mutex::new((checkpoint, 0)),
+            written: tokio::sync::Mutex::new(0),
+            path,
+            durability: Durability::Durable,
+            blocking: crate::blocking::BlockingCalls::Threads,
+        }
+    }
+
+    /// Saves without fsync, writing on the calling task as `blocking` says: for tests that
+    /// drive thousands of changes through chosen interleavings, where only a process crash (not
+    /// a power loss) is simulated.
+    pub fn for_tests(mut self, blocking: crate::blocking::BlockingCalls) -> Self {
+        self.durability = Durability::Atomic;
+        self.blocking = blocking;
+        self
+    }
+
+    /// The file the store saves to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads the checkpoint.
+    pub fn read<R>(&self, f: impl FnOnce(&Checkpoint) -> R) -> R {
+        f(&self.state.lock().expect("checkpoint lock").0)
+    }
+
+    /// Changes the checkpoint in memory only; returns the change's number for
+    /// [`Self::persist`].
+    pub fn change<R>(&self, f: impl FnOnce(&mut Checkpoint) -> R) -> (R, u64) {
+        let mut g = self.state.lock().expect("checkpoint lock");
+        g.1 += 1;
+        (f(&mut g.0), g.1)
+    }
+
+    /// Makes sure change `version` (and every earlier one) is on disk.
+    ///
+    /// # Errors
+    /// The file could not be written; the message names it.
+    pub async fn persist(&self, version: u64) -> Result<(), String> {
+        let mut written = self.written.lock().await;
+        if *written >= version {
+            return Ok(()); // someone else's write carried it
+        }
+        let (snapshot, newest) = {
+            let g = self.state.lock().expect("checkpoint lock");
+            (g.0.clone(), g.1)
+        };
+        let (path, durability) = (self.path.clone(), self.durability);
+        let saved = self
+            .blocking
+            .run(move || snapshot.save_with(&path, durability))
+            .await
+            .map_err(|e| format!("checkpoint {}: {e}", self.path.display()))?;
+        saved.map_err(|e| e.to_string())?;
+        *written = newest;
+        Ok(())
+    }
+
+    /// Changes the checkpoint and waits until the change is on disk.
+    ///
+    /// # Errors
+    /// As [`Self::persist`]; the change stays in memory (the next successful write saves it).
+    pub async fn commit<R>(&self, f: impl FnOnce(&mut Checkpoint) -> R) -> Result<R, String> {
+        let (r, version) = self.change(f);
+        self.persist(version).await?;
+        Ok(r)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -522,9 +832,7 @@ mod tests {
             profile: "1g.10gb".into(),
             placement_start: start,
             placement_size: 2,
-            gi_id: None,
-            ci_id: None,
-            mig_uuid: None,
+            instance: None,
         }
     }
 
@@ -532,11 +840,23 @@ mod tests {
         let mut cp = Checkpoint::new(BOOT);
         cp.set_started("uid-1", "ns", "claim-1", vec![device("gpu", 6)]);
         let mut done = device("gpu", 4);
-        done.gi_id = Some(5);
-        done.ci_id = Some(0);
-        done.mig_uuid = Some("MIG-12345678-aaaa-bbbb-cccc-dddddddddddd".into());
-        let ids = BTreeMap::from([("gpu".to_string(), vec!["das.com/mig=uid-2-gpu".to_string()])]);
-        cp.set_completed("uid-2", "ns", "claim-2", vec![done], ids);
+        done.instance = Some(InstanceId {
+            gi_id: 5,
+            ci_id: 0,
+            mig_uuid: "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd".into(),
+        });
+        let ids = BTreeMap::from([(
+            "gpu-0-mig-1g-10gb-4".to_string(),
+            vec!["das.com/mig=uid-2-gpu-0-mig-1g-10gb-4".to_string()],
+        )]);
+        cp.set_completed("uid-2", "ns", "claim-2", vec![done.clone()], ids);
+        let mut leftover = device("gpu", 2);
+        leftover.instance = Some(InstanceId {
+            gi_id: 3,
+            ci_id: 0,
+            mig_uuid: "MIG-22222222-aaaa-bbbb-cccc-dddddddddddd".into(),
+        });
+        cp.set_releasing("uid-3", "ns", "claim-3", vec![leftover]);
         cp
     }
 
@@ -584,8 +904,12 @@ mod tests {
         assert_eq!(cp.get("uid-1").unwrap().state, PrepareState::PrepareStarted);
         // The documented JSON names.
         let text = fs::read_to_string(&path).unwrap();
+        assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
         for key in [
-            "\"version\": 1",
+            "\"version\": 2",
+            "\"instance\"",
+            "\"giId\"",
+            "\"Releasing\"",
             "\"bootId\"",
             "\"checksum\": \"crc32:",
             "\"gpuUUID\"",
@@ -670,11 +994,119 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = saved(dir.path());
         let text = fs::read_to_string(&path).unwrap();
-        fs::write(&path, text.replace("\"version\": 1", "\"version\": 2")).unwrap();
+        fs::write(&path, text.replace("\"version\": 2", "\"version\": 3")).unwrap();
         assert_eq!(
             expect_corrupt(&path),
-            CorruptReason::UnknownVersion("2".into())
+            CorruptReason::UnknownVersion("3".into())
         );
+    }
+
+    /// A file written by the first release (version 1), byte for byte as it wrote it.
+    const V1_FILE: &str = r#"{
+  "version": 1,
+  "bootId": "3f1b2c4d-1111-2222-3333-444455556666",
+  "checksum": "CHECKSUM",
+  "claims": {
+    "uid-1": {
+      "namespace": "ns",
+      "name": "claim-1",
+      "state": "PrepareStarted",
+      "devices": [
+        {
+          "request": "gpu",
+          "pool": "node-a",
+          "device": "gpu-0-mig-1g-10gb-6",
+          "gpuIndex": 0,
+          "gpuUUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+          "profile": "1g.10gb",
+          "placementStart": 6,
+          "placementSize": 2
+        }
+      ],
+      "updatedAt": 1767225600
+    },
+    "uid-2": {
+      "namespace": "ns",
+      "name": "claim-2",
+      "state": "PrepareCompleted",
+      "devices": [
+        {
+          "request": "gpu",
+          "pool": "node-a",
+          "device": "gpu-0-mig-1g-10gb-4",
+          "gpuIndex": 0,
+          "gpuUUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+          "profile": "1g.10gb",
+          "placementStart": 4,
+          "placementSize": 2,
+          "giId": 5,
+          "ciId": 0,
+          "migUUID": "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd"
+        }
+      ],
+      "cdiDeviceIds": {
+        "gpu": [
+          "das.com/mig=uid-2-gpu"
+        ]
+      },
+      "updatedAt": 1767225600
+    }
+  }
+}
+"#;
+
+    /// The version-1 file with its real checksum filled in.
+    fn v1_file() -> String {
+        let doc: v1::Document = serde_json::from_str(V1_FILE).unwrap();
+        V1_FILE.replace("CHECKSUM", &doc.compute_checksum().unwrap())
+    }
+
+    #[test]
+    fn a_version_1_file_is_upgraded_not_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CHECKPOINT_FILE_NAME);
+        fs::write(&path, v1_file()).unwrap();
+        let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap()
+        else {
+            panic!("expected an upgrade")
+        };
+        assert_eq!(from, 1);
+        let started = checkpoint.get("uid-1").unwrap();
+        assert_eq!(started.state, PrepareState::PrepareStarted);
+        assert_eq!(started.devices[0].instance, None);
+        let done = checkpoint.get("uid-2").unwrap();
+        assert_eq!(done.state, PrepareState::PrepareCompleted);
+        assert_eq!(
+            done.devices[0].instance,
+            Some(InstanceId {
+                gi_id: 5,
+                ci_id: 0,
+                mig_uuid: "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd".into()
+            })
+        );
+        assert_eq!(done.cdi_device_ids["gpu"], ["das.com/mig=uid-2-gpu"]);
+        // Saved, it is a version-2 file that loads as such and round-trips.
+        checkpoint.save(&path).unwrap();
+        assert!(
+            fs::read_to_string(&path)
+                .unwrap()
+                .contains("\"version\": 2")
+        );
+        assert_eq!(
+            Checkpoint::load(&path, BOOT).unwrap(),
+            LoadOutcome::Loaded(checkpoint)
+        );
+    }
+
+    #[test]
+    fn a_version_1_file_with_a_bad_checksum_is_still_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(CHECKPOINT_FILE_NAME);
+        fs::write(&path, v1_file().replace("claim-2", "claim-9")).unwrap();
+        assert!(matches!(
+            expect_corrupt(&path),
+            CorruptReason::ChecksumMismatch { .. }
+        ));
     }
 
     #[test]
@@ -703,7 +1135,7 @@ mod tests {
         assert!(cp.remove("uid-1").is_some());
         assert!(cp.remove("uid-1").is_none());
         assert!(cp.remove("never-seen").is_none());
-        assert_eq!(cp.claims.len(), 1);
+        assert_eq!(cp.claims.len(), 2);
     }
 
     #[test]

@@ -17,10 +17,18 @@
 //!
 //! The locks are `flock(2)` locks (std's `File::lock`): the kernel drops them when a process
 //! dies, so a crashed instance never blocks the node and a crashed waiter leaves no request.
+//! Anyone who can open a lock file can hold a lock on it, so the state dir is made `0700` and
+//! the lock files `0600` (the plugin runs as root): no other local user can stop the plugin
+//! from serving or make it hand over.
+//!
+//! Waits are bounded: [`Gate::close_within`] gives calls in flight a limit, after which the
+//! instance exits instead of handing over (the kernel frees the locks and the new instance
+//! recovers from the checkpoint, as after a crash).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +36,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
+use crate::claims::PrepareError;
 use crate::kubelet::{ClaimHandler, ClaimRef, PreparedDevice};
 
 /// The lock the active instance holds, in the state dir.
@@ -38,13 +47,31 @@ pub const WAIT_FILE: &str = "handover.wait";
 pub const HANDED_OVER: &str =
     "this DAS node plugin instance has handed over to a newer one on the node; the kubelet retries";
 
+/// Mode of the state dir: only its owner (root) may enter it.
+pub const STATE_DIR_MODE: u32 = 0o700;
+/// Mode of the lock files.
+pub const LOCK_FILE_MODE: u32 = 0o600;
+
+/// Makes `dir` (created if missing) enterable only by its owner.
+///
+/// # Errors
+/// The directory cannot be created or its mode set.
+pub fn restrict_state_dir(dir: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(STATE_DIR_MODE))
+}
+
 fn open(dir: &Path, name: &str) -> io::Result<File> {
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
-        .open(dir.join(name))
+        .mode(LOCK_FILE_MODE)
+        .open(dir.join(name))?;
+    // A file left by an older version may have a wider mode.
+    file.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE))?;
+    Ok(file)
 }
 
 /// This process is the node's active plugin while this value lives.
@@ -161,6 +188,12 @@ impl Gate {
         drop(self.in_flight.write().await);
     }
 
+    /// [`Self::close`], waiting at most `limit`; `false` when calls were still running then
+    /// (the gate stays closed).
+    pub async fn close_within(&self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.close()).await.is_ok()
+    }
+
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
     }
@@ -173,10 +206,10 @@ pub struct Gated {
     pub gate: Arc<Gate>,
 }
 
-fn refuse<T>(claims: &[ClaimRef]) -> HashMap<String, Result<T, String>> {
+fn refuse<T>(claims: &[ClaimRef]) -> HashMap<String, Result<T, PrepareError>> {
     claims
         .iter()
-        .map(|c| (c.uid.clone(), Err(format!("claim {c}: {HANDED_OVER}"))))
+        .map(|c| (c.uid.clone(), Err(PrepareError::HandedOver)))
         .collect()
 }
 
@@ -184,10 +217,14 @@ impl Gated {
     /// Runs `work` in a task of its own that holds the gate's pass: when the kubelet cancels the
     /// call (a timeout), tonic drops our future, but the work (GPU calls, checkpoint writes)
     /// still finishes before the gate can close and the node be handed over.
-    async fn run<T, F>(&self, claims: &[ClaimRef], work: F) -> HashMap<String, Result<T, String>>
+    async fn run<T, F>(
+        &self,
+        claims: &[ClaimRef],
+        work: F,
+    ) -> HashMap<String, Result<T, PrepareError>>
     where
         T: Send + 'static,
-        F: std::future::Future<Output = HashMap<String, Result<T, String>>> + Send + 'static,
+        F: std::future::Future<Output = HashMap<String, Result<T, PrepareError>>> + Send + 'static,
     {
         let Some(pass) = self.gate.enter().await else {
             return refuse(claims);
@@ -203,7 +240,7 @@ impl Gated {
                 .map(|c| {
                     (
                         c.uid.clone(),
-                        Err(format!("claim {c}: the call failed: {e}")),
+                        Err(PrepareError::Internal(format!("the call failed: {e}"))),
                     )
                 })
                 .collect(),
@@ -216,14 +253,14 @@ impl ClaimHandler for Gated {
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
         let inner = self.inner.clone();
         let ids = claims.clone();
         self.run(&ids, async move { inner.prepare(claims).await })
             .await
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
         let inner = self.inner.clone();
         let ids = claims.clone();
         self.run(&ids, async move { inner.unprepare(claims).await })
@@ -303,11 +340,14 @@ mod tests {
         async fn prepare(
             &self,
             claims: Vec<ClaimRef>,
-        ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+        ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
             tokio::time::sleep(self.0).await;
             claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
         }
-        async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        async fn unprepare(
+            &self,
+            claims: Vec<ClaimRef>,
+        ) -> HashMap<String, Result<(), PrepareError>> {
             claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
         }
     }
@@ -342,10 +382,13 @@ mod tests {
         async fn prepare(
             &self,
             claims: Vec<ClaimRef>,
-        ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+        ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
             claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
         }
-        async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        async fn unprepare(
+            &self,
+            claims: Vec<ClaimRef>,
+        ) -> HashMap<String, Result<(), PrepareError>> {
             claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
         }
     }
@@ -366,6 +409,36 @@ mod tests {
         let err = gated.unprepare(vec![claim]).await["u1"]
             .clone()
             .unwrap_err();
-        assert!(err.contains("handed over") && err.contains("ns/c"), "{err}");
+        assert!(matches!(err, PrepareError::HandedOver), "{err}");
+        assert!(err.to_string().contains("handed over"), "{err}");
+    }
+
+    /// Issue 11 finding 8: the lock files (and the state dir) are closed to other users, so no
+    /// local process but root can hold a lock on them.
+    #[test]
+    fn lock_files_are_0600_in_a_0700_state_dir() {
+        let d = dir("modes");
+        std::fs::write(d.join(WAIT_FILE), b"").unwrap();
+        std::fs::set_permissions(d.join(WAIT_FILE), std::fs::Permissions::from_mode(0o666))
+            .unwrap();
+        restrict_state_dir(&d).unwrap();
+        let _active = Active::try_acquire(&d).unwrap().unwrap();
+        let _waiting = Waiting::announce(&d).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&d), 0o700);
+        assert_eq!(mode(&d.join(LOCK_FILE)), 0o600);
+        assert_eq!(
+            mode(&d.join(WAIT_FILE)),
+            0o600,
+            "an older, wider file is narrowed"
+        );
+    }
+
+    #[tokio::test]
+    async fn closing_is_bounded_when_a_call_hangs() {
+        let gate = Gate::default();
+        let _stuck = gate.enter().await.unwrap();
+        assert!(!gate.close_within(Duration::from_millis(50)).await);
+        assert!(gate.is_closed(), "no new calls either way");
     }
 }

@@ -1,7 +1,7 @@
 //! The kubelet side of the node plugin: socket paths, plugin registration and the DRA gRPC
 //! services (`v1.DRAPlugin` and `v1beta1.DRAPlugin` on one socket).
 //!
-//! Protocol facts (`shared/reference/dra-kubelet-plugin.md` §1–2): the kubelet's plugin watcher
+//! Protocol facts (KEP-4381 and the kubelet's `pkg/kubelet/cm/dra`): the kubelet's plugin watcher
 //! finds `<registry dir>/<name>-reg.sock`, calls `GetInfo`, dials the returned endpoint and picks
 //! the first service in `supported_versions` it knows, then calls `NotifyRegistrationStatus`.
 //! One NodePrepareResources call carries every claim of one pod for this driver; the response
@@ -25,6 +25,8 @@ use tokio::net::UnixListener;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
+
+use crate::claims::PrepareError;
 
 /// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -57,13 +59,21 @@ pub struct PreparedDevice {
 /// What prepares and unprepares claims; the gRPC layer only translates.
 #[tonic::async_trait]
 pub trait ClaimHandler: Send + Sync + 'static {
-    /// Prepares every claim; the map has one entry per claim UID (`Err` = message for the kubelet).
+    /// Prepares every claim; the map has one entry per claim UID.
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, String>>;
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>>;
     /// Unprepares every claim; idempotent; one entry per claim UID.
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>>;
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>>;
+}
+
+/// The kubelet's error text for a claim: the claim, then the cause.
+fn error_text(claims: &[ClaimRef], uid: &str, e: &PrepareError) -> String {
+    match claims.iter().find(|c| c.uid == uid) {
+        Some(c) => format!("claim {c}: {e}"),
+        None => format!("claim (uid {uid}): {e}"),
+    }
 }
 
 /// One device's health as reported to the kubelet.
@@ -305,7 +315,8 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
         &self,
         req: Request<v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let results = self.0.prepare(claim_refs!(req.into_inner().claims)).await;
+        let refs = claim_refs!(req.into_inner().claims);
+        let results = self.0.prepare(refs.clone()).await;
         let claims = results
             .into_iter()
             .map(|(uid, r)| {
@@ -323,9 +334,9 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
                             .collect(),
                         error: String::new(),
                     },
-                    Err(error) => v1::NodePrepareResourceResponse {
+                    Err(e) => v1::NodePrepareResourceResponse {
                         devices: vec![],
-                        error,
+                        error: error_text(&refs, &uid, &e),
                     },
                 };
                 (uid, entry)
@@ -338,14 +349,16 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
         &self,
         req: Request<v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let results = self.0.unprepare(claim_refs!(req.into_inner().claims)).await;
+        let refs = claim_refs!(req.into_inner().claims);
+        let results = self.0.unprepare(refs.clone()).await;
         let claims = results
             .into_iter()
             .map(|(uid, r)| {
+                let error = r.err().map(|e| error_text(&refs, &uid, &e));
                 (
                     uid,
                     v1::NodeUnprepareResourceResponse {
-                        error: r.err().unwrap_or_default(),
+                        error: error.unwrap_or_default(),
                     },
                 )
             })
@@ -360,7 +373,8 @@ impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
         &self,
         req: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let results = self.0.prepare(claim_refs!(req.into_inner().claims)).await;
+        let refs = claim_refs!(req.into_inner().claims);
+        let results = self.0.prepare(refs.clone()).await;
         let claims = results
             .into_iter()
             .map(|(uid, r)| {
@@ -377,9 +391,9 @@ impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
                             .collect(),
                         error: String::new(),
                     },
-                    Err(error) => v1beta1::NodePrepareResourceResponse {
+                    Err(e) => v1beta1::NodePrepareResourceResponse {
                         devices: vec![],
-                        error,
+                        error: error_text(&refs, &uid, &e),
                     },
                 };
                 (uid, entry)
@@ -394,14 +408,16 @@ impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
         &self,
         req: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let results = self.0.unprepare(claim_refs!(req.into_inner().claims)).await;
+        let refs = claim_refs!(req.into_inner().claims);
+        let results = self.0.unprepare(refs.clone()).await;
         let claims = results
             .into_iter()
             .map(|(uid, r)| {
+                let error = r.err().map(|e| error_text(&refs, &uid, &e));
                 (
                     uid,
                     v1beta1::NodeUnprepareResourceResponse {
-                        error: r.err().unwrap_or_default(),
+                        error: error.unwrap_or_default(),
                     },
                 )
             })

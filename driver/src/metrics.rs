@@ -30,6 +30,22 @@ struct MethodLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    method: String,
+    cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     gpu: String,
 }
@@ -49,6 +65,10 @@ pub struct Metrics {
     backend_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     prepared: Family<GpuLabels, Gauge>,
     status_write_failures: Counter,
+    errors: Family<ErrorLabels, Counter>,
+    destroy_failures: Family<CauseLabels, Counter>,
+    reaper_attempts: Family<ResultLabels, Counter>,
+    pending_destroy: Gauge,
     /// Set once the plugin serves the kubelet and has published its slices.
     pub ready: AtomicBool,
 }
@@ -73,6 +93,30 @@ impl Metrics {
             );
         let prepared = Family::<GpuLabels, Gauge>::default();
         let status_write_failures = Counter::default();
+        let errors = Family::<ErrorLabels, Counter>::default();
+        let destroy_failures = Family::<CauseLabels, Counter>::default();
+        let reaper_attempts = Family::<ResultLabels, Counter>::default();
+        let pending_destroy = Gauge::default();
+        registry.register(
+            "request_errors",
+            "Failed prepares and unprepares per claim, by cause (PrepareError)",
+            errors.clone(),
+        );
+        registry.register(
+            "slice_destroy_failures",
+            "Slices that could not be destroyed (they stay recorded and are retried), by backend error",
+            destroy_failures.clone(),
+        );
+        registry.register(
+            "reaper_attempts",
+            "Retries of slice destroys left by an unprepare or a roll-back, by result",
+            reaper_attempts.clone(),
+        );
+        registry.register(
+            "slices_pending_destroy",
+            "Slices of released claims that still exist and are retried by the reaper",
+            pending_destroy.clone(),
+        );
         registry.register(
             "requests",
             "NodePrepareResources/NodeUnprepareResources per claim, by result",
@@ -105,13 +149,30 @@ impl Metrics {
             backend_seconds,
             prepared,
             status_write_failures,
+            errors,
+            destroy_failures,
+            reaper_attempts,
+            pending_destroy,
             ready: AtomicBool::new(false),
         }
     }
 
-    /// Records one prepare or unprepare of a claim.
-    pub fn observe_call(&self, method: &str, ok: bool, took: Duration) {
-        let result = if ok { "success" } else { "error" };
+    /// Records one prepare or unprepare of a claim; `error` is its failure, if any.
+    pub fn observe_call(
+        &self,
+        method: &str,
+        error: Option<&crate::claims::PrepareError>,
+        took: Duration,
+    ) {
+        let result = if error.is_none() { "success" } else { "error" };
+        if let Some(e) = error {
+            self.errors
+                .get_or_create(&ErrorLabels {
+                    method: method.into(),
+                    cause: e.metric_label().into(),
+                })
+                .inc();
+        }
         self.calls
             .get_or_create(&CallLabels {
                 method: method.into(),
@@ -144,8 +205,33 @@ impl Metrics {
         }
     }
 
+    /// Counts one failed write of a claim's `status.devices`.
     pub fn status_write_failed(&self) {
         self.status_write_failures.inc();
+    }
+
+    /// Counts one slice that could not be destroyed; `cause` is the backend error's kind.
+    pub fn destroy_failed(&self, cause: &str) {
+        self.destroy_failures
+            .get_or_create(&CauseLabels {
+                cause: cause.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one reaper attempt.
+    pub fn reaper_attempt(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.reaper_attempts
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of slices waiting for the reaper.
+    pub fn set_pending_destroy(&self, n: i64) {
+        self.pending_destroy.set(n);
     }
 
     /// The OpenMetrics text exposition.
@@ -196,8 +282,12 @@ mod tests {
     #[test]
     fn metrics_are_exposed_with_labels() {
         let m = Metrics::new();
-        m.observe_call("prepare", true, Duration::from_millis(3));
-        m.observe_call("prepare", false, Duration::from_millis(3));
+        m.observe_call("prepare", None, Duration::from_millis(3));
+        m.observe_call(
+            "prepare",
+            Some(&crate::claims::PrepareError::NotAllocated),
+            Duration::from_millis(3),
+        );
         m.set_prepared(BTreeMap::from([(0, 2), (1, 1)]));
         m.set_prepared(BTreeMap::from([(1, 1)]));
         let text = m.encode();
@@ -213,6 +303,12 @@ mod tests {
             )
         );
         assert!(text.contains(r#"das_kubelet_plugin_prepared_slices{gpu="1"} 1"#));
+        assert!(
+            text.contains(
+                r#"das_kubelet_plugin_request_errors_total{method="prepare",cause="not_allocated"} 1"#
+            ),
+            "{text}"
+        );
         assert!(!text.contains(r#"gpu="0""#), "cleared GPUs disappear");
     }
 }

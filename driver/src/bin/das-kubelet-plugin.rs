@@ -2,7 +2,6 @@
 //! ResourceSlices, registers with the kubelet as DRA driver `mig.das.com`, and carves and destroys
 //! MIG slices on NodePrepareResources / NodeUnprepareResources.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,13 +12,15 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use das_api::DRIVER_NAME;
+use das_driver::blocking::BlockingCalls;
+use das_driver::checkpoint::CheckpointStore;
 use das_driver::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::claims::{KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::gpu::nvml::{self, procfs};
 use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
 use das_driver::handover::{self, Active, Gate, Gated};
 use das_driver::kubelet::{self, SocketPaths};
 use das_driver::metrics::{self, Metrics};
-use das_driver::prepare::{self, CheckpointStore, Preparer};
 use das_driver::publish::{Publisher, RunConfig};
 use das_driver::slices::{self, SliceLayout};
 use tokio::sync::watch;
@@ -165,8 +166,34 @@ fn limit_malloc_arenas() {
     }
 }
 
-async fn client(args: &Args) -> Result<kube::Client> {
-    let config = match &args.kubeconfig {
+/// Connect timeout of every API call.
+const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Read timeout of request/response API calls (not watches).
+const API_READ_TIMEOUT: Duration = Duration::from_secs(20);
+/// Write timeout of every API call.
+const API_WRITE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Two clients: one for request/response calls, with connect, read and write timeouts so a hung
+/// call cannot hold a claim or the handover gate; one for watches, without a read timeout (a
+/// quiet watch is not a hung one; kube's watcher has its own idle timeout).
+async fn clients(args: &Args) -> Result<(kube::Client, kube::Client)> {
+    let config = kube_config(args).await?;
+    let mut calls = config.clone();
+    calls.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    calls.read_timeout = Some(API_READ_TIMEOUT);
+    calls.write_timeout = Some(API_WRITE_TIMEOUT);
+    calls.reset_reader_on_write = true;
+    let mut watches = config;
+    watches.connect_timeout = Some(API_CONNECT_TIMEOUT);
+    watches.write_timeout = Some(API_WRITE_TIMEOUT);
+    Ok((
+        kube::Client::try_from(calls)?,
+        kube::Client::try_from(watches)?,
+    ))
+}
+
+async fn kube_config(args: &Args) -> Result<kube::Config> {
+    Ok(match &args.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("read kubeconfig {}", path.display()))?;
@@ -175,8 +202,7 @@ async fn client(args: &Args) -> Result<kube::Client> {
         None => kube::Config::infer()
             .await
             .context("no in-cluster config and no kubeconfig")?,
-    };
-    Ok(kube::Client::try_from(config)?)
+    })
 }
 
 /// The GPU backend and the `nvidia-caps` major: emulated with --emulated-gpus, else NVML (which
@@ -235,6 +261,14 @@ fn print_inventory(args: &Args) -> Result<()> {
 fn load_checkpoint(path: &std::path::Path, boot_id: &str) -> Result<(Checkpoint, bool)> {
     Ok(match Checkpoint::load(path, boot_id)? {
         LoadOutcome::Loaded(cp) => (cp, false),
+        LoadOutcome::Upgraded { checkpoint, from } => {
+            tracing::info!(
+                from,
+                to = checkpoint::CHECKPOINT_VERSION,
+                "checkpoint upgraded"
+            );
+            (checkpoint, false)
+        }
         LoadOutcome::Fresh => (Checkpoint::new(boot_id), true),
         LoadOutcome::NewBoot { previous } => {
             tracing::info!(previous = %previous.boot_id, current = boot_id, "new boot: the checkpoint of the previous boot is discarded");
@@ -260,9 +294,10 @@ async fn slice_layout(client: &kube::Client) -> Result<SliceLayout> {
 }
 
 async fn run(args: Args) -> Result<()> {
-    for dir in [&args.cdi_dir, &args.state_dir] {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    }
+    std::fs::create_dir_all(&args.cdi_dir)
+        .with_context(|| format!("create {}", args.cdi_dir.display()))?;
+    handover::restrict_state_dir(&args.state_dir)
+        .with_context(|| format!("create {} (mode 0700)", args.state_dir.display()))?;
     let mut shutdown = Shutdown::listen()?;
     let metrics = Arc::new(Metrics::new());
     let stop = CancellationToken::new();
@@ -274,7 +309,7 @@ async fn run(args: Args) -> Result<()> {
     ));
     // Checks that touch nothing on the node come first: an instance that cannot reach the API
     // server should fail before it asks the active instance to hand over.
-    let client = client(&args).await?;
+    let (client, watch_client) = clients(&args).await?;
     let layout = slice_layout(&client).await?;
     // Only the node's active instance touches the state dir and the GPUs (see handover.rs).
     let active = tokio::select! {
@@ -297,22 +332,18 @@ async fn run(args: Args) -> Result<()> {
     let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &boot_id)?;
-    let preparer = Arc::new(Preparer {
-        client: client.clone(),
+    let preparer = Arc::new(Preparer::new(PreparerConfig {
+        api: Arc::new(KubeClaimApi::new(client.clone(), &args.node_name)),
         node: args.node_name.clone(),
         backend: backend.clone(),
-        devices: prepare::device_index(&inventory),
+        inventory: inventory.clone(),
         cdi_dir: args.cdi_dir.clone(),
         caps_major,
         cdi_device_nodes: args.cdi_device_nodes,
         checkpoint: CheckpointStore::new(cp, cp_path),
-        gpu_locks: inventory
-            .iter()
-            .map(|g| (g.index, Arc::default()))
-            .collect::<HashMap<_, _>>(),
         metrics: metrics.clone(),
-        status_writes: Default::default(),
-    });
+        blocking: BlockingCalls::Threads,
+    }));
     let report = preparer
         .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)
         .await?;
@@ -323,7 +354,8 @@ async fn run(args: Args) -> Result<()> {
 
     // Publish once before registering, so the scheduler can place pods as soon as we answer.
     let specs: Vec<_> = desired.into_iter().map(|d| d.slice.spec).collect();
-    let mut publisher = Publisher::new(client.clone(), &args.node_name, None);
+    let mut publisher =
+        Publisher::new(client.clone(), &args.node_name, None).with_watch_client(watch_client);
     let stats = publisher.publish(specs.clone()).await?;
     tracing::info!(?stats, "ResourceSlices published");
     let (_desired_tx, desired_rx) = watch::channel(specs);
@@ -337,6 +369,7 @@ async fn run(args: Args) -> Result<()> {
         DRIVER_NAME,
         args.pod_uid.as_deref(),
     )?;
+    let reaper_task = tokio::spawn(preparer.clone().run_reaper(stop.child_token()));
     let gate = Arc::new(Gate::default());
     let handler: Arc<dyn kubelet::ClaimHandler> = Arc::new(Gated {
         inner: preparer.clone(),
@@ -371,9 +404,14 @@ async fn run(args: Args) -> Result<()> {
         None => handover_task.await?,
     };
     serve_task.await??;
+    reaper_task.await?;
     metrics_task.await??;
     match ended {
         Ended::Stopped => Ok(()),
+        Ended::Stuck => anyhow::bail!(
+            "calls still ran {}s after the node plugin stopped taking new ones: exiting so that the kernel frees the node (the next instance recovers from the checkpoint)",
+            DRAIN_LIMIT.as_secs()
+        ),
         Ended::NodeUnserved => anyhow::bail!(
             "the plugin instance that took over this node is gone and none waits: exiting so that this pod restarts and serves the node again"
         ),
@@ -382,6 +420,9 @@ async fn run(args: Args) -> Result<()> {
 
 /// How often a waiting instance tries the lock, and the active one looks for a waiter.
 const HANDOVER_POLL: Duration = Duration::from_millis(250);
+/// How long calls in flight may take to finish once the instance stops taking new ones (every
+/// API call is bounded by its timeouts, a GPU call by the driver).
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
 /// The ResourceSlice publisher's task and its stop token.
 struct Publishing {
@@ -393,6 +434,9 @@ struct Publishing {
 enum Ended {
     /// Shutdown (SIGTERM).
     Stopped,
+    /// Calls in flight did not finish within [`DRAIN_LIMIT`]: the node is not handed over
+    /// cleanly; the process must exit.
+    Stuck,
     /// This instance handed over, then the node's lock came free again with nobody waiting for
     /// it: the instance that took over is gone (it failed at start-up, or was deleted in a
     /// rollback). This one must start over to serve the node (its view of the state is stale).
@@ -421,7 +465,11 @@ async fn hand_over_when_asked(
         tracing::info!("a newer DAS plugin instance waits on this node: handing over");
         metrics.ready.store(false, Ordering::Relaxed);
     }
-    gate.close().await;
+    if !gate.close_within(DRAIN_LIMIT).await {
+        tracing::error!(limit = ?DRAIN_LIMIT, "calls in flight did not finish");
+        publishing.stop.cancel();
+        return Ended::Stuck;
+    }
     publishing.stop.cancel();
     if let Err(e) = publishing.task.await {
         tracing::warn!(error = %e, "the ResourceSlice publisher ended badly");

@@ -10,10 +10,13 @@
 //!   placement.
 //! - The state file is written atomically (temp file, fsync, rename, fsync of the directory).
 //!   A corrupt or mismatching file is an error; the caller decides (see [`move_state_aside`]).
-//! - Faults (fail the next N creates or destroys on a GPU with a given error) and latency (a
-//!   sleep per create and destroy) can be injected from code for tests.
+//! - Faults (fail the next N creates or destroys on a GPU with a given error), latency (a sleep
+//!   per create and destroy) and lost GPUs (every call on the GPU fails with
+//!   [`BackendError::GpuLost`], the inventory leaves it out; its instances are kept for when it
+//!   comes back) can be injected from code for unit tests, and through a control file
+//!   ([`CONTROL_FILE`], [`Control`]) for tests that drive a running plugin.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,6 +32,9 @@ use crate::checkpoint::Durability;
 
 /// File name of the emulated hardware state inside the state directory.
 pub const STATE_FILE: &str = "emulated-gpus.json";
+
+/// File name of the fault-injection control file, beside the state file (see [`Control`]).
+pub const CONTROL_FILE: &str = "control.json";
 
 /// Version of the state file format.
 pub const STATE_VERSION: u32 = 1;
@@ -136,7 +142,7 @@ fn parse_count(c: &str) -> Result<u32, String> {
 }
 
 /// The error an injected fault returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FaultKind {
     /// [`BackendError::InsufficientResources`].
     InsufficientResources,
@@ -148,6 +154,9 @@ pub enum FaultKind {
     NotFound,
     /// [`BackendError::InUse`].
     InUse,
+    /// [`BackendError::GpuLost`] (for one call; see [`EmulatedBackend::set_gpu_lost`] for a GPU
+    /// that stays lost).
+    GpuLost,
     /// [`BackendError::Other`].
     Other,
 }
@@ -163,6 +172,7 @@ impl FaultKind {
             FaultKind::NotSupported => BackendError::NotSupported { target, reason },
             FaultKind::NotFound => BackendError::NotFound { target, reason },
             FaultKind::InUse => BackendError::InUse { target, reason },
+            FaultKind::GpuLost => BackendError::GpuLost { target, reason },
             FaultKind::Other => BackendError::Other { target, reason },
         }
     }
@@ -182,6 +192,83 @@ pub struct Latency {
 enum Op {
     Create,
     Destroy,
+}
+
+/// The fault-injection control file, `<state dir>/control.json`, for tests that drive a running
+/// plugin (the e2e tests and the chaos soak). The backend reads it again whenever its content
+/// changes (checked on every call, a `stat` and, on a change, a read). `latencyMs` and
+/// `lostGpus` replace the current settings; each fault list is queued once per new content.
+/// Write it atomically (temp file and rename). A file that does not parse is logged and ignored.
+///
+/// ```json
+/// {"latencyMs": {"create": 2000, "destroy": 0}, "lostGpus": [1],
+///  "createFaults": [{"gpu": 0, "count": 1, "kind": "Other"}],
+///  "destroyFaults": [{"gpu": 1, "count": 3, "kind": "InUse"}]}
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Control {
+    /// Sleep per create and destroy, in milliseconds.
+    #[serde(default)]
+    pub latency_ms: LatencyMs,
+    /// GPUs that are lost (fell off the bus) until the file says otherwise.
+    #[serde(default)]
+    pub lost_gpus: Vec<u32>,
+    /// Faults for the next creates.
+    #[serde(default)]
+    pub create_faults: Vec<ControlFault>,
+    /// Faults for the next destroys.
+    #[serde(default)]
+    pub destroy_faults: Vec<ControlFault>,
+}
+
+/// [`Latency`] in the control file, in milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencyMs {
+    /// Milliseconds per create.
+    #[serde(default)]
+    pub create: u64,
+    /// Milliseconds per destroy.
+    #[serde(default)]
+    pub destroy: u64,
+}
+
+/// `count` faults of `kind` on GPU `gpu`, in the control file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlFault {
+    /// GPU index.
+    pub gpu: u32,
+    /// How many of the next operations fail.
+    pub count: usize,
+    /// With which error.
+    pub kind: FaultKind,
+}
+
+impl Control {
+    /// Writes the control file into `state_dir` atomically.
+    ///
+    /// # Errors
+    /// The file cannot be written.
+    pub fn write(&self, state_dir: &Path) -> io::Result<()> {
+        let path = state_dir.join(CONTROL_FILE);
+        let bytes = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        crate::checkpoint::write_atomically(
+            &path,
+            &path.with_extension("json.tmp"),
+            &bytes,
+            Durability::Atomic,
+        )
+    }
+}
+
+/// The last control-file content applied, by modification time and length (and the content
+/// itself, so an edit within one timestamp tick is still seen).
+#[derive(Debug, Default)]
+struct ControlSeen {
+    stamp: Option<(SystemTime, u64)>,
+    content: Vec<u8>,
 }
 
 /// On-disk state.
@@ -231,6 +318,9 @@ pub struct EmulatedBackend {
     state: Mutex<StateFile>,
     faults: Mutex<HashMap<(Op, u32), VecDeque<FaultKind>>>,
     latency: Mutex<Latency>,
+    lost: Mutex<BTreeSet<u32>>,
+    control_path: PathBuf,
+    control_seen: Mutex<ControlSeen>,
 }
 
 impl EmulatedBackend {
@@ -276,6 +366,9 @@ impl EmulatedBackend {
             state: Mutex::new(state),
             faults: Mutex::new(HashMap::new()),
             latency: Mutex::new(Latency::default()),
+            lost: Mutex::new(BTreeSet::new()),
+            control_path: state_dir.join(CONTROL_FILE),
+            control_seen: Mutex::new(ControlSeen::default()),
         })
     }
 
@@ -294,6 +387,11 @@ impl EmulatedBackend {
         self.inject(Op::Destroy, gpu_index, count, kind);
     }
 
+    /// Injected faults not yet used up.
+    pub fn pending_faults(&self) -> usize {
+        lock(&self.faults).values().map(VecDeque::len).sum()
+    }
+
     /// Drops every pending injected fault.
     pub fn clear_faults(&self) {
         lock(&self.faults).clear();
@@ -302,6 +400,74 @@ impl EmulatedBackend {
     /// Sets the injected latency.
     pub fn set_latency(&self, latency: Latency) {
         *lock(&self.latency) = latency;
+    }
+
+    /// Marks GPU `gpu_index` lost (every call on it fails with [`BackendError::GpuLost`] and the
+    /// inventory leaves it out) or back. Its instances are kept while it is lost.
+    pub fn set_gpu_lost(&self, gpu_index: u32, lost: bool) {
+        let mut set = lock(&self.lost);
+        if lost {
+            set.insert(gpu_index);
+        } else {
+            set.remove(&gpu_index);
+        }
+    }
+
+    /// Applies the control file when its content changed since the last call (see [`Control`]).
+    fn apply_control_file(&self) {
+        let stamp = match fs::metadata(&self.control_path) {
+            Ok(m) => Some((m.modified().unwrap_or(UNIX_EPOCH), m.len())),
+            Err(_) => None,
+        };
+        let mut seen = lock(&self.control_seen);
+        if stamp.is_none() || (stamp == seen.stamp && stamp.is_some_and(|(t, _)| !recent(t))) {
+            return;
+        }
+        let Ok(content) = fs::read(&self.control_path) else {
+            return;
+        };
+        seen.stamp = stamp;
+        if content == seen.content {
+            return;
+        }
+        seen.content = content.clone();
+        drop(seen);
+        match serde_json::from_slice::<Control>(&content) {
+            Ok(control) => self.apply(&control),
+            Err(e) => tracing::warn!(path = %self.control_path.display(), error = %e,
+                "ignoring an emulated-GPU control file that does not parse"),
+        }
+    }
+
+    fn apply(&self, control: &Control) {
+        tracing::info!(?control, "emulated GPUs: applying the control file");
+        self.set_latency(Latency {
+            create: Duration::from_millis(control.latency_ms.create),
+            destroy: Duration::from_millis(control.latency_ms.destroy),
+        });
+        *lock(&self.lost) = control.lost_gpus.iter().copied().collect();
+        for f in &control.create_faults {
+            self.inject(Op::Create, f.gpu, f.count, f.kind);
+        }
+        for f in &control.destroy_faults {
+            self.inject(Op::Destroy, f.gpu, f.count, f.kind);
+        }
+    }
+
+    fn is_lost(&self, gpu_index: u32) -> bool {
+        lock(&self.lost).contains(&gpu_index)
+    }
+
+    /// The GPU, unless it is lost.
+    fn live_gpu(&self, index: u32, target: Target) -> Result<&EmuGpu, BackendError> {
+        let gpu = self.gpu(index, target.clone())?;
+        if self.is_lost(index) {
+            return Err(BackendError::GpuLost {
+                target,
+                reason: "the emulated GPU is marked lost".into(),
+            });
+        }
+        Ok(gpu)
     }
 
     /// Creates a slice as an administrator would with `nvidia-smi` (marked `created_by_das =
@@ -441,9 +607,11 @@ impl EmulatedBackend {
 
 impl GpuBackend for EmulatedBackend {
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
+        self.apply_control_file();
         Ok(self
             .gpus
             .iter()
+            .filter(|g| !self.is_lost(g.index))
             .map(|g| GpuInfo {
                 index: g.index,
                 uuid: g.uuid.clone(),
@@ -463,9 +631,10 @@ impl GpuBackend for EmulatedBackend {
         profile: &str,
         start: u32,
     ) -> Result<MigSlice, BackendError> {
+        self.apply_control_file();
         self.sleep(Op::Create);
         let target = Target::slice(gpu_index, profile, Placement { start, size: 0 });
-        let gpu = self.gpu(gpu_index, target.clone())?;
+        let gpu = self.live_gpu(gpu_index, target.clone())?;
         if let Some(kind) = self.take_fault(Op::Create, gpu_index) {
             return Err(kind.error(target));
         }
@@ -473,33 +642,43 @@ impl GpuBackend for EmulatedBackend {
     }
 
     fn destroy_slice(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
+        self.apply_control_file();
         self.sleep(Op::Destroy);
         let target = Target {
             gi_id: Some(gi_id),
             ..Target::gpu(gpu_index)
         };
-        let gpu = self.gpu(gpu_index, target.clone())?;
+        let gpu = self.live_gpu(gpu_index, target.clone())?;
         if let Some(kind) = self.take_fault(Op::Destroy, gpu_index) {
             return Err(kind.error(target));
         }
         self.destroy(gpu, gi_id)
     }
 
-    fn list_slices(&self) -> Result<Vec<MigSlice>, BackendError> {
+    fn gpu_indices(&self) -> Vec<u32> {
+        self.gpus.iter().map(|g| g.index).collect()
+    }
+
+    fn gpu_slices(&self, gpu_index: u32) -> Result<Vec<MigSlice>, BackendError> {
+        self.apply_control_file();
+        let gpu = self.live_gpu(gpu_index, Target::gpu(gpu_index))?;
         let state = lock(&self.state);
-        let mut out: Vec<MigSlice> = self
-            .gpus
+        let mut out: Vec<MigSlice> = gpu_state(&state, gpu.index)
+            .instances
             .iter()
-            .flat_map(|g| {
-                gpu_state(&state, g.index)
-                    .instances
-                    .iter()
-                    .map(move |i| to_slice(g, i))
-            })
+            .map(|i| to_slice(gpu, i))
             .collect();
-        out.sort_by_key(|s| (s.gpu_index, s.placement.start));
+        out.sort_by_key(|s| s.placement.start);
         Ok(out)
     }
+}
+
+/// Whether a modification time is within the last two seconds: the file system's timestamp
+/// granularity may hide an edit made in the same tick, so a recent file is re-read.
+fn recent(t: SystemTime) -> bool {
+    SystemTime::now()
+        .duration_since(t)
+        .map_or(true, |age| age < Duration::from_secs(2))
 }
 
 /// Moves a state file that cannot be used out of the way (`emulated-gpus.json.corrupt-<secs>`)
@@ -955,6 +1134,65 @@ mod tests {
         let t = std::time::Instant::now();
         b.create_slice(0, "1g.6gb", 1).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(20));
+    }
+
+    #[test]
+    fn a_lost_gpu_fails_only_its_own_calls_and_keeps_its_instances() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), "A30:2");
+        let s = b.create_slice(1, "1g.6gb", 0).unwrap();
+        b.set_gpu_lost(1, true);
+        assert_eq!(
+            b.inventory().unwrap().len(),
+            1,
+            "the lost GPU is not listed"
+        );
+        for e in [
+            b.gpu_slices(1).unwrap_err(),
+            b.create_slice(1, "1g.6gb", 1).unwrap_err(),
+            b.destroy_slice(1, s.gi_id).unwrap_err(),
+        ] {
+            assert!(matches!(e, BackendError::GpuLost { .. }), "{e}");
+        }
+        assert!(b.list_slices().is_err(), "the whole-node listing fails");
+        b.create_slice(0, "1g.6gb", 0).unwrap();
+        assert_eq!(b.gpu_slices(0).unwrap().len(), 1, "the other GPU works");
+        b.set_gpu_lost(1, false);
+        assert_eq!(b.gpu_slices(1).unwrap(), vec![s]);
+    }
+
+    #[test]
+    fn the_control_file_injects_latency_lost_gpus_and_faults_once_per_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), "A30:2");
+        let control = Control {
+            latency_ms: LatencyMs {
+                create: 30,
+                destroy: 0,
+            },
+            lost_gpus: vec![1],
+            create_faults: vec![ControlFault {
+                gpu: 0,
+                count: 1,
+                kind: FaultKind::InUse,
+            }],
+            destroy_faults: vec![],
+        };
+        control.write(dir.path()).unwrap();
+        let t = std::time::Instant::now();
+        assert!(matches!(
+            b.create_slice(0, "1g.6gb", 0),
+            Err(BackendError::InUse { .. })
+        ));
+        assert!(t.elapsed() >= Duration::from_millis(30), "latency applied");
+        // The same content again queues no second fault.
+        b.create_slice(0, "1g.6gb", 0).unwrap();
+        assert!(matches!(b.gpu_slices(1), Err(BackendError::GpuLost { .. })));
+        Control::default().write(dir.path()).unwrap();
+        assert!(b.gpu_slices(1).unwrap().is_empty(), "GPU 1 is back");
+        // A file that does not parse changes nothing.
+        fs::write(dir.path().join(CONTROL_FILE), b"{nope").unwrap();
+        assert!(b.gpu_slices(1).is_ok());
     }
 
     #[test]

@@ -191,6 +191,15 @@ pub enum BackendError {
         /// Who uses it.
         reason: String,
     },
+    /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or needs a reset. Only calls on that
+    /// GPU fail; its instances are unusable until it is back (a reset destroys them).
+    #[error("{target}: GPU is lost: {reason}")]
+    GpuLost {
+        /// What was asked for.
+        target: Target,
+        /// What NVML said.
+        reason: String,
+    },
     /// Anything else (driver errors, I/O of the emulated state).
     #[error("{target}: {reason}")]
     Other {
@@ -210,19 +219,41 @@ impl BackendError {
             | BackendError::NotSupported { target, .. }
             | BackendError::NotFound { target, .. }
             | BackendError::InUse { target, .. }
+            | BackendError::GpuLost { target, .. }
             | BackendError::Other { target, .. } => target,
+        }
+    }
+
+    /// A short, stable name of the kind of failure, for metric labels.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::InsufficientResources { .. } => "insufficient_resources",
+            BackendError::InvalidArgument { .. } => "invalid_argument",
+            BackendError::NotSupported { .. } => "not_supported",
+            BackendError::NotFound { .. } => "not_found",
+            BackendError::InUse { .. } => "in_use",
+            BackendError::GpuLost { .. } => "gpu_lost",
+            BackendError::Other { .. } => "other",
         }
     }
 }
 
 /// Creates, destroys and lists MIG slices on the node's GPUs. Implementations: the emulated
-/// backend here; an NVML backend (raw `nvml-wrapper-sys` calls, mig-facts §4) later.
+/// backend ([`EmulatedBackend`]) and the NVML backend ([`NvmlBackend`], raw `nvml-wrapper-sys`
+/// calls, mig-facts §4).
 ///
 /// The methods block (NVML calls take up to seconds, mig-facts §5): call them from
 /// `tokio::task::spawn_blocking`. Implementations must allow concurrent calls on different GPUs.
+///
+/// Faults stay per GPU: a GPU that is lost answers [`BackendError::GpuLost`] for calls on it,
+/// while every other GPU keeps working.
 pub trait GpuBackend: Send + Sync {
-    /// The node's GPUs, in index order.
+    /// The node's GPUs that answer now, in index order: read again on every call (a GPU that
+    /// fell off the bus is missing), so callers can judge health from it.
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError>;
+
+    /// Indices of the GPUs the backend manages (fixed at start, whether they answer or not).
+    fn gpu_indices(&self) -> Vec<u32>;
 
     /// Creates a GPU instance of `profile` at exactly memory slice `start` on GPU `gpu_index`
     /// (`nvmlDeviceCreateGpuInstanceWithPlacement`), then the full-size compute instance inside
@@ -238,8 +269,18 @@ pub trait GpuBackend: Send + Sync {
     /// (mig-facts §0 fact 6). `NotFound` when the GI does not exist.
     fn destroy_slice(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError>;
 
-    /// Every MIG slice on the node, whoever created it, by GPU index and placement start.
-    fn list_slices(&self) -> Result<Vec<MigSlice>, BackendError>;
+    /// Every MIG slice on GPU `gpu_index`, whoever created it, by placement start.
+    fn gpu_slices(&self, gpu_index: u32) -> Result<Vec<MigSlice>, BackendError>;
+
+    /// Every MIG slice on the node, by GPU index and placement start; fails when any GPU does
+    /// (prefer [`Self::gpu_slices`] where one GPU's failure must not stop the others).
+    fn list_slices(&self) -> Result<Vec<MigSlice>, BackendError> {
+        let mut out = Vec::new();
+        for gpu in self.gpu_indices() {
+            out.extend(self.gpu_slices(gpu)?);
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

@@ -190,6 +190,8 @@ impl Default for RunConfig {
 /// Publishes the ResourceSlices of one node's pool. See the module docs.
 pub struct Publisher {
     api: Api<ResourceSlice>,
+    /// Where the watch goes (see [`Publisher::with_watch_client`]).
+    watch_api: Api<ResourceSlice>,
     nodes: Api<Node>,
     node: String,
     /// UID given by the caller (never refreshed).
@@ -212,6 +214,7 @@ impl Publisher {
     pub fn new(client: Client, node_name: impl Into<String>, node_uid: Option<String>) -> Self {
         Self {
             api: Api::all(client.clone()),
+            watch_api: Api::all(client.clone()),
             nodes: Api::all(client),
             node: node_name.into(),
             given_uid: node_uid,
@@ -221,6 +224,13 @@ impl Publisher {
             known: BTreeMap::new(),
             totals: PublishTotals::default(),
         }
+    }
+
+    /// Watches through `client` instead: one without a read timeout, since a quiet watch is not a
+    /// hung call (the other calls keep the client given to [`Self::new`]).
+    pub fn with_watch_client(mut self, client: Client) -> Self {
+        self.watch_api = Api::all(client);
+        self
     }
 
     /// The node (and pool) name.
@@ -544,7 +554,7 @@ impl Publisher {
         config: RunConfig,
     ) -> Self {
         let wc = watcher::Config::default().fields(&self.field_selector());
-        let mut events = watcher::watcher(self.api.clone(), wc)
+        let mut events = watcher::watcher(self.watch_api.clone(), wc)
             .default_backoff()
             .boxed();
         let mut next = Instant::now();
@@ -582,7 +592,7 @@ impl Publisher {
                     Some(Err(e)) => warn!(error = %e, "watching ResourceSlices"),
                     None => {
                         let wc = watcher::Config::default().fields(&self.field_selector());
-                        events = watcher::watcher(self.api.clone(), wc).default_backoff().boxed();
+                        events = watcher::watcher(self.watch_api.clone(), wc).default_backoff().boxed();
                     }
                 },
             }

@@ -1,7 +1,10 @@
 //! [`NvmlBackend`]: [`GpuBackend`] over an [`NvmlApi`] (mig-facts §4).
 //!
-//! - Inventory once at construction: MIG-capable GPUs with MIG mode on; non-MIG GPUs, Ampere with
-//!   MIG off and (by default) Hopper+ with MIG off are logged and skipped. `--enable-mig-mode`
+//! - Inventory discovered once at construction: MIG-capable GPUs with MIG mode on; non-MIG GPUs,
+//!   Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped. Every
+//!   later [`GpuBackend::inventory`] asks NVML again whether each of those GPUs still answers
+//!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
+//!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
 //!   lets Hopper+ GPUs be switched on (no reset needed, mig-facts §4.5); Ampere never is.
 //! - Models come from the data files by PCI device ID, cross-checked against NVML; an unknown
 //!   GPU gets a model built from NVML's own profile and placement tables ([`model_from_nvml`]).
@@ -207,7 +210,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
     /// The slices of one GPU: every GI of the model's profiles with its first CI. A GI without a
     /// CI (a create interrupted between the two steps) is listed with CI 0 and an empty MIG UUID
     /// so orphan reconciliation can destroy it.
-    fn gpu_slices(&self, gpu: &GpuInfo) -> Result<Vec<MigSlice>, BackendError> {
+    fn gpu_slices_of(&self, gpu: &GpuInfo) -> Result<Vec<MigSlice>, BackendError> {
         let fail = |e: NvmlCallError| map_error(Target::gpu(gpu.index), &e);
         let migs = self.mig_devices(gpu.index).map_err(fail)?;
         let mut out = Vec::new();
@@ -236,7 +239,27 @@ impl<A: NvmlApi> NvmlBackend<A> {
 
 impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
-        Ok(self.gpus.clone())
+        Ok(self
+            .gpus
+            .iter()
+            .filter(|g| match self.api.device_identity(g.index) {
+                Ok(id) if id.uuid == g.uuid => true,
+                Ok(id) => {
+                    tracing::warn!(gpu = g.index, expected = %g.uuid, found = %id.uuid,
+                        "GPU index now answers with another UUID; treating the GPU as gone");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(gpu = g.index, error = %e, "GPU does not answer");
+                    false
+                }
+            })
+            .cloned()
+            .collect())
+    }
+
+    fn gpu_indices(&self) -> Vec<u32> {
+        self.gpus.iter().map(|g| g.index).collect()
     }
 
     fn create_slice(
@@ -327,12 +350,10 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
         Ok(())
     }
 
-    fn list_slices(&self) -> Result<Vec<MigSlice>, BackendError> {
-        let mut out = Vec::new();
-        for gpu in &self.gpus {
-            out.extend(self.gpu_slices(gpu)?);
-        }
-        out.sort_by_key(|s| (s.gpu_index, s.placement.start));
+    fn gpu_slices(&self, gpu_index: u32) -> Result<Vec<MigSlice>, BackendError> {
+        let gpu = self.gpu(&Target::gpu(gpu_index))?;
+        let mut out = self.gpu_slices_of(gpu)?;
+        out.sort_by_key(|s| s.placement.start);
         Ok(out)
     }
 }
@@ -377,11 +398,12 @@ pub fn map_error(target: Target, e: &NvmlCallError) -> BackendError {
             target,
             reason: format!("profile or placement not valid on this GPU ({e})"),
         },
-        code::GPU_IS_LOST => other(
+        code::GPU_IS_LOST => BackendError::GpuLost {
             target,
-            e,
-            "the GPU is lost (fell off the bus or needs a reset); its slices are unusable until the node is repaired",
-        ),
+            reason: format!(
+                "the GPU fell off the bus or needs a reset; its slices are unusable until it is repaired ({e})"
+            ),
+        },
         code::NO_PERMISSION => other(
             target,
             e,

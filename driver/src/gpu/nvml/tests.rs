@@ -278,7 +278,7 @@ fn nvml_errors_map_to_backend_errors() {
         BackendError::InvalidArgument { .. }
     ));
     let lost = map_error(t(), &e(code::GPU_IS_LOST));
-    assert!(matches!(lost, BackendError::Other { .. }));
+    assert!(matches!(lost, BackendError::GpuLost { .. }));
     assert!(lost.to_string().contains("GPU is lost"), "{lost}");
     assert!(
         lost.to_string().contains("NVML_ERROR_GPU_IS_LOST"),
@@ -293,9 +293,25 @@ fn lost_gpu_fails_create_clearly() {
     let b = one_a100();
     b.api().lose_gpu(0);
     let e = b.create_slice(0, "1g.5gb", 0).unwrap_err();
-    assert!(matches!(e, BackendError::Other { .. }), "{e}");
+    assert!(matches!(e, BackendError::GpuLost { .. }), "{e}");
     assert!(e.to_string().contains("GPU is lost"), "{e}");
     assert!(b.list_slices().is_err());
+}
+
+/// Issue 11 finding 5: one lost GPU must not take the node down, and the inventory (which health
+/// is judged from) is read again instead of served from the start-up copy.
+#[test]
+fn a_lost_gpu_leaves_the_other_gpus_listable_and_drops_out_of_the_inventory() {
+    let fake = FakeNvml::new(vec![a100(true), h100(true)]);
+    let b = NvmlBackend::new(fake, options(Path::new("/nonexistent-proc"))).unwrap();
+    b.create_slice(1, "1g.10gb", 6).unwrap();
+    assert_eq!(b.inventory().unwrap().len(), 2);
+    b.api().lose_gpu(0);
+    let inv = b.inventory().unwrap();
+    assert_eq!(inv.iter().map(|g| g.index).collect::<Vec<_>>(), [1]);
+    assert_eq!(b.gpu_indices(), [0, 1], "the managed GPUs stay the same");
+    assert!(matches!(b.gpu_slices(0), Err(BackendError::GpuLost { .. })));
+    assert_eq!(b.gpu_slices(1).unwrap().len(), 1);
 }
 
 #[test]

@@ -1,0 +1,53 @@
+//! Where blocking work (GPU backend calls, checkpoint writes) runs: on tokio's blocking thread
+//! pool in the plugin, or inline on the calling task in tests that need the same interleaving
+//! every run.
+
+use std::sync::Arc;
+
+/// How blocking calls are run; see [`BlockingCalls::run`].
+#[derive(Clone)]
+pub enum BlockingCalls {
+    /// On tokio's blocking thread pool (`spawn_blocking`): what the plugin does.
+    Threads,
+    /// On the calling task, with as many `yield_now`s before and after as the function returns
+    /// each time: other tasks run in between, in an order that depends only on the function.
+    /// Tests use a seeded random function to drive adversarial but reproducible interleavings.
+    Inline(Arc<dyn Fn() -> u32 + Send + Sync>),
+}
+
+impl std::fmt::Debug for BlockingCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlockingCalls::Threads => f.write_str("Threads"),
+            BlockingCalls::Inline(_) => f.write_str("Inline"),
+        }
+    }
+}
+
+impl BlockingCalls {
+    /// Runs `f` and returns its result.
+    ///
+    /// # Errors
+    /// The pool's task panicked or was cancelled; the message says so.
+    pub async fn run<T, F>(&self, f: F) -> Result<T, String>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> T + Send + 'static,
+    {
+        match self {
+            BlockingCalls::Threads => tokio::task::spawn_blocking(f)
+                .await
+                .map_err(|e| format!("blocking task failed: {e}")),
+            BlockingCalls::Inline(yields) => {
+                for _ in 0..yields() {
+                    tokio::task::yield_now().await;
+                }
+                let r = f();
+                for _ in 0..yields() {
+                    tokio::task::yield_now().await;
+                }
+                Ok(r)
+            }
+        }
+    }
+}

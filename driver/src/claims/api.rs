@@ -1,0 +1,241 @@
+//! [`ClaimApi`]: the API-server calls of the request path, behind a trait so the request path's
+//! decisions can be driven through adversarial interleavings in unit tests; [`KubeClaimApi`] is
+//! the implementation the plugin runs (the e2e tests drive it against a real API server).
+
+use std::time::Duration;
+
+use das_api::DRIVER_NAME;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client};
+
+use crate::checkpoint::PreparedDevice as Recorded;
+use crate::kubelet::ClaimRef;
+
+/// Field manager of the plugin's writes to `ResourceClaim.status.devices`.
+pub const FIELD_MANAGER: &str = "das-kubelet-plugin";
+
+/// Longest any one API call may take before it counts as failed (on top of the client's own
+/// connect and read timeouts): a hung call must not hold a claim's lock or the handover gate.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A failed API call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// What went wrong, for messages.
+    pub message: String,
+    /// Retrying cannot help: the object is gone, or the write is refused for good (for example
+    /// the claim was replaced or deallocated, so the status no longer fits it).
+    pub permanent: bool,
+}
+
+impl ApiError {
+    /// A failure worth retrying.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure retrying cannot fix.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        // 404 gone, 409 conflict (UID precondition), 422 invalid (devices no longer allocated).
+        let permanent = matches!(&e, kube::Error::Api(s) if [404, 409, 422].contains(&s.code));
+        Self {
+            message: e.to_string(),
+            permanent,
+        }
+    }
+}
+
+/// What a warning event is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventTarget {
+    /// A ResourceClaim.
+    Claim(ClaimRef),
+    /// This node.
+    Node,
+}
+
+/// The API-server calls the request path makes. Implementations bound every call in time
+/// (see [`CALL_TIMEOUT`]).
+#[tonic::async_trait]
+pub trait ClaimApi: Send + Sync + 'static {
+    /// The ResourceClaim `namespace/name`, `None` when there is none.
+    async fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaim>, ApiError>;
+    /// Every ResourceClaim (start-up rebuild of a lost checkpoint).
+    async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError>;
+    /// Server-side applies the plugin's entries of `status.devices` for `devices` (condition
+    /// `Ready`, the slice data), on the claim with exactly `claim.uid`.
+    async fn write_status(&self, claim: &ClaimRef, devices: &[Recorded]) -> Result<(), ApiError>;
+    /// Posts a Warning event (best effort: a failure is logged, never returned).
+    async fn warn(&self, about: &EventTarget, reason: &str, note: String);
+}
+
+/// [`ClaimApi`] over a kube client.
+pub struct KubeClaimApi {
+    client: Client,
+    recorder: Recorder,
+    node: String,
+    call_timeout: Duration,
+}
+
+impl KubeClaimApi {
+    /// Calls through `client` (build it with connect and read timeouts); events are reported as
+    /// `das-kubelet-plugin` on `node`.
+    pub fn new(client: Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(node.to_string()),
+        };
+        Self {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            node: node.to_string(),
+            call_timeout: CALL_TIMEOUT,
+        }
+    }
+
+    /// Bounds every call by `limit` instead of [`CALL_TIMEOUT`].
+    pub fn with_call_timeout(mut self, limit: Duration) -> Self {
+        self.call_timeout = limit;
+        self
+    }
+
+    /// Runs an API call within the call timeout.
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(self.call_timeout, call).await {
+            Ok(r) => r.map_err(ApiError::from),
+            Err(_) => Err(ApiError::transient(format!(
+                "{what}: no answer from the API server within {:?}",
+                self.call_timeout
+            ))),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimApi for KubeClaimApi {
+    async fn get_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaim>, ApiError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        self.bounded("read the ResourceClaim", api.get_opt(name))
+            .await
+    }
+
+    async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError> {
+        let api: Api<ResourceClaim> = Api::all(self.client.clone());
+        Ok(self
+            .bounded("list ResourceClaims", api.list(&ListParams::default()))
+            .await?
+            .items)
+    }
+
+    async fn write_status(&self, claim: &ClaimRef, devices: &[Recorded]) -> Result<(), ApiError> {
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let body = status_apply_body(claim, devices, &now);
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        self.bounded(
+            "write the claim's status.devices",
+            api.patch_status(&claim.name, &params, &Patch::Apply(&body)),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn warn(&self, about: &EventTarget, reason: &str, note: String) {
+        let reference = match about {
+            EventTarget::Claim(c) => ObjectReference {
+                api_version: Some("resource.k8s.io/v1".into()),
+                kind: Some("ResourceClaim".into()),
+                namespace: Some(c.namespace.clone()),
+                name: Some(c.name.clone()),
+                uid: Some(c.uid.clone()),
+                ..Default::default()
+            },
+            EventTarget::Node => ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(self.node.clone()),
+                ..Default::default()
+            },
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_string(),
+            // The Events API caps the note at 1 kB.
+            note: Some(note.chars().take(1000).collect()),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        match tokio::time::timeout(self.call_timeout, self.recorder.publish(&event, &reference))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(reason, error = %e, "could not post an event"),
+            Err(_) => tracing::warn!(reason, "posting an event timed out"),
+        }
+    }
+}
+
+/// The server-side-apply body of the plugin's `status.devices` entries: per device the
+/// condition `Ready` (reason `SliceCreated`) and the data `migUUID`, `gpuUUID`, `profile`,
+/// `placement {start, size}` the AllocationClaim controller reads. `metadata.uid` makes the
+/// API server refuse the write (409) when the name now belongs to another claim.
+pub fn status_apply_body(claim: &ClaimRef, devices: &[Recorded], now: &str) -> serde_json::Value {
+    let entries: Vec<_> = devices
+        .iter()
+        .map(|d| {
+            let mig = d.mig_uuid().unwrap_or_default();
+            serde_json::json!({
+                "driver": DRIVER_NAME,
+                "pool": d.pool,
+                "device": d.device,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "SliceCreated",
+                    "message": format!("MIG {} at memory slice {} on GPU {} ({mig})", d.profile, d.placement_start, d.gpu_index),
+                    "lastTransitionTime": now,
+                }],
+                "data": {
+                    "migUUID": mig,
+                    "gpuUUID": d.gpu_uuid,
+                    "profile": d.profile,
+                    "placement": {"start": d.placement_start, "size": d.placement_size},
+                },
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": entries},
+    })
+}

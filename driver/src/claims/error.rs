@@ -1,0 +1,167 @@
+//! [`PrepareError`]: why a prepare or unprepare of one claim failed. Kept typed through the
+//! request path (metrics are labelled by [`PrepareError::metric_label`]) and turned into the
+//! kubelet's error text only at the gRPC boundary, prefixed with the claim.
+
+use das_api::DRIVER_NAME;
+
+use crate::cdi::CdiError;
+use crate::gpu::BackendError;
+use crate::handover::HANDED_OVER;
+
+/// Why one claim could not be prepared or unprepared. Every message names the device, slice or
+/// object at fault and, where there is one, what the user can do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PrepareError {
+    /// The ResourceClaim could not be read (the API server is unreachable or slow).
+    #[error("cannot read the ResourceClaim from the API server: {0}")]
+    ApiRead(String),
+    /// The ResourceClaim is gone.
+    #[error("the ResourceClaim no longer exists")]
+    ClaimGone,
+    /// A ResourceClaim of that name exists with another UID.
+    #[error("the API server has UID {found} for that name: the claim was replaced")]
+    ClaimReplaced {
+        /// The UID the API server has.
+        found: String,
+    },
+    /// The claim has no allocation.
+    #[error("the claim is not allocated")]
+    NotAllocated,
+    /// The claim's allocation has no device of this driver.
+    #[error("no device of driver {DRIVER_NAME} is allocated")]
+    NoDeviceOfOurs,
+    /// An allocated device belongs to another node's pool.
+    #[error("device {device} is in pool {pool}, which is not this node ({node})")]
+    ForeignPool {
+        /// Allocated device.
+        device: String,
+        /// Its pool.
+        pool: String,
+        /// This node.
+        node: String,
+    },
+    /// An allocated device is not one this node publishes.
+    #[error("device {device} is not a device this node publishes")]
+    UnknownDevice {
+        /// Allocated device.
+        device: String,
+    },
+    /// Creating a slice failed.
+    #[error("device {device}: {source}{hint}")]
+    Create {
+        /// Allocated device.
+        device: String,
+        /// What the backend said.
+        source: BackendError,
+        /// What it means for the user, when known.
+        hint: &'static str,
+    },
+    /// Slices that must go could not be destroyed; they stay recorded and the reaper retries.
+    #[error("{}", describe_destroys(failures, *only_lost_gpus))]
+    Destroy {
+        /// One message per slice, naming it and the cause.
+        failures: Vec<String>,
+        /// Every failing slice sits on a lost GPU.
+        only_lost_gpus: bool,
+    },
+    /// A recorded slice cannot be checked because its GPU does not answer.
+    #[error("{0}")]
+    GpuUnavailable(BackendError),
+    /// The CDI spec could not be written.
+    #[error("CDI spec: {0}")]
+    Cdi(String),
+    /// The checkpoint could not be saved.
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
+    /// This plugin instance handed the node to a newer one.
+    #[error("{HANDED_OVER}")]
+    HandedOver,
+    /// A task of the plugin failed (a bug).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn describe_destroys(failures: &[String], only_lost: bool) -> String {
+    let what = if only_lost {
+        "slices on a lost GPU could not be destroyed; they stay recorded and are destroyed when the GPU answers again"
+    } else {
+        "slices could not be destroyed; they stay recorded and the plugin retries"
+    };
+    format!("{what}: {}", failures.join("; "))
+}
+
+impl PrepareError {
+    /// A short, stable name of the cause, for the `cause` label of metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            PrepareError::ApiRead(_) => "api_read",
+            PrepareError::ClaimGone => "claim_gone",
+            PrepareError::ClaimReplaced { .. } => "claim_replaced",
+            PrepareError::NotAllocated => "not_allocated",
+            PrepareError::NoDeviceOfOurs => "no_device_of_ours",
+            PrepareError::ForeignPool { .. } => "foreign_pool",
+            PrepareError::UnknownDevice { .. } => "unknown_device",
+            PrepareError::Create { .. } => "create",
+            PrepareError::Destroy { .. } => "destroy",
+            PrepareError::GpuUnavailable(_) => "gpu_unavailable",
+            PrepareError::Cdi(_) => "cdi",
+            PrepareError::Checkpoint(_) => "checkpoint",
+            PrepareError::HandedOver => "handed_over",
+            PrepareError::Internal(_) => "internal",
+        }
+    }
+
+    /// A create failure, with what an occupied placement means for the user.
+    pub fn create(device: &str, source: BackendError) -> Self {
+        let hint = match source {
+            BackendError::InsufficientResources { .. } => {
+                " (the placement is taken on the GPU: a slice DAS did not create, or one not yet destroyed)"
+            }
+            _ => "",
+        };
+        PrepareError::Create {
+            device: device.to_string(),
+            source,
+            hint,
+        }
+    }
+}
+
+impl From<CdiError> for PrepareError {
+    fn from(e: CdiError) -> Self {
+        PrepareError::Cdi(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{Placement, Target};
+
+    #[test]
+    fn messages_name_the_device_and_the_cause() {
+        let e = PrepareError::create(
+            "gpu-0-mig-1g-10gb-6",
+            BackendError::InsufficientResources {
+                target: Target::slice(0, "1g.10gb", Placement { start: 6, size: 1 }),
+                reason: "memory slices [6] already occupied".into(),
+            },
+        );
+        let text = e.to_string();
+        assert!(
+            text.starts_with("device gpu-0-mig-1g-10gb-6: GPU 0"),
+            "{text}"
+        );
+        assert!(text.contains("not yet destroyed"), "{text}");
+        assert_eq!(e.metric_label(), "create");
+        let e = PrepareError::Destroy {
+            failures: vec!["slice MIG-x: in use".into()],
+            only_lost_gpus: false,
+        };
+        assert!(
+            e.to_string().contains("the plugin retries: slice MIG-x"),
+            "{e}"
+        );
+        assert!(PrepareError::HandedOver.to_string().contains("handed over"));
+    }
+}

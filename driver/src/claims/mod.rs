@@ -1,0 +1,44 @@
+//! The request path: what NodePrepareResources and NodeUnprepareResources do to a claim, the
+//! start-up reconciliation, and the reaper that finishes destroys that failed.
+//!
+//! - [`plan`]: the decisions, as pure functions (which allocation results are ours, which live
+//!   slice is which recorded instance, what a retried prepare may reuse, what start-up
+//!   destroys). Unit-tested without I/O.
+//! - [`preparer`]: [`Preparer`], the thin I/O layer that carries the decisions out against the
+//!   GPU backend, the checkpoint, the CDI directory and the API server.
+//! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server.
+//! - [`reaper`]: retries the destroys of slices whose claim is gone, with backoff.
+//! - [`status`]: writes a claim's `status.devices`, retrying until it lands or the claim is gone.
+//! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
+//! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
+//! - [`error`]: [`PrepareError`], turned into text only at the gRPC boundary.
+//!
+//! The rules (also in docs/architecture.md, "Concurrency and slice identity"):
+//! 1. Calls for one claim UID run one after another; calls for different claims run in
+//!    parallel, one GPU's backend calls one at a time.
+//! 2. A slice is the exact MIG instance recorded for it (GPU UUID, GI ID, CI ID, MIG UUID);
+//!    anything else at the same placement is not ours.
+//! 3. A record is dropped only when its slices are confirmed gone.
+
+pub mod api;
+pub mod error;
+pub mod locks;
+pub mod plan;
+pub mod preparer;
+pub mod reaper;
+pub mod startup;
+pub mod status;
+
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod regression_tests;
+#[cfg(test)]
+pub(crate) mod testing;
+
+pub use api::{ApiError, ClaimApi, EventTarget, KubeClaimApi};
+pub use error::PrepareError;
+pub use locks::ClaimLocks;
+pub use plan::{DeviceRef, device_index};
+pub use preparer::{BlockingCalls, Preparer, PreparerConfig};
+pub use startup::Report;

@@ -1,0 +1,710 @@
+//! The decisions of the request path, as pure functions of what the API server, the checkpoint
+//! and the GPUs say: which allocation results are ours, which live slice is which recorded
+//! instance, what a retried prepare may reuse, what the CDI spec of a claim holds, what
+//! start-up releases and destroys. [`super::Preparer`] carries them out.
+
+use std::collections::{BTreeMap, HashMap};
+
+use das_api::DRIVER_NAME;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+
+use super::PrepareError;
+use crate::cdi::{PreparedSlice, SpecDevice};
+use crate::checkpoint::{
+    Checkpoint, ClaimRecord, InstanceId, PrepareState, PreparedDevice as Recorded,
+};
+use crate::gpu::{GpuInfo, MigSlice};
+use crate::kubelet::{ClaimRef, PreparedDevice};
+use crate::slices::device_name;
+
+/// Where a published device lives: GPU, profile and placement (in memory slices).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRef {
+    /// GPU index on the node.
+    pub gpu_index: u32,
+    /// GPU UUID, `GPU-…`.
+    pub gpu_uuid: String,
+    /// Minor of `/dev/nvidia<minor>`.
+    pub gpu_minor: u32,
+    /// MIG profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// First memory slice of the placement.
+    pub start: u32,
+    /// Memory slices of the placement.
+    pub size: u32,
+}
+
+/// Every device the plugin publishes, by device name (`gpu-0-mig-1g-10gb-6`).
+pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
+    let mut map = HashMap::new();
+    for gpu in inventory.iter().filter(|g| g.offers_mig()) {
+        for p in &gpu.model.profiles {
+            for &start in &p.placement_starts {
+                map.insert(
+                    device_name(gpu.index, &p.name, start),
+                    DeviceRef {
+                        gpu_index: gpu.index,
+                        gpu_uuid: gpu.uuid.clone(),
+                        gpu_minor: gpu.minor,
+                        profile: p.name.clone(),
+                        start,
+                        size: p.placement_size,
+                    },
+                );
+            }
+        }
+    }
+    map
+}
+
+/// A device of a claim's allocation, resolved against what this node publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// Request name of the allocation result (`<request>` or `<request>/<subrequest>`).
+    pub request: String,
+    /// Pool (this node).
+    pub pool: String,
+    /// Published device name.
+    pub device: String,
+    /// Where the device lives.
+    pub at: DeviceRef,
+}
+
+/// The allocation results of our driver in `rc` (any pool), in allocation order.
+pub fn our_results(rc: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
+    rc.status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .map(|rs| {
+            rs.iter()
+                .filter(|r| r.driver == DRIVER_NAME)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node.
+///
+/// # Errors
+/// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
+/// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
+/// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`].
+pub fn resolve_allocation(
+    claim: &ClaimRef,
+    rc: Option<&ResourceClaim>,
+    node: &str,
+    devices: &HashMap<String, DeviceRef>,
+) -> Result<Vec<Planned>, PrepareError> {
+    let rc = rc.ok_or(PrepareError::ClaimGone)?;
+    let uid = rc.metadata.uid.as_deref().unwrap_or("<none>");
+    if uid != claim.uid {
+        return Err(PrepareError::ClaimReplaced {
+            found: uid.to_string(),
+        });
+    }
+    if rc
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .is_none()
+    {
+        return Err(PrepareError::NotAllocated);
+    }
+    let ours = our_results(rc);
+    if ours.is_empty() {
+        return Err(PrepareError::NoDeviceOfOurs);
+    }
+    ours.into_iter()
+        .map(|r| {
+            if r.pool != node {
+                return Err(PrepareError::ForeignPool {
+                    device: r.device,
+                    pool: r.pool,
+                    node: node.to_string(),
+                });
+            }
+            let at =
+                devices
+                    .get(&r.device)
+                    .cloned()
+                    .ok_or_else(|| PrepareError::UnknownDevice {
+                        device: r.device.clone(),
+                    })?;
+            Ok(Planned {
+                request: r.request,
+                pool: r.pool,
+                device: r.device,
+                at,
+            })
+        })
+        .collect()
+}
+
+/// The checkpoint entry of a planned device, before its instance exists.
+pub fn record(p: &Planned) -> Recorded {
+    Recorded {
+        request: p.request.clone(),
+        pool: p.pool.clone(),
+        device: p.device.clone(),
+        gpu_index: p.at.gpu_index,
+        gpu_uuid: p.at.gpu_uuid.clone(),
+        profile: p.at.profile.clone(),
+        placement_start: p.at.start,
+        placement_size: p.at.size,
+        instance: None,
+    }
+}
+
+/// `d` with the identity of the live slice `s` filled in.
+pub fn with_instance(d: &Recorded, s: &MigSlice) -> Recorded {
+    Recorded {
+        instance: Some(InstanceId {
+            gi_id: s.gi_id,
+            ci_id: s.ci_id,
+            mig_uuid: s.mig_uuid.clone(),
+        }),
+        ..d.clone()
+    }
+}
+
+/// Whether live slice `s` is the instance recorded as `d`: same GPU (by UUID), profile,
+/// placement, GI ID, and CI ID and MIG UUID — or no MIG UUID at all, which is how the backend
+/// lists our GI after a destroy removed its compute instance but failed on the GI.
+pub fn is_instance(d: &Recorded, s: &MigSlice) -> bool {
+    let Some(i) = &d.instance else {
+        return false;
+    };
+    s.gpu_uuid == d.gpu_uuid
+        && s.profile == d.profile
+        && s.placement.start == d.placement_start
+        && s.gi_id == i.gi_id
+        && (s.mig_uuid.is_empty() || (s.mig_uuid == i.mig_uuid && s.ci_id == i.ci_id))
+}
+
+/// Whether `s` is recorded as an instance of any claim but `except`.
+pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigSlice) -> bool {
+    cp.claims
+        .iter()
+        .filter(|(uid, _)| uid.as_str() != except)
+        .any(|(_, r)| r.devices.iter().any(|d| is_instance(d, s)))
+}
+
+/// For each recorded device, the live slice that is it, if any. A device with its instance
+/// recorded matches only that instance ([`is_instance`]). A device without (a crash between
+/// creating the slice and completing the record) claims the slice at its placement, unless the
+/// backend says DAS did not create it or another claim records it (`elsewhere`).
+pub fn match_devices(
+    devices: &[Recorded],
+    live: &[MigSlice],
+    elsewhere: impl Fn(&MigSlice) -> bool,
+) -> Vec<Option<MigSlice>> {
+    devices
+        .iter()
+        .map(|d| {
+            live.iter()
+                .find(|s| match &d.instance {
+                    Some(_) => is_instance(d, s),
+                    None => {
+                        s.gpu_uuid == d.gpu_uuid
+                            && s.profile == d.profile
+                            && s.placement.start == d.placement_start
+                            && s.created_by_das != Some(false)
+                            && !elsewhere(s)
+                    }
+                })
+                .cloned()
+        })
+        .collect()
+}
+
+/// What a prepare does with the checkpoint's record of the claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnPrepare {
+    /// No record: create the slices.
+    Create,
+    /// A completed record of this very allocation: check that its slices and CDI spec still
+    /// exist, then answer with it.
+    Verify,
+    /// A half-done, releasing, or stale record (another allocation of the same claim UID):
+    /// destroy what it holds first, then create.
+    ReleaseFirst,
+}
+
+/// Decides [`OnPrepare`] from the record and the claim's current allocation.
+pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepare {
+    match record {
+        None => OnPrepare::Create,
+        Some(r) if r.state == PrepareState::PrepareCompleted && same_devices(r, planned) => {
+            OnPrepare::Verify
+        }
+        Some(_) => OnPrepare::ReleaseFirst,
+    }
+}
+
+/// Whether a record holds exactly the planned allocation (request, pool, device, in order).
+pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
+    r.devices.len() == planned.len()
+        && r.devices.iter().zip(planned).all(|(d, p)| {
+            d.request == p.request
+                && d.pool == p.pool
+                && d.device == p.device
+                && d.gpu_uuid == p.at.gpu_uuid
+        })
+}
+
+/// Whether the claim recorded as `record` is still allocated, as recorded, to this node (start-up
+/// keeps it) or was deleted, replaced or deallocated while the plugin was down (start-up
+/// releases it).
+pub fn still_allocated(
+    claim: &ClaimRef,
+    record: &ClaimRecord,
+    rc: Option<&ResourceClaim>,
+    node: &str,
+) -> bool {
+    let Some(rc) = rc else { return false };
+    if rc.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
+        return false;
+    }
+    let ours: Vec<_> = our_results(rc)
+        .into_iter()
+        .filter(|r| r.pool == node)
+        .collect();
+    ours.len() == record.devices.len()
+        && ours
+            .iter()
+            .zip(&record.devices)
+            .all(|(r, d)| r.request == d.request && r.device == d.device)
+}
+
+/// What start-up does with a live slice no record claims.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Orphans {
+    /// Slices to destroy: DAS created them (or `--reclaim-foreign-slices`).
+    pub destroy: Vec<MigSlice>,
+    /// Slices left alone: created by someone else (or unknown, on NVML).
+    pub foreign: Vec<MigSlice>,
+}
+
+/// Sorts the live slices of the GPUs that answered into those some record claims (kept) and the
+/// rest ([`Orphans`]). Call after the records without instances were rolled back.
+pub fn orphans(live: &[MigSlice], cp: &Checkpoint, reclaim_foreign: bool) -> Orphans {
+    let mut out = Orphans::default();
+    for s in live {
+        let claimed = cp
+            .claims
+            .values()
+            .any(|r| r.devices.iter().any(|d| is_instance(d, s)));
+        if claimed {
+            continue;
+        }
+        if s.created_by_das == Some(true) || reclaim_foreign {
+            out.destroy.push(s.clone());
+        } else {
+            out.foreign.push(s.clone());
+        }
+    }
+    out
+}
+
+/// The request name the kubelet expects: without `/<subrequest>`.
+pub fn base_request(request: &str) -> &str {
+    request.split('/').next().unwrap_or(request)
+}
+
+/// The kubelet's view of a record: each device serves its base request and carries its CDI
+/// device (records upgraded from the first release name one CDI device per request).
+pub fn kubelet_devices(record: &ClaimRecord) -> Vec<PreparedDevice> {
+    record
+        .devices
+        .iter()
+        .map(|d| {
+            let request = base_request(&d.request).to_string();
+            let ids = record
+                .cdi_device_ids
+                .get(&d.device)
+                .or_else(|| record.cdi_device_ids.get(&request))
+                .cloned()
+                .unwrap_or_default();
+            PreparedDevice {
+                cdi_device_ids: ids,
+                requests: vec![request],
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+            }
+        })
+        .collect()
+}
+
+/// The CDI devices of a claim whose devices are `devices`, created as `slices` (same order):
+/// one per device, keyed by its name — or, for a record of the first release whose CDI device
+/// IDs were per request (`legacy_keys`), one per request holding all of the request's slices,
+/// so the IDs the kubelet already has keep resolving.
+pub fn spec_devices(
+    devices: &[Recorded],
+    slices: &[MigSlice],
+    caps_major: u32,
+    legacy_keys: &[String],
+) -> Vec<SpecDevice> {
+    let mut position: BTreeMap<&str, usize> = BTreeMap::new();
+    let prepared: Vec<(&Recorded, PreparedSlice)> = devices
+        .iter()
+        .zip(slices)
+        .map(|(d, s)| {
+            let request = base_request(&d.request);
+            let index = position.entry(request).or_default();
+            let slice = PreparedSlice {
+                mig_uuid: s.mig_uuid.clone(),
+                parent_minor: s.gpu_minor,
+                gi_cap_minor: s.gi_cap_minor,
+                ci_cap_minor: s.ci_cap_minor,
+                caps_major,
+                caps_file_mode: Some(0o444),
+                request: request.to_string(),
+                index: *index,
+            };
+            *index += 1;
+            (d, slice)
+        })
+        .collect();
+    if legacy_keys.is_empty() {
+        return prepared
+            .into_iter()
+            .map(|(d, s)| SpecDevice {
+                key: d.device.clone(),
+                slices: vec![s],
+            })
+            .collect();
+    }
+    legacy_keys
+        .iter()
+        .map(|key| SpecDevice {
+            key: key.clone(),
+            slices: prepared
+                .iter()
+                .filter(|(d, _)| base_request(&d.request) == key)
+                .map(|(_, s)| s.clone())
+                .collect(),
+        })
+        .filter(|d| !d.slices.is_empty())
+        .collect()
+}
+
+/// The keys of a record's CDI device IDs that are request names, not device names: present only
+/// in records upgraded from the first release.
+pub fn legacy_cdi_keys(record: &ClaimRecord) -> Vec<String> {
+    record
+        .cdi_device_ids
+        .keys()
+        .filter(|k| !record.devices.iter().any(|d| &d.device == *k))
+        .cloned()
+        .collect()
+}
+
+/// Prepared slices per GPU index in a set of records.
+pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a Recorded>) -> BTreeMap<u32, u64> {
+    let mut m = BTreeMap::new();
+    for d in devices {
+        *m.entry(d.gpu_index).or_default() += 1;
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::Placement;
+    use serde_json::json;
+
+    fn at(gpu: u32, start: u32) -> DeviceRef {
+        DeviceRef {
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            gpu_minor: gpu,
+            profile: "1g.10gb".into(),
+            start,
+            size: 1,
+        }
+    }
+
+    fn planned(gpu: u32, start: u32, request: &str) -> Planned {
+        Planned {
+            request: request.into(),
+            pool: "n0".into(),
+            device: device_name(gpu, "1g.10gb", start),
+            at: at(gpu, start),
+        }
+    }
+
+    fn live(gpu: u32, start: u32, gi: u32, mig: &str) -> MigSlice {
+        MigSlice {
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            gpu_minor: gpu,
+            profile: "1g.10gb".into(),
+            profile_id: 19,
+            placement: Placement { start, size: 1 },
+            gi_id: gi,
+            ci_id: 0,
+            mig_uuid: mig.into(),
+            gi_cap_minor: 3 + 9 * gi,
+            ci_cap_minor: 4 + 9 * gi,
+            created_by_das: Some(true),
+        }
+    }
+
+    fn claim() -> ClaimRef {
+        ClaimRef {
+            namespace: "ns".into(),
+            name: "c".into(),
+            uid: "uid-1".into(),
+        }
+    }
+
+    fn rc(uid: &str, results: serde_json::Value) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": results}}}
+        }))
+        .unwrap()
+    }
+
+    fn result(device: &str, pool: &str, driver: &str) -> serde_json::Value {
+        json!({"request": "gpu", "driver": driver, "pool": pool, "device": device})
+    }
+
+    #[test]
+    fn allocation_is_resolved_or_refused_with_the_reason() {
+        let devices: HashMap<_, _> = [(device_name(0, "1g.10gb", 6), at(0, 6))].into();
+        let ok = rc(
+            "uid-1",
+            json!([
+                result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME),
+                result("x", "n0", "other.example.com")
+            ]),
+        );
+        let p = resolve_allocation(&claim(), Some(&ok), "n0", &devices).unwrap();
+        assert_eq!(p, vec![planned(0, 6, "gpu")]);
+        let cases: Vec<(Option<ResourceClaim>, &str)> = vec![
+            (None, "claim_gone"),
+            (Some(rc("uid-2", json!([]))), "claim_replaced"),
+            (
+                Some(rc("uid-1", json!([result("x", "n0", "other.example.com")]))),
+                "no_device_of_ours",
+            ),
+            (
+                Some(rc(
+                    "uid-1",
+                    json!([result("gpu-0-mig-1g-10gb-6", "n1", DRIVER_NAME)]),
+                )),
+                "foreign_pool",
+            ),
+            (
+                Some(rc(
+                    "uid-1",
+                    json!([result("gpu-9-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+                )),
+                "unknown_device",
+            ),
+        ];
+        for (rc, label) in cases {
+            let e = resolve_allocation(&claim(), rc.as_ref(), "n0", &devices).unwrap_err();
+            assert_eq!(e.metric_label(), label, "{e}");
+        }
+        let mut unallocated = ok.clone();
+        unallocated.status = None;
+        let e = resolve_allocation(&claim(), Some(&unallocated), "n0", &devices).unwrap_err();
+        assert!(matches!(e, PrepareError::NotAllocated));
+    }
+
+    /// Issue 11 finding 2: GI IDs are reused after a destroy; only the exact instance is ours.
+    #[test]
+    fn a_reused_gi_id_at_the_same_placement_is_not_our_instance() {
+        let d = with_instance(&record(&planned(0, 6, "gpu")), &live(0, 6, 3, "MIG-a"));
+        assert!(is_instance(&d, &live(0, 6, 3, "MIG-a")));
+        assert!(
+            !is_instance(&d, &live(0, 6, 3, "MIG-b")),
+            "successor at the same GI ID"
+        );
+        assert!(!is_instance(&d, &live(0, 6, 4, "MIG-a")));
+        assert!(!is_instance(&d, &live(1, 6, 3, "MIG-a")), "another GPU");
+        // Our GI whose compute instance is already gone lists without a MIG UUID.
+        assert!(is_instance(&d, &live(0, 6, 3, "")));
+        assert!(!is_instance(
+            &record(&planned(0, 6, "gpu")),
+            &live(0, 6, 3, "MIG-a")
+        ));
+    }
+
+    #[test]
+    fn a_device_without_instance_claims_its_placement_only_if_nobody_else_does() {
+        let d = record(&planned(0, 6, "gpu"));
+        let s = live(0, 6, 2, "MIG-x");
+        assert_eq!(
+            match_devices(std::slice::from_ref(&d), std::slice::from_ref(&s), |_| {
+                false
+            }),
+            vec![Some(s.clone())]
+        );
+        assert_eq!(
+            match_devices(std::slice::from_ref(&d), std::slice::from_ref(&s), |_| true),
+            vec![None]
+        );
+        let foreign = MigSlice {
+            created_by_das: Some(false),
+            ..s
+        };
+        assert_eq!(match_devices(&[d], &[foreign], |_| false), vec![None]);
+    }
+
+    #[test]
+    fn prepare_reuses_only_a_completed_record_of_the_same_allocation() {
+        let p = vec![planned(0, 6, "gpu")];
+        let mut r = ClaimRecord {
+            namespace: "ns".into(),
+            name: "c".into(),
+            state: PrepareState::PrepareCompleted,
+            devices: vec![record(&p[0])],
+            cdi_device_ids: BTreeMap::new(),
+            updated_at: 0,
+        };
+        assert_eq!(on_prepare(None, &p), OnPrepare::Create);
+        assert_eq!(on_prepare(Some(&r), &p), OnPrepare::Verify);
+        assert_eq!(
+            on_prepare(Some(&r), &[planned(0, 5, "gpu")]),
+            OnPrepare::ReleaseFirst,
+            "same UID, new allocation"
+        );
+        for state in [PrepareState::PrepareStarted, PrepareState::Releasing] {
+            r.state = state;
+            assert_eq!(on_prepare(Some(&r), &p), OnPrepare::ReleaseFirst);
+        }
+    }
+
+    #[test]
+    fn start_up_keeps_claims_still_allocated_as_recorded() {
+        let r = ClaimRecord {
+            namespace: "ns".into(),
+            name: "c".into(),
+            state: PrepareState::PrepareCompleted,
+            devices: vec![record(&planned(0, 6, "gpu"))],
+            cdi_device_ids: BTreeMap::new(),
+            updated_at: 0,
+        };
+        let same = rc(
+            "uid-1",
+            json!([result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+        );
+        assert!(still_allocated(&claim(), &r, Some(&same), "n0"));
+        assert!(!still_allocated(&claim(), &r, None, "n0"));
+        let replaced = rc(
+            "uid-2",
+            json!([result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+        );
+        assert!(!still_allocated(&claim(), &r, Some(&replaced), "n0"));
+        let moved = rc(
+            "uid-1",
+            json!([result("gpu-0-mig-1g-10gb-5", "n0", DRIVER_NAME)]),
+        );
+        assert!(!still_allocated(&claim(), &r, Some(&moved), "n0"));
+        let mut deallocated = same.clone();
+        deallocated.status = None;
+        assert!(!still_allocated(&claim(), &r, Some(&deallocated), "n0"));
+    }
+
+    #[test]
+    fn orphans_are_the_unclaimed_slices_only_ours_destroyed() {
+        let mut cp = Checkpoint::new("boot");
+        let kept = live(0, 6, 1, "MIG-kept");
+        let d = with_instance(&record(&planned(0, 6, "gpu")), &kept);
+        cp.set_completed("uid-1", "ns", "c", vec![d], BTreeMap::new());
+        let ours = live(0, 5, 2, "MIG-orphan");
+        let foreign = MigSlice {
+            created_by_das: None,
+            ..live(0, 4, 3, "MIG-foreign")
+        };
+        let all = [kept, ours.clone(), foreign.clone()];
+        let o = orphans(&all, &cp, false);
+        assert_eq!(o.destroy, vec![ours.clone()]);
+        assert_eq!(o.foreign, vec![foreign.clone()]);
+        assert_eq!(orphans(&all, &cp, true).destroy, vec![ours, foreign]);
+    }
+
+    #[test]
+    fn spec_devices_number_slices_per_request() {
+        let p = [planned(0, 6, "a"), planned(1, 6, "b/x"), planned(0, 5, "a")];
+        let slices = [
+            live(0, 6, 1, "MIG-1"),
+            live(1, 6, 1, "MIG-2"),
+            live(0, 5, 2, "MIG-3"),
+        ];
+        let devices: Vec<Recorded> = p
+            .iter()
+            .zip(&slices)
+            .map(|(p, s)| with_instance(&record(p), s))
+            .collect();
+        let specs = spec_devices(&devices, &slices, 508, &[]);
+        let shape: Vec<(String, String, usize)> = specs
+            .iter()
+            .map(|d| {
+                (
+                    d.key.clone(),
+                    d.slices[0].request.clone(),
+                    d.slices[0].index,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("gpu-0-mig-1g-10gb-6".into(), "a".into(), 0),
+                ("gpu-1-mig-1g-10gb-6".into(), "b".into(), 0),
+                ("gpu-0-mig-1g-10gb-5".into(), "a".into(), 1),
+            ]
+        );
+        // A record of the first release keeps one CDI device per request.
+        let legacy = spec_devices(&devices, &slices, 508, &["a".into(), "b".into()]);
+        assert_eq!(legacy.len(), 2);
+        assert_eq!(legacy[0].slices.len(), 2);
+    }
+
+    #[test]
+    fn kubelet_devices_carry_their_cdi_device() {
+        let p = [planned(0, 6, "a"), planned(0, 5, "b/x")];
+        let devices: Vec<Recorded> = p.iter().map(record).collect();
+        let mut r = ClaimRecord {
+            namespace: "ns".into(),
+            name: "c".into(),
+            state: PrepareState::PrepareCompleted,
+            devices,
+            cdi_device_ids: BTreeMap::from([
+                (
+                    "gpu-0-mig-1g-10gb-6".to_string(),
+                    vec!["das.com/mig=u-6".to_string()],
+                ),
+                (
+                    "gpu-0-mig-1g-10gb-5".to_string(),
+                    vec!["das.com/mig=u-5".to_string()],
+                ),
+            ]),
+            updated_at: 0,
+        };
+        let out = kubelet_devices(&r);
+        assert_eq!(out[0].requests, ["a"]);
+        assert_eq!(out[0].cdi_device_ids, ["das.com/mig=u-6"]);
+        assert_eq!(out[1].requests, ["b"]);
+        assert_eq!(out[1].cdi_device_ids, ["das.com/mig=u-5"]);
+        assert!(legacy_cdi_keys(&r).is_empty());
+        // First-release records: per request.
+        r.cdi_device_ids = BTreeMap::from([
+            ("a".to_string(), vec!["das.com/mig=u-a".to_string()]),
+            ("b".to_string(), vec!["das.com/mig=u-b".to_string()]),
+        ]);
+        assert_eq!(kubelet_devices(&r)[1].cdi_device_ids, ["das.com/mig=u-b"]);
+        assert_eq!(legacy_cdi_keys(&r), ["a", "b"]);
+    }
+}

@@ -1,0 +1,759 @@
+//! [`Preparer`]: carries out the request path's decisions ([`super::plan`]) against the GPU
+//! backend, the checkpoint, the CDI directory and the API server.
+//!
+//! Prepare of one claim, under the claim's lock: read the claim → resolve its allocation →
+//! settle what the checkpoint has for it (reuse a completed record after checking that its
+//! slices and CDI spec still exist, or release a half-done or stale one) → checkpoint
+//! `PrepareStarted` → create each slice at exactly the allocated placement (GPUs in parallel,
+//! one GPU's calls in turn), noting each instance in the record as soon as it exists → write the
+//! CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
+//!
+//! Unprepare, and the roll-back of a failed prepare, release the claim: destroy exactly the
+//! recorded instances, delete the CDI spec, and drop the record only when every slice is
+//! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use tokio::sync::Mutex;
+
+use super::plan::{self, DeviceRef, OnPrepare, Planned};
+use super::reaper::ReaperState;
+use super::status::StatusWriters;
+use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
+pub use crate::blocking::BlockingCalls;
+use crate::cdi;
+use crate::checkpoint::{
+    CheckpointStore, ClaimRecord, InstanceId, PrepareState, PreparedDevice as Recorded,
+};
+use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice};
+use crate::kubelet::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
+use crate::metrics::Metrics;
+
+/// Retries of a destroy that NVML answers with `IN_USE` (processes still exiting).
+const DESTROY_RETRIES: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+/// What a [`Preparer`] is built from.
+pub struct PreparerConfig {
+    /// The API-server calls.
+    pub api: Arc<dyn ClaimApi>,
+    /// This node's name (the pool).
+    pub node: String,
+    /// The GPUs.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The GPUs at start-up: what the plugin publishes.
+    pub inventory: Vec<GpuInfo>,
+    /// Where CDI specs go.
+    pub cdi_dir: PathBuf,
+    /// Major of the `nvidia-caps` char device (from `/proc/devices`; a fixed value when
+    /// emulated).
+    pub caps_major: u32,
+    /// Put the slices' device nodes into CDI specs (off for emulated GPUs on real nodes, see
+    /// [`cdi::without_device_nodes`]).
+    pub cdi_device_nodes: bool,
+    /// The checkpoint.
+    pub checkpoint: CheckpointStore,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where backend calls run.
+    pub blocking: BlockingCalls,
+}
+
+/// Prepares and unprepares claims for this node; see the module docs.
+pub struct Preparer {
+    pub(crate) api: Arc<dyn ClaimApi>,
+    pub(crate) node: String,
+    pub(crate) backend: Arc<dyn GpuBackend>,
+    pub(crate) devices: HashMap<String, DeviceRef>,
+    pub(crate) cdi_dir: PathBuf,
+    caps_major: u32,
+    cdi_device_nodes: bool,
+    pub(crate) checkpoint: CheckpointStore,
+    gpu_locks: HashMap<u32, Arc<Mutex<()>>>,
+    pub(crate) claim_locks: ClaimLocks,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) status: StatusWriters,
+    pub(crate) blocking: BlockingCalls,
+    pub(crate) reaper: ReaperState,
+}
+
+/// A device whose slice is still there after a release, and why.
+#[derive(Debug, Clone)]
+pub(crate) struct Remaining {
+    pub(crate) device: Recorded,
+    pub(crate) failure: String,
+    pub(crate) gpu_lost: bool,
+    pub(crate) cause: &'static str,
+}
+
+impl Preparer {
+    /// A preparer over `config`.
+    pub fn new(config: PreparerConfig) -> Self {
+        let gpu_locks = config
+            .backend
+            .gpu_indices()
+            .into_iter()
+            .map(|i| (i, Arc::default()))
+            .collect();
+        Self {
+            devices: plan::device_index(&config.inventory),
+            api: config.api,
+            node: config.node,
+            backend: config.backend,
+            cdi_dir: config.cdi_dir,
+            caps_major: config.caps_major,
+            cdi_device_nodes: config.cdi_device_nodes,
+            checkpoint: config.checkpoint,
+            gpu_locks,
+            claim_locks: ClaimLocks::default(),
+            metrics: config.metrics,
+            status: StatusWriters::default(),
+            blocking: config.blocking,
+            reaper: ReaperState::default(),
+        }
+    }
+
+    /// The checkpoint (read-only use: tests and start-up reports).
+    pub fn checkpoint(&self) -> &CheckpointStore {
+        &self.checkpoint
+    }
+
+    /// The lock of GPU `index`.
+    fn gpu_lock(&self, index: u32) -> Arc<Mutex<()>> {
+        self.gpu_locks.get(&index).cloned().unwrap_or_default()
+    }
+
+    /// The lock of GPU `index`, for start-up.
+    pub(crate) fn gpu_lock_for(&self, index: u32) -> Arc<Mutex<()>> {
+        self.gpu_lock(index)
+    }
+
+    pub(crate) fn record_of(&self, uid: &str) -> Option<ClaimRecord> {
+        self.checkpoint.read(|cp| cp.get(uid).cloned())
+    }
+
+    /// Prepares one claim; see the module docs.
+    ///
+    /// # Errors
+    /// Why the claim cannot be prepared; what was created is rolled back (or, where a destroy
+    /// fails, recorded for the reaper).
+    pub async fn prepare_claim(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let _held = self.claim_locks.lock(&claim.uid).await;
+        let rc = self
+            .api
+            .get_claim(&claim.namespace, &claim.name)
+            .await
+            .map_err(|e| PrepareError::ApiRead(e.message))?;
+        let planned = plan::resolve_allocation(claim, rc.as_ref(), &self.node, &self.devices)?;
+        let record = self.record_of(&claim.uid);
+        match (plan::on_prepare(record.as_ref(), &planned), record) {
+            (OnPrepare::Verify, Some(r)) => {
+                if let Some(done) = self.serve_completed(claim, &r).await? {
+                    return Ok(done);
+                }
+            }
+            (OnPrepare::ReleaseFirst, Some(r)) => {
+                tracing::warn!(claim = %claim, state = ?r.state,
+                    "releasing what an earlier prepare of this claim left before preparing it");
+                self.release(claim, r.devices).await?;
+            }
+            _ => {}
+        }
+        self.create_and_record(claim, &planned).await
+    }
+
+    /// A retried prepare of a completed claim: answers with the record if its slices still
+    /// exist (writing its CDI spec again where it is missing or differs); `None` after
+    /// releasing a record whose slices are gone.
+    async fn serve_completed(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+    ) -> Result<Option<Vec<PreparedDevice>>, PrepareError> {
+        let mut live = Vec::new();
+        for gpu in gpus_of(&record.devices) {
+            live.extend(
+                self.gpu_slices(gpu)
+                    .await
+                    .map_err(PrepareError::GpuUnavailable)?,
+            );
+        }
+        let matched = plan::match_devices(&record.devices, &live, |s| {
+            self.checkpoint
+                .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
+        });
+        if matched.iter().any(Option::is_none) {
+            tracing::warn!(claim = %claim, "slices recorded for this claim are gone; preparing it again");
+            self.release(claim, record.devices.clone()).await?;
+            return Ok(None);
+        }
+        let slices: Vec<MigSlice> = matched.into_iter().flatten().collect();
+        self.ensure_cdi_spec(claim, record, &slices)?;
+        self.status.start(
+            self.api.clone(),
+            claim.clone(),
+            record.devices.clone(),
+            self.metrics.clone(),
+        );
+        Ok(Some(plan::kubelet_devices(record)))
+    }
+
+    /// Writes the record's CDI spec when the file is missing, unreadable or not what it should
+    /// be; returns whether it wrote.
+    pub(crate) fn ensure_cdi_spec(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+        slices: &[MigSlice],
+    ) -> Result<bool, PrepareError> {
+        let legacy = plan::legacy_cdi_keys(record);
+        let built = self.build_spec(claim, &record.devices, slices, &legacy)?;
+        let on_disk = cdi::read_spec(&cdi::spec_path(&self.cdi_dir, &claim.uid)).ok();
+        if on_disk.as_ref() == Some(&built.spec) {
+            return Ok(false);
+        }
+        tracing::info!(claim = %claim, "writing the claim's CDI spec again");
+        cdi::write_spec(&self.cdi_dir, &claim.uid, &built.spec)?;
+        Ok(true)
+    }
+
+    pub(crate) fn build_spec(
+        &self,
+        claim: &ClaimRef,
+        devices: &[Recorded],
+        slices: &[MigSlice],
+        legacy_keys: &[String],
+    ) -> Result<cdi::ClaimSpec, PrepareError> {
+        let spec_devices = plan::spec_devices(devices, slices, self.caps_major, legacy_keys);
+        let mut built = cdi::build_claim_spec(&claim.uid, &spec_devices)?;
+        if !self.cdi_device_nodes {
+            cdi::without_device_nodes(&mut built.spec);
+        }
+        Ok(built)
+    }
+
+    /// Checkpoint `PrepareStarted`, create the slices, write the CDI spec, checkpoint
+    /// `PrepareCompleted`, start the status write; rolls back on any failure.
+    async fn create_and_record(
+        &self,
+        claim: &ClaimRef,
+        planned: &[Planned],
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
+        let t0 = Instant::now();
+        let started: Vec<Recorded> = planned.iter().map(plan::record).collect();
+        self.checkpoint
+            .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
+            .await
+            .map_err(PrepareError::Checkpoint)?;
+        let t_started = t0.elapsed();
+        let (made, failed) = self.create_all(&claim.uid, planned).await;
+        let devices = self.record_of(&claim.uid).map(|r| r.devices);
+        let Some(devices) = devices else {
+            return Err(PrepareError::Internal(
+                "the claim's record vanished while its lock was held".into(),
+            ));
+        };
+        if let Some((i, e)) = failed {
+            // The slices made, and the GPU instance a failed create names: NVML's create leaves
+            // one behind when the compute instance fails and so does the clean-up.
+            let mut attempted: Vec<Recorded> = devices
+                .iter()
+                .zip(&made)
+                .filter(|(_, m)| m.is_some())
+                .map(|(d, _)| d.clone())
+                .collect();
+            if let Some(gi_id) = e.target().gi_id {
+                attempted.push(Recorded {
+                    instance: Some(InstanceId {
+                        gi_id,
+                        ci_id: 0,
+                        mig_uuid: String::new(),
+                    }),
+                    ..devices[i].clone()
+                });
+            }
+            let err = PrepareError::create(&planned[i].device, e);
+            self.roll_back(claim, attempted).await;
+            return Err(err);
+        }
+        let slices: Vec<MigSlice> = made.into_iter().flatten().collect();
+        let t_created = t0.elapsed();
+        let built = match self
+            .build_spec(claim, &devices, &slices, &[])
+            .and_then(|b| {
+                cdi::write_spec(&self.cdi_dir, &claim.uid, &b.spec)?;
+                Ok(b)
+            }) {
+            Ok(b) => b,
+            Err(e) => {
+                self.roll_back(claim, devices).await;
+                return Err(e);
+            }
+        };
+        let cdi_ids: BTreeMap<String, Vec<String>> = built
+            .device_ids
+            .into_iter()
+            .map(|(k, id)| (k, vec![id]))
+            .collect();
+        let completed = self
+            .checkpoint
+            .commit(|cp| {
+                cp.set_completed(
+                    &claim.uid,
+                    &claim.namespace,
+                    &claim.name,
+                    devices.clone(),
+                    cdi_ids,
+                );
+                cp.get(&claim.uid).cloned()
+            })
+            .await;
+        let record = match completed {
+            Ok(Some(r)) => r,
+            Ok(None) => unreachable_record(),
+            Err(e) => {
+                self.roll_back(claim, devices).await;
+                return Err(PrepareError::Checkpoint(e));
+            }
+        };
+        self.update_prepared_gauge();
+        tracing::debug!(claim = %claim, started_ms = ms(t_started), create_ms = ms(t_created - t_started),
+            finish_ms = ms(t0.elapsed() - t_created), "prepare phases");
+        // The kubelet only needs the CDI devices: the status is written after answering.
+        self.status.start(
+            self.api.clone(),
+            claim.clone(),
+            record.devices.clone(),
+            self.metrics.clone(),
+        );
+        Ok(plan::kubelet_devices(&record))
+    }
+
+    /// Releases the slices of a failed prepare; a failure to destroy is already recorded for
+    /// the reaper by [`Self::release`], so only logged here.
+    async fn roll_back(&self, claim: &ClaimRef, devices: Vec<Recorded>) {
+        if let Err(e) = self.release(claim, devices).await {
+            tracing::error!(claim = %claim, error = %e, "rolling back a failed prepare left slices behind; the reaper retries");
+        }
+    }
+
+    /// Creates every planned slice, GPUs in parallel. Returns the slice made for each planned
+    /// device (in order) and the first failure, if any (a GPU stops at its first failure).
+    async fn create_all(
+        &self,
+        uid: &str,
+        planned: &[Planned],
+    ) -> (Vec<Option<MigSlice>>, Option<(usize, BackendError)>) {
+        let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
+        for (i, p) in planned.iter().enumerate() {
+            by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
+        }
+        let per_gpu = join_all(
+            by_gpu
+                .into_iter()
+                .map(|(gpu, items)| self.create_on_gpu(uid, gpu, items)),
+        )
+        .await;
+        let mut made = vec![None; planned.len()];
+        let mut failed = None;
+        for (slices, err) in per_gpu {
+            for (i, s) in slices {
+                made[i] = Some(s);
+            }
+            if failed.is_none() {
+                failed = err;
+            }
+        }
+        (made, failed)
+    }
+
+    /// Creates `items` on one GPU in turn, under its lock; notes each instance in the claim's
+    /// record while still holding the lock, so a concurrent release on this GPU sees it as
+    /// recorded.
+    async fn create_on_gpu(
+        &self,
+        uid: &str,
+        gpu: u32,
+        items: Vec<(usize, &Planned)>,
+    ) -> (Vec<(usize, MigSlice)>, Option<(usize, BackendError)>) {
+        let lock = self.gpu_lock(gpu);
+        let _held = lock.lock().await;
+        let mut made = Vec::new();
+        for (i, p) in items {
+            let backend = self.backend.clone();
+            let (profile, start) = (p.at.profile.clone(), p.at.start);
+            let t0 = Instant::now();
+            let r = self
+                .blocking
+                .run(move || backend.create_slice(gpu, &profile, start))
+                .await;
+            self.metrics.observe_backend("create", t0.elapsed());
+            match r {
+                Ok(Ok(slice)) => {
+                    self.checkpoint.change(|cp| {
+                        if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                            *d = plan::with_instance(d, &slice);
+                        }
+                    });
+                    made.push((i, slice));
+                }
+                Ok(Err(e)) => return (made, Some((i, e))),
+                Err(e) => {
+                    let e = BackendError::Other {
+                        target: crate::gpu::Target::gpu(gpu),
+                        reason: e,
+                    };
+                    return (made, Some((i, e)));
+                }
+            }
+        }
+        (made, None)
+    }
+
+    /// Unprepares one claim: stops its status write, releases its slices. Idempotent; a claim
+    /// without a record only has its CDI spec removed (if any).
+    ///
+    /// Slices left on a lost GPU do not fail the call: the claim stays recorded and the reaper
+    /// destroys them when the GPU answers again, while the kubelet can finish the pod.
+    ///
+    /// # Errors
+    /// Slices that could not be destroyed (the kubelet retries; the reaper does too).
+    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        let _held = self.claim_locks.lock(&claim.uid).await;
+        self.status.stop(&claim.uid).await;
+        let Some(record) = self.record_of(&claim.uid) else {
+            cdi::delete_spec(&self.cdi_dir, &claim.uid)?;
+            return Ok(());
+        };
+        let r = self.release(claim, record.devices).await;
+        self.update_prepared_gauge();
+        match r {
+            Err(PrepareError::Destroy {
+                only_lost_gpus: true,
+                failures,
+            }) => {
+                tracing::warn!(claim = %claim, failures = ?failures,
+                    "unprepared; slices on a lost GPU stay recorded until it answers again");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Destroys exactly the recorded instances of `devices` (and, for devices recorded without
+    /// an instance, the slice at their placement that nobody else records), deletes the CDI
+    /// spec, and drops the record once every slice is confirmed gone. Otherwise the record
+    /// becomes `Releasing` with what is left, and the reaper takes it over. The caller holds
+    /// the claim's lock.
+    ///
+    /// # Errors
+    /// [`PrepareError::Destroy`] naming every slice left; [`PrepareError::Cdi`] when only the
+    /// spec could not be deleted.
+    pub(crate) async fn release(
+        &self,
+        claim: &ClaimRef,
+        devices: Vec<Recorded>,
+    ) -> Result<(), PrepareError> {
+        // A completed record always holds live slices: mark it releasing before the first
+        // destroy, so a crash half-way leaves a record start-up finishes, not a completed one
+        // with slices missing.
+        let completed = self.checkpoint.read(|cp| {
+            cp.get(&claim.uid)
+                .is_some_and(|r| r.state == PrepareState::PrepareCompleted)
+        });
+        if completed {
+            let marked = devices.clone();
+            self.checkpoint
+                .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, marked))
+                .await
+                .map_err(PrepareError::Checkpoint)?;
+        }
+        let remaining = self.destroy_devices(&claim.uid, devices).await;
+        let spec = cdi::delete_spec(&self.cdi_dir, &claim.uid);
+        if remaining.is_empty() && spec.is_ok() {
+            self.forget(claim).await;
+            return Ok(());
+        }
+        let left: Vec<Recorded> = remaining.iter().map(|r| r.device.clone()).collect();
+        if let Err(e) = self
+            .checkpoint
+            .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, left))
+            .await
+        {
+            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+        }
+        self.reaper.schedule(&claim.uid);
+        self.update_pending_gauge();
+        for r in &remaining {
+            self.metrics.destroy_failed(r.cause);
+        }
+        if let Err(e) = spec
+            && remaining.is_empty()
+        {
+            return Err(e.into());
+        }
+        Err(PrepareError::Destroy {
+            only_lost_gpus: remaining.iter().all(|r| r.gpu_lost),
+            failures: remaining.into_iter().map(|r| r.failure).collect(),
+        })
+    }
+
+    /// Destroys the instances of `devices`, GPUs in parallel, each under its GPU's lock; returns
+    /// the devices whose slice is still there.
+    async fn destroy_devices(&self, uid: &str, devices: Vec<Recorded>) -> Vec<Remaining> {
+        let mut by_gpu: BTreeMap<u32, Vec<Recorded>> = BTreeMap::new();
+        for d in devices {
+            by_gpu.entry(d.gpu_index).or_default().push(d);
+        }
+        join_all(
+            by_gpu
+                .into_iter()
+                .map(|(gpu, devs)| self.destroy_on_gpu(uid, gpu, devs)),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    async fn destroy_on_gpu(&self, uid: &str, gpu: u32, devices: Vec<Recorded>) -> Vec<Remaining> {
+        let lock = self.gpu_lock(gpu);
+        let _held = lock.lock().await;
+        let live = match self.gpu_slices(gpu).await {
+            Ok(live) => live,
+            Err(e) => {
+                return devices
+                    .into_iter()
+                    .map(|d| Remaining {
+                        failure: format!("device {} ({} on GPU {gpu}): {e}", d.device, d.profile),
+                        gpu_lost: matches!(e, BackendError::GpuLost { .. }),
+                        cause: e.kind(),
+                        device: d,
+                    })
+                    .collect();
+            }
+        };
+        let matched = plan::match_devices(&devices, &live, |s| {
+            self.checkpoint
+                .read(|cp| plan::recorded_elsewhere(cp, uid, s))
+        });
+        let mut remaining = Vec::new();
+        for (d, found) in devices.iter().zip(matched) {
+            let Some(s) = found else {
+                continue; // confirmed gone: the GPU answered and it is not there
+            };
+            if let Err(e) = self.destroy_one(&s).await {
+                remaining.push(Remaining {
+                    failure: format!(
+                        "slice {} ({} at memory slice {} on GPU {gpu}): {e}",
+                        s.mig_uuid, s.profile, s.placement.start
+                    ),
+                    gpu_lost: matches!(e, BackendError::GpuLost { .. }),
+                    cause: e.kind(),
+                    device: plan::with_instance(d, &s),
+                });
+            }
+        }
+        remaining
+    }
+
+    /// Destroys one slice, retrying `IN_USE`. `NOT_FOUND` counts as destroyed. The caller
+    /// holds the GPU's lock.
+    pub(crate) async fn destroy_one(&self, s: &MigSlice) -> Result<(), BackendError> {
+        // One try, then one more after each pause while NVML answers IN_USE.
+        let mut pauses = DESTROY_RETRIES.iter();
+        loop {
+            let backend = self.backend.clone();
+            let (gpu, gi) = (s.gpu_index, s.gi_id);
+            let t0 = Instant::now();
+            let r = self
+                .blocking
+                .run(move || backend.destroy_slice(gpu, gi))
+                .await;
+            self.metrics.observe_backend("destroy", t0.elapsed());
+            match r {
+                Ok(Ok(())) | Ok(Err(BackendError::NotFound { .. })) => return Ok(()),
+                Ok(Err(e @ BackendError::InUse { .. })) => match pauses.next() {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => return Err(e),
+                },
+                Ok(Err(e)) => return Err(e),
+                Err(reason) => {
+                    return Err(BackendError::Other {
+                        target: crate::gpu::Target::gpu(gpu),
+                        reason,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn forget(&self, claim: &ClaimRef) {
+        let (removed, version) = self.checkpoint.change(|cp| cp.remove(&claim.uid).is_some());
+        if removed && let Err(e) = self.checkpoint.persist(version).await {
+            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+        }
+        self.reaper.done(&claim.uid);
+        self.update_pending_gauge();
+    }
+
+    /// The slices of GPU `gpu`, from the backend.
+    pub(crate) async fn gpu_slices(&self, gpu: u32) -> Result<Vec<MigSlice>, BackendError> {
+        let backend = self.backend.clone();
+        match self.blocking.run(move || backend.gpu_slices(gpu)).await {
+            Ok(r) => r,
+            Err(reason) => Err(BackendError::Other {
+                target: crate::gpu::Target::gpu(gpu),
+                reason,
+            }),
+        }
+    }
+
+    /// Every managed GPU's slices, or why that GPU could not be read.
+    pub(crate) async fn live_per_gpu(&self) -> BTreeMap<u32, Result<Vec<MigSlice>, BackendError>> {
+        let mut out = BTreeMap::new();
+        for gpu in self.backend.gpu_indices() {
+            out.insert(gpu, self.gpu_slices(gpu).await);
+        }
+        out
+    }
+
+    fn update_prepared_gauge(&self) {
+        self.metrics.set_prepared(self.checkpoint.read(|cp| {
+            plan::per_gpu(
+                cp.claims
+                    .values()
+                    .filter(|r| r.state == PrepareState::PrepareCompleted)
+                    .flat_map(|r| &r.devices),
+            )
+        }));
+    }
+
+    pub(crate) fn update_pending_gauge(&self) {
+        let pending = self.checkpoint.read(|cp| {
+            cp.claims
+                .values()
+                .filter(|r| r.state == PrepareState::Releasing)
+                .map(|r| r.devices.len() as i64)
+                .sum()
+        });
+        self.metrics.set_pending_destroy(pending);
+    }
+
+    /// Refreshes the gauges from the checkpoint (after start-up).
+    pub fn update_gauges(&self) {
+        self.update_prepared_gauge();
+        self.update_pending_gauge();
+    }
+
+    /// Posts a Warning event about `about` (best effort).
+    pub(crate) async fn warn(&self, about: EventTarget, reason: &str, note: String) {
+        self.api.warn(&about, reason, note).await;
+    }
+}
+
+fn unreachable_record() -> ClaimRecord {
+    // `set_completed` just inserted it under the claim's lock.
+    panic!("the completed record is missing right after it was written")
+}
+
+/// The GPU indices `devices` live on, each once.
+fn gpus_of(devices: &[Recorded]) -> Vec<u32> {
+    let mut gpus: Vec<u32> = devices.iter().map(|d| d.gpu_index).collect();
+    gpus.sort_unstable();
+    gpus.dedup();
+    gpus
+}
+
+/// Milliseconds with a fraction, for logs.
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+#[tonic::async_trait]
+impl ClaimHandler for Preparer {
+    async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
+        let done = join_all(claims.iter().map(|c| async move {
+            let t0 = Instant::now();
+            let r = self.prepare_claim(c).await;
+            self.metrics.observe_call("prepare", r.as_ref().err(), t0.elapsed());
+            match &r {
+                Ok(d) => tracing::info!(claim = %c, devices = d.len(), ms = t0.elapsed().as_millis() as u64, "prepared"),
+                Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "prepare failed"),
+            }
+            (c.uid.clone(), r)
+        }))
+        .await;
+        done.into_iter().collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
+        let done = join_all(claims.iter().map(|c| async move {
+            let t0 = Instant::now();
+            let r = self.unprepare_claim(c).await;
+            self.metrics.observe_call("unprepare", r.as_ref().err(), t0.elapsed());
+            match &r {
+                Ok(()) => tracing::info!(claim = %c, "unprepared"),
+                Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "unprepare failed"),
+            }
+            (c.uid.clone(), r)
+        }))
+        .await;
+        done.into_iter().collect()
+    }
+}
+
+/// A device is healthy while its GPU answers (the backend reads the inventory again on every
+/// call); when the GPU is gone (fallen off the bus, driver reset) or the inventory cannot be
+/// read, its devices are unhealthy.
+#[tonic::async_trait]
+impl HealthSource for Preparer {
+    async fn device_health(&self) -> Vec<DeviceHealthReport> {
+        let backend = self.backend.clone();
+        let inventory = self.blocking.run(move || backend.inventory()).await;
+        let present: Result<Vec<String>, String> = match inventory {
+            Ok(Ok(gpus)) => Ok(gpus.into_iter().map(|g| g.uuid).collect()),
+            Ok(Err(e)) => Err(format!("reading the GPU inventory failed: {e}")),
+            Err(e) => Err(format!("reading the GPU inventory failed: {e}")),
+        };
+        let mut reports: Vec<DeviceHealthReport> = self
+            .devices
+            .iter()
+            .map(|(name, at)| {
+                let (healthy, message) = match &present {
+                    Ok(uuids) if uuids.contains(&at.gpu_uuid) => (true, String::new()),
+                    Ok(_) => (
+                        false,
+                        format!(
+                            "GPU {} ({}) does not answer (lost or removed)",
+                            at.gpu_index, at.gpu_uuid
+                        ),
+                    ),
+                    Err(e) => (false, e.clone()),
+                };
+                DeviceHealthReport {
+                    pool: self.node.clone(),
+                    device: name.clone(),
+                    healthy,
+                    message,
+                }
+            })
+            .collect();
+        reports.sort_by(|a, b| a.device.cmp(&b.device));
+        reports
+    }
+}

@@ -1,0 +1,468 @@
+//! One test per finding of the slice-lifecycle review (issue 11), each failing on the request
+//! path before it was rebuilt: per-claim serialization, exact slice identity, nothing forgotten
+//! while it exists, CDI that composes, per-GPU fault isolation, fresh answers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use super::testing::{MemoryApi, NODE, preparer};
+use super::{ClaimApi, PrepareError, Preparer};
+use crate::blocking::BlockingCalls;
+use crate::cdi;
+use crate::checkpoint::PrepareState;
+use crate::gpu::nvml::{FakeGpuSpec, FakeNvml, code};
+use crate::gpu::{
+    EmulatedBackend, FaultKind, GpuBackend, Latency, NvmlBackend, NvmlOptions, find_model,
+};
+use crate::kubelet::{ClaimHandler, ClaimRef, HealthSource};
+
+const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+
+/// Backend calls inline with a few yields around each: the same interleaving every run.
+fn inline() -> BlockingCalls {
+    let n = Arc::new(AtomicU32::new(0));
+    BlockingCalls::Inline(Arc::new(move || n.fetch_add(1, Ordering::Relaxed) % 3))
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    emu: Arc<EmulatedBackend>,
+    api: Arc<MemoryApi>,
+    p: Arc<Preparer>,
+}
+
+fn setup(gpus: &str, blocking: BlockingCalls) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let emu = Arc::new(EmulatedBackend::open(gpus, NODE, &dir.path().join("emu")).unwrap());
+    let api = Arc::new(MemoryApi::default());
+    let p = Arc::new(preparer(dir.path(), emu.clone(), api.clone(), blocking));
+    Setup { dir, emu, api, p }
+}
+
+impl Setup {
+    fn live_migs(&self) -> Vec<String> {
+        self.emu
+            .list_slices()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.mig_uuid)
+            .collect()
+    }
+
+    fn spec_exists(&self, claim: &ClaimRef) -> bool {
+        cdi::spec_path(&self.dir.path().join("cdi"), &claim.uid).exists()
+    }
+
+    /// The MIG UUIDs a CDI spec gives a container, from its `DAS_MIG_UUID_*` variables.
+    fn spec_migs(&self, claim: &ClaimRef) -> Vec<String> {
+        let spec =
+            cdi::read_spec(&cdi::spec_path(&self.dir.path().join("cdi"), &claim.uid)).unwrap();
+        spec.devices
+            .iter()
+            .flat_map(|d| d.container_edits.env.iter())
+            .filter_map(|e| e.strip_prefix(cdi::MIG_UUID_ENV_PREFIX))
+            .map(|e| e.split_once('=').unwrap().1.to_string())
+            .collect()
+    }
+}
+
+/// Finding 1: an unprepare that arrives while the same claim's prepare is still creating (the
+/// kubelet gave up on the prepare and the pod was deleted) used to destroy nothing, forget the
+/// claim, and let the prepare finish afterwards: a leaked slice and CDI spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unprepare_during_the_same_claims_prepare_leaves_nothing() {
+    let s = setup("H100-80GB:1", BlockingCalls::Threads);
+    s.emu.set_latency(Latency {
+        create: Duration::from_millis(300),
+        destroy: Duration::ZERO,
+    });
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let p = s.p.clone();
+    let a2 = a.clone();
+    let prepare = tokio::spawn(async move { p.prepare_claim(&a2).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.p.unprepare_claim(&a).await.unwrap();
+    // Whatever the prepare answered, nothing of the claim is left.
+    let _ = prepare.await.unwrap();
+    assert!(s.live_migs().is_empty(), "leaked: {:?}", s.live_migs());
+    assert!(!s.spec_exists(&a), "CDI spec leaked");
+    assert!(s.p.record_of(UID_A).is_none());
+}
+
+/// Finding 1: two prepares of one claim at once (a retry, or a claim shared by two pods) used
+/// to roll back each other's fresh slice and answer with a dead MIG UUID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_prepares_of_one_claim_answer_the_same_live_slice() {
+    let s = setup("H100-80GB:1", BlockingCalls::Threads);
+    s.emu.set_latency(Latency {
+        create: Duration::from_millis(100),
+        destroy: Duration::ZERO,
+    });
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let (r1, r2) = tokio::join!(s.p.prepare_claim(&a), s.p.prepare_claim(&a));
+    let (r1, r2) = (r1.unwrap(), r2.unwrap());
+    assert_eq!(r1, r2);
+    let live = s.live_migs();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(s.spec_migs(&a), live, "the CDI spec names the live slice");
+}
+
+/// Finding 2: after an unprepare that failed on its second GPU, the freed placement on the
+/// first went to claim B; the kubelet's retry of the first unprepare used to find B's slice at
+/// "its" placement and destroy it.
+#[tokio::test(start_paused = true)]
+async fn a_retried_unprepare_never_destroys_the_next_claims_slice_at_the_same_placement() {
+    let s = setup("H100-80GB:2", inline());
+    let a = s.api.allocate(
+        "ns",
+        "a",
+        UID_A,
+        &[
+            ("gpu", "gpu-0-mig-1g-10gb-6"),
+            ("gpu", "gpu-1-mig-1g-10gb-6"),
+        ],
+    );
+    s.p.prepare_claim(&a).await.unwrap();
+    s.emu.inject_destroy_faults(1, 5, FaultKind::InUse);
+    let e = s.p.unprepare_claim(&a).await.unwrap_err();
+    assert!(matches!(e, PrepareError::Destroy { .. }), "{e}");
+    // The scheduler gives GPU 0's placement to claim B (A's pod is gone).
+    let b = s
+        .api
+        .allocate("ns", "b", UID_B, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    s.p.prepare_claim(&b).await.unwrap();
+    let b_mig = s.spec_migs(&b);
+    // The kubelet retries A's unprepare.
+    s.p.unprepare_claim(&a).await.unwrap();
+    assert_eq!(s.live_migs(), b_mig, "B's slice survives A's retry");
+    assert!(s.p.record_of(UID_A).is_none());
+}
+
+/// Finding 3: a failed prepare whose roll-back could not destroy what it made used to forget
+/// the record anyway: the slice was lost for good (never reclaimed on real GPUs).
+#[tokio::test(start_paused = true)]
+async fn a_roll_back_that_fails_is_recorded_and_the_reaper_finishes_it() {
+    let s = setup("H100-80GB:2", inline());
+    let a = s.api.allocate(
+        "ns",
+        "a",
+        UID_A,
+        &[
+            ("gpu", "gpu-0-mig-1g-10gb-6"),
+            ("gpu", "gpu-1-mig-1g-10gb-6"),
+        ],
+    );
+    s.emu.inject_create_faults(1, 1, FaultKind::Other);
+    s.emu.inject_destroy_faults(0, 1, FaultKind::Other);
+    let e = s.p.prepare_claim(&a).await.unwrap_err();
+    assert_eq!(e.metric_label(), "create", "{e}");
+    let left = s.live_migs();
+    assert_eq!(left.len(), 1, "GPU 0's slice could not be destroyed");
+    let record = s.p.record_of(UID_A).expect("kept while the slice exists");
+    assert_eq!(record.state, PrepareState::Releasing);
+    assert_eq!(record.devices[0].mig_uuid(), Some(left[0].as_str()));
+    // The reaper's next attempt succeeds.
+    tokio::time::sleep(super::reaper::FIRST_DELAY).await;
+    let report = s.p.reap_due().await;
+    assert_eq!(report.finished, [UID_A]);
+    assert!(s.live_migs().is_empty());
+    assert!(s.p.record_of(UID_A).is_none());
+}
+
+/// Finding 3, the reaper's side: every failed attempt is counted and posted as an event, and
+/// the attempts back off.
+#[tokio::test(start_paused = true)]
+async fn the_reaper_backs_off_and_reports_every_failed_attempt() {
+    let s = setup("H100-80GB:1", inline());
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    s.p.prepare_claim(&a).await.unwrap();
+    s.emu.inject_destroy_faults(0, 1, FaultKind::Other);
+    assert!(s.p.unprepare_claim(&a).await.is_err());
+    assert!(s.p.reap_due().await.finished.is_empty(), "not due yet");
+    s.emu.inject_destroy_faults(0, 1, FaultKind::Other);
+    tokio::time::sleep(super::reaper::FIRST_DELAY).await;
+    assert_eq!(s.p.reap_due().await.failed, [UID_A]);
+    let events = s.api.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, "SliceDestroyFailed");
+    assert!(events[0].1.contains("injected fault"), "{events:?}");
+    // Backed off: not due one FIRST_DELAY later, due after the doubled delay.
+    tokio::time::sleep(super::reaper::FIRST_DELAY).await;
+    assert!(s.p.reap_due().await.finished.is_empty());
+    tokio::time::sleep(super::reaper::FIRST_DELAY).await;
+    assert_eq!(s.p.reap_due().await.finished, [UID_A]);
+    let metrics = s.p.metrics.encode();
+    assert!(
+        metrics.contains(r#"das_kubelet_plugin_reaper_attempts_total{result="failure"} 1"#)
+            && metrics.contains(r#"das_kubelet_plugin_slices_pending_destroy 0"#),
+        "{metrics}"
+    );
+}
+
+/// Finding 3, NVML: a create whose compute instance fails and whose GPU-instance clean-up fails
+/// too leaves a GPU instance that NVML lists as nobody's; it is recorded for the reaper.
+#[tokio::test(start_paused = true)]
+async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = find_model("A100-SXM4-40GB").unwrap().unwrap();
+    let fake = FakeNvml::new(vec![FakeGpuSpec::mig(model, true)]);
+    let nvml = Arc::new(
+        NvmlBackend::new(
+            fake,
+            NvmlOptions {
+                proc_root: "/nonexistent".into(),
+                enable_mig_mode: false,
+            },
+        )
+        .unwrap(),
+    );
+    let api = Arc::new(MemoryApi::default());
+    let p = preparer(dir.path(), nvml.clone(), api.clone(), inline());
+    let a = api.allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-5gb-6")]);
+    // The backend's own clean-up fails: the roll-back destroys the GPU instance it names.
+    nvml.api()
+        .fail_next("nvmlGpuInstanceCreateComputeInstance", code::UNKNOWN);
+    nvml.api()
+        .fail_next("nvmlGpuInstanceDestroy", code::UNKNOWN);
+    p.prepare_claim(&a).await.unwrap_err();
+    assert!(nvml.list_slices().unwrap().is_empty());
+    assert!(p.record_of(UID_A).is_none());
+    // Both fail: the GPU instance is left, and recorded.
+    nvml.api()
+        .fail_next("nvmlGpuInstanceCreateComputeInstance", code::UNKNOWN);
+    nvml.api()
+        .fail_next("nvmlGpuInstanceDestroy", code::UNKNOWN);
+    nvml.api()
+        .fail_next("nvmlGpuInstanceDestroy", code::UNKNOWN);
+    p.prepare_claim(&a).await.unwrap_err();
+    assert_eq!(
+        nvml.list_slices().unwrap().len(),
+        1,
+        "a GPU instance is left"
+    );
+    let record = p
+        .record_of(UID_A)
+        .expect("the left GPU instance is recorded");
+    assert_eq!(record.state, PrepareState::Releasing);
+    tokio::time::sleep(super::reaper::FIRST_DELAY).await;
+    assert_eq!(p.reap_due().await.finished, [UID_A]);
+    assert!(nvml.list_slices().unwrap().is_empty());
+}
+
+/// Finding 4: a container with devices from two claims (what the webhook makes of two legacy
+/// profiles) and a claim with two requests: every MIG UUID reaches the container.
+#[tokio::test(start_paused = true)]
+async fn cdi_specs_of_two_claims_and_two_requests_compose() {
+    let s = setup("H100-80GB:2", inline());
+    let a = s.api.allocate(
+        "ns",
+        "a",
+        UID_A,
+        &[
+            ("small", "gpu-0-mig-1g-10gb-6"),
+            ("big", "gpu-1-mig-3g-40gb-4"),
+        ],
+    );
+    let b = s
+        .api
+        .allocate("ns", "b", UID_B, &[("gpu", "gpu-0-mig-1g-10gb-5")]);
+    let da = s.p.prepare_claim(&a).await.unwrap();
+    let db = s.p.prepare_claim(&b).await.unwrap();
+    // One CDI device per allocated device.
+    assert_eq!(da.len(), 2);
+    assert_ne!(da[0].cdi_device_ids, da[1].cdi_device_ids);
+    let mut env = std::collections::BTreeMap::new();
+    let dir = s.dir.path().join("cdi");
+    for claim in [&a, &b] {
+        let spec = cdi::read_spec(&cdi::spec_path(&dir, &claim.uid)).unwrap();
+        for d in &spec.devices {
+            for e in spec
+                .container_edits
+                .iter()
+                .chain([&d.container_edits])
+                .flat_map(|e| &e.env)
+            {
+                let (k, v) = e.split_once('=').unwrap();
+                if let Some(old) = env.insert(k.to_string(), v.to_string()) {
+                    assert_eq!(old, v, "{k} set to two values");
+                }
+            }
+        }
+    }
+    let mut got: Vec<String> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with(cdi::MIG_UUID_ENV_PREFIX))
+        .map(|(_, v)| v.clone())
+        .collect();
+    let mut live = s.live_migs();
+    got.sort();
+    live.sort();
+    assert_eq!(got, live);
+    assert_eq!(db.len(), 1);
+}
+
+/// Finding 5: one lost GPU used to fail every unprepare on the node and crash-loop start-up;
+/// health kept reporting it healthy.
+#[tokio::test(start_paused = true)]
+async fn a_lost_gpu_fails_only_what_touches_it() {
+    let s = setup("H100-80GB:2", inline());
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let b = s
+        .api
+        .allocate("ns", "b", UID_B, &[("gpu", "gpu-1-mig-1g-10gb-6")]);
+    s.p.prepare_claim(&a).await.unwrap();
+    s.p.prepare_claim(&b).await.unwrap();
+    s.emu.set_gpu_lost(1, true);
+    // GPU 0 is served.
+    s.p.unprepare_claim(&a).await.unwrap();
+    let c = s.api.allocate(
+        "ns",
+        "c",
+        "cccccccc-0000-0000-0000-000000000003",
+        &[("gpu", "gpu-0-mig-2g-20gb-4")],
+    );
+    s.p.prepare_claim(&c).await.unwrap();
+    // B's pod goes: the unprepare succeeds, the slice stays recorded for when GPU 1 answers.
+    s.p.unprepare_claim(&b).await.unwrap();
+    assert_eq!(
+        s.p.record_of(UID_B).map(|r| r.state),
+        Some(PrepareState::Releasing)
+    );
+    // Health: GPU 1's devices are unhealthy, GPU 0's healthy.
+    let health = s.p.device_health().await;
+    assert!(
+        health
+            .iter()
+            .all(|h| h.healthy == h.device.starts_with("gpu-0-"))
+    );
+    // A restart while GPU 1 is lost reconciles instead of failing.
+    let restarted = preparer(s.dir.path(), s.emu.clone(), s.api.clone(), inline());
+    let report = restarted.reconcile_at_startup(false, false).await.unwrap();
+    assert_eq!(report.unavailable_gpus, [1]);
+    assert!(
+        s.api
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(r, _)| r == "GpuUnavailable")
+    );
+    // GPU 1 is back: the reaper destroys B's slice.
+    s.emu.set_gpu_lost(1, false);
+    tokio::time::sleep(super::reaper::MAX_DELAY).await;
+    assert_eq!(restarted.reap_due().await.finished, [UID_B]);
+    assert_eq!(s.emu.gpu_slices(1).unwrap().len(), 0);
+}
+
+/// Finding 6: a retried prepare of a completed claim used to answer with the record without
+/// looking: a destroyed slice's dead MIG UUID, a CDI spec that no longer exists.
+#[tokio::test(start_paused = true)]
+async fn a_retried_prepare_checks_that_slices_and_cdi_spec_still_exist() {
+    let s = setup("H100-80GB:1", inline());
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    s.p.prepare_claim(&a).await.unwrap();
+    // The CDI spec disappears: the retry writes it again, same slice.
+    let first = s.spec_migs(&a);
+    std::fs::remove_file(cdi::spec_path(&s.dir.path().join("cdi"), &a.uid)).unwrap();
+    s.p.prepare_claim(&a).await.unwrap();
+    assert_eq!(s.spec_migs(&a), first);
+    // The slice is destroyed behind the plugin's back: the retry carves a new one.
+    let slice = s.emu.list_slices().unwrap().remove(0);
+    s.emu.destroy_slice(0, slice.gi_id).unwrap();
+    s.p.prepare_claim(&a).await.unwrap();
+    let live = s.live_migs();
+    assert_eq!(live.len(), 1);
+    assert_ne!(live, first);
+    assert_eq!(s.spec_migs(&a), live, "the answer names the live slice");
+    // A claim replaced under the same name is refused.
+    s.api
+        .allocate("ns", "a", UID_B, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let e = s.p.prepare_claim(&a).await.unwrap_err();
+    assert_eq!(e.metric_label(), "claim_replaced");
+}
+
+/// Finding 6: the status write used to be fire and forget: one API error left the
+/// AllocationClaim `created` for good.
+#[tokio::test(start_paused = true)]
+async fn the_status_write_is_retried_until_it_lands() {
+    let s = setup("H100-80GB:1", inline());
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    s.api.failing_status_writes.store(3, Ordering::SeqCst);
+    s.p.prepare_claim(&a).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        s.api.statuses.lock().unwrap().get(UID_A),
+        Some(&s.live_migs())
+    );
+    assert!(
+        s.p.metrics
+            .encode()
+            .contains("das_kubelet_plugin_claim_status_write_failures_total 3")
+    );
+    assert_eq!(s.p.status.running(), 0);
+}
+
+/// Finding 7: API calls without a timeout could hold a claim's lock (and the handover gate)
+/// forever.
+#[tokio::test]
+async fn an_api_server_that_never_answers_fails_the_call_in_bounded_time() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Accepts connections and never answers.
+    let _silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((sock, _)) = listener.accept().await {
+            held.push(sock);
+        }
+    });
+    let client =
+        kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
+            .unwrap();
+    let api = super::KubeClaimApi::new(client, NODE).with_call_timeout(Duration::from_millis(200));
+    let t0 = std::time::Instant::now();
+    let e = api.get_claim("ns", "a").await.unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(5));
+    assert!(e.message.contains("no answer"), "{e}");
+    assert!(!e.permanent);
+}
+
+/// Finding 8 is covered in `handover::tests::lock_files_are_0600_in_a_0700_state_dir`.
+///
+/// The per-claim lock keeps different claims parallel: two claims on two GPUs create their
+/// slices at the same time (no node-wide lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn different_claims_on_different_gpus_prepare_in_parallel() {
+    let s = setup("H100-80GB:2", BlockingCalls::Threads);
+    s.emu.set_latency(Latency {
+        create: Duration::from_millis(300),
+        destroy: Duration::ZERO,
+    });
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let b = s
+        .api
+        .allocate("ns", "b", UID_B, &[("gpu", "gpu-1-mig-1g-10gb-6")]);
+    let t0 = std::time::Instant::now();
+    let r = s.p.prepare(vec![a, b]).await;
+    assert!(r.values().all(Result::is_ok), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(550),
+        "the two creates did not overlap: {:?}",
+        t0.elapsed()
+    );
+}
