@@ -7,7 +7,10 @@
 //! state), checkpoint fsync, CDI spec write and the status.devices apply.
 //!
 //! Run: `cargo bench -p das-driver --bench prepare` (prints a table; figures go into
-//! docs/benchmarks.md by hand).
+//! docs/benchmarks.md by hand). With `DAS_BENCH_BASELINE_PLUGIN=<path>` another plugin binary
+//! (an earlier build) runs on a second node, interleaved round by round, for ratios measured in
+//! one run. Each case also reports the plugin's CPU time per prepare + unprepare
+//! (`/proc/<pid>/stat`).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -25,7 +28,6 @@ use kube::{Api, Client};
 use serde_json::json;
 use tonic::transport::{Channel, Endpoint};
 
-const NODE: &str = "n0";
 const GPUS: u32 = 8;
 const SINGLE_ROUNDS: usize = 200;
 const CONCURRENT_ROUNDS: usize = 50;
@@ -42,8 +44,8 @@ async fn connect(sock: PathBuf) -> Result<DraPluginClient<Channel>> {
     Ok(DraPluginClient::new(ch))
 }
 
-/// Creates claim `name` allocated (by us, as the scheduler would) to `device` on this node.
-async fn allocated_claim(client: &Client, name: &str, device: &str) -> Result<Claim> {
+/// Creates claim `name` allocated (by us, as the scheduler would) to `device` on `node`.
+async fn allocated_claim(client: &Client, node: &str, name: &str, device: &str) -> Result<Claim> {
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
     let rc: ResourceClaim = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -52,8 +54,8 @@ async fn allocated_claim(client: &Client, name: &str, device: &str) -> Result<Cl
     }))?;
     let rc = api.create(&PostParams::default(), &rc).await?;
     let status = json!({"status": {"allocation": {
-        "devices": {"results": [{"request": "mig", "driver": das::DRIVER, "pool": NODE, "device": device}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+        "devices": {"results": [{"request": "mig", "driver": das::DRIVER, "pool": node, "device": device}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
     }}});
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
@@ -102,156 +104,268 @@ fn rss_mib(pid: u32) -> (f64, f64) {
     (rss as f64 / 1024.0, peak as f64 / 1024.0)
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
-    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[NODE])).await?;
-    let node = cluster.node(NODE).clone();
+/// One plugin under test: its node, DRA client and process.
+struct Subject {
+    label: String,
+    node: &'static str,
+    client: DraPluginClient<Channel>,
+    pid: u32,
+    one: Claim,
+    eight: Vec<Claim>,
+    single: Vec<Duration>,
+    walls: Vec<Duration>,
+    sequential: Vec<Duration>,
+    /// CPU seconds the plugin spent over the 1-claim rounds (prepare + unprepare).
+    single_cpu: f64,
+    rss0: f64,
+}
+
+/// User + system CPU seconds of process `pid` so far (`/proc/<pid>/stat`, clock ticks of
+/// 1/100 s: exact enough over hundreds of rounds).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // utime and stime are fields 14 and 15 of the file: 12 and 13 after the name.
+    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
+}
+
+async fn start_subject(
+    cluster: &mut Cluster,
+    label: &str,
+    node: &'static str,
+    binary: &std::path::Path,
+) -> Result<Subject> {
+    let n = cluster.node(node).clone();
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let args = das::plugin_args(
-        &node,
+        &n,
         &format!("H100-80GB:{GPUS}"),
         &cluster.kubeconfig.clone(),
         port,
     );
-    cluster.spawn_program(
-        "das-plugin",
-        std::path::Path::new(env!("CARGO_BIN_EXE_das-kubelet-plugin")),
-        args,
-    )?;
-    let client = cluster.client();
-    apply_device_classes(&client, &["1g.10gb"]).await?;
-    let sock = node.plugins_dir().join(das::DRIVER).join("dra.sock");
+    cluster.spawn_program(&format!("das-plugin-{node}"), binary, args)?;
+    let pid = *cluster.pids().last().context("plugin pid")?;
+    let sock = n.plugins_dir().join(das::DRIVER).join("dra.sock");
     wait::until(
         "the plugin's DRA socket",
         Duration::from_secs(30),
         || async { Ok(sock.exists().then_some(())) },
     )
     .await?;
-    let mut c = connect(sock.clone()).await?;
-    let pid = *cluster.pids().last().context("plugin pid")?;
-    let (rss0, _) = rss_mib(pid);
-
-    // One claim, prepared and unprepared in turn.
-    let one = allocated_claim(&client, "bench-one", "gpu-0-mig-1g-10gb-6").await?;
-    let mut single = Vec::new();
-    for _ in 0..SINGLE_ROUNDS {
-        single.push(prepare(&mut c, vec![one.clone()]).await?);
-        unprepare(&mut c, vec![one.clone()]).await?;
-    }
-    single.sort();
-
-    // 8 claims on 8 GPUs, sent as 8 concurrent calls (as 8 pods' kubelet calls would be).
+    let client = connect(sock).await?;
+    let api = cluster.client();
+    let one = allocated_claim(&api, node, &format!("one-{node}"), "gpu-0-mig-1g-10gb-6").await?;
     let mut eight = Vec::new();
     for g in 0..GPUS {
         eight.push(
             allocated_claim(
-                &client,
-                &format!("bench-gpu{g}"),
+                &api,
+                node,
+                &format!("gpu{g}-{node}"),
                 &format!("gpu-{g}-mig-1g-10gb-6"),
             )
             .await?,
         );
     }
-    let mut walls = Vec::new();
-    for _ in 0..CONCURRENT_ROUNDS {
+    Ok(Subject {
+        label: label.to_string(),
+        node,
+        client,
+        pid,
+        one,
+        eight,
+        single: Vec::new(),
+        walls: Vec::new(),
+        sequential: Vec::new(),
+        single_cpu: 0.0,
+        rss0: rss_mib(pid).0,
+    })
+}
+
+impl Subject {
+    async fn single_round(&mut self) -> Result<()> {
+        let cpu0 = cpu_seconds(self.pid);
+        self.single
+            .push(prepare(&mut self.client, vec![self.one.clone()]).await?);
+        unprepare(&mut self.client, vec![self.one.clone()]).await?;
+        self.single_cpu += cpu_seconds(self.pid) - cpu0;
+        Ok(())
+    }
+
+    async fn concurrent_round(&mut self) -> Result<()> {
         let t0 = Instant::now();
-        let calls = eight.iter().map(|cl| {
-            let mut c = c.clone();
+        let calls = self.eight.iter().map(|cl| {
+            let mut c = self.client.clone();
             let cl = cl.clone();
             async move { prepare(&mut c, vec![cl]).await }
         });
         for r in futures::future::join_all(calls).await {
             r?;
         }
-        walls.push(t0.elapsed());
-        unprepare(&mut c, eight.clone()).await?;
+        self.walls.push(t0.elapsed());
+        unprepare(&mut self.client, self.eight.clone()).await
     }
-    walls.sort();
-    // The same 8 claims one after another, for comparison with the concurrent wall time.
-    let mut sequential = Vec::new();
-    for _ in 0..CONCURRENT_ROUNDS {
+
+    async fn sequential_round(&mut self) -> Result<()> {
         let t0 = Instant::now();
-        for cl in &eight {
-            prepare(&mut c, vec![cl.clone()]).await?;
+        for cl in &self.eight {
+            prepare(&mut self.client, vec![cl.clone()]).await?;
         }
-        sequential.push(t0.elapsed());
-        unprepare(&mut c, eight.clone()).await?;
+        self.sequential.push(t0.elapsed());
+        unprepare(&mut self.client, self.eight.clone()).await
     }
-    sequential.sort();
 
-    // Memory with 50 prepared slices: 7 × 1g.10gb per GPU, over 8 GPUs, until 50.
-    let mut held = Vec::new();
-    'outer: for g in 0..GPUS {
-        for start in 0..7 {
-            if held.len() == 50 {
-                break 'outer;
+    /// RSS with 50 prepared slices (7 × 1g.10gb per GPU until 50), then released again.
+    async fn memory_with_50(&mut self, api: &Client) -> Result<String> {
+        let mut held = Vec::new();
+        'outer: for g in 0..GPUS {
+            for start in 0..7 {
+                if held.len() == 50 {
+                    break 'outer;
+                }
+                let cl = allocated_claim(
+                    api,
+                    self.node,
+                    &format!("mem-{}-{g}-{start}", self.node),
+                    &format!("gpu-{g}-mig-1g-10gb-{start}"),
+                )
+                .await?;
+                prepare(&mut self.client, vec![cl.clone()]).await?;
+                held.push(cl);
             }
-            let cl = allocated_claim(
-                &client,
-                &format!("bench-mem-{g}-{start}"),
-                &format!("gpu-{g}-mig-1g-10gb-{start}"),
-            )
-            .await?;
-            prepare(&mut c, vec![cl.clone()]).await?;
-            held.push(cl);
         }
+        let (rss50, peak) = rss_mib(self.pid);
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid)).unwrap_or_default();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        unprepare(&mut self.client, held).await?;
+        Ok(format!(
+            "{}: RSS {:.1} MiB after start, {rss50:.1} MiB with 50 prepared slices (peak {peak:.1} MiB; anonymous {:.1} MiB, file-backed {:.1} MiB, {:.0} threads)",
+            self.label,
+            self.rss0,
+            field("RssAnon:") / 1024.0,
+            field("RssFile:") / 1024.0,
+            field("Threads:")
+        ))
     }
-    let (rss50, peak) = rss_mib(pid);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |k: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(k))
-            .map(|l| {
-                l.split_whitespace()
-                    .nth(1)
-                    .unwrap_or("0")
-                    .parse::<f64>()
-                    .unwrap_or(0.0)
-                    / 1024.0
-            })
-            .unwrap_or(0.0)
+}
+
+fn row(case: &str, rounds: usize, v: &mut [Duration]) -> String {
+    v.sort();
+    format!(
+        "| {case} | {rounds} | {} | {} | {} |",
+        ms(percentile(v, 0.5)),
+        ms(percentile(v, 0.99)),
+        ms(*v.last().unwrap())
+    )
+}
+
+/// Runs `round` for every subject, `rounds` times, alternating which goes first so drift on
+/// this shared machine hits both alike.
+macro_rules! interleave {
+    ($subjects:expr, $rounds:expr, $round:ident) => {
+        for r in 0..$rounds {
+            let n = $subjects.len();
+            for k in 0..n {
+                $subjects[(r + k) % n].$round().await?;
+            }
+        }
     };
-    let (anon, file, threads) = (
-        field("RssAnon:"),
-        field("RssFile:"),
-        field("Threads:") * 1024.0,
-    );
-    unprepare(&mut c, held).await?;
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    // `DAS_BENCH_BASELINE_PLUGIN=<path of another das-kubelet-plugin>` runs it side by side on
+    // a second node, interleaved round by round, and prints the ratios.
+    let baseline = std::env::var_os("DAS_BENCH_BASELINE_PLUGIN").map(std::path::PathBuf::from);
+    let nodes: &[&str] = if baseline.is_some() {
+        &["n0", "n1"]
+    } else {
+        &["n0"]
+    };
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(nodes)).await?;
+    let api = cluster.client();
+    apply_device_classes(&api, &["1g.10gb"]).await?;
+    let mut subjects = vec![
+        start_subject(
+            &mut cluster,
+            "this build",
+            "n0",
+            std::path::Path::new(env!("CARGO_BIN_EXE_das-kubelet-plugin")),
+        )
+        .await?,
+    ];
+    if let Some(b) = &baseline {
+        subjects.push(start_subject(&mut cluster, "baseline", "n1", b).await?);
+    }
+    interleave!(subjects, SINGLE_ROUNDS, single_round);
+    interleave!(subjects, CONCURRENT_ROUNDS, concurrent_round);
+    interleave!(subjects, CONCURRENT_ROUNDS, sequential_round);
+    let mut memory = Vec::new();
+    for s in &mut subjects {
+        memory.push(s.memory_with_50(&api).await?);
+    }
 
     println!(
-        "NodePrepareResources over the DRA socket, emulated H100-80GB ×{GPUS}, real kube-apiserver"
-    );
-    println!("| case | rounds | p50 | p99 | max |");
-    println!("|---|---|---|---|---|");
-    println!(
-        "| 1 claim (1 slice) | {SINGLE_ROUNDS} | {} | {} | {} |",
-        ms(percentile(&single, 0.5)),
-        ms(percentile(&single, 0.99)),
-        ms(*single.last().unwrap())
-    );
-    println!(
-        "| 8 concurrent claims on 8 GPUs, wall time | {CONCURRENT_ROUNDS} | {} | {} | {} |",
-        ms(percentile(&walls, 0.5)),
-        ms(percentile(&walls, 0.99)),
-        ms(*walls.last().unwrap())
-    );
-    println!(
-        "| 8 claims on 8 GPUs one after another, wall time | {CONCURRENT_ROUNDS} | {} | {} | {} |",
-        ms(percentile(&sequential, 0.5)),
-        ms(percentile(&sequential, 0.99)),
-        ms(*sequential.last().unwrap())
-    );
-    println!(
-        "8-concurrent p50 / 1-claim p50 = {:.2}; 8-sequential p50 / 8-concurrent p50 = {:.2}; CPUs: {}",
-        percentile(&walls, 0.5).as_secs_f64() / percentile(&single, 0.5).as_secs_f64(),
-        percentile(&sequential, 0.5).as_secs_f64() / percentile(&walls, 0.5).as_secs_f64(),
+        "NodePrepareResources over the DRA socket, emulated H100-80GB ×{GPUS}, real kube-apiserver; CPUs: {}",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0)
     );
-    println!(
-        "plugin RSS: {rss0:.1} MiB after start, {rss50:.1} MiB with 50 prepared slices (peak {peak:.1} MiB; anonymous {anon:.1} MiB, file-backed {file:.1} MiB, {threads:.0} threads)"
-    );
+    for s in &mut subjects {
+        println!("\n{} ({}):", s.label, s.node);
+        println!("| case | rounds | p50 | p99 | max |");
+        println!("|---|---|---|---|---|");
+        println!("{}", row("1 claim (1 slice)", SINGLE_ROUNDS, &mut s.single));
+        println!(
+            "{}",
+            row(
+                "8 concurrent claims on 8 GPUs, wall time",
+                CONCURRENT_ROUNDS,
+                &mut s.walls
+            )
+        );
+        println!(
+            "{}",
+            row(
+                "8 claims on 8 GPUs one after another, wall time",
+                CONCURRENT_ROUNDS,
+                &mut s.sequential
+            )
+        );
+        println!(
+            "plugin CPU per 1-claim prepare + unprepare: {:.2} ms",
+            s.single_cpu * 1000.0 / SINGLE_ROUNDS as f64
+        );
+    }
+    if let [new, base] = &subjects[..] {
+        let ratio = |a: &[Duration], b: &[Duration], p: f64| {
+            percentile(a, p).as_secs_f64() / percentile(b, p).as_secs_f64()
+        };
+        println!(
+            "\nthis build / baseline: 1 claim p50 {:.2}, p99 {:.2}; 8 concurrent p50 {:.2}, p99 {:.2}; 8 sequential p50 {:.2}; CPU per cycle {:.2}",
+            ratio(&new.single, &base.single, 0.5),
+            ratio(&new.single, &base.single, 0.99),
+            ratio(&new.walls, &base.walls, 0.5),
+            ratio(&new.walls, &base.walls, 0.99),
+            ratio(&new.sequential, &base.sequential, 0.5),
+            new.single_cpu / base.single_cpu
+        );
+    }
+    for m in memory {
+        println!("{m}");
+    }
     Ok(())
 }

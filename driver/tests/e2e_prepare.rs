@@ -25,6 +25,8 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     one_slice_with_cdi_and_status(cluster).await?;
     three_slices_in_one_container(cluster).await?;
     deleted_pod_releases_its_slice(cluster).await?;
+    a_claim_with_two_requests_gives_the_container_both_slices(cluster).await?;
+    a_pod_deleted_during_a_slow_prepare_leaves_nothing(cluster).await?;
     large_profiles_share_or_need_an_empty_gpu(cluster).await?;
     mixed_profiles_share_a_gpu(cluster).await?;
     Ok(())
@@ -42,11 +44,13 @@ async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
     let (_, profile, _, mig) = &live[0];
     ensure!(profile == "1g.10gb");
     ensure!(
-        view.env.get("NVIDIA_VISIBLE_DEVICES") == Some(mig),
+        view.mig_uuids() == [mig.clone()],
         "container env {:?}, live slice {mig}",
         view.env
     );
-    ensure!(view.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some("0"));
+    // The NVIDIA runtime hook is told to add nothing: the CDI device nodes are the access.
+    ensure!(view.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str) == Some("void"));
+    ensure!(!view.env.contains_key("CUDA_VISIBLE_DEVICES"));
     ensure!(
         view.device_nodes
             .iter()
@@ -121,9 +125,12 @@ async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
     create_pod(&c, "three", "three-1g", Some(H100)).await?;
     let pod = wait_running(&c, "three").await?;
     let view = container_view(cluster.node(H100), &pod.metadata.uid.context("uid")?, "app")?;
-    let uuids: Vec<&str> = view.env["NVIDIA_VISIBLE_DEVICES"].split(',').collect();
+    let uuids = view.mig_uuids();
     ensure!(uuids.len() == 3, "{uuids:?}");
-    ensure!(view.env["CUDA_VISIBLE_DEVICES"] == "0,1,2");
+    ensure!(
+        view.cdi_devices.len() == 3,
+        "one CDI device per slice: {view:?}"
+    );
     let live: Vec<String> = live_slices(cluster, H100)?
         .into_iter()
         .map(|s| s.3)
@@ -164,6 +171,104 @@ async fn deleted_pod_releases_its_slice(cluster: &Cluster) -> Result<()> {
     das_e2e::wait::until("every slice on n0 to be destroyed", T, || async {
         Ok(live_slices(cluster, H100)?.is_empty().then_some(()))
     })
+    .await
+}
+
+/// One claim, two requests of different profiles: the container gets one CDI device per slice
+/// and sees both MIG UUIDs (no environment key set twice).
+async fn a_claim_with_two_requests_gives_the_container_both_slices(
+    cluster: &Cluster,
+) -> Result<()> {
+    let c = cluster.client();
+    let templates: kube::Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        kube::Api::namespaced(c.clone(), NS);
+    let t = serde_json::from_value(serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "two-requests"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "small", "exactly": {"deviceClassName": das_api::profile_device_class("1g.10gb")}},
+            {"name": "big", "exactly": {"deviceClassName": das_api::profile_device_class("3g.40gb")}}
+        ]}}}
+    }))?;
+    templates.create(&Default::default(), &t).await?;
+    create_pod(&c, "two-req", "two-requests", Some(H100)).await?;
+    let pod = wait_running(&c, "two-req").await?;
+    let view = container_view(cluster.node(H100), &pod.metadata.uid.context("uid")?, "app")?;
+    let mut live: Vec<String> = live_slices(cluster, H100)?
+        .into_iter()
+        .map(|s| s.3)
+        .collect();
+    live.sort();
+    ensure!(
+        view.mig_uuids() == live,
+        "container sees {:?}, live {live:?}",
+        view.mig_uuids()
+    );
+    ensure!(view.cdi_devices.len() == 2, "{view:?}");
+    ensure!(
+        view.device_nodes
+            .iter()
+            .filter(|n| n.starts_with("/dev/nvidia-caps/"))
+            .count()
+            == 4,
+        "a GI and a CI capability node per slice: {:?}",
+        view.device_nodes
+    );
+    delete_pod(&c, "two-req").await?;
+    das_e2e::wait::until("the two slices to be destroyed", T, || async {
+        Ok(live_slices(cluster, H100)?.is_empty().then_some(()))
+    })
+    .await
+}
+
+/// The emulated GPUs' creates are slowed (control file); the pod is force-deleted while its
+/// prepare runs: the prepare finishes, the kubelet's unprepare follows, and neither a slice nor
+/// a CDI spec nor a checkpoint record is left.
+async fn a_pod_deleted_during_a_slow_prepare_leaves_nothing(cluster: &Cluster) -> Result<()> {
+    use das_driver::gpu::emulated::{Control, LatencyMs};
+    let c = cluster.client();
+    let dirs = das::PluginDirs::of(cluster.node(H100));
+    let emulated = dirs.state.join("emulated");
+    Control {
+        latency_ms: LatencyMs {
+            create: 3000,
+            destroy: 0,
+        },
+        ..Default::default()
+    }
+    .write(&emulated)?;
+    create_pod(&c, "slow", "one-1g", Some(H100)).await?;
+    let checkpoint = dirs.state.join("checkpoint.json");
+    das_e2e::wait::until("the prepare to start", T, || async {
+        let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
+        Ok(text.contains("PrepareStarted").then_some(()))
+    })
+    .await?;
+    let claim_uid = claim_of(&c, "slow")
+        .await?
+        .metadata
+        .uid
+        .context("claim uid")?;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
+    pods.delete("slow", &kube::api::DeleteParams::default().grace_period(0))
+        .await?;
+    Control::default().write(&emulated)?;
+    das_e2e::wait::until("pod slow to be gone", T, || async {
+        Ok(pods.get_opt("slow").await?.is_none().then_some(()))
+    })
+    .await?;
+    let spec = dirs.cdi.join(format!("das.com-mig_{claim_uid}.json"));
+    das_e2e::wait::until(
+        "no slice, CDI spec or record of the deleted pod",
+        T,
+        || async {
+            let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
+            let clean = live_slices(cluster, H100)?.is_empty()
+                && !spec.exists()
+                && !text.contains(&claim_uid);
+            Ok(clean.then_some(()))
+        },
+    )
     .await
 }
 

@@ -95,8 +95,8 @@ pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<
     Ok(())
 }
 
-/// What one container would get from its CDI devices: the environment of the CDI edits, in
-/// device order, and the device node paths.
+/// What one container would get from its CDI devices: the environment of the CDI edits merged
+/// by key, the device node paths, and the device IDs.
 #[derive(Debug, Default, Clone)]
 pub struct ContainerView {
     pub env: BTreeMap<String, String>,
@@ -104,9 +104,31 @@ pub struct ContainerView {
     pub cdi_devices: Vec<String>,
 }
 
+/// Prefix of the per-slice variables DAS's CDI devices set to their MIG UUIDs.
+pub const MIG_UUID_ENV_PREFIX: &str = "DAS_MIG_UUID_";
+
+impl ContainerView {
+    /// The MIG UUIDs the container holds: the values of its `DAS_MIG_UUID_*` variables, sorted.
+    pub fn mig_uuids(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .env
+            .iter()
+            .filter(|(k, _)| k.starts_with(MIG_UUID_ENV_PREFIX))
+            .map(|(_, v)| v.clone())
+            .collect();
+        out.sort();
+        out
+    }
+}
+
 /// Resolves container `container` of pod `pod_uid` on `node`: the CDI device IDs the kubelet
 /// passed (recorded by the hollow kubelet) are looked up in the spec files of the plugin's CDI
-/// dir, and their edits applied in order, as a CDI-enabled runtime does.
+/// dir, and their edits (the spec's, then the device's) applied in order, as a CDI-enabled
+/// runtime does: environment merged by key, last one wins; device nodes by path.
+///
+/// # Errors
+/// A device ID in no spec, or two edits setting one variable to different values: a runtime
+/// would keep only the last, so the container would not see what its devices meant to give it.
 pub fn container_view(node: &NodeInfo, pod_uid: &str, container: &str) -> Result<ContainerView> {
     let rec_path = node
         .cdi_records_dir()
@@ -124,25 +146,39 @@ pub fn container_view(node: &NodeInfo, pod_uid: &str, container: &str) -> Result
         let Some((kind, name)) = id.split_once('=') else {
             bail!("malformed CDI device ID {id}")
         };
-        let device = specs
+        let (spec, device) = specs
             .iter()
             .filter(|s| s["kind"] == kind)
-            .flat_map(|s| s["devices"].as_array().cloned().unwrap_or_default())
-            .find(|d| d["name"] == name)
+            .flat_map(|s| {
+                s["devices"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(move |d| (s, d))
+            })
+            .find(|(_, d)| d["name"] == name)
             .with_context(|| format!("CDI device {id} is in no spec file"))?;
-        let edits = &device["containerEdits"];
-        for e in edits["env"].as_array().into_iter().flatten() {
-            let (k, v) = e
-                .as_str()
-                .unwrap_or_default()
-                .split_once('=')
-                .unwrap_or_default();
-            view.env.insert(k.to_string(), v.to_string());
-        }
-        for n in edits["deviceNodes"].as_array().into_iter().flatten() {
-            let path = n["path"].as_str().unwrap_or_default().to_string();
-            if !view.device_nodes.contains(&path) {
-                view.device_nodes.push(path);
+        for edits in [&spec["containerEdits"], &device["containerEdits"]] {
+            for e in edits["env"].as_array().into_iter().flatten() {
+                let (k, v) = e
+                    .as_str()
+                    .unwrap_or_default()
+                    .split_once('=')
+                    .unwrap_or_default();
+                if let Some(old) = view.env.insert(k.to_string(), v.to_string())
+                    && old != v
+                {
+                    bail!(
+                        "container {container}: CDI devices set {k} to {old:?} and {v:?}; a runtime keeps only the last"
+                    );
+                }
+            }
+            for n in edits["deviceNodes"].as_array().into_iter().flatten() {
+                let path = n["path"].as_str().unwrap_or_default().to_string();
+                if !view.device_nodes.contains(&path) {
+                    view.device_nodes.push(path);
+                }
             }
         }
     }

@@ -521,14 +521,18 @@ async fn examples(cluster: &Cluster) -> Result<()> {
     }
     ensure!(specs.len() == 5, "{} CDI specs for 5 claims", specs.len());
     for spec in &specs {
-        let edits = &spec["devices"][0]["containerEdits"];
-        ensure!(edits["deviceNodes"].is_null(), "device nodes in {spec}");
         ensure!(
-            edits["env"]
-                .to_string()
-                .contains("NVIDIA_VISIBLE_DEVICES=MIG-"),
-            "no MIG UUIDs in {spec}"
+            spec["containerEdits"]["deviceNodes"].is_null(),
+            "device nodes in {spec}"
         );
+        for device in spec["devices"].as_array().into_iter().flatten() {
+            let edits = &device["containerEdits"];
+            ensure!(edits["deviceNodes"].is_null(), "device nodes in {spec}");
+            ensure!(
+                edits["env"].to_string().contains("=MIG-"),
+                "no MIG UUID in {spec}"
+            );
+        }
     }
 
     // Nothing a component tried was refused: the chart's RBAC covers every call they make

@@ -74,6 +74,7 @@ async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
     one_slice(cluster).await?;
     three_slices_in_one_container(cluster).await?;
     two_containers_and_an_init_container(cluster).await?;
+    two_profiles_in_one_container(cluster).await?;
     bad_pods_are_denied(&c).await?;
     dry_run_creates_nothing(&c).await?;
     mixed_profiles_share_the_gpu(cluster).await?;
@@ -268,20 +269,18 @@ async fn delete(c: &Client, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// MIG UUIDs container `container` of running pod `pod` sees, and its CUDA_VISIBLE_DEVICES.
-fn visible(cluster: &Cluster, pod: &Pod, container: &str) -> Result<(Vec<String>, String)> {
+/// MIG UUIDs container `container` of running pod `pod` sees (its CDI devices resolved and
+/// merged as a runtime does; an environment key set to two values fails).
+fn visible(cluster: &Cluster, pod: &Pod, container: &str) -> Result<Vec<String>> {
     let uid = pod.metadata.uid.as_deref().context("pod uid")?;
     let view = container_view(cluster.node(NODE), uid, container)?;
-    let uuids = view
-        .env
-        .get("NVIDIA_VISIBLE_DEVICES")
-        .with_context(|| format!("{container}: no NVIDIA_VISIBLE_DEVICES in {:?}", view.env))?;
-    let cuda = view
-        .env
-        .get("CUDA_VISIBLE_DEVICES")
-        .cloned()
-        .unwrap_or_default();
-    Ok((uuids.split(',').map(str::to_string).collect(), cuda))
+    let uuids = view.mig_uuids();
+    ensure!(
+        !uuids.is_empty(),
+        "{container}: no DAS_MIG_UUID_* in {:?}",
+        view.env
+    );
+    Ok(uuids)
 }
 
 async fn pod_without_mig_never_reaches_the_webhook(c: &Client, hook: &Webhook) -> Result<()> {
@@ -320,12 +319,11 @@ async fn one_slice(cluster: &Cluster) -> Result<()> {
     );
     ensure!(limits.contains_key("cpu"), "cpu limit lost: {limits:?}");
     let pod = wait_running(&c, "one").await?;
-    let (uuids, cuda) = visible(cluster, &pod, "app")?;
+    let uuids = visible(cluster, &pod, "app")?;
     ensure!(
         uuids.len() == 1 && uuids[0].starts_with("MIG-"),
         "{uuids:?}"
     );
-    ensure!(cuda == "0", "CUDA_VISIBLE_DEVICES={cuda}");
     let tpl = Api::<ResourceClaimTemplate>::namespaced(c.clone(), NS)
         .get("das-mig-1g-10gb-x1")
         .await?;
@@ -348,9 +346,8 @@ async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
     )
     .await?;
     let pod = wait_running(&c, "three").await?;
-    let (uuids, cuda) = visible(cluster, &pod, "app")?;
+    let uuids = visible(cluster, &pod, "app")?;
     ensure!(uuids.len() == 3, "{uuids:?}");
-    ensure!(cuda == "0,1,2", "CUDA_VISIBLE_DEVICES={cuda}");
     delete(&c, &["three"]).await
 }
 
@@ -366,9 +363,9 @@ async fn two_containers_and_an_init_container(cluster: &Cluster) -> Result<()> {
     );
     create(&c, p).await?;
     let pod = wait_running(&c, "two").await?;
-    let (a, _) = visible(cluster, &pod, "a")?;
-    let (b, _) = visible(cluster, &pod, "b")?;
-    let (i, _) = visible(cluster, &pod, "init")?;
+    let a = visible(cluster, &pod, "a")?;
+    let b = visible(cluster, &pod, "b")?;
+    let i = visible(cluster, &pod, "init")?;
     ensure!(
         a.len() == 1 && b.len() == 1 && i.len() == 1,
         "a={a:?} b={b:?} init={i:?}"
@@ -378,6 +375,37 @@ async fn two_containers_and_an_init_container(cluster: &Cluster) -> Result<()> {
         "slices shared: a={a:?} b={b:?} init={i:?}"
     );
     delete(&c, &["two"]).await
+}
+
+/// One container asking for two legacy profiles gets two claims (one per profile); the runtime
+/// merges the two CDI specs, and the container sees both MIG UUIDs.
+async fn two_profiles_in_one_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mixed"},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-2g.20gb": "1"}}}],
+            "terminationGracePeriodSeconds": 0}});
+    let created = create(&c, p).await?;
+    let claims = created
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.clone())
+        .unwrap_or_default();
+    ensure!(claims.len() == 2, "one claim per profile: {claims:?}");
+    let pod = wait_running(&c, "mixed").await?;
+    let uuids = visible(cluster, &pod, "app")?;
+    ensure!(uuids.len() == 2, "both slices visible: {uuids:?}");
+    let state = das::emulated_state(cluster.node(NODE))?;
+    let live: Vec<String> = state["gpus"][0]["instances"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["migUuid"].as_str().map(str::to_string))
+        .collect();
+    for u in &uuids {
+        ensure!(live.contains(u), "{u} is not a live slice: {live:?}");
+    }
+    delete(&c, &["mixed"]).await
 }
 
 /// Creates `pod` expecting a denial whose message contains every one of `want`.
@@ -478,8 +506,8 @@ async fn mixed_profiles_share_the_gpu(cluster: &Cluster) -> Result<()> {
     .await?;
     let s = wait_running(&c, "small").await?;
     let m = wait_running(&c, "medium").await?;
-    let (su, _) = visible(cluster, &s, "app")?;
-    let (mu, _) = visible(cluster, &m, "app")?;
+    let su = visible(cluster, &s, "app")?;
+    let mu = visible(cluster, &m, "app")?;
     ensure!(su != mu, "1g and 2g got the same slice");
     delete(&c, &["small", "medium"]).await
 }

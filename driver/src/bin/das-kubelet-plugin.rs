@@ -369,7 +369,8 @@ async fn run(args: Args) -> Result<()> {
         DRIVER_NAME,
         args.pod_uid.as_deref(),
     )?;
-    let reaper_task = tokio::spawn(preparer.clone().run_reaper(stop.child_token()));
+    let reaper_stop = stop.child_token();
+    let reaper_task = tokio::spawn(preparer.clone().run_reaper(reaper_stop.clone()));
     let gate = Arc::new(Gate::default());
     let handler: Arc<dyn kubelet::ClaimHandler> = Arc::new(Gated {
         inner: preparer.clone(),
@@ -384,9 +385,11 @@ async fn run(args: Args) -> Result<()> {
     let mut handover_task = tokio::spawn(hand_over_when_asked(
         active,
         gate,
-        Publishing {
-            task: publish_task,
-            stop: publish_stop,
+        Background {
+            publisher: publish_task,
+            publisher_stop: publish_stop,
+            reaper: reaper_task,
+            reaper_stop,
         },
         metrics.clone(),
         stop.clone(),
@@ -403,15 +406,19 @@ async fn run(args: Args) -> Result<()> {
         Some(e) => e,
         None => handover_task.await?,
     };
+    if let Ended::Stuck = ended {
+        // Waiting for the servers would wait for the stuck calls too: leave now. The kernel
+        // frees the node's locks; the next instance recovers from the checkpoint.
+        tracing::error!(
+            "calls still ran {}s after the node plugin stopped taking new ones: exiting",
+            DRAIN_LIMIT.as_secs()
+        );
+        std::process::exit(1);
+    }
     serve_task.await??;
-    reaper_task.await?;
     metrics_task.await??;
     match ended {
-        Ended::Stopped => Ok(()),
-        Ended::Stuck => anyhow::bail!(
-            "calls still ran {}s after the node plugin stopped taking new ones: exiting so that the kernel frees the node (the next instance recovers from the checkpoint)",
-            DRAIN_LIMIT.as_secs()
-        ),
+        Ended::Stopped | Ended::Stuck => Ok(()),
         Ended::NodeUnserved => anyhow::bail!(
             "the plugin instance that took over this node is gone and none waits: exiting so that this pod restarts and serves the node again"
         ),
@@ -424,10 +431,26 @@ const HANDOVER_POLL: Duration = Duration::from_millis(250);
 /// API call is bounded by its timeouts, a GPU call by the driver).
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
-/// The ResourceSlice publisher's task and its stop token.
-struct Publishing {
-    task: tokio::task::JoinHandle<Publisher>,
-    stop: CancellationToken,
+/// The tasks that touch the node's state besides the calls: the ResourceSlice publisher and
+/// the reaper, with their stop tokens. Both end before the node is handed over.
+struct Background {
+    publisher: tokio::task::JoinHandle<Publisher>,
+    publisher_stop: CancellationToken,
+    reaper: tokio::task::JoinHandle<()>,
+    reaper_stop: CancellationToken,
+}
+
+impl Background {
+    async fn stop(self) {
+        self.publisher_stop.cancel();
+        self.reaper_stop.cancel();
+        if let Err(e) = self.publisher.await {
+            tracing::warn!(error = %e, "the ResourceSlice publisher ended badly");
+        }
+        if let Err(e) = self.reaper.await {
+            tracing::warn!(error = %e, "the reaper ended badly");
+        }
+    }
 }
 
 /// How [`hand_over_when_asked`] ended.
@@ -450,7 +473,7 @@ enum Ended {
 async fn hand_over_when_asked(
     active: Active,
     gate: Arc<Gate>,
-    publishing: Publishing,
+    background: Background,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> Ended {
@@ -467,13 +490,10 @@ async fn hand_over_when_asked(
     }
     if !gate.close_within(DRAIN_LIMIT).await {
         tracing::error!(limit = ?DRAIN_LIMIT, "calls in flight did not finish");
-        publishing.stop.cancel();
+        background.stop().await;
         return Ended::Stuck;
     }
-    publishing.stop.cancel();
-    if let Err(e) = publishing.task.await {
-        tracing::warn!(error = %e, "the ResourceSlice publisher ended badly");
-    }
+    background.stop().await;
     let dir = active.dir().to_path_buf();
     drop(active);
     if !handover {
