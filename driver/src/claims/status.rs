@@ -50,7 +50,7 @@ impl StatusWriters {
     }
 
     /// Stops the claim's writer, if any, and waits until it has ended (so an unprepare never
-    /// races a status write of the same claim).
+    /// races a status write of the same claim): a write in progress finishes, no new one starts.
     pub async fn stop(&self, uid: &str) {
         let writer = self.writers.lock().expect("status writers").remove(uid);
         if let Some(w) = writer {
@@ -87,11 +87,13 @@ async fn write_until_done(
 ) {
     let mut delay = FIRST_RETRY_DELAY;
     loop {
-        let attempt = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = api.write_status(&claim, &devices) => r,
-        };
-        match attempt {
+        // An attempt that started runs to its end (bounded by the API timeouts): cancelling it
+        // would tear down the pooled connection mid-request and make the next call set up a
+        // new one. `stop` only prevents further attempts.
+        if stop.is_cancelled() {
+            return;
+        }
+        match api.write_status(&claim, &devices).await {
             Ok(()) => return,
             Err(e) if e.permanent => {
                 // Gone, replaced or deallocated: the status no longer belongs anywhere.
