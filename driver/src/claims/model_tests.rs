@@ -542,13 +542,7 @@ impl World {
             std::fs::remove_file(&f.path).unwrap();
             f.claim_uid.clone()
         } else {
-            let live: Vec<MigSlice> = self
-                .emu
-                .gpu_indices()
-                .into_iter()
-                .filter(|g| !self.lost.contains(g))
-                .flat_map(|g| self.emu.gpu_slices(g).unwrap())
-                .collect();
+            let live = self.live();
             if live.is_empty() {
                 return;
             }
@@ -597,13 +591,7 @@ impl World {
                 // Destroys go one by one through Tamper's bookkeeping.
                 let live = self.emu.gpu_slices(gpu).unwrap();
                 for s in live {
-                    let pick = self
-                        .emu
-                        .gpu_indices()
-                        .into_iter()
-                        .filter(|g| !self.lost.contains(g))
-                        .flat_map(|g| self.emu.gpu_slices(g).unwrap())
-                        .position(|l| l.mig_uuid == s.mig_uuid);
+                    let pick = self.live().iter().position(|l| l.mig_uuid == s.mig_uuid);
                     if let Some(pick) = pick {
                         self.tamper(pick, false);
                     }
@@ -660,14 +648,18 @@ impl World {
     }
 
     /// The invariants; `quiet`: no call is in flight.
-    fn check(&self, quiet: bool) {
-        let live: Vec<MigSlice> = self
-            .emu
+    /// The live slices of the GPUs that answer.
+    fn live(&self) -> Vec<MigSlice> {
+        self.emu
             .gpu_indices()
             .into_iter()
             .filter(|g| !self.lost.contains(g))
             .flat_map(|g| self.emu.gpu_slices(g).unwrap())
-            .collect();
+            .collect()
+    }
+
+    fn check(&self, quiet: bool) {
+        let live = self.live();
         // I3.
         for gpu in self.emu.gpu_indices() {
             let model = &self.inventory[gpu as usize].model;
@@ -847,14 +839,19 @@ struct Failure {
     violations: Vec<String>,
 }
 
-/// Runs `steps` from a fresh world and checks the invariants after each; returns what the run
-/// did.
-fn run(steps: &[(Step, u64)]) -> Result<Stats, Failure> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A single-threaded runtime with paused time: the same interleaving on every run.
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// Runs `steps` from a fresh world and checks the invariants after each; returns what the run
+/// did.
+fn run(steps: &[(Step, u64)]) -> Result<Stats, Failure> {
+    let rt = paused_runtime();
     rt.block_on(async {
         let mut w = World::new();
         for (i, (step, yield_seed)) in steps.iter().enumerate() {
@@ -977,11 +974,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
 /// The model's own checks can fail: a slice created behind the plugin's back breaks I1.
 #[test]
 fn the_invariant_checks_catch_an_unrecorded_slice() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     rt.block_on(async {
         let w = World::new();
         w.emu.create_slice(0, "1g.5gb", 0).unwrap();

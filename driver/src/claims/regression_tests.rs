@@ -42,6 +42,32 @@ fn setup(gpus: &str, blocking: BlockingCalls) -> Setup {
 }
 
 impl Setup {
+    /// Makes every create take `ms` milliseconds.
+    fn slow_creates(&self, ms: u64) {
+        self.emu.set_latency(Latency {
+            create: Duration::from_millis(ms),
+            destroy: Duration::ZERO,
+        });
+    }
+
+    /// Claim `ns/<name>` with `uid`, allocated `1g.10gb` at memory slice 6 on GPUs 0 and 1.
+    fn two_gpus(&self, name: &str, uid: &str) -> ClaimRef {
+        self.api.allocate(
+            "ns",
+            name,
+            uid,
+            &[
+                ("gpu", "gpu-0-mig-1g-10gb-6"),
+                ("gpu", "gpu-1-mig-1g-10gb-6"),
+            ],
+        )
+    }
+
+    /// Claim `ns/<name>` with `uid`, allocated one device (request `gpu`).
+    fn one_device(&self, name: &str, uid: &str, device: &str) -> ClaimRef {
+        self.api.allocate("ns", name, uid, &[("gpu", device)])
+    }
+
     fn live_migs(&self) -> Vec<String> {
         self.emu
             .list_slices()
@@ -74,13 +100,8 @@ impl Setup {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unprepare_during_the_same_claims_prepare_leaves_nothing() {
     let s = setup("H100-80GB:1", BlockingCalls::Threads);
-    s.emu.set_latency(Latency {
-        create: Duration::from_millis(300),
-        destroy: Duration::ZERO,
-    });
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    s.slow_creates(300);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
     let p = s.p.clone();
     let a2 = a.clone();
     let prepare = tokio::spawn(async move { p.prepare_claim(&a2).await });
@@ -98,13 +119,8 @@ async fn an_unprepare_during_the_same_claims_prepare_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_prepares_of_one_claim_answer_the_same_live_slice() {
     let s = setup("H100-80GB:1", BlockingCalls::Threads);
-    s.emu.set_latency(Latency {
-        create: Duration::from_millis(100),
-        destroy: Duration::ZERO,
-    });
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    s.slow_creates(100);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
     let (r1, r2) = tokio::join!(s.p.prepare_claim(&a), s.p.prepare_claim(&a));
     let (r1, r2) = (r1.unwrap(), r2.unwrap());
     assert_eq!(r1, r2);
@@ -119,23 +135,13 @@ async fn two_prepares_of_one_claim_answer_the_same_live_slice() {
 #[tokio::test(start_paused = true)]
 async fn a_retried_unprepare_never_destroys_the_next_claims_slice_at_the_same_placement() {
     let s = setup("H100-80GB:2", inline());
-    let a = s.api.allocate(
-        "ns",
-        "a",
-        UID_A,
-        &[
-            ("gpu", "gpu-0-mig-1g-10gb-6"),
-            ("gpu", "gpu-1-mig-1g-10gb-6"),
-        ],
-    );
+    let a = s.two_gpus("a", UID_A);
     s.p.prepare_claim(&a).await.unwrap();
     s.emu.inject_destroy_faults(1, 5, FaultKind::InUse);
     let e = s.p.unprepare_claim(&a).await.unwrap_err();
     assert!(matches!(e, PrepareError::Destroy { .. }), "{e}");
     // The scheduler gives GPU 0's placement to claim B (A's pod is gone).
-    let b = s
-        .api
-        .allocate("ns", "b", UID_B, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let b = s.one_device("b", UID_B, "gpu-0-mig-1g-10gb-6");
     s.p.prepare_claim(&b).await.unwrap();
     let b_mig = s.spec_migs(&b);
     // The kubelet retries A's unprepare.
@@ -149,15 +155,7 @@ async fn a_retried_unprepare_never_destroys_the_next_claims_slice_at_the_same_pl
 #[tokio::test(start_paused = true)]
 async fn a_roll_back_that_fails_is_recorded_and_the_reaper_finishes_it() {
     let s = setup("H100-80GB:2", inline());
-    let a = s.api.allocate(
-        "ns",
-        "a",
-        UID_A,
-        &[
-            ("gpu", "gpu-0-mig-1g-10gb-6"),
-            ("gpu", "gpu-1-mig-1g-10gb-6"),
-        ],
-    );
+    let a = s.two_gpus("a", UID_A);
     s.emu.inject_create_faults(1, 1, FaultKind::Other);
     s.emu.inject_destroy_faults(0, 1, FaultKind::Other);
     let e = s.p.prepare_claim(&a).await.unwrap_err();
@@ -180,9 +178,7 @@ async fn a_roll_back_that_fails_is_recorded_and_the_reaper_finishes_it() {
 #[tokio::test(start_paused = true)]
 async fn the_reaper_backs_off_and_reports_every_failed_attempt() {
     let s = setup("H100-80GB:1", inline());
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
     s.p.prepare_claim(&a).await.unwrap();
     s.emu.inject_destroy_faults(0, 1, FaultKind::Other);
     assert!(s.p.unprepare_claim(&a).await.is_err());
@@ -271,9 +267,7 @@ async fn cdi_specs_of_two_claims_and_two_requests_compose() {
             ("big", "gpu-1-mig-3g-40gb-4"),
         ],
     );
-    let b = s
-        .api
-        .allocate("ns", "b", UID_B, &[("gpu", "gpu-0-mig-1g-10gb-5")]);
+    let b = s.one_device("b", UID_B, "gpu-0-mig-1g-10gb-5");
     let da = s.p.prepare_claim(&a).await.unwrap();
     let db = s.p.prepare_claim(&b).await.unwrap();
     // One CDI device per allocated device.
@@ -314,12 +308,8 @@ async fn cdi_specs_of_two_claims_and_two_requests_compose() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_gpu_fails_only_what_touches_it() {
     let s = setup("H100-80GB:2", inline());
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
-    let b = s
-        .api
-        .allocate("ns", "b", UID_B, &[("gpu", "gpu-1-mig-1g-10gb-6")]);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
+    let b = s.one_device("b", UID_B, "gpu-1-mig-1g-10gb-6");
     s.p.prepare_claim(&a).await.unwrap();
     s.p.prepare_claim(&b).await.unwrap();
     s.emu.set_gpu_lost(1, true);
@@ -369,9 +359,7 @@ async fn a_lost_gpu_fails_only_what_touches_it() {
 #[tokio::test(start_paused = true)]
 async fn a_retried_prepare_checks_that_slices_and_cdi_spec_still_exist() {
     let s = setup("H100-80GB:1", inline());
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
     s.p.prepare_claim(&a).await.unwrap();
     // The CDI spec disappears: the retry writes it again, same slice.
     let first = s.spec_migs(&a);
@@ -398,9 +386,7 @@ async fn a_retried_prepare_checks_that_slices_and_cdi_spec_still_exist() {
 #[tokio::test(start_paused = true)]
 async fn the_status_write_is_retried_until_it_lands() {
     let s = setup("H100-80GB:1", inline());
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
     s.api.failing_status_writes.store(3, Ordering::SeqCst);
     s.p.prepare_claim(&a).await.unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -447,16 +433,9 @@ async fn an_api_server_that_never_answers_fails_the_call_in_bounded_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn different_claims_on_different_gpus_prepare_in_parallel() {
     let s = setup("H100-80GB:2", BlockingCalls::Threads);
-    s.emu.set_latency(Latency {
-        create: Duration::from_millis(300),
-        destroy: Duration::ZERO,
-    });
-    let a = s
-        .api
-        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
-    let b = s
-        .api
-        .allocate("ns", "b", UID_B, &[("gpu", "gpu-1-mig-1g-10gb-6")]);
+    s.slow_creates(300);
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
+    let b = s.one_device("b", UID_B, "gpu-1-mig-1g-10gb-6");
     let t0 = std::time::Instant::now();
     let r = s.p.prepare(vec![a, b]).await;
     assert!(r.values().all(Result::is_ok), "{r:?}");
