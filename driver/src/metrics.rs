@@ -69,6 +69,7 @@ pub struct Metrics {
     destroy_failures: Family<CauseLabels, Counter>,
     reaper_attempts: Family<ResultLabels, Counter>,
     pending_destroy: Gauge,
+    placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
     /// Set once the plugin serves the kubelet and has published its slices.
     pub ready: AtomicBool,
 }
@@ -97,6 +98,15 @@ impl Metrics {
         let destroy_failures = Family::<CauseLabels, Counter>::default();
         let reaper_attempts = Family::<ResultLabels, Counter>::default();
         let pending_destroy = Gauge::default();
+        let placement_waits =
+            Family::<ResultLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram,
+            );
+        registry.register(
+            "placement_wait_seconds",
+            "Prepares that waited for another claim's slices at their placements (a force-deleted pod's claim not yet unprepared), by how the wait ended: released (by the kubelet's unprepare), released_here (the claim was no longer allocated), timeout",
+            placement_waits.clone(),
+        );
         registry.register(
             "request_errors",
             "Failed prepares and unprepares per claim, by cause (PrepareError)",
@@ -153,6 +163,7 @@ impl Metrics {
             destroy_failures,
             reaper_attempts,
             pending_destroy,
+            placement_waits,
             ready: AtomicBool::new(false),
         }
     }
@@ -227,6 +238,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Records one placement wait and how it ended.
+    pub fn placement_wait(&self, result: &str, took: Duration) {
+        self.placement_waits
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Sets the number of slices waiting for the reaper.

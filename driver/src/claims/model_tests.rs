@@ -15,8 +15,10 @@
 //! - I2 no record whose slices are gone once the reaper has run with nothing failing, and no
 //!   half-done record when no call is in flight;
 //! - I3 no two live slices overlap;
-//! - I4 no destroy of a slice the kubelet holds for a claim, except by that claim's unprepare
-//!   (or start-up, for a claim the API server no longer has);
+//! - I4 no destroy of a slice an administrator created, and no destroy of a slice the kubelet
+//!   holds for a claim, except by that claim's unprepare
+//!   (or, for a claim the API server no longer has, by start-up, the reaper, or the prepare of
+//!   the claim its placement was given to);
 //! - I5 every claim the kubelet holds as prepared has its slices live at its allocated
 //!   placements, and its CDI spec names exactly them.
 
@@ -83,6 +85,9 @@ enum Step {
     /// Someone else destroys live slice `pick` (an administrator's `nvidia-smi`), or deletes a
     /// claim's CDI spec (`spec`): the plugin must notice on the claim's next prepare.
     Tamper { pick: usize, spec: bool },
+    /// An administrator creates a MIG slice of their own at a free placement (`pick`): DAS must
+    /// never destroy it.
+    Foreign { pick: u32 },
     /// The plugin crashes (calls in flight stop where they are) and restarts.
     Restart,
     /// Every call in flight finishes.
@@ -152,13 +157,25 @@ impl GpuBackend for Checked {
     fn destroy_slice(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
         if let Ok(live) = self.inner.gpu_slices(gpu)
             && let Some(s) = live.iter().find(|s| s.gi_id == gi_id)
+            && s.created_by_das == Some(false)
+        {
+            self.violations.lock().unwrap().push(format!(
+                "I4: destroyed {} ({} at {} on GPU {gpu}), which an administrator created",
+                s.mig_uuid, s.profile, s.placement.start
+            ));
+        }
+        if let Ok(live) = self.inner.gpu_slices(gpu)
+            && let Some(s) = live.iter().find(|s| s.gi_id == gi_id)
             && let Some((owner, in_api)) = self.held.lock().unwrap().by_mig.get(&s.mig_uuid)
         {
             let caller = CALLER.try_with(Clone::clone).ok();
+            // A claim the API server no longer has (force-deleted, its placement given to
+            // another claim) may lose its slice to start-up, to the prepare of that other claim,
+            // or to the reaper finishing such a release; never to another claim's unprepare.
             let allowed = match &caller {
                 Some(Caller::Unprepare(uid)) => uid == owner,
-                Some(Caller::Startup) => !in_api,
-                _ => false,
+                Some(Caller::Startup | Caller::Prepare(_) | Caller::Reaper) => !in_api,
+                None => false,
             };
             if !allowed {
                 self.violations.lock().unwrap().push(format!(
@@ -200,6 +217,7 @@ struct Stats {
     reaped: usize,
     faults: usize,
     tampered: usize,
+    foreign: usize,
 }
 
 struct World {
@@ -329,6 +347,7 @@ impl World {
                 self.restart().await
             }
             Step::Tamper { pick, spec } => self.tamper(pick, spec),
+            Step::Foreign { pick } => self.foreign(pick),
             Step::Settle => self.settle().await,
         }
     }
@@ -438,13 +457,15 @@ impl World {
             self.stats.cancelled += 1;
             // The call reaches the plugin (at least one yield), then the kubelet gives up; the
             // call runs on (the plugin runs it in a task of its own).
-            let task = tokio::spawn(call(self.p.clone(), c.claim.clone()));
+            // The call itself is the background task, so a crash (abort) stops it.
+            let call = call(self.p.clone(), c.claim.clone());
+            let task = tokio::spawn(async move {
+                let _ = call.await;
+            });
             for _ in 0..after {
                 tokio::task::yield_now().await;
             }
-            self.background.push(tokio::spawn(async move {
-                let _ = task.await;
-            }));
+            self.background.push(task);
             return;
         }
         let results = if twice {
@@ -508,13 +529,13 @@ impl World {
         if cancel {
             // The kubelet gives up and retries later; the call runs on.
             self.stats.cancelled += 1;
-            let task = tokio::spawn(call);
+            let task = tokio::spawn(async move {
+                let _ = call.await;
+            });
             for _ in 0..after {
                 tokio::task::yield_now().await;
             }
-            self.background.push(tokio::spawn(async move {
-                let _ = task.await;
-            }));
+            self.background.push(task);
             return;
         }
         let r = call.await;
@@ -570,6 +591,38 @@ impl World {
         }
         let mut held = self.held.lock().unwrap();
         held.by_mig.retain(|_, (uid, _)| *uid != victim);
+    }
+
+    fn foreign(&mut self, pick: u32) {
+        let gpu = pick % 2;
+        if self.lost.contains(&gpu) {
+            return;
+        }
+        let model = self.inventory[gpu as usize].model.clone();
+        let mut occ = Occupancy::empty(&model);
+        for s in self.emu.gpu_slices(gpu).unwrap() {
+            let (i, _) = model.profile(&s.profile).unwrap();
+            occ.add(&model, i, s.placement.start);
+        }
+        let options: Vec<(String, u32)> = model
+            .profiles
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| {
+                p.placement_starts
+                    .iter()
+                    .map(move |&st| (i, p.name.clone(), st))
+            })
+            .filter(|(i, _, st)| occ.check_hardware(&model, *i, *st).is_ok())
+            .map(|(_, name, st)| (name, st))
+            .collect();
+        if options.is_empty() {
+            return;
+        }
+        let (profile, start) = &options[(pick as usize / 2) % options.len()];
+        if self.emu.create_foreign_slice(gpu, profile, *start).is_ok() {
+            self.stats.foreign += 1;
+        }
     }
 
     fn fault(&mut self, f: Fault) {
@@ -708,8 +761,8 @@ impl World {
             return;
         }
         let cp = self.p.checkpoint().read(Clone::clone);
-        // I1.
-        for s in &live {
+        // I1 (slices someone else created are not DAS's to record).
+        for s in live.iter().filter(|s| s.created_by_das != Some(false)) {
             let recorded = cp
                 .claims
                 .values()
@@ -825,6 +878,7 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                     pick: rng.random_range(0..64),
                     spec: rng.random_bool(0.3),
                 },
+                97..98 => Step::Foreign { pick: rng.random() },
                 _ => Step::Settle,
             };
             (step, rng.random())
@@ -907,6 +961,27 @@ fn shrink(mut steps: Vec<(Step, u64)>) -> Vec<(Step, u64)> {
     steps
 }
 
+/// Replays one seed's first steps with the request path's logs on stderr, to read a failure:
+/// `DAS_MODEL_REPLAY=<seed>:<steps> cargo test -p das-driver --lib replay -- --nocapture`.
+#[test]
+fn replay() {
+    let Ok(spec) = std::env::var("DAS_MODEL_REPLAY") else {
+        return;
+    };
+    let (seed, n) = spec.split_once(':').expect("<seed>:<steps>");
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("das_driver=debug")
+        .with_test_writer()
+        .try_init();
+    let all = steps(seed.parse().unwrap(), n.parse().unwrap());
+    for (i, (s, _)) in all.iter().enumerate() {
+        eprintln!("step {i}: {s:?}");
+    }
+    if let Err(f) = run(&all) {
+        panic!("broken after step {}: {:#?}", f.at, f.violations);
+    }
+}
+
 #[test]
 fn the_request_path_keeps_its_invariants_under_random_interleavings() {
     let t0 = std::time::Instant::now();
@@ -925,6 +1000,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
             total.reaped += s.reaped;
             total.faults += s.faults;
             total.tampered += s.tampered;
+            total.foreign += s.foreign;
             for (k, v) in &s.prepare_errors {
                 *total.prepare_errors.entry(k).or_default() += v;
             }

@@ -220,6 +220,28 @@ pub fn match_devices(
         .collect()
 }
 
+/// The other claims whose records hold a slice overlapping one of `planned`'s placements (same
+/// GPU, shared memory slices), by claim UID. Normally none: the scheduler never gives one
+/// placement to two allocated claims. After a force delete it does: the old pod's claim is
+/// deallocated before the kubelet has unprepared it.
+pub fn placement_holders(cp: &Checkpoint, uid: &str, planned: &[Planned]) -> Vec<String> {
+    let overlaps = |d: &Recorded, p: &Planned| {
+        d.gpu_uuid == p.at.gpu_uuid
+            && d.placement_start < p.at.start + p.at.size
+            && p.at.start < d.placement_start + d.placement_size
+    };
+    cp.claims
+        .iter()
+        .filter(|(other, r)| {
+            other.as_str() != uid
+                && r.devices
+                    .iter()
+                    .any(|d| planned.iter().any(|p| overlaps(d, p)))
+        })
+        .map(|(other, _)| other.clone())
+        .collect()
+}
+
 /// What a prepare does with the checkpoint's record of the claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnPrepare {
@@ -559,6 +581,31 @@ mod tests {
             ..s
         };
         assert_eq!(match_devices(&[d], &[foreign], |_| false), vec![None]);
+    }
+
+    #[test]
+    fn placement_holders_are_the_other_claims_with_overlapping_slices() {
+        let mut cp = Checkpoint::new("boot");
+        // 1g.10gb at 6 (size 1) on GPU 0, held by uid-old.
+        cp.set_completed(
+            "uid-old",
+            "ns",
+            "old",
+            vec![record(&planned(0, 6, "gpu"))],
+            BTreeMap::new(),
+        );
+        let mut big = planned(0, 4, "gpu");
+        big.at.size = 4; // 4..8 overlaps 6
+        assert_eq!(
+            placement_holders(&cp, "uid-new", &[big.clone()]),
+            ["uid-old"]
+        );
+        assert!(placement_holders(&cp, "uid-new", &[planned(0, 5, "gpu")]).is_empty());
+        assert!(placement_holders(&cp, "uid-new", &[planned(1, 6, "gpu")]).is_empty());
+        assert!(
+            placement_holders(&cp, "uid-old", &[big]).is_empty(),
+            "not itself"
+        );
     }
 
     #[test]

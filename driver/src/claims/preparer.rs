@@ -33,6 +33,16 @@ use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice};
 use crate::kubelet::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 use crate::metrics::Metrics;
 
+/// Longest a prepare waits for another claim's slices at its placements to go: after a force
+/// delete the scheduler gives the placement to a new pod before the kubelet has unprepared the
+/// old pod's claim (the kubelet retries a failed prepare only after several seconds).
+pub const PLACEMENT_WAIT: Duration = Duration::from_secs(20);
+/// After this long waiting, a holder the API server no longer allocates is released by the
+/// prepare itself, as start-up would release it.
+pub const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
+/// How often a waiting prepare looks again (it is also woken when a record is dropped).
+const PLACEMENT_POLL: Duration = Duration::from_millis(100);
+
 /// Retries of a destroy that NVML answers with `IN_USE` (processes still exiting).
 const DESTROY_RETRIES: [Duration; 4] = [
     Duration::from_millis(100),
@@ -83,6 +93,8 @@ pub struct Preparer {
     pub(crate) status: StatusWriters,
     pub(crate) blocking: BlockingCalls,
     pub(crate) reaper: ReaperState,
+    /// Woken whenever a record is dropped (placement waits).
+    released: tokio::sync::Notify,
 }
 
 /// A device whose slice is still there after a release, and why.
@@ -118,6 +130,7 @@ impl Preparer {
             status: StatusWriters::default(),
             blocking: config.blocking,
             reaper: ReaperState::default(),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -170,7 +183,94 @@ impl Preparer {
             }
             _ => {}
         }
+        self.wait_for_placements(claim, &planned).await;
         self.create_and_record(claim, &planned).await
+    }
+
+    /// Waits (at most [`PLACEMENT_WAIT`]) until no other claim's record holds a slice at the
+    /// planned placements: the force-delete race, where the kubelet's unprepare of the old pod's
+    /// claim may come after this prepare. After [`PLACEMENT_GRACE`], a holder the API server no
+    /// longer allocates (deleted, replaced, deallocated) is released here, as start-up would
+    /// release it. A holder that is still allocated is waited for only until the limit; the
+    /// create then fails naming the occupied placement.
+    async fn wait_for_placements(&self, claim: &ClaimRef, planned: &[Planned]) {
+        let t0 = tokio::time::Instant::now();
+        let mut waited = false;
+        let mut checked_api = false;
+        loop {
+            let holders = self
+                .checkpoint
+                .read(|cp| plan::placement_holders(cp, &claim.uid, planned));
+            if holders.is_empty() {
+                if waited {
+                    let how = if checked_api {
+                        "released_here"
+                    } else {
+                        "released"
+                    };
+                    self.metrics.placement_wait(how, t0.elapsed());
+                    tracing::info!(claim = %claim, waited_ms = t0.elapsed().as_millis() as u64, "the placements are free");
+                }
+                return;
+            }
+            if !waited {
+                waited = true;
+                tracing::info!(claim = %claim, holders = ?holders,
+                    "waiting for another claim's slices at these placements to be released (a force-deleted pod's claim the kubelet has not unprepared yet)");
+            }
+            if t0.elapsed() >= PLACEMENT_WAIT {
+                tracing::warn!(claim = %claim, holders = ?holders, "the placements are still held by other claims");
+                self.metrics.placement_wait("timeout", t0.elapsed());
+                return;
+            }
+            if !checked_api && t0.elapsed() >= PLACEMENT_GRACE {
+                checked_api = true;
+                if self.release_unallocated(&holders).await {
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = self.released.notified() => {}
+                _ = tokio::time::sleep(PLACEMENT_POLL) => {}
+            }
+        }
+    }
+
+    /// Releases every holder the API server no longer allocates (and nobody is calling for);
+    /// `true` when all of them went.
+    async fn release_unallocated(&self, holders: &[String]) -> bool {
+        let mut all = true;
+        for uid in holders {
+            let Some(_held) = self.claim_locks.try_lock(uid) else {
+                all = false;
+                continue;
+            };
+            let Some(record) = self.record_of(uid) else {
+                continue;
+            };
+            let holder = ClaimRef {
+                namespace: record.namespace.clone(),
+                name: record.name.clone(),
+                uid: uid.clone(),
+            };
+            let rc = match self.api.get_claim(&holder.namespace, &holder.name).await {
+                Ok(rc) => rc,
+                Err(_) => {
+                    all = false;
+                    continue;
+                }
+            };
+            if plan::still_allocated(&holder, &record, rc.as_ref(), &self.node) {
+                all = false;
+                continue;
+            }
+            tracing::info!(claim = %holder, "releasing a claim the API server no longer allocates: its placement was given to a new claim");
+            self.status.stop(uid).await;
+            if self.release(&holder, record.devices).await.is_err() {
+                all = false;
+            }
+        }
+        all
     }
 
     /// A retried prepare of a completed claim: answers with the record if its slices still
@@ -606,6 +706,7 @@ impl Preparer {
         }
         self.reaper.done(&claim.uid);
         self.update_pending_gauge();
+        self.released.notify_waiters();
     }
 
     /// The slices of GPU `gpu`, from the backend.

@@ -445,3 +445,68 @@ async fn different_claims_on_different_gpus_prepare_in_parallel() {
         t0.elapsed()
     );
 }
+
+/// The force-delete race (issue 12): the scheduler gives a force-deleted pod's placement to a
+/// new claim before the kubelet has unprepared the old claim. The new prepare waits for the
+/// unprepare instead of failing (and being retried by the kubelet seconds later).
+#[tokio::test(start_paused = true)]
+async fn a_prepare_waits_for_the_unprepare_of_a_force_deleted_claim_at_its_placement() {
+    let s = setup("H100-80GB:1", inline());
+    let old = s.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
+    s.p.prepare_claim(&old).await.unwrap();
+    s.api.delete(&old);
+    let new = s.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
+    let p = s.p.clone();
+    let n = new.clone();
+    let t0 = tokio::time::Instant::now();
+    let prepare = tokio::spawn(async move { p.prepare_claim(&n).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!prepare.is_finished(), "the new prepare waits");
+    s.p.unprepare_claim(&old).await.unwrap();
+    prepare.await.unwrap().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(s.live_migs(), s.spec_migs(&new));
+    assert!(
+        s.p.metrics
+            .encode()
+            .contains(r#"das_kubelet_plugin_placement_wait_seconds_count{result="released"} 1"#)
+    );
+}
+
+/// The same race when the kubelet's unprepare is slow: after the grace period the prepare
+/// releases the old claim itself, since the API server no longer allocates it.
+#[tokio::test(start_paused = true)]
+async fn a_prepare_releases_a_claim_the_api_no_longer_allocates_after_the_grace() {
+    let s = setup("H100-80GB:1", inline());
+    let old = s.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
+    s.p.prepare_claim(&old).await.unwrap();
+    s.api.delete(&old);
+    let new = s.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
+    let t0 = tokio::time::Instant::now();
+    s.p.prepare_claim(&new).await.unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= super::preparer::PLACEMENT_GRACE && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert_eq!(s.live_migs(), s.spec_migs(&new));
+    assert!(s.p.record_of(UID_A).is_none());
+    // The kubelet's late unprepare of the old claim finds nothing left to do.
+    s.p.unprepare_claim(&old).await.unwrap();
+    assert_eq!(s.live_migs(), s.spec_migs(&new));
+}
+
+/// A holder the API server still allocates is not released: the prepare gives up waiting and
+/// fails, naming the occupied placement.
+#[tokio::test(start_paused = true)]
+async fn a_prepare_never_releases_a_claim_that_is_still_allocated() {
+    let s = setup("H100-80GB:1", inline());
+    let old = s.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
+    s.p.prepare_claim(&old).await.unwrap();
+    let kept = s.live_migs();
+    let new = s.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
+    let e = s.p.prepare_claim(&new).await.unwrap_err();
+    assert_eq!(e.metric_label(), "create", "{e}");
+    assert!(e.to_string().contains("already occupied"), "{e}");
+    assert_eq!(s.live_migs(), kept, "the old claim's slice is untouched");
+}
