@@ -72,6 +72,11 @@ test: k8s helm ## run every test: unit tests, chart checks and end-to-end tests 
 e2e: k8s helm ## run only the end-to-end tests (real control plane + hollow DRA kubelets)
 	$(CARGO) test -p das-e2e --no-fail-fast
 
+.PHONY: soak
+soak: k8s helm ## chaos soak: >= 500 pod cycles with component kills and GPU faults, invariants checked (SOAK_ARGS="--cycles N --seed S")
+	$(CARGO) build --release $(DAS_BINS)
+	$(CARGO) run -q -p das-e2e --bin das-soak -- --profile release $(SOAK_ARGS)
+
 .PHONY: cluster-up
 cluster-up: k8s helm ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background
 	$(CARGO) build -q $(DAS_BINS)

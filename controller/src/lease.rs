@@ -26,6 +26,24 @@ pub struct LeaseConfig {
     pub duration: Duration,
     /// How often the holder renews, and how often a candidate retries.
     pub renew_every: Duration,
+    /// How long the holder keeps leading without a successful renewal (client-go's
+    /// `RenewDeadline`): shorter than [`Self::duration`], so a leader whose API calls stall steps
+    /// down before its lease can expire and another replica take over. Every lease call is also
+    /// bounded by it.
+    pub renew_deadline: Duration,
+}
+
+impl LeaseConfig {
+    /// client-go's proportions: renew every third of the lease, give up after two thirds.
+    pub fn for_duration(name: &str, identity: &str, duration: Duration) -> Self {
+        Self {
+            name: name.into(),
+            identity: identity.into(),
+            duration,
+            renew_every: duration / 3,
+            renew_deadline: duration * 2 / 3,
+        }
+    }
 }
 
 /// What a replica may do with the lease as it finds it.
@@ -142,10 +160,22 @@ impl Elector {
         }
     }
 
+    /// [`Self::try_acquire_or_renew`], bounded by the renew deadline (a stalled call is an
+    /// error, not a wait).
+    async fn bounded_round(&self) -> Result<bool, String> {
+        match tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew()).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!(
+                "no answer from the API server within {:?}",
+                self.cfg.renew_deadline
+            )),
+        }
+    }
+
     /// Waits until this replica leads; retries every `renew_every`.
     pub async fn acquire(&self) {
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.bounded_round().await {
                 Ok(true) => {
                     tracing::info!(identity = %self.cfg.identity, lease = %self.cfg.name, "became leader");
                     return;
@@ -158,12 +188,13 @@ impl Elector {
     }
 
     /// Renews until leadership is lost: returns when another replica holds the lease or no
-    /// renewal succeeded for a whole lease duration.
+    /// renewal succeeded within the renew deadline (each call is bounded by it too), which is
+    /// before the lease expires for the other replicas.
     pub async fn keep(&self) {
         let mut last_ok = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.cfg.renew_every).await;
-            match self.try_acquire_or_renew().await {
+            match self.bounded_round().await {
                 Ok(true) => last_ok = tokio::time::Instant::now(),
                 Ok(false) => {
                     tracing::error!("leader lease taken by another replica");
@@ -171,8 +202,9 @@ impl Elector {
                 }
                 Err(e) => tracing::warn!(error = %e, "renewing the leader lease"),
             }
-            if last_ok.elapsed() > self.cfg.duration {
-                tracing::error!("could not renew the leader lease for a whole lease duration");
+            if last_ok.elapsed() >= self.cfg.renew_deadline {
+                tracing::error!(deadline = ?self.cfg.renew_deadline,
+                    "could not renew the leader lease within the renew deadline: stepping down");
                 return;
             }
         }
@@ -199,6 +231,41 @@ mod tests {
             renew_time: Some(MicroTime(now - SignedDuration::from_secs(renewed_secs_ago))),
             ..LeaseSpec::default()
         }
+    }
+
+    /// A leader whose API server stops answering steps down within the renew deadline, well
+    /// before its lease (as others see it) expires.
+    #[tokio::test]
+    async fn a_stalled_leader_steps_down_before_its_lease_expires() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let _silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((sock, _)) = listener.accept().await {
+                held.push(sock);
+            }
+        });
+        let client =
+            kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
+                .unwrap();
+        let cfg = LeaseConfig {
+            renew_every: Duration::from_millis(100),
+            renew_deadline: Duration::from_millis(400),
+            ..LeaseConfig::for_duration("l", "me", Duration::from_secs(5))
+        };
+        let elector = Elector::new(Api::namespaced(client, "ns"), cfg);
+        let t0 = std::time::Instant::now();
+        tokio::time::timeout(Duration::from_secs(3), elector.keep())
+            .await
+            .expect("keep() returned");
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn client_go_proportions() {
+        let c = LeaseConfig::for_duration("l", "me", Duration::from_secs(15));
+        assert_eq!(c.renew_every, Duration::from_secs(5));
+        assert_eq!(c.renew_deadline, Duration::from_secs(10));
     }
 
     #[test]

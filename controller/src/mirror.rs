@@ -143,6 +143,18 @@ pub fn allocation_claim_name(claim: &str, device: &str) -> String {
     format!("{}-{hash:016x}", &name[..253 - 17])
 }
 
+/// Names of the AllocationClaims the claim should have: one per allocation result of our
+/// driver, whether or not its device facts are known right now. An existing AllocationClaim of
+/// a result still allocated is never deleted because its ResourceSlice is momentarily missing
+/// (a kubelet restart wipes a node's slices until the plugin publishes them again).
+pub fn desired_names(claim: &ResourceClaim) -> Vec<String> {
+    let name = claim.name_any();
+    our_results(claim)
+        .iter()
+        .map(|r| allocation_claim_name(&name, &r.device))
+        .collect()
+}
+
 /// Our device's entry in the claim's `status.devices`.
 fn device_status<'a>(
     claim: &'a ResourceClaim,
@@ -550,6 +562,21 @@ mod tests {
         let m = desired_allocation_claims(&c, &[], &DeviceIndex::default(), NOW);
         assert!(m.claims.is_empty());
         assert_eq!(m.unmirrored.len(), 1);
+    }
+
+    /// A result whose device facts are momentarily unknown (its slice wiped by a kubelet
+    /// restart, no status yet) cannot be mirrored now, but its existing AllocationClaim is kept.
+    #[test]
+    fn an_allocated_result_keeps_its_allocation_claim_while_its_slice_is_missing() {
+        let c = claim(&["gpu-9-mig-1g-10gb-0"], true, json!([]));
+        let m = desired_allocation_claims(&c, &[], &DeviceIndex::default(), NOW);
+        assert!(m.claims.is_empty());
+        let names = desired_names(&c);
+        assert_eq!(names.len(), 1);
+        assert!(names[0].ends_with("gpu-9-mig-1g-10gb-0"), "{names:?}");
+        let mut deleting = c.clone();
+        deleting.metadata.deletion_timestamp = Some(serde_json::from_value(json!(NOW)).unwrap());
+        assert!(desired_names(&deleting).is_empty());
     }
 
     #[test]

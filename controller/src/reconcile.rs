@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,7 +31,8 @@ use serde_json::json;
 
 use crate::metrics::Metrics;
 use crate::mirror::{
-    DeviceIndex, carry_transition_time, desired_allocation_claims, our_results, writes_needed,
+    DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names, our_results,
+    writes_needed,
 };
 
 /// Field manager of every write (server-side apply).
@@ -45,6 +47,9 @@ pub struct Context {
     metrics: Arc<Metrics>,
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
+    /// Every reflector store has its first complete list: until then a reconcile writes and
+    /// deletes nothing (a missing pod or slice would look like a reason to).
+    synced: AtomicBool,
 }
 
 /// Whether `a` mirrors the claim with `uid`.
@@ -97,6 +102,9 @@ pub async fn reconcile(
     claim: Arc<ResourceClaim>,
     ctx: Arc<Context>,
 ) -> Result<Action, kube::Error> {
+    if !ctx.synced.load(Ordering::Acquire) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     let result = mirror_claim(&claim, &ctx).await;
     ctx.metrics.reconciled(result.is_ok());
     if result.is_ok() {
@@ -138,28 +146,11 @@ async fn mirror_claim(claim: &ResourceClaim, ctx: &Context) -> Result<(), kube::
         }
         apply(&api, &desired, current.map(|c| c.as_ref()), claim, ctx).await?;
     }
-    for stale in existing
-        .iter()
-        .filter(|a| !is_desired(a, claim, &index, &pods))
-    {
+    let keep = desired_names(claim);
+    for stale in existing.iter().filter(|a| !keep.contains(&a.name_any())) {
         delete(&api, &stale.name_any(), ctx).await?;
     }
     Ok(())
-}
-
-/// Whether an existing AllocationClaim still mirrors one of the claim's results.
-fn is_desired(
-    a: &AllocationClaim,
-    claim: &ResourceClaim,
-    index: &DeviceIndex,
-    pods: &[Pod],
-) -> bool {
-    let names: Vec<String> = desired_allocation_claims(claim, pods, index, "")
-        .claims
-        .iter()
-        .map(|d| d.name_any())
-        .collect();
-    names.contains(&a.name_any())
 }
 
 /// Writes what differs between `desired` and `current`: the object (spec, labels, owner) and
@@ -277,11 +268,55 @@ fn claims_of_pod(pod: Arc<Pod>) -> Vec<ObjectRef<ResourceClaim>> {
         .collect()
 }
 
+/// What the controller keeps of a pod: name, namespace, UID, `spec.nodeName`,
+/// `spec.resourceClaims` and `status.resourceClaimStatuses`. Everything else (containers,
+/// volumes, managed fields, labels, annotations, other status) is dropped before the pod enters
+/// the cache, so the cache's memory per pod stays small in a cluster of many pods.
+pub fn keep_what_the_mirror_needs(pod: &mut Pod) {
+    let meta = std::mem::take(&mut pod.metadata);
+    pod.metadata.name = meta.name;
+    pod.metadata.namespace = meta.namespace;
+    pod.metadata.uid = meta.uid;
+    pod.metadata.resource_version = meta.resource_version;
+    pod.metadata.deletion_timestamp = meta.deletion_timestamp;
+    if let Some(spec) = pod.spec.take() {
+        pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name,
+            resource_claims: spec.resource_claims,
+            containers: Vec::new(),
+            ..Default::default()
+        });
+    }
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            resource_claim_statuses: status.resource_claim_statuses,
+            ..Default::default()
+        });
+    }
+}
+
+/// The claims allocated devices in the pool of `slice`: a change of the slice (published again
+/// after a kubelet restart wiped it) re-triggers them, so their AllocationClaims get the device
+/// facts back.
+fn claims_in_pool(
+    slice: &ResourceSlice,
+    claims: &Store<ResourceClaim>,
+) -> Vec<ObjectRef<ResourceClaim>> {
+    let pool = slice.spec.pool.name.as_str();
+    claims
+        .state()
+        .iter()
+        .filter(|c| our_results(c).iter().any(|r| r.pool == pool))
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
 /// A reflector over `api`, shared: returns its store, the trigger stream of its changes and the
-/// future that drives it.
+/// future that drives it. `trim` reduces each object before it is cached.
 fn shared<K>(
     api: Api<K>,
     cfg: watcher::Config,
+    trim: fn(&mut K),
 ) -> (
     Store<K>,
     reflector::ReflectHandle<K>,
@@ -300,6 +335,7 @@ where
     let subscriber = writer.subscribe().expect("a shared store has subscribers");
     let drive = watcher(api, cfg)
         .default_backoff()
+        .modify(trim)
         .reflect_shared(writer)
         .for_each(|ev| async move {
             if let Err(e) = ev {
@@ -317,13 +353,21 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let all = watcher::Config::default();
-    let (pods, pod_events, pod_drive) = shared(Api::<Pod>::all(client.clone()), all.clone());
-    let (allocs, alloc_events, alloc_drive) =
-        shared(Api::<AllocationClaim>::all(client.clone()), all.clone());
+    let (pods, pod_events, pod_drive) = shared(
+        Api::<Pod>::all(client.clone()),
+        all.clone(),
+        keep_what_the_mirror_needs,
+    );
+    let (allocs, alloc_events, alloc_drive) = shared(
+        Api::<AllocationClaim>::all(client.clone()),
+        all.clone(),
+        |_| {},
+    );
     let ours = all
         .clone()
         .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
-    let (slices, _, slice_drive) = shared(Api::<ResourceSlice>::all(client.clone()), ours);
+    let (slices, slice_events, slice_drive) =
+        shared(Api::<ResourceSlice>::all(client.clone()), ours, |_| {});
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity),
@@ -336,13 +380,20 @@ pub async fn run(
         allocs: allocs.clone(),
         metrics: metrics.clone(),
         failures: Mutex::default(),
+        synced: AtomicBool::new(false),
     });
     let controller = Controller::new(Api::<ResourceClaim>::all(client.clone()), all)
-        .with_config(kube::runtime::controller::Config::default().concurrency(16))
-        .owns_shared_stream(alloc_events)
-        .watches_shared_stream(pod_events, claims_of_pod);
+        .with_config(kube::runtime::controller::Config::default().concurrency(16));
     let claims = controller.store();
+    let claims_of_slice = claims.clone();
+    let controller = controller
+        .owns_shared_stream(alloc_events)
+        .watches_shared_stream(pod_events, claims_of_pod)
+        .watches_shared_stream(slice_events, move |s: Arc<ResourceSlice>| {
+            claims_in_pool(&s, &claims_of_slice)
+        });
     let sweeper = sweep_loop(client, claims.clone(), allocs.clone(), metrics.clone());
+    let synced = ctx.clone();
     let ready = async {
         let _ = tokio::join!(
             pods.wait_until_ready(),
@@ -350,9 +401,8 @@ pub async fn run(
             slices.wait_until_ready(),
             claims.wait_until_ready()
         );
-        metrics
-            .ready
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        synced.synced.store(true, Ordering::Release);
+        metrics.ready.store(true, Ordering::Relaxed);
         tracing::info!("caches synced");
         std::future::pending::<()>().await
     };
@@ -440,6 +490,34 @@ mod tests {
                 .any(|n| n.contains("ns") && n.contains("p-b-x1"))
         );
         assert!(names.iter().any(|n| n.contains("shared")));
+    }
+
+    #[test]
+    fn the_pod_cache_keeps_only_what_the_mirror_reads() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+                "labels": {"a": "b"}, "annotations": {"big": "x".repeat(10_000)},
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"nodeName": "n0", "containers": [{"name": "c", "image": "i",
+                "env": [{"name": "A", "value": "x".repeat(10_000)}]}],
+                "resourceClaims": [{"name": "a", "resourceClaimName": "shared"}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.1",
+                "resourceClaimStatuses": [{"name": "a", "resourceClaimName": "shared"}]}
+        }))
+        .unwrap();
+        let before = serde_json::to_vec(&pod).unwrap().len();
+        let mapped = claims_of_pod(Arc::new(pod.clone()));
+        keep_what_the_mirror_needs(&mut pod);
+        let after = serde_json::to_vec(&pod).unwrap().len();
+        assert!(after * 20 < before, "{before} -> {after} bytes");
+        assert_eq!(pod.metadata.uid.as_deref(), Some("u"));
+        assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("n0"));
+        assert!(pod.metadata.labels.is_none() && pod.metadata.managed_fields.is_none());
+        assert_eq!(
+            claims_of_pod(Arc::new(pod)),
+            mapped,
+            "the claim mapping is the same"
+        );
     }
 
     #[test]

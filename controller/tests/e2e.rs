@@ -371,6 +371,33 @@ async fn leader_writes_and_restart_converges() {
         wait_in_use(&c, "p3", 1).await?;
         wait_in_use(&c, "p4", 1).await?;
         wait_consistent(&c).await?;
+
+        // A restart with nothing changed writes nothing and deletes nothing: a reconcile before
+        // the pod and slice caches are synced would find the devices unknown.
+        let before: Vec<String> = [allocs_of(&c, "p3").await?, allocs_of(&c, "p4").await?]
+            .concat()
+            .iter()
+            .filter_map(|a| a.metadata.uid.clone())
+            .collect();
+        cluster.stop_component("ctl-c", false)?;
+        let d = start_controller(&mut cluster, "ctl-d")?;
+        das_e2e::wait::until("ctl-d to lead", Duration::from_secs(60), || async {
+            Ok((leader(&c).await.ok().as_deref() == Some("ctl-d")).then_some(()))
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let m = http_get(d, "/metrics").await?;
+        assert!(
+            !m.contains(r#"das_controller_writes_total{op="delete"}"#)
+                || m.contains(r#"das_controller_writes_total{op="delete"} 0"#),
+            "a restarted controller deleted something:\n{m}"
+        );
+        let after: Vec<String> = [allocs_of(&c, "p3").await?, allocs_of(&c, "p4").await?]
+            .concat()
+            .iter()
+            .filter_map(|a| a.metadata.uid.clone())
+            .collect();
+        assert_eq!(before, after, "the AllocationClaims were not recreated");
         Ok(())
     };
     let r: Result<()> = r.await;

@@ -343,6 +343,25 @@ impl Cluster {
         Ok(())
     }
 
+    /// Kills component `name` at once (SIGKILL, a crash) and starts it again with the same
+    /// arguments and environment, as the kubelet restarts a crashed container.
+    pub fn crash_and_restart(&mut self, name: &str) -> Result<()> {
+        let i = self
+            .processes
+            .iter()
+            .position(|p| p.name == name)
+            .with_context(|| format!("no component {name}"))?;
+        self.processes[i].kill();
+        let again = self.processes[i].respawn()?;
+        self.processes[i] = again;
+        Ok(())
+    }
+
+    /// Names of the running components.
+    pub fn component_names(&self) -> Vec<String> {
+        self.processes.iter().map(|p| p.name.clone()).collect()
+    }
+
     /// The log file of component `name`.
     pub fn log_of(&self, name: &str) -> PathBuf {
         self.dir.join("logs").join(format!("{name}.log"))

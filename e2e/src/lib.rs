@@ -11,6 +11,7 @@
 //! - [`workload`]: pods, templates and probes shared by every component's e2e tests.
 //! - [`chart`]: the Helm chart rendered by Helm; [`install`]: DAS installed from it (the chart's
 //!   RBAC identities, environment and arguments) on the local cluster.
+//! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
 
 pub mod chart;
 pub mod cluster;
@@ -19,6 +20,7 @@ pub mod install;
 pub mod kubeconfig;
 pub mod pki;
 pub mod process;
+pub mod soak;
 pub mod test_plugin;
 pub mod wait;
 pub mod workload;

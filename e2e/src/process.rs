@@ -25,6 +25,11 @@ pub struct Process {
     pub name: String,
     pub log: PathBuf,
     child: Child,
+    /// How it was started, to start it again ([`Process::respawn`]).
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    lifetime: Lifetime,
 }
 
 impl Process {
@@ -67,7 +72,24 @@ impl Process {
             name: name.to_string(),
             log: log.to_path_buf(),
             child,
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env: env.to_vec(),
+            lifetime,
         })
+    }
+
+    /// Starts the same program again (same arguments, environment and log file), as a
+    /// supervisor restarting a crashed container would.
+    pub fn respawn(&self) -> Result<Self> {
+        Self::spawn(
+            &self.name,
+            &self.program,
+            &self.args,
+            &self.env,
+            &self.log,
+            self.lifetime,
+        )
     }
 
     pub fn pid(&self) -> u32 {

@@ -7,14 +7,14 @@
 //! effects when the configuration says `sideEffects: NoneOnDryRun`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::DynamicObject;
@@ -36,30 +36,78 @@ pub struct App {
     pub metrics: Metrics,
 }
 
-/// The routes of the webhook.
-pub fn router(app: Arc<App>) -> Router {
+/// What one client may cost the server: slow or silent clients, many connections and large
+/// bodies are cut off instead of tying the webhook (and, through `failurePolicy: Fail`, every
+/// legacy pod's admission) up.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Longest TLS handshake.
+    pub handshake: Duration,
+    /// Longest wait for a request's headers (also between requests on a kept-alive connection).
+    pub header_read: Duration,
+    /// Most connections served at once; more wait in the listen queue.
+    pub max_connections: usize,
+    /// Largest request body, in bytes; larger ones get 413. An AdmissionReview of a pod is at
+    /// most a few MiB (the API server refuses objects over ~1.5 MiB; a review carries two).
+    pub max_body_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            handshake: Duration::from_secs(10),
+            header_read: Duration::from_secs(10),
+            max_connections: 256,
+            max_body_bytes: 4 << 20,
+        }
+    }
+}
+
+/// The routes of the webhook; request bodies are capped at `limits.max_body_bytes`.
+pub fn router(app: Arc<App>, limits: Limits) -> Router {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
         .with_state(app)
 }
 
-/// Accepts TLS connections on `listener` for ever, one task per connection (HTTP/1.1).
-pub async fn serve(listener: TcpListener, tls: Arc<ServerConfig>, routes: Router) -> Result<()> {
+/// Accepts TLS connections on `listener` for ever, one task per connection (HTTP/1.1), within
+/// `limits`. A failed accept (out of file descriptors, a reset connection) is logged and the
+/// loop goes on: it never ends the process.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    routes: Router,
+    limits: Limits,
+) -> Result<()> {
     let acceptor = TlsAcceptor::from(tls);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
-        let (tcp, peer) = listener.accept().await?;
+        let slot = slots.clone().acquire_owned().await?;
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a connection failed; going on");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         let svc = TowerToHyperService::new(routes.clone());
         tokio::spawn(async move {
-            let stream = match acceptor.accept(tcp).await {
-                Ok(s) => s,
-                Err(e) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            let _slot = slot;
+            let stream = match tokio::time::timeout(limits.handshake, acceptor.accept(tcp)).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read)
                 .serve_connection(TokioIo::new(stream), svc);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -121,6 +169,12 @@ fn wire_review(review: AdmissionReview<DynamicObject>) -> Value {
 /// Answers one review: (outcome label, response).
 async fn review_pod(app: &App, req: &AdmissionRequest<Pod>) -> (&'static str, AdmissionResponse) {
     let resp = AdmissionResponse::from(req);
+    // Only a pod's creation is translated (the chart registers CREATE only). An UPDATE cannot
+    // add `nvidia.com/mig-*`: container resources are immutable but for in-place resize of CPU
+    // and memory, and ephemeral containers may not have resources; the API server refuses both.
+    if req.operation != kube::core::admission::Operation::Create {
+        return ("unchanged", resp);
+    }
     let Some(pod) = req.object.as_ref() else {
         return ("unchanged", resp);
     };
@@ -159,7 +213,7 @@ async fn translation(app: &App, pod: &Pod) -> Result<Result<Translation, transla
         return Ok(Ok(Translation::default()));
     }
     let offered = app.profiles.get(&wanted).await?;
-    Ok(translate::translate(pod, &offered))
+    Ok(translate::translate(pod, offered.as_ref()))
 }
 
 /// Creates the templates the pod's claims point at in the request's namespace; a template that

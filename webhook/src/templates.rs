@@ -11,7 +11,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::translate::MANAGED_BY_LABEL;
+use crate::translate::{MANAGED_BY_LABEL, template_mismatch};
 
 /// What [`Templates::ensure`] did with one template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,17 +50,42 @@ impl Templates {
         Self { client, store }
     }
 
-    /// Makes sure `template` exists in namespace `ns`; an AlreadyExists answer is success.
+    /// Makes sure `template` exists in namespace `ns` as it should be. A template of that name
+    /// that asks for something else (edited, or someone else's) is never used silently: the
+    /// error says what it asks for and how to fix it (the admission is denied with it).
     pub async fn ensure(&self, ns: &str, template: &ResourceClaimTemplate) -> Result<Ensured> {
         let name = template.metadata.name.as_deref().unwrap_or_default();
-        if self.store.get(&ObjectRef::new(name).within(ns)).is_some() {
+        if let Some(cached) = self.store.get(&ObjectRef::new(name).within(ns)) {
+            check(ns, &cached, template)?;
             return Ok(Ensured::Cached);
         }
         let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), ns);
         match api.create(&PostParams::default(), template).await {
             Ok(_) => Ok(Ensured::Created),
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Ensured::Existed),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let existing = api
+                    .get(name)
+                    .await
+                    .with_context(|| format!("read ResourceClaimTemplate {ns}/{name}"))?;
+                check(ns, &existing, template)?;
+                Ok(Ensured::Existed)
+            }
             Err(e) => Err(e).with_context(|| format!("create ResourceClaimTemplate {ns}/{name}")),
         }
+    }
+}
+
+/// Fails when `existing` does not ask for what `desired` asks for.
+fn check(
+    ns: &str,
+    existing: &ResourceClaimTemplate,
+    desired: &ResourceClaimTemplate,
+) -> Result<()> {
+    let name = desired.metadata.name.as_deref().unwrap_or_default();
+    match template_mismatch(existing, desired) {
+        None => Ok(()),
+        Some(why) => anyhow::bail!(
+            "ResourceClaimTemplate {ns}/{name} exists but {why}; das-webhook will not put pods on it: delete it (`kubectl delete resourceclaimtemplate -n {ns} {name}`) and das-webhook creates the right one"
+        ),
     }
 }

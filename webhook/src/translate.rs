@@ -73,10 +73,33 @@ struct LegacyRequest {
     count: u32,
 }
 
-/// Translates `pod`; `offered_profiles` are the profiles the cluster has a DeviceClass for, as
-/// written in the class name (`1g.10gb`, `1g.10gb-me`), see [`offered_profile`].
-pub fn translate(pod: &Pod, offered_profiles: &[String]) -> Result<Translation, Denial> {
-    let requests = collect_requests(pod, offered_profiles)?;
+/// The most devices one ResourceClaim can be allocated: `resource.k8s.io/v1`
+/// `AllocationResultsMaxSize` (32). A template asking for more could never be satisfied.
+pub const MAX_DEVICES_PER_CLAIM: u32 = 32;
+
+/// What the cluster offers: the profiles with a DeviceClass, as written in the class name
+/// (`1g.10gb`, `1g.10gb-me`, see [`offered_profile`]), and, where DAS publishes devices, the
+/// most slices of each profile one node can hold at once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offered {
+    /// Profiles with a DeviceClass.
+    pub profiles: Vec<String>,
+    /// Most slices of a profile that fit on one node (over all nodes), by class-name profile.
+    pub max_per_node: BTreeMap<String, u32>,
+}
+
+impl From<Vec<String>> for Offered {
+    fn from(profiles: Vec<String>) -> Self {
+        Self {
+            profiles,
+            max_per_node: BTreeMap::new(),
+        }
+    }
+}
+
+/// Translates `pod` against what the cluster offers.
+pub fn translate(pod: &Pod, offered: &Offered) -> Result<Translation, Denial> {
+    let requests = collect_requests(pod, offered)?;
     if requests.is_empty() {
         return Ok(Translation::default());
     }
@@ -136,9 +159,47 @@ pub fn template(profile: &str, count: u32) -> ResourceClaimTemplate {
     .expect("a ResourceClaimTemplate deserializes")
 }
 
+/// Why an existing template named like one the webhook makes cannot serve as it: `None` when it
+/// asks for exactly what `desired` asks for (one request `mig` of `count` devices of the
+/// profile's class, nothing else); otherwise what it asks for instead. The API server's defaults
+/// (`allocationMode: ExactCount`, `count: 1`) are taken into account.
+pub fn template_mismatch(
+    existing: &ResourceClaimTemplate,
+    desired: &ResourceClaimTemplate,
+) -> Option<String> {
+    let shape = |t: &ResourceClaimTemplate| -> serde_json::Value {
+        let devices = serde_json::to_value(&t.spec.spec.devices).unwrap_or_default();
+        let requests: Vec<serde_json::Value> = devices["requests"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let e = &r["exactly"];
+                json!({
+                    "name": r["name"],
+                    "class": e["deviceClassName"],
+                    "mode": e["allocationMode"].as_str().unwrap_or("ExactCount"),
+                    "count": e["count"].as_i64().unwrap_or(1),
+                    "selectors": e["selectors"].as_array().map_or(0, Vec::len),
+                    "adminAccess": e["adminAccess"].as_bool().unwrap_or(false),
+                    "tolerations": e["tolerations"].as_array().map_or(0, Vec::len),
+                    "firstAvailable": r["firstAvailable"].as_array().map_or(0, Vec::len),
+                })
+            })
+            .collect();
+        json!({
+            "requests": requests,
+            "constraints": devices["constraints"].as_array().map_or(0, Vec::len),
+            "config": devices["config"].as_array().map_or(0, Vec::len),
+        })
+    };
+    let (have, want) = (shape(existing), shape(desired));
+    (have != want).then(|| format!("it asks for {have}, not {want}"))
+}
+
 /// Every init and regular container with its legacy requests, validated against the cluster.
 /// All problems are gathered so one denial names them all.
-fn collect_requests(pod: &Pod, offered: &[String]) -> Result<Vec<LegacyRequest>, Denial> {
+fn collect_requests(pod: &Pod, offered: &Offered) -> Result<Vec<LegacyRequest>, Denial> {
     let mut problems = Vec::new();
     let mut out = Vec::new();
     for c in containers(pod) {
@@ -194,14 +255,15 @@ fn check_request(
     pod: &Pod,
     c: &Container,
     profile: &str,
-    offered: &[String],
+    offered: &Offered,
 ) -> Result<u32, String> {
     let key = format!("{LEGACY_RESOURCE_PREFIX}{profile}");
     let who = format!("container {:?}: {key}", c.name);
-    if !offered.iter().any(|o| *o == profile.replace('+', "-")) {
+    let class_profile = profile.replace('+', "-");
+    if !offered.profiles.contains(&class_profile) {
         return Err(format!(
             "{who}: unknown MIG profile {profile:?}; this cluster offers {}",
-            offered_list(offered)
+            offered_list(&offered.profiles)
         ));
     }
     let r = c.resources.as_ref();
@@ -224,6 +286,17 @@ fn check_request(
             qty.0
         )
     })?;
+    let max = offered
+        .max_per_node
+        .get(&class_profile)
+        .copied()
+        .unwrap_or(MAX_DEVICES_PER_CLAIM)
+        .min(MAX_DEVICES_PER_CLAIM);
+    if count > max {
+        return Err(format!(
+            "{who}: {count} slices cannot be allocated to one pod; at most {max} {profile} slices fit on one node of this cluster (and a claim holds at most {MAX_DEVICES_PER_CLAIM} devices)"
+        ));
+    }
     if let Some(claim) = das_claim_for(pod, c, profile) {
         return Err(format!(
             "{who}: the container already holds DAS claim {claim:?} for profile {profile}; \
@@ -233,13 +306,18 @@ fn check_request(
     Ok(count)
 }
 
-/// `"1"`, `"3"`: plain decimal integers ≥ 1. Suffixes, fractions, exponents and zero are refused.
+/// `"1"`, `"3"`: plain decimal integers ≥ 1. Suffixes, fractions, exponents and zero are refused;
+/// a number too large for 32 bits counts as `u32::MAX` (refused later, with the maximum).
 fn parse_count(q: &Quantity) -> Option<u32> {
     let s = q.0.trim();
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    s.parse::<u32>().ok().filter(|n| *n > 0)
+    let digits = s.trim_start_matches('0');
+    if digits.is_empty() {
+        return None;
+    }
+    Some(digits.parse::<u32>().unwrap_or(u32::MAX))
 }
 
 /// Offered profiles for a message: `1g.10gb, 2g.20gb` or `none (no <profile>.mig.das.com DeviceClass)`.

@@ -76,6 +76,10 @@ async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
     two_containers_and_an_init_container(cluster).await?;
     two_profiles_in_one_container(cluster).await?;
     bad_pods_are_denied(&c).await?;
+    more_than_a_node_holds_is_denied_with_the_maximum(&c).await?;
+    a_template_that_asks_for_something_else_is_not_used(&c).await?;
+    updates_and_ephemeral_containers_of_a_translated_pod(&c).await?;
+    dra_quota_replaces_the_legacy_quota(&c).await?;
     dry_run_creates_nothing(&c).await?;
     mixed_profiles_share_the_gpu(cluster).await?;
     fill_then_pending_then_runs(&c).await?;
@@ -406,6 +410,188 @@ async fn two_profiles_in_one_container(cluster: &Cluster) -> Result<()> {
         ensure!(live.contains(u), "{u} is not a live slice: {live:?}");
     }
     delete(&c, &["mixed"]).await
+}
+
+/// One emulated H100 holds at most 7 `1g.10gb` slices: 8 is denied naming 7 (the webhook counts
+/// what the published devices allow), and so is 4294967295.
+async fn more_than_a_node_holds_is_denied_with_the_maximum(c: &Client) -> Result<()> {
+    for n in ["8", "4294967295"] {
+        let p = pod_json("huge", &[("app", "nvidia.com/mig-1g.10gb", n)], None);
+        expect_denied(c, p, &["at most 7 1g.10gb slices fit on one node"]).await?;
+    }
+    Ok(())
+}
+
+/// A template named like one the webhook makes but asking for something else is never used.
+async fn a_template_that_asks_for_something_else_is_not_used(c: &Client) -> Result<()> {
+    let ns = "tpl-test";
+    namespace(c, ns).await?;
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(c.clone(), ns);
+    let wrong: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "das-mig-1g-10gb-x2"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": das_api::profile_device_class("1g.10gb"),
+            "allocationMode": "ExactCount", "count": 3}}]}}}
+    }))?;
+    templates.create(&PostParams::default(), &wrong).await?;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    let p = pod_json("two", &[("app", "nvidia.com/mig-1g.10gb", "2")], None);
+    match pods
+        .create(&PostParams::default(), &serde_json::from_value(p)?)
+        .await
+    {
+        Ok(_) => bail!("a pod was put on a template that asks for 3 slices"),
+        Err(kube::Error::Api(s)) => ensure!(
+            s.message
+                .contains("das-mig-1g-10gb-x2 exists but it asks for")
+                && s.message.contains("delete it"),
+            "{}",
+            s.message
+        ),
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+async fn namespace(c: &Client, name: &str) -> Result<()> {
+    let api: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(c.clone());
+    let ns = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name}}))?;
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// After translation, a pod's other updates go through (the webhook only sees creations), an
+/// ephemeral container asking for a legacy MIG resource is refused by the API server itself
+/// (ephemeral containers have no resources), and a plain one (`kubectl debug`) is added.
+async fn updates_and_ephemeral_containers_of_a_translated_pod(c: &Client) -> Result<()> {
+    create(
+        c,
+        pod_json("upd", &[("app", "nvidia.com/mig-1g.10gb", "1")], None),
+    )
+    .await?;
+    wait_running(c, "upd").await?;
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    api.patch(
+        "upd",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await?;
+    let eph = |resources: Value| {
+        json!({"spec": {"ephemeralContainers": [{"name": "debug", "image": "registry.k8s.io/pause:3.10",
+            "resources": resources}]}})
+    };
+    let refused = api
+        .patch_subresource(
+            "ephemeralcontainers",
+            "upd",
+            &PatchParams::default(),
+            &Patch::Strategic(eph(json!({"limits": {"nvidia.com/mig-1g.10gb": "1"}}))),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => ensure!(
+            s.message.contains("ephemeralContainers") && s.message.contains("resources"),
+            "{}",
+            s.message
+        ),
+        other => bail!("an ephemeral container with MIG resources was added: {other:?}"),
+    }
+    let added = api
+        .patch_subresource(
+            "ephemeralcontainers",
+            "upd",
+            &PatchParams::default(),
+            &Patch::Strategic(eph(json!({}))),
+        )
+        .await?;
+    let spec = added.spec.context("spec")?;
+    ensure!(spec.ephemeral_containers.iter().flatten().count() == 1);
+    ensure!(
+        spec.resource_claims.iter().flatten().count() == 1,
+        "the translated claim is kept"
+    );
+    delete(c, &["upd"]).await
+}
+
+/// The translation removes `nvidia.com/mig-*` from the pod, so a ResourceQuota on
+/// `requests.nvidia.com/mig-1g.10gb` no longer counts; the DRA quota on the profile's class
+/// (`<class>.deviceclass.resource.k8s.io/devices`) does: with a limit of 2, the third legacy
+/// pod's claim is refused by the quota and the pod does not run.
+async fn dra_quota_replaces_the_legacy_quota(c: &Client) -> Result<()> {
+    let ns = "quota-test";
+    namespace(c, ns).await?;
+    let class = das_api::profile_device_class("1g.10gb");
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> = Api::namespaced(c.clone(), ns);
+    let q = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "mig"},
+        "spec": {"hard": {
+            format!("{class}.deviceclass.resource.k8s.io/devices"): "2",
+            "requests.nvidia.com/mig-1g.10gb": "1"}}}))?;
+    quotas.create(&PostParams::default(), &q).await?;
+    wait::until("the quota to be computed", T, || async {
+        let q = quotas.get("mig").await?;
+        Ok(q.status.and_then(|s| s.hard).is_some().then_some(()))
+    })
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), ns);
+    for name in ["q1", "q2", "q3"] {
+        let p = pod_json(name, &[("app", "nvidia.com/mig-1g.10gb", "1")], None);
+        pods.create(&PostParams::default(), &serde_json::from_value(p)?)
+            .await
+            .with_context(|| format!("create {name}"))?;
+    }
+    for name in ["q1", "q2"] {
+        wait::until(&format!("{name} to run"), T, || async {
+            let p = pods.get(name).await?;
+            Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
+        })
+        .await?;
+    }
+    // Two pods run although the legacy quota says 1: it no longer counts.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), ns);
+    wait::until("q3's claim to be refused by the quota", T, || async {
+        let refused = events
+            .list(&ListParams::default().fields("involvedObject.name=q3"))
+            .await?
+            .items
+            .iter()
+            .any(|e| {
+                e.message
+                    .as_deref()
+                    .unwrap_or("")
+                    .contains("exceeded quota")
+            });
+        Ok(refused.then_some(()))
+    })
+    .await?;
+    let q3 = pods.get("q3").await?;
+    ensure!(
+        q3.status.and_then(|s| s.phase).as_deref() != Some("Running"),
+        "q3 runs beyond the quota"
+    );
+    let used = quotas
+        .get("mig")
+        .await?
+        .status
+        .and_then(|s| s.used)
+        .unwrap_or_default();
+    ensure!(
+        used.get(&format!("{class}.deviceclass.resource.k8s.io/devices"))
+            .map(|q| q.0.as_str())
+            == Some("2"),
+        "{used:?}"
+    );
+    for name in ["q1", "q2", "q3"] {
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Creates `pod` expecting a denial whose message contains every one of `want`.

@@ -144,12 +144,7 @@ where
     Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
     let duration = Duration::from_secs(args.lease_duration_seconds.max(3));
-    let cfg = LeaseConfig {
-        name: "das-controller".into(),
-        identity: id.clone(),
-        duration,
-        renew_every: duration / 3,
-    };
+    let cfg = LeaseConfig::for_duration("das-controller", &id, duration);
     let api = kube::Api::namespaced(client.clone(), &args.leader_elect_namespace);
     let elector = Elector::new(api, cfg);
     // A standby is ready: it serves as soon as it leads.

@@ -99,12 +99,13 @@ async fn main() -> Result<()> {
         templates: Templates::watch(client.clone()),
         metrics: Metrics::default(),
     });
+    let limits = server::Limits::default();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("bind {}", args.listen))?;
     tracing::info!(address = %listener.local_addr()?, "das-webhook serving HTTPS");
     tokio::select! {
-        r = server::serve(listener, tls, server::router(app)) => r,
+        r = server::serve(listener, tls, server::router(app, limits), limits) => r,
         _ = shutdown() => { tracing::info!("shutting down"); Ok(()) }
     }
 }

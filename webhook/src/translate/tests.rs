@@ -4,7 +4,11 @@
 use super::*;
 use serde_json::Value;
 
-fn offered() -> Vec<String> {
+fn offered() -> Offered {
+    profiles().into()
+}
+
+fn profiles() -> Vec<String> {
     ["1g.10gb", "1g.10gb-me", "2g.20gb", "3g.40gb"]
         .iter()
         .map(|s| s.to_string())
@@ -246,7 +250,7 @@ fn unknown_profile_is_denied_with_the_offered_list() {
     assert!(m.contains("1g.10gb, 1g.10gb-me, 2g.20gb, 3g.40gb"), "{m}");
     let none = translate(
         &pod(one(json!({"limits": {"nvidia.com/mig-1g.10gb": "1"}}))),
-        &[],
+        &Offered::default(),
     )
     .unwrap_err()
     .to_string();
@@ -303,4 +307,70 @@ fn offered_profiles_come_from_class_names() {
     );
     assert_eq!(offered_profile("mig.das.com"), None);
     assert_eq!(offered_profile("gpu.nvidia.com"), None);
+}
+
+/// Issue 12: a count beyond what one node holds (or beyond what one claim can be allocated) is
+/// denied with the maximum, instead of a pod that stays Pending for ever.
+#[test]
+fn counts_beyond_one_node_are_denied_with_the_maximum() {
+    let mut o = offered();
+    o.max_per_node.insert("1g.10gb".into(), 14);
+    let huge = pod(one(
+        json!({"limits": {"nvidia.com/mig-1g.10gb": "4294967295"}}),
+    ));
+    let m = translate(&huge, &o).unwrap_err().to_string();
+    assert!(
+        m.contains("4294967295 slices cannot be allocated") && m.contains("at most 14"),
+        "{m}"
+    );
+    let beyond_u64 = pod(one(
+        json!({"limits": {"nvidia.com/mig-1g.10gb": "99999999999999999999999"}}),
+    ));
+    let m = translate(&beyond_u64, &o).unwrap_err().to_string();
+    assert!(m.contains("at most 14"), "{m}");
+    let over = pod(one(json!({"limits": {"nvidia.com/mig-1g.10gb": "15"}})));
+    let m = translate(&over, &o).unwrap_err().to_string();
+    assert!(
+        m.contains("at most 14 1g.10gb slices fit on one node"),
+        "{m}"
+    );
+    assert!(
+        translate(
+            &pod(one(json!({"limits": {"nvidia.com/mig-1g.10gb": "14"}}))),
+            &o
+        )
+        .is_ok()
+    );
+    // Without published capacity, the claim limit still holds.
+    let m = translate(
+        &pod(one(json!({"limits": {"nvidia.com/mig-2g.20gb": "33"}}))),
+        &o,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(m.contains("at most 32"), "{m}");
+}
+
+#[test]
+fn a_template_that_asks_for_something_else_is_a_mismatch() {
+    let want = template("1g.10gb", 2);
+    assert_eq!(template_mismatch(&want, &want), None);
+    // The API server's defaults are no difference.
+    let mut defaulted: serde_json::Value = serde_json::to_value(&want).unwrap();
+    defaulted["metadata"]["uid"] = json!("u");
+    assert_eq!(
+        template_mismatch(&serde_json::from_value(defaulted).unwrap(), &want),
+        None
+    );
+    for (what, bad) in [
+        ("count", template("1g.10gb", 3)),
+        ("class", template("2g.20gb", 2)),
+    ] {
+        let why = template_mismatch(&bad, &want).expect(what);
+        assert!(why.contains("it asks for"), "{what}: {why}");
+    }
+    let mut selector: serde_json::Value = serde_json::to_value(&want).unwrap();
+    selector["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] =
+        json!([{"cel": {"expression": "true"}}]);
+    assert!(template_mismatch(&serde_json::from_value(selector).unwrap(), &want).is_some());
 }
