@@ -14,7 +14,7 @@ use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(90);
@@ -404,6 +404,66 @@ async fn policy(cluster: &Cluster) -> Result<()> {
         .await
         .expect_err("n0's plugin creates another driver's slice");
     ensure!(err.to_string().contains("driver"), "{err}");
+
+    // ...nor a slice of its own node under another node's pool.
+    let mut foreign_pool = slice("n0-pool-n1", "n0", das_e2e::das::DRIVER);
+    foreign_pool.spec.pool.name = "n1".into();
+    let err = n0_slices
+        .create(&pp, &foreign_pool)
+        .await
+        .expect_err("n0's plugin publishes under n1's pool");
+    ensure!(
+        err.to_string().contains("its own pool (n0), not of pool n1"),
+        "{err}"
+    );
+
+    // Claim status: n0's plugin may write status.devices of a claim allocated on n0 only
+    // (1.36 `associated-node:patch` on resourceclaims/driver).
+    let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
+        Api::namespaced(admin.clone(), "default");
+    let n0_claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> = Api::namespaced(
+        das_e2e::kubeconfig::client(&install::identity(cluster, PLUGIN_SA, Some(&pod), "n0b").await?)
+            .await?,
+        "default",
+    );
+    for node in ["n0", "n1"] {
+        let name = format!("on-{node}");
+        let rc = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "mig", "exactly": {"deviceClassName": "mig.das.com"}}]}}
+        }))?;
+        claims.create(&pp, &rc).await?;
+        let alloc = json!({"status": {"allocation": {
+            "devices": {"results": [{"request": "mig", "driver": das_e2e::das::DRIVER, "pool": node, "device": "d0"}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+        }}});
+        claims
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&alloc))
+            .await?;
+    }
+    let device_status = |node: &str| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": format!("on-{node}")},
+            "status": {"devices": [{"driver": das_e2e::das::DRIVER, "pool": node, "device": "d0",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "SliceCreated",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]}})
+    };
+    let apply = PatchParams::apply("das-kubelet-plugin").force();
+    n0_claims
+        .patch_status("on-n0", &apply, &Patch::Apply(device_status("n0")))
+        .await
+        .context("n0's plugin writes the status of a claim allocated on n0")?;
+    let err = n0_claims
+        .patch_status("on-n1", &apply, &Patch::Apply(device_status("n1")))
+        .await
+        .expect_err("n0's plugin writes the status of a claim allocated on n1");
+    // Refused as 422 Invalid (a field-level Forbidden), naming the verb the plugin lacks.
+    ensure!(
+        matches!(&err, kube::Error::Api(s) if s.code == 422
+            && s.message.contains("requires resource=\"resourceclaims/driver\", verb=\"[arbitrary-node:patch]\"")),
+        "refused for the other node: {err}"
+    );
 
     // A plugin token that names no node (not from a pod) writes nothing.
     let unbound =
