@@ -72,8 +72,13 @@ test: k8s helm ## run every test: unit tests, chart checks and end-to-end tests 
 e2e: k8s helm ## run only the end-to-end tests (real control plane + hollow DRA kubelets)
 	$(CARGO) test -p das-e2e --no-fail-fast
 
+.PHONY: fuzz
+fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)
+	PROPTEST_CASES=$(or $(FUZZ_CASES),20000) $(CARGO) test --release -p das-driver --test parsers
+	PROPTEST_CASES=$(or $(FUZZ_CASES),20000) $(CARGO) test --release -p das-webhook --test parsers
+
 .PHONY: soak
-soak: k8s helm ## chaos soak: >= 500 pod cycles with component kills and GPU faults, invariants checked (SOAK_ARGS="--cycles N --seed S")
+soak: k8s helm fuzz ## the long fuzz run, then the chaos soak: >= 500 pod cycles with component kills and GPU faults, invariants checked (SOAK_ARGS="--cycles N --seed S")
 	$(CARGO) build --release $(DAS_BINS)
 	$(CARGO) run -q -p das-e2e --bin das-soak -- --profile release $(SOAK_ARGS)
 

@@ -413,7 +413,8 @@ async fn policy(cluster: &Cluster) -> Result<()> {
         .await
         .expect_err("n0's plugin publishes under n1's pool");
     ensure!(
-        err.to_string().contains("its own pool (n0), not of pool n1"),
+        err.to_string()
+            .contains("its own pool (n0), not of pool n1"),
         "{err}"
     );
 
@@ -422,8 +423,10 @@ async fn policy(cluster: &Cluster) -> Result<()> {
     let claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> =
         Api::namespaced(admin.clone(), "default");
     let n0_claims: Api<k8s_openapi::api::resource::v1::ResourceClaim> = Api::namespaced(
-        das_e2e::kubeconfig::client(&install::identity(cluster, PLUGIN_SA, Some(&pod), "n0b").await?)
-            .await?,
+        das_e2e::kubeconfig::client(
+            &install::identity(cluster, PLUGIN_SA, Some(&pod), "n0b").await?,
+        )
+        .await?,
         "default",
     );
     for node in ["n0", "n1"] {
