@@ -81,7 +81,7 @@ proptest! {
     fn any_emulated_gpu_flag(spec in "\\PC{0,40}") {
         if let Ok(gpus) = parse_emulated_spec(&spec) {
             let total: u32 = gpus.iter().map(|g| g.count).sum();
-            prop_assert!(total >= 1 && total <= 32);
+            prop_assert!((1..=32).contains(&total));
         }
     }
 
