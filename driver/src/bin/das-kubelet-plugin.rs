@@ -210,8 +210,16 @@ async fn kube_config(args: &Args) -> Result<kube::Config> {
 fn backend(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
     match &args.emulated_gpus {
         Some(spec) => {
-            let b = EmulatedBackend::open(spec, &args.node_name, &args.state_dir.join("emulated"))
-                .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            let (b, reset) = EmulatedBackend::open_or_reset(
+                spec,
+                &args.node_name,
+                &args.state_dir.join("emulated"),
+            )
+            .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            if let Some((aside, why)) = reset {
+                tracing::error!(moved_to = %aside.display(), reason = %why,
+                    "the emulated GPUs' state cannot be used: moved aside, the GPUs start empty");
+            }
             Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
         }
         None => {
@@ -237,9 +245,11 @@ fn init_nvml() -> Result<RealNvml> {
 /// `--print-inventory`: read-only listing of the GPUs, then exit.
 fn print_inventory(args: &Args) -> Result<()> {
     match &args.emulated_gpus {
-        Some(_) => {
-            let (b, _) = backend(args)?;
-            for g in b.inventory()? {
+        Some(spec) => {
+            // Read-only: the emulated GPUs' state is not opened.
+            let gpus = das_driver::gpu::emulated::emulated_inventory(spec, &args.node_name)
+                .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            for g in gpus {
                 println!(
                     "GPU {}: {} {} minor {} MIG {} model {} profiles {}",
                     g.index,

@@ -40,6 +40,15 @@ pub enum PrepareError {
         /// This node.
         node: String,
     },
+    /// A device is allocated with admin access (`adminAccess: true`), which DAS does not offer:
+    /// admin access shares a device already in use, while DAS creates a MIG instance per claim.
+    #[error(
+        "device {device} is allocated with admin access, which DAS does not support (it creates one MIG slice per claim); request it without adminAccess"
+    )]
+    AdminAccess {
+        /// Allocated device.
+        device: String,
+    },
     /// An allocated device is not one this node publishes.
     #[error("device {device} is not a device this node publishes")]
     UnknownDevice {
@@ -101,6 +110,7 @@ impl PrepareError {
             PrepareError::NoDeviceOfOurs => "no_device_of_ours",
             PrepareError::ForeignPool { .. } => "foreign_pool",
             PrepareError::UnknownDevice { .. } => "unknown_device",
+            PrepareError::AdminAccess { .. } => "admin_access",
             PrepareError::Create { .. } => "create",
             PrepareError::Destroy { .. } => "destroy",
             PrepareError::GpuUnavailable(_) => "gpu_unavailable",

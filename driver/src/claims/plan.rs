@@ -91,7 +91,8 @@ pub fn our_results(rc: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
 /// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
-/// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`].
+/// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
+/// [`PrepareError::AdminAccess`].
 pub fn resolve_allocation(
     claim: &ClaimRef,
     rc: Option<&ResourceClaim>,
@@ -119,6 +120,9 @@ pub fn resolve_allocation(
     }
     ours.into_iter()
         .map(|r| {
+            if r.admin_access == Some(true) {
+                return Err(PrepareError::AdminAccess { device: r.device });
+            }
             if r.pool != node {
                 return Err(PrepareError::ForeignPool {
                     device: r.device,

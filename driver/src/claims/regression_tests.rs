@@ -510,3 +510,26 @@ async fn a_prepare_never_releases_a_claim_that_is_still_allocated() {
     assert!(e.to_string().contains("already occupied"), "{e}");
     assert_eq!(s.live_migs(), kept, "the old claim's slice is untouched");
 }
+
+/// Bad input: a CDI spec file of a prepared claim that is corrupt (truncated, edited) is written
+/// again at start-up, from the record and the live slice; a stale one of a gone claim is removed.
+#[tokio::test(start_paused = true)]
+async fn start_up_writes_a_corrupt_cdi_spec_again_and_removes_stale_ones() {
+    let s = setup("H100-80GB:1", inline());
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
+    s.p.prepare_claim(&a).await.unwrap();
+    let good = s.spec_migs(&a);
+    let dir = s.dir.path().join("cdi");
+    std::fs::write(
+        cdi::spec_path(&dir, UID_A),
+        b"{\"cdiVersion\": \"0.5.0\", \"kin",
+    )
+    .unwrap();
+    std::fs::write(cdi::spec_path(&dir, UID_B), b"{}").unwrap();
+    let restarted = preparer(s.dir.path(), s.emu.clone(), s.api.clone(), inline());
+    let report = restarted.reconcile_at_startup(false, false).await.unwrap();
+    assert_eq!(report.cdi_specs_rewritten, 1, "{report:?}");
+    assert_eq!(report.stale_cdi_specs, 1, "{report:?}");
+    assert_eq!(s.spec_migs(&a), good);
+    assert!(!cdi::spec_path(&dir, UID_B).exists());
+}

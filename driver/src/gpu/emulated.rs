@@ -372,6 +372,33 @@ impl EmulatedBackend {
         })
     }
 
+    /// [`Self::open`], but a state file that is corrupt or was written for other GPUs (another
+    /// spec or node name) is moved aside (`emulated-gpus.json.corrupt-<secs>`) and the GPUs start
+    /// empty, as a corrupt checkpoint is handled: never a crash loop. Returns what was moved
+    /// aside and why.
+    ///
+    /// # Errors
+    /// A bad spec, or the state directory cannot be read or written.
+    pub fn open_or_reset(
+        spec: &str,
+        node_name: &str,
+        state_dir: &Path,
+    ) -> Result<(Self, Option<(PathBuf, EmulatedError)>), EmulatedError> {
+        match Self::open(spec, node_name, state_dir) {
+            Err(e @ (EmulatedError::CorruptState { .. } | EmulatedError::StateMismatch { .. })) => {
+                let aside = move_state_aside(state_dir)
+                    .map_err(|source| EmulatedError::Io {
+                        path: state_dir.join(STATE_FILE),
+                        source,
+                    })?
+                    .unwrap_or_default();
+                let fresh = Self::open(spec, node_name, state_dir)?;
+                Ok((fresh, Some((aside, e))))
+            }
+            other => other.map(|b| (b, None)),
+        }
+    }
+
     /// Path of the state file.
     pub fn state_path(&self) -> &Path {
         &self.state_path
@@ -612,16 +639,7 @@ impl GpuBackend for EmulatedBackend {
             .gpus
             .iter()
             .filter(|g| !self.is_lost(g.index))
-            .map(|g| GpuInfo {
-                index: g.index,
-                uuid: g.uuid.clone(),
-                model: g.model.clone(),
-                product_name: g.model.product_name.clone(),
-                minor: g.index,
-                pci_bus_id: None,
-                driver_version: EMULATED_DRIVER_VERSION.to_string(),
-                mig_enabled: true,
-            })
+            .map(gpu_info)
             .collect())
     }
 
@@ -670,6 +688,31 @@ impl GpuBackend for EmulatedBackend {
             .collect();
         out.sort_by_key(|s| s.placement.start);
         Ok(out)
+    }
+}
+
+/// The GPUs of `spec` on node `node_name` as the emulated backend reports them, without opening
+/// (or creating) any state: what `das-kubelet-plugin --print-inventory` shows.
+///
+/// # Errors
+/// A bad spec.
+pub fn emulated_inventory(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, EmulatedError> {
+    Ok(build_gpus(&parse_emulated_spec(spec)?, node_name)
+        .iter()
+        .map(gpu_info)
+        .collect())
+}
+
+fn gpu_info(g: &EmuGpu) -> GpuInfo {
+    GpuInfo {
+        index: g.index,
+        uuid: g.uuid.clone(),
+        model: g.model.clone(),
+        product_name: g.model.product_name.clone(),
+        minor: g.index,
+        pci_bus_id: None,
+        driver_version: EMULATED_DRIVER_VERSION.to_string(),
+        mig_enabled: true,
     }
 }
 
@@ -1217,6 +1260,27 @@ mod tests {
         let aside = move_state_aside(dir.path()).unwrap().unwrap();
         assert!(aside.exists());
         assert!(EmulatedBackend::open("A30", "node-a", dir.path()).is_ok());
+    }
+
+    #[test]
+    fn a_state_of_other_gpus_or_corrupt_is_moved_aside_and_started_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = open(dir.path(), "A30");
+        b.create_slice(0, "1g.6gb", 0).unwrap();
+        drop(b);
+        let (b, reset) = EmulatedBackend::open_or_reset("A30:2", "node-a", dir.path()).unwrap();
+        let (aside, why) = reset.expect("moved aside");
+        assert!(matches!(why, EmulatedError::StateMismatch { .. }), "{why}");
+        assert!(aside.exists());
+        assert!(b.list_slices().unwrap().is_empty());
+        fs::write(dir.path().join(STATE_FILE), b"{garbage").unwrap();
+        let (_, reset) = EmulatedBackend::open_or_reset("A30:2", "node-a", dir.path()).unwrap();
+        assert!(matches!(
+            reset,
+            Some((_, EmulatedError::CorruptState { .. }))
+        ));
+        let (_, reset) = EmulatedBackend::open_or_reset("A30:2", "node-a", dir.path()).unwrap();
+        assert!(reset.is_none(), "a good state is kept");
     }
 
     #[test]

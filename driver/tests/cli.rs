@@ -1,0 +1,62 @@
+//! Bad command-line input to `das-kubelet-plugin`: refused at once, with a message that says
+//! what is wrong and what is valid (no cluster needed).
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_das-kubelet-plugin"))
+        .args(args)
+        .env_remove("NODE_NAME")
+        .env_remove("DAS_EMULATED_GPUS")
+        .output()
+        .expect("runs");
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn an_unknown_gpu_model_names_the_valid_ones() {
+    let (code, text) = run(&["--print-inventory", "--emulated-gpus=V100:2"]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("unknown GPU model V100") && text.contains("H100"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_count_says_the_range() {
+    let (code, text) = run(&["--print-inventory", "--emulated-gpus=A30:0"]);
+    assert_ne!(code, 0);
+    assert!(text.contains("not an integer in 1..=32"), "{text}");
+}
+
+#[test]
+fn bad_flags_are_refused_by_the_parser() {
+    let (code, text) = run(&["--metrics-address=not-an-address", "--node-name=n0"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("--metrics-address"), "{text}");
+    let (code, text) = run(&["--cdi-device-nodes=maybe", "--node-name=n0"]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("possible values") || text.contains("true"),
+        "{text}"
+    );
+    let (code, text) = run(&[]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("--node-name"),
+        "a missing node name is named: {text}"
+    );
+}
+
+#[test]
+fn the_emulated_inventory_prints_without_a_cluster() {
+    let (code, text) = run(&["--print-inventory", "--emulated-gpus=A100-SXM4-40GB:1"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("GPU 0: ") && text.contains("1g.5gb"),
+        "{text}"
+    );
+}
