@@ -18,7 +18,7 @@ use crate::kubelet::ClaimRef;
 /// Pause before the first retry of a claim's destroys; doubled after each failure.
 pub const FIRST_DELAY: Duration = Duration::from_secs(1);
 /// Longest pause between two attempts for one claim.
-pub const MAX_DELAY: Duration = Duration::from_secs(60);
+pub const MAX_DELAY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy)]
 struct Backoff {
