@@ -1,15 +1,9 @@
-//! Prometheus metrics of the controller and its HTTP endpoint (`/metrics`, `/healthz`,
-//! `/readyz`), DESIGN §9. Exposition: OpenMetrics text through `prometheus-client`
-//! (<https://docs.rs/prometheus-client>).
+//! Prometheus metrics of the controller (docs/operations.md lists them), served with `/healthz`
+//! and `/readyz` by `das_runtime::probes`. Exposition: OpenMetrics text through
+//! `prometheus-client` (<https://docs.rs/prometheus-client>).
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use das_api::allocation::AllocationState;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -125,43 +119,19 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        das_runtime::probes::encode(&self.registry)
     }
 }
 
-/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (caches synced or standing
-/// by) on `addr` until `shutdown` resolves.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move { m.encode() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                if m.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
-                }
-            }),
-        )
-        .with_state(metrics);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(addr = %listener.local_addr()?, "serving metrics and health probes");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
-    Ok(())
+/// `/metrics` encodes the registry; `/readyz` answers once the caches are synced (or the
+/// replica stands by as a follower).
+impl das_runtime::probes::Probed for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+    fn ready(&self) -> &AtomicBool {
+        &self.ready
+    }
 }
 
 #[cfg(test)]

@@ -137,9 +137,7 @@ pub fn allocation_claim_name(claim: &str, device: &str) -> String {
         return name;
     }
     // FNV-1a: stable across releases, unlike `DefaultHasher`.
-    let hash = name.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100000001b3)
-    });
+    let hash = das_runtime::hash::fnv1a64(name.as_bytes());
     format!("{}-{hash:016x}", &name[..253 - 17])
 }
 

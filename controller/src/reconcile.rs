@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use das_api::allocation::{AllocationClaim, AllocationState};
+use das_runtime::client::Clients;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -345,21 +346,26 @@ where
     (reader, subscriber, drive)
 }
 
-/// Runs the controller until `shutdown` resolves.
+/// Runs the controller until `shutdown` resolves. Watches use `clients.watches`; reads and
+/// writes (AllocationClaims, Events, the sweep) use `clients.calls`, whose timeouts bound them.
 pub async fn run(
-    client: Client,
+    clients: Clients,
     metrics: Arc<Metrics>,
     identity: String,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let Clients {
+        calls: client,
+        watches,
+    } = clients;
     let all = watcher::Config::default();
     let (pods, pod_events, pod_drive) = shared(
-        Api::<Pod>::all(client.clone()),
+        Api::<Pod>::all(watches.clone()),
         all.clone(),
         keep_what_the_mirror_needs,
     );
     let (allocs, alloc_events, alloc_drive) = shared(
-        Api::<AllocationClaim>::all(client.clone()),
+        Api::<AllocationClaim>::all(watches.clone()),
         all.clone(),
         |_| {},
     );
@@ -367,7 +373,7 @@ pub async fn run(
         .clone()
         .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
     let (slices, slice_events, slice_drive) =
-        shared(Api::<ResourceSlice>::all(client.clone()), ours, |_| {});
+        shared(Api::<ResourceSlice>::all(watches.clone()), ours, |_| {});
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity),
@@ -382,7 +388,7 @@ pub async fn run(
         failures: Mutex::default(),
         synced: AtomicBool::new(false),
     });
-    let controller = Controller::new(Api::<ResourceClaim>::all(client.clone()), all)
+    let controller = Controller::new(Api::<ResourceClaim>::all(watches), all)
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
     let claims = controller.store();
     let claims_of_slice = claims.clone();

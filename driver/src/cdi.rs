@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{Durability, write_atomically};
+use das_runtime::fs::{Durability, write_atomically};
 
 /// The dynamic CDI directory the kubelet plugin writes to by default (CDI `DefaultDynamicDir`).
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";

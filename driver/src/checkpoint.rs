@@ -50,11 +50,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write as _};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use das_runtime::fs::{Durability, sync_parent, write_atomically};
 use serde::{Deserialize, Serialize};
 
 /// Version of the document this module writes. It also reads version 1 (see the module docs).
@@ -663,71 +664,6 @@ pub fn read_boot_id_from(path: &Path) -> Result<String, CheckpointError> {
         )));
     }
     Ok(id.to_string())
-}
-
-/// Replaces `path` with `bytes` atomically: write `temp_path` (same directory, truncated if it
-/// exists), rename it over `path`; with [`Durability::Durable`] the file is fsynced before the
-/// rename and the directory after it. A reader sees the old content or the new, never a mix;
-/// after a crash at most a stale temp file is left. On error the temp file is removed. Shared
-/// with [`crate::cdi`] and the emulated backend.
-///
-/// # Errors
-/// The first failing step's I/O error.
-pub fn write_atomically(
-    path: &Path,
-    temp_path: &Path,
-    bytes: &[u8],
-    durability: Durability,
-) -> io::Result<()> {
-    let result = write_and_rename(path, temp_path, bytes, durability);
-    if result.is_err() {
-        let _ = fs::remove_file(temp_path);
-    }
-    result
-}
-
-fn write_and_rename(
-    path: &Path,
-    temp_path: &Path,
-    bytes: &[u8],
-    durability: Durability,
-) -> io::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(temp_path)?;
-    file.write_all(bytes)?;
-    if durability == Durability::Durable {
-        file.sync_all()?;
-    }
-    drop(file);
-    fs::rename(temp_path, path)?;
-    if durability == Durability::Durable {
-        sync_parent(path)?;
-    }
-    Ok(())
-}
-
-/// What a write of [`write_atomically`] must survive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// Also a power loss: the file and its directory are fsynced (the checkpoint).
-    Durable,
-    /// Only a crash of the process: readers see the old or the new content, never a mix, but
-    /// the write may be lost with the host. For files a reboot makes meaningless anyway: CDI
-    /// specs (in `/var/run/cdi`, a tmpfs on real nodes) and the emulated GPUs' MIG state (MIG
-    /// instances never survive a reboot). Saves two fsyncs per write.
-    Atomic,
-}
-
-/// Fsyncs the directory holding `path`, so a rename in it survives a crash.
-fn sync_parent(path: &Path) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()
 }
 
 /// The checkpoint in memory and on disk. Changes are made under a short lock and numbered;

@@ -129,7 +129,10 @@ impl SocketPaths {
                 let reg = if long.as_os_str().len() <= MAX_SOCKET_PATH {
                     long
                 } else {
-                    registry_dir.join(format!("{driver}-{:016x}-reg.sock", fnv1a(uid.as_bytes())))
+                    registry_dir.join(format!(
+                        "{driver}-{:016x}-reg.sock",
+                        das_runtime::hash::fnv1a64(uid.as_bytes())
+                    ))
                 };
                 (reg, dra_dir.join(format!("dra-{uid}.sock")))
             }
@@ -151,13 +154,6 @@ impl SocketPaths {
         }
         Ok(Self { registration, dra })
     }
-}
-
-/// FNV-1a, 64 bit: a stable short hash for socket names (not for security).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Serves the DRA services and then the registration service until `shutdown` resolves; removes

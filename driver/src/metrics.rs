@@ -1,16 +1,10 @@
-//! Prometheus metrics of the node plugin and its HTTP endpoint (`/metrics`, `/healthz`,
-//! `/readyz`).
+//! Prometheus metrics of the node plugin (names prefixed `das_kubelet_plugin_`), served with
+//! `/healthz` and `/readyz` by [`das_runtime::probes`].
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -256,43 +250,19 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        das_runtime::probes::encode(&self.registry)
     }
 }
 
-/// Serves `/metrics`, `/healthz` (the process answers) and `/readyz` (registered and published)
-/// on `addr` until `shutdown` resolves.
-pub async fn serve(
-    addr: SocketAddr,
-    metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move { m.encode() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                if m.ready.load(Ordering::Relaxed) {
-                    (StatusCode::OK, "ok")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
-                }
-            }),
-        )
-        .with_state(metrics);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "serving metrics and health probes");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await?;
-    Ok(())
+/// `/metrics` serves the registry; `/readyz` is ready once the plugin serves the kubelet and
+/// has published its slices (served by [`das_runtime::probes::serve`]).
+impl das_runtime::probes::Probed for Metrics {
+    fn registry(&self) -> &Registry {
+        &self.registry
+    }
+    fn ready(&self) -> &AtomicBool {
+        &self.ready
+    }
 }
 
 #[cfg(test)]

@@ -60,3 +60,17 @@ fn the_emulated_inventory_prints_without_a_cluster() {
         "{text}"
     );
 }
+
+#[test]
+fn a_bad_log_filter_is_refused_not_ignored() {
+    let (code, text) = run(&[
+        "--print-inventory",
+        "--emulated-gpus=A30:1",
+        "--log-level=loud",
+    ]);
+    assert_eq!(code, 2, "{text}");
+    assert!(
+        text.contains("invalid log filter \"loud\"") && text.contains("levels: error"),
+        "{text}"
+    );
+}

@@ -1,4 +1,5 @@
-//! Prometheus metrics of the webhook (DESIGN §9), text format on `/metrics`.
+//! Prometheus metrics of the webhook (docs/operations.md lists them), OpenMetrics text on
+//! `/metrics`.
 //!
 //! Source: prometheus-client (<https://docs.rs/prometheus-client>).
 
@@ -73,11 +74,8 @@ impl Metrics {
             .inc();
     }
 
-    /// The registry in Prometheus text format.
+    /// The registry in OpenMetrics text format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+        das_runtime::probes::encode(&self.registry)
     }
 }

@@ -127,7 +127,7 @@ async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> ([(&'static str, &'static str); 1], String) {
-    let ct = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+    let ct = das_runtime::probes::OPENMETRICS_CONTENT_TYPE;
     ([("content-type", ct)], app.metrics.encode())
 }
 

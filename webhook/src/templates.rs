@@ -4,6 +4,7 @@
 //! Source: kube-runtime reflector (<https://docs.rs/kube/latest/kube/runtime/fn.reflector.html>).
 
 use anyhow::{Context, Result};
+use das_runtime::client::Clients;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::Client;
@@ -32,9 +33,10 @@ pub struct Templates {
 }
 
 impl Templates {
-    /// Starts the watch (on the runtime of the caller) and returns the cache.
-    pub fn watch(client: Client) -> Self {
-        let api: Api<ResourceClaimTemplate> = Api::all(client.clone());
+    /// Starts the watch on `clients.watches` (on the runtime of the caller) and returns the
+    /// cache; templates are created with `clients.calls`.
+    pub fn watch(clients: &Clients) -> Self {
+        let api: Api<ResourceClaimTemplate> = Api::all(clients.watches.clone());
         let cfg = watcher::Config::default()
             .labels(&format!("{}={}", MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1));
         let (store, writer) = reflector::store();
@@ -47,7 +49,10 @@ impl Templates {
                 }
             });
         tokio::spawn(drive);
-        Self { client, store }
+        Self {
+            client: clients.calls.clone(),
+            store,
+        }
     }
 
     /// Makes sure `template` exists in namespace `ns` as it should be. A template of that name

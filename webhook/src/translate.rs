@@ -394,17 +394,9 @@ fn fit_label(name: &str, seed: &str) -> String {
     if trimmed.len() <= DNS_LABEL_MAX {
         return trimmed.to_string();
     }
-    let hash = format!("{:08x}", fnv1a(seed.as_bytes()));
+    let hash = format!("{:08x}", das_runtime::hash::fnv1a32(seed.as_bytes()));
     let head = trimmed[..DNS_LABEL_MAX - hash.len() - 1].trim_end_matches('-');
     format!("{head}-{hash}")
-}
-
-/// FNV-1a, 32 bits (<http://www.isthe.com/chongo/tech/comp/fnv/>): stable across releases,
-/// unlike `std`'s hasher.
-fn fnv1a(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
-    })
 }
 
 /// Adds pod claim `claim` (from `template`) and the container's reference to it.

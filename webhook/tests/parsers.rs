@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use das_runtime::client::Clients;
 use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
 use das_webhook::server::{self, App, Limits};
@@ -24,7 +25,10 @@ fn router() -> axum::Router {
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     let app = Arc::new(App {
         profiles: Profiles::new(client.clone(), Duration::from_secs(30)),
-        templates: Templates::watch(client),
+        templates: Templates::watch(&Clients {
+            calls: client.clone(),
+            watches: client,
+        }),
         metrics: Metrics::default(),
     });
     server::router(app, Limits::default())

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use das_runtime::client::Clients;
 use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
 use das_webhook::server::{self, App, Limits};
@@ -32,7 +33,10 @@ async fn start(limits: Limits) -> Server {
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     let app = Arc::new(App {
         profiles: Profiles::new(client.clone(), Duration::from_secs(30)),
-        templates: Templates::watch(client),
+        templates: Templates::watch(&Clients {
+            calls: client.clone(),
+            watches: client,
+        }),
         metrics: Metrics::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

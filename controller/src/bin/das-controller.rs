@@ -6,17 +6,18 @@
 //! as a candidate again, as client-go based controllers do).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use das_controller::lease::{Elector, LeaseConfig};
-use das_controller::metrics::{self, Metrics};
+use das_controller::metrics::Metrics;
 use das_controller::reconcile;
-use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
+use das_runtime::logging::{self, LogArgs};
+use das_runtime::probes;
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
@@ -25,9 +26,8 @@ use tokio::sync::watch;
     about = "DAS cluster controller: ResourceClaims -> AllocationClaims"
 )]
 struct Args {
-    /// Kubeconfig file; in-cluster configuration (or $KUBECONFIG) when absent.
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeArgs,
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, env = "DAS_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: SocketAddr,
@@ -43,36 +43,8 @@ struct Args {
     /// Lease duration in seconds; the leader renews every third of it.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
-    /// Log output.
-    #[arg(long, env = "DAS_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `das_controller=debug`.
-    #[arg(long, env = "DAS_LOG_LEVEL", default_value = "info")]
-    log_level: String,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn init_logging(args: &Args) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level));
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-async fn client(args: &Args) -> Result<Client> {
-    let Some(path) = &args.kubeconfig else {
-        return Client::try_default().await.context("Kubernetes client");
-    };
-    let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(cfg)?)
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -93,10 +65,24 @@ fn identity(args: &Args) -> String {
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(&args);
-    let client = client(&args).await?;
+    if let Err(e) = logging::init(&args.log) {
+        eprintln!("das-controller: {e:#}");
+        return ExitCode::from(2);
+    }
+    match run(args).await {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs until stopped or the lease is lost; returns the exit code.
+async fn run(args: Args) -> Result<u8> {
+    let clients = client::clients(&args.kube, Timeouts::default()).await?;
     let metrics = Arc::new(Metrics::new());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -105,7 +91,7 @@ async fn main() -> Result<()> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let server = tokio::spawn(metrics::serve(
+    let server = tokio::spawn(probes::serve(
         args.metrics_address,
         metrics.clone(),
         stopped(),
@@ -119,33 +105,36 @@ async fn main() -> Result<()> {
     });
     let id = identity(&args);
     let code = if args.leader_elect {
-        run_elected(&args, client, metrics, id, stopped, stop_tx).await
+        run_elected(&args, clients, metrics, id, stopped, stop_tx).await
     } else {
         metrics.leader.set(1);
-        reconcile::run(client, metrics, id, stopped()).await;
+        reconcile::run(clients, metrics, id, stopped()).await;
         0
     };
-    let _ = server.await;
+    server
+        .await
+        .context("the metrics server task")?
+        .context("the metrics server")?;
     tracing::info!(code, "stopped");
-    std::process::exit(code)
+    Ok(code)
 }
 
 /// Waits for the lease, runs the controller while leading; returns the exit code.
 async fn run_elected<F, Fut>(
     args: &Args,
-    client: Client,
+    clients: Clients,
     metrics: Arc<Metrics>,
     id: String,
     stopped: F,
     stop_tx: watch::Sender<bool>,
-) -> i32
+) -> u8
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
 {
     let duration = Duration::from_secs(args.lease_duration_seconds.max(3));
     let cfg = LeaseConfig::for_duration("das-controller", &id, duration);
-    let api = kube::Api::namespaced(client.clone(), &args.leader_elect_namespace);
+    let api = kube::Api::namespaced(clients.calls.clone(), &args.leader_elect_namespace);
     let elector = Elector::new(api, cfg);
     // A standby is ready: it serves as soon as it leads.
     metrics
@@ -160,7 +149,7 @@ where
         .store(false, std::sync::atomic::Ordering::Relaxed);
     metrics.leader.set(1);
     let lost = tokio::select! {
-        _ = reconcile::run(client, metrics.clone(), id, stopped()) => false,
+        _ = reconcile::run(clients, metrics.clone(), id, stopped()) => false,
         _ = elector.keep() => true,
     };
     metrics.leader.set(0);

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use das_api::DRIVER_NAME;
 use das_driver::blocking::BlockingCalls;
 use das_driver::checkpoint::CheckpointStore;
@@ -20,9 +20,12 @@ use das_driver::gpu::nvml::{self, procfs};
 use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
 use das_driver::handover::{self, Active, Gate, Gated};
 use das_driver::kubelet::{self, SocketPaths};
-use das_driver::metrics::{self, Metrics};
+use das_driver::metrics::Metrics;
 use das_driver::publish::{Publisher, RunConfig};
 use das_driver::slices::{self, SliceLayout};
+use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
+use das_runtime::logging::{self, LogArgs};
+use das_runtime::probes;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -76,18 +79,13 @@ struct Args {
     /// during a rolling update.
     #[arg(long, env = "POD_UID")]
     pod_uid: Option<String>,
-    /// Kubeconfig; default: in-cluster config or $KUBECONFIG.
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeArgs,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "DAS_METRICS_ADDRESS", default_value = "0.0.0.0:9402")]
     metrics_address: SocketAddr,
-    /// Log format.
-    #[arg(long, env = "DAS_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `das_driver=debug`.
-    #[arg(long, env = "DAS_LOG_LEVEL", default_value = "info")]
-    log_level: String,
+    #[command(flatten)]
+    log: LogArgs,
     /// Also destroy MIG slices at start-up that DAS did not create and no claim holds.
     #[arg(long, env = "DAS_RECLAIM_FOREIGN_SLICES")]
     reclaim_foreign_slices: bool,
@@ -109,27 +107,12 @@ struct Args {
     proc_root: PathBuf,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn init_logging(args: &Args) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(&args);
+    if let Err(e) = logging::init(&args.log) {
+        eprintln!("das-kubelet-plugin: {e:#}");
+        return ExitCode::from(2);
+    }
     if args.print_inventory {
         return match print_inventory(&args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -164,45 +147,6 @@ fn limit_malloc_arenas() {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-}
-
-/// Connect timeout of every API call.
-const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Read timeout of request/response API calls (not watches).
-const API_READ_TIMEOUT: Duration = Duration::from_secs(20);
-/// Write timeout of every API call.
-const API_WRITE_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// Two clients: one for request/response calls, with connect, read and write timeouts so a hung
-/// call cannot hold a claim or the handover gate; one for watches, without a read timeout (a
-/// quiet watch is not a hung one; kube's watcher has its own idle timeout).
-async fn clients(args: &Args) -> Result<(kube::Client, kube::Client)> {
-    let config = kube_config(args).await?;
-    let mut calls = config.clone();
-    calls.connect_timeout = Some(API_CONNECT_TIMEOUT);
-    calls.read_timeout = Some(API_READ_TIMEOUT);
-    calls.write_timeout = Some(API_WRITE_TIMEOUT);
-    calls.reset_reader_on_write = true;
-    let mut watches = config;
-    watches.connect_timeout = Some(API_CONNECT_TIMEOUT);
-    watches.write_timeout = Some(API_WRITE_TIMEOUT);
-    Ok((
-        kube::Client::try_from(calls)?,
-        kube::Client::try_from(watches)?,
-    ))
-}
-
-async fn kube_config(args: &Args) -> Result<kube::Config> {
-    Ok(match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("read kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer()
-            .await
-            .context("no in-cluster config and no kubeconfig")?,
-    })
 }
 
 /// The GPU backend and the `nvidia-caps` major: emulated with --emulated-gpus, else NVML (which
@@ -312,14 +256,17 @@ async fn run(args: Args) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     let stop = CancellationToken::new();
     // /healthz answers while this instance waits to take over; /readyz once it serves.
-    let metrics_task = tokio::spawn(metrics::serve(
+    let metrics_task = tokio::spawn(probes::serve(
         args.metrics_address,
         metrics.clone(),
         stop.clone().cancelled_owned(),
     ));
     // Checks that touch nothing on the node come first: an instance that cannot reach the API
     // server should fail before it asks the active instance to hand over.
-    let (client, watch_client) = clients(&args).await?;
+    let Clients {
+        calls: client,
+        watches: watch_client,
+    } = client::clients(&args.kube, Timeouts::default()).await?;
     let layout = slice_layout(&client).await?;
     // Only the node's active instance touches the state dir and the GPUs (see handover.rs).
     let active = tokio::select! {

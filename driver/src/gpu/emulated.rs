@@ -28,7 +28,8 @@ use serde::{Deserialize, Serialize};
 use super::layout::{Conflict, Occupancy, Placement};
 use super::model::{GpuModel, ModelError, builtin_models, find_model, model_names};
 use super::{BackendError, GpuBackend, GpuInfo, MigSlice, Target, ci_cap_minor, gi_cap_minor};
-use crate::checkpoint::Durability;
+use das_runtime::fs::Durability;
+use das_runtime::hash::fnv1a64_from;
 
 /// File name of the emulated hardware state inside the state directory.
 pub const STATE_FILE: &str = "emulated-gpus.json";
@@ -254,7 +255,7 @@ impl Control {
     pub fn write(&self, state_dir: &Path) -> io::Result<()> {
         let path = state_dir.join(CONTROL_FILE);
         let bytes = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        crate::checkpoint::write_atomically(
+        das_runtime::fs::write_atomically(
             &path,
             &path.with_extension("json.tmp"),
             &bytes,
@@ -965,19 +966,12 @@ fn to_slice(gpu: &EmuGpu, inst: &InstanceState) -> MigSlice {
 /// ([`Durability::Atomic`]). A crashed plugin still finds the last complete state.
 fn write_atomically(path: &Path, state: &StateFile) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
-    crate::checkpoint::write_atomically(
+    das_runtime::fs::write_atomically(
         path,
         &path.with_extension("json.tmp"),
         &bytes,
         Durability::Atomic,
     )
-}
-
-/// FNV-1a over `data`, starting from `seed`.
-fn fnv1a(seed: u64, data: &[u8]) -> u64 {
-    data.iter().fold(seed, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// SplitMix64 finaliser: spreads FNV's weak low bits.
@@ -995,8 +989,8 @@ fn format_uuid(prefix: &str, parts: &[&[u8]]) -> String {
     let mut b = 0x6c62_272e_07bb_0142u64;
     for part in parts {
         let len = (part.len() as u64).to_le_bytes();
-        a = fnv1a(fnv1a(a, &len), part);
-        b = fnv1a(fnv1a(b, part), &len);
+        a = fnv1a64_from(fnv1a64_from(a, &len), part);
+        b = fnv1a64_from(fnv1a64_from(b, part), &len);
     }
     let hex = format!("{:016x}{:016x}", mix(a), mix(b ^ a.rotate_left(17)));
     format!(

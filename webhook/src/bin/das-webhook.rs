@@ -4,18 +4,19 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use das_runtime::client::{self, KubeArgs, Timeouts};
+use das_runtime::logging::{self, LogArgs};
 use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
 use das_webhook::server::{self, App};
 use das_webhook::templates::Templates;
 use das_webhook::tls::ReloadingCert;
-use kube::Client;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -23,9 +24,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
     about = "DAS webhook: legacy nvidia.com/mig-* pods -> ResourceClaims"
 )]
 struct Args {
-    /// Kubeconfig file; in-cluster configuration (or $KUBECONFIG) when absent.
-    #[arg(long, env = "KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    kube: KubeArgs,
     /// HTTPS listen address.
     #[arg(long, env = "DAS_WEBHOOK_ADDRESS", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
@@ -49,54 +49,39 @@ struct Args {
     /// How long the list of offered profiles (DeviceClasses) is cached, in seconds.
     #[arg(long, default_value_t = 30)]
     profiles_ttl_seconds: u64,
-    /// Log output.
-    #[arg(long, env = "DAS_LOG_FORMAT", value_enum, default_value = "text")]
-    log_format: LogFormat,
-    /// Log filter (tracing `EnvFilter` syntax), e.g. `info` or `das_webhook=debug`.
-    #[arg(long, env = "DAS_LOG_LEVEL", default_value = "info")]
-    log_level: String,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-fn init_logging(args: &Args) {
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log_level));
-    match args.log_format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-async fn client(args: &Args) -> Result<Client> {
-    let Some(path) = &args.kubeconfig else {
-        return Client::try_default().await.context("Kubernetes client");
-    };
-    let kc = Kubeconfig::read_from(path).with_context(|| format!("read {}", path.display()))?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    Ok(Client::try_from(cfg)?)
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[tokio::main]
-async fn main() -> Result<()> {
+async fn main() -> ExitCode {
     let args = Args::parse();
-    init_logging(&args);
+    if let Err(e) = logging::init(&args.log) {
+        eprintln!("das-webhook: {e:#}");
+        return ExitCode::from(2);
+    }
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
     let cert = ReloadingCert::new(&args.tls_cert_file, &args.tls_key_file)?;
     let tls = cert.server_config()?;
     tokio::spawn(cert.watch(Duration::from_secs(
         args.cert_reload_interval_seconds.max(1),
     )));
-    let client = client(&args).await?;
+    let clients = client::clients(&args.kube, Timeouts::default()).await?;
     let app = Arc::new(App {
         profiles: Profiles::new(
-            client.clone(),
+            clients.calls.clone(),
             Duration::from_secs(args.profiles_ttl_seconds),
         ),
-        templates: Templates::watch(client.clone()),
+        templates: Templates::watch(&clients),
         metrics: Metrics::default(),
     });
     let limits = server::Limits::default();

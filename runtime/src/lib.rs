@@ -1,0 +1,16 @@
+//! `das-runtime`: the plumbing every DAS binary shares, written once so the node plugin, the
+//! controller and the webhook behave the same.
+//!
+//! - [`logging`]: the `--log-format` / `--log-level` flags and the `tracing` set-up (stderr;
+//!   colour only on a terminal; a bad filter is refused with a clear error).
+//! - [`client`]: the `--kubeconfig` flag and kube clients with connect, read and write
+//!   timeouts (one for calls, one for watches).
+//! - [`probes`]: the `/metrics`, `/healthz` and `/readyz` HTTP server.
+//! - [`fs`]: atomic file writes (temp file, rename, optional fsync).
+//! - [`hash`]: FNV-1a, stable across Rust releases, for names and emulated UUIDs.
+
+pub mod client;
+pub mod fs;
+pub mod hash;
+pub mod logging;
+pub mod probes;

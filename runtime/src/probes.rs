@@ -1,0 +1,128 @@
+//! The HTTP endpoint of the node plugin and the controller: `/metrics` (OpenMetrics text from a
+//! `prometheus-client` registry, with its content type), `/healthz` (the process answers) and
+//! `/readyz` (a flag the component sets).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+
+/// Content type of the OpenMetrics text exposition (OpenMetrics 1.0, as `prometheus-client`
+/// encodes it); Prometheus negotiates it.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What the endpoint serves.
+pub trait Probed: Send + Sync + 'static {
+    /// The registry `/metrics` encodes.
+    fn registry(&self) -> &Registry;
+    /// The flag `/readyz` reports.
+    fn ready(&self) -> &AtomicBool;
+}
+
+/// The OpenMetrics text of `registry`.
+pub fn encode(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// The routes: `/metrics`, `/healthz`, `/readyz`.
+pub fn router<P: Probed>(probed: Arc<P>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(p): State<Arc<P>>| async move {
+                (
+                    [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+                    encode(p.registry()),
+                )
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(p): State<Arc<P>>| async move {
+                if p.ready().load(Ordering::Relaxed) {
+                    (StatusCode::OK, "ok")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                }
+            }),
+        )
+        .with_state(probed)
+}
+
+/// Serves [`router`] on `addr` until `shutdown` resolves.
+///
+/// # Errors
+/// The address cannot be bound.
+pub async fn serve<P: Probed>(
+    addr: SocketAddr,
+    probed: Arc<P>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "serving metrics and health probes");
+    axum::serve(listener, router(probed))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::counter::Counter;
+
+    struct P(Registry, AtomicBool);
+    impl Probed for P {
+        fn registry(&self) -> &Registry {
+            &self.0
+        }
+        fn ready(&self) -> &AtomicBool {
+            &self.1
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_carry_their_content_type_and_readyz_follows_the_flag() {
+        let mut r = Registry::with_prefix("t");
+        let c = Counter::<u64>::default();
+        r.register("hits", "hits", c.clone());
+        c.inc();
+        let p = Arc::new(P(r, AtomicBool::new(false)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = router(p.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let m = get("/metrics").await;
+        assert!(
+            m.contains(OPENMETRICS_CONTENT_TYPE) && m.contains("t_hits_total 1"),
+            "{m}"
+        );
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
+        p.1.store(true, Ordering::Relaxed);
+        assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    }
+}
