@@ -5,6 +5,7 @@
 //! The AllocationClaim custom resource (DESIGN §6) is in [`allocation`].
 
 pub mod allocation;
+pub mod claim_status;
 
 /// The DRA driver name: `ResourceSlice.spec.driver`, `DeviceClass` selectors, allocation results.
 pub const DRIVER_NAME: &str = "mig.das.com";

@@ -20,6 +20,7 @@ use das_api::allocation::{
     MigPlacement, PodRef, ResourceClaimRef, StateCondition,
 };
 use das_api::attributes as attr;
+use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, ResourceClaim,
@@ -104,18 +105,13 @@ fn facts_of_device(d: &Device) -> Option<DeviceFacts> {
     })
 }
 
-/// Facts from the node plugin's device status `data`
-/// (`{migUUID, gpuUUID, profile, placement{start,size}}`).
+/// Facts from the node plugin's device status data.
 fn facts_of_status(s: &AllocatedDeviceStatus) -> Option<DeviceFacts> {
-    let data = &s.data.as_ref()?.0;
-    let int = |v: &serde_json::Value| v.as_i64().and_then(|v| i32::try_from(v).ok());
+    let data = DeviceStatusData::of(s)?;
     Some(DeviceFacts {
-        profile: data["profile"].as_str()?.to_string(),
-        gpu_uuid: data["gpuUUID"].as_str()?.to_string(),
-        placement: MigPlacement {
-            start: int(&data["placement"]["start"])?,
-            size: int(&data["placement"]["size"])?,
-        },
+        profile: data.profile,
+        gpu_uuid: data.gpu_uuid,
+        placement: data.placement,
     })
 }
 
@@ -147,32 +143,10 @@ pub fn allocation_claim_name(claim: &str, device: &str) -> String {
 /// (a kubelet restart wipes a node's slices until the plugin publishes them again).
 pub fn desired_names(claim: &ResourceClaim) -> Vec<String> {
     let name = claim.name_any();
-    our_results(claim)
+    results_to_mirror(claim)
         .iter()
         .map(|r| allocation_claim_name(&name, &r.device))
         .collect()
-}
-
-/// Our device's entry in the claim's `status.devices`.
-fn device_status<'a>(
-    claim: &'a ResourceClaim,
-    r: &DeviceRequestAllocationResult,
-) -> Option<&'a AllocatedDeviceStatus> {
-    claim
-        .status
-        .as_ref()?
-        .devices
-        .iter()
-        .flatten()
-        .find(|s| s.driver == r.driver && s.pool == r.pool && s.device == r.device)
-}
-
-/// Whether the device status has condition `Ready=True`.
-fn is_ready(s: &AllocatedDeviceStatus) -> bool {
-    s.conditions
-        .iter()
-        .flatten()
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// The pods in `pods` that the claim is reserved for.
@@ -191,22 +165,13 @@ fn reserving_pods<'a>(claim: &ResourceClaim, pods: &'a [Pod]) -> Vec<&'a Pod> {
         .collect()
 }
 
-/// The claim's allocation results of our driver (none when it is not allocated or is being
-/// deleted).
-pub fn our_results(claim: &ResourceClaim) -> Vec<&DeviceRequestAllocationResult> {
+/// The claim's allocation results of our driver to mirror: none when it is not allocated or is
+/// being deleted (its AllocationClaims go with it).
+pub fn results_to_mirror(claim: &ResourceClaim) -> Vec<&DeviceRequestAllocationResult> {
     if claim.metadata.deletion_timestamp.is_some() {
         return Vec::new();
     }
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|r| r.driver == DRIVER_NAME)
-        .collect()
+    our_results(claim).collect()
 }
 
 /// The owner reference of an AllocationClaim: its ResourceClaim, so the garbage collector
@@ -239,8 +204,8 @@ pub fn desired_allocation_claims(
     let bound = pods
         .iter()
         .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
-    for r in our_results(claim) {
-        let status = device_status(claim, r);
+    for r in results_to_mirror(claim) {
+        let status = our_device_status(claim, &r.pool, &r.device);
         let Some(facts) = devices
             .get(&r.pool, &r.device)
             .cloned()
@@ -258,10 +223,7 @@ pub fn desired_allocation_claims(
             (None, true) => AllocationState::Created,
             (None, false) => AllocationState::Staged,
         };
-        let mig_uuid = status
-            .and_then(|s| s.data.as_ref())
-            .and_then(|d| d.0["migUUID"].as_str())
-            .map(str::to_string);
+        let mig_uuid = status.and_then(DeviceStatusData::of).map(|d| d.mig_uuid);
         mirror
             .claims
             .push(build(claim, pod.copied(), r, facts, state, mig_uuid, now));

@@ -32,8 +32,8 @@ use serde_json::json;
 
 use crate::metrics::Metrics;
 use crate::mirror::{
-    DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names, our_results,
-    writes_needed,
+    DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names,
+    results_to_mirror, writes_needed,
 };
 
 /// Field manager of every write (server-side apply).
@@ -75,7 +75,10 @@ fn reserving_pods(claim: &ResourceClaim, pods: &Store<Pod>) -> Vec<Pod> {
 
 /// The published devices of the pools the claim's results are in.
 fn device_index(claim: &ResourceClaim, slices: &Store<ResourceSlice>) -> DeviceIndex {
-    let pools: Vec<&str> = our_results(claim).iter().map(|r| r.pool.as_str()).collect();
+    let pools: Vec<&str> = results_to_mirror(claim)
+        .iter()
+        .map(|r| r.pool.as_str())
+        .collect();
     if pools.is_empty() {
         return DeviceIndex::default();
     }
@@ -307,7 +310,7 @@ fn claims_in_pool(
     claims
         .state()
         .iter()
-        .filter(|c| our_results(c).iter().any(|r| r.pool == pool))
+        .filter(|c| results_to_mirror(c).iter().any(|r| r.pool == pool))
         .map(|c| ObjectRef::from_obj(c.as_ref()))
         .collect()
 }

@@ -4,12 +4,15 @@
 
 use std::time::Duration;
 
-use das_api::DRIVER_NAME;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
+
+use das_api::allocation::MigPlacement;
+use das_api::claim_status::DeviceStatusData;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::checkpoint::PreparedDevice as Recorded;
 use crate::kubelet::ClaimRef;
@@ -156,8 +159,8 @@ impl ClaimApi for KubeClaimApi {
     }
 
     async fn write_status(&self, claim: &ClaimRef, devices: &[Recorded]) -> Result<(), ApiError> {
-        let now = k8s_openapi::jiff::Timestamp::now().to_string();
-        let body = status_apply_body(claim, devices, &now);
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let body = status_apply_body(claim, devices, now);
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.bounded(
@@ -204,32 +207,28 @@ impl ClaimApi for KubeClaimApi {
 }
 
 /// The server-side-apply body of the plugin's `status.devices` entries: per device the
-/// condition `Ready` (reason `SliceCreated`) and the data `migUUID`, `gpuUUID`, `profile`,
-/// `placement {start, size}` the AllocationClaim controller reads. `metadata.uid` makes the
-/// API server refuse the write (409) when the name now belongs to another claim.
-pub fn status_apply_body(claim: &ClaimRef, devices: &[Recorded], now: &str) -> serde_json::Value {
+/// [`das_api::claim_status::CONDITION_READY`] condition and the [`DeviceStatusData`] the AllocationClaim
+/// controller reads. `metadata.uid` makes the API server refuse the write (409) when the name
+/// now belongs to another claim.
+pub fn status_apply_body(claim: &ClaimRef, devices: &[Recorded], now: Time) -> serde_json::Value {
     let entries: Vec<_> = devices
         .iter()
         .map(|d| {
-            let mig = d.mig_uuid().unwrap_or_default();
-            serde_json::json!({
-                "driver": DRIVER_NAME,
-                "pool": d.pool,
-                "device": d.device,
-                "conditions": [{
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "SliceCreated",
-                    "message": format!("MIG {} at memory slice {} on GPU {} ({mig})", d.profile, d.placement_start, d.gpu_index),
-                    "lastTransitionTime": now,
-                }],
-                "data": {
-                    "migUUID": mig,
-                    "gpuUUID": d.gpu_uuid,
-                    "profile": d.profile,
-                    "placement": {"start": d.placement_start, "size": d.placement_size},
+            let data = DeviceStatusData {
+                mig_uuid: d.mig_uuid().unwrap_or_default().to_string(),
+                gpu_uuid: d.gpu_uuid.clone(),
+                profile: d.profile.clone(),
+                // Placements are at most 8 memory slices (docs/reference/mig.md).
+                placement: MigPlacement {
+                    start: i32::try_from(d.placement_start).unwrap_or(i32::MAX),
+                    size: i32::try_from(d.placement_size).unwrap_or(i32::MAX),
                 },
-            })
+            };
+            let message = format!(
+                "MIG {} at memory slice {} on GPU {} ({})",
+                d.profile, d.placement_start, d.gpu_index, data.mig_uuid
+            );
+            data.ready_entry(&d.pool, &d.device, message, now.clone())
         })
         .collect();
     serde_json::json!({

@@ -5,8 +5,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use das_api::DRIVER_NAME;
-use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use das_api::claim_status::our_results;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
 use crate::cdi::{PreparedSlice, SpecDevice};
@@ -70,22 +70,6 @@ pub struct Planned {
     pub at: DeviceRef,
 }
 
-/// The allocation results of our driver in `rc` (any pool), in allocation order.
-pub fn our_results(rc: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
-    rc.status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref())
-        .map(|rs| {
-            rs.iter()
-                .filter(|r| r.driver == DRIVER_NAME)
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Resolves the allocation of `claim` (read from the API server as `rc`) for this node.
 ///
 /// # Errors
@@ -114,7 +98,7 @@ pub fn resolve_allocation(
     {
         return Err(PrepareError::NotAllocated);
     }
-    let ours = our_results(rc);
+    let ours: Vec<_> = our_results(rc).cloned().collect();
     if ours.is_empty() {
         return Err(PrepareError::NoDeviceOfOurs);
     }
@@ -294,10 +278,7 @@ pub fn still_allocated(
     if rc.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
         return false;
     }
-    let ours: Vec<_> = our_results(rc)
-        .into_iter()
-        .filter(|r| r.pool == node)
-        .collect();
+    let ours: Vec<_> = our_results(rc).filter(|r| r.pool == node).collect();
     ours.len() == record.devices.len()
         && ours
             .iter()
@@ -442,6 +423,7 @@ pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a Recorded>) -> BTreeMap<u32,
 mod tests {
     use super::*;
     use crate::gpu::Placement;
+    use das_api::DRIVER_NAME;
     use serde_json::json;
 
     fn at(gpu: u32, start: u32) -> DeviceRef {

@@ -1,0 +1,198 @@
+//! The contract between the node plugin and the controller inside a ResourceClaim: which
+//! allocation results are ours, and what the plugin writes into `status.devices` once a MIG
+//! instance exists (docs/design.md, "Device status").
+//!
+//! The plugin writes, per prepared device, an `AllocatedDeviceStatus` with condition
+//! [`CONDITION_READY`] (`True`, reason [`REASON_READY`]) and [`DeviceStatusData`] as `data`;
+//! the controller reads both back to mark the AllocationClaim `inUse` and to learn the MIG UUID
+//! (KEP-4817, "Resource Claim Status With Possible Standardized Network Interface Data":
+//! drivers own their entries of `status.devices`; `data` is driver-defined JSON).
+
+use k8s_openapi::api::resource::v1::{
+    AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use serde::{Deserialize, Serialize};
+
+use crate::DRIVER_NAME;
+use crate::allocation::MigPlacement;
+
+/// Condition type the plugin sets to `True` once the device's MIG instance exists and its CDI
+/// spec is written.
+pub const CONDITION_READY: &str = "Ready";
+/// Reason of [`CONDITION_READY`]. The value predates the `MigInstance` naming and stays, since
+/// clusters and scripts match on it.
+pub const REASON_READY: &str = "SliceCreated";
+
+/// The `data` of our entry in `status.devices`: the carved MIG instance.
+///
+/// JSON: `{"migUUID": "MIG-…", "gpuUUID": "GPU-…", "profile": "1g.10gb",
+/// "placement": {"start": 0, "size": 1}}` (placement in memory slices).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct DeviceStatusData {
+    /// UUID of the MIG device (`MIG-…`), as NVML reports it.
+    #[serde(rename = "migUUID")]
+    pub mig_uuid: String,
+    /// UUID of the parent GPU (`GPU-…`).
+    #[serde(rename = "gpuUUID")]
+    pub gpu_uuid: String,
+    /// GPU-instance profile, e.g. `1g.10gb+me`.
+    pub profile: String,
+    /// Placement on the GPU, in memory slices.
+    pub placement: MigPlacement,
+}
+
+impl DeviceStatusData {
+    /// The data of `status`, if it has data in this shape (another writer's or an older
+    /// plugin's data reads as `None`).
+    pub fn of(status: &AllocatedDeviceStatus) -> Option<Self> {
+        serde_json::from_value(status.data.as_ref()?.0.clone()).ok()
+    }
+
+    /// Our `status.devices` entry for device `device` of pool `pool` with this data and a
+    /// [`CONDITION_READY`] condition (`message`, transition at `now`).
+    pub fn ready_entry(
+        &self,
+        pool: &str,
+        device: &str,
+        message: String,
+        now: Time,
+    ) -> AllocatedDeviceStatus {
+        AllocatedDeviceStatus {
+            driver: DRIVER_NAME.to_string(),
+            pool: pool.to_string(),
+            device: device.to_string(),
+            conditions: Some(vec![Condition {
+                type_: CONDITION_READY.to_string(),
+                status: "True".to_string(),
+                reason: REASON_READY.to_string(),
+                message,
+                last_transition_time: now,
+                observed_generation: None,
+            }]),
+            // Serialising a struct of strings and integers cannot fail.
+            data: Some(RawExtension(
+                serde_json::to_value(self).expect("serialisable"),
+            )),
+            ..Default::default()
+        }
+    }
+}
+
+/// Whether `status` has condition [`CONDITION_READY`] `True`.
+pub fn is_ready(status: &AllocatedDeviceStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+}
+
+/// The allocation results of our driver ([`DRIVER_NAME`]) in `claim`, any pool, in allocation
+/// order; empty when the claim is not allocated.
+pub fn our_results(claim: &ResourceClaim) -> impl Iterator<Item = &DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.driver == DRIVER_NAME)
+}
+
+/// Our entry in `claim`'s `status.devices` for `device` of `pool`.
+pub fn our_device_status<'a>(
+    claim: &'a ResourceClaim,
+    pool: &str,
+    device: &str,
+) -> Option<&'a AllocatedDeviceStatus> {
+    claim
+        .status
+        .as_ref()?
+        .devices
+        .iter()
+        .flatten()
+        .find(|s| s.driver == DRIVER_NAME && s.pool == pool && s.device == device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, ResourceClaimStatus,
+    };
+
+    fn data() -> DeviceStatusData {
+        DeviceStatusData {
+            mig_uuid: "MIG-1".into(),
+            gpu_uuid: "GPU-1".into(),
+            profile: "1g.10gb".into(),
+            placement: MigPlacement { start: 3, size: 1 },
+        }
+    }
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap())
+    }
+
+    #[test]
+    fn the_entry_the_plugin_writes_reads_back_as_written() {
+        let entry = data().ready_entry("n0", "gpu-0-mig-1g.10gb-3", "m".into(), now());
+        // Through JSON, as it travels through the API server.
+        let back: AllocatedDeviceStatus =
+            serde_json::from_value(serde_json::to_value(&entry).unwrap()).unwrap();
+        assert_eq!(DeviceStatusData::of(&back), Some(data()));
+        assert!(is_ready(&back));
+        let v = serde_json::to_value(&entry).unwrap();
+        assert_eq!(v["data"]["migUUID"], "MIG-1");
+        assert_eq!(
+            v["data"]["placement"],
+            serde_json::json!({"start": 3, "size": 1})
+        );
+        assert_eq!(v["conditions"][0]["reason"], REASON_READY);
+    }
+
+    #[test]
+    fn other_data_and_other_conditions_are_not_ours() {
+        let mut entry = data().ready_entry("n0", "d", "m".into(), now());
+        entry.data = Some(RawExtension(serde_json::json!({"migUUID": 7})));
+        assert_eq!(DeviceStatusData::of(&entry), None);
+        entry.conditions.as_mut().unwrap()[0].status = "False".into();
+        assert!(!is_ready(&entry));
+    }
+
+    #[test]
+    fn only_our_results_are_returned() {
+        let result = |driver: &str, device: &str| DeviceRequestAllocationResult {
+            driver: driver.into(),
+            pool: "n0".into(),
+            device: device.into(),
+            request: "r".into(),
+            ..Default::default()
+        };
+        let mut claim = ResourceClaim::default();
+        assert_eq!(our_results(&claim).count(), 0);
+        claim.status = Some(ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(vec![
+                        result(DRIVER_NAME, "a"),
+                        result("gpu.nvidia.com", "b"),
+                        result(DRIVER_NAME, "c"),
+                    ]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            devices: Some(vec![data().ready_entry("n0", "c", "m".into(), now())]),
+            ..Default::default()
+        });
+        let names: Vec<_> = our_results(&claim).map(|r| r.device.as_str()).collect();
+        assert_eq!(names, ["a", "c"]);
+        assert!(our_device_status(&claim, "n0", "c").is_some());
+        assert!(our_device_status(&claim, "n1", "c").is_none());
+    }
+}
