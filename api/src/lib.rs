@@ -29,6 +29,29 @@ pub fn profile_device_class(profile: &str) -> String {
     format!("{}.{DRIVER_NAME}", profile.replace('+', "-"))
 }
 
+/// A GPU-instance profile name as a DNS label fragment: lower case, every character other than
+/// `[a-z0-9]` becomes `-` (`1g.10gb+me` → `1g-10gb-me`), as used in device names.
+pub fn profile_dns_label(profile: &str) -> String {
+    profile
+        .chars()
+        .map(|c| {
+            let c = c.to_ascii_lowercase();
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// Name of the published device for `profile` at memory slice `start` of GPU `gpu_index`:
+/// `gpu-<index>-mig-<profile as DNS label>-<start>`, e.g. `gpu-3-mig-1g-10gb-me-6`. The
+/// AllocationClaim `spec.device` and the plugin's checkpoint carry it.
+pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
+    format!("gpu-{gpu_index}-mig-{}-{start}", profile_dns_label(profile))
+}
+
 /// Device attribute names DAS publishes on every MIG device (DESIGN §3). Names without a domain
 /// are in the driver's domain ([`DRIVER_NAME`]): in CEL, `device.attributes["mig.das.com"].profile`.
 pub mod attributes {
@@ -113,6 +136,13 @@ mod tests {
     fn profile_classes_follow_design_names() {
         assert_eq!(profile_device_class("1g.10gb"), "1g.10gb.mig.das.com");
         assert_eq!(profile_device_class("1g.10gb+me"), "1g.10gb-me.mig.das.com");
+    }
+
+    #[test]
+    fn device_names_are_dns_labels() {
+        assert_eq!(device_name(0, "1g.10gb", 0), "gpu-0-mig-1g-10gb-0");
+        assert_eq!(device_name(3, "1g.10gb+me", 6), "gpu-3-mig-1g-10gb-me-6");
+        assert_eq!(profile_dns_label("7g.141gb"), "7g-141gb");
     }
 
     #[test]

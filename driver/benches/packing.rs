@@ -15,9 +15,9 @@
 use std::time::Instant;
 
 use das_driver::gpu::{GpuModel, find_model};
-use das_driver::placement::GpuView;
-use das_driver::placement::optimum::Optimum;
-use das_driver::placement::sim::{
+use das_driver::publish::placement::GpuView;
+use das_driver::publish::placement::optimum::Optimum;
+use das_driver::publish::placement::sim::{
     FirstFit, Mix, Policy, SplitMix64, profile_weights, request_stream,
 };
 

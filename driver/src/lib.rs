@@ -1,28 +1,27 @@
-//! The DAS node plugin (`das-kubelet-plugin`). Modules:
-//! - [`gpu`]: GPU models and MIG profile tables (data files), the backend trait, the emulated
-//!   and NVML backends.
-//! - [`slices`]: building ResourceSlices from an inventory (pure).
-//! - [`placement`]: the order devices are published in, which is the placement policy (pure).
-//! - [`publish`]: publishing this node's ResourceSlices and keeping them published.
-//! - [`kubelet`]: the kubelet side: socket paths, registration, the DRA and health gRPC services.
-//! - [`handover`]: one active plugin instance per node, and the handover in a rolling update.
-//! - [`claims`]: the request path: prepare, unprepare, start-up reconciliation, the reaper.
-//! - [`cdi`]: CDI spec types, DAS's per-claim spec, atomic spec files.
-//! - [`checkpoint`]: the versioned, atomically written record of prepared claims and their
-//!   exact MIG instances.
-//! - [`blocking`]: where blocking backend and file calls run.
-//! - [`metrics`]: Prometheus metrics and the `/metrics`, `/healthz`, `/readyz` endpoint.
+//! The DAS node plugin (`das-kubelet-plugin`): publishes this node's MIG placements as
+//! ResourceSlices and carves a MIG instance per allocated device when the kubelet prepares a
+//! claim. Three paths, one folder each, plus the GPUs underneath:
 //!
-//! The design the code follows is in docs/architecture.md.
+//! - [`plugin`]: the kubelet-facing server (registration, DRA and health gRPC services) and the
+//!   handover between plugin instances on one node.
+//! - [`claims`]: the request path: prepare and unprepare of claims (pure decisions in
+//!   `claims::plan`, I/O in `claims::preparer`), start-up reconciliation, the reaper, the
+//!   checkpoint and the CDI specs.
+//! - [`publish`]: the desired ResourceSlices (devices, counter sets, layout), the placement
+//!   policy (the order devices are listed in) and the publisher that keeps them on the API
+//!   server.
+//! - [`gpu`]: GPU models and MIG profile tables (data files), the backend trait, and the
+//!   emulated and NVML backends.
+//! - [`blocking`]: where blocking backend and file calls run (threads, or inline in tests).
+//! - [`metrics`]: the plugin's Prometheus metrics (served by `das_runtime::probes`).
+//!
+//! Dependencies point one way: `plugin` → `claims` → `gpu`, `publish` → `gpu`; `metrics` and
+//! `blocking` depend on nothing of the crate. The design is in docs/design.md; how the parts
+//! run together in docs/architecture.md.
 
 pub mod blocking;
-pub mod cdi;
-pub mod checkpoint;
 pub mod claims;
 pub mod gpu;
-pub mod handover;
-pub mod kubelet;
 pub mod metrics;
-pub mod placement;
+pub mod plugin;
 pub mod publish;
-pub mod slices;

@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use das_driver::cdi;
-use das_driver::checkpoint::{
+use das_driver::claims::cdi;
+use das_driver::claims::checkpoint::{
     CHECKPOINT_FILE_NAME, Checkpoint, InstanceId, LoadOutcome, PreparedDevice,
 };
 use das_driver::gpu::{EmulatedBackend, GpuBackend, parse_emulated_spec};

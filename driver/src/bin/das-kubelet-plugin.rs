@@ -13,16 +13,16 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use das_api::DRIVER_NAME;
 use das_driver::blocking::BlockingCalls;
-use das_driver::checkpoint::CheckpointStore;
-use das_driver::checkpoint::{self, Checkpoint, LoadOutcome};
-use das_driver::claims::{KubeClaimApi, Preparer, PreparerConfig};
+use das_driver::claims::checkpoint::CheckpointStore;
+use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::claims::{ClaimHandler, HealthSource, KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::gpu::nvml::{self, procfs};
 use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
-use das_driver::handover::{self, Active, Gate, Gated};
-use das_driver::kubelet::{self, SocketPaths};
 use das_driver::metrics::Metrics;
+use das_driver::plugin::handover::{self, Active, Gate, Gated};
+use das_driver::plugin::server::{self, SocketPaths};
+use das_driver::publish::resource_slices::{self, SliceLayout};
 use das_driver::publish::{Publisher, RunConfig};
-use das_driver::slices::{self, SliceLayout};
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
 use das_runtime::logging::{self, LogArgs};
 use das_runtime::probes;
@@ -306,7 +306,7 @@ async fn run(args: Args) -> Result<()> {
         .await?;
     tracing::info!(?report, "start-up reconciliation done");
 
-    let desired = slices::desired_slices(&args.node_name, &inventory, layout)?;
+    let desired = resource_slices::desired_slices(&args.node_name, &inventory, layout)?;
     tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
 
     // Publish once before registering, so the scheduler can place pods as soon as we answer.
@@ -329,14 +329,14 @@ async fn run(args: Args) -> Result<()> {
     let reaper_stop = stop.child_token();
     let reaper_task = tokio::spawn(preparer.clone().run_reaper(reaper_stop.clone()));
     let gate = Arc::new(Gate::default());
-    let handler: Arc<dyn kubelet::ClaimHandler> = Arc::new(Gated {
+    let handler: Arc<dyn ClaimHandler> = Arc::new(Gated {
         inner: preparer.clone(),
         gate: gate.clone(),
     });
-    let health: Arc<dyn kubelet::HealthSource> = preparer.clone();
+    let health: Arc<dyn HealthSource> = preparer.clone();
     let serve_task = tokio::spawn({
         let stop = stop.clone();
-        async move { kubelet::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
+        async move { server::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
     });
     metrics.ready.store(true, Ordering::Relaxed);
     let mut handover_task = tokio::spawn(hand_over_when_asked(

@@ -14,8 +14,8 @@ use das_api::allocation::MigPlacement;
 use das_api::claim_status::DeviceStatusData;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::checkpoint::PreparedDevice as Recorded;
-use crate::kubelet::ClaimRef;
+use super::handler::ClaimRef;
+use crate::claims::checkpoint::PreparedDevice as Recorded;
 
 /// Field manager of the plugin's writes to `ResourceClaim.status.devices`.
 pub const FIELD_MANAGER: &str = "das-kubelet-plugin";

@@ -4,9 +4,8 @@
 
 use das_api::DRIVER_NAME;
 
-use crate::cdi::CdiError;
+use crate::claims::cdi::CdiError;
 use crate::gpu::BackendError;
-use crate::handover::HANDED_OVER;
 
 /// Why one claim could not be prepared or unprepared. Every message names the device, slice or
 /// object at fault and, where there is one, what the user can do.
@@ -83,7 +82,9 @@ pub enum PrepareError {
     #[error("checkpoint: {0}")]
     Checkpoint(String),
     /// This plugin instance handed the node to a newer one.
-    #[error("{HANDED_OVER}")]
+    #[error(
+        "this DAS node plugin instance has handed over to a newer one on the node; the kubelet retries"
+    )]
     HandedOver,
     /// A task of the plugin failed (a bug).
     #[error("internal error: {0}")]

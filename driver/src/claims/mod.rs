@@ -21,7 +21,10 @@
 //! 3. A record is dropped only when its slices are confirmed gone.
 
 pub mod api;
+pub mod cdi;
+pub mod checkpoint;
 pub mod error;
+pub mod handler;
 pub mod locks;
 pub mod plan;
 pub mod preparer;
@@ -38,6 +41,7 @@ pub(crate) mod testing;
 
 pub use api::{ApiError, ClaimApi, EventTarget, KubeClaimApi};
 pub use error::PrepareError;
+pub use handler::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 pub use locks::ClaimLocks;
 pub use plan::{DeviceRef, device_index};
 pub use preparer::{BlockingCalls, Preparer, PreparerConfig};

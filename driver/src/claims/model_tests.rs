@@ -32,14 +32,14 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 
 use super::Preparer;
+use super::handler::ClaimRef;
 use super::testing::{MemoryApi, NODE, preparer};
 use crate::blocking::BlockingCalls;
-use crate::cdi;
-use crate::checkpoint::PrepareState;
+use crate::claims::cdi;
+use crate::claims::checkpoint::PrepareState;
 use crate::gpu::{
     BackendError, EmulatedBackend, FaultKind, GpuBackend, GpuInfo, MigSlice, Occupancy,
 };
-use crate::kubelet::ClaimRef;
 
 /// The emulated GPUs: two models, so profiles and placements differ per GPU.
 const GPUS: &str = "A100-SXM4-40GB:1,H100-80GB:1";
@@ -405,7 +405,7 @@ impl World {
                 let request = if k % 2 == 0 { "gpu" } else { "extra" };
                 (
                     request.to_string(),
-                    crate::slices::device_name(*gpu, profile, *start),
+                    das_api::device_name(*gpu, profile, *start),
                 )
             })
             .collect();

@@ -9,13 +9,13 @@ use das_api::claim_status::our_results;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
-use crate::cdi::{PreparedSlice, SpecDevice};
-use crate::checkpoint::{
+use super::handler::{ClaimRef, PreparedDevice};
+use crate::claims::cdi::{PreparedSlice, SpecDevice};
+use crate::claims::checkpoint::{
     Checkpoint, ClaimRecord, InstanceId, PrepareState, PreparedDevice as Recorded,
 };
 use crate::gpu::{GpuInfo, MigSlice};
-use crate::kubelet::{ClaimRef, PreparedDevice};
-use crate::slices::device_name;
+use das_api::device_name;
 
 /// Where a published device lives: GPU, profile and placement (in memory slices).
 #[derive(Clone, Debug, PartialEq, Eq)]

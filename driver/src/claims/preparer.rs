@@ -20,17 +20,17 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use tokio::sync::Mutex;
 
+use super::handler::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 use super::plan::{self, DeviceRef, OnPrepare, Planned};
 use super::reaper::ReaperState;
 use super::status::StatusWriters;
 use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
-use crate::cdi;
-use crate::checkpoint::{
+use crate::claims::cdi;
+use crate::claims::checkpoint::{
     CheckpointStore, ClaimRecord, InstanceId, PrepareState, PreparedDevice as Recorded,
 };
 use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice};
-use crate::kubelet::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 use crate::metrics::Metrics;
 
 /// Longest a prepare waits for another claim's slices at its placements to go: after a force
@@ -791,7 +791,11 @@ impl ClaimHandler for Preparer {
         let done = join_all(claims.iter().map(|c| async move {
             let t0 = Instant::now();
             let r = self.prepare_claim(c).await;
-            self.metrics.observe_call("prepare", r.as_ref().err(), t0.elapsed());
+            self.metrics.observe_call(
+                "prepare",
+                r.as_ref().err().map(PrepareError::metric_label),
+                t0.elapsed(),
+            );
             match &r {
                 Ok(d) => tracing::info!(claim = %c, devices = d.len(), ms = t0.elapsed().as_millis() as u64, "prepared"),
                 Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "prepare failed"),
@@ -806,7 +810,11 @@ impl ClaimHandler for Preparer {
         let done = join_all(claims.iter().map(|c| async move {
             let t0 = Instant::now();
             let r = self.unprepare_claim(c).await;
-            self.metrics.observe_call("unprepare", r.as_ref().err(), t0.elapsed());
+            self.metrics.observe_call(
+                "unprepare",
+                r.as_ref().err().map(PrepareError::metric_label),
+                t0.elapsed(),
+            );
             match &r {
                 Ok(()) => tracing::info!(claim = %c, "unprepared"),
                 Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "unprepare failed"),

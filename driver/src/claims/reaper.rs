@@ -11,9 +11,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::handler::ClaimRef;
 use super::{EventTarget, PrepareError, Preparer};
-use crate::checkpoint::PrepareState;
-use crate::kubelet::ClaimRef;
+use crate::claims::checkpoint::PrepareState;
 
 /// Pause before the first retry of a claim's destroys; doubled after each failure.
 pub const FIRST_DELAY: Duration = Duration::from_secs(1);

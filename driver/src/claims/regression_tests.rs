@@ -6,16 +6,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use super::handler::{ClaimHandler, ClaimRef, HealthSource};
 use super::testing::{MemoryApi, NODE, preparer};
 use super::{ClaimApi, PrepareError, Preparer};
 use crate::blocking::BlockingCalls;
-use crate::cdi;
-use crate::checkpoint::PrepareState;
+use crate::claims::cdi;
+use crate::claims::checkpoint::PrepareState;
 use crate::gpu::nvml::{FakeGpuSpec, FakeNvml, code};
 use crate::gpu::{
     EmulatedBackend, FaultKind, GpuBackend, Latency, NvmlBackend, NvmlOptions, find_model,
 };
-use crate::kubelet::{ClaimHandler, ClaimRef, HealthSource};
 
 const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
 const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";

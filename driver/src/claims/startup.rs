@@ -18,12 +18,12 @@ use std::collections::{BTreeMap, HashSet};
 
 use anyhow::{Context, Result};
 
+use super::handler::ClaimRef;
 use super::plan;
 use super::{EventTarget, Preparer};
-use crate::cdi;
-use crate::checkpoint::{ClaimRecord, PrepareState, PreparedDevice as Recorded};
+use crate::claims::cdi;
+use crate::claims::checkpoint::{ClaimRecord, PrepareState, PreparedDevice as Recorded};
 use crate::gpu::{BackendError, MigSlice};
-use crate::kubelet::ClaimRef;
 
 /// What start-up reconciliation did; logged, and asserted on by tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::ClaimApi;
-use crate::checkpoint::PreparedDevice as Recorded;
-use crate::kubelet::ClaimRef;
+use super::handler::ClaimRef;
+use crate::claims::checkpoint::PreparedDevice as Recorded;
 use crate::metrics::Metrics;
 
 /// First pause after a failed write; doubled after each failure up to [`MAX_RETRY_DELAY`].

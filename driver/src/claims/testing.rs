@@ -12,11 +12,11 @@ use das_api::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
+use super::handler::ClaimRef;
 use super::{ApiError, ClaimApi, EventTarget, Preparer, PreparerConfig};
 use crate::blocking::BlockingCalls;
-use crate::checkpoint::{Checkpoint, CheckpointStore, PreparedDevice as Recorded};
+use crate::claims::checkpoint::{Checkpoint, CheckpointStore, PreparedDevice as Recorded};
 use crate::gpu::GpuBackend;
-use crate::kubelet::ClaimRef;
 use crate::metrics::Metrics;
 
 /// Node name the test preparers serve.
@@ -145,7 +145,7 @@ pub fn preparer(
 ) -> Preparer {
     let path = dir.join("checkpoint.json");
     let checkpoint = match Checkpoint::load(&path, "boot").expect("checkpoint") {
-        crate::checkpoint::LoadOutcome::Loaded(cp) => cp,
+        crate::claims::checkpoint::LoadOutcome::Loaded(cp) => cp,
         _ => Checkpoint::new("boot"),
     };
     let store = CheckpointStore::new(checkpoint, path).for_tests(blocking.clone());

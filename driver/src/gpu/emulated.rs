@@ -25,8 +25,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::catalog::{ModelError, builtin_models, find_model, model_names};
 use super::layout::{Conflict, Occupancy, Placement};
-use super::model::{GpuModel, ModelError, builtin_models, find_model, model_names};
+use super::model::GpuModel;
 use super::{BackendError, GpuBackend, GpuInfo, MigSlice, Target, ci_cap_minor, gi_cap_minor};
 use das_runtime::fs::Durability;
 use das_runtime::hash::fnv1a64_from;

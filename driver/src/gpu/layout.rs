@@ -15,7 +15,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::model::{GpuModel, MIB};
+use super::model::{GpuModel, ResourceAmounts};
 
 /// A placement of a GPU instance: memory slices `[start, start + size)` (NVML's
 /// `nvmlGpuInstancePlacement_t`).
@@ -48,82 +48,6 @@ pub fn slice_mask(start: u32, size: u32) -> u64 {
         0
     } else {
         (u64::MAX >> (64 - size)) << start
-    }
-}
-
-/// Amounts of the resources a GPU instance holds and a counter set counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ResourceAmounts {
-    /// Memory [MiB].
-    pub memory_mib: u64,
-    /// Streaming multiprocessors.
-    pub multiprocessors: u64,
-    /// Copy engines.
-    pub copy_engines: u64,
-    /// Video decoders.
-    pub decoders: u64,
-    /// Video encoders.
-    pub encoders: u64,
-    /// JPEG decoders.
-    pub jpeg_engines: u64,
-    /// Optical-flow accelerators.
-    pub ofa_engines: u64,
-}
-
-impl ResourceAmounts {
-    /// Memory [bytes].
-    pub fn memory_bytes(&self) -> u64 {
-        self.memory_mib * MIB
-    }
-
-    /// The amounts as `(counter name, value)` pairs, memory in bytes, in DESIGN §3 order.
-    pub fn counters(&self) -> [(&'static str, u64); 7] {
-        use das_api::counters as c;
-        [
-            (c::MEMORY, self.memory_bytes()),
-            (c::MULTIPROCESSORS, self.multiprocessors),
-            (c::COPY_ENGINES, self.copy_engines),
-            (c::DECODERS, self.decoders),
-            (c::ENCODERS, self.encoders),
-            (c::JPEG_ENGINES, self.jpeg_engines),
-            (c::OFA_ENGINES, self.ofa_engines),
-        ]
-    }
-
-    fn zip(self, o: Self, f: impl Fn(u64, u64) -> u64) -> Self {
-        Self {
-            memory_mib: f(self.memory_mib, o.memory_mib),
-            multiprocessors: f(self.multiprocessors, o.multiprocessors),
-            copy_engines: f(self.copy_engines, o.copy_engines),
-            decoders: f(self.decoders, o.decoders),
-            encoders: f(self.encoders, o.encoders),
-            jpeg_engines: f(self.jpeg_engines, o.jpeg_engines),
-            ofa_engines: f(self.ofa_engines, o.ofa_engines),
-        }
-    }
-
-    /// Component-wise sum.
-    pub fn plus(self, o: Self) -> Self {
-        self.zip(o, |a, b| a + b)
-    }
-
-    /// Component-wise difference, saturating at 0.
-    pub fn minus(self, o: Self) -> Self {
-        self.zip(o, u64::saturating_sub)
-    }
-
-    /// Component-wise maximum.
-    pub fn max(self, o: Self) -> Self {
-        self.zip(o, u64::max)
-    }
-
-    /// The first counter (by name) where `self` exceeds `cap`, if any.
-    pub fn first_excess(&self, cap: &Self) -> Option<&'static str> {
-        self.counters()
-            .into_iter()
-            .zip(cap.counters())
-            .find(|((_, have), (_, limit))| have > limit)
-            .map(|((name, _), _)| name)
     }
 }
 
@@ -386,7 +310,7 @@ fn dominates(w: &[u32], v: &[u32]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::model::{builtin_models, find_model};
+    use crate::gpu::catalog::{builtin_models, find_model};
 
     fn idx(model: &GpuModel, name: &str) -> usize {
         model.profile(name).unwrap().0

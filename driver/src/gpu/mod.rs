@@ -3,6 +3,7 @@
 //!
 //! Facts come from `shared/reference/mig-facts.md`; the contract from `shared/DESIGN.md` §3 and §7.
 
+pub mod catalog;
 pub mod emulated;
 pub mod layout;
 pub mod model;
@@ -13,14 +14,14 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+pub use catalog::{
+    ModelError, builtin_models, find_model, find_model_by_pci_id, model_list, model_names,
+};
 pub use emulated::{
     EmulatedBackend, EmulatedError, EmulatedGpuSpec, FaultKind, Latency, parse_emulated_spec,
 };
-pub use layout::{Conflict, Occupancy, Placement, ResourceAmounts};
-pub use model::{
-    CiProfile, GiProfile, GpuModel, ModelError, builtin_models, find_model, find_model_by_pci_id,
-    model_list, model_names,
-};
+pub use layout::{Conflict, Occupancy, Placement};
+pub use model::{CiProfile, GiProfile, GpuModel, ResourceAmounts};
 pub use nvml::{NvmlApi, NvmlBackend, NvmlOptions, RealNvml};
 
 /// One physical GPU as the backend sees it.

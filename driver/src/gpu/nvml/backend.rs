@@ -20,8 +20,9 @@ use super::{
     CI_PROFILE_ENUM_COUNT, CiInfo, DeviceIdentity, GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiInfo,
     GiProfileInfo, MigModeState, NvmlApi, NvmlCallError, NvmlResult, code, full_ci_enum,
 };
+use crate::gpu::catalog::{find_model_by_pci_id, parse_model};
 use crate::gpu::layout::Placement;
-use crate::gpu::model::{CiProfile, GiProfile, GpuModel, find_model_by_pci_id, parse_model};
+use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
 use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice, Target, ci_cap_minor, gi_cap_minor};
 
 /// How the NVML backend treats the node.

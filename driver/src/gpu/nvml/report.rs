@@ -7,8 +7,8 @@ use std::fmt::Write;
 
 use super::backend::architecture_name;
 use super::{GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo, NvmlApi, NvmlResult, code};
+use crate::gpu::catalog::find_model_by_pci_id;
 use crate::gpu::layout::Placement;
-use crate::gpu::model::find_model_by_pci_id;
 
 /// The report as text, one block per GPU. NVML errors are printed in place, not returned.
 pub fn inventory_report<A: NvmlApi>(api: &A) -> String {

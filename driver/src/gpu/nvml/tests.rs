@@ -6,7 +6,7 @@ use std::path::Path;
 use super::backend::map_error;
 use super::procfs::{ci_access_path, gi_access_path, parse_caps_major, read_caps_major};
 use super::*;
-use crate::gpu::model::find_model;
+use crate::gpu::catalog::find_model;
 use crate::gpu::{BackendError, GpuBackend, Target, ci_cap_minor, gi_cap_minor};
 
 fn model(name: &str) -> std::sync::Arc<crate::gpu::GpuModel> {

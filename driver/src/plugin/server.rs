@@ -7,7 +7,6 @@
 //! One NodePrepareResources call carries every claim of one pod for this driver; the response
 //! must have one entry per claim UID; per-claim failures go in `error`, never as a gRPC error.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,47 +25,10 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use crate::claims::PrepareError;
+use crate::claims::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PrepareError};
 
 /// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
-
-/// A claim as the kubelet names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-impl std::fmt::Display for ClaimRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
-    }
-}
-
-/// One prepared device of a claim, as reported to the kubelet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PreparedDevice {
-    /// Base request names (without `/<subrequest>`) the device serves.
-    pub requests: Vec<String>,
-    pub pool: String,
-    pub device: String,
-    /// Fully-qualified CDI device IDs.
-    pub cdi_device_ids: Vec<String>,
-}
-
-/// What prepares and unprepares claims; the gRPC layer only translates.
-#[tonic::async_trait]
-pub trait ClaimHandler: Send + Sync + 'static {
-    /// Prepares every claim; the map has one entry per claim UID.
-    async fn prepare(
-        &self,
-        claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>>;
-    /// Unprepares every claim; idempotent; one entry per claim UID.
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>>;
-}
 
 /// The kubelet's error text for a claim: the claim, then the cause.
 fn error_text(claims: &[ClaimRef], uid: &str, e: &PrepareError) -> String {
@@ -74,23 +36,6 @@ fn error_text(claims: &[ClaimRef], uid: &str, e: &PrepareError) -> String {
         Some(c) => format!("claim {c}: {e}"),
         None => format!("claim (uid {uid}): {e}"),
     }
-}
-
-/// One device's health as reported to the kubelet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceHealthReport {
-    pub pool: String,
-    pub device: String,
-    pub healthy: bool,
-    /// Why, when unhealthy (at most 1024 characters reach the kubelet).
-    pub message: String,
-}
-
-/// Where device health comes from.
-#[tonic::async_trait]
-pub trait HealthSource: Send + Sync + 'static {
-    /// The health of every published device.
-    async fn device_health(&self) -> Vec<DeviceHealthReport>;
 }
 
 /// How often the health of every device is re-sent on the stream.

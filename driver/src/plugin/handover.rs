@@ -37,15 +37,12 @@ use std::time::Duration;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::claims::PrepareError;
-use crate::kubelet::{ClaimHandler, ClaimRef, PreparedDevice};
+use crate::claims::{ClaimHandler, ClaimRef, PreparedDevice};
 
 /// The lock the active instance holds, in the state dir.
 pub const LOCK_FILE: &str = "plugin.lock";
 /// The file a waiting instance holds a shared lock on, in the state dir.
 pub const WAIT_FILE: &str = "handover.wait";
-/// What a claim gets from an instance that has handed over.
-pub const HANDED_OVER: &str =
-    "this DAS node plugin instance has handed over to a newer one on the node; the kubelet retries";
 
 /// Mode of the state dir: only its owner (root) may enter it.
 pub const STATE_DIR_MODE: u32 = 0o700;
@@ -200,7 +197,7 @@ impl Gate {
 }
 
 /// A [`ClaimHandler`] behind a [`Gate`]: once the gate is closed every claim gets
-/// [`HANDED_OVER`].
+/// [`PrepareError::HandedOver`].
 pub struct Gated {
     pub inner: Arc<dyn ClaimHandler>,
     pub gate: Arc<Gate>,

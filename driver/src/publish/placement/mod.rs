@@ -34,7 +34,7 @@ use std::cmp::Ordering;
 
 use crate::gpu::layout::{Occupancy, slice_mask};
 use crate::gpu::{GiProfile, GpuInfo, GpuModel};
-use crate::slices::device_name;
+use das_api::device_name;
 
 /// One GPU as the policy sees it.
 #[derive(Debug, Clone, Copy)]

@@ -6,7 +6,7 @@
 //! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` [bytes], `multiprocessors`, the
 //!   engine counters, and `memory-slice-<n>` = 1 per memory slice. Overlapping placements consume
 //!   the same memory-slice counter, which stops the allocator from picking both.
-//! - Devices are listed in the placement policy's order ([`crate::placement::publish_order`]);
+//! - Devices are listed in the placement policy's order ([`crate::publish::placement::publish_order`]);
 //!   slices carry an index whose zero-padded hex form sorts like the index, so the allocator (which
 //!   sorts slices by name from 1.36) walks devices in that order.
 //! - Layout by server version (`dra-kubelet-plugin.md` §3.2, §3.3): 1.34 keeps a GPU's counter set
@@ -24,11 +24,10 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use das_api::{DRIVER_NAME, attributes as attr, capacities as cap, counters};
+use das_api::{DRIVER_NAME, attributes as attr, capacities as cap, counters, device_name};
 
-use crate::gpu::model::profile_dns_label;
 use crate::gpu::{GiProfile, GpuInfo, GpuModel};
-use crate::placement::{GpuView, publish_order};
+use crate::publish::placement::{GpuView, publish_order};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
 pub const MAX_DEVICES_PER_SLICE: usize = 64;
@@ -120,12 +119,6 @@ pub enum SliceError {
         /// Counters needed.
         counters: usize,
     },
-}
-
-/// Device name `gpu-<index>-mig-<profile as DNS label>-<start>` (DESIGN §3), e.g.
-/// `gpu-3-mig-1g-10gb-me-6`.
-pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
-    format!("gpu-{gpu_index}-mig-{}-{start}", profile_dns_label(profile))
 }
 
 /// A version as a semantic version for a `version` attribute: 1 to 3 numeric components, leading
@@ -491,7 +484,7 @@ fn version(v: String) -> DeviceAttribute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::model::parse_model;
+    use crate::gpu::catalog::parse_model;
     use crate::gpu::{GpuModel, find_model};
     use std::sync::Arc;
 
@@ -536,8 +529,6 @@ mod tests {
 
     #[test]
     fn names_and_helpers() {
-        assert_eq!(device_name(0, "1g.10gb", 0), "gpu-0-mig-1g-10gb-0");
-        assert_eq!(device_name(3, "1g.10gb+me", 6), "gpu-3-mig-1g-10gb-me-6");
         assert_eq!(semver("580.95.05").as_deref(), Some("580.95.5"));
         assert_eq!(semver("9.0").as_deref(), Some("9.0.0"));
         assert_eq!(semver("575"), Some("575.0.0".into()));
