@@ -64,7 +64,7 @@ pub struct Metrics {
     reaper_attempts: Family<ResultLabels, Counter>,
     pending_destroy: Gauge,
     placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
-    /// Set once the plugin serves the kubelet and has published its slices.
+    /// Set once the plugin serves the kubelet and has published its instances.
     pub ready: AtomicBool,
 }
 
@@ -138,7 +138,7 @@ impl Metrics {
         );
         registry.register(
             "prepared_slices",
-            "MIG slices prepared for claims, per GPU index",
+            "MIG instances prepared for claims, per GPU index",
             prepared.clone(),
         );
         registry.register(
@@ -194,7 +194,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Sets the prepared-slice gauge of every GPU (GPUs absent from `per_gpu` go to 0).
+    /// Sets the prepared-instance gauge of every GPU (GPUs absent from `per_gpu` go to 0).
     pub fn set_prepared(&self, per_gpu: BTreeMap<u32, u64>) {
         self.prepared.clear();
         for (gpu, n) in per_gpu {
@@ -211,7 +211,7 @@ impl Metrics {
         self.status_write_failures.inc();
     }
 
-    /// Counts one slice that could not be destroyed; `cause` is the backend error's kind.
+    /// Counts one instance that could not be destroyed; `cause` is the backend error's kind.
     pub fn destroy_failed(&self, cause: &str) {
         self.destroy_failures
             .get_or_create(&CauseLabels {
@@ -239,7 +239,7 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Sets the number of slices waiting for the reaper.
+    /// Sets the number of instances waiting for the reaper.
     pub fn set_pending_destroy(&self, n: i64) {
         self.pending_destroy.set(n);
     }
@@ -251,7 +251,7 @@ impl Metrics {
 }
 
 /// `/metrics` serves the registry; `/readyz` is ready once the plugin serves the kubelet and
-/// has published its slices (served by [`das_runtime::probes::serve`]).
+/// has published its instances (served by [`das_runtime::probes::serve`]).
 impl das_runtime::probes::Probed for Metrics {
     fn registry(&self) -> &Registry {
         &self.registry

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use das_driver::claims::cdi;
 use das_driver::claims::checkpoint::{
-    CHECKPOINT_FILE_NAME, Checkpoint, InstanceId, LoadOutcome, PreparedDevice,
+    CHECKPOINT_FILE_NAME, Checkpoint, InstanceId, LoadOutcome, RecordedDevice,
 };
 use das_driver::gpu::{EmulatedBackend, GpuBackend, parse_emulated_spec};
 use proptest::prelude::*;
@@ -18,7 +18,7 @@ fn valid_checkpoint() -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(CHECKPOINT_FILE_NAME);
     let mut cp = Checkpoint::new(BOOT);
-    let device = PreparedDevice {
+    let device = RecordedDevice {
         request: "gpu".into(),
         pool: "n0".into(),
         device: "gpu-0-mig-1g-10gb-6".into(),
@@ -98,7 +98,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(das_driver::gpu::emulated::STATE_FILE), &bytes).unwrap();
         if let Ok(b) = EmulatedBackend::open("A30:1", "n0", dir.path()) {
-            prop_assert!(b.list_slices().is_ok());
+            prop_assert!(b.all_instances().is_ok());
         }
     }
 
@@ -115,7 +115,7 @@ proptest! {
             "migUuid": format!("MIG-{gi}"), "createdByDas": true})).collect();
         std::fs::write(&path, serde_json::to_vec(&state).unwrap()).unwrap();
         if let Ok(b) = EmulatedBackend::open("A30:1", "n0", dir.path()) {
-            prop_assert_eq!(b.list_slices().unwrap().len(), instances.len());
+            prop_assert_eq!(b.all_instances().unwrap().len(), instances.len());
         }
     }
 
@@ -126,7 +126,7 @@ proptest! {
         let b = EmulatedBackend::open("A30:1", "n0", dir.path()).unwrap();
         std::fs::write(dir.path().join(das_driver::gpu::emulated::CONTROL_FILE), &bytes).unwrap();
         let _ = b.inventory();
-        let _ = b.gpu_slices(0);
+        let _ = b.instances_on(0);
     }
 
     /// Any bytes as a CDI spec file: a parse error naming the file, or a spec whose validation

@@ -1,6 +1,6 @@
 //! `das-kubelet-plugin`: the DAS node plugin. Publishes this node's MIG placements as
 //! ResourceSlices, registers with the kubelet as DRA driver `mig.das.com`, and carves and destroys
-//! MIG slices on NodePrepareResources / NodeUnprepareResources.
+//! MIG instances on NodePrepareResources / NodeUnprepareResources.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, Rea
 use das_driver::metrics::Metrics;
 use das_driver::plugin::handover::{self, Active, Gate, Gated};
 use das_driver::plugin::server::{self, SocketPaths};
-use das_driver::publish::resource_slices::{self, SliceLayout};
+use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
 use das_driver::publish::{Publisher, RunConfig};
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
 use das_runtime::logging::{self, LogArgs};
@@ -35,7 +35,7 @@ const EMULATED_CAPS_MAJOR: u32 = 509;
 #[derive(Parser, Debug)]
 #[command(
     version,
-    about = "DAS node plugin: MIG slices on demand through Kubernetes DRA"
+    about = "DAS node plugin: MIG instances on demand through Kubernetes DRA"
 )]
 struct Args {
     /// Name of this node (the ResourceSlice pool is named after it).
@@ -63,7 +63,7 @@ struct Args {
     /// Where CDI spec files are written (the container runtime must read it).
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
-    /// Put the slices' device nodes (`/dev/nvidia<N>`, `nvidiactl`, `nvidia-uvm*`, the MIG
+    /// Put the instances' device nodes (`/dev/nvidia<N>`, `nvidiactl`, `nvidia-uvm*`, the MIG
     /// capability nodes) into CDI specs. Turn it off only for emulated GPUs on nodes without
     /// NVIDIA devices, where a container runtime refuses to start a container whose CDI device
     /// names a missing node.
@@ -86,10 +86,10 @@ struct Args {
     metrics_address: SocketAddr,
     #[command(flatten)]
     log: LogArgs,
-    /// Also destroy MIG slices at start-up that DAS did not create and no claim holds.
+    /// Also destroy MIG instances at start-up that DAS did not create and no claim holds.
     #[arg(long, env = "DAS_RECLAIM_FOREIGN_SLICES")]
     reclaim_foreign_slices: bool,
-    /// Boot ID file: a different boot ID resets the checkpoint (MIG slices do not survive a reboot).
+    /// Boot ID file: a different boot ID resets the checkpoint (MIG instances do not survive a reboot).
     #[arg(long, default_value = checkpoint::BOOT_ID_PATH)]
     boot_id_file: PathBuf,
     /// Print the GPUs NVML reports (MIG mode, GI profiles, placements, existing instances) and
@@ -235,13 +235,13 @@ fn load_checkpoint(path: &std::path::Path, boot_id: &str) -> Result<(Checkpoint,
     })
 }
 
-async fn slice_layout(client: &kube::Client) -> Result<SliceLayout> {
+async fn slice_layout(client: &kube::Client) -> Result<ResourceSliceLayout> {
     let v = client
         .apiserver_version()
         .await
         .context("read the API server version")?;
     let num = |s: &str| s.trim_end_matches('+').parse::<u32>().unwrap_or(0);
-    Ok(SliceLayout::for_server_version(
+    Ok(ResourceSliceLayout::for_server_version(
         num(&v.major),
         num(&v.minor),
     ))
@@ -306,7 +306,7 @@ async fn run(args: Args) -> Result<()> {
         .await?;
     tracing::info!(?report, "start-up reconciliation done");
 
-    let desired = resource_slices::desired_slices(&args.node_name, &inventory, layout)?;
+    let desired = resource_slices::desired_resource_slices(&args.node_name, &inventory, layout)?;
     tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
 
     // Publish once before registering, so the scheduler can place pods as soon as we answer.

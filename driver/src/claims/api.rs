@@ -15,7 +15,7 @@ use das_api::claim_status::DeviceStatusData;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::handler::ClaimRef;
-use crate::claims::checkpoint::PreparedDevice as Recorded;
+use crate::claims::checkpoint::RecordedDevice;
 
 /// Field manager of the plugin's writes to `ResourceClaim.status.devices`.
 pub const FIELD_MANAGER: &str = "das-kubelet-plugin";
@@ -86,8 +86,12 @@ pub trait ClaimApi: Send + Sync + 'static {
     /// Every ResourceClaim (start-up rebuild of a lost checkpoint).
     async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError>;
     /// Server-side applies the plugin's entries of `status.devices` for `devices` (condition
-    /// `Ready`, the slice data), on the claim with exactly `claim.uid`.
-    async fn write_status(&self, claim: &ClaimRef, devices: &[Recorded]) -> Result<(), ApiError>;
+    /// `Ready`, the instance data), on the claim with exactly `claim.uid`.
+    async fn write_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+    ) -> Result<(), ApiError>;
     /// Posts a Warning event (best effort: a failure is logged, never returned).
     async fn warn(&self, about: &EventTarget, reason: &str, note: String);
 }
@@ -158,7 +162,11 @@ impl ClaimApi for KubeClaimApi {
             .items)
     }
 
-    async fn write_status(&self, claim: &ClaimRef, devices: &[Recorded]) -> Result<(), ApiError> {
+    async fn write_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+    ) -> Result<(), ApiError> {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let body = status_apply_body(claim, devices, now);
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
@@ -210,7 +218,11 @@ impl ClaimApi for KubeClaimApi {
 /// [`das_api::claim_status::CONDITION_READY`] condition and the [`DeviceStatusData`] the AllocationClaim
 /// controller reads. `metadata.uid` makes the API server refuse the write (409) when the name
 /// now belongs to another claim.
-pub fn status_apply_body(claim: &ClaimRef, devices: &[Recorded], now: Time) -> serde_json::Value {
+pub fn status_apply_body(
+    claim: &ClaimRef,
+    devices: &[RecordedDevice],
+    now: Time,
+) -> serde_json::Value {
     let entries: Vec<_> = devices
         .iter()
         .map(|d| {

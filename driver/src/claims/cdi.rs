@@ -6,7 +6,7 @@
 //! mounts, hooks).
 //!
 //! DAS writes one spec file per claim: kind [`das_api::CDI_KIND`], file
-//! `das.com-mig_<claimUID>.json`, one CDI device per allocated device (MIG slice) named
+//! `das.com-mig_<claimUID>.json`, one CDI device per allocated device (MIG instance) named
 //! `<claimUID>-<device>`.
 //!
 //! Specs compose: a container may get any number of DAS devices from any number of claims, and
@@ -17,7 +17,7 @@
 //!   CI capability nodes `/dev/nvidia-caps/nvidia-cap<M>`), which is what gives CUDA access to
 //!   exactly its MIG instances;
 //! - each device sets one variable of its own, [`mig_uuid_env_key`] (claim UID, request and the
-//!   device's position in the request), to its MIG UUID: users and tests read which slices a
+//!   device's position in the request), to its MIG UUID: users and tests read which instances a
 //!   container holds with `env | grep ^DAS_MIG_UUID_`;
 //! - the spec-level edits, the same in every DAS spec, add `/dev/nvidiactl` and the UVM nodes and
 //!   set `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's own CDI generator does (`nvidia-ctk cdi
@@ -480,12 +480,12 @@ pub fn spec_path(dir: &Path, claim_uid: &str) -> PathBuf {
     dir.join(spec_file_name(claim_uid))
 }
 
-/// A MIG slice prepared for a container: what its device nodes and env need. Minors come from
+/// A MIG instance prepared for a container: what its device nodes and env need. Minors come from
 /// `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access` and `…/gi<G>/ci<C>/access`,
 /// the major from the `nvidia-caps` line of `/proc/devices` (NVIDIA MIG User Guide, "Device
 /// Nodes and Capabilities").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedSlice {
+pub struct PreparedInstance {
     /// MIG device UUID, `MIG-…`.
     pub mig_uuid: String,
     /// Minor of the parent GPU's device node `/dev/nvidia<minor>`.
@@ -499,9 +499,9 @@ pub struct PreparedSlice {
     /// Mode of the capability nodes (`DeviceFileMode` of the access files, normally `0o444`);
     /// `None` leaves it to the runtime.
     pub caps_file_mode: Option<u32>,
-    /// Base name of the claim request the slice serves (without `/<subrequest>`).
+    /// Base name of the claim request the instance serves (without `/<subrequest>`).
     pub request: String,
-    /// Position of the slice among its request's devices, in allocation-result order.
+    /// Position of the instance among its request's devices, in allocation-result order.
     pub index: usize,
 }
 
@@ -511,9 +511,9 @@ pub struct SpecDevice {
     /// What the device stands for, and the key of its ID in [`ClaimSpec::device_ids`]: the
     /// allocated device's name (`gpu-0-mig-1g-10gb-6`). The CDI device is `<claimUID>-<key>`.
     pub key: String,
-    /// The slices it gives a container: one for an allocated device (checkpoints of the first
-    /// release named a CDI device per request, holding all of the request's slices).
-    pub slices: Vec<PreparedSlice>,
+    /// The instances it gives a container: one for an allocated device (checkpoints of the first
+    /// release named a CDI device per request, holding all of the request's instances).
+    pub instances: Vec<PreparedInstance>,
 }
 
 /// A claim's spec and the CDI device IDs to return to the kubelet.
@@ -526,13 +526,13 @@ pub struct ClaimSpec {
     pub device_ids: BTreeMap<String, String>,
 }
 
-/// Prefix of the per-slice environment variables ([`mig_uuid_env_key`]).
+/// Prefix of the per-instance environment variables ([`mig_uuid_env_key`]).
 pub const MIG_UUID_ENV_PREFIX: &str = "DAS_MIG_UUID_";
 
-/// Name of the variable that holds the MIG UUID of slice `index` of `request` in claim
+/// Name of the variable that holds the MIG UUID of instance `index` of `request` in claim
 /// `claim_uid`: `DAS_MIG_UUID_<claim UID>_<request>_<index>` with `-` and `/` turned into `_`
 /// (claim UIDs are hex and dashes, request names DNS labels, so the name is a valid POSIX
-/// variable name and unique per claim, request and slice).
+/// variable name and unique per claim, request and instance).
 pub fn mig_uuid_env_key(claim_uid: &str, request: &str, index: usize) -> String {
     let clean = |s: &str| s.replace(['-', '/', '.'], "_");
     format!(
@@ -547,15 +547,15 @@ pub fn mig_uuid_env_key(claim_uid: &str, request: &str, index: usize) -> String 
 pub const NVIDIA_VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 
 /// Builds DAS's spec for a claim: kind [`das_api::CDI_KIND`], one CDI device per
-/// [`SpecDevice`], named `<claimUID>-<key>`, with the slices' device nodes (parent GPU once per
-/// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per slice; the
+/// [`SpecDevice`], named `<claimUID>-<key>`, with the instances' device nodes (parent GPU once per
+/// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per instance; the
 /// spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
 /// [`NVIDIA_VISIBLE_DEVICES_VOID`] (see the module docs for why the edits compose).
 /// `cdiVersion` is the minimum the spec needs.
 ///
 /// # Errors
 /// [`CdiError::InvalidName`] for a bad claim UID or key; [`CdiError::InvalidSpec`] for no
-/// devices, a device without slices, a duplicate key, or an empty MIG UUID.
+/// devices, a device without instances, a duplicate key, or an empty MIG UUID.
 pub fn build_claim_spec(claim_uid: &str, devices: &[SpecDevice]) -> Result<ClaimSpec, CdiError> {
     if devices.is_empty() {
         return Err(CdiError::InvalidSpec(format!(
@@ -617,12 +617,12 @@ pub fn without_device_nodes(spec: &mut Spec) {
 
 fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, CdiError> {
     let context = || format!("claim {claim_uid} device {:?}", device.key);
-    if device.slices.is_empty() {
+    if device.instances.is_empty() {
         return Err(CdiError::InvalidSpec(format!("{}: no slices", context())));
     }
-    let mut env = Vec::with_capacity(device.slices.len());
-    for slice in &device.slices {
-        let uuid = &slice.mig_uuid;
+    let mut env = Vec::with_capacity(device.instances.len());
+    for instance in &device.instances {
+        let uuid = &instance.mig_uuid;
         if uuid.is_empty() || uuid.contains(|c: char| c == ',' || c == '=' || c.is_whitespace()) {
             return Err(CdiError::InvalidSpec(format!(
                 "{}: MIG UUID {uuid:?} is empty or has a comma, '=' or blank",
@@ -631,36 +631,36 @@ fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, 
         }
         env.push(format!(
             "{}={uuid}",
-            mig_uuid_env_key(claim_uid, &slice.request, slice.index)
+            mig_uuid_env_key(claim_uid, &instance.request, instance.index)
         ));
     }
     Ok(ContainerEdits {
         env,
-        device_nodes: slice_device_nodes(&device.slices),
+        device_nodes: instance_device_nodes(&device.instances),
         mounts: Vec::new(),
         hooks: Vec::new(),
     })
 }
 
 /// Parent GPU nodes (first appearance order, no duplicates), then the GI and CI capability nodes
-/// of each slice.
-fn slice_device_nodes(slices: &[PreparedSlice]) -> Vec<DeviceNode> {
+/// of each instance.
+fn instance_device_nodes(instances: &[PreparedInstance]) -> Vec<DeviceNode> {
     let mut nodes = Vec::new();
     let mut parents = BTreeSet::new();
-    for slice in slices {
-        if parents.insert(slice.parent_minor) {
+    for instance in instances {
+        if parents.insert(instance.parent_minor) {
             nodes.push(DeviceNode::from_host(format!(
                 "/dev/nvidia{}",
-                slice.parent_minor
+                instance.parent_minor
             )));
         }
     }
-    for slice in slices {
-        for minor in [slice.gi_cap_minor, slice.ci_cap_minor] {
+    for instance in instances {
+        for minor in [instance.gi_cap_minor, instance.ci_cap_minor] {
             let path = format!("/dev/nvidia-caps/nvidia-cap{minor}");
             nodes.push(DeviceNode {
-                file_mode: slice.caps_file_mode,
-                ..DeviceNode::char_device(path, slice.caps_major, minor)
+                file_mode: instance.caps_file_mode,
+                ..DeviceNode::char_device(path, instance.caps_major, minor)
             });
         }
     }
@@ -807,8 +807,8 @@ mod tests {
 
     const UID: &str = "8f2c1a7e-0b1d-4c55-9a0e-3d2f6b7c8d9e";
 
-    fn slice(n: u32, parent: u32) -> PreparedSlice {
-        PreparedSlice {
+    fn instance(n: u32, parent: u32) -> PreparedInstance {
+        PreparedInstance {
             mig_uuid: format!("MIG-0000000{n}-aaaa-bbbb-cccc-dddddddddddd"),
             parent_minor: parent,
             gi_cap_minor: 3 + 135 * parent + 9 * n,
@@ -820,19 +820,19 @@ mod tests {
         }
     }
 
-    fn device(key: &str, slices: Vec<PreparedSlice>) -> SpecDevice {
+    fn device(key: &str, instances: Vec<PreparedInstance>) -> SpecDevice {
         SpecDevice {
             key: key.to_string(),
-            slices,
+            instances,
         }
     }
 
     /// Device `n` of request `request`, on GPU `parent`.
     fn one(request: &str, index: usize, n: u32, parent: u32) -> SpecDevice {
-        let s = PreparedSlice {
+        let s = PreparedInstance {
             request: request.into(),
             index,
-            ..slice(n, parent)
+            ..instance(n, parent)
         };
         device(&format!("gpu-{parent}-mig-1g-10gb-{n}"), vec![s])
     }
@@ -922,7 +922,7 @@ mod tests {
         assert_eq!(uuids.len(), 4, "{env:?}");
         for n in 1..=4 {
             assert!(
-                uuids.contains(slice(n, 0).mig_uuid.as_str()),
+                uuids.contains(instance(n, 0).mig_uuid.as_str()),
                 "{n}: {env:?}"
             );
         }
@@ -975,18 +975,18 @@ mod tests {
 
     #[test]
     fn a_legacy_request_device_lists_every_slice_and_dedups_parents() {
-        let slices: Vec<PreparedSlice> = [(1, 0), (2, 1), (3, 0)]
+        let instances: Vec<PreparedInstance> = [(1, 0), (2, 1), (3, 0)]
             .into_iter()
             .enumerate()
-            .map(|(i, (n, p))| PreparedSlice {
+            .map(|(i, (n, p))| PreparedInstance {
                 index: i,
-                ..slice(n, p)
+                ..instance(n, p)
             })
             .collect();
-        let built = build_claim_spec(UID, &[device("big", slices.clone())]).unwrap();
+        let built = build_claim_spec(UID, &[device("big", instances.clone())]).unwrap();
         let device = &built.spec.devices[0];
         assert_eq!(device.container_edits.env.len(), 3);
-        for (i, s) in slices.iter().enumerate() {
+        for (i, s) in instances.iter().enumerate() {
             assert_eq!(
                 device.container_edits.env[i],
                 format!("{}={}", mig_uuid_env_key(UID, "gpu", i), s.mig_uuid)
@@ -1021,8 +1021,8 @@ mod tests {
         let built = build_claim_spec(
             UID,
             &[
-                device("a", vec![slice(1, 0)]),
-                device("b/small", vec![slice(2, 0)]),
+                device("a", vec![instance(1, 0)]),
+                device("b/small", vec![instance(2, 0)]),
             ],
         )
         .unwrap();
@@ -1036,7 +1036,7 @@ mod tests {
 
     #[test]
     fn caps_file_mode_is_written_when_known() {
-        let mut s = slice(1, 0);
+        let mut s = instance(1, 0);
         s.caps_file_mode = Some(0o444);
         let built = build_claim_spec(UID, &[device("gpu", vec![s])]).unwrap();
         let value = serde_json::to_value(&built.spec).unwrap();
@@ -1049,7 +1049,7 @@ mod tests {
     #[test]
     fn minimum_version_follows_features() {
         let letter_uid = "c0ffee00-0000-4000-8000-000000000000";
-        let mut spec = build_claim_spec(letter_uid, &[device("gpu", vec![slice(1, 0)])])
+        let mut spec = build_claim_spec(letter_uid, &[device("gpu", vec![instance(1, 0)])])
             .unwrap()
             .spec;
         // The dot of `das.com/mig` is in the vendor, not the class: no 0.6.0.
@@ -1073,7 +1073,7 @@ mod tests {
 
     #[test]
     fn digit_first_device_name_needs_050() {
-        let spec = build_claim_spec("1abc", &[device("gpu", vec![slice(1, 0)])])
+        let spec = build_claim_spec("1abc", &[device("gpu", vec![instance(1, 0)])])
             .unwrap()
             .spec;
         assert_eq!(spec.cdi_version, "0.5.0");
@@ -1081,7 +1081,7 @@ mod tests {
 
     #[test]
     fn validate_rejects_old_or_unknown_versions() {
-        let mut spec = build_claim_spec(UID, &[device("gpu", vec![slice(1, 0)])])
+        let mut spec = build_claim_spec(UID, &[device("gpu", vec![instance(1, 0)])])
             .unwrap()
             .spec;
         spec.cdi_version = "0.3.0".into();
@@ -1114,11 +1114,11 @@ mod tests {
         assert!(build_claim_spec(UID, &[]).is_err());
         assert!(build_claim_spec(UID, &[device("gpu", vec![])]).is_err());
         let twice = [
-            device("gpu", vec![slice(1, 0)]),
-            device("gpu", vec![slice(2, 0)]),
+            device("gpu", vec![instance(1, 0)]),
+            device("gpu", vec![instance(2, 0)]),
         ];
         assert!(build_claim_spec(UID, &twice).is_err());
-        let mut s = slice(1, 0);
+        let mut s = instance(1, 0);
         s.mig_uuid = "MIG-a,MIG-b".into();
         assert!(build_claim_spec(UID, &[device("gpu", vec![s])]).is_err());
     }
@@ -1126,7 +1126,7 @@ mod tests {
     #[test]
     fn write_read_list_delete_round_trip() {
         let dir = tempfile::tempdir().unwrap();
-        let built = build_claim_spec(UID, &[device("gpu", vec![slice(1, 0)])]).unwrap();
+        let built = build_claim_spec(UID, &[device("gpu", vec![instance(1, 0)])]).unwrap();
         let path = write_spec(dir.path(), UID, &built.spec).unwrap();
         assert_eq!(path, dir.path().join(format!("das.com-mig_{UID}.json")));
         assert_eq!(read_spec(&path).unwrap(), built.spec);
@@ -1154,7 +1154,7 @@ mod tests {
     #[test]
     fn invalid_spec_writes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let mut spec = build_claim_spec(UID, &[device("gpu", vec![slice(1, 0)])])
+        let mut spec = build_claim_spec(UID, &[device("gpu", vec![instance(1, 0)])])
             .unwrap()
             .spec;
         spec.devices.clear();

@@ -1,6 +1,6 @@
 //! The node plugin's checkpoint: the claims it prepared and the exact MIG instances it created
 //! for them, kept on disk so unprepare works after a plugin restart, a half-done prepare can be
-//! rolled back, and a slice is only ever destroyed by the claim that owns it
+//! rolled back, and an instance is only ever destroyed by the claim that owns it
 //! (docs/architecture.md, "Prepare and unprepare").
 //!
 //! The file is a versioned JSON document, rewritten whole and atomically on every change (temp
@@ -30,13 +30,13 @@
 //! device's `gpuUUID`), GPU-instance ID, compute-instance ID and MIG UUID. NVML reuses GI IDs
 //! after a destroy and a MIG UUID is new on every creation, so together they name one instance
 //! and never its successor at the same placement. `instance` is absent only while a prepare is
-//! creating the slice (and in a record left by a crash in that window).
+//! creating the instance (and in a record left by a crash in that window).
 //!
 //! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
 //! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
 //! ([`LoadOutcome::Upgraded`]), never treated as corrupt. A version-1 binary moves a version-2
 //! file aside as corrupt and rebuilds from the GPUs and the API server (a downgrade loses no
-//! running slice).
+//! running instance).
 //!
 //! `checksum` is CRC-32 (IEEE, the `crc32fast` crate) of the compact JSON serialization of the
 //! same document without the `checksum` field; map keys are sorted, so the serialization is
@@ -91,16 +91,16 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
     }
 }
 
-/// Where a claim is in its life on this node: checkpoint "started" → create slices → write CDI
-/// → checkpoint "completed" → … → unprepare destroys the slices → record dropped.
+/// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
+/// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PrepareState {
-    /// Recorded before any slice was created: slices may or may not exist, the CDI spec may or
+    /// Recorded before any instance was created: instances may or may not exist, the CDI spec may or
     /// may not be written. Seen outside a running prepare only after a crash; it is rolled back.
     PrepareStarted,
     /// Slices exist and the CDI spec is written; the CDI device IDs were (or can be) returned.
     PrepareCompleted,
-    /// The claim's slices must go (its unprepare, or the roll-back of a failed prepare, could
+    /// The claim's instances must go (its unprepare, or the roll-back of a failed prepare, could
     /// not destroy them all): `devices` are the ones not yet confirmed destroyed. The reaper
     /// retries until they are gone; only then is the record dropped.
     Releasing,
@@ -123,7 +123,7 @@ pub struct InstanceId {
 /// One allocated device of a claim, as prepared on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PreparedDevice {
+pub struct RecordedDevice {
     /// Request name from the allocation result (`<request>` or `<request>/<subrequest>`).
     pub request: String,
     /// Pool of the allocated device (the node name).
@@ -146,7 +146,7 @@ pub struct PreparedDevice {
     pub instance: Option<InstanceId>,
 }
 
-impl PreparedDevice {
+impl RecordedDevice {
     /// The MIG UUID of the device's instance, once created.
     pub fn mig_uuid(&self) -> Option<&str> {
         self.instance.as_ref().map(|i| i.mig_uuid.as_str())
@@ -164,7 +164,7 @@ pub struct ClaimRecord {
     /// How far prepare got.
     pub state: PrepareState,
     /// The claim's devices on this node.
-    pub devices: Vec<PreparedDevice>,
+    pub devices: Vec<RecordedDevice>,
     /// Fully-qualified CDI device IDs per device name (version 1: per request name), as
     /// returned to the kubelet; empty until [`PrepareState::PrepareCompleted`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -175,7 +175,7 @@ pub struct ClaimRecord {
 
 impl ClaimRecord {
     /// The record's devices whose instance is known.
-    pub fn instances(&self) -> impl Iterator<Item = (&PreparedDevice, &InstanceId)> {
+    pub fn instances(&self) -> impl Iterator<Item = (&RecordedDevice, &InstanceId)> {
         self.devices
             .iter()
             .filter_map(|d| d.instance.as_ref().map(|i| (d, i)))
@@ -365,7 +365,7 @@ impl Checkpoint {
         claim_uid: &str,
         namespace: &str,
         name: &str,
-        devices: Vec<PreparedDevice>,
+        devices: Vec<RecordedDevice>,
     ) {
         self.upsert(
             claim_uid,
@@ -385,7 +385,7 @@ impl Checkpoint {
         claim_uid: &str,
         namespace: &str,
         name: &str,
-        devices: Vec<PreparedDevice>,
+        devices: Vec<RecordedDevice>,
         cdi_device_ids: BTreeMap<String, Vec<String>>,
     ) {
         self.upsert(
@@ -404,7 +404,7 @@ impl Checkpoint {
         namespace: &str,
         name: &str,
         state: PrepareState,
-        devices: Vec<PreparedDevice>,
+        devices: Vec<RecordedDevice>,
         cdi_device_ids: BTreeMap<String, Vec<String>>,
     ) {
         let record = ClaimRecord {
@@ -418,14 +418,14 @@ impl Checkpoint {
         self.claims.insert(claim_uid.to_string(), record);
     }
 
-    /// Records that the claim's slices in `devices` must still be destroyed
+    /// Records that the claim's instances in `devices` must still be destroyed
     /// ([`PrepareState::Releasing`]); keeps the claim's namespace and name.
     pub fn set_releasing(
         &mut self,
         claim_uid: &str,
         namespace: &str,
         name: &str,
-        devices: Vec<PreparedDevice>,
+        devices: Vec<RecordedDevice>,
     ) {
         self.upsert(
             claim_uid,
@@ -500,7 +500,7 @@ mod v1 {
     /// A version-1 device: the instance fields are flat and each optional.
     #[derive(Serialize, Deserialize, Clone)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
-    pub(super) struct PreparedDevice {
+    pub(super) struct DeviceV1 {
         request: String,
         pool: String,
         device: String,
@@ -531,7 +531,7 @@ mod v1 {
         namespace: String,
         name: String,
         state: State,
-        devices: Vec<PreparedDevice>,
+        devices: Vec<DeviceV1>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         cdi_device_ids: BTreeMap<String, Vec<String>>,
         updated_at: u64,
@@ -572,7 +572,7 @@ mod v1 {
                     let devices = r
                         .devices
                         .into_iter()
-                        .map(|d| super::PreparedDevice {
+                        .map(|d| super::RecordedDevice {
                             instance: match (d.gi_id, d.ci_id, d.mig_uuid) {
                                 (Some(gi_id), Some(ci_id), Some(mig_uuid)) => Some(InstanceId {
                                     gi_id,
@@ -758,8 +758,8 @@ mod tests {
 
     const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
 
-    fn device(request: &str, start: u32) -> PreparedDevice {
-        PreparedDevice {
+    fn device(request: &str, start: u32) -> RecordedDevice {
+        RecordedDevice {
             request: request.to_string(),
             pool: "node-a".into(),
             device: format!("gpu-0-mig-1g-10gb-{start}"),

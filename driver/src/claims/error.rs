@@ -7,7 +7,7 @@ use das_api::DRIVER_NAME;
 use crate::claims::cdi::CdiError;
 use crate::gpu::BackendError;
 
-/// Why one claim could not be prepared or unprepared. Every message names the device, slice or
+/// Why one claim could not be prepared or unprepared. Every message names the device, instance or
 /// object at fault and, where there is one, what the user can do.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PrepareError {
@@ -42,7 +42,7 @@ pub enum PrepareError {
     /// A device is allocated with admin access (`adminAccess: true`), which DAS does not offer:
     /// admin access shares a device already in use, while DAS creates a MIG instance per claim.
     #[error(
-        "device {device} is allocated with admin access, which DAS does not support (it creates one MIG slice per claim); request it without adminAccess"
+        "device {device} is allocated with admin access, which DAS does not support (it creates one MIG instance per claim); request it without adminAccess"
     )]
     AdminAccess {
         /// Allocated device.
@@ -54,7 +54,7 @@ pub enum PrepareError {
         /// Allocated device.
         device: String,
     },
-    /// Creating a slice failed.
+    /// Creating an instance failed.
     #[error("device {device}: {source}{hint}")]
     Create {
         /// Allocated device.
@@ -67,12 +67,12 @@ pub enum PrepareError {
     /// Slices that must go could not be destroyed; they stay recorded and the reaper retries.
     #[error("{}", describe_destroys(failures, *only_lost_gpus))]
     Destroy {
-        /// One message per slice, naming it and the cause.
+        /// One message per instance, naming it and the cause.
         failures: Vec<String>,
-        /// Every failing slice sits on a lost GPU.
+        /// Every failing instance sits on a lost GPU.
         only_lost_gpus: bool,
     },
-    /// A recorded slice cannot be checked because its GPU does not answer.
+    /// A recorded instance cannot be checked because its GPU does not answer.
     #[error("{0}")]
     GpuUnavailable(BackendError),
     /// The CDI spec could not be written.
@@ -154,7 +154,7 @@ mod tests {
         let e = PrepareError::create(
             "gpu-0-mig-1g-10gb-6",
             BackendError::InsufficientResources {
-                target: Target::slice(0, "1g.10gb", Placement { start: 6, size: 1 }),
+                target: Target::at(0, "1g.10gb", Placement { start: 6, size: 1 }),
                 reason: "memory slices [6] already occupied".into(),
             },
         );

@@ -2,12 +2,12 @@
 //! start-up reconciliation, and the reaper that finishes destroys that failed.
 //!
 //! - [`plan`]: the decisions, as pure functions (which allocation results are ours, which live
-//!   slice is which recorded instance, what a retried prepare may reuse, what start-up
+//!   instance is which recorded instance, what a retried prepare may reuse, what start-up
 //!   destroys). Unit-tested without I/O.
 //! - [`preparer`]: [`Preparer`], the thin I/O layer that carries the decisions out against the
 //!   GPU backend, the checkpoint, the CDI directory and the API server.
 //! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server.
-//! - [`reaper`]: retries the destroys of slices whose claim is gone, with backoff.
+//! - [`reaper`]: retries the destroys of instances whose claim is gone, with backoff.
 //! - [`status`]: writes a claim's `status.devices`, retrying until it lands or the claim is gone.
 //! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
 //! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
@@ -16,9 +16,9 @@
 //! The rules (also in docs/architecture.md, "Concurrency and slice identity"):
 //! 1. Calls for one claim UID run one after another; calls for different claims run in
 //!    parallel, one GPU's backend calls one at a time.
-//! 2. A slice is the exact MIG instance recorded for it (GPU UUID, GI ID, CI ID, MIG UUID);
+//! 2. An instance is the exact MIG instance recorded for it (GPU UUID, GI ID, CI ID, MIG UUID);
 //!    anything else at the same placement is not ours.
-//! 3. A record is dropped only when its slices are confirmed gone.
+//! 3. A record is dropped only when its instances are confirmed gone.
 
 pub mod api;
 pub mod cdi;

@@ -11,15 +11,15 @@
 //! step list that still fails.
 //!
 //! Invariants (issue 11, "How it is tested"):
-//! - I1 no live slice without a record (checked when no call is in flight);
-//! - I2 no record whose slices are gone once the reaper has run with nothing failing, and no
+//! - I1 no live instance without a record (checked when no call is in flight);
+//! - I2 no record whose instances are gone once the reaper has run with nothing failing, and no
 //!   half-done record when no call is in flight;
-//! - I3 no two live slices overlap;
-//! - I4 no destroy of a slice an administrator created, and no destroy of a slice the kubelet
+//! - I3 no two live instances overlap;
+//! - I4 no destroy of an instance an administrator created, and no destroy of an instance the kubelet
 //!   holds for a claim, except by that claim's unprepare
 //!   (or, for a claim the API server no longer has, by start-up, the reaper, or the prepare of
 //!   the claim its placement was given to);
-//! - I5 every claim the kubelet holds as prepared has its slices live at its allocated
+//! - I5 every claim the kubelet holds as prepared has its instances live at its allocated
 //!   placements, and its CDI spec names exactly them.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -38,7 +38,7 @@ use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
 use crate::claims::checkpoint::PrepareState;
 use crate::gpu::{
-    BackendError, EmulatedBackend, FaultKind, GpuBackend, GpuInfo, MigSlice, Occupancy,
+    BackendError, EmulatedBackend, FaultKind, GpuBackend, GpuInfo, MigInstance, Occupancy,
 };
 
 /// The emulated GPUs: two models, so profiles and placements differ per GPU.
@@ -75,17 +75,17 @@ enum Step {
     },
     /// The claim is deleted from the API server while the kubelet still holds it (a force
     /// delete): its placements are free for the scheduler before the kubelet unprepares.
-    /// `broken`: a claim whose slice someone destroyed is picked first (users delete the pods
+    /// `broken`: a claim whose instance someone destroyed is picked first (users delete the pods
     /// whose GPU broke).
     ForceDelete { slot: usize, broken: bool },
     /// A backend or API fault.
     Fault(Fault),
     /// Time passes by `secs` and the reaper runs.
     Reap { secs: u64 },
-    /// Someone else destroys live slice `pick` (an administrator's `nvidia-smi`), or deletes a
+    /// Someone else destroys live instance `pick` (an administrator's `nvidia-smi`), or deletes a
     /// claim's CDI spec (`spec`): the plugin must notice on the claim's next prepare.
     Tamper { pick: usize, spec: bool },
-    /// An administrator creates a MIG slice of their own at a free placement (`pick`): DAS must
+    /// An administrator creates a MIG instance of their own at a free placement (`pick`): DAS must
     /// never destroy it.
     Foreign { pick: u32 },
     /// The plugin crashes (calls in flight stop where they are) and restarts.
@@ -151,11 +151,16 @@ impl GpuBackend for Checked {
     fn gpu_indices(&self) -> Vec<u32> {
         self.inner.gpu_indices()
     }
-    fn create_slice(&self, gpu: u32, profile: &str, start: u32) -> Result<MigSlice, BackendError> {
-        self.inner.create_slice(gpu, profile, start)
+    fn create_instance(
+        &self,
+        gpu: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        self.inner.create_instance(gpu, profile, start)
     }
-    fn destroy_slice(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
-        if let Ok(live) = self.inner.gpu_slices(gpu)
+    fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
+        if let Ok(live) = self.inner.instances_on(gpu)
             && let Some(s) = live.iter().find(|s| s.gi_id == gi_id)
             && s.created_by_das == Some(false)
         {
@@ -164,13 +169,13 @@ impl GpuBackend for Checked {
                 s.mig_uuid, s.profile, s.placement.start
             ));
         }
-        if let Ok(live) = self.inner.gpu_slices(gpu)
+        if let Ok(live) = self.inner.instances_on(gpu)
             && let Some(s) = live.iter().find(|s| s.gi_id == gi_id)
             && let Some((owner, in_api)) = self.held.lock().unwrap().by_mig.get(&s.mig_uuid)
         {
             let caller = CALLER.try_with(Clone::clone).ok();
             // A claim the API server no longer has (force-deleted, its placement given to
-            // another claim) may lose its slice to start-up, to the prepare of that other claim,
+            // another claim) may lose its instance to start-up, to the prepare of that other claim,
             // or to the reaper finishing such a release; never to another claim's unprepare.
             let allowed = match &caller {
                 Some(Caller::Unprepare(uid)) => uid == owner,
@@ -184,10 +189,10 @@ impl GpuBackend for Checked {
                 ));
             }
         }
-        self.inner.destroy_slice(gpu, gi_id)
+        self.inner.destroy_instance(gpu, gi_id)
     }
-    fn gpu_slices(&self, gpu: u32) -> Result<Vec<MigSlice>, BackendError> {
-        self.inner.gpu_slices(gpu)
+    fn instances_on(&self, gpu: u32) -> Result<Vec<MigInstance>, BackendError> {
+        self.inner.instances_on(gpu)
     }
 }
 
@@ -233,7 +238,7 @@ struct World {
     zombies: Vec<Claim>,
     background: Vec<JoinHandle<()>>,
     lost: BTreeSet<u32>,
-    /// Claims whose slice or CDI spec someone else removed.
+    /// Claims whose instance or CDI spec someone else removed.
     tampered: BTreeSet<String>,
     inventory: Vec<GpuInfo>,
     next_uid: u64,
@@ -516,7 +521,7 @@ impl World {
                 None => return,
             }
         };
-        // From here on the kubelet no longer counts on the slices.
+        // From here on the kubelet no longer counts on the instances.
         self.hold(&c, None, false);
         if let Some(s) = self.slots[slot].as_mut().filter(|_| !zombie) {
             s.held = None;
@@ -568,7 +573,7 @@ impl World {
                 return;
             }
             let s = &live[pick % live.len()];
-            if self.emu.destroy_slice(s.gpu_index, s.gi_id).is_err() {
+            if self.emu.destroy_instance(s.gpu_index, s.gi_id).is_err() {
                 return; // an injected fault took it
             }
             let cp = self.p.checkpoint().read(Clone::clone);
@@ -583,7 +588,7 @@ impl World {
         };
         self.stats.tampered += 1;
         self.tampered.insert(victim.clone());
-        // The kubelet's container lost its slice; the claim's next prepare must repair it.
+        // The kubelet's container lost its instance; the claim's next prepare must repair it.
         for c in self.slots.iter_mut().flatten() {
             if c.claim.uid == victim {
                 c.held = None;
@@ -600,7 +605,7 @@ impl World {
         }
         let model = self.inventory[gpu as usize].model.clone();
         let mut occ = Occupancy::empty(&model);
-        for s in self.emu.gpu_slices(gpu).unwrap() {
+        for s in self.emu.instances_on(gpu).unwrap() {
             let (i, _) = model.profile(&s.profile).unwrap();
             occ.add(&model, i, s.placement.start);
         }
@@ -620,7 +625,11 @@ impl World {
             return;
         }
         let (profile, start) = &options[(pick as usize / 2) % options.len()];
-        if self.emu.create_foreign_slice(gpu, profile, *start).is_ok() {
+        if self
+            .emu
+            .create_foreign_instance(gpu, profile, *start)
+            .is_ok()
+        {
             self.stats.foreign += 1;
         }
     }
@@ -642,7 +651,7 @@ impl World {
                     return;
                 }
                 // Destroys go one by one through Tamper's bookkeeping.
-                let live = self.emu.gpu_slices(gpu).unwrap();
+                let live = self.emu.instances_on(gpu).unwrap();
                 for s in live {
                     let pick = self.live().iter().position(|l| l.mig_uuid == s.mig_uuid);
                     if let Some(pick) = pick {
@@ -701,13 +710,13 @@ impl World {
     }
 
     /// The invariants; `quiet`: no call is in flight.
-    /// The live slices of the GPUs that answer.
-    fn live(&self) -> Vec<MigSlice> {
+    /// The live instances of the GPUs that answer.
+    fn live(&self) -> Vec<MigInstance> {
         self.emu
             .gpu_indices()
             .into_iter()
             .filter(|g| !self.lost.contains(g))
-            .flat_map(|g| self.emu.gpu_slices(g).unwrap())
+            .flat_map(|g| self.emu.instances_on(g).unwrap())
             .collect()
     }
 
@@ -761,7 +770,7 @@ impl World {
             return;
         }
         let cp = self.p.checkpoint().read(Clone::clone);
-        // I1 (slices someone else created are not DAS's to record).
+        // I1 (instances someone else created are not DAS's to record).
         for s in live.iter().filter(|s| s.created_by_das != Some(false)) {
             let recorded = cp
                 .claims
@@ -774,7 +783,7 @@ impl World {
                 ));
             }
         }
-        // I2: nothing half-done; completed records hold live slices.
+        // I2: nothing half-done; completed records hold live instances.
         for (uid, r) in &cp.claims {
             match r.state {
                 PrepareState::PrepareStarted => {
@@ -805,7 +814,7 @@ impl World {
         }
     }
 
-    /// After a reaper pass with nothing failing: no record of slices that are gone.
+    /// After a reaper pass with nothing failing: no record of instances that are gone.
     fn check_reaped(&self) {
         let cp = self.p.checkpoint().read(Clone::clone);
         for (uid, r) in &cp.claims {
@@ -1047,13 +1056,13 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
     }
 }
 
-/// The model's own checks can fail: a slice created behind the plugin's back breaks I1.
+/// The model's own checks can fail: an instance created behind the plugin's back breaks I1.
 #[test]
 fn the_invariant_checks_catch_an_unrecorded_slice() {
     let rt = paused_runtime();
     rt.block_on(async {
         let w = World::new();
-        w.emu.create_slice(0, "1g.5gb", 0).unwrap();
+        w.emu.create_instance(0, "1g.5gb", 0).unwrap();
         w.check(true);
         let v = w.violations.lock().unwrap().clone();
         assert!(v.iter().any(|v| v.starts_with("I1")), "{v:?}");

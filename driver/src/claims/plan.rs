@@ -1,5 +1,5 @@
 //! The decisions of the request path, as pure functions of what the API server, the checkpoint
-//! and the GPUs say: which allocation results are ours, which live slice is which recorded
+//! and the GPUs say: which allocation results are ours, which live instance is which recorded
 //! instance, what a retried prepare may reuse, what the CDI spec of a claim holds, what
 //! start-up releases and destroys. [`super::Preparer`] carries them out.
 
@@ -10,11 +10,11 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
 use super::handler::{ClaimRef, PreparedDevice};
-use crate::claims::cdi::{PreparedSlice, SpecDevice};
+use crate::claims::cdi::{PreparedInstance, SpecDevice};
 use crate::claims::checkpoint::{
-    Checkpoint, ClaimRecord, InstanceId, PrepareState, PreparedDevice as Recorded,
+    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
 };
-use crate::gpu::{GpuInfo, MigSlice};
+use crate::gpu::{GpuInfo, MigInstance};
 use das_api::device_name;
 
 /// Where a published device lives: GPU, profile and placement (in memory slices).
@@ -30,7 +30,7 @@ pub struct DeviceRef {
     pub profile: String,
     /// First memory slice of the placement.
     pub start: u32,
-    /// Memory slices of the placement.
+    /// Memory instances of the placement.
     pub size: u32,
 }
 
@@ -132,8 +132,8 @@ pub fn resolve_allocation(
 }
 
 /// The checkpoint entry of a planned device, before its instance exists.
-pub fn record(p: &Planned) -> Recorded {
-    Recorded {
+pub fn record(p: &Planned) -> RecordedDevice {
+    RecordedDevice {
         request: p.request.clone(),
         pool: p.pool.clone(),
         device: p.device.clone(),
@@ -146,9 +146,9 @@ pub fn record(p: &Planned) -> Recorded {
     }
 }
 
-/// `d` with the identity of the live slice `s` filled in.
-pub fn with_instance(d: &Recorded, s: &MigSlice) -> Recorded {
-    Recorded {
+/// `d` with the identity of the live instance `s` filled in.
+pub fn with_instance(d: &RecordedDevice, s: &MigInstance) -> RecordedDevice {
+    RecordedDevice {
         instance: Some(InstanceId {
             gi_id: s.gi_id,
             ci_id: s.ci_id,
@@ -158,10 +158,10 @@ pub fn with_instance(d: &Recorded, s: &MigSlice) -> Recorded {
     }
 }
 
-/// Whether live slice `s` is the instance recorded as `d`: same GPU (by UUID), profile,
+/// Whether live instance `s` is the instance recorded as `d`: same GPU (by UUID), profile,
 /// placement, GI ID, and CI ID and MIG UUID — or no MIG UUID at all, which is how the backend
 /// lists our GI after a destroy removed its compute instance but failed on the GI.
-pub fn is_instance(d: &Recorded, s: &MigSlice) -> bool {
+pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
     let Some(i) = &d.instance else {
         return false;
     };
@@ -173,22 +173,22 @@ pub fn is_instance(d: &Recorded, s: &MigSlice) -> bool {
 }
 
 /// Whether `s` is recorded as an instance of any claim but `except`.
-pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigSlice) -> bool {
+pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
     cp.claims
         .iter()
         .filter(|(uid, _)| uid.as_str() != except)
         .any(|(_, r)| r.devices.iter().any(|d| is_instance(d, s)))
 }
 
-/// For each recorded device, the live slice that is it, if any. A device with its instance
+/// For each recorded device, the live instance that is it, if any. A device with its instance
 /// recorded matches only that instance ([`is_instance`]). A device without (a crash between
-/// creating the slice and completing the record) claims the slice at its placement, unless the
+/// creating the instance and completing the record) claims the instance at its placement, unless the
 /// backend says DAS did not create it or another claim records it (`elsewhere`).
 pub fn match_devices(
-    devices: &[Recorded],
-    live: &[MigSlice],
-    elsewhere: impl Fn(&MigSlice) -> bool,
-) -> Vec<Option<MigSlice>> {
+    devices: &[RecordedDevice],
+    live: &[MigInstance],
+    elsewhere: impl Fn(&MigInstance) -> bool,
+) -> Vec<Option<MigInstance>> {
     devices
         .iter()
         .map(|d| {
@@ -208,12 +208,12 @@ pub fn match_devices(
         .collect()
 }
 
-/// The other claims whose records hold a slice overlapping one of `planned`'s placements (same
+/// The other claims whose records hold an instance overlapping one of `planned`'s placements (same
 /// GPU, shared memory slices), by claim UID. Normally none: the scheduler never gives one
 /// placement to two allocated claims. After a force delete it does: the old pod's claim is
 /// deallocated before the kubelet has unprepared it.
 pub fn placement_holders(cp: &Checkpoint, uid: &str, planned: &[Planned]) -> Vec<String> {
-    let overlaps = |d: &Recorded, p: &Planned| {
+    let overlaps = |d: &RecordedDevice, p: &Planned| {
         d.gpu_uuid == p.at.gpu_uuid
             && d.placement_start < p.at.start + p.at.size
             && p.at.start < d.placement_start + d.placement_size
@@ -233,9 +233,9 @@ pub fn placement_holders(cp: &Checkpoint, uid: &str, planned: &[Planned]) -> Vec
 /// What a prepare does with the checkpoint's record of the claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnPrepare {
-    /// No record: create the slices.
+    /// No record: create the instances.
     Create,
-    /// A completed record of this very allocation: check that its slices and CDI spec still
+    /// A completed record of this very allocation: check that its instances and CDI spec still
     /// exist, then answer with it.
     Verify,
     /// A half-done, releasing, or stale record (another allocation of the same claim UID):
@@ -286,18 +286,18 @@ pub fn still_allocated(
             .all(|(r, d)| r.request == d.request && r.device == d.device)
 }
 
-/// What start-up does with a live slice no record claims.
+/// What start-up does with a live instance no record claims.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Orphans {
-    /// Slices to destroy: DAS created them (or `--reclaim-foreign-slices`).
-    pub destroy: Vec<MigSlice>,
+    /// Slices to destroy: DAS created them (or `--reclaim-foreign-instances`).
+    pub destroy: Vec<MigInstance>,
     /// Slices left alone: created by someone else (or unknown, on NVML).
-    pub foreign: Vec<MigSlice>,
+    pub foreign: Vec<MigInstance>,
 }
 
-/// Sorts the live slices of the GPUs that answered into those some record claims (kept) and the
+/// Sorts the live instances of the GPUs that answered into those some record claims (kept) and the
 /// rest ([`Orphans`]). Call after the records without instances were rolled back.
-pub fn orphans(live: &[MigSlice], cp: &Checkpoint, reclaim_foreign: bool) -> Orphans {
+pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> Orphans {
     let mut out = Orphans::default();
     for s in live {
         let claimed = cp
@@ -345,24 +345,24 @@ pub fn kubelet_devices(record: &ClaimRecord) -> Vec<PreparedDevice> {
         .collect()
 }
 
-/// The CDI devices of a claim whose devices are `devices`, created as `slices` (same order):
+/// The CDI devices of a claim whose devices are `devices`, created as `instances` (same order):
 /// one per device, keyed by its name — or, for a record of the first release whose CDI device
-/// IDs were per request (`legacy_keys`), one per request holding all of the request's slices,
+/// IDs were per request (`legacy_keys`), one per request holding all of the request's instances,
 /// so the IDs the kubelet already has keep resolving.
 pub fn spec_devices(
-    devices: &[Recorded],
-    slices: &[MigSlice],
+    devices: &[RecordedDevice],
+    instances: &[MigInstance],
     caps_major: u32,
     legacy_keys: &[String],
 ) -> Vec<SpecDevice> {
     let mut position: BTreeMap<&str, usize> = BTreeMap::new();
-    let prepared: Vec<(&Recorded, PreparedSlice)> = devices
+    let prepared: Vec<(&RecordedDevice, PreparedInstance)> = devices
         .iter()
-        .zip(slices)
+        .zip(instances)
         .map(|(d, s)| {
             let request = base_request(&d.request);
             let index = position.entry(request).or_default();
-            let slice = PreparedSlice {
+            let instance = PreparedInstance {
                 mig_uuid: s.mig_uuid.clone(),
                 parent_minor: s.gpu_minor,
                 gi_cap_minor: s.gi_cap_minor,
@@ -373,7 +373,7 @@ pub fn spec_devices(
                 index: *index,
             };
             *index += 1;
-            (d, slice)
+            (d, instance)
         })
         .collect();
     if legacy_keys.is_empty() {
@@ -381,7 +381,7 @@ pub fn spec_devices(
             .into_iter()
             .map(|(d, s)| SpecDevice {
                 key: d.device.clone(),
-                slices: vec![s],
+                instances: vec![s],
             })
             .collect();
     }
@@ -389,13 +389,13 @@ pub fn spec_devices(
         .iter()
         .map(|key| SpecDevice {
             key: key.clone(),
-            slices: prepared
+            instances: prepared
                 .iter()
                 .filter(|(d, _)| base_request(&d.request) == key)
                 .map(|(_, s)| s.clone())
                 .collect(),
         })
-        .filter(|d| !d.slices.is_empty())
+        .filter(|d| !d.instances.is_empty())
         .collect()
 }
 
@@ -410,8 +410,8 @@ pub fn legacy_cdi_keys(record: &ClaimRecord) -> Vec<String> {
         .collect()
 }
 
-/// Prepared slices per GPU index in a set of records.
-pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a Recorded>) -> BTreeMap<u32, u64> {
+/// Prepared instances per GPU index in a set of records.
+pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMap<u32, u64> {
     let mut m = BTreeMap::new();
     for d in devices {
         *m.entry(d.gpu_index).or_default() += 1;
@@ -446,8 +446,8 @@ mod tests {
         }
     }
 
-    fn live(gpu: u32, start: u32, gi: u32, mig: &str) -> MigSlice {
-        MigSlice {
+    fn live(gpu: u32, start: u32, gi: u32, mig: &str) -> MigInstance {
+        MigInstance {
             gpu_index: gpu,
             gpu_uuid: format!("GPU-{gpu}"),
             gpu_minor: gpu,
@@ -562,7 +562,7 @@ mod tests {
             match_devices(std::slice::from_ref(&d), std::slice::from_ref(&s), |_| true),
             vec![None]
         );
-        let foreign = MigSlice {
+        let foreign = MigInstance {
             created_by_das: Some(false),
             ..s
         };
@@ -656,7 +656,7 @@ mod tests {
         let d = with_instance(&record(&planned(0, 6, "gpu")), &kept);
         cp.set_completed("uid-1", "ns", "c", vec![d], BTreeMap::new());
         let ours = live(0, 5, 2, "MIG-orphan");
-        let foreign = MigSlice {
+        let foreign = MigInstance {
             created_by_das: None,
             ..live(0, 4, 3, "MIG-foreign")
         };
@@ -670,24 +670,24 @@ mod tests {
     #[test]
     fn spec_devices_number_slices_per_request() {
         let p = [planned(0, 6, "a"), planned(1, 6, "b/x"), planned(0, 5, "a")];
-        let slices = [
+        let instances = [
             live(0, 6, 1, "MIG-1"),
             live(1, 6, 1, "MIG-2"),
             live(0, 5, 2, "MIG-3"),
         ];
-        let devices: Vec<Recorded> = p
+        let devices: Vec<RecordedDevice> = p
             .iter()
-            .zip(&slices)
+            .zip(&instances)
             .map(|(p, s)| with_instance(&record(p), s))
             .collect();
-        let specs = spec_devices(&devices, &slices, 508, &[]);
+        let specs = spec_devices(&devices, &instances, 508, &[]);
         let shape: Vec<(String, String, usize)> = specs
             .iter()
             .map(|d| {
                 (
                     d.key.clone(),
-                    d.slices[0].request.clone(),
-                    d.slices[0].index,
+                    d.instances[0].request.clone(),
+                    d.instances[0].index,
                 )
             })
             .collect();
@@ -700,15 +700,15 @@ mod tests {
             ]
         );
         // A record of the first release keeps one CDI device per request.
-        let legacy = spec_devices(&devices, &slices, 508, &["a".into(), "b".into()]);
+        let legacy = spec_devices(&devices, &instances, 508, &["a".into(), "b".into()]);
         assert_eq!(legacy.len(), 2);
-        assert_eq!(legacy[0].slices.len(), 2);
+        assert_eq!(legacy[0].instances.len(), 2);
     }
 
     #[test]
     fn kubelet_devices_carry_their_cdi_device() {
         let p = [planned(0, 6, "a"), planned(0, 5, "b/x")];
-        let devices: Vec<Recorded> = p.iter().map(record).collect();
+        let devices: Vec<RecordedDevice> = p.iter().map(record).collect();
         let mut r = ClaimRecord {
             namespace: "ns".into(),
             name: "c".into(),

@@ -3,13 +3,13 @@
 //!
 //! Prepare of one claim, under the claim's lock: read the claim → resolve its allocation →
 //! settle what the checkpoint has for it (reuse a completed record after checking that its
-//! slices and CDI spec still exist, or release a half-done or stale one) → checkpoint
-//! `PrepareStarted` → create each slice at exactly the allocated placement (GPUs in parallel,
+//! instances and CDI spec still exist, or release a half-done or stale one) → checkpoint
+//! `PrepareStarted` → create each instance at exactly the allocated placement (GPUs in parallel,
 //! one GPU's calls in turn), noting each instance in the record as soon as it exists → write the
 //! CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
 //!
 //! Unprepare, and the roll-back of a failed prepare, release the claim: destroy exactly the
-//! recorded instances, delete the CDI spec, and drop the record only when every slice is
+//! recorded instances, delete the CDI spec, and drop the record only when every instance is
 //! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
 
 use std::collections::{BTreeMap, HashMap};
@@ -28,12 +28,12 @@ use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
 use crate::claims::checkpoint::{
-    CheckpointStore, ClaimRecord, InstanceId, PrepareState, PreparedDevice as Recorded,
+    CheckpointStore, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
 };
-use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice};
+use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigInstance};
 use crate::metrics::Metrics;
 
-/// Longest a prepare waits for another claim's slices at its placements to go: after a force
+/// Longest a prepare waits for another claim's instances at its placements to go: after a force
 /// delete the scheduler gives the placement to a new pod before the kubelet has unprepared the
 /// old pod's claim (the kubelet retries a failed prepare only after several seconds).
 pub const PLACEMENT_WAIT: Duration = Duration::from_secs(20);
@@ -66,7 +66,7 @@ pub struct PreparerConfig {
     /// Major of the `nvidia-caps` char device (from `/proc/devices`; a fixed value when
     /// emulated).
     pub caps_major: u32,
-    /// Put the slices' device nodes into CDI specs (off for emulated GPUs on real nodes, see
+    /// Put the instances' device nodes into CDI specs (off for emulated GPUs on real nodes, see
     /// [`cdi::without_device_nodes`]).
     pub cdi_device_nodes: bool,
     /// The checkpoint.
@@ -97,10 +97,10 @@ pub struct Preparer {
     released: tokio::sync::Notify,
 }
 
-/// A device whose slice is still there after a release, and why.
+/// A device whose instance is still there after a release, and why.
 #[derive(Debug, Clone)]
 pub(crate) struct Remaining {
-    pub(crate) device: Recorded,
+    pub(crate) device: RecordedDevice,
     pub(crate) failure: String,
     pub(crate) gpu_lost: bool,
     pub(crate) cause: &'static str,
@@ -187,7 +187,7 @@ impl Preparer {
         self.create_and_record(claim, &planned).await
     }
 
-    /// Waits (at most [`PLACEMENT_WAIT`]) until no other claim's record holds a slice at the
+    /// Waits (at most [`PLACEMENT_WAIT`]) until no other claim's record holds an instance at the
     /// planned placements: the force-delete race, where the kubelet's unprepare of the old pod's
     /// claim may come after this prepare. After [`PLACEMENT_GRACE`], a holder the API server no
     /// longer allocates (deleted, replaced, deallocated) is released here, as start-up would
@@ -273,9 +273,9 @@ impl Preparer {
         all
     }
 
-    /// A retried prepare of a completed claim: answers with the record if its slices still
+    /// A retried prepare of a completed claim: answers with the record if its instances still
     /// exist (writing its CDI spec again where it is missing or differs); `None` after
-    /// releasing a record whose slices are gone.
+    /// releasing a record whose instances are gone.
     async fn serve_completed(
         &self,
         claim: &ClaimRef,
@@ -284,7 +284,7 @@ impl Preparer {
         let mut live = Vec::new();
         for gpu in gpus_of(&record.devices) {
             live.extend(
-                self.gpu_slices(gpu)
+                self.instances_on(gpu)
                     .await
                     .map_err(PrepareError::GpuUnavailable)?,
             );
@@ -298,8 +298,8 @@ impl Preparer {
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
         }
-        let slices: Vec<MigSlice> = matched.into_iter().flatten().collect();
-        self.ensure_cdi_spec(claim, record, &slices)?;
+        let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
+        self.ensure_cdi_spec(claim, record, &instances)?;
         self.status.start(
             self.api.clone(),
             claim.clone(),
@@ -315,10 +315,10 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         record: &ClaimRecord,
-        slices: &[MigSlice],
+        instances: &[MigInstance],
     ) -> Result<bool, PrepareError> {
         let legacy = plan::legacy_cdi_keys(record);
-        let built = self.build_spec(claim, &record.devices, slices, &legacy)?;
+        let built = self.build_spec(claim, &record.devices, instances, &legacy)?;
         let on_disk = cdi::read_spec(&cdi::spec_path(&self.cdi_dir, &claim.uid)).ok();
         if on_disk.as_ref() == Some(&built.spec) {
             return Ok(false);
@@ -331,11 +331,11 @@ impl Preparer {
     pub(crate) fn build_spec(
         &self,
         claim: &ClaimRef,
-        devices: &[Recorded],
-        slices: &[MigSlice],
+        devices: &[RecordedDevice],
+        instances: &[MigInstance],
         legacy_keys: &[String],
     ) -> Result<cdi::ClaimSpec, PrepareError> {
-        let spec_devices = plan::spec_devices(devices, slices, self.caps_major, legacy_keys);
+        let spec_devices = plan::spec_devices(devices, instances, self.caps_major, legacy_keys);
         let mut built = cdi::build_claim_spec(&claim.uid, &spec_devices)?;
         if !self.cdi_device_nodes {
             cdi::without_device_nodes(&mut built.spec);
@@ -343,7 +343,7 @@ impl Preparer {
         Ok(built)
     }
 
-    /// Checkpoint `PrepareStarted`, create the slices, write the CDI spec, checkpoint
+    /// Checkpoint `PrepareStarted`, create the instances, write the CDI spec, checkpoint
     /// `PrepareCompleted`, start the status write; rolls back on any failure.
     async fn create_and_record(
         &self,
@@ -351,7 +351,7 @@ impl Preparer {
         planned: &[Planned],
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let t0 = Instant::now();
-        let started: Vec<Recorded> = planned.iter().map(plan::record).collect();
+        let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
         self.checkpoint
             .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
             .await
@@ -365,16 +365,16 @@ impl Preparer {
             ));
         };
         if let Some((i, e)) = failed {
-            // The slices made, and the GPU instance a failed create names: NVML's create leaves
+            // The instances made, and the GPU instance a failed create names: NVML's create leaves
             // one behind when the compute instance fails and so does the clean-up.
-            let mut attempted: Vec<Recorded> = devices
+            let mut attempted: Vec<RecordedDevice> = devices
                 .iter()
                 .zip(&made)
                 .filter(|(_, m)| m.is_some())
                 .map(|(d, _)| d.clone())
                 .collect();
             if let Some(gi_id) = e.target().gi_id {
-                attempted.push(Recorded {
+                attempted.push(RecordedDevice {
                     instance: Some(InstanceId {
                         gi_id,
                         ci_id: 0,
@@ -387,10 +387,10 @@ impl Preparer {
             self.roll_back(claim, attempted).await;
             return Err(err);
         }
-        let slices: Vec<MigSlice> = made.into_iter().flatten().collect();
+        let instances: Vec<MigInstance> = made.into_iter().flatten().collect();
         let t_created = t0.elapsed();
         let built = match self
-            .build_spec(claim, &devices, &slices, &[])
+            .build_spec(claim, &devices, &instances, &[])
             .and_then(|b| {
                 cdi::write_spec(&self.cdi_dir, &claim.uid, &b.spec)?;
                 Ok(b)
@@ -440,21 +440,21 @@ impl Preparer {
         Ok(plan::kubelet_devices(&record))
     }
 
-    /// Releases the slices of a failed prepare; a failure to destroy is already recorded for
+    /// Releases the instances of a failed prepare; a failure to destroy is already recorded for
     /// the reaper by [`Self::release`], so only logged here.
-    async fn roll_back(&self, claim: &ClaimRef, devices: Vec<Recorded>) {
+    async fn roll_back(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) {
         if let Err(e) = self.release(claim, devices).await {
             tracing::error!(claim = %claim, error = %e, "rolling back a failed prepare left slices behind; the reaper retries");
         }
     }
 
-    /// Creates every planned slice, GPUs in parallel. Returns the slice made for each planned
+    /// Creates every planned instance, GPUs in parallel. Returns the instance made for each planned
     /// device (in order) and the first failure, if any (a GPU stops at its first failure).
     async fn create_all(
         &self,
         uid: &str,
         planned: &[Planned],
-    ) -> (Vec<Option<MigSlice>>, Option<(usize, BackendError)>) {
+    ) -> (Vec<Option<MigInstance>>, Option<(usize, BackendError)>) {
         let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
         for (i, p) in planned.iter().enumerate() {
             by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
@@ -467,8 +467,8 @@ impl Preparer {
         .await;
         let mut made = vec![None; planned.len()];
         let mut failed = None;
-        for (slices, err) in per_gpu {
-            for (i, s) in slices {
+        for (instances, err) in per_gpu {
+            for (i, s) in instances {
                 made[i] = Some(s);
             }
             if failed.is_none() {
@@ -486,7 +486,7 @@ impl Preparer {
         uid: &str,
         gpu: u32,
         items: Vec<(usize, &Planned)>,
-    ) -> (Vec<(usize, MigSlice)>, Option<(usize, BackendError)>) {
+    ) -> (Vec<(usize, MigInstance)>, Option<(usize, BackendError)>) {
         let lock = self.gpu_lock(gpu);
         let _held = lock.lock().await;
         let mut made = Vec::new();
@@ -496,17 +496,17 @@ impl Preparer {
             let t0 = Instant::now();
             let r = self
                 .blocking
-                .run(move || backend.create_slice(gpu, &profile, start))
+                .run(move || backend.create_instance(gpu, &profile, start))
                 .await;
             self.metrics.observe_backend("create", t0.elapsed());
             match r {
-                Ok(Ok(slice)) => {
+                Ok(Ok(instance)) => {
                     self.checkpoint.change(|cp| {
                         if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
-                            *d = plan::with_instance(d, &slice);
+                            *d = plan::with_instance(d, &instance);
                         }
                     });
-                    made.push((i, slice));
+                    made.push((i, instance));
                 }
                 Ok(Err(e)) => return (made, Some((i, e))),
                 Err(e) => {
@@ -521,7 +521,7 @@ impl Preparer {
         (made, None)
     }
 
-    /// Unprepares one claim: stops its status write, releases its slices. Idempotent; a claim
+    /// Unprepares one claim: stops its status write, releases its instances. Idempotent; a claim
     /// without a record only has its CDI spec removed (if any).
     ///
     /// Slices left on a lost GPU do not fail the call: the claim stays recorded and the reaper
@@ -552,22 +552,22 @@ impl Preparer {
     }
 
     /// Destroys exactly the recorded instances of `devices` (and, for devices recorded without
-    /// an instance, the slice at their placement that nobody else records), deletes the CDI
-    /// spec, and drops the record once every slice is confirmed gone. Otherwise the record
+    /// an instance, the instance at their placement that nobody else records), deletes the CDI
+    /// spec, and drops the record once every instance is confirmed gone. Otherwise the record
     /// becomes `Releasing` with what is left, and the reaper takes it over. The caller holds
     /// the claim's lock.
     ///
     /// # Errors
-    /// [`PrepareError::Destroy`] naming every slice left; [`PrepareError::Cdi`] when only the
+    /// [`PrepareError::Destroy`] naming every instance left; [`PrepareError::Cdi`] when only the
     /// spec could not be deleted.
     pub(crate) async fn release(
         &self,
         claim: &ClaimRef,
-        devices: Vec<Recorded>,
+        devices: Vec<RecordedDevice>,
     ) -> Result<(), PrepareError> {
-        // A completed record always holds live slices: mark it releasing before the first
+        // A completed record always holds live instances: mark it releasing before the first
         // destroy, so a crash half-way leaves a record start-up finishes, not a completed one
-        // with slices missing.
+        // with instances missing.
         let completed = self.checkpoint.read(|cp| {
             cp.get(&claim.uid)
                 .is_some_and(|r| r.state == PrepareState::PrepareCompleted)
@@ -585,7 +585,7 @@ impl Preparer {
             self.forget(claim).await;
             return Ok(());
         }
-        let left: Vec<Recorded> = remaining.iter().map(|r| r.device.clone()).collect();
+        let left: Vec<RecordedDevice> = remaining.iter().map(|r| r.device.clone()).collect();
         if let Err(e) = self
             .checkpoint
             .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, left))
@@ -610,9 +610,9 @@ impl Preparer {
     }
 
     /// Destroys the instances of `devices`, GPUs in parallel, each under its GPU's lock; returns
-    /// the devices whose slice is still there.
-    async fn destroy_devices(&self, uid: &str, devices: Vec<Recorded>) -> Vec<Remaining> {
-        let mut by_gpu: BTreeMap<u32, Vec<Recorded>> = BTreeMap::new();
+    /// the devices whose instance is still there.
+    async fn destroy_devices(&self, uid: &str, devices: Vec<RecordedDevice>) -> Vec<Remaining> {
+        let mut by_gpu: BTreeMap<u32, Vec<RecordedDevice>> = BTreeMap::new();
         for d in devices {
             by_gpu.entry(d.gpu_index).or_default().push(d);
         }
@@ -627,10 +627,15 @@ impl Preparer {
         .collect()
     }
 
-    async fn destroy_on_gpu(&self, uid: &str, gpu: u32, devices: Vec<Recorded>) -> Vec<Remaining> {
+    async fn destroy_on_gpu(
+        &self,
+        uid: &str,
+        gpu: u32,
+        devices: Vec<RecordedDevice>,
+    ) -> Vec<Remaining> {
         let lock = self.gpu_lock(gpu);
         let _held = lock.lock().await;
-        let live = match self.gpu_slices(gpu).await {
+        let live = match self.instances_on(gpu).await {
             Ok(live) => live,
             Err(e) => {
                 return devices
@@ -668,9 +673,9 @@ impl Preparer {
         remaining
     }
 
-    /// Destroys one slice, retrying `IN_USE`. `NOT_FOUND` counts as destroyed. The caller
+    /// Destroys one instance, retrying `IN_USE`. `NOT_FOUND` counts as destroyed. The caller
     /// holds the GPU's lock.
-    pub(crate) async fn destroy_one(&self, s: &MigSlice) -> Result<(), BackendError> {
+    pub(crate) async fn destroy_one(&self, s: &MigInstance) -> Result<(), BackendError> {
         // One try, then one more after each pause while NVML answers IN_USE.
         let mut pauses = DESTROY_RETRIES.iter();
         loop {
@@ -679,7 +684,7 @@ impl Preparer {
             let t0 = Instant::now();
             let r = self
                 .blocking
-                .run(move || backend.destroy_slice(gpu, gi))
+                .run(move || backend.destroy_instance(gpu, gi))
                 .await;
             self.metrics.observe_backend("destroy", t0.elapsed());
             match r {
@@ -709,10 +714,10 @@ impl Preparer {
         self.released.notify_waiters();
     }
 
-    /// The slices of GPU `gpu`, from the backend.
-    pub(crate) async fn gpu_slices(&self, gpu: u32) -> Result<Vec<MigSlice>, BackendError> {
+    /// The instances of GPU `gpu`, from the backend.
+    pub(crate) async fn instances_on(&self, gpu: u32) -> Result<Vec<MigInstance>, BackendError> {
         let backend = self.backend.clone();
-        match self.blocking.run(move || backend.gpu_slices(gpu)).await {
+        match self.blocking.run(move || backend.instances_on(gpu)).await {
             Ok(r) => r,
             Err(reason) => Err(BackendError::Other {
                 target: crate::gpu::Target::gpu(gpu),
@@ -721,11 +726,13 @@ impl Preparer {
         }
     }
 
-    /// Every managed GPU's slices, or why that GPU could not be read.
-    pub(crate) async fn live_per_gpu(&self) -> BTreeMap<u32, Result<Vec<MigSlice>, BackendError>> {
+    /// Every managed GPU's instances, or why that GPU could not be read.
+    pub(crate) async fn live_per_gpu(
+        &self,
+    ) -> BTreeMap<u32, Result<Vec<MigInstance>, BackendError>> {
         let mut out = BTreeMap::new();
         for gpu in self.backend.gpu_indices() {
-            out.insert(gpu, self.gpu_slices(gpu).await);
+            out.insert(gpu, self.instances_on(gpu).await);
         }
         out
     }
@@ -770,7 +777,7 @@ fn unreachable_record() -> ClaimRecord {
 }
 
 /// The GPU indices `devices` live on, each once.
-fn gpus_of(devices: &[Recorded]) -> Vec<u32> {
+fn gpus_of(devices: &[RecordedDevice]) -> Vec<u32> {
     let mut gpus: Vec<u32> = devices.iter().map(|d| d.gpu_index).collect();
     gpus.sort_unstable();
     gpus.dedup();

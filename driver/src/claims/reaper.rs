@@ -1,5 +1,5 @@
 //! The reaper: retries, with backoff, the destroys that an unprepare or a roll-back could not
-//! finish (records in state `Releasing`), so no slice is forgotten while it exists. Each failed
+//! finish (records in state `Releasing`), so no instance is forgotten while it exists. Each failed
 //! attempt counts in `das_kubelet_plugin_reaper_attempts_total{result="failure"}` and posts a
 //! Warning event `SliceDestroyFailed` on the ResourceClaim.
 
@@ -85,9 +85,9 @@ impl ReaperState {
 /// What one pass of the reaper did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ReapReport {
-    /// Claims whose slices are now all gone (records dropped).
+    /// Claims whose instances are now all gone (records dropped).
     pub finished: Vec<String>,
-    /// Claims with slices still left.
+    /// Claims with instances still left.
     pub failed: Vec<String>,
     /// Claims skipped because a call for them was running.
     pub busy: Vec<String>,

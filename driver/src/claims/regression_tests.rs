@@ -1,5 +1,5 @@
-//! One test per finding of the slice-lifecycle review (issue 11), each failing on the request
-//! path before it was rebuilt: per-claim serialization, exact slice identity, nothing forgotten
+//! One test per finding of the instance-lifecycle review (issue 11), each failing on the request
+//! path before it was rebuilt: per-claim serialization, exact instance identity, nothing forgotten
 //! while it exists, CDI that composes, per-GPU fault isolation, fresh answers.
 
 use std::sync::Arc;
@@ -70,7 +70,7 @@ impl Setup {
 
     fn live_migs(&self) -> Vec<String> {
         self.emu
-            .list_slices()
+            .all_instances()
             .unwrap()
             .into_iter()
             .map(|s| s.mig_uuid)
@@ -96,7 +96,7 @@ impl Setup {
 
 /// Finding 1: an unprepare that arrives while the same claim's prepare is still creating (the
 /// kubelet gave up on the prepare and the pod was deleted) used to destroy nothing, forget the
-/// claim, and let the prepare finish afterwards: a leaked slice and CDI spec.
+/// claim, and let the prepare finish afterwards: a leaked instance and CDI spec.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unprepare_during_the_same_claims_prepare_leaves_nothing() {
     let s = setup("H100-80GB:1", BlockingCalls::Threads);
@@ -115,7 +115,7 @@ async fn an_unprepare_during_the_same_claims_prepare_leaves_nothing() {
 }
 
 /// Finding 1: two prepares of one claim at once (a retry, or a claim shared by two pods) used
-/// to roll back each other's fresh slice and answer with a dead MIG UUID.
+/// to roll back each other's fresh instance and answer with a dead MIG UUID.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_prepares_of_one_claim_answer_the_same_live_slice() {
     let s = setup("H100-80GB:1", BlockingCalls::Threads);
@@ -130,7 +130,7 @@ async fn two_prepares_of_one_claim_answer_the_same_live_slice() {
 }
 
 /// Finding 2: after an unprepare that failed on its second GPU, the freed placement on the
-/// first went to claim B; the kubelet's retry of the first unprepare used to find B's slice at
+/// first went to claim B; the kubelet's retry of the first unprepare used to find B's instance at
 /// "its" placement and destroy it.
 #[tokio::test(start_paused = true)]
 async fn a_retried_unprepare_never_destroys_the_next_claims_slice_at_the_same_placement() {
@@ -151,7 +151,7 @@ async fn a_retried_unprepare_never_destroys_the_next_claims_slice_at_the_same_pl
 }
 
 /// Finding 3: a failed prepare whose roll-back could not destroy what it made used to forget
-/// the record anyway: the slice was lost for good (never reclaimed on real GPUs).
+/// the record anyway: the instance was lost for good (never reclaimed on real GPUs).
 #[tokio::test(start_paused = true)]
 async fn a_roll_back_that_fails_is_recorded_and_the_reaper_finishes_it() {
     let s = setup("H100-80GB:2", inline());
@@ -229,7 +229,7 @@ async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
     nvml.api()
         .fail_next("nvmlGpuInstanceDestroy", code::UNKNOWN);
     p.prepare_claim(&a).await.unwrap_err();
-    assert!(nvml.list_slices().unwrap().is_empty());
+    assert!(nvml.all_instances().unwrap().is_empty());
     assert!(p.record_of(UID_A).is_none());
     // Both fail: the GPU instance is left, and recorded.
     nvml.api()
@@ -240,7 +240,7 @@ async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
         .fail_next("nvmlGpuInstanceDestroy", code::UNKNOWN);
     p.prepare_claim(&a).await.unwrap_err();
     assert_eq!(
-        nvml.list_slices().unwrap().len(),
+        nvml.all_instances().unwrap().len(),
         1,
         "a GPU instance is left"
     );
@@ -250,7 +250,7 @@ async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
     assert_eq!(record.state, PrepareState::Releasing);
     tokio::time::sleep(super::reaper::FIRST_DELAY).await;
     assert_eq!(p.reap_due().await.finished, [UID_A]);
-    assert!(nvml.list_slices().unwrap().is_empty());
+    assert!(nvml.all_instances().unwrap().is_empty());
 }
 
 /// Finding 4: a container with devices from two claims (what the webhook makes of two legacy
@@ -322,7 +322,7 @@ async fn a_lost_gpu_fails_only_what_touches_it() {
         &[("gpu", "gpu-0-mig-2g-20gb-4")],
     );
     s.p.prepare_claim(&c).await.unwrap();
-    // B's pod goes: the unprepare succeeds, the slice stays recorded for when GPU 1 answers.
+    // B's pod goes: the unprepare succeeds, the instance stays recorded for when GPU 1 answers.
     s.p.unprepare_claim(&b).await.unwrap();
     assert_eq!(
         s.p.record_of(UID_B).map(|r| r.state),
@@ -347,28 +347,28 @@ async fn a_lost_gpu_fails_only_what_touches_it() {
             .iter()
             .any(|(r, _)| r == "GpuUnavailable")
     );
-    // GPU 1 is back: the reaper destroys B's slice.
+    // GPU 1 is back: the reaper destroys B's instance.
     s.emu.set_gpu_lost(1, false);
     tokio::time::sleep(super::reaper::MAX_DELAY).await;
     assert_eq!(restarted.reap_due().await.finished, [UID_B]);
-    assert_eq!(s.emu.gpu_slices(1).unwrap().len(), 0);
+    assert_eq!(s.emu.instances_on(1).unwrap().len(), 0);
 }
 
 /// Finding 6: a retried prepare of a completed claim used to answer with the record without
-/// looking: a destroyed slice's dead MIG UUID, a CDI spec that no longer exists.
+/// looking: a destroyed instance's dead MIG UUID, a CDI spec that no longer exists.
 #[tokio::test(start_paused = true)]
 async fn a_retried_prepare_checks_that_slices_and_cdi_spec_still_exist() {
     let s = setup("H100-80GB:1", inline());
     let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
     s.p.prepare_claim(&a).await.unwrap();
-    // The CDI spec disappears: the retry writes it again, same slice.
+    // The CDI spec disappears: the retry writes it again, same instance.
     let first = s.spec_migs(&a);
     std::fs::remove_file(cdi::spec_path(&s.dir.path().join("cdi"), &a.uid)).unwrap();
     s.p.prepare_claim(&a).await.unwrap();
     assert_eq!(s.spec_migs(&a), first);
-    // The slice is destroyed behind the plugin's back: the retry carves a new one.
-    let slice = s.emu.list_slices().unwrap().remove(0);
-    s.emu.destroy_slice(0, slice.gi_id).unwrap();
+    // The instance is destroyed behind the plugin's back: the retry carves a new one.
+    let instance = s.emu.all_instances().unwrap().remove(0);
+    s.emu.destroy_instance(0, instance.gi_id).unwrap();
     s.p.prepare_claim(&a).await.unwrap();
     let live = s.live_migs();
     assert_eq!(live.len(), 1);
@@ -429,7 +429,7 @@ async fn an_api_server_that_never_answers_fails_the_call_in_bounded_time() {
 /// Finding 8 is covered in `handover::tests::lock_files_are_0600_in_a_0700_state_dir`.
 ///
 /// The per-claim lock keeps different claims parallel: two claims on two GPUs create their
-/// slices at the same time (no node-wide lock).
+/// instances at the same time (no node-wide lock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn different_claims_on_different_gpus_prepare_in_parallel() {
     let s = setup("H100-80GB:2", BlockingCalls::Threads);
@@ -512,7 +512,7 @@ async fn a_prepare_never_releases_a_claim_that_is_still_allocated() {
 }
 
 /// Bad input: a CDI spec file of a prepared claim that is corrupt (truncated, edited) is written
-/// again at start-up, from the record and the live slice; a stale one of a gone claim is removed.
+/// again at start-up, from the record and the live instance; a stale one of a gone claim is removed.
 #[tokio::test(start_paused = true)]
 async fn start_up_writes_a_corrupt_cdi_spec_again_and_removes_stale_ones() {
     let s = setup("H100-80GB:1", inline());

@@ -1,14 +1,14 @@
 //! Start-up reconciliation of the three records of what is prepared: the checkpoint, the GPUs
-//! (slices that exist) and the API server (claims that still hold devices). In order:
+//! (instances that exist) and the API server (claims that still hold devices). In order:
 //! 1. GPUs that do not answer are skipped, with a log line and a Warning event on the Node; the
-//!    records of claims with slices on them are kept for when they answer again;
+//!    records of claims with instances on them are kept for when they answer again;
 //! 2. prepares that started but never completed are rolled back (the kubelet retries them), and
 //!    releases left over are tried again;
 //! 3. completed claims whose ResourceClaim is gone, replaced or deallocated are released; the
 //!    others get their CDI spec written again where it is missing or not what it should be;
-//! 4. when the checkpoint was lost (corrupt, or first start), the records of live slices are
+//! 4. when the checkpoint was lost (corrupt, or first start), the records of live instances are
 //!    rebuilt from the claims the API server has allocated on this node;
-//! 5. slices nobody records are destroyed — only those DAS created, unless `reclaim_foreign`;
+//! 5. instances nobody records are destroyed — only those DAS created, unless `reclaim_foreign`;
 //! 6. CDI specs of claims we no longer hold, and leftover temp files, are removed.
 //!
 //! The decisions are [`super::plan`]'s; nothing here runs concurrently with calls (the plugin
@@ -22,8 +22,8 @@ use super::handler::ClaimRef;
 use super::plan;
 use super::{EventTarget, Preparer};
 use crate::claims::cdi;
-use crate::claims::checkpoint::{ClaimRecord, PrepareState, PreparedDevice as Recorded};
-use crate::gpu::{BackendError, MigSlice};
+use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
+use crate::gpu::{BackendError, MigInstance};
 
 /// What start-up reconciliation did; logged, and asserted on by tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -35,12 +35,12 @@ pub struct Report {
     /// Claims released because the API server no longer allocates them (or a release left
     /// over finished).
     pub released: Vec<String>,
-    /// Claims whose slices could not all be destroyed: recorded for the reaper.
+    /// Claims whose instances could not all be destroyed: recorded for the reaper.
     pub pending_destroy: Vec<String>,
-    /// Claims whose record was rebuilt from live slices and the API server.
+    /// Claims whose record was rebuilt from live instances and the API server.
     pub rebuilt: Vec<String>,
-    /// Kept claims with a recorded slice that no longer exists.
-    pub missing_slices: Vec<String>,
+    /// Kept claims with a recorded instance that no longer exists.
+    pub missing_instances: Vec<String>,
     /// CDI specs written again.
     pub cdi_specs_rewritten: usize,
     /// Slices destroyed because no claim owns them (`MIG UUID`s).
@@ -107,7 +107,7 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         record: ClaimRecord,
-        live: &BTreeMap<u32, Result<Vec<MigSlice>, BackendError>>,
+        live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
         report: &mut Report,
     ) -> Result<()> {
         let keep = match record.state {
@@ -146,15 +146,15 @@ impl Preparer {
         Ok(())
     }
 
-    /// A kept claim: its slices should exist; its CDI spec is written again if needed.
+    /// A kept claim: its instances should exist; its CDI spec is written again if needed.
     fn check_kept(
         &self,
         claim: &ClaimRef,
         record: &ClaimRecord,
-        live: &BTreeMap<u32, Result<Vec<MigSlice>, BackendError>>,
+        live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
         report: &mut Report,
     ) {
-        let on_gpus: Option<Vec<MigSlice>> = record
+        let on_gpus: Option<Vec<MigInstance>> = record
             .devices
             .iter()
             .map(|d| d.gpu_index)
@@ -169,11 +169,11 @@ impl Preparer {
         let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
         if matched.iter().any(Option::is_none) {
             tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists; the claim's next prepare creates it again");
-            report.missing_slices.push(claim.to_string());
+            report.missing_instances.push(claim.to_string());
             return;
         }
-        let slices: Vec<MigSlice> = matched.into_iter().flatten().collect();
-        match self.ensure_cdi_spec(claim, record, &slices) {
+        let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
+        match self.ensure_cdi_spec(claim, record, &instances) {
             Ok(true) => report.cdi_specs_rewritten += 1,
             Ok(false) => {}
             Err(e) => {
@@ -182,13 +182,13 @@ impl Preparer {
         }
     }
 
-    /// Step 4: records for live slices that claims on this node are allocated to.
+    /// Step 4: records for live instances that claims on this node are allocated to.
     async fn rebuild_from_api(
         &self,
-        live: &BTreeMap<u32, Result<Vec<MigSlice>, BackendError>>,
+        live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
         report: &mut Report,
     ) -> Result<()> {
-        let live: Vec<MigSlice> = live
+        let live: Vec<MigInstance> = live
             .values()
             .filter_map(|r| r.as_ref().ok())
             .flatten()
@@ -220,7 +220,7 @@ impl Preparer {
             else {
                 continue;
             };
-            let started: Vec<Recorded> = planned.iter().map(plan::record).collect();
+            let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
             let matched = plan::match_devices(&started, &live, |s| {
                 self.checkpoint
                     .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
@@ -228,14 +228,14 @@ impl Preparer {
             if matched.iter().any(Option::is_none) {
                 continue; // not (fully) prepared here: the kubelet will prepare it
             }
-            let slices: Vec<MigSlice> = matched.into_iter().flatten().collect();
-            let devices: Vec<Recorded> = started
+            let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
+            let devices: Vec<RecordedDevice> = started
                 .iter()
-                .zip(&slices)
+                .zip(&instances)
                 .map(|(d, s)| plan::with_instance(d, s))
                 .collect();
             let built = self
-                .build_spec(&claim, &devices, &slices, &[])
+                .build_spec(&claim, &devices, &instances, &[])
                 .map_err(anyhow::Error::msg)?;
             cdi::write_spec(&self.cdi_dir, &claim.uid, &built.spec)?;
             let ids: BTreeMap<String, Vec<String>> = built
@@ -258,7 +258,7 @@ impl Preparer {
     /// Step 5, on the GPUs that answer (listed again: steps 2–4 changed them).
     async fn destroy_orphans(&self, reclaim_foreign: bool, report: &mut Report) {
         for gpu in self.backend.gpu_indices() {
-            let Ok(live) = self.gpu_slices(gpu).await else {
+            let Ok(live) = self.instances_on(gpu).await else {
                 continue;
             };
             let found = self
@@ -266,7 +266,7 @@ impl Preparer {
                 .read(|cp| plan::orphans(&live, cp, reclaim_foreign));
             for s in found.foreign {
                 tracing::warn!(gpu = s.gpu_index, profile = %s.profile, start = s.placement.start, mig = %s.mig_uuid,
-                    "leaving a MIG slice DAS did not create; its placement stays unavailable (--reclaim-foreign-slices destroys it)");
+                    "leaving a MIG instance DAS did not create; its placement stays unavailable (--reclaim-foreign-slices destroys it)");
                 report.foreign_kept.push(s.mig_uuid);
             }
             for s in found.destroy {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ClaimApi;
 use super::handler::ClaimRef;
-use crate::claims::checkpoint::PreparedDevice as Recorded;
+use crate::claims::checkpoint::RecordedDevice;
 use crate::metrics::Metrics;
 
 /// First pause after a failed write; doubled after each failure up to [`MAX_RETRY_DELAY`].
@@ -36,7 +36,7 @@ impl StatusWriters {
         &self,
         api: Arc<dyn ClaimApi>,
         claim: ClaimRef,
-        devices: Vec<Recorded>,
+        devices: Vec<RecordedDevice>,
         metrics: Arc<Metrics>,
     ) {
         let stop = CancellationToken::new();
@@ -81,7 +81,7 @@ impl Drop for StatusWriters {
 async fn write_until_done(
     api: Arc<dyn ClaimApi>,
     claim: ClaimRef,
-    devices: Vec<Recorded>,
+    devices: Vec<RecordedDevice>,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) {

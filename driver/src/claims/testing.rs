@@ -15,7 +15,7 @@ use serde_json::json;
 use super::handler::ClaimRef;
 use super::{ApiError, ClaimApi, EventTarget, Preparer, PreparerConfig};
 use crate::blocking::BlockingCalls;
-use crate::claims::checkpoint::{Checkpoint, CheckpointStore, PreparedDevice as Recorded};
+use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
 use crate::gpu::GpuBackend;
 use crate::metrics::Metrics;
 
@@ -112,7 +112,11 @@ impl ClaimApi for MemoryApi {
         Ok(self.claims.lock().unwrap().values().cloned().collect())
     }
 
-    async fn write_status(&self, claim: &ClaimRef, devices: &[Recorded]) -> Result<(), ApiError> {
+    async fn write_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+    ) -> Result<(), ApiError> {
         if Self::take(&self.failing_status_writes) {
             return Err(ApiError::transient("injected: 503"));
         }

@@ -1,7 +1,7 @@
 //! The emulated GPU backend (DESIGN §7 "Emulated mode"): GPUs described by a spec string such as
 //! `A100-SXM4-40GB:2,H100-80GB:2`, real profile and placement tables from the model data files,
 //! NVML-like rules and errors, and the "hardware" state (which GPU and compute instances exist)
-//! kept on disk so a restarted plugin sees the slices that exist.
+//! kept on disk so a restarted plugin sees the instances that exist.
 //!
 //! - GPU UUIDs are derived from the node name and the GPU index, so they are stable across
 //!   restarts; MIG UUIDs are derived from the GPU UUID and a serial number kept in the state, so
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use super::catalog::{ModelError, builtin_models, find_model, model_names};
 use super::layout::{Conflict, Occupancy, Placement};
 use super::model::GpuModel;
-use super::{BackendError, GpuBackend, GpuInfo, MigSlice, Target, ci_cap_minor, gi_cap_minor};
+use super::{BackendError, GpuBackend, GpuInfo, MigInstance, Target, ci_cap_minor, gi_cap_minor};
 use das_runtime::fs::Durability;
 use das_runtime::hash::fnv1a64_from;
 
@@ -184,9 +184,9 @@ impl FaultKind {
 /// independent). mig-facts §5 suggests ≈0.3–0.6 s create and ≈1 s destroy for realism.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Latency {
-    /// Sleep per `create_slice`.
+    /// Sleep per `create_instance`.
     pub create: Duration,
-    /// Sleep per `destroy_slice`.
+    /// Sleep per `destroy_instance`.
     pub destroy: Duration,
 }
 
@@ -499,14 +499,14 @@ impl EmulatedBackend {
         Ok(gpu)
     }
 
-    /// Creates a slice as an administrator would with `nvidia-smi` (marked `created_by_das =
+    /// Creates an instance as an administrator would with `nvidia-smi` (marked `created_by_das =
     /// false`), without latency or faults: for tests of start-up reconciliation.
-    pub fn create_foreign_slice(
+    pub fn create_foreign_instance(
         &self,
         gpu_index: u32,
         profile: &str,
         start: u32,
-    ) -> Result<MigSlice, BackendError> {
+    ) -> Result<MigInstance, BackendError> {
         let gpu = self.gpu(gpu_index, Target::gpu(gpu_index))?;
         self.create(gpu, profile, start, false)
     }
@@ -543,12 +543,12 @@ impl EmulatedBackend {
         profile: &str,
         start: u32,
         by_das: bool,
-    ) -> Result<MigSlice, BackendError> {
+    ) -> Result<MigInstance, BackendError> {
         let (profile_idx, size) = match gpu.model.profile(profile) {
             Some((i, p)) => (i, p.placement_size),
             None => {
                 return Err(BackendError::InvalidArgument {
-                    target: Target::slice(gpu.index, profile, Placement { start, size: 0 }),
+                    target: Target::at(gpu.index, profile, Placement { start, size: 0 }),
                     reason: format!(
                         "{} has no profile {profile}; valid: {}",
                         gpu.model.name,
@@ -557,7 +557,7 @@ impl EmulatedBackend {
                 });
             }
         };
-        let target = Target::slice(gpu.index, profile, Placement { start, size });
+        let target = Target::at(gpu.index, profile, Placement { start, size });
         let mut state = lock(&self.state);
         let gs = gpu_state(&state, gpu.index);
         check_create(gpu, gs, profile_idx, start, &target)?;
@@ -645,15 +645,15 @@ impl GpuBackend for EmulatedBackend {
             .collect())
     }
 
-    fn create_slice(
+    fn create_instance(
         &self,
         gpu_index: u32,
         profile: &str,
         start: u32,
-    ) -> Result<MigSlice, BackendError> {
+    ) -> Result<MigInstance, BackendError> {
         self.apply_control_file();
         self.sleep(Op::Create);
-        let target = Target::slice(gpu_index, profile, Placement { start, size: 0 });
+        let target = Target::at(gpu_index, profile, Placement { start, size: 0 });
         let gpu = self.live_gpu(gpu_index, target.clone())?;
         if let Some(kind) = self.take_fault(Op::Create, gpu_index) {
             return Err(kind.error(target));
@@ -661,7 +661,7 @@ impl GpuBackend for EmulatedBackend {
         self.create(gpu, profile, start, true)
     }
 
-    fn destroy_slice(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
+    fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
         self.apply_control_file();
         self.sleep(Op::Destroy);
         let target = Target {
@@ -679,11 +679,11 @@ impl GpuBackend for EmulatedBackend {
         self.gpus.iter().map(|g| g.index).collect()
     }
 
-    fn gpu_slices(&self, gpu_index: u32) -> Result<Vec<MigSlice>, BackendError> {
+    fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
         self.apply_control_file();
         let gpu = self.live_gpu(gpu_index, Target::gpu(gpu_index))?;
         let state = lock(&self.state);
-        let mut out: Vec<MigSlice> = gpu_state(&state, gpu.index)
+        let mut out: Vec<MigInstance> = gpu_state(&state, gpu.index)
             .instances
             .iter()
             .map(|i| to_slice(gpu, i))
@@ -927,7 +927,7 @@ fn instance_target(gpu: &EmuGpu, inst: &InstanceState) -> Target {
         .model
         .profile(&inst.profile)
         .map_or(0, |(_, p)| p.placement_size);
-    Target::slice(
+    Target::at(
         gpu.index,
         &inst.profile,
         Placement {
@@ -937,13 +937,13 @@ fn instance_target(gpu: &EmuGpu, inst: &InstanceState) -> Target {
     )
 }
 
-fn to_slice(gpu: &EmuGpu, inst: &InstanceState) -> MigSlice {
+fn to_slice(gpu: &EmuGpu, inst: &InstanceState) -> MigInstance {
     let (profile_id, size) = gpu
         .model
         .profile(&inst.profile)
         .map_or((0, 0), |(_, p)| (p.id, p.placement_size));
     let minor = gpu.index;
-    MigSlice {
+    MigInstance {
         gpu_index: gpu.index,
         gpu_uuid: gpu.uuid.clone(),
         gpu_minor: minor,
@@ -1077,7 +1077,7 @@ mod tests {
     fn create_list_destroy_and_restart() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "A100-SXM4-40GB:1,H100-80GB:1");
-        let s = b.create_slice(1, "1g.20gb", 6).unwrap();
+        let s = b.create_instance(1, "1g.20gb", 6).unwrap();
         assert_eq!(
             (s.gpu_index, s.placement, s.gi_id, s.ci_id, s.profile_id),
             (1, Placement { start: 6, size: 2 }, 0, 0, 15)
@@ -1086,20 +1086,20 @@ mod tests {
         assert_eq!(s.ci_cap_minor, s.gi_cap_minor + 1);
         assert_eq!(s.created_by_das, Some(true));
         assert!(s.mig_uuid.starts_with("MIG-"));
-        let t = b.create_slice(1, "1g.10gb", 0).unwrap();
+        let t = b.create_instance(1, "1g.10gb", 0).unwrap();
         assert_eq!(t.gi_id, 1);
         assert_ne!(s.mig_uuid, t.mig_uuid);
         drop(b);
 
         let b = open(dir.path(), "A100-SXM4-40GB:1,H100-80GB:1");
-        assert_eq!(b.list_slices().unwrap(), vec![t.clone(), s.clone()]);
-        b.destroy_slice(1, 0).unwrap();
+        assert_eq!(b.all_instances().unwrap(), vec![t.clone(), s.clone()]);
+        b.destroy_instance(1, 0).unwrap();
         // GI 0 is free again: the lowest free ID is reused, the MIG UUID is fresh.
-        let u = b.create_slice(1, "1g.20gb", 6).unwrap();
+        let u = b.create_instance(1, "1g.20gb", 6).unwrap();
         assert_eq!(u.gi_id, 0);
         assert_ne!(u.mig_uuid, s.mig_uuid);
         assert!(matches!(
-            b.destroy_slice(1, 9),
+            b.destroy_instance(1, 9),
             Err(BackendError::NotFound { .. })
         ));
     }
@@ -1108,8 +1108,8 @@ mod tests {
     fn nvml_like_errors() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "H100-80GB:1");
-        b.create_slice(0, "1g.10gb", 5).unwrap();
-        let e = b.create_slice(0, "3g.40gb", 4).unwrap_err();
+        b.create_instance(0, "1g.10gb", 5).unwrap();
+        let e = b.create_instance(0, "3g.40gb", 4).unwrap_err();
         assert!(
             matches!(e, BackendError::InsufficientResources { .. }),
             "{e}"
@@ -1120,15 +1120,15 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("GI 0 (1g.10gb at 5:1)"), "{e}");
-        let e = b.create_slice(0, "2g.20gb", 6).unwrap_err();
+        let e = b.create_instance(0, "2g.20gb", 6).unwrap_err();
         assert!(matches!(e, BackendError::InvalidArgument { .. }), "{e}");
         assert!(e.to_string().contains("[0, 2, 4]"), "{e}");
-        let e = b.create_slice(0, "9g.99gb", 0).unwrap_err();
+        let e = b.create_instance(0, "9g.99gb", 0).unwrap_err();
         assert!(matches!(e, BackendError::InvalidArgument { .. }), "{e}");
-        b.create_slice(0, "1g.10gb+me", 0).unwrap();
-        let e = b.create_slice(0, "1g.10gb+me", 1).unwrap_err();
+        b.create_instance(0, "1g.10gb+me", 0).unwrap();
+        let e = b.create_instance(0, "1g.10gb+me", 1).unwrap_err();
         assert!(e.to_string().contains("+me"), "{e}");
-        let e = b.create_slice(3, "1g.10gb", 0).unwrap_err();
+        let e = b.create_instance(3, "1g.10gb", 0).unwrap_err();
         assert!(matches!(e, BackendError::NotFound { .. }), "{e}");
     }
 
@@ -1137,10 +1137,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "A100-SXM4-40GB");
         for start in [0, 1, 2, 3, 4, 5, 6] {
-            b.create_slice(0, "1g.5gb", start).unwrap();
+            b.create_instance(0, "1g.5gb", start).unwrap();
         }
-        assert_eq!(b.list_slices().unwrap().len(), 7);
-        let e = b.create_slice(0, "1g.5gb", 6).unwrap_err();
+        assert_eq!(b.all_instances().unwrap().len(), 7);
+        let e = b.create_instance(0, "1g.5gb", 6).unwrap_err();
         assert!(matches!(e, BackendError::InsufficientResources { .. }));
     }
 
@@ -1151,26 +1151,26 @@ mod tests {
         b.inject_create_faults(1, 2, FaultKind::Other);
         b.inject_destroy_faults(0, 1, FaultKind::InUse);
         assert!(matches!(
-            b.create_slice(1, "1g.6gb", 0),
+            b.create_instance(1, "1g.6gb", 0),
             Err(BackendError::Other { .. })
         ));
-        assert!(b.create_slice(0, "1g.6gb", 0).is_ok());
+        assert!(b.create_instance(0, "1g.6gb", 0).is_ok());
         assert!(matches!(
-            b.create_slice(1, "1g.6gb", 0),
+            b.create_instance(1, "1g.6gb", 0),
             Err(BackendError::Other { .. })
         ));
-        assert!(b.create_slice(1, "1g.6gb", 0).is_ok());
+        assert!(b.create_instance(1, "1g.6gb", 0).is_ok());
         assert!(matches!(
-            b.destroy_slice(0, 0),
+            b.destroy_instance(0, 0),
             Err(BackendError::InUse { .. })
         ));
-        b.destroy_slice(0, 0).unwrap();
+        b.destroy_instance(0, 0).unwrap();
         b.set_latency(Latency {
             create: Duration::from_millis(20),
             destroy: Duration::ZERO,
         });
         let t = std::time::Instant::now();
-        b.create_slice(0, "1g.6gb", 1).unwrap();
+        b.create_instance(0, "1g.6gb", 1).unwrap();
         assert!(t.elapsed() >= Duration::from_millis(20));
     }
 
@@ -1178,7 +1178,7 @@ mod tests {
     fn a_lost_gpu_fails_only_its_own_calls_and_keeps_its_instances() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "A30:2");
-        let s = b.create_slice(1, "1g.6gb", 0).unwrap();
+        let s = b.create_instance(1, "1g.6gb", 0).unwrap();
         b.set_gpu_lost(1, true);
         assert_eq!(
             b.inventory().unwrap().len(),
@@ -1186,17 +1186,17 @@ mod tests {
             "the lost GPU is not listed"
         );
         for e in [
-            b.gpu_slices(1).unwrap_err(),
-            b.create_slice(1, "1g.6gb", 1).unwrap_err(),
-            b.destroy_slice(1, s.gi_id).unwrap_err(),
+            b.instances_on(1).unwrap_err(),
+            b.create_instance(1, "1g.6gb", 1).unwrap_err(),
+            b.destroy_instance(1, s.gi_id).unwrap_err(),
         ] {
             assert!(matches!(e, BackendError::GpuLost { .. }), "{e}");
         }
-        assert!(b.list_slices().is_err(), "the whole-node listing fails");
-        b.create_slice(0, "1g.6gb", 0).unwrap();
-        assert_eq!(b.gpu_slices(0).unwrap().len(), 1, "the other GPU works");
+        assert!(b.all_instances().is_err(), "the whole-node listing fails");
+        b.create_instance(0, "1g.6gb", 0).unwrap();
+        assert_eq!(b.instances_on(0).unwrap().len(), 1, "the other GPU works");
         b.set_gpu_lost(1, false);
-        assert_eq!(b.gpu_slices(1).unwrap(), vec![s]);
+        assert_eq!(b.instances_on(1).unwrap(), vec![s]);
     }
 
     #[test]
@@ -1219,25 +1219,28 @@ mod tests {
         control.write(dir.path()).unwrap();
         let t = std::time::Instant::now();
         assert!(matches!(
-            b.create_slice(0, "1g.6gb", 0),
+            b.create_instance(0, "1g.6gb", 0),
             Err(BackendError::InUse { .. })
         ));
         assert!(t.elapsed() >= Duration::from_millis(30), "latency applied");
         // The same content again queues no second fault.
-        b.create_slice(0, "1g.6gb", 0).unwrap();
-        assert!(matches!(b.gpu_slices(1), Err(BackendError::GpuLost { .. })));
+        b.create_instance(0, "1g.6gb", 0).unwrap();
+        assert!(matches!(
+            b.instances_on(1),
+            Err(BackendError::GpuLost { .. })
+        ));
         Control::default().write(dir.path()).unwrap();
-        assert!(b.gpu_slices(1).unwrap().is_empty(), "GPU 1 is back");
+        assert!(b.instances_on(1).unwrap().is_empty(), "GPU 1 is back");
         // A file that does not parse changes nothing.
         fs::write(dir.path().join(CONTROL_FILE), b"{nope").unwrap();
-        assert!(b.gpu_slices(1).is_ok());
+        assert!(b.instances_on(1).is_ok());
     }
 
     #[test]
     fn foreign_slices_are_marked() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "A30");
-        let s = b.create_foreign_slice(0, "4g.24gb", 0).unwrap();
+        let s = b.create_foreign_instance(0, "4g.24gb", 0).unwrap();
         assert_eq!(s.created_by_das, Some(false));
     }
 
@@ -1261,13 +1264,13 @@ mod tests {
     fn a_state_of_other_gpus_or_corrupt_is_moved_aside_and_started_empty() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "A30");
-        b.create_slice(0, "1g.6gb", 0).unwrap();
+        b.create_instance(0, "1g.6gb", 0).unwrap();
         drop(b);
         let (b, reset) = EmulatedBackend::open_or_reset("A30:2", "node-a", dir.path()).unwrap();
         let (aside, why) = reset.expect("moved aside");
         assert!(matches!(why, EmulatedError::StateMismatch { .. }), "{why}");
         assert!(aside.exists());
-        assert!(b.list_slices().unwrap().is_empty());
+        assert!(b.all_instances().unwrap().is_empty());
         fs::write(dir.path().join(STATE_FILE), b"{garbage").unwrap();
         let (_, reset) = EmulatedBackend::open_or_reset("A30:2", "node-a", dir.path()).unwrap();
         assert!(matches!(
@@ -1282,7 +1285,7 @@ mod tests {
     fn overlapping_instances_in_state_are_corrupt() {
         let dir = tempfile::tempdir().unwrap();
         let b = open(dir.path(), "A30");
-        b.create_slice(0, "2g.12gb", 0).unwrap();
+        b.create_instance(0, "2g.12gb", 0).unwrap();
         drop(b);
         let path = dir.path().join(STATE_FILE);
         let mut state: StateFile = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
@@ -1304,7 +1307,7 @@ mod tests {
                 let b = b.clone();
                 std::thread::spawn(move || {
                     for s in 0..7 {
-                        b.create_slice(g, "1g.10gb", s).unwrap();
+                        b.create_instance(g, "1g.10gb", s).unwrap();
                     }
                 })
             })
@@ -1312,7 +1315,7 @@ mod tests {
         for h in handles {
             h.join().unwrap();
         }
-        assert_eq!(b.list_slices().unwrap().len(), 28);
+        assert_eq!(b.all_instances().unwrap().len(), 28);
     }
 
     #[test]

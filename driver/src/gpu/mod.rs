@@ -1,5 +1,5 @@
 //! GPUs: model data (MIG profile and placement tables), occupancy rules, the backend trait that
-//! creates and destroys MIG slices, and the emulated backend.
+//! creates and destroys MIG instances, and the emulated backend.
 //!
 //! Facts come from `shared/reference/mig-facts.md`; the contract from `shared/DESIGN.md` §3 and §7.
 
@@ -46,17 +46,17 @@ pub struct GpuInfo {
 }
 
 impl GpuInfo {
-    /// Whether DAS can offer MIG slices on this GPU: MIG mode is on, or it can be switched on
+    /// Whether DAS can offer MIG instances on this GPU: MIG mode is on, or it can be switched on
     /// without a GPU reset (Hopper and later; mig-facts §4.5).
     pub fn offers_mig(&self) -> bool {
         self.mig_enabled || !self.model.mig_mode_change_requires_reset
     }
 }
 
-/// A MIG slice: a GPU instance at a placement with one full-size compute instance inside.
+/// A MIG instance: a GPU instance at a placement with one full-size compute instance inside.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MigSlice {
+pub struct MigInstance {
     /// Index of the parent GPU on the node.
     pub gpu_index: u32,
     /// UUID of the parent GPU.
@@ -67,7 +67,7 @@ pub struct MigSlice {
     pub profile: String,
     /// Real GI profile ID, e.g. 19.
     pub profile_id: u32,
-    /// Memory slices the GI occupies.
+    /// Memory instances the GI occupies.
     pub placement: Placement,
     /// GPU-instance ID, assigned by the driver (not derived from the placement).
     pub gi_id: u32,
@@ -79,7 +79,7 @@ pub struct MigSlice {
     pub gi_cap_minor: u32,
     /// Minor of `/dev/nvidia-caps/nvidia-cap<N>` for the CI ([`ci_cap_minor`]).
     pub ci_cap_minor: u32,
-    /// Whether DAS created the slice: `Some(true)`/`Some(false)` where the backend can tell (the
+    /// Whether DAS created the instance: `Some(true)`/`Some(false)` where the backend can tell (the
     /// emulated one), `None` where it cannot (NVML keeps no owner).
     pub created_by_das: Option<bool>,
 }
@@ -119,7 +119,7 @@ impl Target {
     }
 
     /// A target naming GPU, profile and placement.
-    pub fn slice(gpu: u32, profile: &str, placement: Placement) -> Self {
+    pub fn at(gpu: u32, profile: &str, placement: Placement) -> Self {
         Self {
             gpu,
             profile: Some(profile.to_string()),
@@ -239,7 +239,7 @@ impl BackendError {
     }
 }
 
-/// Creates, destroys and lists MIG slices on the node's GPUs. Implementations: the emulated
+/// Creates, destroys and lists MIG instances on the node's GPUs. Implementations: the emulated
 /// backend ([`EmulatedBackend`]) and the NVML backend ([`NvmlBackend`], raw `nvml-wrapper-sys`
 /// calls, mig-facts §4).
 ///
@@ -259,26 +259,26 @@ pub trait GpuBackend: Send + Sync {
     /// Creates a GPU instance of `profile` at exactly memory slice `start` on GPU `gpu_index`
     /// (`nvmlDeviceCreateGpuInstanceWithPlacement`), then the full-size compute instance inside
     /// it ([`GiProfile::compute_instance`]). On failure nothing is left behind.
-    fn create_slice(
+    fn create_instance(
         &self,
         gpu_index: u32,
         profile: &str,
         start: u32,
-    ) -> Result<MigSlice, BackendError>;
+    ) -> Result<MigInstance, BackendError>;
 
     /// Destroys GI `gi_id` on GPU `gpu_index`: its compute instances first, then the GI
     /// (mig-facts §0 fact 6). `NotFound` when the GI does not exist.
-    fn destroy_slice(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError>;
+    fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError>;
 
-    /// Every MIG slice on GPU `gpu_index`, whoever created it, by placement start.
-    fn gpu_slices(&self, gpu_index: u32) -> Result<Vec<MigSlice>, BackendError>;
+    /// Every MIG instance on GPU `gpu_index`, whoever created it, by placement start.
+    fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError>;
 
-    /// Every MIG slice on the node, by GPU index and placement start; fails when any GPU does
-    /// (prefer [`Self::gpu_slices`] where one GPU's failure must not stop the others).
-    fn list_slices(&self) -> Result<Vec<MigSlice>, BackendError> {
+    /// Every MIG instance on the node, by GPU index and placement start; fails when any GPU does
+    /// (prefer [`Self::instances_on`] where one GPU's failure must not stop the others).
+    fn all_instances(&self) -> Result<Vec<MigInstance>, BackendError> {
         let mut out = Vec::new();
         for gpu in self.gpu_indices() {
-            out.extend(self.gpu_slices(gpu)?);
+            out.extend(self.instances_on(gpu)?);
         }
         Ok(out)
     }
@@ -300,7 +300,7 @@ mod tests {
     #[test]
     fn errors_name_gpu_profile_and_placement() {
         let e = BackendError::InsufficientResources {
-            target: Target::slice(2, "1g.10gb", Placement { start: 6, size: 2 }),
+            target: Target::at(2, "1g.10gb", Placement { start: 6, size: 2 }),
             reason: "memory slices [6] already occupied".into(),
         };
         assert_eq!(

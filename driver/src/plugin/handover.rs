@@ -3,7 +3,7 @@
 //!
 //! In a surge rollout the new plugin pod starts while the old one still serves the kubelet.
 //! Both would share the state dir: the checkpoint, the emulated GPUs' state, and (through the
-//! GPUs) the MIG slices. The new pod's start-up reconciliation would roll back a prepare the old
+//! GPUs) the MIG instances. The new pod's start-up reconciliation would roll back a prepare the old
 //! pod is still doing, and each would overwrite the other's checkpoint. So only the *active*
 //! instance, the holder of an exclusive lock on `<state dir>/plugin.lock`, touches that state.
 //!

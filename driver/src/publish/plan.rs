@@ -318,7 +318,7 @@ pub fn decide_generation(current: i64, new_slices: usize, changed: usize) -> (i6
 /// reference, the desired specs (already completed with driver, pool and node name, generation
 /// 0) and the adopted baselines.
 #[derive(Debug, Clone, Copy)]
-pub struct Target<'a> {
+pub struct PlanInput<'a> {
     /// Node name = pool name.
     pub node: &'a str,
     /// Node UID.
@@ -336,7 +336,7 @@ pub struct Target<'a> {
 /// names, indices beyond the count) is obsolete. A matched slice is changed when its
 /// [`spec_key`] differs from the desired one (unless an [`Adopted`] baseline explains the
 /// difference) or it lacks the Node controller reference.
-pub fn plan(target: Target<'_>, existing: &[ResourceSlice]) -> Plan {
+pub fn plan(target: PlanInput<'_>, existing: &[ResourceSlice]) -> Plan {
     let count = target.desired.len();
     let width = index_width(count);
     let (in_pool, mut delete) = split_other_pools(target.node, existing);
@@ -424,7 +424,7 @@ fn deletion(slice: &ResourceSlice, reason: ObsoleteReason) -> Deletion {
     }
 }
 
-fn up_to_date(target: Target<'_>, index: usize, slice: &ResourceSlice) -> bool {
+fn up_to_date(target: PlanInput<'_>, index: usize, slice: &ResourceSlice) -> bool {
     if !owned_by(slice, target.node, target.node_uid) {
         return false;
     }
@@ -503,8 +503,8 @@ mod tests {
             .collect()
     }
 
-    fn target<'a>(d: &'a [ResourceSliceSpec], b: &'a Baseline) -> Target<'a> {
-        Target {
+    fn target<'a>(d: &'a [ResourceSliceSpec], b: &'a Baseline) -> PlanInput<'a> {
+        PlanInput {
             node: NODE,
             node_uid: UID,
             desired: d,

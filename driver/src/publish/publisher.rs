@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::plan::{self, Adopted, Baseline, Plan, Target};
+use super::plan::{self, Adopted, Baseline, Plan, PlanInput};
 use das_api::DRIVER_NAME;
 
 /// Errors of one publish. Each names the node or slice and the cause.
@@ -323,7 +323,7 @@ impl Publisher {
 
     fn plan(&self, uid: &str, desired: &[ResourceSliceSpec], existing: &[ResourceSlice]) -> Plan {
         plan::plan(
-            Target {
+            PlanInput {
                 node: &self.node,
                 node_uid: uid,
                 desired,

@@ -44,27 +44,27 @@ pub const MAX_ATTRIBUTE_STRING: usize = 64;
 
 /// Where counter sets go, by Kubernetes server version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SliceLayout {
+pub enum ResourceSliceLayout {
     /// 1.34: a GPU's counter set and its devices share a slice.
     CountersWithDevices,
     /// 1.35 and newer: counter sets in their own slices, devices in others.
     SeparateCounterSlices,
 }
 
-impl SliceLayout {
+impl ResourceSliceLayout {
     /// The layout for a Kubernetes server `major.minor` (1.35+ → separate slices).
     pub fn for_server_version(major: u32, minor: u32) -> Self {
         if (major, minor) >= (1, 35) {
-            SliceLayout::SeparateCounterSlices
+            ResourceSliceLayout::SeparateCounterSlices
         } else {
-            SliceLayout::CountersWithDevices
+            ResourceSliceLayout::CountersWithDevices
         }
     }
 }
 
 /// What a slice holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SliceKind {
+pub enum ResourceSliceKind {
     /// Counter sets only (1.35+).
     Counters,
     /// Devices only (1.35+).
@@ -77,16 +77,16 @@ pub enum SliceKind {
 
 /// One desired slice.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DesiredSlice {
+pub struct DesiredResourceSlice {
     /// Position in the pool; slices must be named so that they sort by it ([`Self::name_prefix`]).
     pub index: usize,
     /// What it holds.
-    pub kind: SliceKind,
+    pub kind: ResourceSliceKind,
     /// The slice, without `metadata.name`; `spec.pool.generation` is 0.
     pub slice: ResourceSlice,
 }
 
-impl DesiredSlice {
+impl DesiredResourceSlice {
     /// The index as zero-padded lower-case hex (at least 5 digits, like the upstream
     /// resourceslice controller), to start the slice name with.
     pub fn name_prefix(&self) -> String {
@@ -96,7 +96,7 @@ impl DesiredSlice {
 
 /// A GPU that cannot be published within the API limits.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SliceError {
+pub enum ResourceSliceError {
     /// On 1.34 a GPU's counter set and devices must share one slice, and they exceed its limits.
     #[error("GPU {gpu} ({model}) does not fit in one Kubernetes 1.34 ResourceSlice: {detail}")]
     GpuTooLargeForSlice {
@@ -165,11 +165,11 @@ fn canonical(mut n: u64, base: u64, suffixes: &[&str]) -> Quantity {
 
 /// Builds the node's desired slices from its inventory: every GPU that offers MIG
 /// ([`GpuInfo::offers_mig`]), in the policy's order, laid out for `layout`.
-pub fn desired_slices(
+pub fn desired_resource_slices(
     node_name: &str,
     gpus: &[GpuInfo],
-    layout: SliceLayout,
-) -> Result<Vec<DesiredSlice>, SliceError> {
+    layout: ResourceSliceLayout,
+) -> Result<Vec<DesiredResourceSlice>, ResourceSliceError> {
     let offered: Vec<&GpuInfo> = gpus.iter().filter(|g| g.offers_mig()).collect();
     for g in &offered {
         check_counter_set_size(g)?;
@@ -186,19 +186,23 @@ pub fn desired_slices(
         .map(|c| (c.gpu, device(offered[c.gpu], c.profile_of(&views), c.start)))
         .collect();
     let contents = match layout {
-        SliceLayout::SeparateCounterSlices => separate(&offered, devices),
-        SliceLayout::CountersWithDevices => combined(&offered, devices)?,
+        ResourceSliceLayout::SeparateCounterSlices => separate(&offered, devices),
+        ResourceSliceLayout::CountersWithDevices => combined(&offered, devices)?,
     };
     Ok(finish(node_name, contents))
 }
 
 /// `(kind, counter sets, devices)` of one slice before the pool fields are known.
-type Contents = (SliceKind, Option<Vec<CounterSet>>, Option<Vec<Device>>);
+type Contents = (
+    ResourceSliceKind,
+    Option<Vec<CounterSet>>,
+    Option<Vec<Device>>,
+);
 
-fn check_counter_set_size(g: &GpuInfo) -> Result<(), SliceError> {
+fn check_counter_set_size(g: &GpuInfo) -> Result<(), ResourceSliceError> {
     let counters = counter_set(g).counters.len();
     if counters > MAX_COUNTERS_PER_SET {
-        return Err(SliceError::TooManyCounters {
+        return Err(ResourceSliceError::TooManyCounters {
             gpu: g.index,
             model: g.model.name.clone(),
             counters,
@@ -213,10 +217,10 @@ fn separate(gpus: &[&GpuInfo], devices: Vec<(usize, Device)>) -> Vec<Contents> {
     let devices: Vec<Device> = devices.into_iter().map(|(_, d)| d).collect();
     let counter_slices = sets
         .chunks(MAX_COUNTER_SETS_PER_SLICE)
-        .map(|c| (SliceKind::Counters, Some(c.to_vec()), None));
+        .map(|c| (ResourceSliceKind::Counters, Some(c.to_vec()), None));
     let device_slices = devices
         .chunks(MAX_DEVICES_PER_SLICE)
-        .map(|d| (SliceKind::Devices, None, Some(d.to_vec())));
+        .map(|d| (ResourceSliceKind::Devices, None, Some(d.to_vec())));
     counter_slices.chain(device_slices).collect()
 }
 
@@ -230,7 +234,10 @@ struct GpuBlock {
 
 /// 1.34: consecutive GPUs share a slice while devices ≤ 64, counters ≤ 32 and device counter
 /// consumptions ≤ 1024; a GPU that alone exceeds them is an error.
-fn combined(gpus: &[&GpuInfo], devices: Vec<(usize, Device)>) -> Result<Vec<Contents>, SliceError> {
+fn combined(
+    gpus: &[&GpuInfo],
+    devices: Vec<(usize, Device)>,
+) -> Result<Vec<Contents>, ResourceSliceError> {
     let mut blocks: Vec<GpuBlock> = gpus
         .iter()
         .map(|g| {
@@ -259,7 +266,7 @@ fn combined(gpus: &[&GpuInfo], devices: Vec<(usize, Device)>) -> Result<Vec<Cont
     }
     Ok(packs
         .into_iter()
-        .map(|p| (SliceKind::Combined, Some(p.sets), Some(p.devices)))
+        .map(|p| (ResourceSliceKind::Combined, Some(p.sets), Some(p.devices)))
         .collect())
 }
 
@@ -292,7 +299,7 @@ impl Pack {
     }
 }
 
-fn check_block(g: &GpuInfo, b: &GpuBlock) -> Result<(), SliceError> {
+fn check_block(g: &GpuInfo, b: &GpuBlock) -> Result<(), ResourceSliceError> {
     let detail = if b.devices.len() > MAX_DEVICES_PER_SLICE {
         format!(
             "{} devices, at most {MAX_DEVICES_PER_SLICE}",
@@ -306,7 +313,7 @@ fn check_block(g: &GpuInfo, b: &GpuBlock) -> Result<(), SliceError> {
     } else {
         return Ok(());
     };
-    Err(SliceError::GpuTooLargeForSlice {
+    Err(ResourceSliceError::GpuTooLargeForSlice {
         gpu: g.index,
         model: g.model.name.clone(),
         detail,
@@ -321,33 +328,35 @@ fn consumption_count(d: &Device) -> usize {
         .sum()
 }
 
-fn finish(node_name: &str, mut contents: Vec<Contents>) -> Vec<DesiredSlice> {
+fn finish(node_name: &str, mut contents: Vec<Contents>) -> Vec<DesiredResourceSlice> {
     if contents.is_empty() {
-        contents.push((SliceKind::Empty, None, None));
+        contents.push((ResourceSliceKind::Empty, None, None));
     }
     let count = contents.len() as i64;
     contents
         .into_iter()
         .enumerate()
-        .map(|(index, (kind, shared_counters, devices))| DesiredSlice {
-            index,
-            kind,
-            slice: ResourceSlice {
-                metadata: Default::default(),
-                spec: ResourceSliceSpec {
-                    driver: DRIVER_NAME.to_string(),
-                    node_name: Some(node_name.to_string()),
-                    pool: ResourcePool {
-                        name: node_name.to_string(),
-                        generation: 0,
-                        resource_slice_count: count,
+        .map(
+            |(index, (kind, shared_counters, devices))| DesiredResourceSlice {
+                index,
+                kind,
+                slice: ResourceSlice {
+                    metadata: Default::default(),
+                    spec: ResourceSliceSpec {
+                        driver: DRIVER_NAME.to_string(),
+                        node_name: Some(node_name.to_string()),
+                        pool: ResourcePool {
+                            name: node_name.to_string(),
+                            generation: 0,
+                            resource_slice_count: count,
+                        },
+                        devices,
+                        shared_counters,
+                        ..Default::default()
                     },
-                    devices,
-                    shared_counters,
-                    ..Default::default()
                 },
             },
-        })
+        )
         .collect()
 }
 
@@ -505,14 +514,14 @@ mod tests {
         }
     }
 
-    fn all_devices(slices: &[DesiredSlice]) -> Vec<&Device> {
+    fn all_devices(slices: &[DesiredResourceSlice]) -> Vec<&Device> {
         slices
             .iter()
             .flat_map(|s| s.slice.spec.devices.iter().flatten())
             .collect()
     }
 
-    fn find<'a>(slices: &'a [DesiredSlice], name: &str) -> &'a Device {
+    fn find<'a>(slices: &'a [DesiredResourceSlice], name: &str) -> &'a Device {
         all_devices(slices)
             .into_iter()
             .find(|d| d.name == name)
@@ -541,12 +550,12 @@ mod tests {
         assert_eq!(count_quantity(0).0, "0");
         assert_eq!(count_quantity(2000).0, "2k");
         assert_eq!(
-            SliceLayout::for_server_version(1, 34),
-            SliceLayout::CountersWithDevices
+            ResourceSliceLayout::for_server_version(1, 34),
+            ResourceSliceLayout::CountersWithDevices
         );
         assert_eq!(
-            SliceLayout::for_server_version(1, 36),
-            SliceLayout::SeparateCounterSlices
+            ResourceSliceLayout::for_server_version(1, 36),
+            ResourceSliceLayout::SeparateCounterSlices
         );
     }
 
@@ -554,7 +563,9 @@ mod tests {
     fn device_attributes_and_capacity_follow_design() {
         let mut g = gpu(0, "A100-SXM4-40GB");
         g.pci_bus_id = Some("0000:3b:00.0".into());
-        let slices = desired_slices("node-a", &[g], SliceLayout::SeparateCounterSlices).unwrap();
+        let slices =
+            desired_resource_slices("node-a", &[g], ResourceSliceLayout::SeparateCounterSlices)
+                .unwrap();
         let d = find(&slices, "gpu-0-mig-1g-10gb-6");
         let a = d.attributes.as_ref().unwrap();
         assert_eq!(a["type"].string.as_deref(), Some("mig"));
@@ -576,10 +587,10 @@ mod tests {
         assert_eq!(c["ofaEngines"].value.0, "0");
         assert!(a.len() + c.len() <= MAX_ATTRIBUTES_AND_CAPACITIES);
 
-        let no_bus = desired_slices(
+        let no_bus = desired_resource_slices(
             "node-a",
             &[gpu(0, "A30")],
-            SliceLayout::SeparateCounterSlices,
+            ResourceSliceLayout::SeparateCounterSlices,
         )
         .unwrap();
         let a = find(&no_bus, "gpu-0-mig-1g-6gb-0")
@@ -591,10 +602,10 @@ mod tests {
 
     #[test]
     fn counter_consumption() {
-        let slices = desired_slices(
+        let slices = desired_resource_slices(
             "n",
             &[gpu(0, "H100-80GB")],
-            SliceLayout::SeparateCounterSlices,
+            ResourceSliceLayout::SeparateCounterSlices,
         )
         .unwrap();
         let small = consumed(find(&slices, "gpu-0-mig-1g-10gb-6"));
@@ -622,10 +633,10 @@ mod tests {
 
     #[test]
     fn overlapping_placements_share_memory_slice_counters() {
-        let slices = desired_slices(
+        let slices = desired_resource_slices(
             "n",
             &[gpu(0, "H100-80GB")],
-            SliceLayout::SeparateCounterSlices,
+            ResourceSliceLayout::SeparateCounterSlices,
         )
         .unwrap();
         let users: Vec<&str> = all_devices(&slices)
@@ -653,10 +664,12 @@ mod tests {
     #[test]
     fn eight_h100_on_1_35_and_newer() {
         let gpus: Vec<GpuInfo> = (0..8).map(|i| gpu(i, "H100-80GB")).collect();
-        let slices = desired_slices("node-a", &gpus, SliceLayout::SeparateCounterSlices).unwrap();
+        let slices =
+            desired_resource_slices("node-a", &gpus, ResourceSliceLayout::SeparateCounterSlices)
+                .unwrap();
         // 8 counter sets fit one counter slice; 8 × 25 devices need 4 device slices of ≤ 64.
-        let kinds: Vec<SliceKind> = slices.iter().map(|s| s.kind).collect();
-        assert_eq!(kinds[0], SliceKind::Counters);
+        let kinds: Vec<ResourceSliceKind> = slices.iter().map(|s| s.kind).collect();
+        assert_eq!(kinds[0], ResourceSliceKind::Counters);
         assert_eq!(slices.len(), 5);
         for s in &slices {
             let spec = &s.slice.spec;
@@ -683,7 +696,10 @@ mod tests {
         let json = serde_json::to_value(&slices[0].slice).unwrap();
         assert!(json["spec"].get("devices").is_none());
         assert_eq!(all_devices(&slices).len(), 200);
-        let prefixes: Vec<String> = slices.iter().map(DesiredSlice::name_prefix).collect();
+        let prefixes: Vec<String> = slices
+            .iter()
+            .map(DesiredResourceSlice::name_prefix)
+            .collect();
         let mut sorted = prefixes.clone();
         sorted.sort();
         assert_eq!(prefixes, sorted);
@@ -693,11 +709,13 @@ mod tests {
     #[test]
     fn eight_h100_on_1_34() {
         let gpus: Vec<GpuInfo> = (0..8).map(|i| gpu(i, "H100-80GB")).collect();
-        let slices = desired_slices("node-a", &gpus, SliceLayout::CountersWithDevices).unwrap();
+        let slices =
+            desired_resource_slices("node-a", &gpus, ResourceSliceLayout::CountersWithDevices)
+                .unwrap();
         // 15 counters per GPU: two GPUs (30 counters, 50 devices) per slice.
         assert_eq!(slices.len(), 4);
         for s in &slices {
-            assert_eq!(s.kind, SliceKind::Combined);
+            assert_eq!(s.kind, ResourceSliceKind::Combined);
             let spec = &s.slice.spec;
             let sets = spec.shared_counters.as_ref().unwrap();
             let devices = spec.devices.as_ref().unwrap();
@@ -717,7 +735,9 @@ mod tests {
     #[test]
     fn device_order_is_the_placement_order() {
         let gpus = [gpu(0, "H100-80GB"), gpu(1, "A100-SXM4-40GB")];
-        let slices = desired_slices("n", &gpus, SliceLayout::SeparateCounterSlices).unwrap();
+        let slices =
+            desired_resource_slices("n", &gpus, ResourceSliceLayout::SeparateCounterSlices)
+                .unwrap();
         let names: Vec<&str> = all_devices(&slices)
             .into_iter()
             .map(|d| d.name.as_str())
@@ -739,10 +759,10 @@ mod tests {
         ampere_off.mig_enabled = false;
         let mut hopper_off = gpu(1, "H100-80GB");
         hopper_off.mig_enabled = false;
-        let slices = desired_slices(
+        let slices = desired_resource_slices(
             "n",
             &[ampere_off.clone(), hopper_off],
-            SliceLayout::SeparateCounterSlices,
+            ResourceSliceLayout::SeparateCounterSlices,
         )
         .unwrap();
         // Ampere cannot switch MIG on without a reset; Hopper can, so it is offered.
@@ -751,9 +771,11 @@ mod tests {
                 .iter()
                 .all(|d| d.name.starts_with("gpu-1-"))
         );
-        let empty = desired_slices("n", &[ampere_off], SliceLayout::CountersWithDevices).unwrap();
+        let empty =
+            desired_resource_slices("n", &[ampere_off], ResourceSliceLayout::CountersWithDevices)
+                .unwrap();
         assert_eq!(empty.len(), 1);
-        assert_eq!(empty[0].kind, SliceKind::Empty);
+        assert_eq!(empty[0].kind, ResourceSliceKind::Empty);
         assert!(
             empty[0].slice.spec.devices.is_none() && empty[0].slice.spec.shared_counters.is_none()
         );
@@ -780,14 +802,15 @@ mod tests {
         }
         let model = Arc::new(parse_model("big.toml", &text).unwrap());
         let g = gpu_of(0, model);
-        let e = desired_slices(
+        let e = desired_resource_slices(
             "n",
             std::slice::from_ref(&g),
-            SliceLayout::CountersWithDevices,
+            ResourceSliceLayout::CountersWithDevices,
         )
         .unwrap_err();
         assert!(e.to_string().contains("65 devices"), "{e}");
-        let ok = desired_slices("n", &[g], SliceLayout::SeparateCounterSlices).unwrap();
+        let ok =
+            desired_resource_slices("n", &[g], ResourceSliceLayout::SeparateCounterSlices).unwrap();
         assert_eq!(ok.len(), 1 + 2);
     }
 }

@@ -23,7 +23,9 @@ use super::{
 use crate::gpu::catalog::{find_model_by_pci_id, parse_model};
 use crate::gpu::layout::Placement;
 use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
-use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigSlice, Target, ci_cap_minor, gi_cap_minor};
+use crate::gpu::{
+    BackendError, GpuBackend, GpuInfo, MigInstance, Target, ci_cap_minor, gi_cap_minor,
+};
 
 /// How the NVML backend treats the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,7 +186,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
         Ok(out)
     }
 
-    fn slice(&self, gpu: &GpuInfo, gi: GiInfo, ci: CiInfo, mig_uuid: String) -> MigSlice {
+    fn slice(&self, gpu: &GpuInfo, gi: GiInfo, ci: CiInfo, mig_uuid: String) -> MigInstance {
         let (gi_cap, ci_cap) = self.cap_minors(gpu.minor, gi.id, ci.id);
         let profile = gpu
             .model
@@ -192,7 +194,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
             .iter()
             .find(|p| p.id == gi.profile_id)
             .map_or_else(|| format!("profile-{}", gi.profile_id), |p| p.name.clone());
-        MigSlice {
+        MigInstance {
             gpu_index: gpu.index,
             gpu_uuid: gpu.uuid.clone(),
             gpu_minor: gpu.minor,
@@ -208,10 +210,10 @@ impl<A: NvmlApi> NvmlBackend<A> {
         }
     }
 
-    /// The slices of one GPU: every GI of the model's profiles with its first CI. A GI without a
+    /// The instances of one GPU: every GI of the model's profiles with its first CI. A GI without a
     /// CI (a create interrupted between the two steps) is listed with CI 0 and an empty MIG UUID
     /// so orphan reconciliation can destroy it.
-    fn gpu_slices_of(&self, gpu: &GpuInfo) -> Result<Vec<MigSlice>, BackendError> {
+    fn instances_of(&self, gpu: &GpuInfo) -> Result<Vec<MigInstance>, BackendError> {
         let fail = |e: NvmlCallError| map_error(Target::gpu(gpu.index), &e);
         let migs = self.mig_devices(gpu.index).map_err(fail)?;
         let mut out = Vec::new();
@@ -263,13 +265,13 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
         self.gpus.iter().map(|g| g.index).collect()
     }
 
-    fn create_slice(
+    fn create_instance(
         &self,
         gpu_index: u32,
         profile: &str,
         start: u32,
-    ) -> Result<MigSlice, BackendError> {
-        let target = Target::slice(gpu_index, profile, Placement { start, size: 0 });
+    ) -> Result<MigInstance, BackendError> {
+        let target = Target::at(gpu_index, profile, Placement { start, size: 0 });
         let gpu = self.gpu(&target)?;
         let (_, p) = gpu
             .model
@@ -282,7 +284,7 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
                     gpu.model.profile_names()
                 ),
             })?;
-        let target = Target::slice(
+        let target = Target::at(
             gpu_index,
             profile,
             Placement {
@@ -321,11 +323,11 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
                 return Err(map_error(uuid_target, &e));
             }
         };
-        tracing::info!(gpu = gpu_index, profile, start, gi = gi.id, ci = ci.id, mig_uuid = %uuid, "MIG slice created");
+        tracing::info!(gpu = gpu_index, profile, start, gi = gi.id, ci = ci.id, mig_uuid = %uuid, "MIG instance created");
         Ok(self.slice(gpu, gi, ci, uuid))
     }
 
-    fn destroy_slice(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
+    fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
         let target = Target {
             gi_id: Some(gi_id),
             ..Target::gpu(gpu_index)
@@ -347,13 +349,13 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
                 .map_err(|e| with_ci(fail(e), ci.id))?;
         }
         self.api.destroy_gi(gpu.index, gi_id).map_err(fail)?;
-        tracing::info!(gpu = gpu_index, gi = gi_id, "MIG slice destroyed");
+        tracing::info!(gpu = gpu_index, gi = gi_id, "MIG instance destroyed");
         Ok(())
     }
 
-    fn gpu_slices(&self, gpu_index: u32) -> Result<Vec<MigSlice>, BackendError> {
+    fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
         let gpu = self.gpu(&Target::gpu(gpu_index))?;
-        let mut out = self.gpu_slices_of(gpu)?;
+        let mut out = self.instances_of(gpu)?;
         out.sort_by_key(|s| s.placement.start);
         Ok(out)
     }
@@ -374,7 +376,7 @@ fn with_ci(e: BackendError, ci: u32) -> BackendError {
     }
 }
 
-/// An NVML error as a [`BackendError`] that says what it means for a MIG slice (issue 7 item 4).
+/// An NVML error as a [`BackendError`] that says what it means for a MIG instance (issue 7 item 4).
 pub fn map_error(target: Target, e: &NvmlCallError) -> BackendError {
     match e.code {
         code::INSUFFICIENT_RESOURCES => BackendError::InsufficientResources {
@@ -421,7 +423,7 @@ fn other(target: Target, e: &NvmlCallError, what: &str) -> BackendError {
     }
 }
 
-/// One GPU of the inventory, or `None` (logged) when DAS cannot offer MIG slices on it.
+/// One GPU of the inventory, or `None` (logged) when DAS cannot offer MIG instances on it.
 fn discover<A: NvmlApi>(
     api: &A,
     options: &NvmlOptions,
@@ -555,7 +557,7 @@ fn cross_check<A: NvmlApi>(api: &A, dev: u32, model: &GpuModel) {
 
 /// A [`GpuModel`] from NVML's own tables: every GI profile enum the GPU supports
 /// (`…GetGpuInstanceProfileInfoV`, enum → real ID), its possible placements, and the full-size CI
-/// by slice count; validated by the same rules as the data files.
+/// by instance count; validated by the same rules as the data files.
 pub fn model_from_nvml<A: NvmlApi>(
     api: &A,
     dev: u32,

@@ -1,4 +1,4 @@
-//! The NVML backend for real GPUs (issue 7): carves MIG slices at exact placements, finds their
+//! The NVML backend for real GPUs (issue 7): carves MIG instances at exact placements, finds their
 //! MIG UUIDs and capability device minors, destroys them compute instance first, and lists what
 //! exists.
 //!
@@ -157,9 +157,9 @@ pub struct MigModeState {
 /// `nvmlGpuInstanceProfileInfo_v2_t` (from `nvmlDeviceGetGpuInstanceProfileInfoV`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GiProfileInfo {
-    /// The *real* profile ID (19, 20, 15, … on 8-slice GPUs), not the enum (mig-facts §0 fact 3).
+    /// The *real* profile ID (19, 20, 15, … on 8-instance GPUs), not the enum (mig-facts §0 fact 3).
     pub id: u32,
-    /// Compute (SM) slices.
+    /// Compute (SM) instances.
     pub slice_count: u32,
     /// Most instances of the profile.
     pub instance_count: u32,
@@ -195,7 +195,7 @@ pub struct GiInfo {
     pub id: u32,
     /// Real GI profile ID.
     pub profile_id: u32,
-    /// Memory slices occupied.
+    /// Memory instances occupied.
     pub placement: Placement,
 }
 
@@ -204,7 +204,7 @@ pub struct GiInfo {
 pub struct CiProfileInfo {
     /// CI profile ID (equals the enum, mig-facts §3).
     pub id: u32,
-    /// Compute slices of the CI.
+    /// Compute instances of the CI.
     pub slice_count: u32,
     /// Most CIs of this profile in the GI.
     pub instance_count: u32,
@@ -298,7 +298,7 @@ pub(crate) const GI_ENUM_NAMES: [&str; GI_PROFILE_ENUM_COUNT as usize] = [
     "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME",
 ];
 
-/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum names and their compute slices, by value (mig-facts §3).
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum names and their compute instances, by value (mig-facts §3).
 pub(crate) const CI_ENUMS: [(&str, u32); CI_PROFILE_ENUM_COUNT as usize] = [
     ("NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 1),
     ("NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE", 2),
@@ -311,7 +311,7 @@ pub(crate) const CI_ENUMS: [(&str, u32); CI_PROFILE_ENUM_COUNT as usize] = [
     ("NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL", 7),
 ];
 
-/// The full-size CI enum for a GI of `slices` compute slices (`1_SLICE`…`8_SLICE`), by slice
+/// The full-size CI enum for a GI of `instances` compute instances (`1_SLICE`…`8_SLICE`), by instance
 /// count, never by the GI enum (mig-facts §3).
 pub(crate) fn full_ci_enum(slices: u32) -> Option<u32> {
     CI_ENUMS

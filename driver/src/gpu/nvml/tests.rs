@@ -84,7 +84,7 @@ fn enable_mig_mode_switches_hopper_but_never_ampere() {
 #[test]
 fn create_at_exact_placement_with_driver_assigned_gi_and_uuid() {
     let b = one_a100();
-    let s = b.create_slice(0, "1g.5gb", 3).unwrap();
+    let s = b.create_instance(0, "1g.5gb", 3).unwrap();
     assert_eq!(s.placement, Placement { start: 3, size: 1 });
     assert_eq!(s.profile, "1g.5gb");
     assert_eq!(s.profile_id, 19);
@@ -101,17 +101,17 @@ fn create_at_exact_placement_with_driver_assigned_gi_and_uuid() {
         vec!["create_gi 0 19 3:1", "create_ci 0/9 0"]
     );
     // The full-size CI by slice count: 3g → CI profile 2.
-    let s = b.create_slice(0, "3g.20gb", 4).unwrap();
+    let s = b.create_instance(0, "3g.20gb", 4).unwrap();
     assert_eq!(s.placement, Placement { start: 4, size: 4 });
     assert!(b.api().calls().contains(&"create_ci 0/7 2".to_string()));
-    assert_eq!(b.list_slices().unwrap().len(), 2);
+    assert_eq!(b.all_instances().unwrap().len(), 2);
 }
 
 #[test]
 fn overlapping_placement_is_placement_taken() {
     let b = one_a100();
-    b.create_slice(0, "1g.5gb", 1).unwrap();
-    let e = b.create_slice(0, "2g.10gb", 0).unwrap_err();
+    b.create_instance(0, "1g.5gb", 1).unwrap();
+    let e = b.create_instance(0, "2g.10gb", 0).unwrap_err();
     assert!(
         matches!(e, BackendError::InsufficientResources { .. }),
         "{e}"
@@ -123,14 +123,14 @@ fn overlapping_placement_is_placement_taken() {
         "{e}"
     );
     // Nothing left behind.
-    assert_eq!(b.list_slices().unwrap().len(), 1);
+    assert_eq!(b.all_instances().unwrap().len(), 1);
 }
 
 #[test]
 fn second_media_extension_is_insufficient_resources() {
     let b = one_a100();
-    b.create_slice(0, "1g.5gb+me", 0).unwrap();
-    let e = b.create_slice(0, "1g.5gb+me", 1).unwrap_err();
+    b.create_instance(0, "1g.5gb+me", 0).unwrap();
+    let e = b.create_instance(0, "1g.5gb+me", 1).unwrap_err();
     assert!(
         matches!(e, BackendError::InsufficientResources { .. }),
         "{e}"
@@ -140,11 +140,11 @@ fn second_media_extension_is_insufficient_resources() {
 #[test]
 fn bad_profile_or_start_is_invalid_argument_without_nvml_calls() {
     let b = one_a100();
-    let e = b.create_slice(0, "2g.10gb", 6).unwrap_err();
+    let e = b.create_instance(0, "2g.10gb", 6).unwrap_err();
     assert!(matches!(e, BackendError::InvalidArgument { .. }), "{e}");
-    let e = b.create_slice(0, "5g.50gb", 0).unwrap_err();
+    let e = b.create_instance(0, "5g.50gb", 0).unwrap_err();
     assert!(matches!(e, BackendError::InvalidArgument { .. }), "{e}");
-    let e = b.create_slice(7, "1g.5gb", 0).unwrap_err();
+    let e = b.create_instance(7, "1g.5gb", 0).unwrap_err();
     assert!(matches!(e, BackendError::NotFound { .. }), "{e}");
     assert!(b.api().calls().is_empty());
 }
@@ -152,8 +152,8 @@ fn bad_profile_or_start_is_invalid_argument_without_nvml_calls() {
 #[test]
 fn destroy_removes_compute_instance_then_gpu_instance() {
     let b = one_a100();
-    let s = b.create_slice(0, "2g.10gb", 2).unwrap();
-    b.destroy_slice(0, s.gi_id).unwrap();
+    let s = b.create_instance(0, "2g.10gb", 2).unwrap();
+    b.destroy_instance(0, s.gi_id).unwrap();
     let calls = b.api().calls();
     assert_eq!(
         &calls[2..],
@@ -162,17 +162,17 @@ fn destroy_removes_compute_instance_then_gpu_instance() {
             format!("destroy_gi 0/{}", s.gi_id)
         ]
     );
-    assert!(b.list_slices().unwrap().is_empty());
+    assert!(b.all_instances().unwrap().is_empty());
     // The placement is free again.
-    b.create_slice(0, "2g.10gb", 2).unwrap();
-    let e = b.destroy_slice(0, 14).unwrap_err();
+    b.create_instance(0, "2g.10gb", 2).unwrap();
+    let e = b.destroy_instance(0, 14).unwrap_err();
     assert!(matches!(e, BackendError::NotFound { .. }), "{e}");
 }
 
 #[test]
 fn fake_refuses_to_destroy_a_gpu_instance_with_compute_instances() {
     let b = one_a100();
-    let s = b.create_slice(0, "1g.5gb", 0).unwrap();
+    let s = b.create_instance(0, "1g.5gb", 0).unwrap();
     let e = b.api().destroy_gi(0, s.gi_id).unwrap_err();
     assert_eq!(e.code, code::IN_USE);
     assert_eq!(e.call, "nvmlGpuInstanceDestroy");
@@ -181,34 +181,34 @@ fn fake_refuses_to_destroy_a_gpu_instance_with_compute_instances() {
 #[test]
 fn busy_compute_instance_is_in_use_and_the_slice_stays() {
     let b = one_a100();
-    let s = b.create_slice(0, "1g.5gb", 0).unwrap();
+    let s = b.create_instance(0, "1g.5gb", 0).unwrap();
     b.api().set_ci_busy(0, s.gi_id, s.ci_id, true);
-    let e = b.destroy_slice(0, s.gi_id).unwrap_err();
+    let e = b.destroy_instance(0, s.gi_id).unwrap_err();
     assert!(matches!(e, BackendError::InUse { .. }), "{e}");
     assert!(e.to_string().contains("compute instance 0"), "{e}");
-    assert_eq!(b.list_slices().unwrap(), vec![s.clone()]);
+    assert_eq!(b.all_instances().unwrap(), vec![s.clone()]);
     b.api().set_ci_busy(0, s.gi_id, s.ci_id, false);
-    b.destroy_slice(0, s.gi_id).unwrap();
+    b.destroy_instance(0, s.gi_id).unwrap();
 }
 
 #[test]
 fn mig_uuid_is_found_by_walking_mig_devices_and_is_fresh_on_recreate() {
     let b = one_a100();
-    let a = b.create_slice(0, "1g.5gb", 0).unwrap();
-    let c = b.create_slice(0, "1g.5gb", 1).unwrap();
+    let a = b.create_instance(0, "1g.5gb", 0).unwrap();
+    let c = b.create_instance(0, "1g.5gb", 1).unwrap();
     assert_ne!(a.mig_uuid, c.mig_uuid);
     assert_eq!(
         b.mig_uuid(0, c.gi_id, c.ci_id).unwrap(),
         Some(c.mig_uuid.clone())
     );
     // Free the first slot: the walk skips the empty (NOT_FOUND) slot.
-    b.destroy_slice(0, a.gi_id).unwrap();
+    b.destroy_instance(0, a.gi_id).unwrap();
     assert_eq!(
         b.mig_uuid(0, c.gi_id, c.ci_id).unwrap(),
         Some(c.mig_uuid.clone())
     );
     assert_eq!(b.mig_uuid(0, a.gi_id, 0).unwrap(), None);
-    let again = b.create_slice(0, "1g.5gb", 0).unwrap();
+    let again = b.create_instance(0, "1g.5gb", 0).unwrap();
     assert_ne!(again.mig_uuid, a.mig_uuid);
 }
 
@@ -236,7 +236,7 @@ fn capability_minors_come_from_procfs() {
     .unwrap();
     assert_eq!(read_caps_major(root).unwrap(), 237);
     let b = NvmlBackend::new(FakeNvml::new(vec![a100(true)]), options(root)).unwrap();
-    let s = b.create_slice(0, "1g.5gb", 0).unwrap();
+    let s = b.create_instance(0, "1g.5gb", 0).unwrap();
     assert_eq!((s.gi_cap_minor, s.ci_cap_minor), (1234, 1235));
 }
 
@@ -292,10 +292,10 @@ fn nvml_errors_map_to_backend_errors() {
 fn lost_gpu_fails_create_clearly() {
     let b = one_a100();
     b.api().lose_gpu(0);
-    let e = b.create_slice(0, "1g.5gb", 0).unwrap_err();
+    let e = b.create_instance(0, "1g.5gb", 0).unwrap_err();
     assert!(matches!(e, BackendError::GpuLost { .. }), "{e}");
     assert!(e.to_string().contains("GPU is lost"), "{e}");
-    assert!(b.list_slices().is_err());
+    assert!(b.all_instances().is_err());
 }
 
 /// Issue 11 finding 5: one lost GPU must not take the node down, and the inventory (which health
@@ -304,14 +304,17 @@ fn lost_gpu_fails_create_clearly() {
 fn a_lost_gpu_leaves_the_other_gpus_listable_and_drops_out_of_the_inventory() {
     let fake = FakeNvml::new(vec![a100(true), h100(true)]);
     let b = NvmlBackend::new(fake, options(Path::new("/nonexistent-proc"))).unwrap();
-    b.create_slice(1, "1g.10gb", 6).unwrap();
+    b.create_instance(1, "1g.10gb", 6).unwrap();
     assert_eq!(b.inventory().unwrap().len(), 2);
     b.api().lose_gpu(0);
     let inv = b.inventory().unwrap();
     assert_eq!(inv.iter().map(|g| g.index).collect::<Vec<_>>(), [1]);
     assert_eq!(b.gpu_indices(), [0, 1], "the managed GPUs stay the same");
-    assert!(matches!(b.gpu_slices(0), Err(BackendError::GpuLost { .. })));
-    assert_eq!(b.gpu_slices(1).unwrap().len(), 1);
+    assert!(matches!(
+        b.instances_on(0),
+        Err(BackendError::GpuLost { .. })
+    ));
+    assert_eq!(b.instances_on(1).unwrap().len(), 1);
 }
 
 #[test]
@@ -321,15 +324,15 @@ fn failed_compute_instance_rolls_back_the_gpu_instance() {
         "nvmlGpuInstanceCreateComputeInstance",
         code::INSUFFICIENT_RESOURCES,
     );
-    let e = b.create_slice(0, "1g.5gb", 0).unwrap_err();
+    let e = b.create_instance(0, "1g.5gb", 0).unwrap_err();
     assert!(
         matches!(e, BackendError::InsufficientResources { .. }),
         "{e}"
     );
     assert!(e.to_string().contains("GI 9"), "{e}");
     assert_eq!(b.api().calls().last().unwrap(), "destroy_gi 0/9");
-    assert!(b.list_slices().unwrap().is_empty());
-    b.create_slice(0, "1g.5gb", 0).unwrap();
+    assert!(b.all_instances().unwrap().is_empty());
+    b.create_instance(0, "1g.5gb", 0).unwrap();
 }
 
 #[test]
@@ -339,14 +342,14 @@ fn mig_mode_off_after_start_is_not_supported() {
         "nvmlDeviceCreateGpuInstanceWithPlacement",
         code::NOT_SUPPORTED,
     );
-    let e = b.create_slice(0, "1g.5gb", 0).unwrap_err();
+    let e = b.create_instance(0, "1g.5gb", 0).unwrap_err();
     assert!(matches!(e, BackendError::NotSupported { .. }), "{e}");
 }
 
 #[test]
 fn list_includes_foreign_instances_and_gpu_instances_without_compute_instance() {
     let b = one_a100();
-    let ours = b.create_slice(0, "1g.5gb", 6).unwrap();
+    let ours = b.create_instance(0, "1g.5gb", 6).unwrap();
     // Someone else (nvidia-smi) made a 3g at 0 with its CI, and a bare 1g.10gb GI at 4.
     let gi = b
         .api()
@@ -357,7 +360,7 @@ fn list_includes_foreign_instances_and_gpu_instances_without_compute_instance() 
         .api()
         .create_gi(0, 15, Placement { start: 4, size: 2 })
         .unwrap();
-    let list = b.list_slices().unwrap();
+    let list = b.all_instances().unwrap();
     let got: Vec<(u32, &str, bool)> = list
         .iter()
         .map(|s| (s.placement.start, s.profile.as_str(), s.mig_uuid.is_empty()))
@@ -373,7 +376,7 @@ fn list_includes_foreign_instances_and_gpu_instances_without_compute_instance() 
     assert!(list.iter().all(|s| s.created_by_das.is_none()));
     assert_eq!(list[2], ours);
     // The bare GI can be destroyed (no CI to remove first).
-    b.destroy_slice(0, bare.id).unwrap();
+    b.destroy_instance(0, bare.id).unwrap();
 }
 
 #[test]
@@ -417,7 +420,7 @@ fn unknown_gpu_gets_a_model_from_nvml_tables() {
     ids.sort();
     want.sort();
     assert_eq!(ids, want);
-    b.create_slice(0, "4g.20gb", 0).unwrap();
+    b.create_instance(0, "4g.20gb", 0).unwrap();
 }
 
 #[test]
