@@ -121,7 +121,7 @@ fmt: ## format Rust and Go sources
 lint: ## formatting check, clippy with warnings as errors, go vet
 	$(CARGO) fmt --all -- --check
 	@test -z "$$(gofmt -l e2e/k8s)" || { gofmt -l e2e/k8s; echo "gofmt needed"; exit 1; }
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
 
 .PHONY: image

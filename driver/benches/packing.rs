@@ -9,7 +9,7 @@
 //!
 //! against the offline optimum (the longest prefix of the stream the node can hold at once).
 //!
-//! Run: `cargo bench -p das-driver --bench packing` (`DAS_BENCH_SEEDS=<n>` streams per row,
+//! Run: `cargo bench -p das-driver --features testing --bench packing` (`DAS_BENCH_SEEDS=<n>` streams per row,
 //! default 500). Prints a Markdown table.
 
 use std::time::Instant;

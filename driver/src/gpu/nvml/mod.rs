@@ -17,6 +17,7 @@
 //! `…GetComputeInstanceById`), which NVML answers from the driver without a scan.
 
 mod backend;
+#[cfg(test)]
 pub mod fake;
 pub mod procfs;
 mod real;
@@ -28,6 +29,7 @@ mod tests;
 use std::fmt;
 
 pub use backend::{NvmlBackend, NvmlOptions, model_from_nvml};
+#[cfg(test)]
 pub use fake::{FakeGpuSpec, FakeNvml};
 pub use real::RealNvml;
 pub use report::inventory_report;

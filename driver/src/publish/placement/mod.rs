@@ -27,7 +27,10 @@
 //! of plain first-fit over device names. [`sim`] simulates the allocator over an order and
 //! [`optimum`] gives the offline optimum, for the packing benchmark (`benches/packing.rs`).
 
+// The allocator simulation and the offline optimum serve tests and the packing benchmark only.
+#[cfg(any(test, feature = "testing"))]
 pub mod optimum;
+#[cfg(any(test, feature = "testing"))]
 pub mod sim;
 
 use std::cmp::Ordering;
