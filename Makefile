@@ -34,7 +34,7 @@ HADOLINT := $(LOCAL)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
 
 .PHONY: help
 help: ## list targets
-	@grep -E '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n",$$1,$$2}'
+	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n",$$1,$$2}'
 
 .PHONY: k8s
 k8s: ## build upstream Kubernetes (multi-call binary) into .local/bin (incremental)
@@ -61,16 +61,18 @@ build: ## build every Rust crate (debug)
 	$(CARGO) build --workspace --all-targets
 
 .PHONY: test
-test: k8s helm ## run every test: unit tests, chart checks and end-to-end tests against the local cluster
-	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
-	# The controller's, the webhook's and the chart's e2e tests run the other components'
-	# binaries from the same target dir.
-	$(CARGO) build $(DAS_BINS)
-	$(CARGO) test --workspace --no-fail-fast
+test: unit e2e ## run every test: `make unit`, then `make e2e` (go vet is in `make lint`)
+
+.PHONY: unit
+unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate's, and das-e2e's library tests
+	$(CARGO) test --workspace --exclude das-e2e --no-fail-fast
+	$(CARGO) test -p das-e2e --lib --bins --no-fail-fast
 
 .PHONY: e2e
-e2e: k8s helm ## run only the end-to-end tests (real control plane + hollow DRA kubelets)
-	$(CARGO) test -p das-e2e --no-fail-fast
+e2e: k8s helm ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kubelet_smoke, soak)
+	# They run the DAS binaries from the target dir: build them first.
+	$(CARGO) build $(DAS_BINS)
+	$(CARGO) test -p das-e2e --test '*' --no-fail-fast
 
 .PHONY: fuzz
 fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)
@@ -118,7 +120,9 @@ fmt: ## format Rust and Go sources
 	gofmt -w e2e/k8s
 
 .PHONY: lint
-lint: ## formatting check, clippy with warnings as errors, go vet
+lint: ## formatting check, clippy with warnings as errors, go vet, no references outside the repository
+	@if git grep -nE '(^|[^A-Za-z0-9_])shared/' -- ':!Makefile'; then \
+	  echo "the lines above cite files outside the repository (shared/): cite docs/design.md or docs/reference/ instead"; exit 1; fi
 	$(CARGO) fmt --all -- --check
 	@test -z "$$(gofmt -l e2e/k8s)" || { gofmt -l e2e/k8s; echo "gofmt needed"; exit 1; }
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings

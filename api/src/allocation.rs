@@ -1,4 +1,4 @@
-//! The `AllocationClaim` custom resource (`inference.redhat.com/v1alpha1`, DESIGN §3 and §6):
+//! The `AllocationClaim` custom resource (`inference.redhat.com/v1alpha1`, docs/design.md §3 and §6):
 //! one object per allocated device result of the DAS driver, mirrored from the ResourceClaim by
 //! `das-controller`, so that `kubectl get allocationclaims -A` answers "who has which slice where".
 //!
@@ -18,11 +18,11 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// API group of the AllocationClaim (DESIGN §3, the seed operator's group).
+/// API group of the AllocationClaim (docs/design.md §3, the seed operator's group).
 pub const GROUP: &str = "inference.redhat.com";
 /// API version of the AllocationClaim.
 pub const VERSION: &str = "v1alpha1";
-/// Condition type that carries the state (DESIGN §6).
+/// Condition type that carries the state (docs/design.md §6).
 pub const CONDITION_STATE: &str = "State";
 
 /// Desired content of an AllocationClaim: where the slice is and who holds it.
@@ -111,7 +111,7 @@ pub struct ResourceClaimRef {
     pub uid: String,
 }
 
-/// Life cycle of a slice (DESIGN §6).
+/// Life cycle of a slice (docs/design.md §6).
 #[derive(
     Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
 )]

@@ -1,8 +1,11 @@
-//! Names that every DAS component and the Kubernetes objects around them agree on.
+//! What every DAS component and the Kubernetes objects around them agree on.
 //!
-//! The values are fixed by `shared/DESIGN.md` §3: changing one breaks clusters that already run
-//! DAS (ResourceSlices, DeviceClasses, CDI specs and AllocationClaims carry them).
-//! The AllocationClaim custom resource (DESIGN §6) is in [`allocation`].
+//! - this module: the names of docs/design.md §3 (driver, DeviceClasses, device names, attribute,
+//!   capacity and counter names). Changing one breaks clusters that already run DAS
+//!   (ResourceSlices, DeviceClasses, CDI specs and AllocationClaims carry them).
+//! - [`allocation`]: the AllocationClaim custom resource (docs/design.md §6).
+//! - [`claim_status`]: the node plugin's entries in a ResourceClaim's `status.devices`, which the
+//!   controller reads, and the accessor for our driver's allocation results (docs/design.md §7).
 
 pub mod allocation;
 pub mod claim_status;
@@ -52,7 +55,7 @@ pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
     format!("gpu-{gpu_index}-mig-{}-{start}", profile_dns_label(profile))
 }
 
-/// Device attribute names DAS publishes on every MIG device (DESIGN §3). Names without a domain
+/// Device attribute names DAS publishes on every MIG device (docs/design.md §3). Names without a domain
 /// are in the driver's domain ([`DRIVER_NAME`]): in CEL, `device.attributes["mig.das.com"].profile`.
 pub mod attributes {
     /// `type` (string): always [`TYPE_MIG`].
@@ -81,7 +84,7 @@ pub mod attributes {
     pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 }
 
-/// Device capacity names DAS publishes on every MIG device (DESIGN §3).
+/// Device capacity names DAS publishes on every MIG device (docs/design.md §3).
 pub mod capacities {
     /// `memory`: the profile's memory, in bytes.
     pub const MEMORY: &str = "memory";
@@ -99,7 +102,7 @@ pub mod capacities {
     pub const OFA_ENGINES: &str = "ofaEngines";
 }
 
-/// Shared-counter names (DESIGN §3). Counter names are DNS labels, hence the hyphens; they match
+/// Shared-counter names (docs/design.md §3). Counter names are DNS labels, hence the hyphens; they match
 /// the NVIDIA DRA driver's so tools that read them work unchanged.
 pub mod counters {
     /// `memory`: memory, in bytes.

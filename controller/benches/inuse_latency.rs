@@ -17,31 +17,29 @@
 //! docs/benchmarks.md by hand).
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use das_api::allocation::{AllocationClaim, AllocationState};
 use das_e2e::das::{self, apply_device_classes};
-use das_e2e::{Cluster, ClusterConfig, process, wait};
+use das_e2e::install::DasBinary;
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{NS, create_pod, create_template, free_port, http_get};
+use das_e2e::{Cluster, ClusterConfig, process};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::PostParams;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt};
-use serde_json::json;
 
-const NS: &str = "default";
 const NODES: [&str; 2] = ["n0", "n1"];
 const GPUS_PER_NODE: u32 = 16;
 const PODS: usize = 200;
 /// Pod creations in flight at once.
 const CREATE_CONCURRENCY: usize = 32;
-const T: Duration = Duration::from_secs(60);
 const BURST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A device of a claim: (claim UID, pool, device).
@@ -50,37 +48,6 @@ type Seen = Arc<Mutex<HashMap<Key, Instant>>>;
 
 fn controller_binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_das-controller"))
-}
-
-/// `das-kubelet-plugin`, next to `das-controller` in the (release) target directory.
-fn plugin_binary() -> Result<PathBuf> {
-    let p = controller_binary().with_file_name("das-kubelet-plugin");
-    if !p.exists() {
-        bail!(
-            "{} missing: run `cargo build --release -p das-driver --bin das-kubelet-plugin` first",
-            p.display()
-        );
-    }
-    Ok(p)
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// `GET http://127.0.0.1:<port><path>`: (status line, body).
-async fn http_get(port: u16, path: &str) -> Result<(String, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap_or((&buf, ""));
-    Ok((
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    ))
 }
 
 /// Records the first `Instant` each key of an object appears, for every event of `api`; sets
@@ -176,23 +143,9 @@ fn len(s: &Seen) -> usize {
     s.lock().unwrap().len()
 }
 
-async fn create_pod(pods: &Api<Pod>, name: String) -> Result<()> {
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one"}],
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "mig"}]}}],
-            "terminationGracePeriodSeconds": 0}
-    }))?;
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .with_context(|| format!("create pod {name}"))?;
-    Ok(())
-}
-
 async fn run(cluster: &mut Cluster) -> Result<()> {
-    let plugin = plugin_binary()?;
+    // The release build, next to this benchmark's das-controller.
+    let plugin = DasBinary::Plugin.in_target_dir("release")?;
     let kubeconfig = cluster.kubeconfig.clone();
     for n in NODES {
         let node = cluster.node(n).clone();
@@ -200,16 +153,16 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
             &node,
             &format!("H100-80GB:{GPUS_PER_NODE}"),
             &kubeconfig,
-            free_port()?,
+            free_port(),
         );
         cluster.spawn_program(&format!("das-plugin-{n}"), &plugin, args)?;
     }
     let client = cluster.client();
     apply_device_classes(&client, &["1g.10gb"]).await?;
     das::install_allocation_claim_crd(&client).await?;
-    das_e2e::workload::wait_published(&client, &NODES).await?;
+    das::wait_nodes_published(&client, &NODES).await?;
 
-    let port = free_port()?;
+    let port = free_port();
     cluster.spawn_program(
         "das-controller",
         controller_binary(),
@@ -224,30 +177,19 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     let controller = *cluster.pids().last().context("controller pid")?;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), NS);
-    wait::until("the controller leads and is ready", T, || async {
+    wait::until("the controller leads and is ready", TIMEOUT, || async {
         let leader = leases
             .get_opt("das-controller")
             .await?
             .and_then(|l| l.spec?.holder_identity);
         let ready = http_get(port, "/readyz")
             .await
-            .is_ok_and(|(s, _)| s.contains(" 200"));
+            .is_ok_and(|(code, _)| code == 200);
         Ok((leader.as_deref() == Some("das-controller") && ready).then_some(()))
     })
     .await?;
 
-    let t: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
-    t.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "one"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-                "deviceClassName": das_api::profile_device_class("1g.10gb"),
-                "allocationMode": "ExactCount", "count": 1}}]}}}
-        }))?,
-    )
-    .await?;
+    create_template(&client, "one", "1g.10gb", 1).await?;
 
     let (ready, inuse, run_at): (Seen, Seen, Seen) = Default::default();
     let synced: Vec<Arc<Mutex<bool>>> = (0..3).map(|_| Default::default()).collect();
@@ -271,8 +213,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
             running,
         ),
     ];
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    wait::until("the watches", T, || async {
+    wait::until("the watches", TIMEOUT, || async {
         Ok(synced.iter().all(|s| *s.lock().unwrap()).then_some(()))
     })
     .await?;
@@ -280,7 +221,11 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
 
     // The burst.
     let t0 = Instant::now();
-    futures::stream::iter((0..PODS).map(|i| create_pod(&pods, format!("bench-{i:03}"))))
+    let create = |i: usize| {
+        let client = client.clone();
+        async move { create_pod(&client, &format!("bench-{i:03}"), "one", None).await }
+    };
+    futures::stream::iter((0..PODS).map(create))
         .buffer_unordered(CREATE_CONCURRENCY)
         .try_collect::<Vec<()>>()
         .await?;

@@ -57,7 +57,7 @@ pub enum Decision {
     HeldByOther,
 }
 
-/// Pure decision from the lease's spec (DESIGN: one writer at a time).
+/// Pure decision from the lease's spec (docs/design.md §6: one writer at a time).
 pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decision {
     let Some(spec) = spec else {
         return Decision::TakeOver;

@@ -1,5 +1,5 @@
 //! The DAS cluster controller (`das-controller`): mirrors every allocated DAS device into an
-//! AllocationClaim (`staged` → `created` → `inUse`); see `shared/DESIGN.md` §6.
+//! AllocationClaim (`staged` → `created` → `inUse`); see docs/design.md §6.
 //!
 //! - [`mirror`]: the pure function from a ResourceClaim (plus its pods and the published devices)
 //!   to its desired AllocationClaims;

@@ -1,5 +1,5 @@
 //! What the AllocationClaims of one ResourceClaim should be: a pure function of the claim, the
-//! pods that reserve it and the devices DAS publishes (DESIGN §6).
+//! pods that reserve it and the devices DAS publishes (docs/design.md §6).
 //!
 //! One AllocationClaim per allocation result of our driver (`mig.das.com`), named
 //! `<claim>-<device>`, in the claim's namespace, owned by the claim. Its state is
@@ -9,7 +9,7 @@
 //! - `staged` otherwise (allocated by the scheduler, pod not bound yet).
 //!
 //! Device facts (profile, parent GPU UUID, placement) come from the published ResourceSlices
-//! (attributes of DESIGN §3) and, when the slice is gone or not yet seen, from the device status
+//! (attributes of docs/design.md §3) and, when the slice is gone or not yet seen, from the device status
 //! data the node plugin wrote.
 
 use std::collections::BTreeMap;
@@ -93,7 +93,7 @@ fn string_attribute(d: &Device, name: &str) -> Option<String> {
     attribute(d, name)?.string.clone()
 }
 
-/// Facts from a device's attributes (DESIGN §3); `None` if one is missing.
+/// Facts from a device's attributes (docs/design.md §3); `None` if one is missing.
 fn facts_of_device(d: &Device) -> Option<DeviceFacts> {
     Some(DeviceFacts {
         profile: string_attribute(d, attr::PROFILE)?,
@@ -187,7 +187,7 @@ fn owner_of(claim: &ResourceClaim) -> OwnerReference {
     }
 }
 
-/// The desired AllocationClaims of `claim` (DESIGN §6): one per allocation result of our driver.
+/// The desired AllocationClaims of `claim` (docs/design.md §6): one per allocation result of our driver.
 ///
 /// `pods` may hold any pods; only those the claim is reserved for count. `now` (RFC 3339) is the
 /// `lastTransitionTime` of the state condition; the caller keeps the stored one when the state
@@ -247,7 +247,7 @@ fn build(
         profile: facts.profile,
         gpu_uuid: facts.gpu_uuid,
         mig_placement: facts.placement,
-        // DAS pools are named after their node (DESIGN §3).
+        // DAS pools are named after their node (docs/design.md §3).
         nodename: r.pool.clone(),
         pod_ref: pod.map(|p| PodRef {
             kind: "Pod".into(),

@@ -1,6 +1,6 @@
 //! The controller loop: a kube-runtime [`Controller`] over ResourceClaims (all namespaces),
 //! triggered also by the pods that use them and by their AllocationClaims, that keeps each
-//! claim's AllocationClaims equal to [`desired_allocation_claims`] (DESIGN §6).
+//! claim's AllocationClaims equal to [`desired_allocation_claims`] (docs/design.md §6).
 //!
 //! Pods, AllocationClaims and our ResourceSlices are kept in shared reflector stores; the
 //! triggers come from the same streams, so a reconcile always sees the change that caused it

@@ -99,7 +99,7 @@ async fn main() -> Result<()> {
     }
     let client = cluster.client();
     apply_device_classes(&client, &["7g.80gb"]).await?;
-    das_e2e::workload::wait_published(&client, &nodes).await?;
+    das_e2e::das::wait_nodes_published(&client, &nodes).await?;
     create_template(&client, "whole", "7g.80gb", 1).await?;
     let mut delays: Vec<Vec<Duration>> = vec![Vec::new(); subjects.len()];
     for r in 0..ROUNDS {

@@ -1,4 +1,4 @@
-//! Packing benchmark of the placement policy (DESIGN §5).
+//! Packing benchmark of the placement policy (docs/design.md §5).
 //!
 //! For seeded random streams of single-slice requests, counts the slices placed before the first
 //! request that does not fit, under the upstream first-fit allocator walking

@@ -11,7 +11,7 @@ use crate::cluster::{KUBERNETES_VERSION, workspace_root};
 
 /// Release name used for every render.
 pub const RELEASE: &str = "das";
-/// The install namespace (DESIGN §3).
+/// The install namespace (docs/design.md §3).
 pub const NAMESPACE: &str = "das-system";
 
 /// `.local/bin/helm`, built by `make helm`.

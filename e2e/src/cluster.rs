@@ -1,11 +1,10 @@
 //! A real Kubernetes control plane plus hollow DRA kubelets, all on loopback.
 //!
-//! Start order (as `shared/reference/local-control-plane.md` §7.2): PKI → etcd → kube-apiserver
+//! Start order: PKI → etcd → kube-apiserver
 //! (wait `/readyz`) → kube-controller-manager + kube-scheduler (wait for the `default`
 //! ServiceAccount, which proves the controller manager works) → one `dra-kubelet` per node (wait
 //! `Ready`). Every component is the upstream code from the `e2e/k8s` multi-call binary.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::kubeconfig;
 use crate::pki::{self, CertFiles, Pki, Usage};
 use crate::process::{self, Lifetime, Process};
+use crate::workload::free_port;
 
 /// The Kubernetes version the `e2e/k8s` module pins (kept in step with its go.mod).
 pub const KUBERNETES_VERSION: &str = "v1.36.3";
@@ -108,10 +108,6 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl Cluster {
     /// Starts the cluster and waits until every node is Ready.
     pub async fn start(cfg: ClusterConfig) -> Result<Self> {
@@ -175,9 +171,9 @@ impl Cluster {
             },
         )?;
         let sa = pki.service_account_keys()?;
-        let etcd_port = free_port()?;
-        let etcd_peer_port = free_port()?;
-        let api_port = free_port()?;
+        let etcd_port = free_port();
+        let etcd_peer_port = free_port();
+        let api_port = free_port();
         let server = format!("https://127.0.0.1:{api_port}");
         kubeconfig::write(
             &self.kubeconfig,
@@ -285,7 +281,7 @@ impl Cluster {
                     format!("--kubeconfig={}", kc.display()),
                     format!("--name={name}"),
                     format!("--root-dir={}", node.root_dir.display()),
-                    format!("--kubelet-port={}", free_port()?),
+                    format!("--kubelet-port={}", free_port()),
                     "--v=2".into(),
                 ],
             )?;

@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::Value;
 
 use crate::cluster::NodeInfo;
 
-/// The DRA driver name (DESIGN §3).
+/// The DRA driver name (docs/design.md §3).
 pub const DRIVER: &str = "mig.das.com";
 
 /// Files of the plugin of one node, under the node's kubelet root dir.
@@ -56,8 +56,8 @@ pub fn plugin_args(
 
 /// The distinct `profile` attributes of every published device of our driver.
 pub async fn published_profiles(client: &Client) -> Result<Vec<String>> {
-    let api: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(client.clone());
-    let lp = kube::api::ListParams::default().fields(&format!("spec.driver={DRIVER}"));
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!("spec.driver={DRIVER}"));
     let mut profiles: Vec<String> = api
         .list(&lp)
         .await?
@@ -69,6 +69,60 @@ pub async fn published_profiles(client: &Client) -> Result<Vec<String>> {
     profiles.sort();
     profiles.dedup();
     Ok(profiles)
+}
+
+/// Waits until each of `nodes` has at least one ResourceSlice of the DAS driver (any node when
+/// `nodes` is empty): the plugins have published something. See [`wait_pool_complete`] for one
+/// node's whole pool.
+pub async fn wait_nodes_published(client: &Client, nodes: &[&str]) -> Result<()> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    crate::wait::until(
+        &format!("ResourceSlices of {nodes:?}"),
+        crate::wait::TIMEOUT,
+        || async {
+            let lp = ListParams::default().fields(&format!("spec.driver={DRIVER}"));
+            let slices = api.list(&lp).await?.items;
+            let on = |n: &str| {
+                slices
+                    .iter()
+                    .any(|s| s.spec.node_name.as_deref() == Some(n))
+            };
+            let done = if nodes.is_empty() {
+                !slices.is_empty()
+            } else {
+                nodes.iter().all(|n| on(n))
+            };
+            Ok(done.then_some(()))
+        },
+    )
+    .await
+}
+
+/// Waits until the DAS pool of `node` is complete: every ResourceSlice of its newest generation
+/// is there (as many as `resourceSliceCount` says). Returns those slices.
+pub async fn wait_pool_complete(client: &Client, node: &str) -> Result<Vec<ResourceSlice>> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    crate::wait::until(
+        &format!("the complete pool of ResourceSlices of {node}"),
+        crate::wait::TIMEOUT,
+        || async {
+            let lp =
+                ListParams::default().fields(&format!("spec.driver={DRIVER},spec.nodeName={node}"));
+            let slices = api.list(&lp).await?.items;
+            let Some(newest) = slices.iter().map(|s| s.spec.pool.generation).max() else {
+                return Ok(None);
+            };
+            let current: Vec<_> = slices
+                .into_iter()
+                .filter(|s| s.spec.pool.generation == newest)
+                .collect();
+            let complete = current
+                .first()
+                .is_some_and(|s| s.spec.pool.resource_slice_count as usize == current.len());
+            Ok(complete.then_some(current))
+        },
+    )
+    .await
 }
 
 /// Creates (server-side apply) the Helm chart's DeviceClass for every slice and the chart's
@@ -223,7 +277,7 @@ type Held = (i64, i64, String);
 /// picture of every GPU's memory slices with the pod that holds each (from allocated claims and
 /// the published device attributes).
 pub async fn report(client: &Client) -> Result<String> {
-    use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+    use k8s_openapi::api::resource::v1::ResourceClaim;
     use std::fmt::Write;
     let slices = Api::<ResourceSlice>::all(client.clone())
         .list(&kube::api::ListParams::default().fields(&format!("spec.driver={DRIVER}")))

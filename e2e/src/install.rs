@@ -13,7 +13,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -47,6 +46,72 @@ pub const PLUGIN_SA: &str = "das-kubelet-plugin";
 pub const CONTROLLER_SA: &str = "das-controller";
 pub const WEBHOOK_SA: &str = "das-webhook";
 
+/// One DAS binary, as cargo builds it into the workspace's target dir.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DasBinary {
+    /// `das-kubelet-plugin` (package `das-driver`).
+    Plugin,
+    /// `das-controller` (package `das-controller`).
+    Controller,
+    /// `das-webhook` (package `das-webhook`).
+    Webhook,
+}
+
+impl DasBinary {
+    /// The binary's file name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Plugin => "das-kubelet-plugin",
+            Self::Controller => "das-controller",
+            Self::Webhook => "das-webhook",
+        }
+    }
+
+    /// The package that builds it.
+    pub fn package(self) -> &'static str {
+        match self {
+            Self::Plugin => "das-driver",
+            Self::Controller => "das-controller",
+            Self::Webhook => "das-webhook",
+        }
+    }
+
+    /// The binary of cargo profile `profile` (`debug`, `release`) in the workspace's target dir
+    /// (`$CARGO_TARGET_DIR` or `target/`). A missing binary is an error that names the cargo
+    /// command that builds it: the cluster tests of `das-e2e` run the binaries of other packages,
+    /// which `cargo test -p das-e2e` does not build (`make e2e` builds them first).
+    pub fn in_target_dir(self, profile: &str) -> Result<PathBuf> {
+        let path = target_dir().join(profile).join(self.name());
+        if !path.exists() {
+            let flag = match profile {
+                "debug" => String::new(),
+                "release" => " --release".into(),
+                p => format!(" --profile {p}"),
+            };
+            bail!(
+                "{} missing: run `cargo build{flag} -p {} --bin {}` (`make e2e` builds every DAS \
+                 binary before the cluster tests)",
+                path.display(),
+                self.package(),
+                self.name()
+            );
+        }
+        Ok(path)
+    }
+
+    /// The debug build, the one `make e2e` builds for the cluster tests.
+    pub fn debug(self) -> Result<PathBuf> {
+        self.in_target_dir("debug")
+    }
+}
+
+/// The workspace's cargo target dir: `$CARGO_TARGET_DIR`, else `target/` at the root.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::cluster::workspace_root().join("target"))
+}
+
 /// The DAS binaries to run.
 #[derive(Clone, Debug)]
 pub struct Binaries {
@@ -56,28 +121,14 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// The three binaries of `profile` (`debug`, `release`) in the workspace's target dir; an
-    /// error names the cargo command that builds a missing one.
+    /// The plugin and the controller of `profile` (`debug`, `release`) in the workspace's
+    /// target dir, and the webhook when `webhook`; see [`DasBinary::in_target_dir`].
     pub fn in_target_dir(profile: &str, webhook: bool) -> Result<Self> {
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| crate::cluster::workspace_root().join("target"))
-            .join(profile);
-        let find = |name: &str, package: &str| -> Result<PathBuf> {
-            let p = target.join(name);
-            if !p.exists() {
-                bail!(
-                    "{} missing: run `cargo build -p {package} --bin {name}`",
-                    p.display()
-                );
-            }
-            Ok(p)
-        };
         Ok(Self {
-            plugin: find("das-kubelet-plugin", "das-driver")?,
-            controller: Some(find("das-controller", "das-controller")?),
+            plugin: DasBinary::Plugin.in_target_dir(profile)?,
+            controller: Some(DasBinary::Controller.in_target_dir(profile)?),
             webhook: if webhook {
-                Some(find("das-webhook", "das-webhook")?)
+                Some(DasBinary::Webhook.in_target_dir(profile)?)
             } else {
                 None
             },
@@ -230,7 +281,7 @@ pub async fn install(
     }
     let client = cluster.client();
     let nodes: Vec<&str> = gpus.iter().map(|(n, _)| n.as_str()).collect();
-    crate::workload::wait_published(&client, &nodes).await?;
+    crate::das::wait_nodes_published(&client, &nodes).await?;
     if let Some(bin) = &bins.webhook {
         installed.webhook_port = Some(start_webhook(cluster, &rendered, bin).await?);
     }
@@ -398,7 +449,7 @@ async fn register_webhook(
     // translated (dry run, so nothing stays behind).
     wait::until(
         "the webhook to translate legacy pods",
-        Duration::from_secs(60),
+        wait::TIMEOUT,
         || async {
             let pod = json!({
                 "apiVersion": "v1", "kind": "Pod",
@@ -432,4 +483,29 @@ fn check_command(container: &Value, bin: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_binary_names_the_command_that_builds_it() {
+        let err = DasBinary::Plugin
+            .in_target_dir("no-such-profile")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no-such-profile/das-kubelet-plugin missing")
+                && err.contains(
+                    "`cargo build --profile no-such-profile -p das-driver --bin das-kubelet-plugin`"
+                )
+                && err.contains("`make e2e`"),
+            "{err}"
+        );
+        let err = Binaries::in_target_dir("no-such-profile", true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("das-kubelet-plugin missing"), "{err}");
+    }
 }

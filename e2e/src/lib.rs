@@ -1,16 +1,31 @@
 //! `das-e2e`: a real local Kubernetes for DAS end-to-end tests and `make demo`.
 //!
+//! Every test that needs the local cluster (or the Helm built into `.local/bin`) lives in this
+//! crate's `tests/`, one test binary per file, named by component: `plugin_*.rs` (node plugin),
+//! `controller.rs`, `webhook.rs`, `chart.rs`, `kubelet_smoke.rs` (the kubelet DRA path without
+//! DAS) and `soak.rs`. They run the DAS binaries from the target dir ([`install::DasBinary`]),
+//! which `make e2e` builds before `cargo test -p das-e2e`. The library's own unit tests need no
+//! cluster (`make unit` runs them).
+//!
 //! - [`cluster`]: starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and hollow
 //!   kubelets running the real kubelet DRA manager (the `e2e/k8s` Go module, built by `make k8s`),
 //!   waits until they are ready, and tears everything down (process groups) when dropped.
 //! - [`pki`], [`kubeconfig`]: credentials for it.
 //! - [`test_plugin`]: a minimal DRA kubelet plugin, to prove the kubelet → plugin gRPC path
 //!   without the DAS driver.
-//! - [`das`]: starting the DAS node plugin on a hollow node and seeing what a container gets.
-//! - [`wait`]: polling helpers for test assertions.
-//! - [`workload`]: pods, templates and probes shared by every component's e2e tests.
+//! - [`das`]: the DAS node plugin's flags and files on a hollow node, the chart's DeviceClasses,
+//!   waiting for published ResourceSlices ([`das::wait_nodes_published`],
+//!   [`das::wait_pool_complete`]), and seeing what a container gets.
+//! - [`plugin`]: the node plugin's cluster tests' set-up: plugins started directly on hollow
+//!   nodes with emulated GPUs ([`plugin::cluster_with_plugins`]) and the MIG instances those
+//!   GPUs hold ([`plugin::live_slices`]).
+//! - [`wait`]: polling with a deadline ([`wait::until`]) and the tests' default timeout
+//!   ([`wait::TIMEOUT`]).
+//! - [`workload`]: pods (create, wait until running, delete), claim templates and probes
+//!   ([`workload::free_port`], [`workload::http_get`]) shared by every component's tests.
 //! - [`chart`]: the Helm chart rendered by Helm; [`install`]: DAS installed from it (the chart's
-//!   RBAC identities, environment and arguments) on the local cluster.
+//!   RBAC identities, environment and arguments) on the local cluster, and where the DAS
+//!   binaries are ([`install::DasBinary`], [`install::Binaries`]).
 //! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
 
 pub mod chart;
@@ -19,6 +34,7 @@ pub mod das;
 pub mod install;
 pub mod kubeconfig;
 pub mod pki;
+pub mod plugin;
 pub mod process;
 pub mod soak;
 pub mod test_plugin;

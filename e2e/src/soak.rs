@@ -9,7 +9,7 @@
 //! The run is split in phases; after each, chaos stops and the soak waits until the cluster
 //! converges, then checks the invariants ([`check_invariants`]) against the emulated GPUs'
 //! state, the plugins' checkpoints and CDI specs, and the API server. `make soak` runs ≥ 500
-//! cycles (`das-soak`); `e2e/tests/soak.rs` runs a short one in `make test`. Figures go to
+//! cycles (`das-soak`); `e2e/tests/soak.rs` runs a short one in `make e2e`. Figures go to
 //! docs/reliability.md.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -6,6 +6,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
+/// How long a test waits for one condition on the cluster (a pod to go, a slice to be
+/// destroyed, a controller to lead…) unless it says otherwise.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Polls `check` every 200 ms until it returns `Some`, or fails after `timeout` with `what`.
 /// Errors from `check` are retried (the API may be briefly unavailable) and the last one is
 /// reported on timeout.

@@ -1,5 +1,6 @@
 //! Workloads on the test cluster, shared by the end-to-end tests of every component: pods that
-//! ask for MIG slices through ResourceClaimTemplates, and small probes (free ports, HTTP GET).
+//! ask for MIG slices through ResourceClaimTemplates (create, wait until running, delete), and
+//! small probes (free ports, HTTP GET).
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -93,30 +94,61 @@ pub async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
         .await?)
 }
 
-/// Waits until each of `nodes` has at least one ResourceSlice of the DAS driver (any node when
-/// `nodes` is empty).
-pub async fn wait_published(client: &Client, nodes: &[&str]) -> Result<()> {
-    use k8s_openapi::api::resource::v1::ResourceSlice;
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    wait::until(
-        &format!("ResourceSlices of {nodes:?}"),
-        Duration::from_secs(60),
-        || async {
-            let lp = kube::api::ListParams::default()
-                .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
-            let slices = api.list(&lp).await?.items;
-            let on = |n: &str| {
-                slices
-                    .iter()
-                    .any(|s| s.spec.node_name.as_deref() == Some(n))
-            };
-            let done = if nodes.is_empty() {
-                !slices.is_empty()
-            } else {
-                nodes.iter().all(|n| on(n))
-            };
-            Ok(done.then_some(()))
-        },
-    )
-    .await
+/// Creates pod `name` in [`NS`] with one container `app` using a claim (`mig`) from
+/// ResourceClaimTemplate `template`, pinned to `node` when given.
+pub async fn create_pod(
+    client: &Client,
+    name: &str,
+    template: &str,
+    node: Option<&str>,
+) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let mut spec = json!({
+        "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
+        "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "mig"}]}}],
+        "terminationGracePeriodSeconds": 0
+    });
+    if let Some(n) = node {
+        spec["nodeSelector"] = json!({"kubernetes.io/hostname": n});
+    }
+    let pod: Pod = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}),
+    )?;
+    api.create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("create pod {name}"))?;
+    Ok(())
+}
+
+/// Deletes pod `name` in [`NS`] at once (grace period 0) and waits until it is gone.
+pub async fn delete_pod(client: &Client, name: &str) -> Result<()> {
+    delete_pods(client, &[name]).await
+}
+
+/// Deletes pods `names` in [`NS`] at once (grace period 0), then waits until every one is gone.
+pub async fn delete_pods(client: &Client, names: &[&str]) -> Result<()> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    for n in names {
+        api.delete(n, &DeleteParams::default().grace_period(0))
+            .await
+            .with_context(|| format!("delete pod {n}"))?;
+    }
+    for n in names {
+        wait::until(&format!("pod {n} to be gone"), wait::TIMEOUT, || async {
+            Ok(api.get_opt(n).await?.is_none().then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The phase of pod `name` in [`NS`], or "" when it has none yet.
+pub async fn phase(client: &Client, name: &str) -> Result<String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    Ok(api
+        .get(name)
+        .await?
+        .status
+        .and_then(|s| s.phase)
+        .unwrap_or_default())
 }

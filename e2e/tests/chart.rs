@@ -17,7 +17,10 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-const T: Duration = Duration::from_secs(90);
+/// The chart's cluster tests wait longer than [`das_e2e::wait::TIMEOUT`] (60 s): one of their
+/// waits covers a whole install from the chart coming up at once (every example pod on two
+/// nodes, the webhook's translation, the controller's AllocationClaims).
+const CHART_TIMEOUT: Duration = Duration::from_secs(90);
 
 fn default_values() -> RenderOptions {
     RenderOptions::default()
@@ -346,18 +349,22 @@ async fn policy(cluster: &Cluster) -> Result<()> {
         dry_run: true,
         ..Default::default()
     };
-    let denied = wait::until("the ResourceSlice policy to be active", T, || async {
-        match n0_slices
-            .create(&dry, &slice("probe", "n1", das_e2e::das::DRIVER))
-            .await
-        {
-            // A policy denial is answered 422 Invalid, naming the policy.
-            Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("own node") => {
-                Ok(Some(s.message))
+    let denied = wait::until(
+        "the ResourceSlice policy to be active",
+        CHART_TIMEOUT,
+        || async {
+            match n0_slices
+                .create(&dry, &slice("probe", "n1", das_e2e::das::DRIVER))
+                .await
+            {
+                // A policy denial is answered 422 Invalid, naming the policy.
+                Err(kube::Error::Api(s)) if s.code == 422 && s.message.contains("own node") => {
+                    Ok(Some(s.message))
+                }
+                _ => Ok(None),
             }
-            _ => Ok(None),
-        }
-    })
+        },
+    )
     .await?;
     ensure!(
         denied.contains("on node n0") && denied.contains("not of node n1"),
@@ -511,7 +518,7 @@ async fn examples(cluster: &Cluster) -> Result<()> {
     let client = cluster.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     // one-slice (1) + multi-slice (3) + inference Deployment (2 × 1) + legacy-slice (1).
-    let running = wait::until("every example pod to run", T, || async {
+    let running = wait::until("every example pod to run", CHART_TIMEOUT, || async {
         let list = pods.list(&Default::default()).await?.items;
         let running = list
             .iter()
@@ -543,7 +550,7 @@ async fn examples(cluster: &Cluster) -> Result<()> {
     let all_claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
     wait::until(
         "every claim's devices reported by the plugin",
-        T,
+        CHART_TIMEOUT,
         || async {
             let list = all_claims.list(&Default::default()).await?.items;
             let devices: usize = list
@@ -560,7 +567,7 @@ async fn examples(cluster: &Cluster) -> Result<()> {
     )
     .await?;
     let allocs: Api<AllocationClaim> = Api::namespaced(client, "default");
-    wait::until("7 AllocationClaims inUse", T, || async {
+    wait::until("7 AllocationClaims inUse", CHART_TIMEOUT, || async {
         let list = allocs.list(&Default::default()).await?.items;
         let in_use = list
             .iter()
@@ -657,21 +664,25 @@ async fn extended_resources(cluster: &Cluster) -> Result<()> {
     });
     pods.create(&PostParams::default(), &serde_json::from_value(pod)?)
         .await?;
-    let claim = wait::until("the extended-resource pod to run", T, || async {
-        let p = pods.get("extended").await?;
-        let status = p.status.unwrap_or_default();
-        if status.phase.as_deref() != Some("Running") {
-            return Ok(None);
-        }
-        Ok(status
-            .extended_resource_claim_status
-            .map(|s| s.resource_claim_name))
-    })
+    let claim = wait::until(
+        "the extended-resource pod to run",
+        CHART_TIMEOUT,
+        || async {
+            let p = pods.get("extended").await?;
+            let status = p.status.unwrap_or_default();
+            if status.phase.as_deref() != Some("Running") {
+                return Ok(None);
+            }
+            Ok(status
+                .extended_resource_claim_status
+                .map(|s| s.resource_claim_name))
+        },
+    )
     .await?;
     let allocs: Api<AllocationClaim> = Api::namespaced(client, "default");
     wait::until(
         "2 AllocationClaims inUse for the scheduler's claim",
-        T,
+        CHART_TIMEOUT,
         || async {
             let list = allocs.list(&Default::default()).await?.items;
             let ours: Vec<_> = list

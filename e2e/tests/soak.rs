@@ -14,7 +14,7 @@ async fn a_short_soak_with_kills_and_faults_keeps_every_invariant() {
         concurrency: 4,
         phases: 1,
         chaos: Some((Duration::from_secs(2), Duration::from_secs(4))),
-        binaries: soak::binaries("debug").expect("DAS binaries (make test builds them)"),
+        binaries: soak::binaries("debug").expect("DAS binaries (make e2e builds them)"),
         converge_limit: Duration::from_secs(150),
     };
     let report = soak::run(&cfg).await.expect("the soak runs");

@@ -4,11 +4,12 @@
 //!   NodeUnprepareResources). Kubelets 1.34+ accept both and take the first one a plugin lists.
 //! - [`dra_health::v1alpha1`]: the `DRAResourceHealth` stream of device health.
 //! - [`pluginregistration`]: the `Registration` service the kubelet's plugin watcher calls.
+//! - [`registration`]: the plugin side of that service ([`registration::Registrar`]).
 //! - [`authority`]: serving the registration socket to the kubelet's grpc-go client, whose
 //!   `:authority` h2 would reject.
 //!
 //! Source of the wire contract: `k8s.io/kubelet` `pkg/apis/dra/{v1,v1beta1}/api.proto` and
-//! `pkg/apis/pluginregistration/v1/api.proto` (see `shared/reference/dra-kubelet-plugin.md` §1–2).
+//! `pkg/apis/pluginregistration/v1/api.proto` (see docs/reference/dra.md, "Kubelet plugin protocol").
 
 pub mod authority;
 pub mod registration;

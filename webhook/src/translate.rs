@@ -1,5 +1,5 @@
 //! The pure part of the webhook: a legacy pod (`nvidia.com/mig-<profile>: N`) becomes a JSON
-//! patch plus the ResourceClaimTemplates it needs (DESIGN §3 names, §8 behaviour).
+//! patch plus the ResourceClaimTemplates it needs (docs/design.md §3 names, §8 behaviour).
 //!
 //! Sources: Pod `spec.resourceClaims` / container `resources.claims` (KEP-4381,
 //! <https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/>),

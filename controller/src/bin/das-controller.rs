@@ -1,4 +1,4 @@
-//! `das-controller`: mirrors every allocated DAS device into an AllocationClaim (DESIGN §6).
+//! `das-controller`: mirrors every allocated DAS device into an AllocationClaim (docs/design.md §6).
 //!
 //! With `--leader-elect` (the default) only the replica holding the Lease
 //! `<namespace>/das-controller` reconciles; the others stand by. SIGTERM or SIGINT stops the

@@ -27,8 +27,8 @@
 //! Sources: cncf-tags/container-device-interface `SPEC.md` (spec 1.1.0), `specs-go/config.go`
 //! (field names), `specs-go/version.go` (minimum version by feature), `pkg/parser/parser.go` (name
 //! rules), `pkg/cdi/spec.go` (temp file without `.json` suffix, then rename). Summary in
-//! `shared/reference/dra-kubelet-plugin.md` §7; device nodes of a MIG device in
-//! `shared/reference/mig-facts.md` §0 fact 8 and §4.1.1.
+//! docs/reference/dra.md, "CDI"; device nodes of a MIG device in
+//! docs/reference/mig.md, "Device nodes and capabilities"
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

@@ -326,7 +326,7 @@ impl Checkpoint {
         self.save_with(path, Durability::Durable)
     }
 
-    /// [`Self::save`] with a choice of durability ([`CheckpointStore::without_fsync`]).
+    /// [`Self::save`] with a choice of durability ([`CheckpointStore::for_tests`]).
     ///
     /// # Errors
     /// As [`Self::save`].

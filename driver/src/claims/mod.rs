@@ -9,6 +9,11 @@
 //! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server.
 //! - [`reaper`]: retries the destroys of instances whose claim is gone, with backoff.
 //! - [`status`]: writes a claim's `status.devices`, retrying until it lands or the claim is gone.
+//! - [`handler`]: what the kubelet-facing server calls ([`ClaimHandler`], [`HealthSource`]) and
+//!   the claim and device types it passes.
+//! - [`checkpoint`]: the versioned, atomically written record of prepared claims and the exact
+//!   MIG instances they hold ([`checkpoint::CheckpointStore`]).
+//! - [`cdi`]: CDI spec types and DAS's per-claim spec.
 //! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
 //! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
 //! - [`error`]: [`PrepareError`], turned into text only at the gRPC boundary.

@@ -369,7 +369,7 @@ mod tests {
         );
     }
 
-    /// One fact per model from mig-facts §2: (model, profile, real ID, MiB, SMs, starts, size).
+    /// One fact per model from the public captures (docs/reference/mig.md, "The profile tables"): (model, profile, real ID, MiB, SMs, starts, size).
     #[test]
     fn one_profile_fact_per_model() {
         type Fact = (

@@ -1,11 +1,11 @@
-//! The emulated GPU backend (DESIGN §7 "Emulated mode"): GPUs described by a spec string such as
+//! The emulated GPU backend (docs/design.md §7 "Emulated mode"): GPUs described by a spec string such as
 //! `A100-SXM4-40GB:2,H100-80GB:2`, real profile and placement tables from the model data files,
 //! NVML-like rules and errors, and the "hardware" state (which GPU and compute instances exist)
 //! kept on disk so a restarted plugin sees the instances that exist.
 //!
 //! - GPU UUIDs are derived from the node name and the GPU index, so they are stable across
 //!   restarts; MIG UUIDs are derived from the GPU UUID and a serial number kept in the state, so
-//!   every creation gets a fresh one (as on hardware, mig-facts §0 fact 10).
+//!   every creation gets a fresh one (as on hardware, docs/reference/mig.md, "Create and destroy").
 //! - GI IDs are allocated by the "driver": the lowest free ID in `0..15`, never derived from the
 //!   placement.
 //! - The state file is written atomically (temp file, fsync, rename, fsync of the directory).
@@ -44,10 +44,10 @@ pub const STATE_VERSION: u32 = 1;
 /// Driver version the emulated GPUs report.
 pub const EMULATED_DRIVER_VERSION: &str = "580.95.05";
 
-/// GI IDs are `0..GI_ID_SPACE` (mig-facts §4.4: GI ID space 0–14).
+/// GI IDs are `0..GI_ID_SPACE` (docs/reference/mig.md, "Create and destroy": GI ID space 0–14).
 const GI_ID_SPACE: u32 = 15;
 
-/// Most emulated GPUs per node: the `mig-minors` listing covers `gpu0..gpu31` (mig-facts §4.1.1).
+/// Most emulated GPUs per node: the `mig-minors` listing covers `gpu0..gpu31` (docs/reference/mig.md, "Device nodes and capabilities").
 pub const MAX_EMULATED_GPUS: u32 = 32;
 
 /// A bad emulated-GPU spec, or state on disk that cannot be used.
@@ -181,7 +181,8 @@ impl FaultKind {
 }
 
 /// Injected latency: a sleep before every create and destroy (outside any lock, so GPUs stay
-/// independent). mig-facts §5 suggests ≈0.3–0.6 s create and ≈1 s destroy for realism.
+/// independent). No public per-call figures exist (docs/reference/mig.md, "Timing"); a few hundred
+/// milliseconds per create and about a second per destroy are plausible for realism.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Latency {
     /// Sleep per `create_instance`.
@@ -604,7 +605,7 @@ impl EmulatedBackend {
             ..instance_target(gpu, inst)
         };
         let mut next = state.clone();
-        // The compute instance goes first, then the GPU instance (mig-facts §0 fact 6); both are
+        // The compute instance goes first, then the GPU instance (docs/reference/mig.md, "Create and destroy"); both are
         // one record here.
         gpu_state_mut(&mut next, gpu.index).instances.remove(pos);
         self.persist(&next, &target)?;

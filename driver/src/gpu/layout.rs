@@ -1,6 +1,6 @@
 //! What occupies one GPU, and the two sets of rules that decide whether another slice fits:
 //!
-//! - the **hardware** rules NVML enforces (mig-facts §0 facts 1, 5 and §1): the placement start
+//! - the **hardware** rules NVML enforces (docs/reference/mig.md, "Memory slices and placements"): the placement start
 //!   must be in the profile's list, memory slices must not overlap, a profile has a maximum
 //!   instance count, at most one `+me` instance, at most `max_gpu_instances` GIs;
 //! - the **counter** rules the Kubernetes allocator enforces on what DAS publishes: every
@@ -349,7 +349,7 @@ mod tests {
         assert_eq!(occ.check_hardware(&m, one, 5), Ok(()));
         occ.remove(&m, me, 4);
         assert_eq!(occ.check_hardware(&m, me, 5), Ok(()));
-        // A30 has two +me profiles; only one +me instance may exist (mig-facts §2.3).
+        // A30 has two +me profiles; only one +me instance may exist (docs/reference/mig.md, "Memory slices and placements").
         let a30 = find_model("A30").unwrap().unwrap();
         let mut occ = Occupancy::empty(&a30);
         occ.add(&a30, idx(&a30, "1g.6gb+me"), 0);
@@ -359,7 +359,7 @@ mod tests {
         );
     }
 
-    /// mig-facts §2.1 "Free/Total" sequence on A100-40GB: 4g at 0, 2g at 4, 1g at 6 → nothing fits.
+    /// The A100-40GB "Free/Total" sequence of a public `nvidia-smi mig -lgip` capture: 4g at 0, 2g at 4, 1g at 6 → nothing fits.
     #[test]
     fn a100_remaining_capacity_vector() {
         let m = find_model("A100-SXM4-40GB").unwrap().unwrap();

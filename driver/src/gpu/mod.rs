@@ -1,7 +1,15 @@
-//! GPUs: model data (MIG profile and placement tables), occupancy rules, the backend trait that
-//! creates and destroys MIG instances, and the emulated backend.
+//! GPUs: the backend trait that creates, lists and destroys MIG instances ([`GpuBackend`], this
+//! module, with [`GpuInfo`], [`MigInstance`] and [`BackendError`]), and
 //!
-//! Facts come from `shared/reference/mig-facts.md`; the contract from `shared/DESIGN.md` §3 and §7.
+//! - [`model`]: the types of a GPU model's MIG profile and placement tables;
+//! - [`catalog`]: the built-in models, loaded from `driver/data/gpus/*.toml`;
+//! - [`layout`]: what occupies one GPU and whether another placement fits (hardware and counter
+//!   rules);
+//! - [`emulated`]: the emulated backend (GPUs from the data files, state on disk, faults from a
+//!   control file);
+//! - [`nvml`]: the NVML backend for real GPUs.
+//!
+//! Facts come from docs/reference/mig.md; the contract from docs/design.md §3 and §7.
 
 pub mod catalog;
 pub mod emulated;
@@ -47,7 +55,7 @@ pub struct GpuInfo {
 
 impl GpuInfo {
     /// Whether DAS can offer MIG instances on this GPU: MIG mode is on, or it can be switched on
-    /// without a GPU reset (Hopper and later; mig-facts §4.5).
+    /// without a GPU reset (Hopper and later; docs/reference/mig.md, "MIG mode").
     pub fn offers_mig(&self) -> bool {
         self.mig_enabled || !self.model.mig_mode_change_requires_reset
     }
@@ -85,12 +93,12 @@ pub struct MigInstance {
 }
 
 /// Capability device minor of GI `gi` on the GPU with minor `gpu_minor`:
-/// `3 + 135·N + 9·G` (mig-facts §0 fact 8, checked against the User Guide's `mig-minors` listing).
+/// `3 + 135·N + 9·G` (docs/reference/mig.md, "Device nodes and capabilities", checked against the User Guide's `mig-minors` listing).
 pub fn gi_cap_minor(gpu_minor: u32, gi: u32) -> u32 {
     3 + 135 * gpu_minor + 9 * gi
 }
 
-/// Capability device minor of CI `ci` in GI `gi`: `3 + 135·N + 9·G + 1 + C` (mig-facts §0 fact 8).
+/// Capability device minor of CI `ci` in GI `gi`: `3 + 135·N + 9·G + 1 + C` (docs/reference/mig.md, "Device nodes and capabilities").
 pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
     gi_cap_minor(gpu_minor, gi) + 1 + ci
 }
@@ -147,7 +155,7 @@ impl fmt::Display for Target {
     }
 }
 
-/// A backend failure, mirroring the NVML return codes that matter for MIG (mig-facts §0 fact 5,
+/// A backend failure, mirroring the NVML return codes that matter for MIG (docs/reference/mig.md, "Create and destroy",
 /// §6 "Errors"). Every message names the GPU and, where known, profile, placement and GI.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BackendError {
@@ -241,9 +249,9 @@ impl BackendError {
 
 /// Creates, destroys and lists MIG instances on the node's GPUs. Implementations: the emulated
 /// backend ([`EmulatedBackend`]) and the NVML backend ([`NvmlBackend`], raw `nvml-wrapper-sys`
-/// calls, mig-facts §4).
+/// calls, docs/reference/mig.md, "Create and destroy").
 ///
-/// The methods block (NVML calls take up to seconds, mig-facts §5): call them from
+/// The methods block (NVML calls take up to seconds, docs/reference/mig.md, "Timing"): call them from
 /// `tokio::task::spawn_blocking`. Implementations must allow concurrent calls on different GPUs.
 ///
 /// Faults stay per GPU: a GPU that is lost answers [`BackendError::GpuLost`] for calls on it,
@@ -267,7 +275,7 @@ pub trait GpuBackend: Send + Sync {
     ) -> Result<MigInstance, BackendError>;
 
     /// Destroys GI `gi_id` on GPU `gpu_index`: its compute instances first, then the GI
-    /// (mig-facts §0 fact 6). `NotFound` when the GI does not exist.
+    /// (docs/reference/mig.md, "Create and destroy"). `NotFound` when the GI does not exist.
     fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError>;
 
     /// Every MIG instance on GPU `gpu_index`, whoever created it, by placement start.
@@ -290,7 +298,7 @@ mod tests {
 
     #[test]
     fn capability_minors_match_mig_minors_listing() {
-        // mig-facts §4.1.1: the listing ends with `gpu31/gi14/ci7/access 4322`.
+        // docs/reference/mig.md, "Device nodes and capabilities": the listing ends with `gpu31/gi14/ci7/access 4322`.
         assert_eq!(ci_cap_minor(31, 14, 7), 4322);
         assert_eq!(gi_cap_minor(0, 0), 3);
         assert_eq!(ci_cap_minor(0, 0, 0), 4);

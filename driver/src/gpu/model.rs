@@ -11,10 +11,10 @@ pub const MIB: u64 = 1024 * 1024;
 
 /// Largest memory-slice grid the data files may describe. A GPU's counter set holds one
 /// `memory-slice-<n>` counter per memory slice plus seven resource counters, and Kubernetes allows
-/// at most 32 counters per set (`dra-kubelet-plugin.md` §3.2).
+/// at most 32 counters per set (docs/reference/dra.md, "ResourceSlice limits").
 pub const MAX_MEMORY_SLICES: u32 = 25;
 
-/// GI profile enum names and values, `NVML_GPU_INSTANCE_PROFILE_*` (mig-facts §1.2, `nvml.h` 13.3).
+/// GI profile enum names and values, `NVML_GPU_INSTANCE_PROFILE_*` (docs/reference/mig.md, "Profile IDs", `nvml.h` 13.3).
 /// `nvmlDeviceGetGpuInstanceProfileInfo` takes the value; the *real* profile ID it returns is
 /// [`GiProfile::id`].
 pub(super) const GI_PROFILE_ENUMS: &[(&str, u32)] = &[
@@ -37,7 +37,7 @@ pub(super) const GI_PROFILE_ENUMS: &[(&str, u32)] = &[
     ("NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME", 16),
 ];
 
-/// CI profile enum names and values, `NVML_COMPUTE_INSTANCE_PROFILE_*` (mig-facts §3). For CI
+/// CI profile enum names and values, `NVML_COMPUTE_INSTANCE_PROFILE_*` (docs/reference/mig.md, "Compute instances"). For CI
 /// profiles the real ID equals the enum value.
 pub(super) const CI_PROFILE_ENUMS: &[(&str, u32)] = &[
     ("NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 0),
@@ -51,7 +51,7 @@ pub(super) const CI_PROFILE_ENUMS: &[(&str, u32)] = &[
     ("NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL", 8),
 ];
 
-/// The full-size compute-instance profile DAS creates inside a GPU instance (mig-facts §3: pick
+/// The full-size compute-instance profile DAS creates inside a GPU instance (docs/reference/mig.md, "Compute instances": pick
 /// the CI by the GI's slice count, never by reusing the GI enum).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -75,7 +75,7 @@ pub struct GiProfile {
     pub name: String,
     /// Compute (SM) slices of the profile: the `<G>` of `<G>g.<mem>gb`.
     pub compute_slices: u32,
-    /// Memory of a GPU instance of this profile [MiB].
+    /// Memory of a GPU instance of this profile (MiB).
     pub memory_mib: u64,
     /// Streaming multiprocessors.
     pub multiprocessors: u32,
@@ -91,7 +91,7 @@ pub struct GiProfile {
     pub ofa_engines: u32,
     /// Most instances of this profile on one GPU ("Total" of `-lgip`).
     pub max_instances: u32,
-    /// A `+me` (media extension) profile: at most one such instance per GPU (mig-facts §1).
+    /// A `+me` (media extension) profile: at most one such instance per GPU (docs/reference/mig.md, "Memory slices and placements").
     pub media_extension: bool,
     /// Size of every placement [memory slices].
     pub placement_size: u32,
@@ -115,7 +115,7 @@ impl GiProfile {
         }
     }
 
-    /// Memory of one instance [bytes].
+    /// Memory of one instance (bytes).
     pub fn memory_bytes(&self) -> u64 {
         self.memory_mib * MIB
     }
@@ -154,7 +154,7 @@ pub struct GpuModel {
     pub architecture: String,
     /// CUDA compute capability, `major.minor`.
     pub cuda_compute_capability: String,
-    /// Total device memory as nvidia-smi reports it [MiB].
+    /// Total device memory as nvidia-smi reports it (MiB).
     pub memory_mib: u64,
     /// Memory slices: the placement grid (8 on A100/H100/H200/B200, 4 on A30, 12 on RTX PRO 6000).
     pub memory_slices: u32,
@@ -162,7 +162,7 @@ pub struct GpuModel {
     pub compute_slices: u32,
     /// Most GPU instances at once.
     pub max_gpu_instances: u32,
-    /// Ampere: toggling MIG mode needs a GPU reset, so DAS never toggles it (mig-facts §4.5).
+    /// Ampere: toggling MIG mode needs a GPU reset, so DAS never toggles it (docs/reference/mig.md, "MIG mode").
     pub mig_mode_change_requires_reset: bool,
     /// The GI profiles, in file order (small to large).
     pub profiles: Vec<GiProfile>,
@@ -199,7 +199,7 @@ impl GpuModel {
             .join(", ")
     }
 
-    /// Total device memory [bytes].
+    /// Total device memory (bytes).
     pub fn memory_bytes(&self) -> u64 {
         self.memory_mib * MIB
     }
@@ -224,7 +224,7 @@ pub fn parse_compute_capability(cc: &str) -> Option<(u32, u32)> {
 /// Amounts of the resources a GPU instance holds and a counter set counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ResourceAmounts {
-    /// Memory [MiB].
+    /// Memory (MiB).
     pub memory_mib: u64,
     /// Streaming multiprocessors.
     pub multiprocessors: u64,
@@ -241,12 +241,12 @@ pub struct ResourceAmounts {
 }
 
 impl ResourceAmounts {
-    /// Memory [bytes].
+    /// Memory (bytes).
     pub fn memory_bytes(&self) -> u64 {
         self.memory_mib * MIB
     }
 
-    /// The amounts as `(counter name, value)` pairs, memory in bytes, in DESIGN §3 order.
+    /// The amounts as `(counter name, value)` pairs, memory in bytes, in docs/design.md §3 order.
     pub fn counters(&self) -> [(&'static str, u64); 7] {
         use das_api::counters as c;
         [

@@ -1,7 +1,7 @@
 //! The pure half of the publisher: slice names, comparison keys and the reconcile plan.
 //!
 //! Everything here follows the upstream Go controller (kubernetes/dynamic-resource-allocation
-//! `resourceslice/resourceslicecontroller.go`, `syncPool`; `dra-kubelet-plugin.md` §2.4), with
+//! `resourceslice/resourceslicecontroller.go`, `syncPool`; docs/reference/dra.md, "ResourceSlice publishing"), with
 //! one deliberate difference: names are deterministic instead of `generateName`d (see
 //! [`slice_name`]).
 
@@ -33,7 +33,7 @@ pub fn index_width(count: usize) -> usize {
 ///
 /// Why deterministic names and not upstream's `generateName` (`<index hex>-<driver>-<node>-`
 /// plus a random suffix): the same index prefix gives the same allocation priority (the 1.36+
-/// allocators sort the slices of a pool by name, `dra-kubelet-plugin.md` §6.3), and a fixed name
+/// allocators sort the slices of a pool by name, docs/reference/dra.md, "How the scheduler picks devices"), and a fixed name
 /// makes creates idempotent: a create retried after a timeout, or two plugin instances during a
 /// rolling update, cannot leave two slices for one index (the second create gets
 /// `AlreadyExists`). Upstream needs a mutation cache to avoid exactly that.
@@ -177,7 +177,7 @@ fn diff_into(path: &str, a: &Value, b: &Value, limit: usize, out: &mut Vec<Strin
 }
 
 /// The feature gates that probably explain dropped fields, guessed from the differing paths
-/// like upstream `DroppedFieldsError.DisabledFeatures` (`dra-kubelet-plugin.md` §4); `unknown`
+/// like upstream `DroppedFieldsError.DisabledFeatures` (docs/reference/dra.md, "ResourceSlice publishing"); `unknown`
 /// when none fits (e.g. the server canonicalized a quantity).
 pub fn guess_disabled_features(paths: &[String]) -> Vec<&'static str> {
     const GATES: &[(&str, &str)] = &[

@@ -1,7 +1,7 @@
 //! The ResourceSlice publisher of the node plugin: keeps this node's pool of `mig.das.com`
 //! slices on the API server equal to the desired slices, the way the upstream Go controller
 //! does (kubernetes/dynamic-resource-allocation `resourceslice/resourceslicecontroller.go`;
-//! `dra-kubelet-plugin.md` §2.4, §3; KEP-4815 for counter slices).
+//! docs/reference/dra.md, "ResourceSlice publishing"; KEP-4815 for counter slices).
 //!
 //! - Pool: one per node, named after the node; `spec.nodeName` = the node; every slice carries
 //!   `resourceSliceCount` = number of desired slices and the pool generation.

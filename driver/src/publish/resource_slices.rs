@@ -1,15 +1,15 @@
-//! The desired ResourceSlices of a node, built from its GPU inventory (pure; DESIGN §3, §4).
+//! The desired ResourceSlices of a node, built from its GPU inventory (pure; docs/design.md §3, §4).
 //!
 //! - One device per `(GPU, profile, placement start)`, named `gpu-<index>-mig-<profile>-<start>`,
-//!   with the attributes and capacities of DESIGN §3, consuming its resources and the memory-slice
+//!   with the attributes and capacities of docs/design.md §3, consuming its resources and the memory-slice
 //!   counters `[start, start + size)` from its GPU's counter set.
-//! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` [bytes], `multiprocessors`, the
+//! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` (bytes), `multiprocessors`, the
 //!   engine counters, and `memory-slice-<n>` = 1 per memory slice. Overlapping placements consume
 //!   the same memory-slice counter, which stops the allocator from picking both.
 //! - Devices are listed in the placement policy's order ([`crate::publish::placement::publish_order`]);
 //!   slices carry an index whose zero-padded hex form sorts like the index, so the allocator (which
 //!   sorts slices by name from 1.36) walks devices in that order.
-//! - Layout by server version (`dra-kubelet-plugin.md` §3.2, §3.3): 1.34 keeps a GPU's counter set
+//! - Layout by server version (docs/reference/dra.md, "ResourceSlice limits"): 1.34 keeps a GPU's counter set
 //!   and its devices in one slice (several GPUs per slice while the limits allow); 1.35+ puts
 //!   counter sets in counter-only slices (`devices` unset) and devices in device-only slices.
 //!

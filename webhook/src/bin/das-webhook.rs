@@ -1,4 +1,4 @@
-//! `das-webhook`: the compatibility admission webhook (DESIGN §8). Serves `POST /mutate-pods`,
+//! `das-webhook`: the compatibility admission webhook (docs/design.md §8). Serves `POST /mutate-pods`,
 //! `/healthz`, `/readyz` and `/metrics` over HTTPS; the certificate files are re-read when they
 //! change. SIGTERM or SIGINT stops it.
 

@@ -1,4 +1,4 @@
-//! Unit tests of the translation (DESIGN §8): shape of the patched pod, names, idempotence and
+//! Unit tests of the translation (docs/design.md §8): shape of the patched pod, names, idempotence and
 //! every denial.
 
 use super::*;

@@ -1,16 +1,16 @@
-//! [`NvmlBackend`]: [`GpuBackend`] over an [`NvmlApi`] (mig-facts §4).
+//! [`NvmlBackend`]: [`GpuBackend`] over an [`NvmlApi`] (docs/reference/mig.md, "Create and destroy").
 //!
 //! - Inventory discovered once at construction: MIG-capable GPUs with MIG mode on; non-MIG GPUs,
 //!   Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped. Every
 //!   later [`GpuBackend::inventory`] asks NVML again whether each of those GPUs still answers
 //!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
 //!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
-//!   lets Hopper+ GPUs be switched on (no reset needed, mig-facts §4.5); Ampere never is.
+//!   lets Hopper+ GPUs be switched on (no reset needed, docs/reference/mig.md, "MIG mode"); Ampere never is.
 //! - Models come from the data files by PCI device ID, cross-checked against NVML; an unknown
 //!   GPU gets a model built from NVML's own profile and placement tables ([`model_from_nvml`]).
 //! - Create: GI at the exact placement, then the full-size CI, then the MIG UUID by walking the
 //!   MIG device handles, then the capability minors from procfs. On failure nothing is left.
-//! - Destroy: every CI of the GI, then the GI (mig-facts §0 fact 6).
+//! - Destroy: every CI of the GI, then the GI (docs/reference/mig.md, "Create and destroy").
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ pub struct NvmlOptions {
     pub proc_root: PathBuf,
     /// Switch MIG mode on for Hopper and newer GPUs that have it off (`--enable-mig-mode`).
     /// Off by default: DAS then never changes MIG mode. Ampere is never switched (it needs a GPU
-    /// reset, mig-facts §4.5).
+    /// reset, docs/reference/mig.md, "MIG mode").
     pub enable_mig_mode: bool,
 }
 
@@ -126,7 +126,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
     }
 
     /// The MIG UUID of (GI, CI): walk `nvmlDeviceGetMigDeviceHandleByIndex(i)` for
-    /// `i < nvmlDeviceGetMaxMigDeviceCount` and match the GI and CI IDs (mig-facts §0 fact 7;
+    /// `i < nvmlDeviceGetMaxMigDeviceCount` and match the GI and CI IDs (docs/reference/mig.md, "Create and destroy";
     /// `ComputeInstanceInfo.device` is the *parent*, so there is no shortcut).
     pub fn mig_uuid(&self, dev: u32, gi_id: u32, ci_id: u32) -> NvmlResult<Option<String>> {
         Ok(self
@@ -149,8 +149,9 @@ impl<A: NvmlApi> NvmlBackend<A> {
         Ok(out)
     }
 
-    /// Capability minors of GI `gi` / CI `ci` from procfs; the deterministic formula (mig-facts
-    /// §0 fact 8) with a warning when the files cannot be read.
+    /// Capability minors of GI `gi` / CI `ci` from procfs; the deterministic formula
+    /// (docs/reference/mig.md, "Device nodes and capabilities") with a warning when the files
+    /// cannot be read.
     pub fn cap_minors(&self, gpu_minor: u32, gi: u32, ci: u32) -> (u32, u32) {
         let root = &self.options.proc_root;
         let read = |path: PathBuf, fallback: u32| {
@@ -376,7 +377,7 @@ fn with_ci(e: BackendError, ci: u32) -> BackendError {
     }
 }
 
-/// An NVML error as a [`BackendError`] that says what it means for a MIG instance (issue 7 item 4).
+/// An NVML error as a [`BackendError`] that says what it means for a MIG instance.
 pub fn map_error(target: Target, e: &NvmlCallError) -> BackendError {
     match e.code {
         code::INSUFFICIENT_RESOURCES => BackendError::InsufficientResources {
@@ -491,7 +492,7 @@ fn ensure_mig_mode<A: NvmlApi>(
         return None;
     }
     tracing::info!(gpu = dev, name = %id.name, "MIG mode switched on");
-    // Enabling MIG mode may re-bind the GPU and change its minor number (mig-facts §4.1 step 2).
+    // Enabling MIG mode may re-bind the GPU and change its minor number (docs/reference/mig.md, "MIG mode").
     match (api.device_identity(dev), api.mig_mode(dev)) {
         (Ok(id), Ok(m)) if m.current => Some(id),
         (id, m) => {

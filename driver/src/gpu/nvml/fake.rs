@@ -1,11 +1,11 @@
 //! [`FakeNvml`]: an in-memory [`NvmlApi`] with NVML's return codes and placement rules, built
-//! from the same GPU model data files as the emulated backend (mig-facts §6 "Emulation checklist").
+//! from the same GPU model data files as the emulated backend (the rules of docs/reference/mig.md).
 //!
-//! - Profile info by *enum*, placements and creation by *real ID* (mig-facts §0 fact 3).
+//! - Profile info by *enum*, placements and creation by *real ID* (docs/reference/mig.md, "Profile IDs").
 //! - Overlap, the profile's instance count, the single `+me` and the GI count →
 //!   `INSUFFICIENT_RESOURCES`; a start not in the list → `INVALID_ARGUMENT` (the rules of
 //!   [`Occupancy::check_hardware`]).
-//! - GI IDs come from the "driver" in the order seen on hardware (9, 7, 8, 11, …; mig-facts §4.4),
+//! - GI IDs come from the "driver" in the order seen on hardware (9, 7, 8, 11, …; docs/reference/mig.md, "Create and destroy"),
 //!   never from the placement; every CI takes a MIG device slot and a fresh `MIG-` UUID.
 //! - Destroying a GI that still has CIs, or a CI marked busy, → `IN_USE`; MIG mode off →
 //!   `NOT_SUPPORTED` for instance calls; a lost GPU → `GPU_IS_LOST` for every call on it.
@@ -22,7 +22,7 @@ use super::{
 use crate::gpu::layout::{Conflict, Occupancy, Placement};
 use crate::gpu::model::GpuModel;
 
-/// GI IDs in the order the driver hands them out (observed on A100 and H100, mig-facts §4.4).
+/// GI IDs in the order the driver hands them out (observed on A100 and H100, docs/reference/mig.md, "Create and destroy").
 const GI_ID_ORDER: [u32; 15] = [9, 7, 8, 11, 12, 13, 14, 1, 2, 3, 4, 5, 6, 10, 0];
 
 /// One fake GPU.

@@ -1,15 +1,15 @@
-//! The NVML backend for real GPUs (issue 7): carves MIG instances at exact placements, finds their
+//! The NVML backend for real GPUs: carves MIG instances at exact placements, finds their
 //! MIG UUIDs and capability device minors, destroys them compute instance first, and lists what
 //! exists.
 //!
 //! Layers:
 //! - [`NvmlApi`]: a thin function table with exactly the NVML calls the backend needs. The real
 //!   implementation is [`RealNvml`] (nvml-wrapper 0.13 where it covers the call, its raw
-//!   `nvml-wrapper-sys` bindings where it does not, mig-facts §4.6); the unit tests drive the
-//!   backend with [`FakeNvml`], which reproduces NVML's return codes and placement rules from the
+//!   `nvml-wrapper-sys` bindings where it does not, docs/reference/mig.md, "nvml-wrapper coverage"); the unit tests drive the
+//!   backend with `FakeNvml` (compiled for tests only), which reproduces NVML's return codes and placement rules from the
 //!   same data files as the emulated backend.
-//! - [`NvmlBackend`]: [`GpuBackend`](super::GpuBackend) with NVML semantics (mig-facts §4).
-//! - [`procfs`]: the `nvidia-caps` major and the GI/CI capability minors (mig-facts §4.1.1).
+//! - [`NvmlBackend`]: [`GpuBackend`](super::GpuBackend) with NVML semantics (docs/reference/mig.md, "Create and destroy").
+//! - [`procfs`]: the `nvidia-caps` major and the GI/CI capability minors (docs/reference/mig.md, "Device nodes and capabilities").
 //! - [`inventory_report`]: the read-only `das-kubelet-plugin --print-inventory` text.
 //!
 //! Objects are addressed by IDs (GPU index, GI ID, CI ID) rather than NVML handles, so the fake
@@ -119,10 +119,10 @@ pub type NvmlResult<T> = Result<T, NvmlCallError>;
 pub const ARCH_HOPPER: u32 = 9;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` in nvml-wrapper-sys 0.10 (17; 0x12 in NVML 13.3, whose
-/// extra enum `3_SLICE_GFX` no data-center GPU supports; mig-facts §1.2).
+/// extra enum `3_SLICE_GFX` no data-center GPU supports; docs/reference/mig.md, "Profile IDs").
 pub const GI_PROFILE_ENUM_COUNT: u32 = 17;
 
-/// CI profile enums `0..CI_PROFILE_ENUM_COUNT` (`1_SLICE` … `7_SLICE_NVL`, mig-facts §3).
+/// CI profile enums `0..CI_PROFILE_ENUM_COUNT` (`1_SLICE` … `7_SLICE_NVL`, docs/reference/mig.md, "Compute instances").
 pub const CI_PROFILE_ENUM_COUNT: u32 = 9;
 
 /// What identifies a GPU: `nvmlDeviceGetName`, `…GetUUID`, `…GetMinorNumber`, `…GetPciInfo`,
@@ -139,7 +139,7 @@ pub struct DeviceIdentity {
     pub pci_device_id: u32,
     /// PCI bus ID, e.g. `00000000:3B:00.0`.
     pub pci_bus_id: String,
-    /// Total memory [MiB].
+    /// Total memory (MiB).
     pub memory_mib: u64,
     /// `NVML_DEVICE_ARCH_*` (7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell).
     pub architecture: u32,
@@ -159,7 +159,7 @@ pub struct MigModeState {
 /// `nvmlGpuInstanceProfileInfo_v2_t` (from `nvmlDeviceGetGpuInstanceProfileInfoV`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GiProfileInfo {
-    /// The *real* profile ID (19, 20, 15, … on 8-instance GPUs), not the enum (mig-facts §0 fact 3).
+    /// The *real* profile ID (19, 20, 15, … on 8-instance GPUs), not the enum (docs/reference/mig.md, "Profile IDs").
     pub id: u32,
     /// Compute (SM) instances.
     pub slice_count: u32,
@@ -177,7 +177,7 @@ pub struct GiProfileInfo {
     pub jpeg_engines: u32,
     /// OFA.
     pub ofa_engines: u32,
-    /// `memorySizeMB` [MiB].
+    /// `memorySizeMB` (MiB).
     pub memory_mib: u64,
     /// The driver's name, e.g. `MIG 1g.10gb` (see [`GiProfileInfo::short_name`]).
     pub name: String,
@@ -204,7 +204,7 @@ pub struct GiInfo {
 /// `nvmlComputeInstanceProfileInfo_t` (from `nvmlGpuInstanceGetComputeInstanceProfileInfo`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CiProfileInfo {
-    /// CI profile ID (equals the enum, mig-facts §3).
+    /// CI profile ID (equals the enum, docs/reference/mig.md, "Compute instances").
     pub id: u32,
     /// Compute instances of the CI.
     pub slice_count: u32,
@@ -235,7 +235,7 @@ pub struct MigDeviceInfo {
     pub uuid: String,
 }
 
-/// The NVML calls the backend makes (mig-facts §4.1, §4.2), by GPU index, GI ID and CI ID.
+/// The NVML calls the backend makes (docs/reference/mig.md, "Create and destroy"), by GPU index, GI ID and CI ID.
 ///
 /// Every method blocks; implementations must be callable from several threads (NVML is
 /// thread-safe).
@@ -255,7 +255,7 @@ pub trait NvmlApi: Send + Sync {
     /// `INVALID_ARGUMENT` past the last enum.
     fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo>;
     /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` for the real `profile_id` (raw: the
-    /// wrapper's version always returns an empty list, mig-facts §0 fact 9).
+    /// wrapper's version always returns an empty list, docs/reference/mig.md, "nvml-wrapper coverage").
     fn gi_possible_placements(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<Placement>>;
     /// `nvmlDeviceCreateGpuInstanceWithPlacement`, then `nvmlGpuInstanceGetInfo` on the result.
     fn create_gi(&self, dev: u32, profile_id: u32, placement: Placement) -> NvmlResult<GiInfo>;
@@ -279,7 +279,7 @@ pub trait NvmlApi: Send + Sync {
     fn mig_device(&self, dev: u32, index: u32) -> NvmlResult<MigDeviceInfo>;
 }
 
-/// `NVML_GPU_INSTANCE_PROFILE_*` enum names by value (mig-facts §1.2).
+/// `NVML_GPU_INSTANCE_PROFILE_*` enum names by value (docs/reference/mig.md, "Profile IDs").
 pub(crate) const GI_ENUM_NAMES: [&str; GI_PROFILE_ENUM_COUNT as usize] = [
     "NVML_GPU_INSTANCE_PROFILE_1_SLICE",
     "NVML_GPU_INSTANCE_PROFILE_2_SLICE",
@@ -300,7 +300,7 @@ pub(crate) const GI_ENUM_NAMES: [&str; GI_PROFILE_ENUM_COUNT as usize] = [
     "NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME",
 ];
 
-/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum names and their compute instances, by value (mig-facts §3).
+/// `NVML_COMPUTE_INSTANCE_PROFILE_*` enum names and their compute instances, by value (docs/reference/mig.md, "Compute instances").
 pub(crate) const CI_ENUMS: [(&str, u32); CI_PROFILE_ENUM_COUNT as usize] = [
     ("NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE", 1),
     ("NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE", 2),
@@ -314,7 +314,7 @@ pub(crate) const CI_ENUMS: [(&str, u32); CI_PROFILE_ENUM_COUNT as usize] = [
 ];
 
 /// The full-size CI enum for a GI of `instances` compute instances (`1_SLICE`…`8_SLICE`), by instance
-/// count, never by the GI enum (mig-facts §3).
+/// count, never by the GI enum (docs/reference/mig.md, "Compute instances").
 pub(crate) fn full_ci_enum(slices: u32) -> Option<u32> {
     CI_ENUMS
         .iter()

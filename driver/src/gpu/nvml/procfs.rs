@@ -1,4 +1,4 @@
-//! Capability device numbers of MIG instances from procfs (mig-facts §0 fact 8, §4.1.1).
+//! Capability device numbers of MIG instances from procfs (docs/reference/mig.md, "Device nodes and capabilities").
 //!
 //! - Major: the `nvidia-caps` line of `/proc/devices` (dynamic; 238, 508, … seen).
 //! - Minors: `/proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access` and

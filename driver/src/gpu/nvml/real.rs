@@ -4,10 +4,10 @@
 //! starts without it in emulated mode) and covers identity, MIG mode and the MIG device walk; every
 //! GPU/compute-instance call goes through its raw `nvml-wrapper-sys` 0.10 bindings (`nvml.lib()`
 //! with the cached `nvmlDevice_t` handles), because the wrapper cannot create or destroy instances
-//! and its `possible_placements` always returns an empty list (mig-facts §0 fact 9, §4.6).
+//! and its `possible_placements` always returns an empty list (docs/reference/mig.md, "nvml-wrapper coverage").
 //!
 //! NVML is initialised once; device handles are looked up once and cached (uncached lookups take
-//! up to O(10 s) under load, mig-facts §5).
+//! up to O(10 s) under load, docs/reference/mig.md, "Timing").
 
 use std::ffi::CStr;
 use std::mem;

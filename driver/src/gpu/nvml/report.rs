@@ -1,4 +1,4 @@
-//! The read-only inventory report of `das-kubelet-plugin --print-inventory` (issue 7 item 5):
+//! The read-only inventory report of `das-kubelet-plugin --print-inventory`:
 //! every GPU, its MIG mode, the data-file model it matches, every GI profile NVML reports (enum →
 //! real ID, name, memory, SMs, count, placements) and the GPU instances that exist. It only
 //! reads: it never changes MIG mode and never creates or destroys instances.

@@ -1,4 +1,4 @@
-//! Unit tests of the NVML backend against [`FakeNvml`] (issue 7 item 5).
+//! Unit tests of the NVML backend against [`FakeNvml`].
 
 use std::fs;
 use std::path::Path;

@@ -1,7 +1,7 @@
-//! The placement policy: the order in which DAS publishes its devices (DESIGN §5).
+//! The placement policy: the order in which DAS publishes its devices (docs/design.md §5).
 //!
 //! The upstream DRA allocator has no scoring. It takes the first device that fits, trying pools,
-//! slices (sorted by name from 1.36) and devices in listed order (`dra-kubelet-plugin.md` §6), so
+//! slices (sorted by name from 1.36) and devices in listed order (docs/reference/dra.md, "How the scheduler picks devices"), so
 //! the published order decides which placement a claim gets. A request for one profile only sees
 //! that profile's devices, so what matters is, per profile, the order of its `(GPU, start)`
 //! placements:
@@ -24,8 +24,8 @@
 //!
 //! [`order_for_occupancy`] recomputes the damage on the current occupancy (an optional
 //! refinement that needs republishing after every allocation); [`name_order`] is the baseline
-//! of plain first-fit over device names. [`sim`] simulates the allocator over an order and
-//! [`optimum`] gives the offline optimum, for the packing benchmark (`benches/packing.rs`).
+//! of plain first-fit over device names. `sim` simulates the allocator over an order and
+//! `optimum` gives the offline optimum, for the packing benchmark (`benches/packing.rs`; both behind the `testing` feature).
 
 // The allocator simulation and the offline optimum serve tests and the packing benchmark only.
 #[cfg(any(test, feature = "testing"))]
@@ -272,7 +272,7 @@ mod tests {
         assert!(order[..first_gpu1].iter().all(|c| c.gpu == 0));
     }
 
-    /// mig-facts §6 / NVIDIA DRA driver #933: 1g at 0, 1, 5 on H100 leaves four slices free but
+    /// NVIDIA DRA driver issue #933 (kubernetes-sigs/dra-driver-nvidia-gpu): 1g at 0, 1, 5 on H100 leaves four slices free but
     /// blocks 3g and 4g. Three 1g requests under DAS's order must not do that.
     #[test]
     fn three_1g_keep_3g_and_4g_placeable() {

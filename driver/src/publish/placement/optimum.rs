@@ -1,7 +1,7 @@
 //! The offline optimum for the packing benchmark: knowing a whole request stream in advance, how
 //! long a prefix of it can a node hold at once?
 //!
-//! Per GPU model the state space is tiny (mig-facts §7: every valid layout can be enumerated), so
+//! Per GPU model the state space is tiny (at most 8 memory slices: every valid layout can be enumerated), so
 //! each GPU is reduced to the instance-count vectors of its maximal valid layouts
 //! ([`maximal_count_vectors`]). A multiset of requests fits the node iff one vector per GPU can
 //! be chosen whose sum covers it. That is decided by dynamic programming over the GPUs: the set

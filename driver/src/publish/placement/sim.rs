@@ -2,7 +2,7 @@
 //! tests and the packing benchmark.
 //!
 //! The allocator takes, for each request, the first listed device of the requested profile whose
-//! shared counters still fit (`dra-kubelet-plugin.md` §6.2): the GPU's `memory-slice-<n>` counters
+//! shared counters still fit (docs/reference/dra.md, "How the scheduler picks devices"): the GPU's `memory-slice-<n>` counters
 //! (value 1 each) and its resource counters. That is [`Occupancy::check_counters`]; a unit test in
 //! `gpu::layout` shows the counters accept exactly what the hardware accepts, including the
 //! per-profile maximum counts and the single `+me`.
@@ -103,7 +103,8 @@ impl SplitMix64 {
     }
 }
 
-/// Request mixes over a node's profiles (mig-facts §7.1 (b)). `+me` profiles are left out: one
+/// Request mixes over a node's profiles: uniform, small-skewed and large-skewed, the synthetic
+/// suites of the MIG packing literature (docs/benchmarks.md, "Placement policy: packing"). `+me` profiles are left out: one
 /// per GPU, they would dominate every stream's first rejection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mix {

@@ -1,42 +1,27 @@
-//! End-to-end tests of `das-controller` on the local cluster (real kube-apiserver, scheduler,
+//! Cluster tests of `das-controller` on the local cluster (real kube-apiserver, scheduler,
 //! controller-manager and hollow DRA kubelets) with the DAS node plugin on emulated GPUs.
 //!
-//! The plugin binary is taken from the same target directory as `das-controller`; `make test`
-//! builds it first (`cargo test --workspace` builds it too).
+//! The controller and plugin binaries are the debug builds in the target directory
+//! ([`DasBinary`]); `make e2e` builds them first.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use das_api::allocation::{AllocationClaim, AllocationState};
-use das_e2e::das::{self, apply_device_classes};
-use das_e2e::workload::{claim_of, create_template, free_port};
-use das_e2e::{Cluster, ClusterConfig, wait};
+use das_api::claim_status::our_results;
+use das_e2e::das::{self, apply_device_classes, wait_nodes_published};
+use das_e2e::install::DasBinary;
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{
+    NS, claim_of, create_pod, create_template, delete_pod, free_port, http_get,
+};
+use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
-const NS: &str = "default";
-const T: Duration = Duration::from_secs(60);
 const NODE: &str = "n0";
-
-fn controller_binary() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_das-controller"))
-}
-
-/// `das-kubelet-plugin`, next to `das-controller` in the target directory.
-fn plugin_binary() -> Result<PathBuf> {
-    let p = controller_binary().with_file_name("das-kubelet-plugin");
-    if !p.exists() {
-        bail!(
-            "{} missing: run `cargo build -p das-driver --bin das-kubelet-plugin`",
-            p.display()
-        );
-    }
-    Ok(p)
-}
 
 /// Starts controller replica `name`; returns its metrics port.
 fn start_controller(cluster: &mut Cluster, name: &str) -> Result<u16> {
@@ -49,7 +34,7 @@ fn start_controller(cluster: &mut Cluster, name: &str) -> Result<u16> {
         "--lease-duration-seconds=6".into(),
         "--log-level=info,das_controller=debug".into(),
     ];
-    cluster.spawn_program(name, controller_binary(), args)?;
+    cluster.spawn_program(name, &DasBinary::Controller.debug()?, args)?;
     Ok(port)
 }
 
@@ -61,36 +46,15 @@ async fn cluster() -> Cluster {
     let setup = async {
         let n = cluster.node(NODE).clone();
         let args = das::plugin_args(&n, "H100-80GB:1", &cluster.kubeconfig.clone(), free_port());
-        cluster.spawn_program("das-plugin-n0", &plugin_binary()?, args)?;
+        cluster.spawn_program("das-plugin-n0", &DasBinary::Plugin.debug()?, args)?;
         let client = cluster.client();
         apply_device_classes(&client, &["1g.10gb", "3g.40gb"]).await?;
         das::install_allocation_claim_crd(&client).await?;
-        das_e2e::workload::wait_published(&client, &[NODE]).await
+        wait_nodes_published(&client, &[NODE]).await
     };
     let r = setup.await;
     cluster.check(r);
     cluster
-}
-
-async fn create_pod(client: &Client, name: &str, template: &str) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "mig"}]}}],
-            "terminationGracePeriodSeconds": 0}
-    }))?;
-    api.create(&PostParams::default(), &pod).await?;
-    Ok(())
-}
-
-async fn delete_pod(client: &Client, name: &str) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
-    api.delete(name, &DeleteParams::default().grace_period(0))
-        .await?;
-    Ok(())
 }
 
 /// The AllocationClaims of pod `pod`.
@@ -107,7 +71,7 @@ async fn allocs_of(client: &Client, pod: &str) -> Result<Vec<AllocationClaim>> {
 async fn wait_in_use(client: &Client, pod: &str, n: usize) -> Result<Vec<AllocationClaim>> {
     wait::until(
         &format!("{n} inUse AllocationClaims of {pod}"),
-        T,
+        TIMEOUT,
         || async {
             let a = allocs_of(client, pod).await?;
             let in_use = a.iter().all(|a| {
@@ -145,22 +109,12 @@ async fn mirrors_allocations_through_their_life() {
             create_template(&c, "one", "1g.10gb", 1).await?;
             create_template(&c, "three", "1g.10gb", 3).await?;
             create_template(&c, "too-many", "3g.40gb", 3).await?;
-            create_pod(&c, "single", "one").await?;
+            create_pod(&c, "single", "one", None).await?;
             let a = wait_in_use(&c, "single", 1).await?;
             let claim = claim_of(&c, "single").await?;
-            let result = &claim
-                .status
-                .as_ref()
-                .unwrap()
-                .allocation
-                .as_ref()
-                .unwrap()
-                .devices
-                .as_ref()
-                .unwrap()
-                .results
-                .as_ref()
-                .unwrap()[0];
+            let result = our_results(&claim)
+                .next()
+                .context("no allocation result of mig.das.com")?;
             let a = &a[0];
             assert_eq!(a.spec.profile, "1g.10gb");
             assert_eq!(a.spec.nodename, NODE);
@@ -214,7 +168,7 @@ async fn mirrors_allocations_through_their_life() {
                 && l.contains("inUse")
                 && l.contains(&a.spec.gpu_uuid)));
 
-            create_pod(&c, "triple", "three").await?;
+            create_pod(&c, "triple", "three", None).await?;
             let three = wait_in_use(&c, "triple", 3).await?;
             let mut starts: Vec<_> = three.iter().map(|a| a.spec.mig_placement.start).collect();
             starts.sort();
@@ -222,7 +176,7 @@ async fn mirrors_allocations_through_their_life() {
             assert_eq!(starts.len(), 3, "distinct placements: {starts:?}");
             assert!(!starts.contains(&a.spec.mig_placement.start));
 
-            create_pod(&c, "unschedulable", "too-many").await?;
+            create_pod(&c, "unschedulable", "too-many", None).await?;
             tokio::time::sleep(Duration::from_secs(5)).await;
             let p = Api::<Pod>::namespaced(c.clone(), NS)
                 .get("unschedulable")
@@ -239,7 +193,7 @@ async fn mirrors_allocations_through_their_life() {
             for p in ["single", "triple", "unschedulable"] {
                 delete_pod(&c, p).await?;
             }
-            wait::until("every AllocationClaim gone", T, || async {
+            wait::until("every AllocationClaim gone", TIMEOUT, || async {
                 Ok(api
                     .list(&ListParams::default())
                     .await?
@@ -254,20 +208,6 @@ async fn mirrors_allocations_through_their_life() {
     cluster.check(r);
 }
 
-/// `GET http://127.0.0.1:<port><path>` body (HTTP/1.0, so the server closes the connection).
-async fn http_get(port: u16, path: &str) -> Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    Ok(buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default())
-}
-
 /// Sum of the `das_controller_writes_total` samples in a metrics text.
 fn writes(metrics: &str) -> u64 {
     metrics
@@ -280,7 +220,7 @@ fn writes(metrics: &str) -> u64 {
 /// Holder of the controller's leader Lease.
 async fn leader(client: &Client) -> Result<String> {
     let api: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), NS);
-    wait::until("a leader", T, || async {
+    wait::until("a leader", TIMEOUT, || async {
         let l = api.get_opt("das-controller").await?;
         Ok(l.and_then(|l| l.spec?.holder_identity))
     })
@@ -292,37 +232,29 @@ async fn leader(client: &Client) -> Result<String> {
 async fn wait_consistent(client: &Client) -> Result<()> {
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let allocs: Api<AllocationClaim> = Api::namespaced(client.clone(), NS);
-    wait::until("AllocationClaims to match the allocations", T, || async {
-        let mut want: Vec<String> = Vec::new();
-        for c in claims.list(&ListParams::default()).await?.items {
-            let results = c
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.devices.as_ref())
-                .and_then(|d| d.results.clone())
-                .unwrap_or_default();
-            if c.metadata.deletion_timestamp.is_some() {
-                continue;
+    wait::until(
+        "AllocationClaims to match the allocations",
+        TIMEOUT,
+        || async {
+            let mut want: Vec<String> = Vec::new();
+            for c in claims.list(&ListParams::default()).await?.items {
+                if c.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                want.extend(our_results(&c).map(|r| format!("{}-{}", c.name_any(), r.device)));
             }
-            want.extend(
-                results
-                    .iter()
-                    .filter(|r| r.driver == das::DRIVER)
-                    .map(|r| format!("{}-{}", c.name_any(), r.device)),
-            );
-        }
-        let mut have: Vec<String> = allocs
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .map(|a| a.name_any())
-            .collect();
-        want.sort();
-        have.sort();
-        Ok((want == have && !want.is_empty()).then_some(()))
-    })
+            let mut have: Vec<String> = allocs
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .map(|a| a.name_any())
+                .collect();
+            want.sort();
+            have.sort();
+            Ok((want == have && !want.is_empty()).then_some(()))
+        },
+    )
     .await
 }
 
@@ -336,7 +268,7 @@ async fn leader_writes_and_restart_converges() {
     let c = cluster.client();
     let r = async {
         create_template(&c, "one", "1g.10gb", 1).await?;
-        create_pod(&c, "p1", "one").await?;
+        create_pod(&c, "p1", "one", None).await?;
         wait_in_use(&c, "p1", 1).await?;
         let lead = leader(&c).await?;
         let (lead_port, follow_port, follower) = if lead == "ctl-a" {
@@ -345,18 +277,18 @@ async fn leader_writes_and_restart_converges() {
             (b, a, "ctl-a")
         };
         let (lm, fm) = (
-            http_get(lead_port, "/metrics").await?,
-            http_get(follow_port, "/metrics").await?,
+            http_get(lead_port, "/metrics").await?.1,
+            http_get(follow_port, "/metrics").await?.1,
         );
         assert!(writes(&lm) >= 2, "the leader wrote:\n{lm}");
         assert_eq!(writes(&fm), 0, "the follower must not write:\n{fm}");
         assert!(fm.contains("das_controller_leader 0"), "{fm}");
-        assert_eq!(http_get(follow_port, "/readyz").await?, "ok");
+        assert_eq!(http_get(follow_port, "/readyz").await?.1, "ok");
 
         // The leader crashes; the follower takes over after the lease expires.
         cluster.stop_component(&lead, false)?;
         delete_pod(&c, "p1").await?;
-        create_pod(&c, "p2", "one").await?;
+        create_pod(&c, "p2", "one", None).await?;
         wait_in_use(&c, "p2", 1).await?;
         assert_eq!(leader(&c).await?, follower);
         wait_consistent(&c).await?;
@@ -364,8 +296,8 @@ async fn leader_writes_and_restart_converges() {
         // Every replica down while pods come and go, then a fresh one.
         cluster.stop_component(follower, false)?;
         delete_pod(&c, "p2").await?;
-        create_pod(&c, "p3", "one").await?;
-        create_pod(&c, "p4", "one").await?;
+        create_pod(&c, "p3", "one", None).await?;
+        create_pod(&c, "p4", "one", None).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         start_controller(&mut cluster, "ctl-c")?;
         wait_in_use(&c, "p3", 1).await?;
@@ -381,12 +313,12 @@ async fn leader_writes_and_restart_converges() {
             .collect();
         cluster.stop_component("ctl-c", false)?;
         let d = start_controller(&mut cluster, "ctl-d")?;
-        das_e2e::wait::until("ctl-d to lead", Duration::from_secs(60), || async {
+        wait::until("ctl-d to lead", TIMEOUT, || async {
             Ok((leader(&c).await.ok().as_deref() == Some("ctl-d")).then_some(()))
         })
         .await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let m = http_get(d, "/metrics").await?;
+        let m = http_get(d, "/metrics").await?.1;
         assert!(
             !m.contains(r#"das_controller_writes_total{op="delete"}"#)
                 || m.contains(r#"das_controller_writes_total{op="delete"} 0"#),

@@ -2,19 +2,19 @@
 //! new pods still prepare. A slice DAS created but no claim owns (an orphan) is destroyed at the
 //! next start.
 
-mod common;
-
 use anyhow::{Context, Result, ensure};
-use common::*;
 use das_e2e::Cluster;
 use das_e2e::das::PluginDirs;
+use das_e2e::plugin::{cluster_with_plugins, live_slices, plugin_name, start_plugin};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{create_pod, create_template, delete_pod, wait_running};
 
 const NODE: &str = "n0";
 const GPUS: &str = "H100-80GB:1";
 
 #[tokio::test]
 async fn crash_restart_keeps_slices_and_destroys_orphans() {
-    let mut cluster = cluster_with_plugins(&[(NODE, GPUS)]).await;
+    let (mut cluster, _) = cluster_with_plugins(&[(NODE, GPUS)]).await;
     let r = scenario(&mut cluster).await;
     cluster.check(r);
 }
@@ -47,7 +47,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     cluster.stop_component(&plugin_name(NODE), false)?;
     let orphan = inject_orphan(cluster)?;
     start_plugin(cluster, NODE, GPUS)?;
-    das_e2e::wait::until("the orphaned slice to be destroyed", T, || async {
+    wait::until("the orphaned slice to be destroyed", TIMEOUT, || async {
         Ok((!live_slices(cluster, NODE)?.iter().any(|s| s.3 == orphan)).then_some(()))
     })
     .await?;
@@ -65,7 +65,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
         .join("checkpoint.json");
     std::fs::write(&cp, b"{ this is not a checkpoint")?;
     start_plugin(cluster, NODE, GPUS)?;
-    das_e2e::wait::until("a fresh checkpoint", T, || async {
+    wait::until("a fresh checkpoint", TIMEOUT, || async {
         let text = std::fs::read_to_string(&cp).unwrap_or_default();
         Ok(text.contains("PrepareCompleted").then_some(()))
     })
@@ -87,7 +87,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     for p in ["a", "b", "c"] {
         delete_pod(&c, p).await?;
     }
-    das_e2e::wait::until("every slice to be destroyed", T, || async {
+    wait::until("every slice to be destroyed", TIMEOUT, || async {
         Ok(live_slices(cluster, NODE)?.is_empty().then_some(()))
     })
     .await

@@ -2,27 +2,31 @@
 //! real scheduler picks placements from the plugin's ResourceSlices, the real kubelet DRA manager
 //! calls the plugin, which carves the slices on emulated GPUs and writes CDI specs.
 
-mod common;
-
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, ensure};
-use common::*;
+use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
 use das_driver::gpu::find_model;
 use das_e2e::Cluster;
 use das_e2e::das::{self, container_view};
+use das_e2e::plugin::{cluster_with_plugins, live_slices};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{
+    NS, claim_of, create_pod, create_template, delete_pod, http_get, wait_running,
+};
 
 const H100: &str = "n0";
 const A100: &str = "n1";
 
 #[tokio::test]
 async fn slices_are_carved_exposed_through_cdi_and_destroyed() {
-    let cluster = cluster_with_plugins(&[(H100, "H100-80GB:2"), (A100, "A100-SXM4-40GB:2")]).await;
-    cluster.check(scenario(&cluster).await);
+    let (cluster, metrics_ports) =
+        cluster_with_plugins(&[(H100, "H100-80GB:2"), (A100, "A100-SXM4-40GB:2")]).await;
+    cluster.check(scenario(&cluster, &metrics_ports).await);
 }
 
-async fn scenario(cluster: &Cluster) -> Result<()> {
-    one_slice_with_cdi_and_status(cluster).await?;
+async fn scenario(cluster: &Cluster, metrics_ports: &BTreeMap<String, u16>) -> Result<()> {
+    one_slice_with_cdi_and_status(cluster, metrics_ports).await?;
     three_slices_in_one_container(cluster).await?;
     deleted_pod_releases_its_slice(cluster).await?;
     a_claim_with_two_requests_gives_the_container_both_slices(cluster).await?;
@@ -32,7 +36,10 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
+async fn one_slice_with_cdi_and_status(
+    cluster: &Cluster,
+    metrics_ports: &BTreeMap<String, u16>,
+) -> Result<()> {
     let c = cluster.client();
     create_template(&c, "one-1g", "1g.10gb", 1).await?;
     create_pod(&c, "one", "one-1g", Some(H100)).await?;
@@ -61,24 +68,23 @@ async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
 
     // The claim's status says the device is ready and names the slice.
     let claim = claim_of(&c, "one").await?;
-    let devices = claim.status.and_then(|s| s.devices).unwrap_or_default();
-    ensure!(devices.len() == 1, "status.devices: {devices:?}");
-    let ready = devices[0]
-        .conditions
+    let devices = claim
+        .status
         .as_ref()
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    ensure!(ready, "device not Ready: {devices:?}");
-    let data = serde_json::to_value(&devices[0].data)?;
-    ensure!(data["migUUID"] == mig.as_str(), "status data {data}");
+        .and_then(|s| s.devices.as_deref())
+        .unwrap_or_default();
+    ensure!(devices.len() == 1, "status.devices: {devices:?}");
+    let result = our_results(&claim)
+        .next()
+        .context("no allocation result of mig.das.com")?;
+    let status = our_device_status(&claim, &result.pool, &result.device)
+        .with_context(|| format!("no status.devices entry for {result:?}: {devices:?}"))?;
+    ensure!(is_ready(status), "device not Ready: {devices:?}");
+    let data = DeviceStatusData::of(status).with_context(|| format!("status data {status:?}"))?;
+    ensure!(data.mig_uuid == *mig, "status data {data:?}");
 
     // The plugin is ready and counts what it did.
-    let port = METRICS_PORTS
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|(n, _)| n == H100)
-        .map(|(_, p)| *p)
-        .context("metrics port")?;
+    let port = *metrics_ports.get(H100).context("metrics port")?;
     ensure!(
         http_get(port, "/readyz").await?.0 == 200,
         "plugin not ready"
@@ -97,24 +103,28 @@ async fn one_slice_with_cdi_and_status(cluster: &Cluster) -> Result<()> {
 
     // The plugin streams device health; the kubelet shows it in the pod's container status.
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
-    das_e2e::wait::until("device health Healthy in the pod status", T, || async {
-        let p = pods.get("one").await?;
-        let statuses = p
-            .status
-            .and_then(|s| s.container_statuses)
-            .unwrap_or_default();
-        let healthy = statuses
-            .iter()
-            .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
-            .any(|r| {
-                // Keyed by the CDI device ID the plugin returned for the request.
-                r.resources.iter().flatten().any(|h| {
-                    h.resource_id.starts_with("das.com/mig=")
-                        && h.health.as_deref() == Some("Healthy")
-                })
-            });
-        Ok(healthy.then_some(()))
-    })
+    wait::until(
+        "device health Healthy in the pod status",
+        TIMEOUT,
+        || async {
+            let p = pods.get("one").await?;
+            let statuses = p
+                .status
+                .and_then(|s| s.container_statuses)
+                .unwrap_or_default();
+            let healthy = statuses
+                .iter()
+                .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+                .any(|r| {
+                    // Keyed by the CDI device ID the plugin returned for the request.
+                    r.resources.iter().flatten().any(|h| {
+                        h.resource_id.starts_with("das.com/mig=")
+                            && h.health.as_deref() == Some("Healthy")
+                    })
+                });
+            Ok(healthy.then_some(()))
+        },
+    )
     .await?;
     Ok(())
 }
@@ -156,19 +166,19 @@ async fn deleted_pod_releases_its_slice(cluster: &Cluster) -> Result<()> {
         .map(|s| s.3)
         .collect::<Vec<_>>();
     delete_pod(&c, "one").await?;
-    das_e2e::wait::until("the slice of pod one to be destroyed", T, || async {
+    wait::until("the slice of pod one to be destroyed", TIMEOUT, || async {
         Ok((live_slices(cluster, H100)?.len() == mig.len() - 1).then_some(()))
     })
     .await?;
     let spec = das::PluginDirs::of(cluster.node(H100))
         .cdi
         .join(format!("das.com-mig_{claim_uid}.json"));
-    das_e2e::wait::until("the CDI spec of pod one to be deleted", T, || async {
+    wait::until("the CDI spec of pod one to be deleted", TIMEOUT, || async {
         Ok((!spec.exists()).then_some(()))
     })
     .await?;
     delete_pod(&c, "three").await?;
-    das_e2e::wait::until("every slice on n0 to be destroyed", T, || async {
+    wait::until("every slice on n0 to be destroyed", TIMEOUT, || async {
         Ok(live_slices(cluster, H100)?.is_empty().then_some(()))
     })
     .await
@@ -215,7 +225,7 @@ async fn a_claim_with_two_requests_gives_the_container_both_slices(
         view.device_nodes
     );
     delete_pod(&c, "two-req").await?;
-    das_e2e::wait::until("the two slices to be destroyed", T, || async {
+    wait::until("the two slices to be destroyed", TIMEOUT, || async {
         Ok(live_slices(cluster, H100)?.is_empty().then_some(()))
     })
     .await
@@ -239,7 +249,7 @@ async fn a_pod_deleted_during_a_slow_prepare_leaves_nothing(cluster: &Cluster) -
     .write(&emulated)?;
     create_pod(&c, "slow", "one-1g", Some(H100)).await?;
     let checkpoint = dirs.state.join("checkpoint.json");
-    das_e2e::wait::until("the prepare to start", T, || async {
+    wait::until("the prepare to start", TIMEOUT, || async {
         let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
         Ok(text.contains("PrepareStarted").then_some(()))
     })
@@ -253,14 +263,14 @@ async fn a_pod_deleted_during_a_slow_prepare_leaves_nothing(cluster: &Cluster) -
     pods.delete("slow", &kube::api::DeleteParams::default().grace_period(0))
         .await?;
     Control::default().write(&emulated)?;
-    das_e2e::wait::until("pod slow to be gone", T, || async {
+    wait::until("pod slow to be gone", TIMEOUT, || async {
         Ok(pods.get_opt("slow").await?.is_none().then_some(()))
     })
     .await?;
     let spec = dirs.cdi.join(format!("das.com-mig_{claim_uid}.json"));
-    das_e2e::wait::until(
+    wait::until(
         "no slice, CDI spec or record of the deleted pod",
-        T,
+        TIMEOUT,
         || async {
             let text = std::fs::read_to_string(&checkpoint).unwrap_or_default();
             let clean = live_slices(cluster, H100)?.is_empty()
@@ -347,20 +357,24 @@ async fn mixed_profiles_share_a_gpu(cluster: &Cluster) -> Result<()> {
 /// Waits for the scheduler to report pod `name` unschedulable.
 async fn wait_unschedulable(c: &kube::Client, name: &str) -> Result<()> {
     let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
-    das_e2e::wait::until(&format!("pod {name} to be unschedulable"), T, || async {
-        let p = api.get(name).await?;
-        let unschedulable = p
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            });
-        Ok(unschedulable.then_some(()))
-    })
+    wait::until(
+        &format!("pod {name} to be unschedulable"),
+        TIMEOUT,
+        || async {
+            let p = api.get(name).await?;
+            let unschedulable = p
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                });
+            Ok(unschedulable.then_some(()))
+        },
+    )
     .await
 }
 

@@ -1,21 +1,24 @@
-//! End-to-end tests of `das-webhook` on the local cluster (real kube-apiserver with admission
+//! Cluster tests of `das-webhook` on the local cluster (real kube-apiserver with admission
 //! webhooks, scheduler, controller-manager, hollow DRA kubelets) with the DAS node plugin on an
 //! emulated H100 80GB and das-controller: legacy `nvidia.com/mig-*` pods behave as they did with the seed operator
-//! (DESIGN §8, issue 5).
+//! (docs/design.md §8).
 //!
-//! The webhook is registered by URL on loopback with its own CA. The plugin binary is taken from
-//! the same target directory (`make test` builds it first).
+//! The webhook is registered by URL on loopback with its own CA. The webhook, plugin and
+//! controller binaries are the debug builds in the target directory ([`DasBinary`]); `make e2e`
+//! builds them first.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use das_api::allocation::AllocationClaim;
-use das_e2e::das::{self, apply_device_classes, container_view};
+use das_e2e::das::{self, apply_device_classes, container_view, wait_nodes_published};
+use das_e2e::install::DasBinary;
 use das_e2e::pki::loopback_serving;
-use das_e2e::workload::{free_port, wait_running};
-use das_e2e::{Cluster, ClusterConfig, wait};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{NS, delete_pod, delete_pods, free_port, wait_running};
+use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -25,28 +28,10 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const NS: &str = "default";
-const T: Duration = Duration::from_secs(60);
 const NODE: &str = "n0";
 const WEBHOOK: &str = "legacy-pods.mig.das.com";
 /// Profiles with a DeviceClass on the test cluster.
 const PROFILES: &[&str] = &["1g.10gb", "2g.20gb", "3g.40gb"];
-
-fn webhook_binary() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_das-webhook"))
-}
-
-/// Binary `name` of another crate, next to `das-webhook` in the target directory (`make test`
-/// builds `das-kubelet-plugin` and `das-controller` before `cargo test`).
-fn sibling_binary(name: &str, package: &str) -> Result<PathBuf> {
-    let p = webhook_binary().with_file_name(name);
-    ensure!(
-        p.exists(),
-        "{} missing: run `cargo build -p {package} --bin {name}`",
-        p.display()
-    );
-    Ok(p)
-}
 
 /// The running webhook: its port and the CA that signed its certificate.
 struct Webhook {
@@ -94,17 +79,17 @@ async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
 async fn setup(cluster: &mut Cluster) -> Result<Webhook> {
     let n = cluster.node(NODE).clone();
     let args = das::plugin_args(&n, "H100-80GB:1", &cluster.kubeconfig.clone(), free_port());
-    let plugin = sibling_binary("das-kubelet-plugin", "das-driver")?;
+    let plugin = DasBinary::Plugin.debug()?;
     cluster.spawn_program("das-plugin-n0", &plugin, args)?;
     let client = cluster.client();
     apply_device_classes(&client, PROFILES).await?;
     das::install_allocation_claim_crd(&client).await?;
-    let controller = sibling_binary("das-controller", "das-controller")?;
+    let controller = DasBinary::Controller.debug()?;
     let args = das::controller_args(&cluster.kubeconfig.clone(), free_port());
     cluster.spawn_program("das-controller", &controller, args)?;
-    das_e2e::workload::wait_published(&client, &[NODE]).await?;
+    wait_nodes_published(&client, &[NODE]).await?;
     let hook = start_webhook(cluster)?;
-    wait::until("webhook /healthz", T, || async {
+    wait::until("webhook /healthz", TIMEOUT, || async {
         Ok(https(&hook, "GET", "/healthz", "")
             .await
             .ok()
@@ -127,7 +112,7 @@ fn start_webhook(cluster: &mut Cluster) -> Result<Webhook> {
         "--cert-reload-interval-seconds=1".into(),
         "--log-level=info,das_webhook=debug".into(),
     ];
-    cluster.spawn_program("das-webhook", webhook_binary(), args)?;
+    cluster.spawn_program("das-webhook", &DasBinary::Webhook.debug()?, args)?;
     Ok(Webhook {
         port,
         ca: pki.ca.cert.clone(),
@@ -157,7 +142,7 @@ async fn register_webhook(client: &Client, hook: &Webhook) -> Result<()> {
 
 /// Waits until a legacy pod is translated (dry run, so nothing stays behind).
 async fn wait_translating(client: &Client) -> Result<()> {
-    wait::until("webhook configuration active", T, || async {
+    wait::until("webhook configuration active", TIMEOUT, || async {
         let p = pod_json("probe", &[("app", "nvidia.com/mig-1g.10gb", "1")], None);
         let api: Api<Pod> = Api::namespaced(client.clone(), NS);
         let out = api
@@ -258,21 +243,6 @@ async fn create(c: &Client, pod: Value) -> Result<Pod> {
         .await?)
 }
 
-async fn delete(c: &Client, names: &[&str]) -> Result<()> {
-    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
-    for n in names {
-        api.delete(n, &DeleteParams::default().grace_period(0))
-            .await?;
-    }
-    for n in names {
-        wait::until(&format!("pod {n} to be gone"), T, || async {
-            Ok(api.get_opt(n).await?.is_none().then_some(()))
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 /// MIG UUIDs container `container` of running pod `pod` sees (its CDI devices resolved and
 /// merged as a runtime does; an environment key set to two values fails).
 fn visible(cluster: &Cluster, pod: &Pod, container: &str) -> Result<Vec<String>> {
@@ -301,7 +271,7 @@ async fn pod_without_mig_never_reaches_the_webhook(c: &Client, hook: &Webhook) -
         "webhook saw {} reviews for a plain pod",
         after - before
     );
-    delete(c, &["plain"]).await
+    delete_pod(c, "plain").await
 }
 
 async fn one_slice(cluster: &Cluster) -> Result<()> {
@@ -339,7 +309,7 @@ async fn one_slice(cluster: &Cluster) -> Result<()> {
             .map(String::as_str)
             == Some("das-webhook")
     );
-    delete(&c, &["one"]).await
+    delete_pod(&c, "one").await
 }
 
 async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
@@ -352,7 +322,7 @@ async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
     let pod = wait_running(&c, "three").await?;
     let uuids = visible(cluster, &pod, "app")?;
     ensure!(uuids.len() == 3, "{uuids:?}");
-    delete(&c, &["three"]).await
+    delete_pod(&c, "three").await
 }
 
 async fn two_containers_and_an_init_container(cluster: &Cluster) -> Result<()> {
@@ -378,7 +348,7 @@ async fn two_containers_and_an_init_container(cluster: &Cluster) -> Result<()> {
         a != b && a != i && b != i,
         "slices shared: a={a:?} b={b:?} init={i:?}"
     );
-    delete(&c, &["two"]).await
+    delete_pod(&c, "two").await
 }
 
 /// One container asking for two legacy profiles gets two claims (one per profile); the runtime
@@ -409,7 +379,7 @@ async fn two_profiles_in_one_container(cluster: &Cluster) -> Result<()> {
     for u in &uuids {
         ensure!(live.contains(u), "{u} is not a live slice: {live:?}");
     }
-    delete(&c, &["mixed"]).await
+    delete_pod(&c, "mixed").await
 }
 
 /// One emulated H100 holds at most 7 `1g.10gb` slices: 8 is denied naming 7 (the webhook counts
@@ -516,7 +486,7 @@ async fn updates_and_ephemeral_containers_of_a_translated_pod(c: &Client) -> Res
         spec.resource_claims.iter().flatten().count() == 1,
         "the translated claim is kept"
     );
-    delete(c, &["upd"]).await
+    delete_pod(c, "upd").await
 }
 
 /// The translation removes `nvidia.com/mig-*` from the pod, so a ResourceQuota on
@@ -534,7 +504,7 @@ async fn dra_quota_replaces_the_legacy_quota(c: &Client) -> Result<()> {
             format!("{class}.deviceclass.resource.k8s.io/devices"): "2",
             "requests.nvidia.com/mig-1g.10gb": "1"}}}))?;
     quotas.create(&PostParams::default(), &q).await?;
-    wait::until("the quota to be computed", T, || async {
+    wait::until("the quota to be computed", TIMEOUT, || async {
         let q = quotas.get("mig").await?;
         Ok(q.status.and_then(|s| s.hard).is_some().then_some(()))
     })
@@ -547,7 +517,7 @@ async fn dra_quota_replaces_the_legacy_quota(c: &Client) -> Result<()> {
             .with_context(|| format!("create {name}"))?;
     }
     for name in ["q1", "q2"] {
-        wait::until(&format!("{name} to run"), T, || async {
+        wait::until(&format!("{name} to run"), TIMEOUT, || async {
             let p = pods.get(name).await?;
             Ok((p.status.and_then(|s| s.phase).as_deref() == Some("Running")).then_some(()))
         })
@@ -555,7 +525,7 @@ async fn dra_quota_replaces_the_legacy_quota(c: &Client) -> Result<()> {
     }
     // Two pods run although the legacy quota says 1: it no longer counts.
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c.clone(), ns);
-    wait::until("q3's claim to be refused by the quota", T, || async {
+    wait::until("q3's claim to be refused by the quota", TIMEOUT, || async {
         let refused = events
             .list(&ListParams::default().fields("involvedObject.name=q3"))
             .await?
@@ -695,7 +665,7 @@ async fn mixed_profiles_share_the_gpu(cluster: &Cluster) -> Result<()> {
     let su = visible(cluster, &s, "app")?;
     let mu = visible(cluster, &m, "app")?;
     ensure!(su != mu, "1g and 2g got the same slice");
-    delete(&c, &["small", "medium"]).await
+    delete_pods(&c, &["small", "medium"]).await
 }
 
 /// An H100 80GB has 7 `1g.10gb` slices: 7 pods run, the 8th waits until one is deleted.
@@ -725,11 +695,11 @@ async fn fill_then_pending_then_runs(c: &Client) -> Result<()> {
         .and_then(|s| s.phase)
         .unwrap_or_default();
     ensure!(phase == "Pending", "8th pod is {phase}, expected Pending");
-    delete(c, &["fill-0"]).await?;
+    delete_pod(c, "fill-0").await?;
     wait_running(c, "extra").await?;
     let mut rest: Vec<&str> = names[1..].iter().map(String::as_str).collect();
     rest.push("extra");
-    delete(c, &rest).await
+    delete_pods(c, &rest).await
 }
 
 async fn deployment_of_two(c: &Client) -> Result<()> {
@@ -763,19 +733,23 @@ async fn deployment_of_two(c: &Client) -> Result<()> {
     )
     .await?;
     let allocs: Api<AllocationClaim> = Api::namespaced(c.clone(), NS);
-    wait::until("an AllocationClaim for each Deployment pod", T, || async {
-        let mut owners: Vec<String> = allocs
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|a| a.spec.pod_ref.map(|p| p.name))
-            .filter(|n| n.starts_with("legacy-"))
-            .collect();
-        owners.sort();
-        owners.dedup();
-        Ok((owners.len() == 2).then_some(()))
-    })
+    wait::until(
+        "an AllocationClaim for each Deployment pod",
+        TIMEOUT,
+        || async {
+            let mut owners: Vec<String> = allocs
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|a| a.spec.pod_ref.map(|p| p.name))
+                .filter(|n| n.starts_with("legacy-"))
+                .collect();
+            owners.sort();
+            owners.dedup();
+            Ok((owners.len() == 2).then_some(()))
+        },
+    )
     .await?;
     deployments
         .delete("legacy", &DeleteParams::default())
@@ -797,7 +771,7 @@ async fn deleted_template_is_created_again(c: &Client) -> Result<()> {
     .await?;
     wait_running(c, "again").await?;
     ensure!(tpls.get_opt("das-mig-1g-10gb-x1").await?.is_some());
-    delete(c, &["again"]).await
+    delete_pod(c, "again").await
 }
 
 /// New CA and serving pair written over the files the webhook reads: the webhook serves the new
@@ -815,7 +789,7 @@ async fn certificate_rotation_is_picked_up(cluster: &Cluster, hook: &Webhook) ->
         ca: pki.ca.cert.clone(),
         serving: new,
     };
-    wait::until("the rotated certificate served", T, || async {
+    wait::until("the rotated certificate served", TIMEOUT, || async {
         Ok(https(&rotated, "GET", "/healthz", "")
             .await
             .ok()

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use das_api::DRIVER_NAME;
 use das_driver::publish::{PublishStats, Publisher, RunConfig};
-use das_e2e::{Cluster, ClusterConfig, wait};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::NS;
+use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceSlice, ResourceSliceSpec,
@@ -22,8 +24,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "n0";
-const NS: &str = "default";
-const T: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn publisher_reconciles_the_pool_and_the_scheduler_allocates_from_it() {
@@ -250,7 +250,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     let old_uid = slices_api.get(&victim).await?.metadata.uid;
     slices_api.delete(&victim, &DeleteParams::default()).await?;
     let t = Instant::now();
-    wait::until("the deleted slice to be recreated", T, || async {
+    wait::until("the deleted slice to be recreated", TIMEOUT, || async {
         let s = slices_api.get_opt(&victim).await?;
         Ok(s.filter(|s| s.metadata.uid != old_uid).map(|_| ()))
     })
@@ -259,7 +259,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
         "deleted slice recreated by the run loop after {:.2} s (debounce 0.5 s)",
         t.elapsed().as_secs_f64()
     );
-    let recreated = wait::until("the pool to be complete again", T, || async {
+    let recreated = wait::until("the pool to be complete again", TIMEOUT, || async {
         let s = our_slices(&client).await?;
         Ok((s.len() == 4 && s.iter().all(|x| x.spec.pool.generation == 3)).then_some(s))
     })
@@ -267,7 +267,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     check_pool(&recreated, 3, &node_uid)?;
 
     tx.send(vec![counters()])?;
-    let shrunk = wait::until("the pool to shrink to one slice", T, || async {
+    let shrunk = wait::until("the pool to shrink to one slice", TIMEOUT, || async {
         let s = our_slices(&client).await?;
         Ok((s.len() == 1 && s[0].spec.pool.resource_slice_count == 1).then_some(s))
     })
@@ -350,7 +350,7 @@ async fn allocate_from_pool(client: &Client) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     pods.create(&PostParams::default(), &pod).await?;
 
-    let allocated = wait::until("the claim to be allocated", T, || async {
+    let allocated = wait::until("the claim to be allocated", TIMEOUT, || async {
         let c = claims.get("mig").await?;
         Ok(c.status.and_then(|s| s.allocation))
     })
@@ -367,7 +367,7 @@ async fn allocate_from_pool(client: &Client) -> Result<()> {
         got == vec![(DRIVER_NAME, NODE, "gpu-0-mig-1g-0")],
         "allocation results {got:?}"
     );
-    let bound = wait::until("the pod to be bound", T, || async {
+    let bound = wait::until("the pod to be bound", TIMEOUT, || async {
         Ok(pods.get("mig-user").await?.spec.and_then(|s| s.node_name))
     })
     .await?;
@@ -378,7 +378,7 @@ async fn allocate_from_pool(client: &Client) -> Result<()> {
 /// Dry-run creates of hand-made slices, to pin down 1.36 validation of counter slices:
 /// a counter-only slice needs a node selection like any slice (`nodeName` here), and counters
 /// and devices may not share a slice (KEP-4815, 1.35+). Also an empty `devices: []` next to
-/// `sharedCounters` counts as "devices set" (`dra-kubelet-plugin.md` §3.3).
+/// `sharedCounters` counts as "devices set" (docs/reference/dra.md, "ResourceSlice limits").
 async fn counter_slice_validation(client: &Client) -> Result<()> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
     let dry = PostParams {

@@ -1,15 +1,15 @@
 //! Filling a node: 2 × H100-80GB take exactly 14 `1g.10gb` slices (7 per GPU); the 15th pod stays
 //! Pending until one is deleted, then runs.
 
-mod common;
-
 use anyhow::{Result, ensure};
-use common::*;
 use das_e2e::Cluster;
+use das_e2e::plugin::{cluster_with_plugins, live_slices};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{NS, create_pod, create_template, delete_pod, phase, wait_running};
 
 #[tokio::test]
 async fn a_full_node_holds_back_the_next_pod_until_a_slice_frees() {
-    let cluster = cluster_with_plugins(&[("n0", "H100-80GB:2")]).await;
+    let (cluster, _) = cluster_with_plugins(&[("n0", "H100-80GB:2")]).await;
     cluster.check(scenario(&cluster).await);
 }
 
@@ -33,7 +33,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
 
     create_pod(&c, "p14", "one-1g", None).await?;
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);
-    das_e2e::wait::until("the 15th pod to be unschedulable", T, || async {
+    wait::until("the 15th pod to be unschedulable", TIMEOUT, || async {
         let p = pods.get("p14").await?;
         let conds = p.status.and_then(|s| s.conditions).unwrap_or_default();
         Ok(conds

@@ -3,12 +3,15 @@
 //! (no two instances ever touch the state dir), then serves: new pods prepare while the old
 //! instance is still running, and a slice the old instance prepared is released by the new one.
 
-mod common;
-
 use anyhow::{Result, ensure};
-use common::*;
-use das_e2e::Cluster;
-use das_e2e::das;
+use das_e2e::das::{self, wait_pool_complete};
+use das_e2e::install::DasBinary;
+use das_e2e::plugin::{LiveSlice, PROFILES, live_slices};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{
+    create_pod, create_template, delete_pod, free_port, http_get, wait_running,
+};
+use das_e2e::{Cluster, ClusterConfig};
 
 const NODE: &str = "n0";
 const GPUS: &str = "H100-80GB:1";
@@ -28,20 +31,17 @@ fn start_instance_with(
     let port = free_port();
     let mut args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), port);
     args.push(format!("--pod-uid={pod_uid}"));
-    cluster.spawn_program(name, plugin_binary(), args)?;
+    cluster.spawn_program(name, &DasBinary::Plugin.debug()?, args)?;
     Ok(port)
 }
 
 async fn readyz(port: u16) -> u16 {
-    das_e2e::workload::http_get(port, "/readyz")
-        .await
-        .map(|r| r.0)
-        .unwrap_or(0)
+    http_get(port, "/readyz").await.map(|r| r.0).unwrap_or(0)
 }
 
 /// A one-node cluster without any plugin yet.
 async fn one_node() -> Cluster {
-    das_e2e::Cluster::start(das_e2e::ClusterConfig::with_nodes(&[NODE]))
+    Cluster::start(ClusterConfig::with_nodes(&[NODE]))
         .await
         .expect("cluster starts")
 }
@@ -51,11 +51,11 @@ async fn one_node() -> Cluster {
 async fn old_instance_serving_a(
     cluster: &mut Cluster,
     pod_uid: &str,
-) -> Result<(u16, Vec<(u64, String, u64, String)>)> {
+) -> Result<(u16, Vec<LiveSlice>)> {
     let c = cluster.client();
     let port = start_instance(cluster, "plugin-old", pod_uid)?;
     das::apply_device_classes(&c, PROFILES).await?;
-    wait_published(&c, NODE).await?;
+    wait_pool_complete(&c, NODE).await?;
     create_template(&c, "one-1g", "1g.10gb", 1).await?;
     create_pod(&c, "a", "one-1g", None).await?;
     wait_running(&c, "a").await?;
@@ -82,7 +82,7 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
         "plugin-new",
         "9e900000-0000-4000-8000-000000000002",
     )?;
-    das_e2e::wait::until("the new instance to be ready", T, || async {
+    wait::until("the new instance to be ready", TIMEOUT, || async {
         Ok((readyz(new_port).await == 200).then_some(()))
     })
     .await?;
@@ -111,9 +111,9 @@ async fn scenario(cluster: &mut Cluster) -> Result<()> {
     // The DaemonSet deletes the old pod; the new instance releases what the old one prepared.
     cluster.stop_component("plugin-old", true)?;
     delete_pod(&c, "a").await?;
-    das_e2e::wait::until(
+    wait::until(
         "a's slice to be destroyed by the new instance",
-        T,
+        TIMEOUT,
         || async {
             let live = live_slices(cluster, NODE)?;
             Ok((live.len() == 1 && live[0].3 != a_slice[0].3).then_some(()))
@@ -146,9 +146,9 @@ async fn failed_rollout(cluster: &mut Cluster) -> Result<()> {
         "bad00000-0000-4000-8000-000000000004",
         "NoSuchGPU:1",
     )?;
-    das_e2e::wait::until(
+    wait::until(
         "the old instance to give up the handed-over node",
-        T,
+        TIMEOUT,
         || async {
             let log = std::fs::read_to_string(cluster.log_of("plugin-old"))?;
             Ok(log.contains("took over this node is gone").then_some(()))
@@ -178,7 +178,7 @@ async fn failed_rollout(cluster: &mut Cluster) -> Result<()> {
     wait_running(&c, "b").await?;
     ensure!(live_slices(cluster, NODE)?.len() == 2);
     delete_pod(&c, "a").await?;
-    das_e2e::wait::until("a's slice to be released", T, || async {
+    wait::until("a's slice to be released", TIMEOUT, || async {
         Ok((live_slices(cluster, NODE)?.len() == 1).then_some(()))
     })
     .await

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use das_e2e::test_plugin::{Call, TestPlugin};
-use das_e2e::{Cluster, ClusterConfig, wait};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::NS;
+use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
@@ -19,8 +21,6 @@ use serde_json::json;
 
 const DRIVER: &str = "smoke.das.test";
 const NODE: &str = "n0";
-const NS: &str = "default";
-const T: Duration = Duration::from_secs(60);
 
 async fn create<K>(api: &Api<K>, obj: serde_json::Value) -> Result<K>
 where
@@ -125,7 +125,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     .await?;
 
     // The real scheduler allocates the only device and binds the pod to its node.
-    let claim = wait::until("the pod's claim to be allocated", T, || async {
+    let claim = wait::until("the pod's claim to be allocated", TIMEOUT, || async {
         Ok(claim_of_pod(&client, "smoke")
             .await?
             .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some())))
@@ -157,7 +157,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     let events: Api<Event> = Api::namespaced(client.clone(), NS);
     let ev = wait::until(
         "a FailedPrepareDynamicResources event on the pod",
-        T,
+        TIMEOUT,
         || async {
             let lp = ListParams::default().fields("involvedObject.name=smoke");
             Ok(events
@@ -217,7 +217,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     // Pod deleted: the kubelet unprepares the claim and the generated claim goes away.
     pods.delete("smoke", &DeleteParams::default().grace_period(0))
         .await?;
-    wait::until("NodeUnprepareResources for the claim", T, || async {
+    wait::until("NodeUnprepareResources for the claim", TIMEOUT, || async {
         Ok(plugin
             .calls()
             .contains(&Call::Unprepare {
@@ -228,7 +228,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     .await?;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     let claim_name = claim.metadata.name.clone().unwrap();
-    wait::until("the generated claim to be deleted", T, || async {
+    wait::until("the generated claim to be deleted", TIMEOUT, || async {
         Ok(claims.get_opt(&claim_name).await?.is_none().then_some(()))
     })
     .await?;
