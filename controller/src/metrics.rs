@@ -2,9 +2,10 @@
 //! and `/readyz` by `das_runtime::probes`. Exposition: OpenMetrics text through
 //! `prometheus-client` (<https://docs.rs/prometheus-client>).
 
-use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use das_api::allocation::AllocationState;
+use das_runtime::probes::Probe;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -15,7 +16,6 @@ type Labels = Vec<(String, String)>;
 
 /// Every metric of the controller.
 pub struct Metrics {
-    registry: Registry,
     /// Reconciles of a ResourceClaim, by `result` (`ok`, `error`).
     pub reconciles: Family<Labels, Counter>,
     /// API errors while reconciling.
@@ -29,8 +29,8 @@ pub struct Metrics {
     pub in_use_lag: Histogram,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,
-    /// Set once the controller's caches are synced (or it stands by as a follower).
-    pub ready: AtomicBool,
+    /// `/metrics` and `/readyz`: ready once the caches are synced, or the replica stands by as a follower.
+    pub probe: Arc<Probe>,
 }
 
 fn label(k: &str, v: &str) -> Labels {
@@ -80,14 +80,13 @@ impl Metrics {
             leader.clone(),
         );
         Self {
-            registry,
+            probe: Arc::new(Probe::new(registry)),
             reconciles,
             errors,
             writes,
             claims,
             in_use_lag,
             leader,
-            ready: AtomicBool::new(false),
         }
     }
 
@@ -116,22 +115,6 @@ impl Metrics {
                 .set(n);
         }
     }
-
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
-        das_runtime::probes::encode(&self.registry)
-    }
-}
-
-/// `/metrics` encodes the registry; `/readyz` answers once the caches are synced (or the
-/// replica stands by as a follower).
-impl das_runtime::probes::Probed for Metrics {
-    fn registry(&self) -> &Registry {
-        &self.registry
-    }
-    fn ready(&self) -> &AtomicBool {
-        &self.ready
-    }
 }
 
 #[cfg(test)]
@@ -145,7 +128,7 @@ mod tests {
         m.reconciled(false);
         m.wrote("apply");
         m.set_claims(&[(AllocationState::InUse, 2)]);
-        let text = m.encode();
+        let text = m.probe.encode();
         for want in [
             "das_controller_reconciles_total{result=\"ok\"} 1",
             "das_controller_errors_total 1",

@@ -411,7 +411,7 @@ pub async fn run(
             claims.wait_until_ready()
         );
         synced.synced.store(true, Ordering::Release);
-        metrics.ready.store(true, Ordering::Relaxed);
+        metrics.probe.set_ready(true);
         tracing::info!("caches synced");
         std::future::pending::<()>().await
     };

@@ -2,9 +2,10 @@
 //! `/healthz` and `/readyz` by [`das_runtime::probes`].
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
+use das_runtime::probes::Probe;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -53,7 +54,6 @@ fn latency_histogram() -> Histogram {
 
 /// The plugin's metrics. Names are prefixed `das_kubelet_plugin_`.
 pub struct Metrics {
-    registry: Registry,
     calls: Family<CallLabels, Counter>,
     call_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     backend_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
@@ -64,8 +64,8 @@ pub struct Metrics {
     reaper_attempts: Family<ResultLabels, Counter>,
     pending_destroy: Gauge,
     placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
-    /// Set once the plugin serves the kubelet and has published its instances.
-    pub ready: AtomicBool,
+    /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
+    pub probe: Arc<Probe>,
 }
 
 impl Default for Metrics {
@@ -75,6 +75,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers every metric under the `das_kubelet_plugin` prefix (docs/operations.md lists
+    /// them).
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("das_kubelet_plugin");
         let calls = Family::<CallLabels, Counter>::default();
@@ -147,7 +149,7 @@ impl Metrics {
             status_write_failures.clone(),
         );
         Self {
-            registry,
+            probe: Arc::new(Probe::new(registry)),
             calls,
             call_seconds,
             backend_seconds,
@@ -158,7 +160,6 @@ impl Metrics {
             reaper_attempts,
             pending_destroy,
             placement_waits,
-            ready: AtomicBool::new(false),
         }
     }
 
@@ -243,22 +244,6 @@ impl Metrics {
     pub fn set_pending_destroy(&self, n: i64) {
         self.pending_destroy.set(n);
     }
-
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
-        das_runtime::probes::encode(&self.registry)
-    }
-}
-
-/// `/metrics` serves the registry; `/readyz` is ready once the plugin serves the kubelet and
-/// has published its instances (served by [`das_runtime::probes::serve`]).
-impl das_runtime::probes::Probed for Metrics {
-    fn registry(&self) -> &Registry {
-        &self.registry
-    }
-    fn ready(&self) -> &AtomicBool {
-        &self.ready
-    }
 }
 
 #[cfg(test)]
@@ -272,7 +257,7 @@ mod tests {
         m.observe_call("prepare", Some("not_allocated"), Duration::from_millis(3));
         m.set_prepared(BTreeMap::from([(0, 2), (1, 1)]));
         m.set_prepared(BTreeMap::from([(1, 1)]));
-        let text = m.encode();
+        let text = m.probe.encode();
         assert!(
             text.contains(
                 r#"das_kubelet_plugin_requests_total{method="prepare",result="success"} 1"#

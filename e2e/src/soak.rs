@@ -679,16 +679,7 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
     let mut allocated: BTreeMap<(String, String), String> = BTreeMap::new();
     for c in &claims {
         let uid = c.metadata.uid.clone().unwrap_or_default();
-        for r in c
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|r| r.driver == das_api::DRIVER_NAME)
-        {
+        for r in das_api::claim_status::our_results(c) {
             allocated.insert((r.pool.clone(), r.device.clone()), uid.clone());
         }
     }

@@ -14,3 +14,4 @@ pub mod fs;
 pub mod hash;
 pub mod logging;
 pub mod probes;
+pub mod process;

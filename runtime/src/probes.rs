@@ -18,12 +18,48 @@ use prometheus_client::registry::Registry;
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// What the endpoint serves.
-pub trait Probed: Send + Sync + 'static {
+/// What the endpoint serves: a metrics registry and the readiness flag. A component's metrics
+/// struct holds one and exposes it through `AsRef<Probe>`.
+#[derive(Debug, Default)]
+pub struct Probe {
+    registry: Registry,
+    ready: AtomicBool,
+}
+
+impl Probe {
+    /// A probe over `registry`, not ready.
+    pub fn new(registry: Registry) -> Self {
+        Self {
+            registry,
+            ready: AtomicBool::new(false),
+        }
+    }
+
     /// The registry `/metrics` encodes.
-    fn registry(&self) -> &Registry;
-    /// The flag `/readyz` reports.
-    fn ready(&self) -> &AtomicBool;
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Sets what `/readyz` answers: 200 when `ready`, 503 otherwise.
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// What `/readyz` answers now.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// The OpenMetrics text of the registry.
+    pub fn encode(&self) -> String {
+        encode(&self.registry)
+    }
+}
+
+impl AsRef<Probe> for Probe {
+    fn as_ref(&self) -> &Probe {
+        self
+    }
 }
 
 /// The OpenMetrics text of `registry`.
@@ -35,14 +71,14 @@ pub fn encode(registry: &Registry) -> String {
 }
 
 /// The routes: `/metrics`, `/healthz`, `/readyz`.
-pub fn router<P: Probed>(probed: Arc<P>) -> Router {
+pub fn router<P: AsRef<Probe> + Send + Sync + 'static>(probed: Arc<P>) -> Router {
     Router::new()
         .route(
             "/metrics",
             get(|State(p): State<Arc<P>>| async move {
                 (
                     [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
-                    encode(p.registry()),
+                    (*p).as_ref().encode(),
                 )
             }),
         )
@@ -50,7 +86,7 @@ pub fn router<P: Probed>(probed: Arc<P>) -> Router {
         .route(
             "/readyz",
             get(|State(p): State<Arc<P>>| async move {
-                if p.ready().load(Ordering::Relaxed) {
+                if (*p).as_ref().is_ready() {
                     (StatusCode::OK, "ok")
                 } else {
                     (StatusCode::SERVICE_UNAVAILABLE, "not ready")
@@ -64,7 +100,7 @@ pub fn router<P: Probed>(probed: Arc<P>) -> Router {
 ///
 /// # Errors
 /// The address cannot be bound.
-pub async fn serve<P: Probed>(
+pub async fn serve<P: AsRef<Probe> + Send + Sync + 'static>(
     addr: SocketAddr,
     probed: Arc<P>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -82,23 +118,13 @@ mod tests {
     use super::*;
     use prometheus_client::metrics::counter::Counter;
 
-    struct P(Registry, AtomicBool);
-    impl Probed for P {
-        fn registry(&self) -> &Registry {
-            &self.0
-        }
-        fn ready(&self) -> &AtomicBool {
-            &self.1
-        }
-    }
-
     #[tokio::test]
     async fn metrics_carry_their_content_type_and_readyz_follows_the_flag() {
         let mut r = Registry::with_prefix("t");
         let c = Counter::<u64>::default();
         r.register("hits", "hits", c.clone());
         c.inc();
-        let p = Arc::new(P(r, AtomicBool::new(false)));
+        let p = Arc::new(Probe::new(r));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = router(p.clone());
@@ -121,7 +147,7 @@ mod tests {
             "{m}"
         );
         assert!(get("/readyz").await.starts_with("HTTP/1.1 503"));
-        p.1.store(true, Ordering::Relaxed);
+        p.set_ready(true);
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
     }

@@ -16,8 +16,9 @@ use das_controller::lease::{Elector, LeaseConfig};
 use das_controller::metrics::Metrics;
 use das_controller::reconcile;
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
-use das_runtime::logging::{self, LogArgs};
+use das_runtime::logging::LogArgs;
 use das_runtime::probes;
+use das_runtime::process::{self, Shutdown};
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
@@ -47,16 +48,6 @@ struct Args {
     log: LogArgs,
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn signalled() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-    }
-}
-
 fn identity(args: &Args) -> String {
     args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
@@ -67,21 +58,15 @@ fn identity(args: &Args) -> String {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = logging::init(&args.log) {
-        eprintln!("das-controller: {e:#}");
-        return ExitCode::from(2);
+    if let Err(code) = process::start("das-controller", &args.log) {
+        return code;
     }
-    match run(args).await {
-        Ok(code) => ExitCode::from(code),
-        Err(e) => {
-            tracing::error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    process::exit_status(run(args).await.map(ExitCode::from))
 }
 
 /// Runs until stopped or the lease is lost; returns the exit code.
 async fn run(args: Args) -> Result<u8> {
+    let mut shutdown = Shutdown::listen()?;
     let clients = client::clients(&args.kube, Timeouts::default()).await?;
     let metrics = Arc::new(Metrics::new());
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -93,13 +78,13 @@ async fn run(args: Args) -> Result<u8> {
     };
     let server = tokio::spawn(probes::serve(
         args.metrics_address,
-        metrics.clone(),
+        metrics.probe.clone(),
         stopped(),
     ));
     tokio::spawn({
         let tx = stop_tx.clone();
         async move {
-            signalled().await;
+            shutdown.wait().await;
             let _ = tx.send(true);
         }
     });
@@ -137,16 +122,12 @@ where
     let api = kube::Api::namespaced(clients.calls.clone(), &args.leader_elect_namespace);
     let elector = Elector::new(api, cfg);
     // A standby is ready: it serves as soon as it leads.
-    metrics
-        .ready
-        .store(true, std::sync::atomic::Ordering::Relaxed);
+    metrics.probe.set_ready(true);
     tokio::select! {
         _ = elector.acquire() => {},
         _ = stopped() => return 0,
     }
-    metrics
-        .ready
-        .store(false, std::sync::atomic::Ordering::Relaxed);
+    metrics.probe.set_ready(false);
     metrics.leader.set(1);
     let lost = tokio::select! {
         _ = reconcile::run(clients, metrics.clone(), id, stopped()) => false,

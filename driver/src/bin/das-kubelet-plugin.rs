@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -24,8 +23,9 @@ use das_driver::plugin::server::{self, SocketPaths};
 use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
 use das_driver::publish::{Publisher, RunConfig};
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
-use das_runtime::logging::{self, LogArgs};
+use das_runtime::logging::LogArgs;
 use das_runtime::probes;
+use das_runtime::process::{self, Shutdown};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -109,18 +109,11 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = logging::init(&args.log) {
-        eprintln!("das-kubelet-plugin: {e:#}");
-        return ExitCode::from(2);
+    if let Err(code) = process::start("das-kubelet-plugin", &args.log) {
+        return code;
     }
     if args.print_inventory {
-        return match print_inventory(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                tracing::error!("{e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        return process::exit_status(print_inventory(&args).map(|()| ExitCode::SUCCESS));
     }
     limit_malloc_arenas();
     // Few threads: backend calls are per GPU and short; each idle thread costs memory.
@@ -130,13 +123,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(args)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    process::exit_status(runtime.block_on(run(args)).map(|()| ExitCode::SUCCESS))
 }
 
 /// glibc gives each thread that allocates its own malloc arena (up to 8 per core), which a
@@ -258,7 +245,7 @@ async fn run(args: Args) -> Result<()> {
     // /healthz answers while this instance waits to take over; /readyz once it serves.
     let metrics_task = tokio::spawn(probes::serve(
         args.metrics_address,
-        metrics.clone(),
+        metrics.probe.clone(),
         stop.clone().cancelled_owned(),
     ));
     // Checks that touch nothing on the node come first: an instance that cannot reach the API
@@ -338,7 +325,7 @@ async fn run(args: Args) -> Result<()> {
         let stop = stop.clone();
         async move { server::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
     });
-    metrics.ready.store(true, Ordering::Relaxed);
+    metrics.probe.set_ready(true);
     let mut handover_task = tokio::spawn(hand_over_when_asked(
         active,
         gate,
@@ -357,7 +344,7 @@ async fn run(args: Args) -> Result<()> {
         ended = &mut handover_task => Some(ended?),
     };
     tracing::info!("shutting down");
-    metrics.ready.store(false, Ordering::Relaxed);
+    metrics.probe.set_ready(false);
     stop.cancel();
     let ended = match ended {
         Some(e) => e,
@@ -443,7 +430,7 @@ async fn hand_over_when_asked(
     };
     if handover {
         tracing::info!("a newer DAS plugin instance waits on this node: handing over");
-        metrics.ready.store(false, Ordering::Relaxed);
+        metrics.probe.set_ready(false);
     }
     if !gate.close_within(DRAIN_LIMIT).await {
         tracing::error!(limit = ?DRAIN_LIMIT, "calls in flight did not finish");
@@ -470,30 +457,6 @@ async fn hand_over_when_asked(
         {
             tracing::error!("the plugin instance that took over this node is gone");
             return Ended::NodeUnserved;
-        }
-    }
-}
-
-/// SIGTERM and SIGINT, listened for from the start: a signal that arrives while the plugin is
-/// still starting is kept and ends it once it waits.
-struct Shutdown {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Shutdown {
-    fn listen() -> Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Self {
-            term: signal(SignalKind::terminate()).context("SIGTERM handler")?,
-            int: signal(SignalKind::interrupt()).context("SIGINT handler")?,
-        })
-    }
-
-    async fn wait(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
         }
     }
 }

@@ -195,7 +195,7 @@ async fn the_reaper_backs_off_and_reports_every_failed_attempt() {
     assert!(s.p.reap_due().await.finished.is_empty());
     tokio::time::sleep(super::reaper::FIRST_DELAY).await;
     assert_eq!(s.p.reap_due().await.finished, [UID_A]);
-    let metrics = s.p.metrics.encode();
+    let metrics = s.p.metrics.probe.encode();
     assert!(
         metrics.contains(r#"das_kubelet_plugin_reaper_attempts_total{result="failure"} 1"#)
             && metrics.contains(r#"das_kubelet_plugin_slices_pending_destroy 0"#),
@@ -396,6 +396,7 @@ async fn the_status_write_is_retried_until_it_lands() {
     );
     assert!(
         s.p.metrics
+            .probe
             .encode()
             .contains("das_kubelet_plugin_claim_status_write_failures_total 3")
     );
@@ -468,6 +469,7 @@ async fn a_prepare_waits_for_the_unprepare_of_a_force_deleted_claim_at_its_place
     assert_eq!(s.live_migs(), s.spec_migs(&new));
     assert!(
         s.p.metrics
+            .probe
             .encode()
             .contains(r#"das_kubelet_plugin_placement_wait_seconds_count{result="released"} 1"#)
     );

@@ -11,7 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use das_runtime::client::{self, KubeArgs, Timeouts};
-use das_runtime::logging::{self, LogArgs};
+use das_runtime::logging::LogArgs;
+use das_runtime::process::{self, Shutdown};
 use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
 use das_webhook::server::{self, App};
@@ -56,20 +57,14 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Err(e) = logging::init(&args.log) {
-        eprintln!("das-webhook: {e:#}");
-        return ExitCode::from(2);
+    if let Err(code) = process::start("das-webhook", &args.log) {
+        return code;
     }
-    match run(args).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    process::exit_status(run(args).await.map(|()| ExitCode::SUCCESS))
 }
 
 async fn run(args: Args) -> Result<()> {
+    let mut shutdown = Shutdown::listen()?;
     let cert = ReloadingCert::new(&args.tls_cert_file, &args.tls_key_file)?;
     let tls = cert.server_config()?;
     tokio::spawn(cert.watch(Duration::from_secs(
@@ -91,16 +86,6 @@ async fn run(args: Args) -> Result<()> {
     tracing::info!(address = %listener.local_addr()?, "das-webhook serving HTTPS");
     tokio::select! {
         r = server::serve(listener, tls, server::router(app, limits), limits) => r,
-        _ = shutdown() => { tracing::info!("shutting down"); Ok(()) }
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+        _ = shutdown.wait() => Ok(()),
     }
 }
