@@ -1,0 +1,381 @@
+//! Unit tests of [`super`] (`cdi.rs`).
+
+use super::*;
+use serde_json::json;
+
+const UID: &str = "8f2c1a7e-0b1d-4c55-9a0e-3d2f6b7c8d9e";
+
+fn instance(n: u32, parent: u32) -> PreparedInstance {
+    PreparedInstance {
+        mig_uuid: format!("MIG-0000000{n}-aaaa-bbbb-cccc-dddddddddddd"),
+        parent_minor: parent,
+        gi_cap_minor: 3 + 135 * parent + 9 * n,
+        ci_cap_minor: 3 + 135 * parent + 9 * n + 1,
+        caps_major: 508,
+        caps_file_mode: None,
+        request: "gpu".into(),
+        index: 0,
+    }
+}
+
+fn device(key: &str, instances: Vec<PreparedInstance>) -> SpecDevice {
+    SpecDevice {
+        key: key.to_string(),
+        instances,
+    }
+}
+
+/// Device `n` of request `request`, on GPU `parent`.
+fn one(request: &str, index: usize, n: u32, parent: u32) -> SpecDevice {
+    let s = PreparedInstance {
+        request: request.into(),
+        index,
+        ..instance(n, parent)
+    };
+    device(&format!("gpu-{parent}-mig-1g-10gb-{n}"), vec![s])
+}
+
+#[test]
+fn one_slice_claim_has_the_documented_shape() {
+    let built = build_claim_spec(UID, &[one("gpu", 0, 1, 0)]).unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    let expected = json!({
+        "cdiVersion": "0.5.0",
+        "kind": "das.com/mig",
+        "devices": [{
+            "name": format!("{UID}-gpu-0-mig-1g-10gb-1"),
+            "containerEdits": {
+                "env": [
+                    "DAS_MIG_UUID_8f2c1a7e_0b1d_4c55_9a0e_3d2f6b7c8d9e_gpu_0=MIG-00000001-aaaa-bbbb-cccc-dddddddddddd"
+                ],
+                "deviceNodes": [
+                    {"path": "/dev/nvidia0"},
+                    {"path": "/dev/nvidia-caps/nvidia-cap12", "type": "c", "major": 508, "minor": 12},
+                    {"path": "/dev/nvidia-caps/nvidia-cap13", "type": "c", "major": 508, "minor": 13}
+                ]
+            }
+        }],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [
+                {"path": "/dev/nvidiactl"},
+                {"path": "/dev/nvidia-uvm"},
+                {"path": "/dev/nvidia-uvm-tools"}
+            ]
+        }
+    });
+    assert_eq!(value, expected);
+    assert_eq!(
+        built.device_ids,
+        BTreeMap::from([(
+            "gpu-0-mig-1g-10gb-1".to_string(),
+            format!("das.com/mig={UID}-gpu-0-mig-1g-10gb-1")
+        )])
+    );
+}
+
+/// What a runtime does with the edits of several CDI devices (container-device-interface
+/// `ContainerEdits.Apply`): environment merged by key, last one wins; device nodes by path.
+fn merge(specs: &[&Spec]) -> (BTreeMap<String, String>, BTreeSet<String>, Vec<String>) {
+    let mut env = BTreeMap::new();
+    let mut nodes = BTreeSet::new();
+    let mut conflicts = Vec::new();
+    let mut apply = |e: &ContainerEdits| {
+        for kv in &e.env {
+            let (k, v) = kv.split_once('=').unwrap();
+            if let Some(old) = env.insert(k.to_string(), v.to_string())
+                && old != v
+            {
+                conflicts.push(k.to_string());
+            }
+        }
+        nodes.extend(e.device_nodes.iter().map(|n| n.path.clone()));
+    };
+    for spec in specs {
+        for d in &spec.devices {
+            spec.container_edits.iter().for_each(&mut apply);
+            apply(&d.container_edits);
+        }
+    }
+    (env, nodes, conflicts)
+}
+
+/// Issue 11 finding 4: a container with devices from two claims, and a claim with two
+/// requests, sees every MIG UUID; no key is set to two values.
+#[test]
+fn devices_of_several_claims_and_requests_compose_in_one_container() {
+    const UID2: &str = "11111111-2222-3333-4444-555555555555";
+    let a = build_claim_spec(UID, &[one("gpu", 0, 1, 0), one("gpu", 1, 2, 1)]).unwrap();
+    let b = build_claim_spec(UID2, &[one("small", 0, 3, 0), one("big", 0, 4, 1)]).unwrap();
+    let (env, nodes, conflicts) = merge(&[&a.spec, &b.spec]);
+    assert!(
+        conflicts.is_empty(),
+        "keys set to two values: {conflicts:?}"
+    );
+    let uuids: BTreeSet<&str> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with(MIG_UUID_ENV_PREFIX))
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(uuids.len(), 4, "{env:?}");
+    for n in 1..=4 {
+        assert!(
+            uuids.contains(instance(n, 0).mig_uuid.as_str()),
+            "{n}: {env:?}"
+        );
+    }
+    assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "void");
+    assert!(!env.contains_key("CUDA_VISIBLE_DEVICES"));
+    for n in [1, 2, 3, 4] {
+        let parent = if n % 2 == 1 { 0 } else { 1 };
+        let gi = 3 + 135 * parent + 9 * n;
+        assert!(
+            nodes.contains(&format!("/dev/nvidia-caps/nvidia-cap{gi}")),
+            "{nodes:?}"
+        );
+    }
+    assert!(nodes.contains("/dev/nvidia0") && nodes.contains("/dev/nvidia1"));
+}
+
+#[test]
+fn env_keys_are_unique_per_claim_request_and_slice_and_valid_names() {
+    let k = mig_uuid_env_key(UID, "gpu-a", 2);
+    assert_eq!(
+        k,
+        "DAS_MIG_UUID_8f2c1a7e_0b1d_4c55_9a0e_3d2f6b7c8d9e_gpu_a_2"
+    );
+    assert!(k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    assert_ne!(k, mig_uuid_env_key(UID, "gpu-a", 1));
+    assert_ne!(k, mig_uuid_env_key(UID, "gpu-b", 2));
+    assert_ne!(
+        k,
+        mig_uuid_env_key("11111111-2222-3333-4444-555555555555", "gpu-a", 2)
+    );
+}
+
+#[test]
+fn without_device_nodes_keeps_the_environment_and_validates() {
+    let mut built = build_claim_spec(UID, &[one("gpu", 0, 1, 0)]).unwrap();
+    let env = built.spec.devices[0].container_edits.env.clone();
+    without_device_nodes(&mut built.spec);
+    let edits = &built.spec.devices[0].container_edits;
+    assert!(edits.device_nodes.is_empty());
+    assert_eq!(edits.env, env);
+    built.spec.validate().unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    assert!(value["devices"][0]["containerEdits"]["deviceNodes"].is_null());
+    assert!(value["containerEdits"]["deviceNodes"].is_null());
+    assert_eq!(
+        value["containerEdits"]["env"][0],
+        "NVIDIA_VISIBLE_DEVICES=void"
+    );
+}
+
+#[test]
+fn a_legacy_request_device_lists_every_slice_and_dedups_parents() {
+    let instances: Vec<PreparedInstance> = [(1, 0), (2, 1), (3, 0)]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (n, p))| PreparedInstance {
+            index: i,
+            ..instance(n, p)
+        })
+        .collect();
+    let built = build_claim_spec(UID, &[device("big", instances.clone())]).unwrap();
+    let device = &built.spec.devices[0];
+    assert_eq!(device.container_edits.env.len(), 3);
+    for (i, s) in instances.iter().enumerate() {
+        assert_eq!(
+            device.container_edits.env[i],
+            format!("{}={}", mig_uuid_env_key(UID, "gpu", i), s.mig_uuid)
+        );
+    }
+    let paths: Vec<&str> = device
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            "/dev/nvidia0",
+            "/dev/nvidia1",
+            "/dev/nvidia-caps/nvidia-cap12",
+            "/dev/nvidia-caps/nvidia-cap13",
+            "/dev/nvidia-caps/nvidia-cap156",
+            "/dev/nvidia-caps/nvidia-cap157",
+            "/dev/nvidia-caps/nvidia-cap30",
+            "/dev/nvidia-caps/nvidia-cap31",
+        ]
+    );
+    let caps = &device.container_edits.device_nodes[2];
+    assert_eq!(caps.node_type.as_deref(), Some("c"));
+    assert_eq!((caps.major, caps.minor), (Some(508), Some(12)));
+}
+
+#[test]
+fn one_device_per_allocated_device_and_subrequest_names_are_valid() {
+    let built = build_claim_spec(
+        UID,
+        &[
+            device("a", vec![instance(1, 0)]),
+            device("b/small", vec![instance(2, 0)]),
+        ],
+    )
+    .unwrap();
+    let names: Vec<&str> = built.spec.devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, vec![format!("{UID}-a"), format!("{UID}-b.small")]);
+    assert_eq!(
+        built.device_ids["b/small"],
+        format!("das.com/mig={UID}-b.small")
+    );
+}
+
+#[test]
+fn caps_file_mode_is_written_when_known() {
+    let mut s = instance(1, 0);
+    s.caps_file_mode = Some(0o444);
+    let built = build_claim_spec(UID, &[device("gpu", vec![s])]).unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    assert_eq!(
+        value["devices"][0]["containerEdits"]["deviceNodes"][1]["fileMode"],
+        292
+    );
+}
+
+#[test]
+fn minimum_version_follows_features() {
+    let letter_uid = "c0ffee00-0000-4000-8000-000000000000";
+    let mut spec = build_claim_spec(letter_uid, &[device("gpu", vec![instance(1, 0)])])
+        .unwrap()
+        .spec;
+    // The dot of `das.com/mig` is in the vendor, not the class: no 0.6.0.
+    assert_eq!(spec.minimum_version(), "0.3.0");
+    assert_eq!(spec.cdi_version, "0.3.0");
+    spec.devices[0].container_edits.mounts.push(Mount {
+        host_path: "/a".into(),
+        container_path: "/b".into(),
+        options: vec![],
+        mount_type: Some("bind".into()),
+    });
+    assert_eq!(spec.minimum_version(), "0.4.0");
+    spec.devices[0].container_edits.device_nodes[0].host_path = Some("/dev/x".into());
+    assert_eq!(spec.minimum_version(), "0.5.0");
+    spec.kind = "example.com/gpu.mig".into();
+    assert_eq!(spec.minimum_version(), "0.6.0");
+    spec.kind = das_api::CDI_KIND.into();
+    spec.annotations.insert("a".into(), "b".into());
+    assert_eq!(spec.minimum_version(), "0.6.0");
+}
+
+#[test]
+fn digit_first_device_name_needs_050() {
+    let spec = build_claim_spec("1abc", &[device("gpu", vec![instance(1, 0)])])
+        .unwrap()
+        .spec;
+    assert_eq!(spec.cdi_version, "0.5.0");
+}
+
+#[test]
+fn validate_rejects_old_or_unknown_versions() {
+    let mut spec = build_claim_spec(UID, &[device("gpu", vec![instance(1, 0)])])
+        .unwrap()
+        .spec;
+    spec.cdi_version = "0.3.0".into();
+    assert!(matches!(spec.validate(), Err(CdiError::InvalidSpec(m)) if m.contains("0.5.0")));
+    spec.cdi_version = "0.9.0".into();
+    assert!(matches!(spec.validate(), Err(CdiError::InvalidSpec(m)) if m.contains("unknown")));
+    spec.cdi_version = "1.1.0".into();
+    assert!(spec.validate().is_ok());
+}
+
+#[test]
+fn names_follow_cdi_rules() {
+    assert!(validate_kind("das.com/mig").is_ok());
+    assert!(validate_kind("das.com").is_err());
+    assert!(validate_kind("1das.com/mig").is_err());
+    assert!(validate_kind("das.com/mig-").is_err());
+    assert!(validate_kind("das.com/m:g").is_err());
+    assert!(validate_device_name("0a:b_c.d-e").is_ok());
+    assert!(validate_device_name("").is_err());
+    assert!(validate_device_name("-a").is_err());
+    assert!(validate_device_name("a-").is_err());
+    assert!(validate_device_name("a/b").is_err());
+    let err = device_name("../etc", "gpu").unwrap_err().to_string();
+    assert!(err.contains("claim UID"), "{err}");
+    assert!(device_name(UID, "gpu_").is_err());
+}
+
+#[test]
+fn builder_rejects_bad_input() {
+    assert!(build_claim_spec(UID, &[]).is_err());
+    assert!(build_claim_spec(UID, &[device("gpu", vec![])]).is_err());
+    let twice = [
+        device("gpu", vec![instance(1, 0)]),
+        device("gpu", vec![instance(2, 0)]),
+    ];
+    assert!(build_claim_spec(UID, &twice).is_err());
+    let mut s = instance(1, 0);
+    s.mig_uuid = "MIG-a,MIG-b".into();
+    assert!(build_claim_spec(UID, &[device("gpu", vec![s])]).is_err());
+}
+
+#[test]
+fn write_read_list_delete_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_claim_spec(UID, &[device("gpu", vec![instance(1, 0)])]).unwrap();
+    let path = write_spec(dir.path(), UID, &built.spec).unwrap();
+    assert_eq!(path, dir.path().join(format!("das.com-mig_{UID}.json")));
+    assert_eq!(read_spec(&path).unwrap(), built.spec);
+    // Only the spec is left: the temp file was renamed away.
+    let names = dir_file_names(dir.path()).unwrap();
+    assert_eq!(names, vec![format!("das.com-mig_{UID}.json")]);
+    // Another vendor's spec is not listed.
+    fs::write(dir.path().join("example.com-gpu_x.json"), b"{}").unwrap();
+    let listed = list_specs(dir.path()).unwrap();
+    assert_eq!(
+        listed,
+        vec![SpecFile {
+            claim_uid: UID.into(),
+            path: path.clone()
+        }]
+    );
+    // Rewriting replaces the file in place.
+    write_spec(dir.path(), UID, &built.spec).unwrap();
+    assert_eq!(list_specs(dir.path()).unwrap().len(), 1);
+    assert!(delete_spec(dir.path(), UID).unwrap());
+    assert!(!delete_spec(dir.path(), UID).unwrap());
+    assert!(list_specs(dir.path()).unwrap().is_empty());
+}
+
+#[test]
+fn invalid_spec_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = build_claim_spec(UID, &[device("gpu", vec![instance(1, 0)])])
+        .unwrap()
+        .spec;
+    spec.devices.clear();
+    assert!(write_spec(dir.path(), UID, &spec).is_err());
+    assert!(dir_file_names(dir.path()).unwrap().is_empty());
+}
+
+#[test]
+fn corrupt_spec_is_a_parse_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = spec_path(dir.path(), UID);
+    fs::write(&path, b"{\"cdiVersion\": \"0.3.0\", \"kind\": ").unwrap();
+    let err = read_spec(&path).unwrap_err();
+    assert!(matches!(err, CdiError::Parse { .. }));
+    assert!(err.to_string().contains("corrupt"), "{err}");
+}
+
+#[test]
+fn missing_dir_lists_empty_and_temp_files_are_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(list_specs(&dir.path().join("nope")).unwrap().is_empty());
+    fs::write(dir.path().join(temp_file_name(UID)), b"partial").unwrap();
+    assert!(list_specs(dir.path()).unwrap().is_empty());
+    assert_eq!(remove_temp_files(dir.path()).unwrap(), 1);
+    assert!(dir_file_names(dir.path()).unwrap().is_empty());
+}

@@ -1,0 +1,331 @@
+//! Unit tests of [`super`] (`checkpoint.rs`).
+
+use super::*;
+
+const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
+
+fn device(request: &str, start: u32) -> RecordedDevice {
+    RecordedDevice {
+        request: request.to_string(),
+        pool: "node-a".into(),
+        device: format!("gpu-0-mig-1g-10gb-{start}"),
+        gpu_index: 0,
+        gpu_uuid: "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee".into(),
+        profile: "1g.10gb".into(),
+        placement_start: start,
+        placement_size: 2,
+        instance: None,
+    }
+}
+
+fn sample() -> Checkpoint {
+    let mut cp = Checkpoint::new(BOOT);
+    cp.set_started("uid-1", "ns", "claim-1", vec![device("gpu", 6)]);
+    let mut done = device("gpu", 4);
+    done.instance = Some(InstanceId {
+        gi_id: 5,
+        ci_id: 0,
+        mig_uuid: "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd".into(),
+    });
+    let ids = BTreeMap::from([(
+        "gpu-0-mig-1g-10gb-4".to_string(),
+        vec!["das.com/mig=uid-2-gpu-0-mig-1g-10gb-4".to_string()],
+    )]);
+    cp.set_completed("uid-2", "ns", "claim-2", vec![done.clone()], ids);
+    let mut leftover = device("gpu", 2);
+    leftover.instance = Some(InstanceId {
+        gi_id: 3,
+        ci_id: 0,
+        mig_uuid: "MIG-22222222-aaaa-bbbb-cccc-dddddddddddd".into(),
+    });
+    cp.set_releasing("uid-3", "ns", "claim-3", vec![leftover]);
+    cp
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+fn saved(dir: &Path) -> PathBuf {
+    let path = dir.join(CHECKPOINT_FILE_NAME);
+    sample().save(&path).unwrap();
+    path
+}
+
+fn expect_corrupt(path: &Path) -> CorruptReason {
+    match Checkpoint::load(path, BOOT).unwrap() {
+        LoadOutcome::Corrupt { moved_to, reason } => {
+            assert!(!path.exists(), "corrupt file left in place");
+            assert!(moved_to.exists());
+            let name = moved_to.file_name().unwrap().to_str().unwrap();
+            assert!(name.starts_with("checkpoint.json.corrupt-"), "{name}");
+            // The next load starts fresh instead of failing again.
+            assert_eq!(Checkpoint::load(path, BOOT).unwrap(), LoadOutcome::Fresh);
+            reason
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[test]
+fn round_trip_keeps_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let cp = sample();
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(cp.clone())
+    );
+    let record = cp.get("uid-2").unwrap();
+    assert_eq!(record.state, PrepareState::PrepareCompleted);
+    assert_eq!(cp.get("uid-1").unwrap().state, PrepareState::PrepareStarted);
+    // The documented JSON names.
+    let text = fs::read_to_string(&path).unwrap();
+    assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
+    for key in [
+        "\"version\": 2",
+        "\"instance\"",
+        "\"giId\"",
+        "\"Releasing\"",
+        "\"bootId\"",
+        "\"checksum\": \"crc32:",
+        "\"gpuUUID\"",
+        "\"migUUID\"",
+        "\"placementStart\"",
+        "\"cdiDeviceIds\"",
+        "\"updatedAt\"",
+        "\"PrepareStarted\"",
+    ] {
+        assert!(text.contains(key), "{key} missing in {text}");
+    }
+}
+
+#[test]
+fn save_leaves_no_temp_file_and_replaces_old_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let mut cp = sample();
+    cp.remove("uid-1");
+    cp.save(&path).unwrap();
+    assert_eq!(names_in(dir.path()), vec![CHECKPOINT_FILE_NAME.to_string()]);
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(cp)
+    );
+}
+
+#[test]
+fn save_creates_the_state_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state/plugin").join(CHECKPOINT_FILE_NAME);
+    Checkpoint::new(BOOT).save(&path).unwrap();
+    assert!(matches!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(_)
+    ));
+}
+
+#[test]
+fn missing_file_is_fresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    assert_eq!(Checkpoint::load(&path, BOOT).unwrap(), LoadOutcome::Fresh);
+}
+
+#[test]
+fn new_boot_id_reports_previous_and_keeps_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let outcome = Checkpoint::load(&path, "another-boot").unwrap();
+    assert_eq!(outcome, LoadOutcome::NewBoot { previous: sample() });
+    assert!(path.exists());
+}
+
+#[test]
+fn corrupt_json_is_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, &text[..text.len() / 2]).unwrap();
+    assert!(matches!(
+        expect_corrupt(&path),
+        CorruptReason::InvalidJson(_)
+    ));
+}
+
+#[test]
+fn checksum_mismatch_is_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, text.replace("claim-1", "claim-9")).unwrap();
+    let reason = expect_corrupt(&path);
+    assert!(
+        matches!(reason, CorruptReason::ChecksumMismatch { .. }),
+        "{reason}"
+    );
+}
+
+#[test]
+fn unknown_version_is_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, text.replace("\"version\": 2", "\"version\": 3")).unwrap();
+    assert_eq!(
+        expect_corrupt(&path),
+        CorruptReason::UnknownVersion("3".into())
+    );
+}
+
+/// A file written by the first release (version 1), byte for byte as it wrote it.
+const V1_FILE: &str = r#"{
+  "version": 1,
+  "bootId": "3f1b2c4d-1111-2222-3333-444455556666",
+  "checksum": "CHECKSUM",
+  "claims": {
+"uid-1": {
+  "namespace": "ns",
+  "name": "claim-1",
+  "state": "PrepareStarted",
+  "devices": [
+    {
+      "request": "gpu",
+      "pool": "node-a",
+      "device": "gpu-0-mig-1g-10gb-6",
+      "gpuIndex": 0,
+      "gpuUUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+      "profile": "1g.10gb",
+      "placementStart": 6,
+      "placementSize": 2
+    }
+  ],
+  "updatedAt": 1767225600
+},
+"uid-2": {
+  "namespace": "ns",
+  "name": "claim-2",
+  "state": "PrepareCompleted",
+  "devices": [
+    {
+      "request": "gpu",
+      "pool": "node-a",
+      "device": "gpu-0-mig-1g-10gb-4",
+      "gpuIndex": 0,
+      "gpuUUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+      "profile": "1g.10gb",
+      "placementStart": 4,
+      "placementSize": 2,
+      "giId": 5,
+      "ciId": 0,
+      "migUUID": "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd"
+    }
+  ],
+  "cdiDeviceIds": {
+    "gpu": [
+      "das.com/mig=uid-2-gpu"
+    ]
+  },
+  "updatedAt": 1767225600
+}
+  }
+}
+"#;
+
+/// The version-1 file with its real checksum filled in.
+fn v1_file() -> String {
+    let doc: v1::Document = serde_json::from_str(V1_FILE).unwrap();
+    V1_FILE.replace("CHECKSUM", &doc.compute_checksum().unwrap())
+}
+
+#[test]
+fn a_version_1_file_is_upgraded_not_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    fs::write(&path, v1_file()).unwrap();
+    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected an upgrade")
+    };
+    assert_eq!(from, 1);
+    let started = checkpoint.get("uid-1").unwrap();
+    assert_eq!(started.state, PrepareState::PrepareStarted);
+    assert_eq!(started.devices[0].instance, None);
+    let done = checkpoint.get("uid-2").unwrap();
+    assert_eq!(done.state, PrepareState::PrepareCompleted);
+    assert_eq!(
+        done.devices[0].instance,
+        Some(InstanceId {
+            gi_id: 5,
+            ci_id: 0,
+            mig_uuid: "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd".into()
+        })
+    );
+    assert_eq!(done.cdi_device_ids["gpu"], ["das.com/mig=uid-2-gpu"]);
+    // Saved, it is a version-2 file that loads as such and round-trips.
+    checkpoint.save(&path).unwrap();
+    assert!(
+        fs::read_to_string(&path)
+            .unwrap()
+            .contains("\"version\": 2")
+    );
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(checkpoint)
+    );
+}
+
+#[test]
+fn a_version_1_file_with_a_bad_checksum_is_still_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    fs::write(&path, v1_file().replace("claim-2", "claim-9")).unwrap();
+    assert!(matches!(
+        expect_corrupt(&path),
+        CorruptReason::ChecksumMismatch { .. }
+    ));
+}
+
+#[test]
+fn unexpected_field_is_moved_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = saved(dir.path());
+    let text = fs::read_to_string(&path).unwrap();
+    fs::write(&path, text.replace("\"pool\"", "\"poolX\"")).unwrap();
+    assert!(matches!(expect_corrupt(&path), CorruptReason::BadShape(_)));
+}
+
+#[test]
+fn two_corrupt_files_get_distinct_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    fs::write(&path, b"garbage").unwrap();
+    expect_corrupt(&path);
+    fs::write(&path, b"garbage").unwrap();
+    expect_corrupt(&path);
+    assert_eq!(names_in(dir.path()).len(), 2);
+}
+
+#[test]
+fn remove_is_idempotent() {
+    let mut cp = sample();
+    assert!(cp.remove("uid-1").is_some());
+    assert!(cp.remove("uid-1").is_none());
+    assert!(cp.remove("never-seen").is_none());
+    assert_eq!(cp.claims.len(), 2);
+}
+
+#[test]
+fn boot_id_is_read_and_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("boot_id");
+    fs::write(&path, format!("{BOOT}\n")).unwrap();
+    assert_eq!(read_boot_id_from(&path).unwrap(), BOOT);
+    fs::write(&path, "\n").unwrap();
+    assert!(read_boot_id_from(&path).is_err());
+    assert!(read_boot_id_from(&dir.path().join("none")).is_err());
+}

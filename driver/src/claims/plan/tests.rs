@@ -1,0 +1,321 @@
+//! Unit tests of [`super`] (`plan.rs`).
+
+use super::*;
+use crate::gpu::Placement;
+use das_api::DRIVER_NAME;
+use serde_json::json;
+
+fn at(gpu: u32, start: u32) -> DeviceRef {
+    DeviceRef {
+        gpu_index: gpu,
+        gpu_uuid: format!("GPU-{gpu}"),
+        gpu_minor: gpu,
+        profile: "1g.10gb".into(),
+        start,
+        size: 1,
+    }
+}
+
+fn planned(gpu: u32, start: u32, request: &str) -> Planned {
+    Planned {
+        request: request.into(),
+        pool: "n0".into(),
+        device: device_name(gpu, "1g.10gb", start),
+        at: at(gpu, start),
+    }
+}
+
+fn live(gpu: u32, start: u32, gi: u32, mig: &str) -> MigInstance {
+    MigInstance {
+        gpu_index: gpu,
+        gpu_uuid: format!("GPU-{gpu}"),
+        gpu_minor: gpu,
+        profile: "1g.10gb".into(),
+        profile_id: 19,
+        placement: Placement { start, size: 1 },
+        gi_id: gi,
+        ci_id: 0,
+        mig_uuid: mig.into(),
+        gi_cap_minor: 3 + 9 * gi,
+        ci_cap_minor: 4 + 9 * gi,
+        created_by_das: Some(true),
+    }
+}
+
+fn claim() -> ClaimRef {
+    ClaimRef {
+        namespace: "ns".into(),
+        name: "c".into(),
+        uid: "uid-1".into(),
+    }
+}
+
+fn rc(uid: &str, results: serde_json::Value) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": results}}}
+    }))
+    .unwrap()
+}
+
+fn result(device: &str, pool: &str, driver: &str) -> serde_json::Value {
+    json!({"request": "gpu", "driver": driver, "pool": pool, "device": device})
+}
+
+#[test]
+fn allocation_is_resolved_or_refused_with_the_reason() {
+    let devices: HashMap<_, _> = [(device_name(0, "1g.10gb", 6), at(0, 6))].into();
+    let ok = rc(
+        "uid-1",
+        json!([
+            result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME),
+            result("x", "n0", "other.example.com")
+        ]),
+    );
+    let p = resolve_allocation(&claim(), Some(&ok), "n0", &devices).unwrap();
+    assert_eq!(p, vec![planned(0, 6, "gpu")]);
+    let cases: Vec<(Option<ResourceClaim>, &str)> = vec![
+        (None, "claim_gone"),
+        (Some(rc("uid-2", json!([]))), "claim_replaced"),
+        (
+            Some(rc("uid-1", json!([result("x", "n0", "other.example.com")]))),
+            "no_device_of_ours",
+        ),
+        (
+            Some(rc(
+                "uid-1",
+                json!([result("gpu-0-mig-1g-10gb-6", "n1", DRIVER_NAME)]),
+            )),
+            "foreign_pool",
+        ),
+        (
+            Some(rc(
+                "uid-1",
+                json!([result("gpu-9-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+            )),
+            "unknown_device",
+        ),
+    ];
+    for (rc, label) in cases {
+        let e = resolve_allocation(&claim(), rc.as_ref(), "n0", &devices).unwrap_err();
+        assert_eq!(e.metric_label(), label, "{e}");
+    }
+    let mut unallocated = ok.clone();
+    unallocated.status = None;
+    let e = resolve_allocation(&claim(), Some(&unallocated), "n0", &devices).unwrap_err();
+    assert!(matches!(e, PrepareError::NotAllocated));
+}
+
+/// Issue 11 finding 2: GI IDs are reused after a destroy; only the exact instance is ours.
+#[test]
+fn a_reused_gi_id_at_the_same_placement_is_not_our_instance() {
+    let d = with_instance(&record(&planned(0, 6, "gpu")), &live(0, 6, 3, "MIG-a"));
+    assert!(is_instance(&d, &live(0, 6, 3, "MIG-a")));
+    assert!(
+        !is_instance(&d, &live(0, 6, 3, "MIG-b")),
+        "successor at the same GI ID"
+    );
+    assert!(!is_instance(&d, &live(0, 6, 4, "MIG-a")));
+    assert!(!is_instance(&d, &live(1, 6, 3, "MIG-a")), "another GPU");
+    // Our GI whose compute instance is already gone lists without a MIG UUID.
+    assert!(is_instance(&d, &live(0, 6, 3, "")));
+    assert!(!is_instance(
+        &record(&planned(0, 6, "gpu")),
+        &live(0, 6, 3, "MIG-a")
+    ));
+}
+
+#[test]
+fn a_device_without_instance_claims_its_placement_only_if_nobody_else_does() {
+    let d = record(&planned(0, 6, "gpu"));
+    let s = live(0, 6, 2, "MIG-x");
+    assert_eq!(
+        match_devices(std::slice::from_ref(&d), std::slice::from_ref(&s), |_| {
+            false
+        }),
+        vec![Some(s.clone())]
+    );
+    assert_eq!(
+        match_devices(std::slice::from_ref(&d), std::slice::from_ref(&s), |_| true),
+        vec![None]
+    );
+    let foreign = MigInstance {
+        created_by_das: Some(false),
+        ..s
+    };
+    assert_eq!(match_devices(&[d], &[foreign], |_| false), vec![None]);
+}
+
+#[test]
+fn placement_holders_are_the_other_claims_with_overlapping_slices() {
+    let mut cp = Checkpoint::new("boot");
+    // 1g.10gb at 6 (size 1) on GPU 0, held by uid-old.
+    cp.set_completed(
+        "uid-old",
+        "ns",
+        "old",
+        vec![record(&planned(0, 6, "gpu"))],
+        BTreeMap::new(),
+    );
+    let mut big = planned(0, 4, "gpu");
+    big.at.size = 4; // 4..8 overlaps 6
+    assert_eq!(
+        placement_holders(&cp, "uid-new", &[big.clone()]),
+        ["uid-old"]
+    );
+    assert!(placement_holders(&cp, "uid-new", &[planned(0, 5, "gpu")]).is_empty());
+    assert!(placement_holders(&cp, "uid-new", &[planned(1, 6, "gpu")]).is_empty());
+    assert!(
+        placement_holders(&cp, "uid-old", &[big]).is_empty(),
+        "not itself"
+    );
+}
+
+#[test]
+fn prepare_reuses_only_a_completed_record_of_the_same_allocation() {
+    let p = vec![planned(0, 6, "gpu")];
+    let mut r = ClaimRecord {
+        namespace: "ns".into(),
+        name: "c".into(),
+        state: PrepareState::PrepareCompleted,
+        devices: vec![record(&p[0])],
+        cdi_device_ids: BTreeMap::new(),
+        updated_at: 0,
+    };
+    assert_eq!(on_prepare(None, &p), OnPrepare::Create);
+    assert_eq!(on_prepare(Some(&r), &p), OnPrepare::Verify);
+    assert_eq!(
+        on_prepare(Some(&r), &[planned(0, 5, "gpu")]),
+        OnPrepare::ReleaseFirst,
+        "same UID, new allocation"
+    );
+    for state in [PrepareState::PrepareStarted, PrepareState::Releasing] {
+        r.state = state;
+        assert_eq!(on_prepare(Some(&r), &p), OnPrepare::ReleaseFirst);
+    }
+}
+
+#[test]
+fn start_up_keeps_claims_still_allocated_as_recorded() {
+    let r = ClaimRecord {
+        namespace: "ns".into(),
+        name: "c".into(),
+        state: PrepareState::PrepareCompleted,
+        devices: vec![record(&planned(0, 6, "gpu"))],
+        cdi_device_ids: BTreeMap::new(),
+        updated_at: 0,
+    };
+    let same = rc(
+        "uid-1",
+        json!([result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+    );
+    assert!(still_allocated(&claim(), &r, Some(&same), "n0"));
+    assert!(!still_allocated(&claim(), &r, None, "n0"));
+    let replaced = rc(
+        "uid-2",
+        json!([result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+    );
+    assert!(!still_allocated(&claim(), &r, Some(&replaced), "n0"));
+    let moved = rc(
+        "uid-1",
+        json!([result("gpu-0-mig-1g-10gb-5", "n0", DRIVER_NAME)]),
+    );
+    assert!(!still_allocated(&claim(), &r, Some(&moved), "n0"));
+    let mut deallocated = same.clone();
+    deallocated.status = None;
+    assert!(!still_allocated(&claim(), &r, Some(&deallocated), "n0"));
+}
+
+#[test]
+fn orphans_are_the_unclaimed_slices_only_ours_destroyed() {
+    let mut cp = Checkpoint::new("boot");
+    let kept = live(0, 6, 1, "MIG-kept");
+    let d = with_instance(&record(&planned(0, 6, "gpu")), &kept);
+    cp.set_completed("uid-1", "ns", "c", vec![d], BTreeMap::new());
+    let ours = live(0, 5, 2, "MIG-orphan");
+    let foreign = MigInstance {
+        created_by_das: None,
+        ..live(0, 4, 3, "MIG-foreign")
+    };
+    let all = [kept, ours.clone(), foreign.clone()];
+    let o = orphans(&all, &cp, false);
+    assert_eq!(o.destroy, vec![ours.clone()]);
+    assert_eq!(o.foreign, vec![foreign.clone()]);
+    assert_eq!(orphans(&all, &cp, true).destroy, vec![ours, foreign]);
+}
+
+#[test]
+fn spec_devices_number_slices_per_request() {
+    let p = [planned(0, 6, "a"), planned(1, 6, "b/x"), planned(0, 5, "a")];
+    let instances = [
+        live(0, 6, 1, "MIG-1"),
+        live(1, 6, 1, "MIG-2"),
+        live(0, 5, 2, "MIG-3"),
+    ];
+    let devices: Vec<RecordedDevice> = p
+        .iter()
+        .zip(&instances)
+        .map(|(p, s)| with_instance(&record(p), s))
+        .collect();
+    let specs = spec_devices(&devices, &instances, 508, &[]);
+    let shape: Vec<(String, String, usize)> = specs
+        .iter()
+        .map(|d| {
+            (
+                d.key.clone(),
+                d.instances[0].request.clone(),
+                d.instances[0].index,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            ("gpu-0-mig-1g-10gb-6".into(), "a".into(), 0),
+            ("gpu-1-mig-1g-10gb-6".into(), "b".into(), 0),
+            ("gpu-0-mig-1g-10gb-5".into(), "a".into(), 1),
+        ]
+    );
+    // A record of the first release keeps one CDI device per request.
+    let legacy = spec_devices(&devices, &instances, 508, &["a".into(), "b".into()]);
+    assert_eq!(legacy.len(), 2);
+    assert_eq!(legacy[0].instances.len(), 2);
+}
+
+#[test]
+fn kubelet_devices_carry_their_cdi_device() {
+    let p = [planned(0, 6, "a"), planned(0, 5, "b/x")];
+    let devices: Vec<RecordedDevice> = p.iter().map(record).collect();
+    let mut r = ClaimRecord {
+        namespace: "ns".into(),
+        name: "c".into(),
+        state: PrepareState::PrepareCompleted,
+        devices,
+        cdi_device_ids: BTreeMap::from([
+            (
+                "gpu-0-mig-1g-10gb-6".to_string(),
+                vec!["das.com/mig=u-6".to_string()],
+            ),
+            (
+                "gpu-0-mig-1g-10gb-5".to_string(),
+                vec!["das.com/mig=u-5".to_string()],
+            ),
+        ]),
+        updated_at: 0,
+    };
+    let out = kubelet_devices(&r);
+    assert_eq!(out[0].requests, ["a"]);
+    assert_eq!(out[0].cdi_device_ids, ["das.com/mig=u-6"]);
+    assert_eq!(out[1].requests, ["b"]);
+    assert_eq!(out[1].cdi_device_ids, ["das.com/mig=u-5"]);
+    assert!(legacy_cdi_keys(&r).is_empty());
+    // First-release records: per request.
+    r.cdi_device_ids = BTreeMap::from([
+        ("a".to_string(), vec!["das.com/mig=u-a".to_string()]),
+        ("b".to_string(), vec!["das.com/mig=u-b".to_string()]),
+    ]);
+    assert_eq!(kubelet_devices(&r)[1].cdi_device_ids, ["das.com/mig=u-b"]);
+    assert_eq!(legacy_cdi_keys(&r), ["a", "b"]);
+}
