@@ -24,6 +24,10 @@ pub const GROUP: &str = "inference.redhat.com";
 pub const VERSION: &str = "v1alpha1";
 /// Condition type that carries the state (docs/design.md §6).
 pub const CONDITION_STATE: &str = "State";
+/// Condition type saying whether the device's GPU is healthy: `True` (reason `Healthy`) or
+/// `False` with reason `GPULost`, `XID` or `UncorrectableECC`, from the node plugin's device
+/// taints (docs/design.md §7). Absent while the device's ResourceSlice is not seen.
+pub const CONDITION_DEVICE_HEALTHY: &str = "DeviceHealthy";
 
 /// Desired content of an AllocationClaim: where the slice is and who holds it.
 #[derive(CustomResource, Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
@@ -159,7 +163,7 @@ pub struct AllocationClaimStatus {
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StateCondition {
-    /// Condition type: [`CONDITION_STATE`].
+    /// Condition type: [`CONDITION_STATE`] or [`CONDITION_DEVICE_HEALTHY`].
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.

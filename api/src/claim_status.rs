@@ -28,7 +28,8 @@ pub const REASON_READY: &str = "SliceCreated";
 /// The `data` of our entry in `status.devices`: the carved MIG instance.
 ///
 /// JSON: `{"migUUID": "MIG-…", "gpuUUID": "GPU-…", "profile": "1g.10gb",
-/// "placement": {"start": 0, "size": 1}}` (placement in memory slices).
+/// "placement": {"start": 0, "size": 1}, "gpuInstanceId": 7, "computeInstanceId": 0}`
+/// (placement in memory slices; the two ids are absent in data written by plugins before 0.3).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct DeviceStatusData {
     /// UUID of the MIG device (`MIG-…`), as NVML reports it.
@@ -41,6 +42,22 @@ pub struct DeviceStatusData {
     pub profile: String,
     /// Placement on the GPU, in memory slices.
     pub placement: MigPlacement,
+    /// GPU-instance ID the driver assigned (NVML `nvmlGpuInstanceInfo_t.id`; DCGM's
+    /// `GPU_I_ID` label), when known.
+    #[serde(
+        rename = "gpuInstanceId",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gpu_instance_id: Option<u32>,
+    /// Compute-instance ID inside the GPU instance (NVML `nvmlComputeInstanceInfo_t.id`), when
+    /// known.
+    #[serde(
+        rename = "computeInstanceId",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub compute_instance_id: Option<u32>,
 }
 
 impl DeviceStatusData {
@@ -131,6 +148,8 @@ mod tests {
             gpu_uuid: "GPU-1".into(),
             profile: "1g.10gb".into(),
             placement: MigPlacement { start: 3, size: 1 },
+            gpu_instance_id: Some(9),
+            compute_instance_id: Some(0),
         }
     }
 
@@ -153,6 +172,18 @@ mod tests {
             serde_json::json!({"start": 3, "size": 1})
         );
         assert_eq!(v["conditions"][0]["reason"], REASON_READY);
+        assert_eq!(v["data"]["gpuInstanceId"], 9);
+    }
+
+    #[test]
+    fn data_without_instance_ids_still_reads() {
+        let old = serde_json::json!({"migUUID": "MIG-1", "gpuUUID": "GPU-1",
+            "profile": "1g.10gb", "placement": {"start": 3, "size": 1}});
+        let mut entry = data().ready_entry("n0", "d", "m".into(), now());
+        entry.data = Some(RawExtension(old));
+        let read = DeviceStatusData::of(&entry).unwrap();
+        assert_eq!(read.gpu_instance_id, None);
+        assert_eq!(read.mig_uuid, "MIG-1");
     }
 
     #[test]

@@ -102,6 +102,18 @@ pub mod capacities {
     pub const OFA_ENGINES: &str = "ofaEngines";
 }
 
+/// Keys of the device taints the node plugin puts on every device of an unhealthy GPU
+/// (docs/design.md §3 and §7, "Health"). A claim that should still get such a device tolerates
+/// the key (`tolerations` in its device request).
+pub mod health_taints {
+    /// The GPU does not answer (fell off the bus, removed). Value `true`.
+    pub const GPU_LOST: &str = "mig.das.com/gpu-lost";
+    /// A fatal XID error. Value: the XID, e.g. `79`.
+    pub const XID: &str = "mig.das.com/xid";
+    /// An uncorrectable ECC error. Value `uncorrectable`.
+    pub const ECC: &str = "mig.das.com/ecc";
+}
+
 /// Shared-counter names (docs/design.md §3). Counter names are DNS labels, hence the hyphens; they match
 /// the NVIDIA DRA driver's so tools that read them work unchanged.
 pub mod counters {

@@ -4,9 +4,12 @@
 //! - [`mirror`]: the pure function from a ResourceClaim (plus its pods and the published devices)
 //!   to its desired AllocationClaims;
 //! - [`reconcile`]: the kube-runtime controller that applies them;
+//! - [`device_info`]: which pod and container hold each prepared MIG device (the
+//!   `das_mig_device_info` gauge);
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease;
 //! - [`metrics`]: Prometheus metrics and health endpoints.
 
+pub mod device_info;
 pub mod lease;
 pub mod metrics;
 pub mod mirror;

@@ -2,17 +2,78 @@
 //! and `/readyz` by `das_runtime::probes`. Exposition: OpenMetrics text through
 //! `prometheus-client` (<https://docs.rs/prometheus-client>).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use das_api::allocation::AllocationState;
 use das_runtime::probes::Probe;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::device_info::device_info;
+
 type Labels = Vec<(String, String)>;
+
+/// Name of the info gauge, without the `das_controller` prefix so dashboards join on a name that
+/// does not depend on which component exports it.
+pub const DEVICE_INFO: &str = "das_mig_device_info";
+
+/// The caches `das_mig_device_info` is computed from on each scrape.
+#[derive(Clone)]
+struct Caches {
+    claims: Store<ResourceClaim>,
+    pods: Store<Pod>,
+}
+
+/// Encodes [`DEVICE_INFO`] on each scrape from the controller's ResourceClaim and pod caches
+/// (nothing until [`Metrics::export_device_info`] gave them), so a row can never outlive its
+/// allocation.
+#[derive(Default, Clone)]
+struct DeviceInfoCollector(Arc<OnceLock<Caches>>);
+
+impl std::fmt::Debug for DeviceInfoCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceInfoCollector")
+    }
+}
+
+impl DeviceInfoCollector {
+    /// The gauge as it is now: one series per row of [`device_info`].
+    fn family(&self) -> Family<Labels, Gauge> {
+        let family = Family::<Labels, Gauge>::default();
+        let Some(c) = self.0.get() else {
+            return family;
+        };
+        for claim in c.claims.state() {
+            let pods = crate::reconcile::reserving_pods(&claim, &c.pods);
+            for row in device_info(&claim, &pods) {
+                family.get_or_create(&row.labels()).set(1);
+            }
+        }
+        family
+    }
+}
+
+impl Collector for DeviceInfoCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let family = self.family();
+        let metric = encoder.encode_descriptor(
+            DEVICE_INFO,
+            "1 per prepared MIG device and container using it: pod, claim, GPU and MIG UUIDs, \
+             GPU- and compute-instance ids (join with dcgm-exporter on UUID and GPU_I_ID)",
+            None,
+            family.metric_type(),
+        )?;
+        family.encode(metric)
+    }
+}
 
 /// Every metric of the controller.
 pub struct Metrics {
@@ -31,6 +92,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// `/metrics` and `/readyz`: ready once the caches are synced, or the replica stands by as a follower.
     pub probe: Arc<Probe>,
+    /// Source of [`DEVICE_INFO`].
+    device_info: DeviceInfoCollector,
 }
 
 fn label(k: &str, v: &str) -> Labels {
@@ -44,9 +107,12 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric under the `das_controller` prefix.
+    /// Registers every metric under the `das_controller` prefix, and [`DEVICE_INFO`].
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("das_controller");
+        let mut root = Registry::default();
+        let device_info = DeviceInfoCollector::default();
+        root.register_collector(Box::new(device_info.clone()));
+        let registry = root.sub_registry_with_prefix("das_controller");
         let reconciles = Family::<Labels, Counter>::default();
         let errors = Counter::default();
         let writes = Family::<Labels, Counter>::default();
@@ -80,7 +146,8 @@ impl Metrics {
             leader.clone(),
         );
         Self {
-            probe: Arc::new(Probe::new(registry)),
+            probe: Arc::new(Probe::new(root)),
+            device_info,
             reconciles,
             errors,
             writes,
@@ -88,6 +155,12 @@ impl Metrics {
             in_use_lag,
             leader,
         }
+    }
+
+    /// Starts exporting [`DEVICE_INFO`] from these caches (the first call wins: a process has one
+    /// set of caches).
+    pub fn export_device_info(&self, claims: Store<ResourceClaim>, pods: Store<Pod>) {
+        let _ = self.device_info.0.set(Caches { claims, pods });
     }
 
     /// Counts one reconcile.

@@ -16,11 +16,13 @@ use std::collections::BTreeMap;
 
 use das_api::DRIVER_NAME;
 use das_api::allocation::{
-    AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationState, CONDITION_STATE,
-    MigPlacement, PodRef, ResourceClaimRef, StateCondition,
+    AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationState,
+    CONDITION_DEVICE_HEALTHY, CONDITION_STATE, MigPlacement, PodRef, ResourceClaimRef,
+    StateCondition,
 };
 use das_api::attributes as attr;
 use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
+use das_api::health_taints;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, ResourceClaim,
@@ -41,6 +43,65 @@ pub struct DeviceFacts {
     pub gpu_uuid: String,
     /// Placement on the GPU.
     pub placement: MigPlacement,
+    /// Health from the device's DAS taints; `None` when the device is not published (facts
+    /// from the plugin's status data).
+    pub health: Option<DeviceHealth>,
+}
+
+/// Health of a published device, read from the taints the node plugin puts on every device of
+/// an unhealthy GPU ([`das_api::health_taints`], docs/design.md §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceHealth {
+    /// No DAS health taint.
+    Healthy,
+    /// At least one DAS health taint: the condition's reason and message.
+    Unhealthy {
+        /// `GPULost`, `XID` or `UncorrectableECC` (the first taint's).
+        reason: String,
+        /// Every DAS taint, as `key=value:effect`.
+        message: String,
+    },
+}
+
+impl DeviceHealth {
+    /// Health from `d`'s taints; taints of other owners do not count.
+    pub fn of_device(d: &Device) -> Self {
+        let ours: Vec<_> = d
+            .taints
+            .iter()
+            .flatten()
+            .filter_map(|t| Some((health_reason(&t.key)?, t)))
+            .collect();
+        let Some((reason, _)) = ours.first() else {
+            return Self::Healthy;
+        };
+        let message = ours
+            .iter()
+            .map(|(_, t)| {
+                format!(
+                    "{}={}:{}",
+                    t.key,
+                    t.value.as_deref().unwrap_or(""),
+                    t.effect
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        Self::Unhealthy {
+            reason: (*reason).to_string(),
+            message: format!("the GPU of this device is unhealthy: {message}"),
+        }
+    }
+}
+
+/// Condition reason for a DAS health taint key; `None` for another key.
+fn health_reason(key: &str) -> Option<&'static str> {
+    match key {
+        health_taints::GPU_LOST => Some("GPULost"),
+        health_taints::XID => Some("XID"),
+        health_taints::ECC => Some("UncorrectableECC"),
+        _ => None,
+    }
 }
 
 /// Published devices of our driver by (pool, device name).
@@ -102,6 +163,7 @@ fn facts_of_device(d: &Device) -> Option<DeviceFacts> {
             start: int_attribute(d, attr::PLACEMENT_START)?,
             size: int_attribute(d, attr::PLACEMENT_SIZE)?,
         },
+        health: Some(DeviceHealth::of_device(d)),
     })
 }
 
@@ -112,6 +174,7 @@ fn facts_of_status(s: &AllocatedDeviceStatus) -> Option<DeviceFacts> {
         profile: data.profile,
         gpu_uuid: data.gpu_uuid,
         placement: data.placement,
+        health: None,
     })
 }
 
@@ -244,8 +307,8 @@ fn build(
     let namespace = claim.namespace().unwrap_or_default();
     let claim_uid = claim.uid().unwrap_or_default();
     let spec = AllocationClaimSpec {
-        profile: facts.profile,
-        gpu_uuid: facts.gpu_uuid,
+        profile: facts.profile.clone(),
+        gpu_uuid: facts.gpu_uuid.clone(),
         mig_placement: facts.placement,
         // DAS pools are named after their node (docs/design.md §3).
         nodename: r.pool.clone(),
@@ -263,6 +326,7 @@ fn build(
         pool: r.pool.clone(),
         device: r.device.clone(),
     };
+    let health = health_condition(facts.health.as_ref(), now);
     let mut a = AllocationClaim::new(&allocation_claim_name(&claim.name_any(), &r.device), spec);
     a.metadata = ObjectMeta {
         namespace: Some(namespace),
@@ -279,19 +343,63 @@ fn build(
             reason: state.as_str().into(),
             message: format!("slice is {}", state.as_str()),
             last_transition_time: now.into(),
-        }],
+        }]
+        .into_iter()
+        .chain(health)
+        .collect(),
     });
     a
 }
 
-/// Keeps `existing`'s condition (and its transition time) in `desired` when the state is the
-/// same, so an unchanged claim compares equal and is not written.
+/// The [`CONDITION_DEVICE_HEALTHY`] condition for a device of known health; none while the
+/// device is not published (its health is unknown, and a kubelet restart that briefly wipes
+/// the slices should not flap the condition).
+fn health_condition(health: Option<&DeviceHealth>, now: &str) -> Option<StateCondition> {
+    let (status, reason, message) = match health? {
+        DeviceHealth::Healthy => (
+            "True",
+            "Healthy",
+            "no health taint on the device".to_string(),
+        ),
+        DeviceHealth::Unhealthy { reason, message } => ("False", reason.as_str(), message.clone()),
+    };
+    Some(StateCondition {
+        type_: CONDITION_DEVICE_HEALTHY.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: now.into(),
+    })
+}
+
+/// Keeps each of `existing`'s conditions (and so its transition time) in `desired` where the
+/// condition of that type has the same status and reason, so an unchanged claim compares equal
+/// and is not written. A condition `desired` lacks is kept too when the device's health is
+/// merely unknown for now (its slice is not published).
 pub fn carry_transition_time(desired: &mut AllocationClaim, existing: &AllocationClaim) {
     let (Some(d), Some(e)) = (desired.status.as_mut(), existing.status.as_ref()) else {
         return;
     };
-    if d.state == e.state && !e.conditions.is_empty() {
-        d.conditions = e.conditions.clone();
+    for c in &mut d.conditions {
+        if let Some(old) = e
+            .conditions
+            .iter()
+            .find(|o| o.type_ == c.type_ && o.status == c.status && o.reason == c.reason)
+        {
+            *c = old.clone();
+        }
+    }
+    let health_known = d
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_DEVICE_HEALTHY);
+    if !health_known {
+        d.conditions.extend(
+            e.conditions
+                .iter()
+                .filter(|c| c.type_ == CONDITION_DEVICE_HEALTHY)
+                .cloned(),
+        );
     }
 }
 
@@ -575,6 +683,91 @@ mod tests {
                 status: true
             }
         );
+    }
+
+    fn health_of(a: &AllocationClaim) -> Option<&StateCondition> {
+        a.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_DEVICE_HEALTHY)
+    }
+
+    #[test]
+    fn a_das_health_taint_makes_the_device_unhealthy_and_others_do_not() {
+        let c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([]));
+        let healthy = desired_allocation_claims(&c, &[pod(None)], &index(), NOW)
+            .claims
+            .remove(0);
+        let h = health_of(&healthy).unwrap();
+        assert_eq!((h.status.as_str(), h.reason.as_str()), ("True", "Healthy"));
+
+        let mut tainted = slice();
+        let device = &mut tainted.spec.devices.as_mut().unwrap()[0];
+        device.taints = Some(
+            serde_json::from_value(json!([
+                {"key": "example.com/other", "value": "x", "effect": "NoSchedule"},
+                {"key": health_taints::XID, "value": "79", "effect": "NoExecute"},
+                {"key": health_taints::GPU_LOST, "value": "true", "effect": "NoExecute"}
+            ]))
+            .unwrap(),
+        );
+        let index = DeviceIndex::from_slices([&tainted]);
+        let later = "2026-01-02T00:00:00Z";
+        let mut sick = desired_allocation_claims(&c, &[pod(None)], &index, later)
+            .claims
+            .remove(0);
+        carry_transition_time(&mut sick, &healthy);
+        let h = health_of(&sick).unwrap();
+        assert_eq!((h.status.as_str(), h.reason.as_str()), ("False", "XID"));
+        assert!(
+            h.message.contains("mig.das.com/xid=79:NoExecute"),
+            "{}",
+            h.message
+        );
+        assert!(
+            h.message.contains("mig.das.com/gpu-lost=true:NoExecute"),
+            "{}",
+            h.message
+        );
+        assert!(!h.message.contains("example.com"), "{}", h.message);
+        assert_eq!(
+            h.last_transition_time, later,
+            "a new status is a transition"
+        );
+        assert_eq!(
+            sick.status.as_ref().unwrap().conditions[0].last_transition_time,
+            NOW,
+            "the unchanged state condition keeps its time"
+        );
+        assert!(writes_needed(&sick, Some(&healthy)).status);
+    }
+
+    #[test]
+    fn health_is_kept_while_the_slice_is_not_published() {
+        let c = claim(
+            &["gpu-0-mig-1g-10gb-6"],
+            true,
+            json!([ready("gpu-0-mig-1g-10gb-6", "True")]),
+        );
+        let published = desired_allocation_claims(&c, &[pod(None)], &index(), NOW)
+            .claims
+            .remove(0);
+        let mut unpublished = desired_allocation_claims(
+            &c,
+            &[pod(None)],
+            &DeviceIndex::default(),
+            "2026-01-02T00:00:00Z",
+        )
+        .claims
+        .remove(0);
+        assert!(
+            health_of(&unpublished).is_none(),
+            "unknown while unpublished"
+        );
+        carry_transition_time(&mut unpublished, &published);
+        assert_eq!(health_of(&unpublished), health_of(&published));
+        assert!(!writes_needed(&unpublished, Some(&published)).status);
     }
 
     #[test]

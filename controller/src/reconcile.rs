@@ -59,7 +59,7 @@ fn owned_by(a: &AllocationClaim, uid: &str) -> bool {
 }
 
 /// The pods the claim is reserved for, from the pod store.
-fn reserving_pods(claim: &ResourceClaim, pods: &Store<Pod>) -> Vec<Pod> {
+pub fn reserving_pods(claim: &ResourceClaim, pods: &Store<Pod>) -> Vec<Pod> {
     let ns = claim.namespace().unwrap_or_default();
     claim
         .status
@@ -272,8 +272,24 @@ fn claims_of_pod(pod: Arc<Pod>) -> Vec<ObjectRef<ResourceClaim>> {
         .collect()
 }
 
+/// A container reduced to its name and the claims it uses.
+fn claims_only(c: k8s_openapi::api::core::v1::Container) -> k8s_openapi::api::core::v1::Container {
+    k8s_openapi::api::core::v1::Container {
+        name: c.name,
+        resources: c.resources.and_then(|r| {
+            r.claims
+                .map(|claims| k8s_openapi::api::core::v1::ResourceRequirements {
+                    claims: Some(claims),
+                    ..Default::default()
+                })
+        }),
+        ..Default::default()
+    }
+}
+
 /// What the controller keeps of a pod: name, namespace, UID, `spec.nodeName`,
-/// `spec.resourceClaims` and `status.resourceClaimStatuses`. Everything else (containers,
+/// `spec.resourceClaims`, `status.resourceClaimStatuses` and, of each (init) container, its
+/// name and `resources.claims` (for `das_mig_device_info`). Everything else (images, env,
 /// volumes, managed fields, labels, annotations, other status) is dropped before the pod enters
 /// the cache, so the cache's memory per pod stays small in a cluster of many pods.
 pub fn keep_what_the_mirror_needs(pod: &mut Pod) {
@@ -287,7 +303,10 @@ pub fn keep_what_the_mirror_needs(pod: &mut Pod) {
         pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
             node_name: spec.node_name,
             resource_claims: spec.resource_claims,
-            containers: Vec::new(),
+            containers: spec.containers.into_iter().map(claims_only).collect(),
+            init_containers: spec
+                .init_containers
+                .map(|cs| cs.into_iter().map(claims_only).collect()),
             ..Default::default()
         });
     }
@@ -394,6 +413,7 @@ pub async fn run(
     let controller = Controller::new(Api::<ResourceClaim>::all(watches), all)
         .with_config(kube::runtime::controller::Config::default().concurrency(16));
     let claims = controller.store();
+    metrics.export_device_info(claims.clone(), pods.clone());
     let claims_of_slice = claims.clone();
     let controller = controller
         .owns_shared_stream(alloc_events)
@@ -508,7 +528,8 @@ mod tests {
                 "labels": {"a": "b"}, "annotations": {"big": "x".repeat(10_000)},
                 "managedFields": [{"manager": "kubectl"}]},
             "spec": {"nodeName": "n0", "containers": [{"name": "c", "image": "i",
-                "env": [{"name": "A", "value": "x".repeat(10_000)}]}],
+                "env": [{"name": "A", "value": "x".repeat(10_000)}],
+                "resources": {"limits": {"cpu": "1"}, "claims": [{"name": "a"}]}}],
                 "resourceClaims": [{"name": "a", "resourceClaimName": "shared"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1",
                 "resourceClaimStatuses": [{"name": "a", "resourceClaimName": "shared"}]}
@@ -522,6 +543,14 @@ mod tests {
         assert_eq!(pod.metadata.uid.as_deref(), Some("u"));
         assert_eq!(pod.spec.as_ref().unwrap().node_name.as_deref(), Some("n0"));
         assert!(pod.metadata.labels.is_none() && pod.metadata.managed_fields.is_none());
+        assert_eq!(
+            crate::device_info::containers_using(&pod, "shared", "r"),
+            ["c"],
+            "which container uses which claim is kept"
+        );
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        assert!(c.image.is_none() && c.env.is_none());
+        assert!(c.resources.as_ref().unwrap().limits.is_none());
         assert_eq!(
             claims_of_pod(Arc::new(pod)),
             mapped,

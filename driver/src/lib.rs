@@ -22,6 +22,7 @@
 pub mod blocking;
 pub mod claims;
 pub mod gpu;
+pub mod health;
 pub mod metrics;
 pub mod plugin;
 pub mod publish;

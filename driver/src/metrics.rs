@@ -1,7 +1,6 @@
 //! Prometheus metrics of the node plugin (names prefixed `das_kubelet_plugin_`), served with
 //! `/healthz` and `/readyz` by [`das_runtime::probes`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +44,13 @@ struct GpuLabels {
     gpu: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct XidLabels {
+    gpu: String,
+    xid: String,
+    fatal: String,
+}
+
 /// Buckets for latencies in seconds: 1 ms to ~16 s.
 fn latency_histogram() -> Histogram {
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
@@ -58,6 +64,9 @@ pub struct Metrics {
     call_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     backend_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     prepared: Family<GpuLabels, Gauge>,
+    memory_slices_in_use: Family<GpuLabels, Gauge>,
+    gpu_healthy: Family<GpuLabels, Gauge>,
+    xid_events: Family<XidLabels, Counter>,
     status_write_failures: Counter,
     errors: Family<ErrorLabels, Counter>,
     destroy_failures: Family<CauseLabels, Counter>,
@@ -89,6 +98,9 @@ impl Metrics {
                 latency_histogram,
             );
         let prepared = Family::<GpuLabels, Gauge>::default();
+        let memory_slices_in_use = Family::<GpuLabels, Gauge>::default();
+        let gpu_healthy = Family::<GpuLabels, Gauge>::default();
+        let xid_events = Family::<XidLabels, Counter>::default();
         let status_write_failures = Counter::default();
         let errors = Family::<ErrorLabels, Counter>::default();
         let destroy_failures = Family::<CauseLabels, Counter>::default();
@@ -144,6 +156,21 @@ impl Metrics {
             prepared.clone(),
         );
         registry.register(
+            "gpu_memory_slices_in_use",
+            "Memory slices covered by the placements of prepared MIG instances, per GPU index",
+            memory_slices_in_use.clone(),
+        );
+        registry.register(
+            "gpu_healthy",
+            "1 while the GPU is healthy, 0 while it is lost or after a fatal XID or ECC error (its devices carry taints), per GPU index",
+            gpu_healthy.clone(),
+        );
+        registry.register(
+            "xid_events",
+            "XID errors the GPUs reported, by GPU index, XID and whether the health policy treats it as fatal",
+            xid_events.clone(),
+        );
+        registry.register(
             "claim_status_write_failures",
             "Failed writes of a claim's status.devices",
             status_write_failures.clone(),
@@ -154,6 +181,9 @@ impl Metrics {
             call_seconds,
             backend_seconds,
             prepared,
+            memory_slices_in_use,
+            gpu_healthy,
+            xid_events,
             status_write_failures,
             errors,
             destroy_failures,
@@ -195,16 +225,40 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Sets the prepared-instance gauge of every GPU (GPUs absent from `per_gpu` go to 0).
-    pub fn set_prepared(&self, per_gpu: BTreeMap<u32, u64>) {
+    /// Sets the prepared-instance and memory-slice gauges of every GPU from
+    /// `(gpu index, instances, memory slices)` (GPUs absent go to 0).
+    pub fn set_prepared(&self, per_gpu: impl IntoIterator<Item = (u32, u64, u64)>) {
         self.prepared.clear();
-        for (gpu, n) in per_gpu {
-            self.prepared
-                .get_or_create(&GpuLabels {
-                    gpu: gpu.to_string(),
-                })
-                .set(n as i64);
+        self.memory_slices_in_use.clear();
+        for (gpu, instances, memory_slices) in per_gpu {
+            let labels = GpuLabels {
+                gpu: gpu.to_string(),
+            };
+            self.prepared.get_or_create(&labels).set(instances as i64);
+            self.memory_slices_in_use
+                .get_or_create(&labels)
+                .set(memory_slices as i64);
         }
+    }
+
+    /// Sets whether GPU `gpu` is healthy.
+    pub fn set_gpu_healthy(&self, gpu: u32, healthy: bool) {
+        self.gpu_healthy
+            .get_or_create(&GpuLabels {
+                gpu: gpu.to_string(),
+            })
+            .set(i64::from(healthy));
+    }
+
+    /// Counts one XID error on GPU `gpu`.
+    pub fn xid_seen(&self, gpu: u32, xid: u32, fatal: bool) {
+        self.xid_events
+            .get_or_create(&XidLabels {
+                gpu: gpu.to_string(),
+                xid: xid.to_string(),
+                fatal: fatal.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one failed write of a claim's `status.devices`.
@@ -255,8 +309,10 @@ mod tests {
         let m = Metrics::new();
         m.observe_call("prepare", None, Duration::from_millis(3));
         m.observe_call("prepare", Some("not_allocated"), Duration::from_millis(3));
-        m.set_prepared(BTreeMap::from([(0, 2), (1, 1)]));
-        m.set_prepared(BTreeMap::from([(1, 1)]));
+        m.set_prepared([(0, 2, 3), (1, 1, 1)]);
+        m.set_prepared([(1, 1, 2)]);
+        m.set_gpu_healthy(1, false);
+        m.xid_seen(1, 79, true);
         let text = m.probe.encode();
         assert!(
             text.contains(
@@ -277,5 +333,12 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains(r#"gpu="0""#), "cleared GPUs disappear");
+        for want in [
+            r#"das_kubelet_plugin_gpu_memory_slices_in_use{gpu="1"} 2"#,
+            r#"das_kubelet_plugin_gpu_healthy{gpu="1"} 0"#,
+            r#"das_kubelet_plugin_xid_events_total{gpu="1",xid="79",fatal="true"} 1"#,
+        ] {
+            assert!(text.contains(want), "{want} missing:\n{text}");
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! ResourceSlices, registers with the kubelet as DRA driver `mig.das.com`, and carves and destroys
 //! MIG instances on NodePrepareResources / NodeUnprepareResources.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +18,8 @@ use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
 use das_driver::claims::{ClaimHandler, HealthSource, KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::gpu::nvml::{self, procfs};
 use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
+use das_driver::health::monitor::Publishing;
+use das_driver::health::{self, HealthBook, HealthMonitor, HealthPolicy, TaintEffect};
 use das_driver::metrics::Metrics;
 use das_driver::plugin::handover::{self, Active, Gate, Gated};
 use das_driver::plugin::server::{self, SocketPaths};
@@ -102,9 +105,25 @@ struct Args {
     /// (they need a GPU reset).
     #[arg(long, env = "DAS_ENABLE_MIG_MODE")]
     enable_mig_mode: bool,
+    /// How long an unhealthy GPU must answer without a fatal XID or ECC error before the taints
+    /// on its devices are removed, in seconds.
+    #[arg(long, env = "DAS_HEALTH_QUIET_PERIOD_SECONDS", default_value_t = 300)]
+    health_quiet_period_seconds: u64,
+    /// Taint the devices of an unhealthy GPU `NoExecute` instead of `NoSchedule`: the taint
+    /// eviction controller then evicts running pods whose claims do not tolerate the taint.
+    #[arg(long, env = "DAS_HEALTH_EVICT_ON_FATAL", default_value_t = false, action = clap::ArgAction::Set)]
+    health_evict_on_fatal: bool,
+    /// XIDs not to treat as fatal, besides the application errors 13, 31, 43, 45 and 68
+    /// (comma-separated, e.g. `109,119`).
+    #[arg(long, env = "DAS_HEALTH_IGNORED_XIDS", default_value = "", value_parser = parse_ignored_xids)]
+    health_ignored_xids: BTreeSet<u32>,
     /// procfs root for `devices` (the `nvidia-caps` major) and the MIG capability minors.
     #[arg(long, env = "DAS_PROC_ROOT", default_value = procfs::PROC_ROOT)]
     proc_root: PathBuf,
+}
+
+fn parse_ignored_xids(list: &str) -> Result<BTreeSet<u32>, String> {
+    health::xid::parse_ignored(list)
 }
 
 fn main() -> ExitCode {
@@ -133,6 +152,19 @@ fn limit_malloc_arenas() {
     // SAFETY: mallopt only tunes the allocator; called before other threads start.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// The health policy of the flags.
+fn health_policy(args: &Args) -> HealthPolicy {
+    HealthPolicy {
+        quiet_period: Duration::from_secs(args.health_quiet_period_seconds),
+        ignored_xids: args.health_ignored_xids.clone(),
+        effect: if args.health_evict_on_fatal {
+            TaintEffect::NoExecute
+        } else {
+            TaintEffect::NoSchedule
+        },
     }
 }
 
@@ -276,8 +308,9 @@ async fn run(args: Args) -> Result<()> {
     let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &boot_id)?;
+    let api = Arc::new(KubeClaimApi::new(client.clone(), &args.node_name));
     let preparer = Arc::new(Preparer::new(PreparerConfig {
-        api: Arc::new(KubeClaimApi::new(client.clone(), &args.node_name)),
+        api: api.clone(),
         node: args.node_name.clone(),
         backend: backend.clone(),
         inventory: inventory.clone(),
@@ -302,10 +335,25 @@ async fn run(args: Args) -> Result<()> {
         Publisher::new(client.clone(), &args.node_name, None).with_watch_client(watch_client);
     let stats = publisher.publish(specs.clone()).await?;
     tracing::info!(?stats, "ResourceSlices published");
-    let (_desired_tx, desired_rx) = watch::channel(specs);
+    let (desired_tx, desired_rx) = watch::channel(specs.clone());
     let publish_stop = stop.child_token();
     let publish_task =
         tokio::spawn(publisher.run(desired_rx, publish_stop.clone(), RunConfig::default()));
+    let monitor = Arc::new(HealthMonitor::new(
+        HealthBook::new(health_policy(&args), inventory.iter().map(|g| g.index)),
+        backend.clone(),
+        BlockingCalls::Threads,
+        &args.node_name,
+        &inventory,
+        Publishing {
+            specs,
+            desired: desired_tx,
+        },
+        api,
+        metrics.clone(),
+    ));
+    let monitor_stop = stop.child_token();
+    let monitor_task = tokio::spawn(monitor.clone().run(monitor_stop.clone()));
 
     let paths = SocketPaths::new(
         &args.kubelet_registry_dir,
@@ -320,7 +368,7 @@ async fn run(args: Args) -> Result<()> {
         inner: preparer.clone(),
         gate: gate.clone(),
     });
-    let health: Arc<dyn HealthSource> = preparer.clone();
+    let health: Arc<dyn HealthSource> = monitor;
     let serve_task = tokio::spawn({
         let stop = stop.clone();
         async move { server::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
@@ -334,6 +382,8 @@ async fn run(args: Args) -> Result<()> {
             publisher_stop: publish_stop,
             reaper: reaper_task,
             reaper_stop,
+            monitor: monitor_task,
+            monitor_stop,
         },
         metrics.clone(),
         stop.clone(),
@@ -375,19 +425,26 @@ const HANDOVER_POLL: Duration = Duration::from_millis(250);
 /// API call is bounded by its timeouts, a GPU call by the driver).
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
-/// The tasks that touch the node's state besides the calls: the ResourceSlice publisher and
-/// the reaper, with their stop tokens. Both end before the node is handed over.
+/// The tasks that touch the node's state besides the calls: the ResourceSlice publisher, the
+/// reaper and the health monitor, with their stop tokens. All end before the node is handed
+/// over.
 struct Background {
     publisher: tokio::task::JoinHandle<Publisher>,
     publisher_stop: CancellationToken,
     reaper: tokio::task::JoinHandle<()>,
     reaper_stop: CancellationToken,
+    monitor: tokio::task::JoinHandle<()>,
+    monitor_stop: CancellationToken,
 }
 
 impl Background {
     async fn stop(self) {
         self.publisher_stop.cancel();
         self.reaper_stop.cancel();
+        self.monitor_stop.cancel();
+        if let Err(e) = self.monitor.await {
+            tracing::warn!(error = %e, "the health monitor ended badly");
+        }
         if let Err(e) = self.publisher.await {
             tracing::warn!(error = %e, "the ResourceSlice publisher ended badly");
         }

@@ -64,7 +64,16 @@ impl From<kube::Error> for ApiError {
     }
 }
 
-/// What a warning event is about.
+/// The type of an event (`events.k8s.io/v1` `Event.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    /// Something users should know that is not a problem (a GPU recovered).
+    Normal,
+    /// Something that went wrong.
+    Warning,
+}
+
+/// What an event is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EventTarget {
     /// A ResourceClaim.
@@ -92,8 +101,13 @@ pub trait ClaimApi: Send + Sync + 'static {
         claim: &ClaimRef,
         devices: &[RecordedDevice],
     ) -> Result<(), ApiError>;
-    /// Posts a Warning event (best effort: a failure is logged, never returned).
-    async fn warn(&self, about: &EventTarget, reason: &str, note: String);
+    /// Posts an event of `kind` (best effort: a failure is logged, never returned).
+    async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String);
+
+    /// Posts a Warning event (best effort).
+    async fn warn(&self, about: &EventTarget, reason: &str, note: String) {
+        self.event(about, EventKind::Warning, reason, note).await;
+    }
 }
 
 /// [`ClaimApi`] over a kube client.
@@ -179,7 +193,7 @@ impl ClaimApi for KubeClaimApi {
         .map(drop)
     }
 
-    async fn warn(&self, about: &EventTarget, reason: &str, note: String) {
+    async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String) {
         let reference = match about {
             EventTarget::Claim(c) => ObjectReference {
                 api_version: Some("resource.k8s.io/v1".into()),
@@ -197,7 +211,10 @@ impl ClaimApi for KubeClaimApi {
             },
         };
         let event = Event {
-            type_: EventType::Warning,
+            type_: match kind {
+                EventKind::Normal => EventType::Normal,
+                EventKind::Warning => EventType::Warning,
+            },
             reason: reason.to_string(),
             // The Events API caps the note at 1 kB.
             note: Some(note.chars().take(1000).collect()),
@@ -235,6 +252,8 @@ pub fn status_apply_body(
                     start: i32::try_from(d.placement_start).unwrap_or(i32::MAX),
                     size: i32::try_from(d.placement_size).unwrap_or(i32::MAX),
                 },
+                gpu_instance_id: d.instance.as_ref().map(|i| i.gi_id),
+                compute_instance_id: d.instance.as_ref().map(|i| i.ci_id),
             };
             let message = format!(
                 "MIG {} at memory slice {} on GPU {} ({})",

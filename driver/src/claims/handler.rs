@@ -67,4 +67,10 @@ pub struct DeviceHealthReport {
 pub trait HealthSource: Send + Sync + 'static {
     /// The health of every published device.
     async fn device_health(&self) -> Vec<DeviceHealthReport>;
+
+    /// A receiver whose value changes when device health may have changed, so the health
+    /// stream reports at once instead of at its next interval; `None` for the interval only.
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }

@@ -44,7 +44,7 @@ mod regression_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use api::{ApiError, ClaimApi, EventTarget, KubeClaimApi};
+pub use api::{ApiError, ClaimApi, EventKind, EventTarget, KubeClaimApi};
 pub use error::PrepareError;
 pub use handler::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 pub use locks::ClaimLocks;

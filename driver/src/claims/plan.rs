@@ -410,11 +410,22 @@ pub fn legacy_cdi_keys(record: &ClaimRecord) -> Vec<String> {
         .collect()
 }
 
-/// Prepared instances per GPU index in a set of records.
-pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMap<u32, u64> {
-    let mut m = BTreeMap::new();
+/// What the prepared instances of one GPU take.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GpuUse {
+    /// MIG instances.
+    pub instances: u64,
+    /// Memory slices their placements cover.
+    pub memory_slices: u64,
+}
+
+/// What `devices` take, per GPU index.
+pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMap<u32, GpuUse> {
+    let mut m: BTreeMap<u32, GpuUse> = BTreeMap::new();
     for d in devices {
-        *m.entry(d.gpu_index).or_default() += 1;
+        let u = m.entry(d.gpu_index).or_default();
+        u.instances += 1;
+        u.memory_slices += u64::from(d.placement_size);
     }
     m
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use tokio::sync::Mutex;
 
-use super::handler::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
+use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
 use super::plan::{self, DeviceRef, OnPrepare, Planned};
 use super::reaper::ReaperState;
 use super::status::StatusWriters;
@@ -738,14 +738,19 @@ impl Preparer {
     }
 
     fn update_prepared_gauge(&self) {
-        self.metrics.set_prepared(self.checkpoint.read(|cp| {
+        let per_gpu = self.checkpoint.read(|cp| {
             plan::per_gpu(
                 cp.claims
                     .values()
                     .filter(|r| r.state == PrepareState::PrepareCompleted)
                     .flat_map(|r| &r.devices),
             )
-        }));
+        });
+        self.metrics.set_prepared(
+            per_gpu
+                .into_iter()
+                .map(|(gpu, u)| (gpu, u.instances, u.memory_slices)),
+        );
     }
 
     pub(crate) fn update_pending_gauge(&self) {
@@ -830,46 +835,5 @@ impl ClaimHandler for Preparer {
         }))
         .await;
         done.into_iter().collect()
-    }
-}
-
-/// A device is healthy while its GPU answers (the backend reads the inventory again on every
-/// call); when the GPU is gone (fallen off the bus, driver reset) or the inventory cannot be
-/// read, its devices are unhealthy.
-#[tonic::async_trait]
-impl HealthSource for Preparer {
-    async fn device_health(&self) -> Vec<DeviceHealthReport> {
-        let backend = self.backend.clone();
-        let inventory = self.blocking.run(move || backend.inventory()).await;
-        let present: Result<Vec<String>, String> = match inventory {
-            Ok(Ok(gpus)) => Ok(gpus.into_iter().map(|g| g.uuid).collect()),
-            Ok(Err(e)) => Err(format!("reading the GPU inventory failed: {e}")),
-            Err(e) => Err(format!("reading the GPU inventory failed: {e}")),
-        };
-        let mut reports: Vec<DeviceHealthReport> = self
-            .devices
-            .iter()
-            .map(|(name, at)| {
-                let (healthy, message) = match &present {
-                    Ok(uuids) if uuids.contains(&at.gpu_uuid) => (true, String::new()),
-                    Ok(_) => (
-                        false,
-                        format!(
-                            "GPU {} ({}) does not answer (lost or removed)",
-                            at.gpu_index, at.gpu_uuid
-                        ),
-                    ),
-                    Err(e) => (false, e.clone()),
-                };
-                DeviceHealthReport {
-                    pool: self.node.clone(),
-                    device: name.clone(),
-                    healthy,
-                    message,
-                }
-            })
-            .collect();
-        reports.sort_by(|a, b| a.device.cmp(&b.device));
-        reports
     }
 }

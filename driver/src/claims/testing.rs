@@ -13,7 +13,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
 use super::handler::ClaimRef;
-use super::{ApiError, ClaimApi, EventTarget, Preparer, PreparerConfig};
+use super::{ApiError, ClaimApi, EventKind, EventTarget, Preparer, PreparerConfig};
 use crate::blocking::BlockingCalls;
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
 use crate::gpu::GpuBackend;
@@ -134,7 +134,7 @@ impl ClaimApi for MemoryApi {
         Ok(())
     }
 
-    async fn warn(&self, _about: &EventTarget, reason: &str, note: String) {
+    async fn event(&self, _about: &EventTarget, _kind: EventKind, reason: &str, note: String) {
         self.events.lock().unwrap().push((reason.into(), note));
     }
 }

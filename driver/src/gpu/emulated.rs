@@ -30,7 +30,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::catalog::ModelError;
 use super::layout::{Conflict, Occupancy, Placement};
 use super::model::GpuModel;
-use super::{BackendError, GpuBackend, GpuInfo, MigInstance, Target, ci_cap_minor, gi_cap_minor};
+use super::{
+    BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, Target, ci_cap_minor, gi_cap_minor,
+};
 use das_runtime::hash::fnv1a64_from;
 
 /// File name of the emulated hardware state inside the state directory.
@@ -114,6 +116,7 @@ pub struct EmulatedBackend {
     lost: Mutex<BTreeSet<u32>>,
     control_path: PathBuf,
     control_seen: Mutex<ControlSeen>,
+    health_events: Mutex<VecDeque<HealthEvent>>,
 }
 
 impl EmulatedBackend {
@@ -162,6 +165,7 @@ impl EmulatedBackend {
             lost: Mutex::new(BTreeSet::new()),
             control_path: state_dir.join(CONTROL_FILE),
             control_seen: Mutex::new(ControlSeen::default()),
+            health_events: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -233,6 +237,11 @@ impl EmulatedBackend {
         }
     }
 
+    /// Raises `event`: the next [`GpuBackend::wait_health_events`] reports it.
+    pub fn raise_health_event(&self, event: HealthEvent) {
+        lock(&self.health_events).push_back(event);
+    }
+
     /// Applies the control file when its content changed since the last call (see [`Control`]).
     fn apply_control_file(&self) {
         let stamp = match fs::metadata(&self.control_path) {
@@ -271,6 +280,16 @@ impl EmulatedBackend {
         }
         for f in &control.destroy_faults {
             self.inject(Op::Destroy, f.gpu, f.count, f.kind);
+        }
+        for x in &control.xid_events {
+            self.raise_health_event(HealthEvent::Xid {
+                gpu: x.gpu,
+                xid: x.xid,
+                gpu_instance: None,
+            });
+        }
+        for &gpu in &control.uncorrectable_ecc_gpus {
+            self.raise_health_event(HealthEvent::UncorrectableEcc { gpu });
         }
     }
 
@@ -464,6 +483,22 @@ impl GpuBackend for EmulatedBackend {
             return Err(kind.error(target));
         }
         self.destroy(gpu, gi_id)
+    }
+
+    /// Events raised by [`EmulatedBackend::raise_health_event`] or the control file, polled every
+    /// 100 ms until `timeout`.
+    fn wait_health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, BackendError> {
+        const POLL: Duration = Duration::from_millis(100);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            self.apply_control_file();
+            let events: Vec<HealthEvent> = lock(&self.health_events).drain(..).collect();
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !events.is_empty() || left.is_zero() {
+                return Ok(events);
+            }
+            std::thread::sleep(left.min(POLL));
+        }
     }
 
     fn gpu_indices(&self) -> Vec<u32> {
@@ -672,7 +707,7 @@ mod control;
 mod spec;
 mod state;
 
-pub use control::{Control, ControlFault, FaultKind, Latency, LatencyMs};
+pub use control::{Control, ControlFault, ControlXid, FaultKind, Latency, LatencyMs};
 use control::{ControlSeen, Op};
 pub use spec::{EmulatedGpuSpec, emulated_model_help, parse_emulated_spec};
 pub use state::move_state_aside;

@@ -19,6 +19,7 @@ pub mod nvml;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -90,6 +91,37 @@ pub struct MigInstance {
     /// Whether DAS created the instance: `Some(true)`/`Some(false)` where the backend can tell (the
     /// emulated one), `None` where it cannot (NVML keeps no owner).
     pub created_by_das: Option<bool>,
+}
+
+/// A health event of one GPU, as NVML's event set reports it (`nvmlEventSetWait_v2`, NVML API
+/// reference, "Event Handling Methods").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// `nvmlEventTypeXidCriticalError`: the driver logged XID `xid` on GPU `gpu`, attributed to
+    /// GPU instance `gpu_instance` when the driver names one (MIG). Whether it is fatal is the
+    /// health policy's call (`crate::health::xid`).
+    Xid {
+        /// GPU index.
+        gpu: u32,
+        /// The XID number.
+        xid: u32,
+        /// GPU-instance ID, when the event names one.
+        gpu_instance: Option<u32>,
+    },
+    /// `nvmlEventTypeDoubleBitEccError`: an uncorrectable ECC error on GPU `gpu`.
+    UncorrectableEcc {
+        /// GPU index.
+        gpu: u32,
+    },
+}
+
+impl HealthEvent {
+    /// The GPU the event is about.
+    pub fn gpu(&self) -> u32 {
+        match self {
+            HealthEvent::Xid { gpu, .. } | HealthEvent::UncorrectableEcc { gpu } => *gpu,
+        }
+    }
 }
 
 /// Capability device minor of GI `gi` on the GPU with minor `gpu_minor`:
@@ -280,6 +312,17 @@ pub trait GpuBackend: Send + Sync {
 
     /// Every MIG instance on GPU `gpu_index`, whoever created it, by placement start.
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError>;
+
+    /// Health events of the node's GPUs (XID errors, uncorrectable ECC errors), waiting at most
+    /// `timeout` for the first; empty when none came. Blocks: run it on a thread of its own.
+    /// The default reports nothing (after sleeping `timeout`, so a caller's loop does not spin).
+    ///
+    /// # Errors
+    /// The backend cannot wait for events (NVML's event set failed).
+    fn wait_health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, BackendError> {
+        std::thread::sleep(timeout);
+        Ok(Vec::new())
+    }
 
     /// Every MIG instance on the node, by GPU index and placement start; fails when any GPU does
     /// (prefer [`Self::instances_on`] where one GPU's failure must not stop the others).

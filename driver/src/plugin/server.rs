@@ -176,8 +176,8 @@ fn bind(path: &Path) -> Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("listen on {}", path.display()))
 }
 
-/// The v1alpha1 health service: every device's health at once, then every [`HEALTH_INTERVAL`],
-/// until the kubelet closes the stream.
+/// The v1alpha1 health service: every device's health at once, then every [`HEALTH_INTERVAL`]
+/// and whenever the source reports a change, until the kubelet closes the stream.
 struct Health(Arc<dyn HealthSource>);
 
 type HealthStream =
@@ -194,12 +194,25 @@ impl DraResourceHealth for Health {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let source = self.0.clone();
         tokio::spawn(async move {
+            let mut changes = source.changes();
             loop {
                 let response = health_response(source.device_health().await);
                 if tx.send(Ok(response)).await.is_err() {
                     return; // the kubelet went away
                 }
-                tokio::time::sleep(HEALTH_INTERVAL).await;
+                let changed = async {
+                    let gone = match changes.as_mut() {
+                        Some(rx) => rx.changed().await.is_err(),
+                        None => true,
+                    };
+                    if gone {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(HEALTH_INTERVAL) => {}
+                    _ = changed => {}
+                }
             }
         });
         Ok(Response::new(Box::pin(

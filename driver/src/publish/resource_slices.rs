@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
     Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -119,6 +119,31 @@ pub enum ResourceSliceError {
         /// Counters needed.
         counters: usize,
     },
+}
+
+/// Sets the taints of every device in `specs` from `taints`, by the device's GPU index (its
+/// `gpuIndex` attribute): devices of a GPU in `taints` get that GPU's taints, all others none.
+/// Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server without it drops
+/// them, which the publisher reports (docs/design.md §7, "Health").
+pub fn set_device_taints(
+    specs: &mut [ResourceSliceSpec],
+    taints: &BTreeMap<u32, Vec<DeviceTaint>>,
+) {
+    for device in specs
+        .iter_mut()
+        .flat_map(|s| s.devices.iter_mut().flatten())
+    {
+        let gpu = device
+            .attributes
+            .as_ref()
+            .and_then(|a| a.get(attr::GPU_INDEX))
+            .and_then(|a| a.int)
+            .and_then(|i| u32::try_from(i).ok());
+        device.taints = gpu
+            .and_then(|g| taints.get(&g))
+            .filter(|t| !t.is_empty())
+            .cloned();
+    }
 }
 
 /// A version as a semantic version for a `version` attribute: 1 to 3 numeric components, leading

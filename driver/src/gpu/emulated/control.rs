@@ -70,13 +70,15 @@ pub(super) enum Op {
 /// The fault-injection control file, `<state dir>/control.json`, for tests that drive a running
 /// plugin (the e2e tests and the chaos soak). The backend reads it again whenever its content
 /// changes (checked on every call, a `stat` and, on a change, a read). `latencyMs` and
-/// `lostGpus` replace the current settings; each fault list is queued once per new content.
+/// `lostGpus` replace the current settings; each fault list and each health event is queued once
+/// per new content (write new content, e.g. another event, to raise the same event again).
 /// Write it atomically (temp file and rename). A file that does not parse is logged and ignored.
 ///
 /// ```json
 /// {"latencyMs": {"create": 2000, "destroy": 0}, "lostGpus": [1],
 ///  "createFaults": [{"gpu": 0, "count": 1, "kind": "Other"}],
-///  "destroyFaults": [{"gpu": 1, "count": 3, "kind": "InUse"}]}
+///  "destroyFaults": [{"gpu": 1, "count": 3, "kind": "InUse"}],
+///  "xidEvents": [{"gpu": 0, "xid": 79}], "uncorrectableEccGpus": [1]}
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -93,6 +95,22 @@ pub struct Control {
     /// Faults for the next destroys.
     #[serde(default)]
     pub destroy_faults: Vec<ControlFault>,
+    /// XID events to raise (as NVML's `nvmlEventTypeXidCriticalError`).
+    #[serde(default)]
+    pub xid_events: Vec<ControlXid>,
+    /// GPUs that report an uncorrectable ECC error (`nvmlEventTypeDoubleBitEccError`).
+    #[serde(default)]
+    pub uncorrectable_ecc_gpus: Vec<u32>,
+}
+
+/// An XID event on GPU `gpu`, in the control file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlXid {
+    /// GPU index.
+    pub gpu: u32,
+    /// The XID number.
+    pub xid: u32,
 }
 
 /// [`Latency`] in the control file, in milliseconds.

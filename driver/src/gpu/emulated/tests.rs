@@ -195,6 +195,7 @@ fn the_control_file_injects_latency_lost_gpus_and_faults_once_per_content() {
             kind: FaultKind::InUse,
         }],
         destroy_faults: vec![],
+        ..Control::default()
     };
     control.write(dir.path()).unwrap();
     let t = std::time::Instant::now();
@@ -304,5 +305,42 @@ fn help_lists_aliases() {
         emulated_model_help()
             .unwrap()
             .contains("H100-SXM5-80GB|H100-80GB")
+    );
+}
+
+#[test]
+fn health_events_come_from_code_and_from_the_control_file_once_per_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), "A30:2");
+    let quick = Duration::from_millis(10);
+    assert!(b.wait_health_events(quick).unwrap().is_empty());
+    b.raise_health_event(HealthEvent::UncorrectableEcc { gpu: 1 });
+    assert_eq!(
+        b.wait_health_events(quick).unwrap(),
+        [HealthEvent::UncorrectableEcc { gpu: 1 }]
+    );
+    let control = Control {
+        xid_events: vec![ControlXid { gpu: 0, xid: 79 }],
+        uncorrectable_ecc_gpus: vec![1],
+        ..Control::default()
+    };
+    control.write(dir.path()).unwrap();
+    let got = b.wait_health_events(Duration::from_secs(2)).unwrap();
+    assert_eq!(
+        got,
+        [
+            HealthEvent::Xid {
+                gpu: 0,
+                xid: 79,
+                gpu_instance: None
+            },
+            HealthEvent::UncorrectableEcc { gpu: 1 }
+        ]
+    );
+    // The same content raises nothing again.
+    assert!(
+        b.wait_health_events(Duration::from_millis(250))
+            .unwrap()
+            .is_empty()
     );
 }

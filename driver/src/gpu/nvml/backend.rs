@@ -14,17 +14,19 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::procfs::{self, ci_access_path, gi_access_path};
 use super::{
     CI_PROFILE_ENUM_COUNT, CiInfo, DeviceIdentity, GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiInfo,
-    GiProfileInfo, MigModeState, NvmlApi, NvmlCallError, NvmlResult, code, full_ci_enum,
+    GiProfileInfo, MigModeState, NvmlApi, NvmlCallError, NvmlResult, RawEvent, code, event,
+    full_ci_enum,
 };
 use crate::gpu::catalog::{find_model_by_pci_id, parse_model};
 use crate::gpu::layout::Placement;
 use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
 use crate::gpu::{
-    BackendError, GpuBackend, GpuInfo, MigInstance, Target, ci_cap_minor, gi_cap_minor,
+    BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, Target, ci_cap_minor, gi_cap_minor,
 };
 
 /// How the NVML backend treats the node.
@@ -61,9 +63,12 @@ impl<A: NvmlApi> NvmlBackend<A> {
         let whole = |e: NvmlCallError| other(Target::gpu(0), &e, "cannot read the GPUs");
         let count = api.device_count().map_err(whole)?;
         let driver_version = api.driver_version().map_err(whole)?;
-        let gpus = (0..count)
+        let gpus: Vec<GpuInfo> = (0..count)
             .filter_map(|dev| discover(&api, &options, dev, &driver_version))
             .collect();
+        for g in &gpus {
+            register_health_events(&api, g.index);
+        }
         Ok(Self { api, options, gpus })
     }
 
@@ -262,6 +267,26 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
             .collect())
     }
 
+    /// `nvmlEventSetWait_v2` for the first event (at most `timeout`), then whatever else is
+    /// already queued, up to [`EVENT_BATCH`].
+    fn wait_health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, BackendError> {
+        let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+        let mut events = Vec::new();
+        let mut wait = ms;
+        while events.len() < EVENT_BATCH {
+            match self.api.wait_event(wait) {
+                Ok(e) => events.extend(health_event(e)),
+                Err(e) if e.code == code::TIMEOUT => break,
+                Err(e) if events.is_empty() => {
+                    return Err(other(Target::gpu(0), &e, "waiting for GPU health events"));
+                }
+                Err(_) => break,
+            }
+            wait = 0;
+        }
+        Ok(events)
+    }
+
     fn gpu_indices(&self) -> Vec<u32> {
         self.gpus.iter().map(|g| g.index).collect()
     }
@@ -423,6 +448,39 @@ fn other(target: Target, e: &NvmlCallError, what: &str) -> BackendError {
         reason: format!("{what} ({e})"),
     }
 }
+
+/// Registers GPU `dev` for the events the health monitor watches, each type on its own so a
+/// GPU that lacks one (`NOT_SUPPORTED`, e.g. ECC off) still reports the others. A failure is
+/// logged: the GPU then reports its health through the inventory only.
+fn register_health_events<A: NvmlApi>(api: &A, dev: u32) {
+    for (mask, what) in [
+        (event::XID_CRITICAL_ERROR, "XID errors"),
+        (event::DOUBLE_BIT_ECC_ERROR, "uncorrectable ECC errors"),
+    ] {
+        if let Err(e) = api.register_events(dev, mask) {
+            tracing::warn!(gpu = dev, error = %e, "cannot watch the GPU for {what}");
+        }
+    }
+}
+
+/// The health event of a raw NVML event; `None` for events about no GPU of ours or of types
+/// the monitor does not watch.
+fn health_event(e: RawEvent) -> Option<HealthEvent> {
+    let gpu = e.dev?;
+    if e.event_type & event::XID_CRITICAL_ERROR != 0 {
+        return Some(HealthEvent::Xid {
+            gpu,
+            // `eventData` holds the XID (999 when NVML does not know it).
+            xid: u32::try_from(e.data).unwrap_or(u32::MAX),
+            gpu_instance: e.gpu_instance,
+        });
+    }
+    (e.event_type & event::DOUBLE_BIT_ECC_ERROR != 0)
+        .then_some(HealthEvent::UncorrectableEcc { gpu })
+}
+
+/// Most events taken in one call after the first (the rest wait for the next call).
+const EVENT_BATCH: usize = 64;
 
 /// One GPU of the inventory, or `None` (logged) when DAS cannot offer MIG instances on it.
 fn discover<A: NvmlApi>(

@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     CI_ENUMS, CI_PROFILE_ENUM_COUNT, CiInfo, CiProfileInfo, DeviceIdentity, GI_PROFILE_ENUM_COUNT,
-    GiInfo, GiProfileInfo, MigDeviceInfo, MigModeState, NvmlApi, NvmlCallError, NvmlResult, code,
+    GiInfo, GiProfileInfo, MigDeviceInfo, MigModeState, NvmlApi, NvmlCallError, NvmlResult,
+    RawEvent, code,
 };
 use crate::gpu::layout::{Conflict, Occupancy, Placement};
 use crate::gpu::model::GpuModel;
@@ -101,6 +102,10 @@ struct FakeState {
     faults: Vec<(&'static str, u32)>,
     calls: Vec<String>,
     serial: u32,
+    /// Event types registered per GPU.
+    registered: std::collections::BTreeMap<u32, u64>,
+    /// Events `wait_event` returns, in order.
+    events: std::collections::VecDeque<RawEvent>,
 }
 
 /// The fake NVML (see the module docs).
@@ -164,6 +169,16 @@ impl FakeNvml {
     /// Current MIG mode of GPU `dev`.
     pub fn mig_mode_of(&self, dev: u32) -> MigModeState {
         self.lock().gpus[dev as usize].mig
+    }
+
+    /// Queues `event` for `wait_event` (delivered only when its GPU registered its type).
+    pub fn push_event(&self, event: RawEvent) {
+        self.lock().events.push_back(event);
+    }
+
+    /// Event types registered for GPU `dev`.
+    pub fn registered_events(&self, dev: u32) -> u64 {
+        self.lock().registered.get(&dev).copied().unwrap_or(0)
     }
 
     fn lock(&self) -> MutexGuard<'_, FakeState> {
@@ -533,6 +548,28 @@ impl NvmlApi for FakeNvml {
                 })
                 .ok_or(code::NOT_FOUND)
         })
+    }
+
+    fn register_events(&self, dev: u32, mask: u64) -> NvmlResult<()> {
+        self.with_gpu("nvmlDeviceRegisterEvents", dev, |_, _| Ok(()))?;
+        *self.lock().registered.entry(dev).or_default() |= mask;
+        Ok(())
+    }
+
+    /// The next queued event whose type its GPU registered; `TIMEOUT` at once when none is
+    /// queued (tests do not wait).
+    fn wait_event(&self, _timeout_ms: u32) -> NvmlResult<RawEvent> {
+        let mut state = self.lock();
+        while let Some(e) = state.events.pop_front() {
+            let mask = e
+                .dev
+                .and_then(|d| state.registered.get(&d).copied())
+                .unwrap_or(0);
+            if mask & e.event_type != 0 {
+                return Ok(e);
+            }
+        }
+        Err(NvmlCallError::new("nvmlEventSetWait_v2", code::TIMEOUT))
     }
 }
 

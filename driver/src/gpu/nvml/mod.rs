@@ -54,6 +54,8 @@ pub mod code {
     pub const INSUFFICIENT_SIZE: u32 = 7;
     /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or needs a reset.
     pub const GPU_IS_LOST: u32 = 15;
+    /// `NVML_ERROR_TIMEOUT`: `nvmlEventSetWait_v2` saw no event in time.
+    pub const TIMEOUT: u32 = 10;
     /// `NVML_ERROR_RESET_REQUIRED`: MIG mode change pending until a GPU reset (Ampere).
     pub const RESET_REQUIRED: u32 = 16;
     /// `NVML_ERROR_IN_USE`: processes or compute instances still use the instance.
@@ -277,6 +279,33 @@ pub trait NvmlApi: Send + Sync {
     fn max_mig_device_count(&self, dev: u32) -> NvmlResult<u32>;
     /// The MIG device at slot `index`; `NOT_FOUND` for an empty slot.
     fn mig_device(&self, dev: u32, index: u32) -> NvmlResult<MigDeviceInfo>;
+    /// `nvmlDeviceRegisterEvents` of the event types in `mask` ([`event`]) for GPU `dev` on the
+    /// backend's one event set (created by `nvmlEventSetCreate` on first use);
+    /// `NOT_SUPPORTED` when the GPU lacks a type.
+    fn register_events(&self, dev: u32, mask: u64) -> NvmlResult<()>;
+    /// `nvmlEventSetWait_v2` for at most `timeout_ms`; `TIMEOUT` when no event came.
+    fn wait_event(&self, timeout_ms: u32) -> NvmlResult<RawEvent>;
+}
+
+/// NVML event types (`nvmlEventType*` in `nvml.h`) the health monitor registers.
+pub mod event {
+    /// `nvmlEventTypeDoubleBitEccError`: an uncorrectable ECC error.
+    pub const DOUBLE_BIT_ECC_ERROR: u64 = 0x2;
+    /// `nvmlEventTypeXidCriticalError`: an XID error; the event's data is the XID.
+    pub const XID_CRITICAL_ERROR: u64 = 0x8;
+}
+
+/// One event from `nvmlEventSetWait_v2` (`nvmlEventData_t`), its device resolved to an index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawEvent {
+    /// Index of the GPU the event is about; `None` when the handle matches no GPU of ours.
+    pub dev: Option<u32>,
+    /// `eventType`: one of [`event`].
+    pub event_type: u64,
+    /// `eventData`: the XID for [`event::XID_CRITICAL_ERROR`] (999 when unknown).
+    pub data: u64,
+    /// `gpuInstanceId`, when the driver attributes the event to one GPU instance.
+    pub gpu_instance: Option<u32>,
 }
 
 /// `NVML_GPU_INSTANCE_PROFILE_*` enum names by value (docs/reference/mig.md, "Profile IDs").

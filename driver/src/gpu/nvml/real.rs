@@ -18,13 +18,13 @@ use nvml_wrapper::device::Device;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::{
     NvmlLib, nvmlComputeInstance_t, nvmlComputeInstanceInfo_t, nvmlComputeInstanceProfileInfo_t,
-    nvmlDevice_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t, nvmlGpuInstancePlacement_t,
-    nvmlGpuInstanceProfileInfo_v2_t, nvmlReturn_t,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlGpuInstance_t, nvmlGpuInstanceInfo_t,
+    nvmlGpuInstancePlacement_t, nvmlGpuInstanceProfileInfo_v2_t, nvmlReturn_t,
 };
 
 use super::{
     CiInfo, CiProfileInfo, DeviceIdentity, GiInfo, GiProfileInfo, MigDeviceInfo, MigModeState,
-    NvmlApi, NvmlCallError, NvmlResult, code,
+    NvmlApi, NvmlCallError, NvmlResult, RawEvent, code,
 };
 use crate::gpu::layout::Placement;
 
@@ -44,10 +44,25 @@ unsafe impl Send for RawDevice {}
 // SAFETY: as above.
 unsafe impl Sync for RawDevice {}
 
+/// The health monitor's `nvmlEventSet_t`, created on the first registration. Like device
+/// handles it is an opaque token; NVML allows waiting on a set from one thread while another
+/// registers (`nvml.h`, thread safety), and the monitor waits from one thread only.
+#[derive(Clone, Copy)]
+struct RawEventSet(nvmlEventSet_t);
+
+// SAFETY: see `RawEventSet`.
+unsafe impl Send for RawEventSet {}
+// SAFETY: as above.
+unsafe impl Sync for RawEventSet {}
+
+/// `gpuInstanceId` / `computeInstanceId` of an event that names no instance (`nvml.h`).
+const NO_INSTANCE: u32 = 0xFFFF_FFFF;
+
 /// The NVML function table over the real library.
 pub struct RealNvml {
     nvml: Nvml,
     devices: Vec<NvmlResult<RawDevice>>,
+    events: std::sync::Mutex<Option<RawEventSet>>,
 }
 
 impl RealNvml {
@@ -63,7 +78,26 @@ impl RealNvml {
                     .map_err(|e| wrapper_error("nvmlDeviceGetHandleByIndex_v2", e))
             })
             .collect();
-        Ok(Self { nvml, devices })
+        Ok(Self {
+            nvml,
+            devices,
+            events: std::sync::Mutex::new(None),
+        })
+    }
+
+    /// The event set, created on first use.
+    fn event_set(&self) -> NvmlResult<nvmlEventSet_t> {
+        let mut set = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = *set {
+            return Ok(s.0);
+        }
+        let mut raw: nvmlEventSet_t = ptr::null_mut();
+        // SAFETY: valid out-pointer; the set lives until NVML shuts down with `self`.
+        check("nvmlEventSetCreate", unsafe {
+            self.lib().nvmlEventSetCreate(&mut raw)
+        })?;
+        *set = Some(RawEventSet(raw));
+        Ok(raw)
     }
 
     fn lib(&self) -> &NvmlLib {
@@ -418,6 +452,36 @@ impl NvmlApi for RealNvml {
             uuid: mig
                 .uuid()
                 .map_err(|e| wrapper_error("nvmlDeviceGetUUID", e))?,
+        })
+    }
+
+    fn register_events(&self, dev: u32, mask: u64) -> NvmlResult<()> {
+        let set = self.event_set()?;
+        let d = self.raw(dev)?;
+        // SAFETY: valid device handle and event set.
+        check("nvmlDeviceRegisterEvents", unsafe {
+            self.lib().nvmlDeviceRegisterEvents(d, mask, set)
+        })
+    }
+
+    fn wait_event(&self, timeout_ms: u32) -> NvmlResult<RawEvent> {
+        let set = self.event_set()?;
+        // SAFETY: an all-zero `nvmlEventData_t` is valid (a null handle and zeros).
+        let mut data: nvmlEventData_t = unsafe { mem::zeroed() };
+        // SAFETY: valid event set and out-pointer.
+        check("nvmlEventSetWait_v2", unsafe {
+            self.lib().nvmlEventSetWait_v2(set, &mut data, timeout_ms)
+        })?;
+        let dev = self
+            .devices
+            .iter()
+            .position(|d| matches!(d, Ok(h) if h.0 == data.device))
+            .map(|i| i as u32);
+        Ok(RawEvent {
+            dev,
+            event_type: data.eventType,
+            data: data.eventData,
+            gpu_instance: Some(data.gpuInstanceId).filter(|&id| id != NO_INSTANCE),
         })
     }
 }

@@ -7,7 +7,9 @@ use super::backend::map_error;
 use super::procfs::{ci_access_path, gi_access_path, parse_caps_major, read_caps_major};
 use super::*;
 use crate::gpu::catalog::find_model;
-use crate::gpu::{BackendError, GpuBackend, Target, ci_cap_minor, gi_cap_minor};
+use std::time::Duration;
+
+use crate::gpu::{BackendError, GpuBackend, HealthEvent, Target, ci_cap_minor, gi_cap_minor};
 
 fn model(name: &str) -> std::sync::Arc<crate::gpu::GpuModel> {
     find_model(name).unwrap().unwrap()
@@ -485,5 +487,56 @@ fn fake_follows_nvml_id_namespaces_and_argument_rules() {
     assert_eq!(
         fake.ci_profile_info(0, gi.id, 4).unwrap_err().code,
         code::NOT_SUPPORTED
+    );
+}
+
+#[test]
+fn xid_and_ecc_events_become_health_events_with_their_gpu_and_instance() {
+    let b = one_a100();
+    let mask = b.api().registered_events(0);
+    assert_eq!(
+        mask,
+        super::event::XID_CRITICAL_ERROR | super::event::DOUBLE_BIT_ECC_ERROR,
+        "both types registered at start"
+    );
+    let raw = |event_type, data, gpu_instance| super::RawEvent {
+        dev: Some(0),
+        event_type,
+        data,
+        gpu_instance,
+    };
+    b.api()
+        .push_event(raw(super::event::XID_CRITICAL_ERROR, 79, None));
+    b.api()
+        .push_event(raw(super::event::XID_CRITICAL_ERROR, 31, Some(3)));
+    b.api()
+        .push_event(raw(super::event::DOUBLE_BIT_ECC_ERROR, 0, None));
+    // A device handle that is not ours, and a type nobody registered, are dropped.
+    b.api().push_event(super::RawEvent {
+        dev: None,
+        ..raw(super::event::XID_CRITICAL_ERROR, 48, None)
+    });
+    b.api().push_event(raw(0x4, 0, None));
+    let got = b.wait_health_events(Duration::from_millis(1)).unwrap();
+    assert_eq!(
+        got,
+        [
+            HealthEvent::Xid {
+                gpu: 0,
+                xid: 79,
+                gpu_instance: None
+            },
+            HealthEvent::Xid {
+                gpu: 0,
+                xid: 31,
+                gpu_instance: Some(3)
+            },
+            HealthEvent::UncorrectableEcc { gpu: 0 },
+        ]
+    );
+    assert!(
+        b.wait_health_events(Duration::from_millis(1))
+            .unwrap()
+            .is_empty()
     );
 }

@@ -317,3 +317,35 @@ fn gpu_too_large_for_1_34() {
         desired_resource_slices("n", &[g], ResourceSliceLayout::SeparateCounterSlices).unwrap();
     assert_eq!(ok.len(), 1 + 2);
 }
+
+#[test]
+fn taints_go_on_every_device_of_their_gpu_and_nowhere_else() {
+    let gpus = [gpu(0, "A30"), gpu(1, "A30")];
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    let mut specs: Vec<ResourceSliceSpec> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let taint = DeviceTaint {
+        key: das_api::health_taints::XID.into(),
+        value: Some("79".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    set_device_taints(&mut specs, &BTreeMap::from([(1, vec![taint.clone()])]));
+    let devices: Vec<&Device> = specs
+        .iter()
+        .flat_map(|s| s.devices.iter().flatten())
+        .collect();
+    assert!(!devices.is_empty());
+    for d in &devices {
+        let want = d.name.starts_with("gpu-1-").then(|| vec![taint.clone()]);
+        assert_eq!(d.taints, want, "{}", d.name);
+    }
+    // Recovery: an empty map clears them again.
+    set_device_taints(&mut specs, &BTreeMap::new());
+    assert!(
+        specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .all(|d| d.taints.is_none())
+    );
+}

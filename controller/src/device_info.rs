@@ -1,0 +1,304 @@
+//! Which pod and container hold each prepared MIG device: the rows of the
+//! `das_mig_device_info` gauge, a pure function of a ResourceClaim and the pods it is reserved
+//! for (docs/operations.md, "Metrics").
+//!
+//! A row exists once the node plugin reported the device ready with its MIG UUID and instance
+//! ids ([`DeviceStatusData`]), and goes with the allocation. Its labels join with
+//! dcgm-exporter's (`UUID` = GPU UUID, `GPU_I_ID` = GPU-instance id), which cannot name the
+//! pod of a MIG device it did not see created.
+
+use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::ResourceExt;
+
+/// One prepared MIG device as seen by one container (or by no container: `container` empty when
+/// the pod reserves the claim but none of its containers names it).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DeviceInfo {
+    /// Namespace of the pod and the claim.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name (init containers included).
+    pub container: String,
+    /// ResourceClaim name.
+    pub claim: String,
+    /// Parent GPU UUID, `GPU-…`.
+    pub gpu_uuid: String,
+    /// MIG device UUID, `MIG-…`.
+    pub mig_uuid: String,
+    /// GPU-instance id (empty when the plugin did not report it).
+    pub gpu_instance_id: String,
+    /// Compute-instance id (empty when the plugin did not report it).
+    pub compute_instance_id: String,
+    /// GPU-instance profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// Node name (DAS pools are named after their node).
+    pub node: String,
+}
+
+impl DeviceInfo {
+    /// The labels of the gauge, in the documented order.
+    pub fn labels(&self) -> Vec<(String, String)> {
+        [
+            ("namespace", &self.namespace),
+            ("pod", &self.pod),
+            ("container", &self.container),
+            ("claim", &self.claim),
+            ("gpu_uuid", &self.gpu_uuid),
+            ("mig_uuid", &self.mig_uuid),
+            ("gpu_instance_id", &self.gpu_instance_id),
+            ("compute_instance_id", &self.compute_instance_id),
+            ("profile", &self.profile),
+            ("node", &self.node),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+    }
+}
+
+/// Rows for `claim`'s ready devices of our driver and the pods in `pods` it is reserved for.
+pub fn device_info(claim: &ResourceClaim, pods: &[Pod]) -> Vec<DeviceInfo> {
+    let name = claim.name_any();
+    let namespace = claim.namespace().unwrap_or_default();
+    let reserved: Vec<&str> = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|r| r.resource == "pods")
+        .map(|r| r.uid.as_str())
+        .collect();
+    let pods: Vec<&Pod> = pods
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(namespace.as_str()))
+        .filter(|p| p.uid().is_some_and(|u| reserved.contains(&u.as_str())))
+        .collect();
+    let mut rows = Vec::new();
+    for r in our_results(claim) {
+        let Some(status) = our_device_status(claim, &r.pool, &r.device).filter(|s| is_ready(s))
+        else {
+            continue;
+        };
+        let Some(data) = DeviceStatusData::of(status) else {
+            continue;
+        };
+        for pod in &pods {
+            let containers = containers_using(pod, &name, &r.request);
+            let containers = if containers.is_empty() {
+                vec![String::new()]
+            } else {
+                containers
+            };
+            for container in containers {
+                rows.push(DeviceInfo {
+                    namespace: namespace.clone(),
+                    pod: pod.name_any(),
+                    container,
+                    claim: name.clone(),
+                    gpu_uuid: data.gpu_uuid.clone(),
+                    mig_uuid: data.mig_uuid.clone(),
+                    gpu_instance_id: id(data.gpu_instance_id),
+                    compute_instance_id: id(data.compute_instance_id),
+                    profile: data.profile.clone(),
+                    node: r.pool.clone(),
+                });
+            }
+        }
+    }
+    rows.sort();
+    rows
+}
+
+fn id(v: Option<u32>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// Names of `pod`'s containers (init containers first) that use request `request` of the
+/// ResourceClaim named `claim`: through a pod-level claim entry that resolves to it
+/// (`resourceClaimName`, or the generated name in `status.resourceClaimStatuses`), and without
+/// a container-level `request` or with this request (or its parent, for a subrequest
+/// `<request>/<subrequest>`).
+pub fn containers_using(pod: &Pod, claim: &str, request: &str) -> Vec<String> {
+    let generated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|s| s.resource_claim_name.as_deref() == Some(claim))
+        .map(|s| s.name.as_str());
+    let named = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.resource_claim_name.as_deref() == Some(claim))
+        .map(|c| c.name.as_str());
+    let entries: Vec<&str> = generated.chain(named).collect();
+    let parent = request.split('/').next().unwrap_or(request);
+    let uses = |c: &Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.claims.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|rc| {
+                entries.contains(&rc.name.as_str())
+                    && rc
+                        .request
+                        .as_deref()
+                        .is_none_or(|want| want == request || want == parent)
+            })
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .filter(|c| uses(c))
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use das_api::DRIVER_NAME;
+    use serde_json::json;
+
+    const NOW: &str = "2026-01-01T00:00:00Z";
+
+    /// A claim with two ready devices (requests `a` and `b`) and one not ready, reserved for
+    /// pod `p`.
+    fn claim() -> ResourceClaim {
+        let result = |req: &str, dev: &str| json!({"request": req, "driver": DRIVER_NAME, "pool": "n0", "device": dev});
+        let ready = |dev: &str, mig: &str, gi: u32, status: &str| {
+            json!({"driver": DRIVER_NAME, "pool": "n0", "device": dev,
+                "conditions": [{"type": "Ready", "status": status, "reason": "SliceCreated",
+                    "message": "", "lastTransitionTime": NOW}],
+                "data": {"migUUID": mig, "gpuUUID": "GPU-a", "profile": "1g.10gb",
+                    "placement": {"start": 0, "size": 1}, "gpuInstanceId": gi,
+                    "computeInstanceId": 0}})
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "p-gpu-x", "namespace": "ns", "uid": "c1"},
+            "spec": {"devices": {"requests": []}},
+            "status": {
+                "allocation": {"devices": {"results": [
+                    result("a", "d0"), result("b/small", "d1"), result("a", "d2"),
+                    {"request": "n", "driver": "other.example.com", "pool": "n0", "device": "x"}]}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+                "devices": [ready("d0", "MIG-0", 7, "True"), ready("d1", "MIG-1", 9, "True"),
+                    ready("d2", "MIG-2", 11, "False")]}
+        }))
+        .unwrap()
+    }
+
+    /// Pod `p`: claim entry `gpu` generated as `p-gpu-x`; `main` uses all of it, `side` only
+    /// request `b`, `init` request `a`, `other` uses nothing.
+    fn pod() -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+                "initContainers": [{"name": "init", "resources": {"claims": [{"name": "gpu", "request": "a"}]}}],
+                "containers": [
+                    {"name": "main", "resources": {"claims": [{"name": "gpu"}]}},
+                    {"name": "side", "resources": {"claims": [{"name": "gpu", "request": "b"}]}},
+                    {"name": "other"}]},
+            "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}
+        }))
+        .unwrap()
+    }
+
+    fn rows(claim: &ResourceClaim, pods: &[Pod]) -> Vec<(String, String, String)> {
+        device_info(claim, pods)
+            .into_iter()
+            .map(|r| (r.container, r.mig_uuid, r.gpu_instance_id))
+            .collect()
+    }
+
+    #[test]
+    fn each_container_gets_a_row_per_ready_device_it_uses() {
+        let got = rows(&claim(), &[pod()]);
+        let want = [
+            ("init", "MIG-0", "7"),
+            ("main", "MIG-0", "7"),
+            ("main", "MIG-1", "9"),
+            ("side", "MIG-1", "9"),
+        ];
+        let want: Vec<_> = want
+            .iter()
+            .map(|(c, m, g)| (c.to_string(), m.to_string(), g.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        let all = device_info(&claim(), &[pod()]);
+        let labels = all[0].labels();
+        let names: Vec<_> = labels.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "namespace",
+                "pod",
+                "container",
+                "claim",
+                "gpu_uuid",
+                "mig_uuid",
+                "gpu_instance_id",
+                "compute_instance_id",
+                "profile",
+                "node"
+            ]
+        );
+        assert_eq!(all[0].node, "n0");
+        assert_eq!(all[0].claim, "p-gpu-x");
+        assert_eq!(all[0].compute_instance_id, "0");
+    }
+
+    #[test]
+    fn unreserved_pods_and_unprepared_claims_have_no_rows() {
+        let mut c = claim();
+        c.status.as_mut().unwrap().reserved_for = None;
+        assert!(device_info(&c, &[pod()]).is_empty());
+        let mut c = claim();
+        c.status.as_mut().unwrap().devices = None;
+        assert!(device_info(&c, &[pod()]).is_empty());
+        let mut other_ns = pod();
+        other_ns.metadata.namespace = Some("elsewhere".into());
+        assert!(device_info(&claim(), &[other_ns]).is_empty());
+    }
+
+    #[test]
+    fn a_pod_whose_containers_name_no_claim_still_shows_its_devices() {
+        let mut p = pod();
+        let spec = p.spec.as_mut().unwrap();
+        spec.init_containers = None;
+        spec.containers.retain(|c| c.name == "other");
+        let got = rows(&claim(), &[p]);
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().all(|(c, _, _)| c.is_empty()));
+    }
+
+    #[test]
+    fn a_claim_named_in_the_pod_spec_is_found_and_old_data_has_empty_ids() {
+        let mut p = pod();
+        p.status = None;
+        p.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0].resource_claim_name =
+            Some("p-gpu-x".into());
+        let mut c = claim();
+        for d in c.status.as_mut().unwrap().devices.as_mut().unwrap() {
+            let data = &mut d.data.as_mut().unwrap().0;
+            data.as_object_mut().unwrap().remove("gpuInstanceId");
+        }
+        let got = rows(&c, &[p]);
+        assert_eq!(got.len(), 4);
+        assert!(got.iter().all(|(_, _, gi)| gi.is_empty()));
+    }
+}

@@ -1,0 +1,501 @@
+//! The health monitor task: waits for the backend's health events, re-reads the inventory, feeds
+//! the [`HealthBook`], and acts on its transitions.
+//!
+//! On a transition it (1) republishes the node's ResourceSlices with every device of an
+//! unhealthy GPU tainted ([`set_device_taints`]); (2) posts an Event on the Node naming the GPU
+//! and the cause; (3) sets `das_kubelet_plugin_gpu_healthy` and counts XIDs; (4) wakes the
+//! kubelet's health stream, which reports the devices of an unhealthy GPU `Unhealthy` with the
+//! reason (pods see it in `status.containerStatuses[].allocatedResourcesStatus`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::book::{HealthBook, Transition};
+use crate::blocking::BlockingCalls;
+use crate::claims::{
+    ClaimApi, DeviceHealthReport, DeviceRef, EventKind, EventTarget, HealthSource,
+};
+use crate::gpu::{GpuBackend, GpuInfo, HealthEvent};
+use crate::metrics::Metrics;
+use crate::publish::resource_slices::set_device_taints;
+
+/// How long one wait for health events lasts before the monitor looks at the inventory and the
+/// quiet periods again.
+pub const EVENT_WAIT: Duration = Duration::from_secs(1);
+/// How often the inventory is read again (a GPU that fell off the bus leaves it).
+pub const INVENTORY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What the monitor publishes through: the node's desired ResourceSlice specs without taints,
+/// and the publisher's input.
+pub struct Publishing {
+    /// The specs as built from the inventory (no taints).
+    pub specs: Vec<ResourceSliceSpec>,
+    /// The publisher's desired specs.
+    pub desired: watch::Sender<Vec<ResourceSliceSpec>>,
+}
+
+/// The monitor of one node's GPUs. Also the kubelet's [`HealthSource`].
+pub struct HealthMonitor {
+    book: Mutex<HealthBook>,
+    backend: Arc<dyn GpuBackend>,
+    blocking: BlockingCalls,
+    node: String,
+    gpus: BTreeMap<u32, String>,
+    devices: HashMap<String, DeviceRef>,
+    publishing: Publishing,
+    api: Arc<dyn ClaimApi>,
+    metrics: Arc<Metrics>,
+    changes: watch::Sender<u64>,
+}
+
+impl HealthMonitor {
+    /// A monitor of the GPUs of `inventory` (the devices the node publishes) with `book`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        book: HealthBook,
+        backend: Arc<dyn GpuBackend>,
+        blocking: BlockingCalls,
+        node: &str,
+        inventory: &[GpuInfo],
+        publishing: Publishing,
+        api: Arc<dyn ClaimApi>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        for g in inventory {
+            metrics.set_gpu_healthy(g.index, true);
+        }
+        Self {
+            book: Mutex::new(book),
+            backend,
+            blocking,
+            node: node.to_string(),
+            gpus: inventory
+                .iter()
+                .map(|g| (g.index, g.uuid.clone()))
+                .collect(),
+            devices: crate::claims::device_index(inventory),
+            publishing,
+            api,
+            metrics,
+            changes: watch::channel(0).0,
+        }
+    }
+
+    fn book(&self) -> MutexGuard<'_, HealthBook> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs until `stop`: waits for events ([`EVENT_WAIT`] at a time), reads the inventory every
+    /// [`INVENTORY_INTERVAL`], expires quiet periods, and acts on transitions.
+    pub async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut inventory_due = tokio::time::Instant::now();
+        loop {
+            let backend = self.backend.clone();
+            let events = tokio::select! {
+                r = self.blocking.run(move || backend.wait_health_events(EVENT_WAIT)) => r,
+                _ = stop.cancelled() => return,
+            };
+            let mut transitions = match events {
+                Ok(Ok(events)) => self.observe_events(&events),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "waiting for GPU health events failed");
+                    tokio::time::sleep(EVENT_WAIT).await;
+                    Vec::new()
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the GPU health event task failed");
+                    Vec::new()
+                }
+            };
+            if tokio::time::Instant::now() >= inventory_due {
+                inventory_due = tokio::time::Instant::now() + INVENTORY_INTERVAL;
+                transitions.extend(self.check_inventory().await);
+            }
+            transitions.extend(self.book().expire(SystemTime::now()));
+            if !transitions.is_empty() {
+                self.act(&transitions).await;
+            }
+        }
+    }
+
+    /// Feeds `events` to the book; counts XIDs.
+    pub fn observe_events(&self, events: &[HealthEvent]) -> Vec<Transition> {
+        let now = SystemTime::now();
+        let mut book = self.book();
+        let mut out = Vec::new();
+        for e in events {
+            let t = book.observe_event(e, now);
+            if let HealthEvent::Xid { gpu, xid, .. } = *e {
+                let fatal = !matches!(t, Some(Transition::NonFatalXid { .. }));
+                self.metrics.xid_seen(gpu, xid, fatal);
+            }
+            tracing::info!(event = ?e, transition = ?t, "GPU health event");
+            out.extend(t);
+        }
+        out
+    }
+
+    /// Reads the inventory and feeds which GPUs answer to the book.
+    async fn check_inventory(&self) -> Vec<Transition> {
+        let backend = self.backend.clone();
+        match self.blocking.run(move || backend.inventory()).await {
+            Ok(Ok(gpus)) => {
+                let present: BTreeSet<u32> = gpus.iter().map(|g| g.index).collect();
+                self.book().observe_inventory(&present, SystemTime::now())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "reading the GPU inventory failed");
+                Vec::new()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the GPU inventory task failed");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Republishes, posts events, sets gauges and wakes the health stream.
+    pub async fn act(&self, transitions: &[Transition]) {
+        self.republish();
+        for t in transitions {
+            self.report(t).await;
+        }
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Sends the specs with the current taints to the publisher.
+    fn republish(&self) {
+        let (taints, effect) = {
+            let book = self.book();
+            (book.all_taints(), book.policy().effect)
+        };
+        let device_taints: BTreeMap<u32, Vec<DeviceTaint>> = taints
+            .into_iter()
+            .map(|(gpu, ts)| {
+                let ts = ts
+                    .into_iter()
+                    .map(|t| DeviceTaint {
+                        key: t.key.to_string(),
+                        value: Some(t.value),
+                        effect: effect.as_str().to_string(),
+                        time_added: Some(Time(
+                            k8s_openapi::jiff::Timestamp::try_from(t.since)
+                                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+                        )),
+                    })
+                    .collect();
+                (gpu, ts)
+            })
+            .collect();
+        let mut specs = self.publishing.specs.clone();
+        set_device_taints(&mut specs, &device_taints);
+        self.publishing.desired.send_replace(specs);
+    }
+
+    async fn report(&self, t: &Transition) {
+        let gpu_name = |gpu: u32| match self.gpus.get(&gpu) {
+            Some(uuid) => format!("GPU {gpu} ({uuid})"),
+            None => format!("GPU {gpu}"),
+        };
+        match t {
+            Transition::Unhealthy { gpu, cause } => {
+                self.metrics.set_gpu_healthy(*gpu, false);
+                let (taints, effect, quiet) = {
+                    let book = self.book();
+                    (
+                        book.taints(*gpu),
+                        book.policy().effect,
+                        book.policy().quiet_period,
+                    )
+                };
+                let list: Vec<String> = taints
+                    .iter()
+                    .map(|t| format!("{}={}:{}", t.key, t.value, effect.as_str()))
+                    .collect();
+                tracing::error!(gpu, %cause, taints = ?list, "GPU unhealthy");
+                self.api
+                    .warn(
+                        &EventTarget::Node,
+                        "GpuUnhealthy",
+                        format!(
+                            "{}: {cause}. Its MIG devices are tainted {} until it answers without a fatal error for {} s.",
+                            gpu_name(*gpu),
+                            list.join(", "),
+                            quiet.as_secs()
+                        ),
+                    )
+                    .await;
+            }
+            Transition::NonFatalXid { gpu, xid } => {
+                tracing::warn!(gpu, xid, "non-fatal XID (an application error)");
+                self.api
+                    .warn(
+                        &EventTarget::Node,
+                        "GpuXid",
+                        format!(
+                            "{}: XID {xid} ({}), an application error: the GPU stays in service.",
+                            gpu_name(*gpu),
+                            super::xid::describe(*xid)
+                        ),
+                    )
+                    .await;
+            }
+            Transition::Recovered { gpu } => {
+                self.metrics.set_gpu_healthy(*gpu, true);
+                tracing::info!(gpu, "GPU healthy again; taints removed");
+                self.api
+                    .event(
+                        &EventTarget::Node,
+                        EventKind::Normal,
+                        "GpuRecovered",
+                        format!(
+                            "{}: healthy again; the taints on its MIG devices are removed.",
+                            gpu_name(*gpu)
+                        ),
+                    )
+                    .await;
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl HealthSource for HealthMonitor {
+    /// Every published device: healthy, or unhealthy with its GPU's reason.
+    async fn device_health(&self) -> Vec<DeviceHealthReport> {
+        let book = self.book();
+        let mut reports: Vec<DeviceHealthReport> = self
+            .devices
+            .iter()
+            .map(|(name, at)| {
+                let reason = book.reason(at.gpu_index);
+                DeviceHealthReport {
+                    pool: self.node.clone(),
+                    device: name.clone(),
+                    healthy: reason.is_none(),
+                    message: reason
+                        .map(|r| format!("GPU {} ({}): {r}", at.gpu_index, at.gpu_uuid))
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        reports.sort_by(|a, b| a.device.cmp(&b.device));
+        reports
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.changes.subscribe())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claims::testing::{MemoryApi, NODE};
+    use crate::gpu::EmulatedBackend;
+    use crate::health::book::{HealthPolicy, TaintEffect};
+    use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
+    use das_api::health_taints;
+
+    struct Setup {
+        monitor: HealthMonitor,
+        emu: Arc<EmulatedBackend>,
+        api: Arc<MemoryApi>,
+        metrics: Arc<Metrics>,
+        desired: watch::Receiver<Vec<ResourceSliceSpec>>,
+        _dir: tempfile::TempDir,
+    }
+
+    fn setup(effect: TaintEffect) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let emu = Arc::new(EmulatedBackend::open("A30:2", NODE, dir.path()).unwrap());
+        let inventory = emu.inventory().unwrap();
+        let specs: Vec<ResourceSliceSpec> =
+            desired_resource_slices(NODE, &inventory, ResourceSliceLayout::SeparateCounterSlices)
+                .unwrap()
+                .into_iter()
+                .map(|d| d.slice.spec)
+                .collect();
+        let (tx, desired) = watch::channel(specs.clone());
+        let api = Arc::new(MemoryApi::default());
+        let metrics = Arc::new(Metrics::new());
+        let policy = HealthPolicy {
+            quiet_period: Duration::ZERO,
+            effect,
+            ..HealthPolicy::default()
+        };
+        let monitor = HealthMonitor::new(
+            HealthBook::new(policy, inventory.iter().map(|g| g.index)),
+            emu.clone(),
+            BlockingCalls::Threads,
+            NODE,
+            &inventory,
+            Publishing { specs, desired: tx },
+            api.clone(),
+            metrics.clone(),
+        );
+        Setup {
+            monitor,
+            emu,
+            api,
+            metrics,
+            desired,
+            _dir: dir,
+        }
+    }
+
+    /// Taints of the published devices, by device name (untainted ones left out).
+    fn published_taints(s: &Setup) -> BTreeMap<String, Vec<(String, String, String)>> {
+        s.desired
+            .borrow()
+            .iter()
+            .flat_map(|spec| spec.devices.iter().flatten())
+            .filter_map(|d| {
+                let t = d.taints.as_ref()?;
+                Some((
+                    d.name.clone(),
+                    t.iter()
+                        .map(|t| {
+                            (
+                                t.key.clone(),
+                                t.value.clone().unwrap_or_default(),
+                                t.effect.clone(),
+                            )
+                        })
+                        .collect(),
+                ))
+            })
+            .collect()
+    }
+
+    fn events(s: &Setup) -> Vec<String> {
+        s.api
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(r, _)| r.clone())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_fatal_xid_taints_its_gpu_reports_it_and_recovery_clears_it() {
+        let s = setup(TaintEffect::NoSchedule);
+        let mut changes = s.monitor.changes().unwrap();
+        let t = s.monitor.observe_events(&[HealthEvent::Xid {
+            gpu: 0,
+            xid: 79,
+            gpu_instance: None,
+        }]);
+        s.monitor.act(&t).await;
+        assert!(changes.has_changed().unwrap(), "the health stream is woken");
+        changes.mark_unchanged();
+        let taints = published_taints(&s);
+        assert!(!taints.is_empty());
+        for (device, t) in &taints {
+            assert!(device.starts_with("gpu-0-"), "{device}");
+            assert_eq!(
+                t,
+                &[(health_taints::XID.into(), "79".into(), "NoSchedule".into())]
+            );
+        }
+        let health = s.monitor.device_health().await;
+        for h in &health {
+            assert_eq!(h.healthy, h.device.starts_with("gpu-1-"), "{}", h.device);
+            if !h.healthy {
+                assert!(
+                    h.message.contains("XID 79 (GPU has fallen off the bus)"),
+                    "{}",
+                    h.message
+                );
+            }
+        }
+        assert_eq!(events(&s), ["GpuUnhealthy"]);
+        let note = s.api.events.lock().unwrap()[0].1.clone();
+        assert!(
+            note.contains("GPU 0 (GPU-") && note.contains("mig.das.com/xid=79:NoSchedule"),
+            "{note}"
+        );
+        let text = s.metrics.probe.encode();
+        assert!(
+            text.contains(r#"das_kubelet_plugin_gpu_healthy{gpu="0"} 0"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"das_kubelet_plugin_gpu_healthy{gpu="1"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"xid_events_total{gpu="0",xid="79",fatal="true"} 1"#),
+            "{text}"
+        );
+
+        // Quiet period 0: the next expiry recovers it.
+        let t = s.monitor.book().expire(SystemTime::now());
+        assert_eq!(t, [Transition::Recovered { gpu: 0 }]);
+        s.monitor.act(&t).await;
+        assert!(published_taints(&s).is_empty());
+        assert!(s.monitor.device_health().await.iter().all(|h| h.healthy));
+        assert_eq!(events(&s), ["GpuUnhealthy", "GpuRecovered"]);
+    }
+
+    #[tokio::test]
+    async fn a_non_fatal_xid_changes_nothing_but_a_metric_and_an_event() {
+        let s = setup(TaintEffect::NoSchedule);
+        let t = s.monitor.observe_events(&[HealthEvent::Xid {
+            gpu: 1,
+            xid: 13,
+            gpu_instance: Some(2),
+        }]);
+        assert_eq!(t, [Transition::NonFatalXid { gpu: 1, xid: 13 }]);
+        s.monitor.act(&t).await;
+        assert!(published_taints(&s).is_empty());
+        assert!(s.monitor.device_health().await.iter().all(|h| h.healthy));
+        assert_eq!(events(&s), ["GpuXid"]);
+        assert!(
+            s.metrics
+                .probe
+                .encode()
+                .contains(r#"xid_events_total{gpu="1",xid="13",fatal="false"} 1"#)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_gpu_is_tainted_no_execute_when_asked_and_clears_once_back() {
+        let s = setup(TaintEffect::NoExecute);
+        s.emu.set_gpu_lost(1, true);
+        let t = s.monitor.check_inventory().await;
+        assert_eq!(
+            t,
+            [Transition::Unhealthy {
+                gpu: 1,
+                cause: crate::health::Cause::Lost
+            }]
+        );
+        s.monitor.act(&t).await;
+        let taints = published_taints(&s);
+        assert!(taints.keys().all(|d| d.starts_with("gpu-1-")) && !taints.is_empty());
+        assert!(taints.values().all(|t| t
+            == &[(
+                health_taints::GPU_LOST.into(),
+                "true".into(),
+                "NoExecute".into()
+            )]));
+        assert!(
+            s.monitor.book().expire(SystemTime::now()).is_empty(),
+            "not while lost"
+        );
+        s.emu.set_gpu_lost(1, false);
+        assert!(s.monitor.check_inventory().await.is_empty());
+        let t = s.monitor.book().expire(SystemTime::now());
+        assert_eq!(t, [Transition::Recovered { gpu: 1 }]);
+        s.monitor.act(&t).await;
+        assert!(published_taints(&s).is_empty());
+    }
+}

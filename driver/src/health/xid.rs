@@ -1,0 +1,95 @@
+//! Which XID errors make a GPU unusable for new work.
+//!
+//! Policy, as NVIDIA's own Kubernetes device plugin applies it (NVIDIA/k8s-device-plugin,
+//! `internal/rm/health.go`): every XID is fatal except the **application errors**, which the
+//! driver raises for one faulty process while the GPU stays healthy. The names below follow
+//! NVIDIA's Xid catalogue (<https://docs.nvidia.com/deploy/xid-errors/>, "Analyzing Xid Errors
+//! with the Xid Catalog": mnemonic, description and resolution bucket per XID; the application
+//! errors are those whose immediate action is restarting the application). Operators add XIDs
+//! of their own to ignore with `--health-ignored-xids`.
+
+use std::collections::BTreeSet;
+
+/// XIDs a faulty application causes on a healthy GPU: 13 graphics engine exception, 31 GPU
+/// memory page fault, 43 GPU stopped processing (the channel was reset), 45 preemptive cleanup
+/// after earlier errors, 68 video processor (NVDEC) exception.
+pub const APPLICATION_XIDS: [u32; 5] = [13, 31, 43, 45, 68];
+
+/// Whether XID `xid` makes the GPU unusable, unless the operator listed it in `ignored`.
+pub fn is_fatal(xid: u32, ignored: &BTreeSet<u32>) -> bool {
+    !APPLICATION_XIDS.contains(&xid) && !ignored.contains(&xid)
+}
+
+/// What XID `xid` means, for events and logs (the catalogue's description of the XIDs seen most
+/// on data-center GPUs; others read "see NVIDIA's Xid catalogue").
+pub fn describe(xid: u32) -> &'static str {
+    match xid {
+        13 => "graphics engine exception",
+        31 => "GPU memory page fault",
+        43 => "GPU stopped processing",
+        45 => "preemptive cleanup, due to previous errors",
+        48 => "double-bit ECC error",
+        63 => "ECC page retirement or row remapping event",
+        64 => "ECC page retirement or row remapping failure",
+        68 => "video processor exception",
+        74 => "NVLink error",
+        79 => "GPU has fallen off the bus",
+        92 => "high single-bit ECC error rate",
+        94 => "contained ECC error",
+        95 => "uncontained ECC error",
+        119 => "GSP RPC timeout",
+        120 => "GSP error",
+        999 => "unknown XID (NVML did not report the number)",
+        _ => "see NVIDIA's Xid catalogue",
+    }
+}
+
+/// Parses `--health-ignored-xids`: comma-separated XID numbers, e.g. `109,119`.
+///
+/// # Errors
+/// An entry that is not a non-negative integer, naming it.
+pub fn parse_ignored(list: &str) -> Result<BTreeSet<u32>, String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>().map_err(|_| {
+                format!(
+                    "{s:?} is not an XID number; expected comma-separated numbers such as 109,119"
+                )
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn application_xids_are_not_fatal_and_the_rest_are() {
+        let none = BTreeSet::new();
+        for x in APPLICATION_XIDS {
+            assert!(!is_fatal(x, &none), "{x}");
+        }
+        for x in [48, 63, 64, 74, 79, 92, 94, 95, 119, 120, 999] {
+            assert!(is_fatal(x, &none), "{x}");
+        }
+        assert!(
+            !is_fatal(119, &BTreeSet::from([119])),
+            "operators may ignore more"
+        );
+        assert_eq!(describe(79), "GPU has fallen off the bus");
+    }
+
+    #[test]
+    fn the_ignored_list_parses_and_bad_entries_are_named() {
+        assert_eq!(
+            parse_ignored(" 109, 119 ,").unwrap(),
+            BTreeSet::from([109, 119])
+        );
+        assert!(parse_ignored("").unwrap().is_empty());
+        let e = parse_ignored("109,x9").unwrap_err();
+        assert!(e.contains("\"x9\""), "{e}");
+    }
+}
