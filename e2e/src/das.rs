@@ -268,6 +268,18 @@ pub fn emulated_state(node: &NodeInfo) -> Result<Value> {
     )?)
 }
 
+/// Writes the emulated-GPU control file of the plugin on `node` (atomically): faults, latency,
+/// lost GPUs and health events (docs/emulated-mode.md).
+pub fn write_control(node: &NodeInfo, control: &Value) -> Result<()> {
+    let dir = PluginDirs::of(node).state.join("emulated");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("control.json");
+    let tmp = dir.join("control.json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(control)?)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(())
+}
+
 /// (node, GPU index).
 type GpuKey = (String, i64);
 /// A slice a pod holds: (placement start, size in memory slices, pod name).

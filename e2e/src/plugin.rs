@@ -26,9 +26,20 @@ pub fn plugin_name(node: &str) -> String {
 /// Starts (or restarts) the plugin (the debug build, see [`DasBinary::debug`]) on `node` with
 /// emulated `gpus`; returns its metrics port.
 pub fn start_plugin(cluster: &mut Cluster, node: &str, gpus: &str) -> Result<u16> {
+    start_plugin_with(cluster, node, gpus, &[])
+}
+
+/// [`start_plugin`] with `extra` flags after the usual ones.
+pub fn start_plugin_with(
+    cluster: &mut Cluster,
+    node: &str,
+    gpus: &str,
+    extra: &[&str],
+) -> Result<u16> {
     let n = cluster.node(node).clone();
     let port = free_port();
-    let args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), port);
+    let mut args = das::plugin_args(&n, gpus, &cluster.kubeconfig.clone(), port);
+    args.extend(extra.iter().map(|a| a.to_string()));
     cluster.spawn_program(&plugin_name(node), &DasBinary::Plugin.debug()?, args)?;
     Ok(port)
 }
@@ -37,19 +48,28 @@ pub fn start_plugin(cluster: &mut Cluster, node: &str, gpus: &str) -> Result<u16
 /// [`PROFILES`], and every node's pool of ResourceSlices complete. Returns the cluster and the
 /// metrics port of each node's plugin.
 pub async fn cluster_with_plugins(nodes: &[(&str, &str)]) -> (Cluster, BTreeMap<String, u16>) {
-    let names: Vec<&str> = nodes.iter().map(|(n, _)| *n).collect();
+    let nodes: Vec<(&str, &str, &[&str])> = nodes.iter().map(|(n, g)| (*n, *g, &[][..])).collect();
+    cluster_with_configured_plugins(&nodes).await
+}
+
+/// [`cluster_with_plugins`] with extra plugin flags per node: `nodes` = [(name, emulated GPUs,
+/// flags)].
+pub async fn cluster_with_configured_plugins(
+    nodes: &[(&str, &str, &[&str])],
+) -> (Cluster, BTreeMap<String, u16>) {
+    let names: Vec<&str> = nodes.iter().map(|(n, _, _)| *n).collect();
     let mut cluster = Cluster::start(ClusterConfig::with_nodes(&names))
         .await
         .expect("cluster starts");
     let mut metrics_ports = BTreeMap::new();
-    for (node, gpus) in nodes {
-        let port = start_plugin(&mut cluster, node, gpus).expect("plugin starts");
+    for (node, gpus, flags) in nodes {
+        let port = start_plugin_with(&mut cluster, node, gpus, flags).expect("plugin starts");
         metrics_ports.insert(node.to_string(), port);
     }
     let client = cluster.client();
     let setup = async {
         apply_device_classes(&client, PROFILES).await?;
-        for (node, _) in nodes {
+        for (node, _, _) in nodes {
             wait_pool_complete(&client, node).await?;
         }
         Ok(())

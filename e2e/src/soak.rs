@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::cluster::{Cluster, ClusterConfig, NodeInfo};
-use crate::das::{PluginDirs, emulated_state, load_specs};
+use crate::das::{PluginDirs, emulated_state, load_specs, write_control};
 use crate::install::{self, Binaries};
 use crate::workload::NS;
 
@@ -403,17 +403,6 @@ async fn chaos(
         *run.report.lock().await.kills.entry(what).or_default() += 1;
         *last.lock().expect("last chaos") = Instant::now();
     }
-}
-
-/// Writes a node plugin's emulated-GPU control file (atomically).
-fn write_control(node: &NodeInfo, control: &Value) -> Result<()> {
-    let dir = PluginDirs::of(node).state.join("emulated");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join("control.json");
-    let tmp = dir.join("control.json.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(control)?)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok(())
 }
 
 /// One pod cycle, its kind and behaviour drawn from the cycle's own seed.

@@ -69,6 +69,30 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
         env_of(plugin, "KUBELET_PLUGINS_DIR").as_deref(),
         Some("/var/lib/kubelet/plugins")
     );
+    assert_eq!(
+        env_of(plugin, "DAS_HEALTH_EVICT_ON_FATAL").as_deref(),
+        Some("false")
+    );
+    assert_eq!(
+        env_of(plugin, "DAS_HEALTH_QUIET_PERIOD_SECONDS").as_deref(),
+        Some("300")
+    );
+    assert_eq!(env_of(plugin, "DAS_HEALTH_IGNORED_XIDS"), None);
+    let h = Rendered::new(
+        &default_values()
+            .set("health.evictOnFatal=true")
+            .set("health.quietPeriodSeconds=30")
+            .set("health.ignoredXids={109,119}"),
+    )
+    .unwrap();
+    let plugin_h = h.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    for (name, want) in [
+        ("DAS_HEALTH_EVICT_ON_FATAL", "true"),
+        ("DAS_HEALTH_QUIET_PERIOD_SECONDS", "30"),
+        ("DAS_HEALTH_IGNORED_XIDS", "109,119"),
+    ] {
+        assert_eq!(env_of(plugin_h, name).as_deref(), Some(want), "{name}");
+    }
     // One DeviceClass for every slice and one per profile, `+` spelled `-`.
     assert!(d.find("DeviceClass", "mig.das.com").is_some());
     assert!(d.find("DeviceClass", "1g.10gb-me.mig.das.com").is_some());
@@ -227,6 +251,13 @@ fn bad_values_are_rejected_with_what_is_valid() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("webhook.tls.secretName is required"), "{err}");
+    let err = chart::render_yaml(&default_values().set("health.quietPeriodSeconds=-1"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("/health/quietPeriodSeconds") && err.contains("minimum"),
+        "{err}"
+    );
     let mut old = default_values();
     old.kube_version = Some("v1.33.5".into());
     let err = chart::render_yaml(&old).unwrap_err().to_string();
