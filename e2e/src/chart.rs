@@ -36,6 +36,9 @@ pub struct RenderOptions {
     pub set: Vec<String>,
     /// `--kube-version`; default: the local cluster's version.
     pub kube_version: Option<String>,
+    /// `--api-versions` (rendering only; `helm lint` has no such flag): API versions (or
+    /// `group/version/Kind`) to render as present.
+    pub api_versions: Vec<String>,
 }
 
 impl RenderOptions {
@@ -96,6 +99,11 @@ pub fn render_yaml(opts: &RenderOptions) -> Result<String> {
         format!("--kube-version={kube_version}"),
     ];
     args.extend(opts.helm_args());
+    args.extend(
+        opts.api_versions
+            .iter()
+            .map(|a| format!("--api-versions={a}")),
+    );
     helm(&args)
 }
 

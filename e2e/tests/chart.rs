@@ -225,6 +225,30 @@ fn plugin_paths_are_mounted_at_the_same_host_paths() {
 }
 
 #[test]
+fn service_monitors_keep_workload_labels_and_name_the_node() {
+    let mut opts = default_values().set("metrics.serviceMonitor.enabled=true");
+    let none = Rendered::new(&opts).unwrap();
+    assert_eq!(
+        none.of_kind("ServiceMonitor").count(),
+        0,
+        "only where the CRD is served"
+    );
+    opts.api_versions = vec!["monitoring.coreos.com/v1/ServiceMonitor".into()];
+    let r = Rendered::new(&opts).unwrap();
+    let controller = &r.get("ServiceMonitor", "das-controller").unwrap()["spec"]["endpoints"][0];
+    assert_eq!(
+        controller["honorLabels"], true,
+        "das_mig_device_info keeps its pod/namespace/container labels"
+    );
+    let plugin = &r.get("ServiceMonitor", "das-kubelet-plugin").unwrap()["spec"]["endpoints"][0];
+    assert_eq!(
+        plugin["relabelings"][0]["sourceLabels"][0],
+        "__meta_kubernetes_pod_node_name"
+    );
+    assert_eq!(plugin["relabelings"][0]["targetLabel"], "node");
+}
+
+#[test]
 fn bad_values_are_rejected_with_what_is_valid() {
     let err = chart::render_yaml(&default_values().set("kubeletPlugin.driverLibraries=nvml"))
         .unwrap_err()

@@ -6,9 +6,11 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use das_api::allocation::{AllocationClaim, AllocationState};
-use das_api::claim_status::our_results;
+use anyhow::{Context, Result, bail, ensure};
+use das_api::allocation::{
+    AllocationClaim, AllocationState, CONDITION_DEVICE_HEALTHY, StateCondition,
+};
+use das_api::claim_status::{DeviceStatusData, our_results};
 use das_e2e::das::{self, apply_device_classes, wait_nodes_published};
 use das_e2e::install::DasBinary;
 use das_e2e::wait::{self, TIMEOUT};
@@ -206,6 +208,125 @@ async fn mirrors_allocations_through_their_life() {
         };
     let r: Result<()> = r.await;
     cluster.check(r);
+}
+
+/// A pod with two containers and two claims: `main` uses both, `side` only `b`. The info gauge
+/// has a row per (container, device) while the pod runs and none after; the AllocationClaims
+/// say when the device's GPU turns unhealthy (a fatal XID injected into the emulated GPU).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_info_names_pod_container_and_claim_and_health_reaches_allocation_claims() {
+    let mut cluster = cluster().await;
+    let port = start_controller(&mut cluster, "das-controller").expect("controller starts");
+    let r = device_info_and_health(&cluster, port).await;
+    cluster.check(r);
+}
+
+async fn device_info_and_health(cluster: &Cluster, port: u16) -> Result<()> {
+    let c = cluster.client();
+    create_template(&c, "one", "1g.10gb", 1).await?;
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "duo"},
+        "spec": {
+            "resourceClaims": [{"name": "a", "resourceClaimTemplateName": "one"},
+                {"name": "b", "resourceClaimTemplateName": "one"}],
+            "containers": [
+                {"name": "main", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "a"}, {"name": "b"}]}},
+                {"name": "side", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "b"}]}}],
+            "terminationGracePeriodSeconds": 0}
+    }))?;
+    Api::<Pod>::namespaced(c.clone(), NS)
+        .create(&Default::default(), &pod)
+        .await?;
+    let allocs = wait_in_use(&c, "duo", 2).await?;
+    for a in &allocs {
+        let h = health_condition(a).context("DeviceHealthy condition")?;
+        ensure!(h.status == "True" && h.reason == "Healthy", "{h:?}");
+    }
+
+    // The rows the gauge must have: one per (container, device of a claim it uses).
+    let p = Api::<Pod>::namespaced(c.clone(), NS).get("duo").await?;
+    let claim_name = |entry: &str| {
+        p.status
+            .iter()
+            .flat_map(|s| s.resource_claim_statuses.iter().flatten())
+            .find(|s| s.name == entry)
+            .and_then(|s| s.resource_claim_name.clone())
+    };
+    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
+    let mut want = Vec::new();
+    for (entry, containers) in [("a", &["main"][..]), ("b", &["main", "side"][..])] {
+        let name = claim_name(entry).context("generated claim")?;
+        let claim = claims.get(&name).await?;
+        let data = claim
+            .status
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .find_map(DeviceStatusData::of)
+            .context("device status data")?;
+        let gi = data.gpu_instance_id.context("gpuInstanceId")?;
+        let ci = data.compute_instance_id.context("computeInstanceId")?;
+        for container in containers {
+            want.push(format!(
+                "das_mig_device_info{{namespace=\"{NS}\",pod=\"duo\",container=\"{container}\",\
+                 claim=\"{name}\",gpu_uuid=\"{}\",mig_uuid=\"{}\",gpu_instance_id=\"{gi}\",\
+                 compute_instance_id=\"{ci}\",profile=\"1g.10gb\",node=\"{NODE}\"}} 1",
+                data.gpu_uuid, data.mig_uuid
+            ));
+        }
+    }
+    let rows = |text: &str| -> Vec<String> {
+        let mut r: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("das_mig_device_info{"))
+            .map(str::to_string)
+            .collect();
+        r.sort();
+        r
+    };
+    want.sort();
+    wait::until("the info gauge rows of duo", TIMEOUT, || async {
+        let (_, text) = http_get(port, "/metrics").await?;
+        Ok((rows(&text) == want).then_some(()))
+    })
+    .await
+    .with_context(|| format!("want {want:#?}"))?;
+
+    // A fatal XID on the GPU: both AllocationClaims say the device is unhealthy.
+    das::write_control(
+        cluster.node(NODE),
+        &serde_json::json!({"xidEvents": [{"gpu": 0, "xid": 79}]}),
+    )?;
+    wait::until(
+        "DeviceHealthy=False on duo's AllocationClaims",
+        TIMEOUT,
+        || async {
+            let a = allocs_of(&c, "duo").await?;
+            let sick = a.len() == 2
+                && a.iter().all(|a| {
+                    health_condition(a).is_some_and(|h| h.status == "False" && h.reason == "XID")
+                });
+            Ok(sick.then_some(()))
+        },
+    )
+    .await?;
+
+    delete_pod(&c, "duo").await?;
+    wait::until("no info gauge rows", TIMEOUT, || async {
+        let (_, text) = http_get(port, "/metrics").await?;
+        Ok(rows(&text).is_empty().then_some(()))
+    })
+    .await?;
+    Ok(())
+}
+
+fn health_condition(a: &AllocationClaim) -> Option<&StateCondition> {
+    a.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_DEVICE_HEALTHY)
 }
 
 /// Sum of the `das_controller_writes_total` samples in a metrics text.
