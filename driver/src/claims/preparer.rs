@@ -738,7 +738,7 @@ impl Preparer {
     }
 
     fn update_prepared_gauge(&self) {
-        let per_gpu = self.checkpoint.read(|cp| {
+        let mut per_gpu = self.checkpoint.read(|cp| {
             plan::per_gpu(
                 cp.claims
                     .values()
@@ -746,6 +746,10 @@ impl Preparer {
                     .flat_map(|r| &r.devices),
             )
         });
+        // Every GPU gets a sample, 0 when idle, so dashboards see idle GPUs too.
+        for gpu in self.gpu_locks.keys() {
+            per_gpu.entry(*gpu).or_default();
+        }
         self.metrics.set_prepared(
             per_gpu
                 .into_iter()
