@@ -26,26 +26,41 @@ pub const CDI_KIND: &str = "das.com/mig";
 /// e.g. `nvidia.com/mig-1g.10gb`.
 pub const LEGACY_RESOURCE_PREFIX: &str = "nvidia.com/mig-";
 
-/// Name of the per-profile DeviceClass, `<profile>.mig.das.com`, where `+` in a profile name
-/// (`1g.10gb+me`) becomes `-` (`1g.10gb-me.mig.das.com`) so the name is a valid DNS subdomain.
-pub fn profile_device_class(profile: &str) -> String {
-    format!("{}.{DRIVER_NAME}", profile.replace('+', "-"))
+/// A GPU-instance profile as NVIDIA's device plugin names it in its extended resources
+/// (`nvidia.com/mig-<this>`): `+` becomes `.` (`1g.10gb+me` → `1g.10gb.me`; k8s-device-plugin
+/// `internal/rm/rm.go`: `strings.ReplaceAll("mig-"+p.String(), "+", ".")`). Blackwell's real
+/// `-me` profiles (`1g.24gb-me`) keep their `-`, so `+me` and `-me` never meet.
+pub fn legacy_profile_name(profile: &str) -> String {
+    profile.replace('+', ".")
 }
 
-/// A GPU-instance profile name as a DNS label fragment: lower case, every character other than
-/// `[a-z0-9]` becomes `-` (`1g.10gb+me` → `1g-10gb-me`), as used in device names.
+/// Name of the per-profile DeviceClass: `<profile as NVIDIA names it>.mig.das.com`
+/// ([`legacy_profile_name`]): `1g.10gb.mig.das.com`, `1g.10gb.me.mig.das.com` for `1g.10gb+me`,
+/// `1g.24gb-me.mig.das.com` for `1g.24gb-me`. A valid DNS subdomain for every known profile,
+/// and distinct per profile (a test checks every GPU model's profiles).
+pub fn profile_device_class(profile: &str) -> String {
+    legacy_class(&legacy_profile_name(profile))
+}
+
+/// The DeviceClass that serves `nvidia.com/mig-<legacy>`: `<legacy>.mig.das.com`.
+pub fn legacy_class(legacy: &str) -> String {
+    format!("{legacy}.{DRIVER_NAME}")
+}
+
+/// A GPU-instance profile name as a DNS label fragment, as used in device names: lower case,
+/// `-` doubled, every other character outside `[a-z0-9]` becomes `-`: `1g.10gb+me` →
+/// `1g-10gb-me`, `1g.24gb-me` → `1g-24gb--me` (so `+me` and `-me` profiles get distinct names).
 pub fn profile_dns_label(profile: &str) -> String {
-    profile
-        .chars()
-        .map(|c| {
-            let c = c.to_ascii_lowercase();
-            if c.is_ascii_lowercase() || c.is_ascii_digit() {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
+    let mut out = String::with_capacity(profile.len() + 2);
+    for c in profile.chars() {
+        let c = c.to_ascii_lowercase();
+        match c {
+            'a'..='z' | '0'..='9' => out.push(c),
+            '-' => out.push_str("--"),
+            _ => out.push('-'),
+        }
+    }
+    out
 }
 
 /// Name of the published device for `profile` at memory slice `start` of GPU `gpu_index`:
@@ -150,7 +165,11 @@ mod tests {
     #[test]
     fn profile_classes_follow_design_names() {
         assert_eq!(profile_device_class("1g.10gb"), "1g.10gb.mig.das.com");
-        assert_eq!(profile_device_class("1g.10gb+me"), "1g.10gb-me.mig.das.com");
+        assert_eq!(profile_device_class("1g.10gb+me"), "1g.10gb.me.mig.das.com");
+        assert_eq!(profile_device_class("1g.24gb-me"), "1g.24gb-me.mig.das.com");
+        assert_eq!(legacy_profile_name("1g.24gb+me.all"), "1g.24gb.me.all");
+        assert_eq!(profile_dns_label("1g.24gb-me"), "1g-24gb--me");
+        assert_eq!(profile_dns_label("1g.24gb+me"), "1g-24gb-me");
     }
 
     #[test]

@@ -135,11 +135,8 @@ pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<
     let rendered = crate::install::render()?;
     let api: Api<DeviceClass> = Api::all(client.clone());
     let pp = PatchParams::apply("das-e2e").force();
-    let names = std::iter::once(DRIVER.to_string()).chain(
-        profiles
-            .iter()
-            .map(|p| format!("{}.{DRIVER}", p.replace('+', "-"))),
-    );
+    let names = std::iter::once(DRIVER.to_string())
+        .chain(profiles.iter().map(|p| das_api::profile_device_class(p)));
     for name in names {
         let body = rendered.get("DeviceClass", &name)?;
         api.patch(&name, &pp, &Patch::Apply(body))

@@ -93,10 +93,29 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     ] {
         assert_eq!(env_of(plugin_h, name).as_deref(), Some(want), "{name}");
     }
-    // One DeviceClass for every slice and one per profile, `+` spelled `-`.
+    // One DeviceClass for every slice and one per profile, named as NVIDIA names the resource
+    // (`+` spelled `.`); a real `-me` profile has its own; the pre-0.3 `-` spelling of the other
+    // `+me` profiles stays as a labelled alias.
     assert!(d.find("DeviceClass", "mig.das.com").is_some());
-    assert!(d.find("DeviceClass", "1g.10gb-me.mig.das.com").is_some());
-    assert_eq!(d.of_kind("DeviceClass").count(), 46);
+    assert!(d.find("DeviceClass", "1g.10gb.me.mig.das.com").is_some());
+    let real = d.get("DeviceClass", "1g.24gb-me.mig.das.com").unwrap();
+    assert!(real["metadata"]["labels"]["mig.das.com/deprecated-alias-of"].is_null());
+    assert!(
+        real["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap()
+            .ends_with("profile == '1g.24gb-me'")
+    );
+    let alias = d.get("DeviceClass", "1g.10gb-me.mig.das.com").unwrap();
+    assert_eq!(
+        alias["metadata"]["labels"]["mig.das.com/deprecated-alias-of"],
+        "1g.10gb.me.mig.das.com"
+    );
+    // 1 + 47 profiles + 7 aliases (every `+me` profile but 1g.24gb+me, whose `-me` is real).
+    assert_eq!(d.of_kind("DeviceClass").count(), 55);
+    let no_alias =
+        Rendered::new(&default_values().set("deviceClasses.deprecatedAliases=false")).unwrap();
+    assert_eq!(no_alias.of_kind("DeviceClass").count(), 48);
     let controller = d.get("Deployment", "das-controller").unwrap();
     assert_eq!(controller["spec"]["replicas"], 2);
     assert!(
@@ -171,9 +190,9 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     };
     assert_eq!(
         ext("v1.36.0")
-            .get("DeviceClass", "1g.10gb-me.mig.das.com")
+            .get("DeviceClass", "1g.10gb.me.mig.das.com")
             .unwrap()["spec"]["extendedResourceName"],
-        "nvidia.com/mig-1g.10gb-me"
+        "nvidia.com/mig-1g.10gb.me"
     );
     assert!(
         ext("v1.35.2")

@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use das_api::allocation::AllocationClaim;
+use das_api::claim_status::our_results;
 use das_e2e::das::{self, apply_device_classes, container_view, wait_nodes_published};
 use das_e2e::install::DasBinary;
 use das_e2e::pki::loopback_serving;
 use das_e2e::wait::{self, TIMEOUT};
-use das_e2e::workload::{NS, delete_pod, delete_pods, free_port, wait_running};
+use das_e2e::workload::{NS, claim_of, delete_pod, delete_pods, free_port, wait_running};
 use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -31,7 +32,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const NODE: &str = "n0";
 const WEBHOOK: &str = "legacy-pods.mig.das.com";
 /// Profiles with a DeviceClass on the test cluster.
-const PROFILES: &[&str] = &["1g.10gb", "2g.20gb", "3g.40gb"];
+const PROFILES: &[&str] = &["1g.10gb", "1g.10gb+me", "2g.20gb", "3g.40gb"];
 
 /// The running webhook: its port and the CA that signed its certificate.
 struct Webhook {
@@ -57,6 +58,7 @@ async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
     let c = cluster.client();
     pod_without_mig_never_reaches_the_webhook(&c, hook).await?;
     one_slice(cluster).await?;
+    me_profile_by_nvidias_name(cluster).await?;
     three_slices_in_one_container(cluster).await?;
     two_containers_and_an_init_container(cluster).await?;
     two_profiles_in_one_container(cluster).await?;
@@ -310,6 +312,52 @@ async fn one_slice(cluster: &Cluster) -> Result<()> {
             == Some("das-webhook")
     );
     delete_pod(&c, "one").await
+}
+
+/// `nvidia.com/mig-1g.10gb.me`, as NVIDIA's device plugin names the `+me` profile, runs on the
+/// H100; the pre-0.3 spelling `nvidia.com/mig-1g.10gb-me` too, with a warning kubectl prints.
+async fn me_profile_by_nvidias_name(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(
+        &c,
+        pod_json("me", &[("app", "nvidia.com/mig-1g.10gb.me", "1")], None),
+    )
+    .await?;
+    let pod = wait_running(&c, "me").await?;
+    ensure!(visible(cluster, &pod, "app")?.len() == 1);
+    let claim = claim_of(&c, "me").await?;
+    let device = &our_results(&claim).next().context("allocated")?.device;
+    ensure!(device.contains("-mig-1g-10gb-me-"), "{device}");
+    delete_pod(&c, "me").await?;
+
+    let old = pod_json("me-old", &[("app", "nvidia.com/mig-1g.10gb-me", "1")], None);
+    let out =
+        std::process::Command::new(das_e2e::cluster::workspace_root().join(".local/bin/kubectl"))
+            .arg(format!("--kubeconfig={}", cluster.kubeconfig.display()))
+            .args(["create", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .expect("piped")
+                    .write_all(old.to_string().as_bytes())?;
+                child.wait_with_output()
+            })?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "kubectl create: {stderr}");
+    ensure!(
+        stderr.contains(
+            "Warning: nvidia.com/mig-1g.10gb-me is deprecated: use nvidia.com/mig-1g.10gb.me"
+        ),
+        "kubectl shows the deprecation: {stderr}"
+    );
+    wait_running(&c, "me-old").await?;
+    delete_pod(&c, "me-old").await
 }
 
 async fn three_slices_in_one_container(cluster: &Cluster) -> Result<()> {
@@ -594,7 +642,7 @@ async fn bad_pods_are_denied(c: &Client) -> Result<()> {
         unknown,
         &[
             "unknown MIG profile \"9g.99gb\"",
-            "1g.10gb, 2g.20gb, 3g.40gb",
+            "1g.10gb, 1g.10gb.me, 2g.20gb, 3g.40gb",
         ],
     )
     .await?;

@@ -12,7 +12,7 @@ use kube::Client;
 use kube::api::{Api, ListParams};
 use tokio::sync::Mutex;
 
-use crate::translate::{Offered, offered_profile};
+use crate::translate::{Offered, offered_profile, resolve_profile};
 
 /// Cached [`Offered`]; refreshed when older than the TTL, and at most once per `min_refresh`
 /// when a pod asks for a profile the cache does not know (a class just created).
@@ -42,7 +42,7 @@ impl Profiles {
             let fresh = at.elapsed() < self.ttl;
             let covers = wanted
                 .iter()
-                .all(|w| offered.profiles.contains(&w.replace('+', "-")));
+                .all(|w| resolve_profile(w, &offered.profiles).is_some());
             if fresh && (covers || at.elapsed() < self.min_refresh) {
                 return Ok(offered.clone());
             }
@@ -62,6 +62,8 @@ impl Profiles {
         let mut profiles: Vec<String> = classes
             .items
             .iter()
+            // A deprecated alias class is reached through its canonical name (with a warning).
+            .filter(|c| !is_deprecated_alias(c))
             .filter_map(|c| offered_profile(c.metadata.name.as_deref()?))
             .collect();
         profiles.sort();
@@ -74,10 +76,23 @@ impl Profiles {
     }
 }
 
+/// Label the chart puts on the DeviceClasses of the pre-0.3 spelling (`1g.10gb-me.mig.das.com`):
+/// the canonical class they stand for.
+pub const DEPRECATED_ALIAS_LABEL: &str = "mig.das.com/deprecated-alias-of";
+
+/// Whether `class` is a deprecated alias of another DAS class.
+pub fn is_deprecated_alias(class: &DeviceClass) -> bool {
+    class
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(DEPRECATED_ALIAS_LABEL))
+}
+
 /// The most slices of each profile one node can hold at once, from the devices DAS publishes
 /// (attributes `profile`, `gpuIndex`, `placementStart`, `placementSize`): per GPU, the most
 /// placements of the profile that do not overlap (earliest-ending first), summed over the node's
-/// GPUs; the largest node counts. Keys are profiles as in class names (`+` → `-`). An upper
+/// GPUs; the largest node counts. Keys are profiles as in class names (NVIDIA's names, `+` → `.`). An upper
 /// bound: a profile's own instance limit (a single `+me`) is not in the placements.
 pub fn max_per_node(slices: &[ResourceSlice]) -> BTreeMap<String, u32> {
     // (node, profile, gpu) → placements (start, end).
@@ -98,7 +113,7 @@ pub fn max_per_node(slices: &[ResourceSlice]) -> BTreeMap<String, u32> {
                 continue;
             };
             placements
-                .entry((node.clone(), profile.replace('+', "-"), gpu))
+                .entry((node.clone(), das_api::legacy_profile_name(&profile), gpu))
                 .or_default()
                 .push((start, start + size));
         }
@@ -164,7 +179,7 @@ mod tests {
         let m = max_per_node(&[slice("n0", d), slice("n1", n1)]);
         assert_eq!(m["1g.10gb"], 14);
         assert_eq!(m["2g.20gb"], 6);
-        assert_eq!(m["1g.10gb-me"], 2);
+        assert_eq!(m["1g.10gb.me"], 2, "keyed by NVIDIA's name");
         assert_eq!(m["4g.40gb"], 1);
     }
 }

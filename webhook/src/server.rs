@@ -196,8 +196,12 @@ async fn review_pod(app: &App, req: &AdmissionRequest<Pod>) -> (&'static str, Ad
         return ("error", resp.deny(format!("das-webhook: {e:#}")));
     }
     tracing::info!(pod = %pod_ref(req, pod), dry_run = req.dry_run, translated = ?t.translated, "translated");
+    let warnings = (!t.warnings.is_empty()).then(|| t.warnings.clone());
     match resp.with_patch(t.patch) {
-        Ok(r) => ("patched", r),
+        Ok(mut r) => {
+            r.warnings = warnings;
+            ("patched", r)
+        }
         Err(e) => (
             "error",
             AdmissionResponse::from(req).deny(format!("das-webhook: {e}")),

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use das_api::{DRIVER_NAME, LEGACY_RESOURCE_PREFIX, profile_device_class};
+use das_api::{DRIVER_NAME, LEGACY_RESOURCE_PREFIX, legacy_class, profile_dns_label};
 use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, ResourceClaim};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -49,6 +49,8 @@ pub struct Translation {
     pub templates: Vec<ResourceClaimTemplate>,
     /// What was translated (also in the annotation).
     pub translated: Vec<Translated>,
+    /// Warnings for the admission response (deprecated resource spellings).
+    pub warnings: Vec<String>,
 }
 
 impl Translation {
@@ -69,7 +71,10 @@ pub struct Denial {
 #[derive(Debug, Clone)]
 struct LegacyRequest {
     container: String,
+    /// The profile as NVIDIA names it (`1g.10gb.me`): the DeviceClass `<this>.mig.das.com`.
     profile: String,
+    /// The resource suffix as the pod spelled it (a deprecated alias differs from `profile`).
+    spelled: String,
     count: u32,
 }
 
@@ -103,6 +108,7 @@ pub fn translate(pod: &Pod, offered: &Offered) -> Result<Translation, Denial> {
     if requests.is_empty() {
         return Ok(Translation::default());
     }
+    let warnings = deprecation_warnings(&requests);
     let mut out = pod.clone();
     let mut used: BTreeSet<String> = existing_claims(pod).map(|c| c.name.clone()).collect();
     let mut translated = Vec::new();
@@ -113,7 +119,7 @@ pub fn translate(pod: &Pod, offered: &Offered) -> Result<Translation, Denial> {
         add_claim(&mut out, r, &claim, &template);
         translated.push(Translated {
             container: r.container.clone(),
-            resource: format!("{LEGACY_RESOURCE_PREFIX}{}", r.profile),
+            resource: format!("{LEGACY_RESOURCE_PREFIX}{}", r.spelled),
             count: r.count,
             claim,
             template,
@@ -127,7 +133,42 @@ pub fn translate(pod: &Pod, offered: &Offered) -> Result<Translation, Denial> {
         patch: json_patch::diff(&before, &after),
         templates: templates_for(&requests),
         translated,
+        warnings,
     })
+}
+
+/// One warning per deprecated spelling used (`nvidia.com/mig-1g.10gb-me` for
+/// `nvidia.com/mig-1g.10gb.me`).
+fn deprecation_warnings(requests: &[LegacyRequest]) -> Vec<String> {
+    let used: BTreeSet<(&str, &str)> = requests
+        .iter()
+        .filter(|r| r.spelled != r.profile)
+        .map(|r| (r.spelled.as_str(), r.profile.as_str()))
+        .collect();
+    used.into_iter()
+        .map(|(old, new)| {
+            format!(
+                "{LEGACY_RESOURCE_PREFIX}{old} is deprecated: use {LEGACY_RESOURCE_PREFIX}{new}, the name NVIDIA's device plugin uses"
+            )
+        })
+        .collect()
+}
+
+/// The offered profile (NVIDIA's name, the class-name prefix) a legacy resource suffix means:
+/// itself when offered; else a deprecated spelling of a `+` profile, when its NVIDIA name is
+/// offered: DAS's old `-` (`1g.10gb-me` → `1g.10gb.me`) or the raw `+` (`1g.10gb+me`). `None`
+/// when none is.
+pub fn resolve_profile(spelled: &str, offered: &[String]) -> Option<String> {
+    let is_offered = |p: &str| offered.iter().any(|o| o == p);
+    if is_offered(spelled) {
+        return Some(spelled.to_string());
+    }
+    [
+        das_api::legacy_profile_name(spelled),
+        spelled.replace('-', "."),
+    ]
+    .into_iter()
+    .find(|alias| is_offered(alias))
 }
 
 /// The profile a DeviceClass named `name` offers (`1g.10gb.mig.das.com` → `1g.10gb`); `None` for
@@ -139,7 +180,7 @@ pub fn offered_profile(class_name: &str) -> Option<String> {
 
 /// Name of the template that asks for `count` slices of `profile`: `das-mig-1g-10gb-x2`.
 pub fn template_name(profile: &str, count: u32) -> String {
-    format!("{TEMPLATE_PREFIX}{}-x{count}", dns_label(profile))
+    format!("{TEMPLATE_PREFIX}{}-x{count}", profile_dns_label(profile))
 }
 
 /// The ResourceClaimTemplate named [`template_name`]: `count` devices of `<profile>.mig.das.com`.
@@ -153,7 +194,7 @@ pub fn template(profile: &str, count: u32) -> ResourceClaimTemplate {
                 format!("{LEGACY_RESOURCE_PREFIX}{profile}")},
         },
         "spec": {"spec": {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": {
-            "deviceClassName": profile_device_class(profile),
+            "deviceClassName": legacy_class(profile),
             "allocationMode": "ExactCount", "count": count}}]}}}
     }))
     .expect("a ResourceClaimTemplate deserializes")
@@ -203,11 +244,12 @@ fn collect_requests(pod: &Pod, offered: &Offered) -> Result<Vec<LegacyRequest>, 
     let mut problems = Vec::new();
     let mut out = Vec::new();
     for c in containers(pod) {
-        for profile in legacy_profiles(c) {
-            match check_request(pod, c, &profile, offered) {
-                Ok(count) => out.push(LegacyRequest {
+        for spelled in legacy_profiles(c) {
+            match check_request(pod, c, &spelled, offered) {
+                Ok((profile, count)) => out.push(LegacyRequest {
                     container: c.name.clone(),
                     profile,
+                    spelled,
                     count,
                 }),
                 Err(p) => problems.push(p),
@@ -250,22 +292,23 @@ fn legacy_profiles(c: &Container) -> BTreeSet<String> {
         .collect()
 }
 
-/// Validates one request of container `c`; returns its count or the problem.
+/// Validates one request of container `c` for resource suffix `spelled`; returns the offered
+/// profile it means and its count, or the problem.
 fn check_request(
     pod: &Pod,
     c: &Container,
-    profile: &str,
+    spelled: &str,
     offered: &Offered,
-) -> Result<u32, String> {
-    let key = format!("{LEGACY_RESOURCE_PREFIX}{profile}");
+) -> Result<(String, u32), String> {
+    let key = format!("{LEGACY_RESOURCE_PREFIX}{spelled}");
     let who = format!("container {:?}: {key}", c.name);
-    let class_profile = profile.replace('+', "-");
-    if !offered.profiles.contains(&class_profile) {
+    let Some(profile) = resolve_profile(spelled, &offered.profiles) else {
         return Err(format!(
-            "{who}: unknown MIG profile {profile:?}; this cluster offers {}",
+            "{who}: unknown MIG profile {spelled:?}; this cluster offers {}",
             offered_list(&offered.profiles)
         ));
-    }
+    };
+    let profile = profile.as_str();
     let r = c.resources.as_ref();
     let limit = r.and_then(|r| r.limits.as_ref()?.get(&key));
     let request = r.and_then(|r| r.requests.as_ref()?.get(&key));
@@ -288,7 +331,7 @@ fn check_request(
     })?;
     let max = offered
         .max_per_node
-        .get(&class_profile)
+        .get(profile)
         .copied()
         .unwrap_or(MAX_DEVICES_PER_CLAIM)
         .min(MAX_DEVICES_PER_CLAIM);
@@ -303,7 +346,7 @@ fn check_request(
              ask for the slices either through {key} or through the claim, not both"
         ));
     }
-    Ok(count)
+    Ok((profile.to_string(), count))
 }
 
 /// `"1"`, `"3"`: plain decimal integers ≥ 1. Suffixes, fractions, exponents and zero are refused;
@@ -333,7 +376,7 @@ fn offered_list(offered: &[String]) -> String {
 
 /// The name of a pod claim used by `c` that comes from a DAS template for `profile`, if any.
 fn das_claim_for(pod: &Pod, c: &Container, profile: &str) -> Option<String> {
-    let prefix = format!("{TEMPLATE_PREFIX}{}-x", dns_label(profile));
+    let prefix = format!("{TEMPLATE_PREFIX}{}-x", profile_dns_label(profile));
     let used: BTreeSet<&str> = c
         .resources
         .as_ref()
@@ -360,7 +403,8 @@ fn existing_claims(pod: &Pod) -> impl Iterator<Item = &PodResourceClaim> {
         .flatten()
 }
 
-/// `profile` as a DNS label fragment: lower case, every character outside `[a-z0-9]` → `-`.
+/// A container name as a DNS label fragment: lower case, every character outside `[a-z0-9]` →
+/// `-` (profiles use [`profile_dns_label`], which keeps `+me` and `-me` apart).
 fn dns_label(s: &str) -> String {
     s.chars()
         .map(|c| match c.to_ascii_lowercase() {
@@ -373,7 +417,11 @@ fn dns_label(s: &str) -> String {
 /// Pod claim name for `container` and `profile`: `mig-<container>-<profile>`, kept a valid DNS
 /// label (≤ 63, alphanumeric ends) by truncating and appending a hash of the full name.
 fn claim_name(container: &str, profile: &str) -> String {
-    let full = format!("mig-{}-{}", dns_label(container), dns_label(profile));
+    let full = format!(
+        "mig-{}-{}",
+        dns_label(container),
+        profile_dns_label(profile)
+    );
     fit_label(&full, &full)
 }
 

@@ -285,6 +285,7 @@ pub fn model_names() -> Result<String, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::{BTreeMap, BTreeSet};
 
     fn model(name: &str) -> Arc<GpuModel> {
         find_model(name)
@@ -295,6 +296,47 @@ mod tests {
     fn placements(m: &GpuModel, profile: &str) -> (Vec<u32>, u32) {
         let (_, p) = m.profile(profile).unwrap();
         (p.placement_starts.clone(), p.placement_size)
+    }
+
+    /// Every name derived from a profile (DeviceClass, legacy resource, device-name label, the
+    /// webhook's template label) is distinct for distinct profiles of all models together, and
+    /// every DeviceClass name is a DNS subdomain.
+    #[test]
+    fn names_derived_from_profiles_never_collide() {
+        let profiles: BTreeSet<String> = builtin_models()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m.profiles.iter().map(|p| p.name.clone()))
+            .collect();
+        assert!(profiles.contains("1g.24gb-me") && profiles.contains("1g.24gb+me"));
+        let derived: [(&str, fn(&str) -> String); 4] = [
+            ("DeviceClass", das_api::profile_device_class),
+            ("legacy resource", das_api::legacy_profile_name),
+            ("device-name label", das_api::profile_dns_label),
+            ("template label", |p| {
+                das_api::profile_dns_label(&das_api::legacy_profile_name(p))
+            }),
+        ];
+        for (what, f) in derived {
+            let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+            for p in &profiles {
+                if let Some(other) = seen.insert(f(p), p) {
+                    panic!("{what} of {p} and {other} is the same: {}", f(p));
+                }
+            }
+        }
+        let dns_label = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        for p in &profiles {
+            let class = das_api::profile_device_class(p);
+            assert!(class.split('.').all(dns_label), "{class}");
+        }
     }
 
     #[test]

@@ -9,7 +9,9 @@ fn offered() -> Offered {
 }
 
 fn profiles() -> Vec<String> {
-    ["1g.10gb", "1g.10gb-me", "2g.20gb", "3g.40gb"]
+    // As the chart names the classes: NVIDIA's names (`1g.10gb+me` → `1g.10gb.me`), and a real
+    // Blackwell `-me` profile.
+    ["1g.10gb", "1g.10gb.me", "1g.24gb-me", "2g.20gb", "3g.40gb"]
         .iter()
         .map(|s| s.to_string())
         .collect()
@@ -119,9 +121,10 @@ fn requests_only_are_translated_too() {
 }
 
 #[test]
-fn me_profile_uses_the_dash_class_and_dns_names() {
-    let raw = one(json!({"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}));
+fn me_profile_uses_nvidias_name_for_the_class_and_dns_names() {
+    let raw = one(json!({"limits": {"nvidia.com/mig-1g.10gb.me": "1"}}));
     let (t, after) = ok(&raw);
+    assert!(t.warnings.is_empty(), "{:?}", t.warnings);
     assert_eq!(
         after["spec"]["resourceClaims"][0]["name"],
         "mig-app-1g-10gb-me"
@@ -130,7 +133,50 @@ fn me_profile_uses_the_dash_class_and_dns_names() {
     assert_eq!(tv["metadata"]["name"], "das-mig-1g-10gb-me-x1");
     assert_eq!(
         tv["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
-        "1g.10gb-me.mig.das.com"
+        "1g.10gb.me.mig.das.com"
+    );
+}
+
+#[test]
+fn old_me_spellings_still_work_with_a_warning() {
+    for old in ["nvidia.com/mig-1g.10gb-me", "nvidia.com/mig-1g.10gb+me"] {
+        let raw = one(json!({"limits": {old: "1"}}));
+        let (t, after) = ok(&raw);
+        assert_eq!(
+            t.warnings,
+            [format!(
+                "{old} is deprecated: use nvidia.com/mig-1g.10gb.me, the name NVIDIA's device plugin uses"
+            )]
+        );
+        let tv = serde_json::to_value(&t.templates[0]).unwrap();
+        assert_eq!(tv["metadata"]["name"], "das-mig-1g-10gb-me-x1");
+        assert_eq!(
+            tv["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+            "1g.10gb.me.mig.das.com"
+        );
+        assert!(
+            after["spec"]["containers"][0]["resources"]["limits"]
+                .as_object()
+                .is_none_or(|l| l.is_empty()),
+            "the old key is removed too"
+        );
+        assert_eq!(
+            t.translated[0].resource, old,
+            "the annotation keeps what the pod said"
+        );
+    }
+}
+
+#[test]
+fn a_real_dash_me_profile_is_not_taken_for_an_alias() {
+    let raw = one(json!({"limits": {"nvidia.com/mig-1g.24gb-me": "1"}}));
+    let (t, _) = ok(&raw);
+    assert!(t.warnings.is_empty());
+    let tv = serde_json::to_value(&t.templates[0]).unwrap();
+    assert_eq!(tv["metadata"]["name"], "das-mig-1g-24gb--me-x1");
+    assert_eq!(
+        tv["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"],
+        "1g.24gb-me.mig.das.com"
     );
 }
 
@@ -213,8 +259,8 @@ fn names_stay_dns_labels_whatever_the_container_name() {
     let long = "c".repeat(63);
     let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
         "spec": {"containers": [
-            {"name": long, "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}},
-            {"name": format!("{long}x"), "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb+me": "1"}}}]}});
+            {"name": long, "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb.me": "1"}}},
+            {"name": format!("{long}x"), "image": "i", "resources": {"limits": {"nvidia.com/mig-1g.10gb.me": "1"}}}]}});
     let (_, after) = ok(&raw);
     let claims = after["spec"]["resourceClaims"].as_array().unwrap();
     let a = claims[0]["name"].as_str().unwrap();
@@ -247,7 +293,10 @@ fn claim_names_avoid_existing_pod_claims() {
 fn unknown_profile_is_denied_with_the_offered_list() {
     let m = denied(one(json!({"limits": {"nvidia.com/mig-9g.99gb": "1"}})));
     assert!(m.contains("unknown MIG profile \"9g.99gb\""), "{m}");
-    assert!(m.contains("1g.10gb, 1g.10gb-me, 2g.20gb, 3g.40gb"), "{m}");
+    assert!(
+        m.contains("1g.10gb, 1g.10gb.me, 1g.24gb-me, 2g.20gb, 3g.40gb"),
+        "{m}"
+    );
     let none = translate(
         &pod(one(json!({"limits": {"nvidia.com/mig-1g.10gb": "1"}}))),
         &Offered::default(),
@@ -302,8 +351,8 @@ fn offered_profiles_come_from_class_names() {
         Some("1g.10gb")
     );
     assert_eq!(
-        offered_profile("1g.10gb-me.mig.das.com").as_deref(),
-        Some("1g.10gb-me")
+        offered_profile("1g.10gb.me.mig.das.com").as_deref(),
+        Some("1g.10gb.me")
     );
     assert_eq!(offered_profile("mig.das.com"), None);
     assert_eq!(offered_profile("gpu.nvidia.com"), None);
