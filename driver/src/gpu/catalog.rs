@@ -309,7 +309,8 @@ mod tests {
             .flat_map(|m| m.profiles.iter().map(|p| p.name.clone()))
             .collect();
         assert!(profiles.contains("1g.24gb-me") && profiles.contains("1g.24gb+me"));
-        let derived: [(&str, fn(&str) -> String); 4] = [
+        type Derive = fn(&str) -> String;
+        let derived: [(&str, Derive); 4] = [
             ("DeviceClass", das_api::profile_device_class),
             ("legacy resource", das_api::legacy_profile_name),
             ("device-name label", das_api::profile_dns_label),
