@@ -329,29 +329,42 @@ async fn run(args: Args) -> Result<()> {
     let desired = resource_slices::desired_resource_slices(&args.node_name, &inventory, layout)?;
     tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
 
-    // Publish once before registering, so the scheduler can place pods as soon as we answer.
+    // The monitor decides what is published: taints of unhealthy GPUs, and no device over a MIG
+    // instance that no claim holds (found now, while no prepare runs).
     let specs: Vec<_> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let unclaimed = preparer.unclaimed_instances().await;
+    for i in &unclaimed {
+        tracing::warn!(gpu = i.gpu_index, profile = %i.profile, start = i.placement.start, mig = %i.mig_uuid,
+            "a MIG instance no claim holds: the devices overlapping it are withdrawn until it is gone");
+    }
+    let (desired_tx, desired_rx) = watch::channel(specs.clone());
+    let monitor = Arc::new(
+        HealthMonitor::new(
+            HealthBook::new(health_policy(&args), inventory.iter().map(|g| g.index)),
+            backend.clone(),
+            BlockingCalls::Threads,
+            &args.node_name,
+            &inventory,
+            Publishing {
+                specs,
+                desired: desired_tx,
+            },
+            api,
+            metrics.clone(),
+        )
+        .with_unclaimed_instances(preparer.clone(), unclaimed),
+    );
+    let specs = monitor.specs();
+
+    // Publish once before registering, so the scheduler can place pods as soon as we answer.
     let mut publisher =
         Publisher::new(client.clone(), &args.node_name, None).with_watch_client(watch_client);
     let stats = publisher.publish(specs.clone()).await?;
     tracing::info!(?stats, "ResourceSlices published");
-    let (desired_tx, desired_rx) = watch::channel(specs.clone());
+    monitor.republish();
     let publish_stop = stop.child_token();
     let publish_task =
         tokio::spawn(publisher.run(desired_rx, publish_stop.clone(), RunConfig::default()));
-    let monitor = Arc::new(HealthMonitor::new(
-        HealthBook::new(health_policy(&args), inventory.iter().map(|g| g.index)),
-        backend.clone(),
-        BlockingCalls::Threads,
-        &args.node_name,
-        &inventory,
-        Publishing {
-            specs,
-            desired: desired_tx,
-        },
-        api,
-        metrics.clone(),
-    ));
     let monitor_stop = stop.child_token();
     let monitor_task = tokio::spawn(monitor.clone().run(monitor_stop.clone()));
 

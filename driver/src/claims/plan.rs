@@ -316,6 +316,30 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
     out
 }
 
+/// The live instances no claim holds: neither recorded as a claim's instance nor overlapping a
+/// placement some record holds (a prepare records the placement before it creates the
+/// instance, so an instance being created is not listed). Such an instance, foreign or left
+/// over, makes every overlapping device impossible to prepare; the publisher withdraws them.
+pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
+    let devices: Vec<&RecordedDevice> = cp.claims.values().flat_map(|r| &r.devices).collect();
+    live.iter()
+        .filter(|s| {
+            !devices.iter().any(|d| {
+                is_instance(d, s)
+                    || (d.gpu_index == s.gpu_index
+                        && crate::gpu::Placement {
+                            start: d.placement_start,
+                            size: d.placement_size,
+                        }
+                        .mask()
+                            & s.placement.mask()
+                            != 0)
+            })
+        })
+        .cloned()
+        .collect()
+}
+
 /// The request name the kubelet expects: without `/<subrequest>`.
 pub fn base_request(request: &str) -> &str {
     request.split('/').next().unwrap_or(request)

@@ -726,6 +726,18 @@ impl Preparer {
         }
     }
 
+    /// The MIG instances on the GPUs that answer that no claim holds ([`plan::unclaimed`]).
+    pub async fn unclaimed_instances(&self) -> Vec<MigInstance> {
+        let mut out = Vec::new();
+        for gpu in self.backend.gpu_indices() {
+            let Ok(live) = self.instances_on(gpu).await else {
+                continue;
+            };
+            out.extend(self.checkpoint.read(|cp| plan::unclaimed(&live, cp)));
+        }
+        out
+    }
+
     /// Every managed GPU's instances, or why that GPU could not be read.
     pub(crate) async fn live_per_gpu(
         &self,

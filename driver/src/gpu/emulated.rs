@@ -291,6 +291,42 @@ impl EmulatedBackend {
         for &gpu in &control.uncorrectable_ecc_gpus {
             self.raise_health_event(HealthEvent::UncorrectableEcc { gpu });
         }
+        for i in &control.foreign_instances {
+            match self.create_foreign_instance(i.gpu, &i.profile, i.start) {
+                Ok(m) => {
+                    tracing::info!(mig = %m.mig_uuid, ?i, "emulated GPUs: created a foreign MIG instance")
+                }
+                Err(e) => {
+                    tracing::warn!(?i, error = %e, "emulated GPUs: could not create a foreign MIG instance")
+                }
+            }
+        }
+        for p in &control.destroy_instances {
+            if let Err(e) = self.destroy_at(p.gpu, p.start) {
+                tracing::warn!(?p, error = %e, "emulated GPUs: could not destroy a MIG instance");
+            }
+        }
+    }
+
+    /// Destroys the instance at memory slice `start` of GPU `gpu_index` as an administrator
+    /// would (no latency, no faults).
+    fn destroy_at(&self, gpu_index: u32, start: u32) -> Result<(), BackendError> {
+        let gpu = self.gpu(gpu_index, Target::gpu(gpu_index))?;
+        let gi_id = {
+            let state = lock(&self.state);
+            gpu_state(&state, gpu.index)
+                .instances
+                .iter()
+                .find(|i| i.start == start)
+                .map(|i| i.gi_id)
+        };
+        let Some(gi_id) = gi_id else {
+            return Err(BackendError::NotFound {
+                target: Target::gpu(gpu_index),
+                reason: format!("no instance at memory slice {start}"),
+            });
+        };
+        self.destroy(gpu, gi_id)
     }
 
     fn is_lost(&self, gpu_index: u32) -> bool {

@@ -6,6 +6,11 @@
 //! and the cause; (3) sets `das_kubelet_plugin_gpu_healthy` and counts XIDs; (4) wakes the
 //! kubelet's health stream, which reports the devices of an unhealthy GPU `Unhealthy` with the
 //! reason (pods see it in `status.containerStatuses[].allocatedResourcesStatus`).
+//!
+//! With every inventory check it also asks which MIG instances no claim holds (made with
+//! `nvidia-smi`, or left over): an instance seen in two checks in a row has every device that
+//! overlaps it withdrawn from the ResourceSlices ([`withdraw_overlapping`]) until it is gone, so
+//! the scheduler never allocates a placement no prepare can create; a Node event names it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,9 +26,9 @@ use crate::blocking::BlockingCalls;
 use crate::claims::{
     ClaimApi, DeviceHealthReport, DeviceRef, EventKind, EventTarget, HealthSource,
 };
-use crate::gpu::{GpuBackend, GpuInfo, HealthEvent};
+use crate::gpu::{GpuBackend, GpuInfo, HealthEvent, MigInstance, Placement};
 use crate::metrics::Metrics;
-use crate::publish::resource_slices::set_device_taints;
+use crate::publish::resource_slices::{set_device_taints, withdraw_overlapping};
 
 /// How long one wait for health events lasts before the monitor looks at the inventory and the
 /// quiet periods again.
@@ -40,6 +45,38 @@ pub struct Publishing {
     pub desired: watch::Sender<Vec<ResourceSliceSpec>>,
 }
 
+/// The MIG instances no claim holds, from the GPUs and the checkpoint (the [`Preparer`] of
+/// `crate::claims`).
+#[tonic::async_trait]
+pub trait UnclaimedInstances: Send + Sync {
+    /// The instances on the GPUs that answer that no claim holds.
+    async fn unclaimed_instances(&self) -> Vec<MigInstance>;
+}
+
+#[tonic::async_trait]
+impl UnclaimedInstances for crate::claims::Preparer {
+    async fn unclaimed_instances(&self) -> Vec<MigInstance> {
+        crate::claims::Preparer::unclaimed_instances(self).await
+    }
+}
+
+/// An instance by (GPU index, GPU-instance id, placement start).
+type InstanceKey = (u32, u32, u32);
+
+fn instance_key(i: &MigInstance) -> InstanceKey {
+    (i.gpu_index, i.gi_id, i.placement.start)
+}
+
+/// What the monitor knows of unclaimed instances.
+#[derive(Default)]
+struct Unclaimed {
+    /// Seen in the last check.
+    seen: BTreeSet<InstanceKey>,
+    /// Seen in two checks in a row (or at start-up, when nothing else runs): their overlapping
+    /// devices are withdrawn.
+    withdrawn: BTreeMap<InstanceKey, MigInstance>,
+}
+
 /// The monitor of one node's GPUs. Also the kubelet's [`HealthSource`].
 pub struct HealthMonitor {
     book: Mutex<HealthBook>,
@@ -52,6 +89,8 @@ pub struct HealthMonitor {
     api: Arc<dyn ClaimApi>,
     metrics: Arc<Metrics>,
     changes: watch::Sender<u64>,
+    instances: Option<Arc<dyn UnclaimedInstances>>,
+    unclaimed: Mutex<Unclaimed>,
 }
 
 impl HealthMonitor {
@@ -84,7 +123,26 @@ impl HealthMonitor {
             api,
             metrics,
             changes: watch::channel(0).0,
+            instances: None,
+            unclaimed: Mutex::default(),
         }
+    }
+
+    /// Also withdraws the devices that overlap unclaimed instances, asking `source` at every
+    /// inventory check; `at_start` are withdrawn at once (found by start-up reconciliation, while
+    /// no prepare runs, so no instance of a prepare in flight can be among them).
+    pub fn with_unclaimed_instances(
+        mut self,
+        source: Arc<dyn UnclaimedInstances>,
+        at_start: Vec<MigInstance>,
+    ) -> Self {
+        self.instances = Some(source);
+        let u = self.unclaimed.get_mut().unwrap_or_else(|p| p.into_inner());
+        for i in at_start {
+            u.seen.insert(instance_key(&i));
+            u.withdrawn.insert(instance_key(&i), i);
+        }
+        self
     }
 
     fn book(&self) -> MutexGuard<'_, HealthBook> {
@@ -113,13 +171,17 @@ impl HealthMonitor {
                     Vec::new()
                 }
             };
+            let mut withdrawn_changed = false;
             if tokio::time::Instant::now() >= inventory_due {
                 inventory_due = tokio::time::Instant::now() + INVENTORY_INTERVAL;
                 transitions.extend(self.check_inventory().await);
+                withdrawn_changed = self.check_unclaimed().await;
             }
             transitions.extend(self.book().expire(SystemTime::now()));
             if !transitions.is_empty() {
                 self.act(&transitions).await;
+            } else if withdrawn_changed {
+                self.republish();
             }
         }
     }
@@ -160,6 +222,81 @@ impl HealthMonitor {
         }
     }
 
+    /// Asks which instances no claim holds; withdraws the devices of those seen twice in a row and
+    /// gives back those of instances gone (with a Node event for each). Whether the withdrawn set
+    /// changed.
+    pub async fn check_unclaimed(&self) -> bool {
+        let Some(source) = &self.instances else {
+            return false;
+        };
+        let now: BTreeMap<InstanceKey, MigInstance> = source
+            .unclaimed_instances()
+            .await
+            .into_iter()
+            .map(|i| (instance_key(&i), i))
+            .collect();
+        let (appeared, gone) = {
+            let mut u = self.unclaimed.lock().unwrap_or_else(|p| p.into_inner());
+            let confirmed: BTreeMap<InstanceKey, MigInstance> = now
+                .iter()
+                .filter(|(k, _)| u.seen.contains(k))
+                .map(|(k, i)| (*k, i.clone()))
+                .collect();
+            let appeared: Vec<MigInstance> = confirmed
+                .iter()
+                .filter(|(k, _)| !u.withdrawn.contains_key(k))
+                .map(|(_, i)| i.clone())
+                .collect();
+            let gone: Vec<MigInstance> = u
+                .withdrawn
+                .iter()
+                .filter(|(k, _)| !confirmed.contains_key(k))
+                .map(|(_, i)| i.clone())
+                .collect();
+            u.seen = now.keys().copied().collect();
+            u.withdrawn = confirmed;
+            (appeared, gone)
+        };
+        for i in &appeared {
+            self.report_unclaimed(i, true).await;
+        }
+        for i in &gone {
+            self.report_unclaimed(i, false).await;
+        }
+        !appeared.is_empty() || !gone.is_empty()
+    }
+
+    async fn report_unclaimed(&self, i: &MigInstance, appeared: bool) {
+        let what = format!(
+            "GPU {} ({}) MIG instance {} at memory slice {} ({})",
+            i.gpu_index, i.gpu_uuid, i.profile, i.placement.start, i.mig_uuid
+        );
+        if appeared {
+            tracing::warn!(gpu = i.gpu_index, profile = %i.profile, start = i.placement.start, mig = %i.mig_uuid,
+                "a MIG instance no claim holds: the devices overlapping it are withdrawn until it is gone");
+            self.api
+                .warn(
+                    &EventTarget::Node,
+                    "UnclaimedMigInstance",
+                    format!(
+                        "{what} is held by no claim (created outside DAS, e.g. with nvidia-smi): the devices overlapping it are not offered until it is gone. Destroy it, or restart the plugin with --reclaim-foreign-slices."
+                    ),
+                )
+                .await;
+        } else {
+            tracing::info!(gpu = i.gpu_index, start = i.placement.start, mig = %i.mig_uuid,
+                "the unclaimed MIG instance is gone: its devices are offered again");
+            self.api
+                .event(
+                    &EventTarget::Node,
+                    EventKind::Normal,
+                    "UnclaimedMigInstanceGone",
+                    format!("{what} is gone: the devices overlapping it are offered again."),
+                )
+                .await;
+        }
+    }
+
     /// Republishes, posts events, sets gauges and wakes the health stream.
     pub async fn act(&self, transitions: &[Transition]) {
         self.republish();
@@ -169,8 +306,14 @@ impl HealthMonitor {
         self.changes.send_modify(|n| *n += 1);
     }
 
-    /// Sends the specs with the current taints to the publisher.
-    fn republish(&self) {
+    /// Sends the current specs ([`Self::specs`]) to the publisher.
+    pub fn republish(&self) {
+        self.publishing.desired.send_replace(self.specs());
+    }
+
+    /// The specs to publish now: taints of unhealthy GPUs, devices overlapping unclaimed
+    /// instances withdrawn.
+    pub fn specs(&self) -> Vec<ResourceSliceSpec> {
         let (taints, effect) = {
             let book = self.book();
             (book.all_taints(), book.policy().effect)
@@ -195,7 +338,16 @@ impl HealthMonitor {
             .collect();
         let mut specs = self.publishing.specs.clone();
         set_device_taints(&mut specs, &device_taints);
-        self.publishing.desired.send_replace(specs);
+        let held: BTreeMap<u32, Vec<Placement>> = {
+            let u = self.unclaimed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut held: BTreeMap<u32, Vec<Placement>> = BTreeMap::new();
+            for i in u.withdrawn.values() {
+                held.entry(i.gpu_index).or_default().push(i.placement);
+            }
+            held
+        };
+        withdraw_overlapping(&mut specs, &held);
+        specs
     }
 
     async fn report(&self, t: &Transition) {
@@ -497,5 +649,81 @@ mod tests {
         assert_eq!(t, [Transition::Recovered { gpu: 1 }]);
         s.monitor.act(&t).await;
         assert!(published_taints(&s).is_empty());
+    }
+
+    struct Fixed(Mutex<Vec<MigInstance>>);
+
+    #[tonic::async_trait]
+    impl UnclaimedInstances for Fixed {
+        async fn unclaimed_instances(&self) -> Vec<MigInstance> {
+            self.0.lock().unwrap().clone()
+        }
+    }
+
+    fn device_names(s: &Setup) -> Vec<String> {
+        s.desired
+            .borrow()
+            .iter()
+            .flat_map(|spec| spec.devices.iter().flatten())
+            .map(|d| d.name.clone())
+            .collect()
+    }
+
+    /// `s` with its monitor asking `source` (and `at_start` withdrawn).
+    fn with_source(s: Setup, source: Arc<Fixed>, at_start: Vec<MigInstance>) -> Setup {
+        Setup {
+            monitor: s.monitor.with_unclaimed_instances(source, at_start),
+            ..s
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unclaimed_instance_seen_twice_withdraws_its_devices_until_it_is_gone() {
+        let s = setup(TaintEffect::NoSchedule);
+        let foreign = s.emu.create_foreign_instance(1, "1g.6gb", 0).unwrap();
+        let source = Arc::new(Fixed(Mutex::new(vec![foreign])));
+        let s = with_source(s, source.clone(), Vec::new());
+        let all = device_names(&s);
+        assert!(!s.monitor.check_unclaimed().await, "once is not enough");
+        assert!(s.monitor.check_unclaimed().await, "twice in a row is");
+        s.monitor.republish();
+        let left = device_names(&s);
+        assert!(
+            !left.contains(&"gpu-1-mig-1g-6gb-0".to_string()),
+            "{left:?}"
+        );
+        assert!(left.contains(&"gpu-1-mig-1g-6gb-1".to_string()));
+        assert!(left.contains(&"gpu-0-mig-1g-6gb-0".to_string()));
+        assert_eq!(events(&s), ["UnclaimedMigInstance"]);
+        assert!(
+            !s.monitor.check_unclaimed().await,
+            "no change while it stays"
+        );
+
+        source.0.lock().unwrap().clear();
+        assert!(s.monitor.check_unclaimed().await);
+        s.monitor.republish();
+        assert_eq!(device_names(&s), all);
+        assert_eq!(
+            events(&s),
+            ["UnclaimedMigInstance", "UnclaimedMigInstanceGone"]
+        );
+    }
+
+    #[tokio::test]
+    async fn instances_found_at_start_are_withdrawn_at_once() {
+        let s = setup(TaintEffect::NoSchedule);
+        let foreign = s.emu.create_foreign_instance(0, "4g.24gb", 0).unwrap();
+        let source = Arc::new(Fixed(Mutex::new(vec![foreign.clone()])));
+        let s = with_source(s, source, vec![foreign]);
+        let specs = s.monitor.specs();
+        let names: Vec<&str> = specs
+            .iter()
+            .flat_map(|x| x.devices.iter().flatten())
+            .map(|d| d.name.as_str())
+            .collect();
+        assert!(names.iter().all(|n| !n.starts_with("gpu-0-")), "{names:?}");
+        assert!(names.iter().any(|n| n.starts_with("gpu-1-")));
+        assert!(!s.monitor.check_unclaimed().await, "already withdrawn");
     }
 }

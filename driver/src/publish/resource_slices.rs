@@ -146,6 +146,44 @@ pub fn set_device_taints(
     }
 }
 
+/// Removes from `specs` every device whose placement overlaps an instance in `held` (GPU index →
+/// placements of MIG instances no claim holds); returns how many were removed. The scheduler
+/// cannot allocate what is not published, so no pod waits on a prepare that cannot succeed.
+/// Shared counters stay: the devices left consume them as before.
+pub fn withdraw_overlapping(
+    specs: &mut [ResourceSliceSpec],
+    held: &BTreeMap<u32, Vec<crate::gpu::Placement>>,
+) -> usize {
+    let int = |d: &Device, name: &str| {
+        d.attributes
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .and_then(|a| a.int)
+            .and_then(|i| u32::try_from(i).ok())
+    };
+    let blocked = |d: &Device| {
+        let (Some(gpu), Some(start), Some(size)) = (
+            int(d, attr::GPU_INDEX),
+            int(d, attr::PLACEMENT_START),
+            int(d, attr::PLACEMENT_SIZE),
+        ) else {
+            return false;
+        };
+        let mask = crate::gpu::Placement { start, size }.mask();
+        held.get(&gpu)
+            .is_some_and(|ps| ps.iter().any(|p| p.mask() & mask != 0))
+    };
+    let mut removed = 0;
+    for spec in specs.iter_mut() {
+        if let Some(devices) = spec.devices.as_mut() {
+            let before = devices.len();
+            devices.retain(|d| !blocked(d));
+            removed += before - devices.len();
+        }
+    }
+    removed
+}
+
 /// A version as a semantic version for a `version` attribute: 1 to 3 numeric components, leading
 /// zeros dropped, missing ones 0 (`580.95.05` → `580.95.5`, `9.0` → `9.0.0`). `None` otherwise.
 pub fn semver(version: &str) -> Option<String> {

@@ -247,6 +247,29 @@ fn orphans_are_the_unclaimed_slices_only_ours_destroyed() {
 }
 
 #[test]
+fn unclaimed_instances_are_those_no_record_holds_or_overlaps() {
+    let mut cp = Checkpoint::new("boot");
+    let kept = live(0, 6, 1, "MIG-kept");
+    let d = with_instance(&record(&planned(0, 6, "gpu")), &kept);
+    cp.set_completed("uid-1", "ns", "c", vec![d], BTreeMap::new());
+    // A prepare in flight: its placement (GPU 1, slice 2) is recorded, the instance just made.
+    cp.set_started("uid-2", "ns", "d", vec![record(&planned(1, 2, "gpu"))]);
+    let in_flight = live(1, 2, 1, "MIG-new");
+    let foreign = MigInstance {
+        created_by_das: Some(false),
+        ..live(0, 4, 3, "MIG-foreign")
+    };
+    let same_slice_other_gpu = live(1, 6, 2, "MIG-left");
+    let all = [
+        kept,
+        in_flight,
+        foreign.clone(),
+        same_slice_other_gpu.clone(),
+    ];
+    assert_eq!(unclaimed(&all, &cp), vec![foreign, same_slice_other_gpu]);
+}
+
+#[test]
 fn spec_devices_number_slices_per_request() {
     let p = [planned(0, 6, "a"), planned(1, 6, "b/x"), planned(0, 5, "a")];
     let instances = [

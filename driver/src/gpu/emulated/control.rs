@@ -101,6 +101,34 @@ pub struct Control {
     /// GPUs that report an uncorrectable ECC error (`nvmlEventTypeDoubleBitEccError`).
     #[serde(default)]
     pub uncorrectable_ecc_gpus: Vec<u32>,
+    /// MIG instances to create as an administrator would with `nvidia-smi` (not by DAS).
+    #[serde(default)]
+    pub foreign_instances: Vec<ControlInstance>,
+    /// MIG instances to destroy as an administrator would, by GPU and placement start.
+    #[serde(default)]
+    pub destroy_instances: Vec<ControlPlacement>,
+}
+
+/// A MIG instance of `profile` at memory slice `start` of GPU `gpu`, in the control file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlInstance {
+    /// GPU index.
+    pub gpu: u32,
+    /// GPU-instance profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// First memory slice of the placement.
+    pub start: u32,
+}
+
+/// The instance at memory slice `start` of GPU `gpu`, in the control file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlPlacement {
+    /// GPU index.
+    pub gpu: u32,
+    /// First memory slice of the instance's placement.
+    pub start: u32,
 }
 
 /// An XID event on GPU `gpu`, in the control file.

@@ -349,3 +349,39 @@ fn taints_go_on_every_device_of_their_gpu_and_nowhere_else() {
             .all(|d| d.taints.is_none())
     );
 }
+
+#[test]
+fn devices_overlapping_an_unclaimed_instance_are_withdrawn() {
+    let gpus = [gpu(0, "A30"), gpu(1, "A30")];
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    let mut specs: Vec<ResourceSliceSpec> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let names = |specs: &[ResourceSliceSpec]| -> Vec<String> {
+        specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let all = names(&specs);
+    // A 1g.6gb at memory slice 0 of GPU 1 (A30: 4 memory slices).
+    let held = BTreeMap::from([(1, vec![crate::gpu::Placement { start: 0, size: 1 }])]);
+    let removed = withdraw_overlapping(&mut specs, &held);
+    let left = names(&specs);
+    assert_eq!(removed, all.len() - left.len());
+    assert!(removed > 0);
+    assert!(!left.contains(&"gpu-1-mig-1g-6gb-0".to_string()));
+    assert!(
+        !left.contains(&"gpu-1-mig-4g-24gb-0".to_string()),
+        "covers slice 0"
+    );
+    assert!(left.contains(&"gpu-1-mig-1g-6gb-1".to_string()));
+    assert!(
+        left.contains(&"gpu-0-mig-1g-6gb-0".to_string()),
+        "other GPU untouched"
+    );
+    assert!(
+        left.iter().all(|n| all.contains(n)),
+        "only removals, nothing else changes"
+    );
+}
