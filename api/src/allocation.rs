@@ -52,6 +52,20 @@ pub const CONDITION_DEVICE_HEALTHY: &str = "DeviceHealthy";
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Pod", type_ = "string", json_path = ".spec.podRef.name"),
     printcolumn(
+        name = "MIG UUID",
+        type_ = "string",
+        json_path = ".status.migUUID",
+        description = "UUID of the MIG device the pod got (kubectl get -o wide)",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Device",
+        type_ = "string",
+        json_path = ".spec.device",
+        description = "Published device name",
+        priority = "1"
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -210,8 +224,19 @@ mod tests {
             .collect();
         assert_eq!(
             cols,
-            ["Profile", "Node", "GPU", "Start", "State", "Pod", "Age"]
+            [
+                "Profile", "Node", "GPU", "Start", "State", "Pod", "MIG UUID", "Device", "Age"
+            ]
         );
+        let wide_only: Vec<_> = v
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|c| c.priority == Some(1))
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(wide_only, ["MIG UUID", "Device"], "shown by -o wide");
     }
 
     #[test]

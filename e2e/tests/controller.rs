@@ -88,10 +88,11 @@ async fn wait_in_use(client: &Client, pod: &str, n: usize) -> Result<Vec<Allocat
 }
 
 /// `kubectl get allocationclaims -A` with the cluster's kubeconfig.
-fn kubectl_get(cluster: &Cluster) -> Result<String> {
+fn kubectl_get(cluster: &Cluster, extra: &[&str]) -> Result<String> {
     let kubectl = das_e2e::cluster::workspace_root().join(".local/bin/kubectl");
     let out = std::process::Command::new(kubectl)
         .args(["get", "allocationclaims", "-A"])
+        .args(extra)
         .env("KUBECONFIG", &cluster.kubeconfig)
         .output()?;
     if !out.status.success() {
@@ -144,7 +145,13 @@ async fn mirrors_allocations_through_their_life() {
                 ("ResourceClaim", claim.uid().unwrap().as_str())
             );
 
-            let table = kubectl_get(&cluster)?;
+            let wide = kubectl_get(&cluster, &["-o", "wide"])?;
+            assert!(
+                wide.lines().next().unwrap_or("").contains("MIG UUID")
+                    && wide.contains(status.mig_uuid.as_deref().unwrap()),
+                "{wide}"
+            );
+            let table = kubectl_get(&cluster, &[])?;
             println!("{table}");
             let header: Vec<_> = table
                 .lines()

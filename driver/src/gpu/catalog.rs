@@ -340,6 +340,63 @@ mod tests {
         }
     }
 
+    /// The table of docs/supported-gpus.md, from the data files.
+    fn supported_gpus_table() -> String {
+        let mut out = String::from(
+            "| model (`--emulated-gpus`) | NVML name | PCI device IDs | architecture | memory slices | most GPU instances | MIG mode change | profiles (`nvidia.com/mig-<name>`) |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        let mut models: Vec<_> = builtin_models().unwrap().iter().collect();
+        models.sort_by(|a, b| a.name.cmp(&b.name));
+        for m in models {
+            let ids: Vec<String> = m
+                .pci_device_ids
+                .iter()
+                .map(|i| format!("`0x{i:08X}`"))
+                .collect();
+            let profiles: Vec<String> = m
+                .profiles
+                .iter()
+                .map(|p| format!("`{}`", das_api::legacy_profile_name(&p.name)))
+                .collect();
+            out.push_str(&format!(
+                "| `{}` | {} | {} | {} | {} | {} | {} | {} |\n",
+                m.name,
+                m.product_name,
+                ids.join(", "),
+                m.architecture,
+                m.memory_slices,
+                m.max_gpu_instances,
+                if m.mig_mode_change_requires_reset {
+                    "needs a GPU reset"
+                } else {
+                    "DAS can switch it (`enableMigMode`)"
+                },
+                profiles.join(", ")
+            ));
+        }
+        out
+    }
+
+    /// docs/supported-gpus.md lists exactly the built-in models; regenerate with
+    /// `DAS_UPDATE_DOCS=1 cargo test -p das-driver --lib supported_gpus`.
+    #[test]
+    fn supported_gpus_doc_matches_the_data_files() {
+        const BEGIN: &str = "<!-- generated from driver/data/gpus: begin -->\n";
+        const END: &str = "<!-- generated from driver/data/gpus: end -->";
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/supported-gpus.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let (head, rest) = doc.split_once(BEGIN).expect("begin marker");
+        let (_, tail) = rest.split_once(END).expect("end marker");
+        let want = format!("{head}{BEGIN}{}{END}{tail}", supported_gpus_table());
+        if std::env::var_os("DAS_UPDATE_DOCS").is_some() {
+            std::fs::write(&path, &want).unwrap();
+        }
+        assert!(
+            doc == want,
+            "docs/supported-gpus.md is stale: run `DAS_UPDATE_DOCS=1 cargo test -p das-driver --lib supported_gpus`"
+        );
+    }
+
     #[test]
     fn every_builtin_file_loads() {
         let models = builtin_models().unwrap();
