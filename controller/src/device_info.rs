@@ -117,29 +117,37 @@ fn id(v: Option<u32>) -> String {
     v.map(|v| v.to_string()).unwrap_or_default()
 }
 
-/// Names of `pod`'s containers (init containers first) that use request `request` of the
-/// ResourceClaim named `claim`: through a pod-level claim entry that resolves to it
-/// (`resourceClaimName`, or the generated name in `status.resourceClaimStatuses`), and without
-/// a container-level `request` or with this request (or its parent, for a subrequest
-/// `<request>/<subrequest>`).
-pub fn containers_using(pod: &Pod, claim: &str, request: &str) -> Vec<String> {
+/// `pod`'s pod-level claim entries with the ResourceClaim each resolves to, as (entry name,
+/// claim name): generated ones from `status.resourceClaimStatuses`, named ones from
+/// `spec.resourceClaims[].resourceClaimName`.
+pub fn pod_claims(pod: &Pod) -> impl Iterator<Item = (&str, &str)> {
     let generated = pod
         .status
         .as_ref()
         .and_then(|s| s.resource_claim_statuses.as_ref())
         .into_iter()
         .flatten()
-        .filter(|s| s.resource_claim_name.as_deref() == Some(claim))
-        .map(|s| s.name.as_str());
+        .filter_map(|s| Some((s.name.as_str(), s.resource_claim_name.as_deref()?)));
     let named = pod
         .spec
         .as_ref()
         .and_then(|s| s.resource_claims.as_ref())
         .into_iter()
         .flatten()
-        .filter(|c| c.resource_claim_name.as_deref() == Some(claim))
-        .map(|c| c.name.as_str());
-    let entries: Vec<&str> = generated.chain(named).collect();
+        .filter_map(|c| Some((c.name.as_str(), c.resource_claim_name.as_deref()?)));
+    generated.chain(named)
+}
+
+/// Names of `pod`'s containers (init containers first) that use request `request` of the
+/// ResourceClaim named `claim`: through a pod-level claim entry that resolves to it
+/// (`resourceClaimName`, or the generated name in `status.resourceClaimStatuses`), and without
+/// a container-level `request` or with this request (or its parent, for a subrequest
+/// `<request>/<subrequest>`).
+pub fn containers_using(pod: &Pod, claim: &str, request: &str) -> Vec<String> {
+    let entries: Vec<&str> = pod_claims(pod)
+        .filter(|(_, name)| *name == claim)
+        .map(|(entry, _)| entry)
+        .collect();
     let parent = request.split('/').next().unwrap_or(request);
     let uses = |c: &Container| {
         c.resources

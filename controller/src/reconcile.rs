@@ -252,23 +252,8 @@ fn error_policy(claim: Arc<ResourceClaim>, err: &kube::Error, ctx: Arc<Context>)
 /// Claims a pod uses: its generated (`status.resourceClaimStatuses`) and named claims.
 fn claims_of_pod(pod: Arc<Pod>) -> Vec<ObjectRef<ResourceClaim>> {
     let ns = pod.namespace().unwrap_or_default();
-    let generated = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.resource_claim_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|s| s.resource_claim_name.clone());
-    let named = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.resource_claims.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.resource_claim_name.clone());
-    generated
-        .chain(named)
-        .map(|n| ObjectRef::new(&n).within(&ns))
+    crate::device_info::pod_claims(&pod)
+        .map(|(_, n)| ObjectRef::new(n).within(&ns))
         .collect()
 }
 

@@ -109,8 +109,23 @@ pub fn workspace_root() -> PathBuf {
 }
 
 impl Cluster {
-    /// Starts the cluster and waits until every node is Ready.
+    /// Starts the cluster and waits until every node is Ready. A start that failed because a
+    /// port picked as free was taken in the meantime (tests run in parallel and each picks its
+    /// own ports) is tried again with new ports, up to three times in all.
     pub async fn start(cfg: ClusterConfig) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(&cfg).await {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!("cluster start lost a port race; trying again: {e:#}");
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn start_once(cfg: &ClusterConfig) -> Result<Self> {
         if !cfg.k8s_bin.exists() {
             bail!("{} not found: run `make k8s` first", cfg.k8s_bin.display());
         }
@@ -140,7 +155,7 @@ impl Cluster {
             timings: Vec::new(),
             dir,
         };
-        match cluster.boot(&cfg).await {
+        match cluster.boot(cfg).await {
             Ok(()) => Ok(cluster),
             Err(e) => {
                 cluster.print_log_tails(40);

@@ -142,6 +142,28 @@ pub async fn delete_pods(client: &Client, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// Waits for an Event with `reason` on Node `node` whose message contains `text`.
+pub async fn wait_node_event(client: &Client, node: &str, reason: &str, text: &str) -> Result<()> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
+    wait::until(
+        &format!("event {reason} on {node}"),
+        wait::TIMEOUT,
+        || async {
+            let list = events
+                .list(&kube::api::ListParams::default().fields(&format!(
+                    "involvedObject.kind=Node,involvedObject.name={node},reason={reason}"
+                )))
+                .await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| e.message.as_deref().is_some_and(|m| m.contains(text)))
+                .then_some(()))
+        },
+    )
+    .await
+}
+
 /// The phase of pod `name` in [`NS`], or "" when it has none yet.
 pub async fn phase(client: &Client, name: &str) -> Result<String> {
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);

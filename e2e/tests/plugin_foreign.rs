@@ -9,8 +9,10 @@ use das_e2e::Cluster;
 use das_e2e::das::{DRIVER, write_control};
 use das_e2e::plugin::cluster_with_plugins;
 use das_e2e::wait::{self, TIMEOUT};
-use das_e2e::workload::{NS, create_pod, create_template, delete_pod, wait_running};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use das_e2e::workload::{
+    NS, create_pod, create_template, delete_pod, wait_node_event, wait_running,
+};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::ListParams;
 use kube::{Api, Client};
@@ -52,7 +54,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
         },
     )
     .await?;
-    wait_event(&c, "UnclaimedMigInstance").await?;
+    wait_node_event(&c, NODE, "UnclaimedMigInstance", "no claim").await?;
 
     // The whole GPU cannot be had: Pending, never bound to the node.
     create_pod(&c, "whole", "whole", None).await?;
@@ -90,7 +92,7 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
             .then_some(()))
     })
     .await?;
-    wait_event(&c, "UnclaimedMigInstanceGone").await?;
+    wait_node_event(&c, NODE, "UnclaimedMigInstanceGone", "gone").await?;
     delete_pod(&c, "small").await?;
     wait_running(&c, "whole")
         .await
@@ -110,17 +112,4 @@ async fn published(c: &Client) -> Result<Vec<String>> {
         .flat_map(|s| s.spec.devices.iter().flatten())
         .map(|d| d.name.clone())
         .collect())
-}
-
-async fn wait_event(c: &Client, reason: &str) -> Result<()> {
-    let events: Api<Event> = Api::all(c.clone());
-    wait::until(&format!("event {reason} on {NODE}"), TIMEOUT, || async {
-        let list = events
-            .list(&ListParams::default().fields(&format!(
-                "involvedObject.kind=Node,involvedObject.name={NODE},reason={reason}"
-            )))
-            .await?;
-        Ok((!list.items.is_empty()).then_some(()))
-    })
-    .await
 }

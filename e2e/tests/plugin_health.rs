@@ -16,9 +16,10 @@ use das_e2e::das::{DRIVER, write_control};
 use das_e2e::plugin::{cluster_with_configured_plugins, live_slices};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
-    NS, claim_of, create_pod, create_template, delete_pod, http_get, phase, wait_running,
+    NS, claim_of, create_pod, create_template, delete_pod, http_get, phase, wait_node_event,
+    wait_running,
 };
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
@@ -69,7 +70,7 @@ async fn no_schedule_then_lost(cluster: &Cluster, port: u16) -> Result<()> {
         gpu_taints(t, 0) == [want.clone()] && gpu_taints(t, 1).is_empty()
     })
     .await?;
-    wait_event(&c, SCHED, "GpuUnhealthy", "XID 79").await?;
+    wait_node_event(&c, SCHED, "GpuUnhealthy", "XID 79").await?;
     let metrics = metrics(port).await?;
     for line in [
         r#"das_kubelet_plugin_gpu_healthy{gpu="0"} 0"#,
@@ -113,7 +114,7 @@ async fn no_schedule_then_lost(cluster: &Cluster, port: u16) -> Result<()> {
         cluster.node(SCHED),
         &json!({"xidEvents": [{"gpu": 1, "xid": 13}]}),
     )?;
-    wait_event(&c, SCHED, "GpuXid", "XID 13").await?;
+    wait_node_event(&c, SCHED, "GpuXid", "XID 13").await?;
     let metrics = self::metrics(port).await?;
     ensure!(
         metrics
@@ -126,7 +127,7 @@ async fn no_schedule_then_lost(cluster: &Cluster, port: u16) -> Result<()> {
     // Recovery after the quiet period: the taints go, and whole-b lands on GPU 0 once the
     // tolerant pod leaves it.
     wait_taints(&c, SCHED, |t| t.is_empty()).await?;
-    wait_event(&c, SCHED, "GpuRecovered", "GPU 0").await?;
+    wait_node_event(&c, SCHED, "GpuRecovered", "GPU 0").await?;
     wait::until("tolerant's device Healthy again", TIMEOUT, || async {
         Ok((device_health(&c, "tolerant").await? == ["Healthy"]).then_some(()))
     })
@@ -370,24 +371,6 @@ async fn wait_unschedulable(c: &Client, pod: &str) -> Result<String> {
             .find(|c| c.type_ == "PodScheduled" && c.status == "False")
             .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
             .and_then(|c| c.message))
-    })
-    .await
-}
-
-/// Waits for an Event with `reason` on Node `node` whose note contains `text`.
-async fn wait_event(c: &Client, node: &str, reason: &str, text: &str) -> Result<()> {
-    let events: Api<Event> = Api::all(c.clone());
-    wait::until(&format!("event {reason} on {node}"), TIMEOUT, || async {
-        let list = events
-            .list(&ListParams::default().fields(&format!(
-                "involvedObject.kind=Node,involvedObject.name={node},reason={reason}"
-            )))
-            .await?;
-        Ok(list
-            .items
-            .iter()
-            .any(|e| e.message.as_deref().is_some_and(|m| m.contains(text)))
-            .then_some(()))
     })
     .await
 }

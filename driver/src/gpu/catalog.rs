@@ -383,7 +383,8 @@ mod tests {
     fn supported_gpus_doc_matches_the_data_files() {
         const BEGIN: &str = "<!-- generated from driver/data/gpus: begin -->\n";
         const END: &str = "<!-- generated from driver/data/gpus: end -->";
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/supported-gpus.md");
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/supported-gpus.md");
         let doc = std::fs::read_to_string(&path).unwrap();
         let (head, rest) = doc.split_once(BEGIN).expect("begin marker");
         let (_, tail) = rest.split_once(END).expect("end marker");
