@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceSlice};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::Value;
@@ -263,6 +263,19 @@ pub fn emulated_state(node: &NodeInfo) -> Result<Value> {
     Ok(serde_json::from_slice(
         &std::fs::read(&p).with_context(|| format!("read {}", p.display()))?,
     )?)
+}
+
+/// Every device DAS publishes in `node`'s pool, as published now.
+pub async fn pool_devices(client: &Client, node: &str) -> Result<Vec<Device>> {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER}")))
+        .await?;
+    Ok(slices
+        .items
+        .into_iter()
+        .filter(|s| s.spec.pool.name == node)
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .collect())
 }
 
 /// Writes the emulated-GPU control file of the plugin on `node` (atomically): faults, latency,

@@ -6,15 +6,13 @@
 
 use anyhow::{Context, Result, ensure};
 use das_e2e::Cluster;
-use das_e2e::das::{DRIVER, write_control};
+use das_e2e::das::{pool_devices, write_control};
 use das_e2e::plugin::cluster_with_plugins;
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
     NS, create_pod, create_template, delete_pod, wait_node_event, wait_running,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::ListParams;
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -102,14 +100,9 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
 
 /// Names of the devices published for the node.
 async fn published(c: &Client) -> Result<Vec<String>> {
-    let slices = Api::<ResourceSlice>::all(c.clone())
-        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER}")))
-        .await?;
-    Ok(slices
-        .items
-        .iter()
-        .filter(|s| s.spec.pool.name == NODE)
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .map(|d| d.name.clone())
+    Ok(pool_devices(c, NODE)
+        .await?
+        .into_iter()
+        .map(|d| d.name)
         .collect())
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use das_api::health_taints;
 use das_e2e::Cluster;
-use das_e2e::das::{DRIVER, write_control};
+use das_e2e::das::{DRIVER, pool_devices, write_control};
 use das_e2e::plugin::{cluster_with_configured_plugins, live_slices};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
@@ -20,8 +20,8 @@ use das_e2e::workload::{
     wait_running,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
-use kube::api::{ListParams, PostParams};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
@@ -271,14 +271,9 @@ fn taint(key: &str, value: &str, effect: &str) -> Taint {
 
 /// The taints of every tainted device of `node`'s pool, by device name.
 async fn published_taints(c: &Client, node: &str) -> Result<BTreeMap<String, Vec<Taint>>> {
-    let slices = Api::<ResourceSlice>::all(c.clone())
-        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER}")))
-        .await?;
-    Ok(slices
-        .items
+    Ok(pool_devices(c, node)
+        .await?
         .iter()
-        .filter(|s| s.spec.pool.name == node)
-        .flat_map(|s| s.spec.devices.iter().flatten())
         .filter_map(|d| {
             let t = d.taints.as_ref().filter(|t| !t.is_empty())?;
             let t = t
