@@ -579,6 +579,45 @@ async fn das_installed_from_the_chart_serves_every_example() {
     let r = install::install(&mut cluster, &gpus, &bins).await;
     cluster.check(r.map(|_| ()));
     cluster.check(examples(&cluster).await);
+    cluster.check(docs_hold(&cluster).await);
+}
+
+/// On the demo's cluster (DAS from the chart, the examples running): every doc block marked
+/// `sh doctest` runs, and the README's demo output shows what the demo's report prints.
+async fn docs_hold(cluster: &Cluster) -> Result<()> {
+    use das_e2e::doctest::{self, Placeholders};
+    let root = das_e2e::cluster::workspace_root();
+    let client = cluster.client();
+    let claim = das_e2e::workload::claim_of(&client, "one-slice").await?;
+    let node = das_api::claim_status::our_results(&claim)
+        .next()
+        .context("one-slice is allocated")?
+        .pool
+        .clone();
+    let values = Placeholders(vec![
+        ("<pod>", "one-slice".into()),
+        ("<ns>", "default".into()),
+        ("<claim>", claim.metadata.name.clone().unwrap_or_default()),
+        ("<node>", node),
+    ]);
+    let blocks = doctest::runnable_blocks(&root)?;
+    ensure!(blocks.len() >= 3, "marked blocks: {blocks:?}");
+    for b in &blocks {
+        let script = values.fill(b)?;
+        doctest::run(&root, &cluster.kubeconfig, &script)
+            .with_context(|| format!("{}:{}", b.file, b.line))?;
+    }
+
+    let readme = std::fs::read_to_string(root.join("README.md"))?;
+    let demo = doctest::blocks("README.md", &readme, doctest::DEMO_OUTPUT_MARKER);
+    ensure!(demo.len() == 1, "one demo-output block in README.md");
+    let report = das_e2e::das::report(&client).await?;
+    let missing = doctest::missing_from_readme(&report, &demo[0].text);
+    ensure!(
+        missing.is_empty(),
+        "README.md's demo output is stale; `make demo` prints {missing:#?} (whole report:\n{report})"
+    );
+    Ok(())
 }
 
 /// Applies docs/examples, waits for the pods, and checks what each got.
