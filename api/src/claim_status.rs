@@ -28,8 +28,9 @@ pub const REASON_READY: &str = "SliceCreated";
 /// The `data` of our entry in `status.devices`: the carved MIG instance.
 ///
 /// JSON: `{"migUUID": "MIG-…", "gpuUUID": "GPU-…", "profile": "1g.10gb",
-/// "placement": {"start": 0, "size": 1}, "gpuInstanceId": 7, "computeInstanceId": 0}`
-/// (placement in memory slices; the two ids are absent in data written by plugins before 0.3).
+/// "placement": {"start": 0, "size": 1}, "gpuInstanceId": 7, "computeInstanceId": 0,
+/// "readyTime": "2026-11-23T06:30:00.123Z"}` (placement in memory slices; the ids and the time
+/// are absent in data written by plugins before 0.3).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct DeviceStatusData {
     /// UUID of the MIG device (`MIG-…`), as NVML reports it.
@@ -58,6 +59,11 @@ pub struct DeviceStatusData {
         skip_serializing_if = "Option::is_none"
     )]
     pub compute_instance_id: Option<u32>,
+    /// When the plugin reported the device ready: RFC 3339 with milliseconds, UTC. The
+    /// condition's `lastTransitionTime` says the same in whole seconds (metav1.Time), too coarse
+    /// for the controller's lag metric.
+    #[serde(rename = "readyTime", default, skip_serializing_if = "Option::is_none")]
+    pub ready_time: Option<String>,
 }
 
 impl DeviceStatusData {
@@ -150,6 +156,7 @@ mod tests {
             placement: MigPlacement { start: 3, size: 1 },
             gpu_instance_id: Some(9),
             compute_instance_id: Some(0),
+            ready_time: Some("2023-11-14T22:13:20.125Z".into()),
         }
     }
 
@@ -173,6 +180,7 @@ mod tests {
         );
         assert_eq!(v["conditions"][0]["reason"], REASON_READY);
         assert_eq!(v["data"]["gpuInstanceId"], 9);
+        assert_eq!(v["data"]["readyTime"], "2023-11-14T22:13:20.125Z");
     }
 
     #[test]

@@ -85,8 +85,9 @@ pub struct Metrics {
     pub writes: Family<Labels, Counter>,
     /// AllocationClaims by `state`, as last counted.
     pub claims: Family<Labels, Gauge>,
-    /// Seconds from the node plugin's `Ready` condition (second precision, as stored by the API
-    /// server) to the controller writing `inUse`.
+    /// Seconds from the node plugin reporting the device ready (its `readyTime`, milliseconds;
+    /// the `Ready` condition's whole-second time for older plugins) to the controller writing
+    /// `inUse`.
     pub in_use_lag: Histogram,
     /// 1 while this replica holds the leader lease.
     pub leader: Gauge,

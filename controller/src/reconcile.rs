@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use das_api::allocation::{AllocationClaim, AllocationState};
+use das_api::claim_status::DeviceStatusData;
 use das_runtime::client::Clients;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -94,9 +95,14 @@ fn seconds_since(time: &str) -> Option<f64> {
 }
 
 /// The `lastTransitionTime` of the claim's `Ready` condition for `device`.
+/// When `device` of `claim` was reported ready: the plugin's `readyTime` (milliseconds), else
+/// the `Ready` condition's `lastTransitionTime` (whole seconds, from plugins before 0.3).
 fn ready_since(claim: &ResourceClaim, device: &str) -> Option<String> {
     let devices = claim.status.as_ref()?.devices.as_ref()?;
     let d = devices.iter().find(|d| d.device == device)?;
+    if let Some(t) = DeviceStatusData::of(d).and_then(|data| data.ready_time) {
+        return Some(t);
+    }
     let c = d.conditions.as_ref()?.iter().find(|c| c.type_ == "Ready")?;
     Some(c.last_transition_time.0.to_string())
 }
@@ -541,6 +547,35 @@ mod tests {
             mapped,
             "the claim mapping is the same"
         );
+    }
+
+    #[test]
+    fn ready_time_in_milliseconds_wins_over_the_whole_second_condition() {
+        let claim = |data: serde_json::Value| -> ResourceClaim {
+            serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "ns"},
+                "spec": {"devices": {"requests": []}},
+                "status": {"devices": [{"driver": "mig.das.com", "pool": "n0", "device": "d",
+                    "conditions": [{"type": "Ready", "status": "True", "reason": "SliceCreated",
+                        "message": "", "lastTransitionTime": "2026-01-01T00:00:01Z"}],
+                    "data": data}]}
+            }))
+            .unwrap()
+        };
+        let base = json!({"migUUID": "MIG-1", "gpuUUID": "GPU-a", "profile": "1g.10gb",
+            "placement": {"start": 0, "size": 1}});
+        let mut with_time = base.clone();
+        with_time["readyTime"] = json!("2026-01-01T00:00:01.250Z");
+        assert_eq!(
+            ready_since(&claim(with_time), "d").as_deref(),
+            Some("2026-01-01T00:00:01.250Z")
+        );
+        assert_eq!(
+            ready_since(&claim(base), "d").as_deref(),
+            Some("2026-01-01T00:00:01Z"),
+            "older plugins: the condition"
+        );
+        assert!(seconds_since("2026-01-01T00:00:01.250Z").is_some());
     }
 
     #[test]

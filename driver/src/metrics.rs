@@ -45,6 +45,12 @@ struct GpuLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GpuProfileLabels {
+    gpu: String,
+    profile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct XidLabels {
     gpu: String,
     xid: String,
@@ -66,6 +72,7 @@ pub struct Metrics {
     prepared: Family<GpuLabels, Gauge>,
     memory_slices_in_use: Family<GpuLabels, Gauge>,
     gpu_healthy: Family<GpuLabels, Gauge>,
+    free_placements: Family<GpuProfileLabels, Gauge>,
     xid_events: Family<XidLabels, Counter>,
     status_write_failures: Counter,
     errors: Family<ErrorLabels, Counter>,
@@ -100,6 +107,7 @@ impl Metrics {
         let prepared = Family::<GpuLabels, Gauge>::default();
         let memory_slices_in_use = Family::<GpuLabels, Gauge>::default();
         let gpu_healthy = Family::<GpuLabels, Gauge>::default();
+        let free_placements = Family::<GpuProfileLabels, Gauge>::default();
         let xid_events = Family::<XidLabels, Counter>::default();
         let status_write_failures = Counter::default();
         let errors = Family::<ErrorLabels, Counter>::default();
@@ -166,6 +174,11 @@ impl Metrics {
             gpu_healthy.clone(),
         );
         registry.register(
+            "free_placements",
+            "Placements of a profile where a new MIG instance could be created now, per GPU index and profile (0 on every GPU: a pod asking for that profile waits)",
+            free_placements.clone(),
+        );
+        registry.register(
             "xid_events",
             "XID errors the GPUs reported, by GPU index, XID and whether the health policy treats it as fatal",
             xid_events.clone(),
@@ -183,6 +196,7 @@ impl Metrics {
             prepared,
             memory_slices_in_use,
             gpu_healthy,
+            free_placements,
             xid_events,
             status_write_failures,
             errors,
@@ -238,6 +252,18 @@ impl Metrics {
             self.memory_slices_in_use
                 .get_or_create(&labels)
                 .set(memory_slices as i64);
+        }
+    }
+
+    /// Sets the free placements of GPU `gpu`: `(profile, placements)` for each of its profiles.
+    pub fn set_free_placements(&self, gpu: u32, free: &[(String, u64)]) {
+        for (profile, n) in free {
+            self.free_placements
+                .get_or_create(&GpuProfileLabels {
+                    gpu: gpu.to_string(),
+                    profile: profile.clone(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
     }
 
@@ -312,6 +338,7 @@ mod tests {
         m.set_prepared([(0, 2, 3), (1, 1, 1)]);
         m.set_prepared([(1, 1, 2)]);
         m.set_gpu_healthy(1, false);
+        m.set_free_placements(2, &[("7g.40gb".into(), 0), ("1g.5gb".into(), 6)]);
         m.xid_seen(1, 79, true);
         let text = m.probe.encode();
         assert!(
@@ -336,6 +363,8 @@ mod tests {
         for want in [
             r#"das_kubelet_plugin_gpu_memory_slices_in_use{gpu="1"} 2"#,
             r#"das_kubelet_plugin_gpu_healthy{gpu="1"} 0"#,
+            r#"das_kubelet_plugin_free_placements{gpu="2",profile="7g.40gb"} 0"#,
+            r#"das_kubelet_plugin_free_placements{gpu="2",profile="1g.5gb"} 6"#,
             r#"das_kubelet_plugin_xid_events_total{gpu="1",xid="79",fatal="true"} 1"#,
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");

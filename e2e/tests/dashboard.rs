@@ -30,6 +30,7 @@ fn exported() -> BTreeSet<String> {
     plugin.observe_backend("create", took);
     plugin.set_prepared([(0, 1, 2)]);
     plugin.set_gpu_healthy(0, true);
+    plugin.set_free_placements(0, &[("1g.10gb".into(), 7)]);
     plugin.xid_seen(0, 79, true);
     plugin.status_write_failed();
     plugin.destroy_failed("in_use");

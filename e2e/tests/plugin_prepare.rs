@@ -100,6 +100,14 @@ async fn one_slice_with_cdi_and_status(
         metrics.contains(r#"das_kubelet_plugin_prepared_slices{gpu="0"} 1"#),
         "metrics:\n{metrics}"
     );
+    // The slice took GPU 0's whole-GPU placement away; GPU 1 still has it.
+    for line in [
+        r#"das_kubelet_plugin_free_placements{gpu="0",profile="7g.80gb"} 0"#,
+        r#"das_kubelet_plugin_free_placements{gpu="1",profile="7g.80gb"} 1"#,
+        r#"das_kubelet_plugin_free_placements{gpu="0",profile="1g.10gb"} 6"#,
+    ] {
+        ensure!(metrics.contains(line), "{line} missing in:\n{metrics}");
+    }
 
     // The plugin streams device health; the kubelet shows it in the pod's container status.
     let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(c.clone(), NS);

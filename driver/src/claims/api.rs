@@ -254,6 +254,7 @@ pub fn status_apply_body(
                 },
                 gpu_instance_id: d.instance.as_ref().map(|i| i.gi_id),
                 compute_instance_id: d.instance.as_ref().map(|i| i.ci_id),
+                ready_time: Some(now.0.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
             };
             let message = format!(
                 "MIG {} at memory slice {} on GPU {} ({})",

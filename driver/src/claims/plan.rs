@@ -316,6 +316,34 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
     out
 }
 
+/// Per profile of `model`, how many of its placements a new instance could take right now on a
+/// GPU holding `devices` (one at a time: NVML's rules of [`Occupancy::check_hardware`] against
+/// the recorded placements). Tells why a pod waits: 0 for its profile on every GPU.
+pub fn free_placements<'a>(
+    model: &crate::gpu::GpuModel,
+    devices: impl Iterator<Item = &'a RecordedDevice>,
+) -> Vec<(String, u64)> {
+    let mut occ = crate::gpu::layout::Occupancy::empty(model);
+    for d in devices {
+        if let Some((i, _)) = model.profile(&d.profile) {
+            occ.add(model, i, d.placement_start);
+        }
+    }
+    model
+        .profiles
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let n = p
+                .placement_starts
+                .iter()
+                .filter(|&&start| occ.check_hardware(model, i, start).is_ok())
+                .count();
+            (p.name.clone(), n as u64)
+        })
+        .collect()
+}
+
 /// The live instances no claim holds: neither recorded as a claim's instance nor overlapping a
 /// placement some record holds (a prepare records the placement before it creates the
 /// instance, so an instance being created is not listed). Such an instance, foreign or left

@@ -83,6 +83,8 @@ pub struct Preparer {
     pub(crate) node: String,
     pub(crate) backend: Arc<dyn GpuBackend>,
     pub(crate) devices: HashMap<String, DeviceRef>,
+    /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
+    models: BTreeMap<u32, Arc<crate::gpu::GpuModel>>,
     pub(crate) cdi_dir: PathBuf,
     caps_major: u32,
     cdi_device_nodes: bool,
@@ -117,6 +119,12 @@ impl Preparer {
             .collect();
         Self {
             devices: plan::device_index(&config.inventory),
+            models: config
+                .inventory
+                .iter()
+                .filter(|g| g.offers_mig())
+                .map(|g| (g.index, g.model.clone()))
+                .collect(),
             api: config.api,
             node: config.node,
             backend: config.backend,
@@ -761,6 +769,18 @@ impl Preparer {
         // Every GPU gets a sample, 0 when idle, so dashboards see idle GPUs too.
         for gpu in self.gpu_locks.keys() {
             per_gpu.entry(*gpu).or_default();
+        }
+        for (gpu, model) in &self.models {
+            let free = self.checkpoint.read(|cp| {
+                plan::free_placements(
+                    model,
+                    cp.claims
+                        .values()
+                        .flat_map(|r| &r.devices)
+                        .filter(|d| d.gpu_index == *gpu),
+                )
+            });
+            self.metrics.set_free_placements(*gpu, &free);
         }
         self.metrics.set_prepared(
             per_gpu

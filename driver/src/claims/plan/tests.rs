@@ -342,3 +342,26 @@ fn kubelet_devices_carry_their_cdi_device() {
     assert_eq!(kubelet_devices(&r)[1].cdi_device_ids, ["das.com/mig=u-b"]);
     assert_eq!(legacy_cdi_keys(&r), ["a", "b"]);
 }
+
+#[test]
+fn free_placements_follow_nvml_rules_on_what_is_recorded() {
+    let model = crate::gpu::catalog::find_model("A100-SXM4-40GB")
+        .unwrap()
+        .unwrap();
+    let free = |devices: &[RecordedDevice]| -> BTreeMap<String, u64> {
+        free_placements(&model, devices.iter())
+            .into_iter()
+            .collect()
+    };
+    let empty = free(&[]);
+    assert_eq!(empty["1g.5gb"], 7);
+    assert_eq!(empty["7g.40gb"], 1);
+    // One 1g.5gb at slice 0: no 7g, one 4g placement (0) gone, six 1g.5gb left.
+    let mut d = record(&planned(0, 0, "gpu"));
+    d.profile = "1g.5gb".into();
+    let one = free(&[d]);
+    assert_eq!(one["7g.40gb"], 0);
+    assert_eq!(one["4g.20gb"], 0, "4g.20gb only starts at 0");
+    assert_eq!(one["1g.5gb"], 6);
+    assert_eq!(one["3g.20gb"], 1);
+}
