@@ -923,6 +923,29 @@ async fn install_upgrade_uninstall(cluster: &Cluster) -> Result<()> {
     )?;
     ensure!(env == "json", "the upgrade applied the new value: {env}");
 
+    // A rollback to the first revision restores its values.
+    helm_on(cluster, &["rollback", chart::RELEASE, "1", &ns])?;
+    let log_format = || {
+        chart::kubectl(
+            &cluster.kubeconfig,
+            &[
+                "-n",
+                NAMESPACE,
+                "get",
+                "deployment",
+                "das-controller",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"DAS_LOG_FORMAT\")].value}",
+            ],
+            None,
+        )
+    };
+    let env = log_format()?;
+    ensure!(
+        env == "text",
+        "the rollback restored the first values: {env}"
+    );
+
     helm_on(cluster, &["uninstall", chart::RELEASE, &ns])?;
     chart::kubectl(
         &cluster.kubeconfig,
@@ -930,6 +953,13 @@ async fn install_upgrade_uninstall(cluster: &Cluster) -> Result<()> {
         None,
     )
     .context("the CRD is kept on uninstall")?;
+    // A reinstall takes the kept CRD over again.
+    helm_on(
+        cluster,
+        &["install", chart::RELEASE, &chart_dir, &ns, &values],
+    )
+    .context("reinstall with the CRD kept")?;
+    helm_on(cluster, &["uninstall", chart::RELEASE, &ns])?;
     let left = chart::kubectl(
         &cluster.kubeconfig,
         &[
