@@ -63,19 +63,9 @@ impl DeviceInfo {
 pub fn device_info(claim: &ResourceClaim, pods: &[Pod]) -> Vec<DeviceInfo> {
     let name = claim.name_any();
     let namespace = claim.namespace().unwrap_or_default();
-    let reserved: Vec<&str> = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.reserved_for.as_ref())
+    let pods: Vec<&Pod> = crate::mirror::reserving_pods(claim, pods)
         .into_iter()
-        .flatten()
-        .filter(|r| r.resource == "pods")
-        .map(|r| r.uid.as_str())
-        .collect();
-    let pods: Vec<&Pod> = pods
-        .iter()
         .filter(|p| p.namespace().as_deref() == Some(namespace.as_str()))
-        .filter(|p| p.uid().is_some_and(|u| reserved.contains(&u.as_str())))
         .collect();
     let mut rows = Vec::new();
     for r in our_results(claim) {

@@ -213,7 +213,7 @@ pub fn desired_names(claim: &ResourceClaim) -> Vec<String> {
 }
 
 /// The pods in `pods` that the claim is reserved for.
-fn reserving_pods<'a>(claim: &ResourceClaim, pods: &'a [Pod]) -> Vec<&'a Pod> {
+pub fn reserving_pods<'a>(claim: &ResourceClaim, pods: &'a [Pod]) -> Vec<&'a Pod> {
     let uids: Vec<&str> = claim
         .status
         .as_ref()

@@ -908,23 +908,6 @@ async fn install_upgrade_uninstall(cluster: &Cluster) -> Result<()> {
         "the upgrade replaced the webhook's serving certificate"
     );
     ensure!(bundle2 == bundle, "the upgrade changed the caBundle");
-    let env = chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "-n",
-            NAMESPACE,
-            "get",
-            "deployment",
-            "das-controller",
-            "-o",
-            "jsonpath={.spec.template.spec.containers[0].env[?(@.name==\"DAS_LOG_FORMAT\")].value}",
-        ],
-        None,
-    )?;
-    ensure!(env == "json", "the upgrade applied the new value: {env}");
-
-    // A rollback to the first revision restores its values.
-    helm_on(cluster, &["rollback", chart::RELEASE, "1", &ns])?;
     let log_format = || {
         chart::kubectl(
             &cluster.kubeconfig,
@@ -940,6 +923,11 @@ async fn install_upgrade_uninstall(cluster: &Cluster) -> Result<()> {
             None,
         )
     };
+    let env = log_format()?;
+    ensure!(env == "json", "the upgrade applied the new value: {env}");
+
+    // A rollback to the first revision restores its values.
+    helm_on(cluster, &["rollback", chart::RELEASE, "1", &ns])?;
     let env = log_format()?;
     ensure!(
         env == "text",
