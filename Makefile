@@ -4,25 +4,41 @@ SHELL := /bin/bash
 
 LOCAL     := $(CURDIR)/.local
 BIN       := $(LOCAL)/bin
-K8S_BIN   := $(BIN)/k8s
-# Pinned upstream Kubernetes: keep in step with e2e/k8s/go.mod.
-K8S_VERSION := v1.36.3
-K8S_COMMIT  := $(shell grep -m1 'k8s.io/kubernetes v' e2e/k8s/go.mod | awk '{print $$2}')
+# Upstream Kubernetes, built from Go modules (e2e/k8s). The default version's module file is
+# e2e/k8s/go.mod and its binaries live in .local/bin; every other supported version has
+# e2e/k8s/versions/<version>.mod (written by e2e/k8s/modfile.sh) and builds into
+# .local/k8s/<version>/. `K8S_VERSION=v1.35.4 make <target>` runs any target on that version.
+K8S_DEFAULT_VERSION := v1.37.2
+K8S_COMPAT_VERSIONS := v1.34.4 v1.35.4 v1.36.3
+K8S_VERSION ?= $(K8S_DEFAULT_VERSION)
+K8S_MINOR   := $(word 2,$(subst ., ,$(K8S_VERSION)))
+ifeq ($(K8S_VERSION),$(K8S_DEFAULT_VERSION))
+K8S_DIR     := $(BIN)
+K8S_MODFILE :=
+else
+K8S_DIR     := $(LOCAL)/k8s/$(K8S_VERSION)
+K8S_MODFILE := -modfile=versions/$(K8S_VERSION).mod
+endif
+K8S_BIN     := $(K8S_DIR)/k8s
+# Build tags for the few kubelet APIs that changed between versions (e2e/k8s/*_before_1_*.go).
+K8S_TAGS    := $(shell for t in 36 37; do [ "$(K8S_MINOR)" -lt $$t ] 2>/dev/null && printf 'k8s_before_1_%s ' $$t; done)
 K8S_LDFLAGS := -s -w \
   -X k8s.io/component-base/version.gitVersion=$(K8S_VERSION) \
   -X k8s.io/component-base/version.gitMajor=1 \
-  -X k8s.io/component-base/version.gitMinor=36 \
+  -X k8s.io/component-base/version.gitMinor=$(K8S_MINOR) \
   -X k8s.io/component-base/version.gitTreeState=clean \
   -X k8s.io/client-go/pkg/version.gitVersion=$(K8S_VERSION) \
   -X k8s.io/client-go/pkg/version.gitMajor=1 \
-  -X k8s.io/client-go/pkg/version.gitMinor=36 \
+  -X k8s.io/client-go/pkg/version.gitMinor=$(K8S_MINOR) \
   -X k8s.io/client-go/pkg/version.gitTreeState=clean
 K8S_COMPONENTS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl dra-kubelet
 
 CARGO ?= cargo
 DAS_BINS := -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller \
   -p das-webhook --bin das-webhook
-KUBECTL := KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(BIN)/kubectl
+KUBECTL := KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(K8S_DIR)/kubectl
+# The cluster tests and das-cluster start the components from this binary.
+export DAS_K8S_BIN := $(K8S_BIN)
 
 # Container image (deploy/Containerfile): the workspace version, the first engine found.
 VERSION ?= $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Cargo.toml)
@@ -37,13 +53,26 @@ help: ## list targets
 	@grep -E '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  %-14s %s\n",$$1,$$2}'
 
 .PHONY: k8s
-k8s: ## build upstream Kubernetes (multi-call binary) into .local/bin (incremental)
-	@mkdir -p $(BIN)
+k8s: ## build upstream Kubernetes $(K8S_VERSION) (multi-call binary; K8S_VERSION=v1.34.4|v1.35.4|v1.36.3|v1.37.2) (incremental)
+	@case " $(K8S_DEFAULT_VERSION) $(K8S_COMPAT_VERSIONS) " in *" $(K8S_VERSION) "*) ;; \
+	  *) echo "K8S_VERSION=$(K8S_VERSION) is not supported; pick one of $(K8S_DEFAULT_VERSION) $(K8S_COMPAT_VERSIONS)" >&2; exit 2;; esac
+	@mkdir -p $(K8S_DIR)
 	cd e2e/k8s && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
-	  go build -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(K8S_BIN).new . && \
+	  go build $(K8S_MODFILE) -tags "$(K8S_TAGS)" -trimpath -ldflags "$(K8S_LDFLAGS)" -o $(K8S_BIN).new . && \
 	  { cmp -s $(K8S_BIN).new $(K8S_BIN) && rm $(K8S_BIN).new || mv $(K8S_BIN).new $(K8S_BIN); }
-	@for c in $(K8S_COMPONENTS); do ln -sf k8s $(BIN)/$$c; done
+	@for c in $(K8S_COMPONENTS); do ln -sf k8s $(K8S_DIR)/$$c; done
 	@$(K8S_BIN) version
+
+.PHONY: k8s-all
+k8s-all: ## build every supported Kubernetes version (the default and $(K8S_COMPAT_VERSIONS))
+	@for v in $(K8S_DEFAULT_VERSION) $(K8S_COMPAT_VERSIONS); do $(MAKE) --no-print-directory k8s K8S_VERSION=$$v || exit 1; done
+
+.PHONY: schedperf
+schedperf: ## build upstream's scheduler benchmark (e2e/k8s/schedperf) for $(K8S_VERSION) into $(K8S_DIR)/schedperf.test
+	@# No -trimpath: the in-process test API server finds its testdata through source paths.
+	@mkdir -p $(K8S_DIR)
+	cd e2e/k8s && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
+	  go test -c $(K8S_MODFILE) -tags "$(K8S_TAGS)" -ldflags "$(K8S_LDFLAGS)" -o $(K8S_DIR)/schedperf.test ./schedperf
 
 .PHONY: helm
 helm: ## build Helm (e2e/helm, from the Go module proxy) into .local/bin for the chart checks
@@ -61,7 +90,7 @@ build: ## build every Rust crate (debug)
 	$(CARGO) build --workspace --all-targets
 
 .PHONY: test
-test: unit e2e ## run every test: `make unit`, then `make e2e` (go vet is in `make lint`)
+test: unit e2e compat ## run every test: `make unit`, `make e2e` (on $(K8S_DEFAULT_VERSION)), then `make compat` (go vet is in `make lint`)
 
 .PHONY: unit
 unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate's, and das-e2e's library tests
@@ -73,6 +102,26 @@ e2e: k8s helm ## run the cluster tests (e2e/tests/, one file per component: plug
 	# They run the DAS binaries from the target dir: build them first.
 	$(CARGO) build $(DAS_BINS)
 	$(CARGO) test -p das-e2e --test '*' --no-fail-fast
+
+.PHONY: compat
+compat: helm ## the compatibility subset (e2e/tests/compat.rs) on each older Kubernetes: $(K8S_COMPAT_VERSIONS)
+	$(CARGO) build $(DAS_BINS)
+	@failed=""; for v in $(K8S_COMPAT_VERSIONS); do \
+	  $(MAKE) --no-print-directory k8s K8S_VERSION=$$v || exit 1; \
+	  echo "== compatibility subset on Kubernetes $$v"; \
+	  DAS_K8S_BIN=$(LOCAL)/k8s/$$v/k8s $(CARGO) test -p das-e2e --test compat --no-fail-fast || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "compatibility subset failed on:$$failed" >&2; exit 1; fi
+
+# The scheduler benchmark compares the last version without and the first with counter slices
+# indexed by node (k8s.io/dynamic-resource-allocation v0.37).
+BENCH_SCHEDULER_VERSIONS := v1.36.3 $(K8S_DEFAULT_VERSION)
+
+.PHONY: bench-scheduler
+bench-scheduler: ## scheduler throughput with DAS's slices vs plain devices and peers' shapes at 10/50/100 nodes, on $(BENCH_SCHEDULER_VERSIONS) (docs/benchmarks.md)
+	@for v in $(BENCH_SCHEDULER_VERSIONS); do $(MAKE) --no-print-directory k8s schedperf K8S_VERSION=$$v || exit 1; done
+	DAS_SCHEDPERF_BINS="$(foreach v,$(BENCH_SCHEDULER_VERSIONS),$(v)=$(if $(filter $(v),$(K8S_DEFAULT_VERSION)),$(BIN),$(LOCAL)/k8s/$(v))/schedperf.test,)" \
+	  $(CARGO) bench -p das-e2e --bench scheduler
 
 .PHONY: fuzz
 fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)

@@ -24,21 +24,19 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.opentelemetry.io/otel/trace/noop"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clientset "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	cliflag "k8s.io/component-base/cli/flag"
 	"k8s.io/component-base/version"
-	remote "k8s.io/cri-client/pkg"
 	fakeremote "k8s.io/cri-client/pkg/fake"
 	"k8s.io/klog/v2"
 	pluginwatcherapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	cadvisortest "k8s.io/kubernetes/pkg/kubelet/cadvisor/testing"
 	"k8s.io/kubernetes/pkg/kubelet/cm"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
+	"k8s.io/kubernetes/pkg/kubelet/cm/resourceupdates"
 	"k8s.io/kubernetes/pkg/kubelet/config"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
@@ -159,7 +157,7 @@ func runDRAKubelet(ctx context.Context, o *draKubeletOptions) error {
 		return fmt.Errorf("start fake CRI: %w", err)
 	}
 	defer fakeRuntime.Stop()
-	runtimeService, err := remote.NewRemoteRuntimeService(ctx, endpoint, 15*time.Second, noop.NewTracerProvider(), false)
+	runtimeService, err := newRuntimeService(ctx, endpoint, 15*time.Second)
 	if err != nil {
 		return fmt.Errorf("fake CRI client: %w", err)
 	}
@@ -200,6 +198,13 @@ func (m *draContainerManager) GetPluginRegistrationHandlers() map[string]cache.P
 	return map[string]cache.PluginHandler{pluginwatcherapi.DRAPlugin: m.dra.GetWatcherHandler()}
 }
 
+// Updates wakes the kubelet's sync loop for the pods whose device health changed (the DRA
+// manager's health stream), as containerManagerImpl fans it in; the kubelet then writes the new
+// health into the pod status.
+func (m *draContainerManager) Updates() <-chan resourceupdates.Update {
+	return m.dra.Updates()
+}
+
 func (m *draContainerManager) PrepareDynamicResources(ctx context.Context, pod *v1.Pod) error {
 	return m.dra.PrepareResources(ctx, pod)
 }
@@ -210,14 +215,6 @@ func (m *draContainerManager) UnprepareDynamicResources(ctx context.Context, pod
 
 func (m *draContainerManager) PodMightNeedToUnprepareResources(uid types.UID) bool {
 	return m.dra.PodMightNeedToUnprepareResources(uid)
-}
-
-func (m *draContainerManager) UpdateAllocatedResourcesStatus(pod *v1.Pod, st *v1.PodStatus) {
-	m.dra.UpdateAllocatedResourcesStatus(pod, st)
-}
-
-func (m *draContainerManager) GetDynamicResources(pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
-	return nil
 }
 
 // cdiRecord is what a container would have received from the runtime: its CDI device IDs.

@@ -90,6 +90,9 @@ pub fn render_yaml(opts: &RenderOptions) -> Result<String> {
     let kube_version = opts
         .kube_version
         .clone()
+        // The version the local cluster runs (`K8S_VERSION`), as Helm asks a real cluster.
+        .or_else(|| crate::cluster::k8s_version(&crate::cluster::k8s_binary()).ok())
+        .filter(|v| v.starts_with("v1."))
         .unwrap_or_else(|| KUBERNETES_VERSION.to_string());
     let mut args = vec![
         "template".to_string(),

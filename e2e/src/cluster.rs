@@ -18,8 +18,10 @@ use crate::pki::{self, CertFiles, Pki, Usage};
 use crate::process::{self, Lifetime, Process};
 use crate::workload::free_port;
 
-/// The Kubernetes version the `e2e/k8s` module pins (kept in step with its go.mod).
-pub const KUBERNETES_VERSION: &str = "v1.36.3";
+/// The default Kubernetes version, the one `e2e/k8s/go.mod` pins and `make k8s` builds into
+/// `.local/bin` (kept in step with the Makefile's `K8S_DEFAULT_VERSION`). Older supported
+/// versions build from `e2e/k8s/versions/` (`K8S_VERSION=... make k8s`).
+pub const KUBERNETES_VERSION: &str = "v1.37.2";
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -93,11 +95,14 @@ pub struct Cluster {
     timings: Vec<(String, Duration)>,
 }
 
-/// `<workspace>/.local/bin/k8s`, or `$DAS_K8S_BIN`.
+/// `<workspace>/.local/bin/k8s`, or `$DAS_K8S_BIN` (the Makefile sets it to the build of
+/// `K8S_VERSION`, e.g. `.local/k8s/v1.35.4/k8s`).
+/// A relative `$DAS_K8S_BIN` is taken from the repository root (cargo runs tests in `e2e/`).
 pub fn k8s_binary() -> PathBuf {
+    let root = workspace_root();
     std::env::var_os("DAS_K8S_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".local/bin/k8s"))
+        .map(|p| root.join(p))
+        .unwrap_or_else(|| root.join(".local/bin/k8s"))
 }
 
 /// The repository root (parent of this crate).
@@ -170,6 +175,7 @@ impl Cluster {
 
     async fn boot(&mut self, cfg: &ClusterConfig) -> Result<()> {
         let t0 = Instant::now();
+        let gates = feature_gates(k8s_minor_version(&cfg.k8s_bin)?);
         let pki = Pki::create(&self.pki_dir)?;
         let serving = pki.issue(
             "apiserver",
@@ -225,7 +231,11 @@ impl Cluster {
         self.spawn(
             cfg,
             "kube-apiserver",
-            apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa),
+            [
+                apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa),
+                gates.clone(),
+            ]
+            .concat(),
         )?;
         self.client = Some(kubeconfig::client(&self.kubeconfig).await?);
         self.wait_readyz(Duration::from_secs(90)).await?;
@@ -248,7 +258,10 @@ impl Cluster {
                 "--use-service-account-credentials=false".into(),
                 "--kube-api-qps=100".into(),
                 "--kube-api-burst=200".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(gates.clone())
+            .collect(),
         )?;
         self.spawn(
             cfg,
@@ -260,7 +273,10 @@ impl Cluster {
                 "--secure-port=0".into(),
                 "--kube-api-qps=100".into(),
                 "--kube-api-burst=200".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(gates.clone())
+            .collect(),
         )?;
         self.wait_default_service_account(Duration::from_secs(60))
             .await?;
@@ -565,6 +581,42 @@ pub fn stop_detached(state: &ClusterState) {
     }
 }
 
+/// The version of the Kubernetes build in `bin`, e.g. `v1.35.4` (what `k8s version` prints).
+pub fn k8s_version(bin: &Path) -> Result<String> {
+    let out = std::process::Command::new(bin)
+        .arg("version")
+        .output()
+        .with_context(|| format!("run {} version", bin.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The minor version of the Kubernetes build in `bin`.
+pub fn k8s_minor_version(bin: &Path) -> Result<u32> {
+    let version = k8s_version(bin)?;
+    parse_minor(&version).with_context(|| {
+        format!(
+            "{} version printed {version:?}, not v1.MINOR.PATCH: build it with `make k8s`",
+            bin.display()
+        )
+    })
+}
+
+fn parse_minor(version: &str) -> Option<u32> {
+    let rest = version.strip_prefix("v1.")?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// The feature gates the control plane of Kubernetes 1.`minor` needs for DAS, as the README's
+/// compatibility table tells users: shared counters (`DRAPartitionableDevices`) are alpha and
+/// off before 1.36.
+fn feature_gates(minor: u32) -> Vec<String> {
+    if minor < 36 {
+        vec!["--feature-gates=DRAPartitionableDevices=true".into()]
+    } else {
+        Vec::new()
+    }
+}
+
 fn apiserver_args(
     etcd_url: &str,
     port: u16,
@@ -593,4 +645,21 @@ fn apiserver_args(
         "--enable-priority-and-fairness=false".into(),
         "--profiling=false".into(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minor_version_and_gates_follow_the_build() {
+        assert_eq!(parse_minor("v1.35.4"), Some(35));
+        assert_eq!(parse_minor("v1.37.2"), Some(37));
+        assert_eq!(parse_minor("v0.0.0-master+$Format:%H$"), None);
+        assert_eq!(
+            feature_gates(34),
+            ["--feature-gates=DRAPartitionableDevices=true"]
+        );
+        assert!(feature_gates(36).is_empty());
+    }
 }

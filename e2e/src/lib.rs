@@ -26,6 +26,7 @@
 //! - [`chart`]: the Helm chart rendered by Helm; [`install`]: DAS installed from it (the chart's
 //!   RBAC identities, environment and arguments) on the local cluster, and where the DAS
 //!   binaries are ([`install::DasBinary`], [`install::Binaries`]).
+//! - [`examples`]: docs/examples applied and checked on DAS installed from the chart.
 //! - [`doctest`]: shell blocks of the docs marked `sh doctest`, run against the local cluster,
 //!   and the README's demo output checked against the demo's report.
 //! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
@@ -34,6 +35,7 @@ pub mod chart;
 pub mod cluster;
 pub mod das;
 pub mod doctest;
+pub mod examples;
 pub mod install;
 pub mod kubeconfig;
 pub mod pki;

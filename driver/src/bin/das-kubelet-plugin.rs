@@ -45,7 +45,7 @@ struct Args {
     #[arg(
         long,
         env = "NODE_NAME",
-        required_unless_present = "print_inventory",
+        required_unless_present_any = ["print_inventory", "print_resource_slices"],
         default_value = ""
     )]
     node_name: String,
@@ -100,6 +100,12 @@ struct Args {
     /// --emulated-gpus, prints the emulated inventory instead.
     #[arg(long)]
     print_inventory: bool,
+    /// Print the ResourceSlices this node would publish (a JSON `List`, slices without
+    /// `metadata.name`, in the layout of Kubernetes 1.35 and later: counter sets in slices of
+    /// their own) and exit. Only with --emulated-gpus; read-only, no API server needed. The
+    /// scheduler benchmark (`make bench-scheduler`) takes DAS's slices from it.
+    #[arg(long, requires = "emulated_gpus")]
+    print_resource_slices: bool,
     /// Let DAS switch MIG mode on for Hopper and newer GPUs that have it off (the GPU must be
     /// idle). Off by default: DAS then never changes MIG mode. Ampere GPUs are never switched
     /// (they need a GPU reset).
@@ -133,6 +139,9 @@ fn main() -> ExitCode {
     }
     if args.print_inventory {
         return process::exit_status(print_inventory(&args).map(|()| ExitCode::SUCCESS));
+    }
+    if args.print_resource_slices {
+        return process::exit_status(print_resource_slices(&args).map(|()| ExitCode::SUCCESS));
     }
     limit_malloc_arenas();
     // Few threads: backend calls are per GPU and short; each idle thread costs memory.
@@ -227,6 +236,27 @@ fn print_inventory(args: &Args) -> Result<()> {
         }
         None => print!("{}", nvml::inventory_report(&init_nvml()?)),
     }
+    Ok(())
+}
+
+/// `--print-resource-slices`: the emulated GPUs' desired slices as a JSON `List`, then exit.
+fn print_resource_slices(args: &Args) -> Result<()> {
+    let spec = args.emulated_gpus.as_deref().unwrap_or_default();
+    let node = if args.node_name.is_empty() {
+        "node"
+    } else {
+        &args.node_name
+    };
+    let gpus = das_driver::gpu::emulated::emulated_inventory(spec, node)
+        .with_context(|| format!("emulated GPUs {spec:?}"))?;
+    let slices = resource_slices::desired_resource_slices(
+        node,
+        &gpus,
+        ResourceSliceLayout::SeparateCounterSlices,
+    )?;
+    let items: Vec<_> = slices.into_iter().map(|s| s.slice).collect();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    println!("{}", serde_json::to_string_pretty(&list)?);
     Ok(())
 }
 

@@ -131,9 +131,13 @@ pub async fn serve(
         r#type: das_proto::pluginregistration::DRA_PLUGIN_TYPE.into(),
         name: driver.into(),
         endpoint: paths.dra.display().to_string(),
+        // Every gRPC service the socket serves. From Kubernetes 1.37 the kubelet watches device
+        // health only from plugins that list the health service here (1.34 to 1.36 always
+        // tried it); earlier kubelets skip entries they do not know.
         supported_versions: vec![
             das_proto::dra::SERVICE_V1.into(),
             das_proto::dra::SERVICE_V1BETA1.into(),
+            das_proto::dra_health::SERVICE_V1ALPHA1.into(),
         ],
     };
     let reg_server = tonic::transport::Server::builder()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use das_e2e::cluster::{self, Cluster, ClusterConfig, ClusterState, KUBERNETES_VERSION};
+use das_e2e::cluster::{self, Cluster, ClusterConfig, ClusterState};
 use das_e2e::install::{self, Binaries};
 use das_e2e::process::{self, Lifetime};
 
@@ -169,9 +169,10 @@ async fn up(state_dir: &Path, node_specs: Vec<String>, bins: Option<Binaries>) -
     state.kubeconfig = kubeconfig.clone();
     std::fs::write(state_file(state_dir), serde_json::to_vec_pretty(&state)?)?;
 
-    let kubectl = cluster::workspace_root().join(".local/bin/kubectl");
+    let kubectl = cluster::k8s_binary().with_file_name("kubectl");
+    let version = cluster::k8s_version(&cluster::k8s_binary())?;
     println!(
-        "Local Kubernetes {KUBERNETES_VERSION} is up in {:.1}s with nodes: {}",
+        "Local Kubernetes {version} is up in {:.1}s with nodes: {}",
         elapsed.as_secs_f64(),
         nodes.join(", ")
     );

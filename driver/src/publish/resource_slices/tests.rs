@@ -255,8 +255,16 @@ fn device_order_is_the_placement_order() {
         .collect();
     assert_eq!(one_g[0], "gpu-0-mig-1g-10gb-5");
     assert_eq!(one_g.last(), Some(&"gpu-0-mig-1g-10gb-0"));
-    let first_gpu1 = names.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
-    assert!(names[first_gpu1..].iter().all(|n| n.starts_with("gpu-1-")));
+    // 1g.10gb, which both models offer, is merged across them (placement::merge_models): the
+    // A100's start 6 comes first. Every other device is GPU-major.
+    let shared = |n: &&str| n.contains("-mig-1g-10gb-") && !n.contains("-me-");
+    assert_eq!(
+        names.iter().find(|n| shared(n)),
+        Some(&"gpu-1-mig-1g-10gb-6")
+    );
+    let own: Vec<&str> = names.iter().copied().filter(|n| !shared(n)).collect();
+    let first_gpu1 = own.iter().position(|n| n.starts_with("gpu-1-")).unwrap();
+    assert!(own[first_gpu1..].iter().all(|n| n.starts_with("gpu-1-")));
 }
 
 #[test]

@@ -1,0 +1,114 @@
+//! The compatibility subset: what DAS must do on every Kubernetes version the README lists as
+//! tested. `make compat` runs it on each older version (`.local/k8s/<version>/k8s`, the
+//! control plane started with `DRAPartitionableDevices` on before 1.36, as the README tells
+//! users); `make e2e` runs it with the rest of the suite on the default version.
+//!
+//! On two nodes with DAS installed from the chart (plugin, controller, webhook):
+//! - the ResourceSlices are in the layout this API server wants (counter sets with the devices on
+//!   1.34, in their own slices from 1.35), and every counter a device consumes is published;
+//! - every example pod runs with its slices: a ResourceClaimTemplate pod, a 3-slice claim, a
+//!   Deployment, and a legacy `nvidia.com/mig-*` pod through the webhook;
+//! - deleting them destroys every MIG instance and every CDI spec.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, Result, ensure};
+use das_api::DRIVER_NAME;
+use das_e2e::install::{self, Binaries};
+use das_e2e::plugin::live_slices;
+use das_e2e::{Cluster, ClusterConfig, chart, das, examples, wait};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::Api;
+use kube::api::ListParams;
+
+const NODES: [(&str, &str); 2] = [("n0", "A100-SXM4-40GB:2"), ("n1", "H100-80GB:2")];
+
+#[tokio::test]
+async fn das_serves_the_examples_on_this_kubernetes_version() {
+    let bins = Binaries::in_target_dir("debug", true).expect("DAS binaries");
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&["n0", "n1"]))
+        .await
+        .expect("cluster starts");
+    let gpus: Vec<(String, String)> = NODES
+        .iter()
+        .map(|(n, g)| (n.to_string(), g.to_string()))
+        .collect();
+    let r = install::install(&mut cluster, &gpus, &bins).await;
+    cluster.check(r.map(|_| ()));
+    cluster.check(slices_in_the_servers_layout(&cluster).await);
+    cluster.check(examples::apply_and_check(&cluster).await);
+    cluster.check(deleting_the_examples_destroys_every_slice(&cluster).await);
+}
+
+/// 1.34 wants each counter set in the slice of the devices that consume it; 1.35 and later
+/// want counter sets in slices of their own (KEP-4815). Either way every counter set a device
+/// names must be published in its pool.
+async fn slices_in_the_servers_layout(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client();
+    let version = client.apiserver_version().await?;
+    let minor: u32 = version
+        .minor
+        .trim_end_matches('+')
+        .parse()
+        .with_context(|| format!("server minor version {:?}", version.minor))?;
+    let slices = Api::<ResourceSlice>::all(client)
+        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}")))
+        .await?
+        .items;
+    for (node, _) in NODES {
+        let pool: Vec<&ResourceSlice> =
+            slices.iter().filter(|s| s.spec.pool.name == node).collect();
+        ensure!(!pool.is_empty(), "{node} published no slices");
+        let mut sets = BTreeSet::new();
+        let mut consumed = BTreeSet::new();
+        for s in &pool {
+            let counters = s.spec.shared_counters.as_deref().unwrap_or_default();
+            let devices = s.spec.devices.as_deref().unwrap_or_default();
+            let name = s.metadata.name.as_deref().unwrap_or_default();
+            if !counters.is_empty() {
+                ensure!(
+                    (minor < 35) == !devices.is_empty(),
+                    "v1.{minor}: slice {name} holds {} counter sets and {} devices",
+                    counters.len(),
+                    devices.len()
+                );
+            }
+            sets.extend(counters.iter().map(|c| c.name.clone()));
+            for d in devices {
+                for c in d.consumes_counters.as_deref().unwrap_or_default() {
+                    consumed.insert(c.counter_set.clone());
+                }
+            }
+        }
+        ensure!(
+            !consumed.is_empty() && consumed.is_subset(&sets),
+            "{node}: devices consume {consumed:?}, the pool publishes {sets:?}"
+        );
+    }
+    Ok(())
+}
+
+async fn deleting_the_examples_destroys_every_slice(cluster: &Cluster) -> Result<()> {
+    let dir = das_e2e::cluster::workspace_root().join("docs/examples");
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &["delete", "--wait=false", "-f", &dir.display().to_string()],
+        None,
+    )?;
+    for (node, _) in NODES {
+        wait::until(
+            &format!("every MIG instance on {node} to be destroyed"),
+            examples::TIMEOUT,
+            || async { Ok(live_slices(cluster, node)?.is_empty().then_some(())) },
+        )
+        .await?;
+        let cdi = das::PluginDirs::of(cluster.node(node)).cdi;
+        wait::until(
+            &format!("every CDI spec on {node} to be deleted"),
+            examples::TIMEOUT,
+            || async { Ok(das::load_specs(&cdi)?.is_empty().then_some(())) },
+        )
+        .await?;
+    }
+    Ok(())
+}
