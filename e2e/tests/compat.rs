@@ -66,8 +66,10 @@ async fn slices_in_the_servers_layout(cluster: &Cluster) -> Result<()> {
             let devices = s.spec.devices.as_deref().unwrap_or_default();
             let name = s.metadata.name.as_deref().unwrap_or_default();
             if !counters.is_empty() {
+                let devices_beside_counters = minor < 35;
+                let has_devices = !devices.is_empty();
                 ensure!(
-                    (minor < 35) == !devices.is_empty(),
+                    devices_beside_counters == has_devices,
                     "v1.{minor}: slice {name} holds {} counter sets and {} devices",
                     counters.len(),
                     devices.len()
