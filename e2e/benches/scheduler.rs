@@ -224,12 +224,12 @@ fn das_slices() -> Result<Vec<Value>> {
         .collect()
 }
 
-/// Every device of the DAS shape, in publish order.
-fn das_devices() -> Result<Vec<Value>> {
-    Ok(das_slices()?
-        .into_iter()
+/// Every device of `slices`, in publish order.
+fn devices_of(slices: &[Value]) -> Vec<Value> {
+    slices
+        .iter()
         .flat_map(|s| s["devices"].as_array().cloned().unwrap_or_default())
-        .collect())
+        .collect()
 }
 
 fn attr<'a>(device: &'a Value, name: &str) -> &'a Value {
@@ -243,7 +243,7 @@ fn attr<'a>(device: &'a Value, name: &str) -> &'a Value {
 
 /// The DAS devices of the profile, without counters, all in one slice.
 fn plain_slices() -> Result<Vec<Value>> {
-    let devices: Vec<Value> = das_devices()?
+    let devices: Vec<Value> = devices_of(&das_slices()?)
         .into_iter()
         .filter(|d| attr(d, "profile") == PROFILE)
         .map(|mut d| {
@@ -293,7 +293,7 @@ fn nvidia_slices() -> Result<Vec<Value>> {
         .collect();
     ensure!(counter_sets.len() == GPU_COUNT, "one counter set per GPU");
     let mut per_gpu: BTreeMap<i64, Vec<(String, Value)>> = BTreeMap::new();
-    for mut d in das_devices()? {
+    for mut d in devices_of(&das) {
         let g = attr(&d, "gpuIndex").as_i64().context("gpuIndex")?;
         let profile = attr(&d, "profile").as_str().context("profile")?.to_string();
         let start = attr(&d, "placementStart")

@@ -5,6 +5,7 @@
 //! ServiceAccount, which proves the controller manager works) → one `dra-kubelet` per node (wait
 //! `Ready`). Every component is the upstream code from the `e2e/k8s` multi-call binary.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -582,12 +583,22 @@ pub fn stop_detached(state: &ClusterState) {
 }
 
 /// The version of the Kubernetes build in `bin`, e.g. `v1.35.4` (what `k8s version` prints).
+/// Asked once per binary and process: every chart render and cluster start needs it.
 pub fn k8s_version(bin: &Path) -> Result<String> {
+    static SEEN: std::sync::Mutex<BTreeMap<PathBuf, String>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    if let Some(v) = SEEN.lock().expect("version cache").get(bin) {
+        return Ok(v.clone());
+    }
     let out = std::process::Command::new(bin)
         .arg("version")
         .output()
         .with_context(|| format!("run {} version", bin.display()))?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    SEEN.lock()
+        .expect("version cache")
+        .insert(bin.to_path_buf(), version.clone());
+    Ok(version)
 }
 
 /// The minor version of the Kubernetes build in `bin`.
