@@ -31,7 +31,7 @@ K8S_LDFLAGS := -s -w \
   -X k8s.io/client-go/pkg/version.gitMajor=1 \
   -X k8s.io/client-go/pkg/version.gitMinor=$(K8S_MINOR) \
   -X k8s.io/client-go/pkg/version.gitTreeState=clean
-K8S_COMPONENTS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl dra-kubelet
+K8S_COMPONENTS := etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet dra-kubelet
 
 CARGO ?= cargo
 DAS_BINS := -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller \
@@ -74,6 +74,32 @@ schedperf: ## build upstream's scheduler benchmark (e2e/k8s/schedperf) for $(K8S
 	cd e2e/k8s && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
 	  go test -c $(K8S_MODFILE) -tags "$(K8S_TAGS)" -ldflags "$(K8S_LDFLAGS)" -o $(K8S_DIR)/schedperf.test ./schedperf
 
+# containerd v2 with its runc shim, ctr, the CNI plugins and the test images' programs
+# (e2e/containerd) for the real-runtime node; runc itself is Debian's package.
+CONTAINERD_VERSION := v2.4.2
+CONTAINERD_BIN := $(LOCAL)/containerd/bin
+CONTAINERD_PKGS := github.com/containerd/containerd/v2/cmd/containerd \
+  github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr \
+  github.com/containernetworking/plugins/plugins/main/bridge \
+  github.com/containernetworking/plugins/plugins/main/loopback \
+  github.com/containernetworking/plugins/plugins/ipam/host-local \
+  github.com/containernetworking/plugins/plugins/meta/portmap \
+  ./probe ./ociimage
+
+.PHONY: containerd
+containerd: ## build containerd $(CONTAINERD_VERSION), its runc shim, the CNI plugins and the test-image programs (e2e/containerd) into .local/containerd/bin; install runc if missing
+	@command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || { \
+	  echo "runc is missing: installing Debian's runc package"; \
+	  { apt-get install -y -qq runc >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq runc; }; } || \
+	  { echo "cannot install runc (needs root and Debian's package archive): the real-runtime node tests need it" >&2; exit 1; }; }
+	@mkdir -p $(CONTAINERD_BIN)
+	cd e2e/containerd && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
+	  go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+	  -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)" \
+	  -o $(CONTAINERD_BIN)/ $(CONTAINERD_PKGS)
+	@$(CONTAINERD_BIN)/containerd --version
+
 .PHONY: helm
 helm: ## build Helm (e2e/helm, from the Go module proxy) into .local/bin for the chart checks
 	@mkdir -p $(BIN)
@@ -98,7 +124,7 @@ unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate'
 	$(CARGO) test -p das-e2e --lib --bins --no-fail-fast
 
 .PHONY: e2e
-e2e: k8s helm ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kubelet_smoke, soak)
+e2e: k8s helm containerd ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kubelet_smoke, runtime_node, soak)
 	# They run the DAS binaries from the target dir: build them first.
 	$(CARGO) build $(DAS_BINS)
 	$(CARGO) test -p das-e2e --test '*' --no-fail-fast
@@ -166,16 +192,17 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 .PHONY: fmt
 fmt: ## format Rust and Go sources
 	$(CARGO) fmt --all
-	gofmt -w e2e/k8s
+	gofmt -w e2e/k8s e2e/containerd
 
 .PHONY: lint
 lint: ## formatting check, clippy with warnings as errors, go vet, no references outside the repository
 	@if git grep -nE '(^|[^A-Za-z0-9_])shared/' -- ':!Makefile'; then \
 	  echo "the lines above cite files outside the repository (shared/): cite docs/design.md or docs/reference/ instead"; exit 1; fi
 	$(CARGO) fmt --all -- --check
-	@test -z "$$(gofmt -l e2e/k8s)" || { gofmt -l e2e/k8s; echo "gofmt needed"; exit 1; }
+	@test -z "$$(gofmt -l e2e/k8s e2e/containerd)" || { gofmt -l e2e/k8s e2e/containerd; echo "gofmt needed"; exit 1; }
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
+	cd e2e/containerd && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
 
 .PHONY: image
 image: ## build the container image (IMAGE=ghcr.io/das-project/das:VERSION) with podman, docker or buildah

@@ -1,14 +1,16 @@
 // Command k8s is a multi-call binary holding the upstream Kubernetes components that the DAS
 // end-to-end tests and `make demo` run on one machine without a container engine:
 //
-//	k8s etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | dra-kubelet  [flags]
+//	k8s etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | dra-kubelet  [flags]
 //
 // It can also be invoked through a symlink named after a component (e.g. `.local/bin/kubectl`).
 // Every component except dra-kubelet is the unmodified upstream command; dra-kubelet is a hollow
 // kubelet (fake container runtime) whose container manager runs the real kubelet DRA manager.
+// kubelet is the real one: the real-runtime node runs it against containerd (e2e/containerd).
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,6 +29,7 @@ import (
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 // components maps a component name to its entry point. Each entry point sees os.Args as if it
@@ -40,6 +43,7 @@ var components = map[string]func() int{
 	"kube-controller-manager": func() int { return cli.Run(controllermanager.NewControllerManagerCommand()) },
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
 	"kubectl":                 runKubectl,
+	"kubelet":                 func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
 	"dra-kubelet":             func() int { return cli.Run(newDRAKubeletCommand()) },
 	"version": func() int {
 		fmt.Println(version.Get().GitVersion)

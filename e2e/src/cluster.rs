@@ -4,6 +4,10 @@
 //! (wait `/readyz`) → kube-controller-manager + kube-scheduler (wait for the `default`
 //! ServiceAccount, which proves the controller manager works) → one `dra-kubelet` per node (wait
 //! `Ready`). Every component is the upstream code from the `e2e/k8s` multi-call binary.
+//!
+//! Nodes come in two kinds ([`NodeKind`]): hollow (a `dra-kubelet` with a fake runtime: cheap,
+//! many per machine) and real-runtime (the upstream `kubelet` with containerd and runc, see
+//! [`crate::runtime`]: containers really run, at most a few per machine, root only).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::kubeconfig;
 use crate::pki::{self, CertFiles, Pki, Usage};
 use crate::process::{self, Lifetime, Process};
+use crate::runtime;
 use crate::workload::free_port;
 
 /// The default Kubernetes version, the one `e2e/k8s/go.mod` pins and `make k8s` builds into
@@ -29,6 +34,8 @@ pub const KUBERNETES_VERSION: &str = "v1.37.2";
 pub struct ClusterConfig {
     /// Node names; one hollow DRA kubelet each.
     pub nodes: Vec<String>,
+    /// Names of real-runtime nodes (kubelet + containerd), started after the hollow ones.
+    pub runtime_nodes: Vec<String>,
     /// Where PKI, etcd data, kubelet root dirs and logs go. `None`: a fresh short directory
     /// under the system temp dir (removed on success unless `DAS_E2E_KEEP=1`).
     pub dir: Option<PathBuf>,
@@ -42,11 +49,23 @@ impl ClusterConfig {
     pub fn with_nodes(nodes: &[&str]) -> Self {
         Self {
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            runtime_nodes: Vec::new(),
             dir: None,
             lifetime: Lifetime::TiedToParent,
             k8s_bin: k8s_binary(),
         }
     }
+}
+
+/// Which kubelet a node runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeKind {
+    /// `dra-kubelet`: the real kubelet DRA manager with a fake container runtime.
+    #[default]
+    Hollow,
+    /// The upstream kubelet with containerd and runc ([`crate::runtime`]).
+    Runtime,
 }
 
 /// A node of the cluster and where its kubelet keeps its files.
@@ -55,9 +74,17 @@ pub struct NodeInfo {
     pub name: String,
     /// Kubelet root dir: `plugins_registry/` and `plugins/` live below it.
     pub root_dir: PathBuf,
+    #[serde(default)]
+    pub kind: NodeKind,
 }
 
 impl NodeInfo {
+    /// The containerd, CNI, CDI and device-node files of a real-runtime node.
+    pub fn runtime_files(&self) -> Option<crate::runtime::RuntimeFiles> {
+        (self.kind == NodeKind::Runtime).then(|| crate::runtime::RuntimeFiles {
+            root: self.root_dir.clone(),
+        })
+    }
     /// The kubelet's plugin registration directory.
     pub fn registry_dir(&self) -> PathBuf {
         self.root_dir.join("plugins_registry")
@@ -66,7 +93,8 @@ impl NodeInfo {
     pub fn plugins_dir(&self) -> PathBuf {
         self.root_dir.join("plugins")
     }
-    /// CDI device IDs the kubelet passed for each container (see `e2e/k8s/drakubelet.go`).
+    /// CDI device IDs the kubelet passed for each container (see `e2e/k8s/drakubelet.go`;
+    /// hollow nodes only).
     pub fn cdi_records_dir(&self) -> PathBuf {
         self.root_dir.join("cdi-devices")
     }
@@ -193,6 +221,15 @@ impl Cluster {
             },
         )?;
         let sa = pki.service_account_keys()?;
+        // The API server's identity towards kubelets (`kubectl logs`/`exec` on real-runtime
+        // nodes, whose kubelets authenticate x509 clients of the cluster CA).
+        let kubelet_client = pki.issue(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            Usage::Client {
+                groups: vec!["system:masters".into()],
+            },
+        )?;
         let etcd_port = free_port();
         let etcd_peer_port = free_port();
         let api_port = free_port();
@@ -234,6 +271,7 @@ impl Cluster {
             "kube-apiserver",
             [
                 apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa),
+                kubelet_client_args(&kubelet_client),
                 gates.clone(),
             ]
             .concat(),
@@ -283,10 +321,16 @@ impl Cluster {
             .await?;
         self.mark("controller-manager + scheduler", t0);
 
-        for name in &cfg.nodes {
+        let kinds = cfg
+            .nodes
+            .iter()
+            .map(|n| (n, NodeKind::Hollow))
+            .chain(cfg.runtime_nodes.iter().map(|n| (n, NodeKind::Runtime)));
+        for (name, kind) in kinds {
             let node = NodeInfo {
                 name: name.clone(),
                 root_dir: self.dir.join("n").join(name),
+                kind,
             };
             std::fs::create_dir_all(&node.root_dir)?;
             // Node identity: the Node authorizer and NodeRestriction apply, as on a real node.
@@ -305,25 +349,74 @@ impl Cluster {
                 &creds,
                 &format!("system:node:{name}"),
             )?;
-            self.spawn(
-                cfg,
-                &format!("kubelet-{name}"),
-                vec![
-                    "dra-kubelet".into(),
-                    format!("--kubeconfig={}", kc.display()),
-                    format!("--name={name}"),
-                    format!("--root-dir={}", node.root_dir.display()),
-                    format!("--kubelet-port={}", free_port()),
-                    "--v=2".into(),
-                ],
-            )?;
-            self.nodes.push(node);
+            // Registered before its processes start, so a failed start still tears it down.
+            self.nodes.push(node.clone());
+            match kind {
+                NodeKind::Hollow => self.spawn(
+                    cfg,
+                    &format!("kubelet-{name}"),
+                    vec![
+                        "dra-kubelet".into(),
+                        format!("--kubeconfig={}", kc.display()),
+                        format!("--name={name}"),
+                        format!("--root-dir={}", node.root_dir.display()),
+                        format!("--kubelet-port={}", free_port()),
+                        "--v=2".into(),
+                    ],
+                )?,
+                NodeKind::Runtime => self.start_runtime_node(cfg, &node, &kc, &pki.ca.cert)?,
+            }
         }
-        for name in cfg.nodes.clone() {
-            self.wait_node_ready(&name, Duration::from_secs(90)).await?;
+        for name in cfg.nodes.iter().chain(&cfg.runtime_nodes) {
+            self.wait_node_ready(name, Duration::from_secs(90)).await?;
         }
         self.mark("nodes ready", t0);
         Ok(())
+    }
+
+    /// containerd (configs written, images imported), then the upstream kubelet against it.
+    fn start_runtime_node(
+        &mut self,
+        cfg: &ClusterConfig,
+        node: &NodeInfo,
+        kubeconfig: &Path,
+        ca: &Path,
+    ) -> Result<()> {
+        runtime::preflight()?;
+        let files = node.runtime_files().expect("a runtime node");
+        runtime::write_configs(&files)?;
+        let bin = runtime::binaries_dir();
+        // containerd finds its shim and the shim finds runc through PATH.
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        self.spawn_program_with_env(
+            &format!("containerd-{}", node.name),
+            &bin.join("containerd"),
+            vec![format!("--config={}", files.containerd_config().display())],
+            &[("PATH".into(), path)],
+        )?;
+        runtime::wait_containerd(&files, Duration::from_secs(30))?;
+        runtime::import_images(&files)?;
+        std::fs::write(
+            files.kubelet_config(),
+            runtime::kubelet_config(&files, ca, free_port()),
+        )?;
+        self.spawn(
+            cfg,
+            &format!("kubelet-{}", node.name),
+            vec![
+                "kubelet".into(),
+                format!("--config={}", files.kubelet_config().display()),
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!("--root-dir={}", node.root_dir.display()),
+                format!("--cert-dir={}", node.root_dir.join("pki").display()),
+                format!("--hostname-override={}", node.name),
+                "--v=2".into(),
+            ],
+        )
     }
 
     fn spawn(&mut self, cfg: &ClusterConfig, name: &str, args: Vec<String>) -> Result<()> {
@@ -549,12 +642,16 @@ impl Cluster {
         state
     }
 
-    /// Stops every component, last started first.
+    /// Stops every component, last started first, then removes what real-runtime nodes left
+    /// (containers, shims, mounts, bridges).
     pub fn stop(&mut self) {
         for p in self.processes.iter_mut().rev() {
             p.stop(Duration::from_secs(5));
         }
         self.processes.clear();
+        for files in self.nodes.iter().filter_map(NodeInfo::runtime_files) {
+            runtime::teardown(&files);
+        }
     }
 }
 
@@ -579,6 +676,9 @@ pub fn stop_detached(state: &ClusterState) {
         if process::alive(pid) {
             process::stop_group(pid, Duration::from_secs(10));
         }
+    }
+    for files in state.nodes.iter().filter_map(NodeInfo::runtime_files) {
+        runtime::teardown(&files);
     }
 }
 
@@ -626,6 +726,16 @@ fn feature_gates(minor: u32) -> Vec<String> {
     } else {
         Vec::new()
     }
+}
+
+/// How the API server reaches kubelets: with its kubelet-client certificate, at the node's
+/// InternalIP (node names do not resolve here).
+fn kubelet_client_args(creds: &CertFiles) -> Vec<String> {
+    vec![
+        format!("--kubelet-client-certificate={}", creds.cert.display()),
+        format!("--kubelet-client-key={}", creds.key.display()),
+        "--kubelet-preferred-address-types=InternalIP".into(),
+    ]
 }
 
 fn apiserver_args(

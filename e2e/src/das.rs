@@ -41,7 +41,7 @@ pub fn plugin_args(
     metrics_port: u16,
 ) -> Vec<String> {
     let dirs = PluginDirs::of(node);
-    vec![
+    let mut args = vec![
         format!("--node-name={}", node.name),
         format!("--kubelet-registry-dir={}", node.registry_dir().display()),
         format!("--kubelet-plugins-dir={}", node.plugins_dir().display()),
@@ -51,7 +51,15 @@ pub fn plugin_args(
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--metrics-address=127.0.0.1:{metrics_port}"),
         "--log-level=info,das_driver=debug".into(),
-    ]
+    ];
+    // A real runtime injects device nodes: give it the emulated GPUs' stand-ins.
+    if let Some(files) = node.runtime_files() {
+        args.push(format!(
+            "--emulated-device-dir={}",
+            files.device_dir().display()
+        ));
+    }
+    args
 }
 
 /// The distinct `profile` attributes of every published device of our driver.

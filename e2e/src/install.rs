@@ -311,25 +311,31 @@ pub async fn start_plugin(
         service_account: PLUGIN_SA.into(),
     };
     let container = rendered.container("DaemonSet", "das-kubelet-plugin")?;
-    let env = chart::container_env(
-        container,
-        &facts,
-        &[
-            (
-                "KUBELET_REGISTRY_DIR",
-                info.registry_dir().display().to_string(),
-            ),
-            (
-                "KUBELET_PLUGINS_DIR",
-                info.plugins_dir().display().to_string(),
-            ),
-            ("CDI_DIR", dirs.cdi.display().to_string()),
-            ("DAS_STATE_DIR", dirs.state.display().to_string()),
-            ("DAS_METRICS_ADDRESS", format!("127.0.0.1:{port}")),
-            ("DAS_EMULATED_GPUS", emulated_gpus.into()),
-        ],
-        &[("KUBECONFIG", kubeconfig.display().to_string())],
-    )?;
+    let mut overrides = vec![
+        (
+            "KUBELET_REGISTRY_DIR",
+            info.registry_dir().display().to_string(),
+        ),
+        (
+            "KUBELET_PLUGINS_DIR",
+            info.plugins_dir().display().to_string(),
+        ),
+        ("CDI_DIR", dirs.cdi.display().to_string()),
+        ("DAS_STATE_DIR", dirs.state.display().to_string()),
+        ("DAS_METRICS_ADDRESS", format!("127.0.0.1:{port}")),
+        ("DAS_EMULATED_GPUS", emulated_gpus.into()),
+    ];
+    let mut extra = vec![("KUBECONFIG", kubeconfig.display().to_string())];
+    // On a real-runtime node the plugin makes stand-in device nodes, as the chart's
+    // `kubeletPlugin.emulatedDeviceDir` sets it up.
+    if let Some(files) = info.runtime_files() {
+        overrides.push(("DAS_CDI_DEVICE_NODES", "true".into()));
+        extra.push((
+            "DAS_EMULATED_DEVICE_DIR",
+            files.device_dir().display().to_string(),
+        ));
+    }
+    let env = chart::container_env(container, &facts, &overrides, &extra)?;
     check_command(container, bin)?;
     cluster.spawn_program_with_env(
         &format!("das-plugin-{node}"),

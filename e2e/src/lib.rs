@@ -10,6 +10,8 @@
 //! - [`cluster`]: starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and hollow
 //!   kubelets running the real kubelet DRA manager (the `e2e/k8s` Go module, built by `make k8s`),
 //!   waits until they are ready, and tears everything down (process groups) when dropped.
+//!   A node can instead be a real-runtime node ([`runtime`]): the upstream kubelet with
+//!   containerd, runc, CNI and CDI (`make containerd`), where containers really run.
 //! - [`pki`], [`kubeconfig`]: credentials for it.
 //! - [`test_plugin`]: a minimal DRA kubelet plugin, to prove the kubelet → plugin gRPC path
 //!   without the DAS driver.
@@ -41,6 +43,7 @@ pub mod kubeconfig;
 pub mod pki;
 pub mod plugin;
 pub mod process;
+pub mod runtime;
 pub mod soak;
 pub mod test_plugin;
 pub mod wait;

@@ -15,9 +15,11 @@ use das_api::DRIVER_NAME;
 use das_driver::blocking::BlockingCalls;
 use das_driver::claims::checkpoint::CheckpointStore;
 use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::claims::cdi::DeviceNodes;
 use das_driver::claims::{ClaimHandler, HealthSource, KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::gpu::nvml::{self, procfs};
-use das_driver::gpu::{EmulatedBackend, GpuBackend, NvmlBackend, NvmlOptions, RealNvml};
+use das_driver::gpu::emulated::device_nodes;
+use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml};
 use das_driver::health::monitor::Publishing;
 use das_driver::health::{self, HealthBook, HealthMonitor, HealthPolicy, TaintEffect};
 use das_driver::metrics::Metrics;
@@ -78,6 +80,12 @@ struct Args {
     /// Emulate GPUs instead of using NVML, e.g. `A100-SXM4-40GB:2,H100-80GB:2`.
     #[arg(long, env = "DAS_EMULATED_GPUS")]
     emulated_gpus: Option<String>,
+    /// With --emulated-gpus: make stand-in character devices for the emulated GPUs (`nvidia<N>`,
+    /// `nvidiactl`, `nvidia-uvm*`, `nvidia-caps/nvidia-cap<M>`, with the driver's numbers) in
+    /// this directory, and point the CDI specs' device nodes at them, so a container runtime
+    /// injects device nodes as on a GPU node. Needs root (mknod).
+    #[arg(long, env = "DAS_EMULATED_DEVICE_DIR", requires = "emulated_gpus")]
+    emulated_device_dir: Option<PathBuf>,
     /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
     /// during a rolling update.
     #[arg(long, env = "POD_UID")]
@@ -214,6 +222,23 @@ fn init_nvml() -> Result<RealNvml> {
     )
 }
 
+/// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins
+/// are made here, before any spec names them.
+fn device_nodes(args: &Args, inventory: &[GpuInfo], caps_major: u32) -> Result<DeviceNodes> {
+    if !args.cdi_device_nodes {
+        return Ok(DeviceNodes::Omitted);
+    }
+    let Some(dir) = &args.emulated_device_dir else {
+        return Ok(DeviceNodes::Host);
+    };
+    let minors: Vec<u32> = inventory.iter().map(|g| g.minor).collect();
+    let nodes = device_nodes::stand_in_nodes(&minors, caps_major);
+    device_nodes::create_stand_in_nodes(dir, &nodes)
+        .with_context(|| format!("--emulated-device-dir {}", dir.display()))?;
+    tracing::info!(dir = %dir.display(), nodes = nodes.len(), "stand-in device nodes of the emulated GPUs ready");
+    Ok(DeviceNodes::StandIn(dir.clone()))
+}
+
 /// `--print-inventory`: read-only listing of the GPUs, then exit.
 fn print_inventory(args: &Args) -> Result<()> {
     match &args.emulated_gpus {
@@ -346,7 +371,7 @@ async fn run(args: Args) -> Result<()> {
         inventory: inventory.clone(),
         cdi_dir: args.cdi_dir.clone(),
         caps_major,
-        cdi_device_nodes: args.cdi_device_nodes,
+        device_nodes: device_nodes(&args, &inventory, caps_major)?,
         checkpoint: CheckpointStore::new(cp, cp_path),
         metrics: metrics.clone(),
         blocking: BlockingCalls::Threads,

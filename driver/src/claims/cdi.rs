@@ -599,6 +599,47 @@ pub fn build_claim_spec(claim_uid: &str, devices: &[SpecDevice]) -> Result<Claim
     Ok(ClaimSpec { spec, device_ids })
 }
 
+/// Where the device nodes of DAS CDI specs are on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceNodes {
+    /// The NVIDIA driver's nodes under `/dev` (real GPUs): `hostPath` is left out, so the
+    /// runtime looks at the node of the same path.
+    Host,
+    /// No device nodes at all (emulated GPUs on a node without NVIDIA devices): see
+    /// [`without_device_nodes`].
+    Omitted,
+    /// Stand-in nodes of the emulated GPUs below this directory
+    /// (`gpu::emulated::device_nodes`): every node's `hostPath` is `<dir>/<path below /dev>`.
+    StandIn(PathBuf),
+}
+
+/// Applies `nodes` to a spec built by [`build_claim_spec`] (whose nodes are [`DeviceNodes::Host`]).
+pub fn place_device_nodes(spec: &mut Spec, nodes: &DeviceNodes) {
+    match nodes {
+        DeviceNodes::Host => {}
+        DeviceNodes::Omitted => without_device_nodes(spec),
+        DeviceNodes::StandIn(dir) => rehost_device_nodes(spec, dir),
+    }
+}
+
+/// Points every device node below `/dev` at the same path below `dir` (`hostPath`), keeping its
+/// path in the container; raises `cdiVersion` to what `hostPath` needs.
+pub fn rehost_device_nodes(spec: &mut Spec, dir: &Path) {
+    let edits = spec
+        .devices
+        .iter_mut()
+        .map(|d| &mut d.container_edits)
+        .chain(spec.container_edits.as_mut());
+    for e in edits {
+        for node in &mut e.device_nodes {
+            if let Some(rest) = node.path.strip_prefix("/dev/") {
+                node.host_path = Some(dir.join(rest).display().to_string());
+            }
+        }
+    }
+    spec.cdi_version = spec.minimum_version().to_string();
+}
+
 /// Removes every device node from `spec` (and lowers `cdiVersion` to what is left needs).
 ///
 /// For emulated GPUs on a node that has no NVIDIA devices: a CDI-enabled runtime stats each

@@ -66,9 +66,9 @@ pub struct PreparerConfig {
     /// Major of the `nvidia-caps` char device (from `/proc/devices`; a fixed value when
     /// emulated).
     pub caps_major: u32,
-    /// Put the instances' device nodes into CDI specs (off for emulated GPUs on real nodes, see
-    /// [`cdi::without_device_nodes`]).
-    pub cdi_device_nodes: bool,
+    /// Where the CDI specs' device nodes are on the host: the driver's `/dev` nodes, none
+    /// (emulated GPUs on a node without NVIDIA devices), or the emulated GPUs' stand-ins.
+    pub device_nodes: cdi::DeviceNodes,
     /// The checkpoint.
     pub checkpoint: CheckpointStore,
     /// Metrics.
@@ -87,7 +87,7 @@ pub struct Preparer {
     models: BTreeMap<u32, Arc<crate::gpu::GpuModel>>,
     pub(crate) cdi_dir: PathBuf,
     caps_major: u32,
-    cdi_device_nodes: bool,
+    device_nodes: cdi::DeviceNodes,
     pub(crate) checkpoint: CheckpointStore,
     gpu_locks: HashMap<u32, Arc<Mutex<()>>>,
     pub(crate) claim_locks: ClaimLocks,
@@ -130,7 +130,7 @@ impl Preparer {
             backend: config.backend,
             cdi_dir: config.cdi_dir,
             caps_major: config.caps_major,
-            cdi_device_nodes: config.cdi_device_nodes,
+            device_nodes: config.device_nodes,
             checkpoint: config.checkpoint,
             gpu_locks,
             claim_locks: ClaimLocks::default(),
@@ -345,9 +345,7 @@ impl Preparer {
     ) -> Result<cdi::ClaimSpec, PrepareError> {
         let spec_devices = plan::spec_devices(devices, instances, self.caps_major, legacy_keys);
         let mut built = cdi::build_claim_spec(&claim.uid, &spec_devices)?;
-        if !self.cdi_device_nodes {
-            cdi::without_device_nodes(&mut built.spec);
-        }
+        cdi::place_device_nodes(&mut built.spec, &self.device_nodes);
         Ok(built)
     }
 

@@ -160,7 +160,7 @@ pub fn preparer(
         backend,
         cdi_dir: dir.join("cdi"),
         caps_major: 509,
-        cdi_device_nodes: true,
+        device_nodes: crate::claims::cdi::DeviceNodes::Host,
         checkpoint: store,
         metrics: Arc::new(Metrics::new()),
         blocking,

@@ -740,6 +740,7 @@ fn format_uuid(prefix: &str, parts: &[&[u8]]) -> String {
 }
 
 mod control;
+pub mod device_nodes;
 mod spec;
 mod state;
 

@@ -1,0 +1,505 @@
+//! The real-runtime node: the upstream kubelet (from the same `e2e/k8s` build as the control
+//! plane) with containerd v2 as its CRI runtime, runc, CNI bridge networking and CDI on. Our
+//! CDI specs are read by a runtime we did not write and containers really run.
+//!
+//! Built by `make containerd` (e2e/containerd: containerd, its runc shim, `ctr`, the CNI plugins
+//! bridge, host-local, loopback and portmap, and the two programs of the test images); runc
+//! comes from Debian's package. Everything a node keeps lives below its directory
+//! ([`RuntimeFiles`]): containerd's root and state, runc's state, the network namespaces, the
+//! CNI address store, the kubelet root, pod logs, the CDI specs and the stand-in device nodes.
+//! [`teardown`] removes containers, shims, mounts and the bridge, so a stopped cluster leaves
+//! nothing running and its directory can be deleted.
+//!
+//! Why the kubelet is configured as it is (see [`kubelet_config`]): this machine has cgroup v1,
+//! which kubelet ≥ 1.35 refuses unless `failCgroupV1: false`; and the sandbox's root lacks
+//! CAP_SYS_RESOURCE, so neither the kubelet nor runc may lower an `oom_score_adj`
+//! (containerd's `restrict_oom_score_adj` keeps the kubelet's -998 for sandboxes from failing
+//! every pod).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::cluster::workspace_root;
+
+/// The images every real-runtime node has (imported at start; pods use `imagePullPolicy: Never`).
+pub const PROBE_IMAGE: &str = "das.local/probe:1";
+/// The pod sandbox image (containerd's pinned `sandbox` image).
+pub const PAUSE_IMAGE: &str = "das.local/pause:1";
+/// The runc binary containerd runs (Debian's `runc` package).
+pub const RUNC: &str = "/usr/sbin/runc";
+
+/// Where `make containerd` puts its binaries: `.local/containerd/bin`, or `$DAS_CONTAINERD_BIN`.
+pub fn binaries_dir() -> PathBuf {
+    let root = workspace_root();
+    std::env::var_os("DAS_CONTAINERD_BIN")
+        .map(|p| root.join(p))
+        .unwrap_or_else(|| root.join(".local/containerd/bin"))
+}
+
+/// Why this machine cannot run a real-runtime node, or `Ok` when it can: root (containers,
+/// mknod, network namespaces), runc, and the binaries of `make containerd`.
+pub fn preflight() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "a real-runtime node needs root (containerd, runc, network namespaces, mknod); run as root or use hollow nodes only"
+        );
+    }
+    if !Path::new(RUNC).exists() {
+        bail!("{RUNC} not found: install Debian's runc package (`apt-get install runc`)");
+    }
+    let bin = binaries_dir();
+    for b in [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "bridge",
+        "host-local",
+        "loopback",
+        "probe",
+        "ociimage",
+    ] {
+        if !bin.join(b).exists() {
+            bail!("{} not found: run `make containerd`", bin.join(b).display());
+        }
+    }
+    Ok(())
+}
+
+/// The files of one real-runtime node, below its directory.
+#[derive(Clone, Debug)]
+pub struct RuntimeFiles {
+    /// The node's directory (also the kubelet's root dir).
+    pub root: PathBuf,
+}
+
+impl RuntimeFiles {
+    pub fn containerd_dir(&self) -> PathBuf {
+        self.root.join("containerd")
+    }
+    /// containerd's CRI socket.
+    pub fn socket(&self) -> PathBuf {
+        self.containerd_dir().join("c.sock")
+    }
+    pub fn containerd_config(&self) -> PathBuf {
+        self.containerd_dir().join("config.toml")
+    }
+    /// runc's state as configured in containerd (the shim's `Root` option).
+    pub fn runc_root(&self) -> PathBuf {
+        self.containerd_dir().join("runc")
+    }
+    /// The `runc --root` of the kubelet's containers: the shim adds the containerd namespace
+    /// (`k8s.io`) to [`RuntimeFiles::runc_root`]. Only this node's containers are listed there.
+    pub fn runc_containers(&self) -> PathBuf {
+        self.runc_root().join("k8s.io")
+    }
+    pub fn cni_conf_dir(&self) -> PathBuf {
+        self.containerd_dir().join("cni")
+    }
+    /// The CDI directory containerd reads; the DAS plugin of the node writes there (the same
+    /// path as `das::PluginDirs::cdi`).
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.root.join("cdi")
+    }
+    /// Stand-in device nodes of the emulated GPUs (`--emulated-device-dir`).
+    pub fn device_dir(&self) -> PathBuf {
+        self.root.join("dev")
+    }
+    pub fn pod_logs_dir(&self) -> PathBuf {
+        self.root.join("pod-logs")
+    }
+    pub fn kubelet_config(&self) -> PathBuf {
+        self.root.join("kubelet.yaml")
+    }
+    fn images_dir(&self) -> PathBuf {
+        self.containerd_dir().join("images")
+    }
+}
+
+/// The bridge and pod subnet of a node: unique per node directory, so two clusters on one
+/// machine (parallel tests) never share a bridge, an address range or a route.
+pub fn network_of(root: &Path) -> (String, String) {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new(); // fixed keys: the same path, the same net
+    root.hash(&mut hasher);
+    let h = hasher.finish();
+    let bridge = format!("das{:06x}", h & 0xff_ffff); // at most 15 bytes (IFNAMSIZ)
+    let subnet = format!("10.{}.{}.0/24", 200 + (h >> 24) % 50, (h >> 32) % 256);
+    (bridge, subnet)
+}
+
+/// containerd's configuration (config version 3, containerd v2): CRI with CDI from
+/// [`RuntimeFiles::cdi_dir`], runc from Debian with per-node state, the CNI bridge, network
+/// namespaces under the state dir, the local pause image.
+pub fn containerd_config(files: &RuntimeFiles) -> String {
+    let d = files.containerd_dir();
+    let bin = binaries_dir();
+    format!(
+        r#"version = 3
+root = "{root}"
+state = "{state}"
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_cdi = true
+  cdi_spec_dirs = ["{cdi}"]
+  # root here lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj below containerd's own.
+  restrict_oom_score_adj = true
+  # Network namespaces below the state dir, so teardown finds every one of this node's.
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      BinaryName = "{runc}"
+      Root = "{runc_root}"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{bin}"]
+    conf_dir = "{cni}"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{pause}"
+"#,
+        root = d.join("root").display(),
+        state = d.join("state").display(),
+        socket = files.socket().display(),
+        cdi = files.cdi_dir().display(),
+        runc = RUNC,
+        runc_root = files.runc_root().display(),
+        bin = bin.display(),
+        cni = files.cni_conf_dir().display(),
+        pause = PAUSE_IMAGE,
+    )
+}
+
+/// The CNI network of a node: a bridge with host-local addresses (stored below the node's
+/// directory), loopback, and portmap for `hostPort`s.
+pub fn cni_config(files: &RuntimeFiles) -> String {
+    let (bridge, subnet) = network_of(&files.root);
+    serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "das-e2e",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": files.containerd_dir().join("ipam").display().to_string(),
+                    "ranges": [[{"subnet": subnet}]],
+                    "routes": [{"dst": "0.0.0.0/0"}]
+                }
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}}
+        ]
+    })
+    .to_string()
+}
+
+/// The kubelet's configuration for the real-runtime node.
+///
+/// - `failCgroupV1: false`: this machine has cgroup v1 (kubelet ≥ 1.35 refuses it otherwise);
+///   `cgroupsPerQOS: false` and no node-allocatable enforcement: the kubelet creates no cgroup
+///   hierarchy of its own (containerd and runc still put each container in a cgroup).
+/// - no hard eviction and no image garbage collection: the local images cannot be pulled again
+///   and a full CI disk must not evict test pods.
+/// - x509 client certificates of the cluster CA and webhook authorization: the API server's
+///   `kubectl logs`/`exec` requests come with its kubelet-client certificate.
+/// - `port`: the kubelet's HTTPS server on all addresses (the API server dials the node's
+///   InternalIP); no read-only or healthz port, no DNS.
+pub fn kubelet_config(files: &RuntimeFiles, ca: &Path, port: u16) -> String {
+    format!(
+        r#"apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://{socket}
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+address: 0.0.0.0
+port: {port}
+readOnlyPort: 0
+healthzPort: 0
+staticPodPath: ""
+podLogsDir: {logs}
+resolvConf: ""
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {ca}}}
+authorization: {{mode: Webhook}}
+evictionHard: {{}}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+syncFrequency: 5s
+nodeStatusUpdateFrequency: 5s
+"#,
+        socket = files.socket().display(),
+        logs = files.pod_logs_dir().display(),
+        ca = ca.display(),
+    )
+}
+
+/// Writes containerd's and the CNI configuration of a node.
+pub fn write_configs(files: &RuntimeFiles) -> Result<()> {
+    for d in [
+        files.containerd_dir(),
+        files.cni_conf_dir(),
+        files.cdi_dir(),
+        files.images_dir(),
+    ] {
+        std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
+    }
+    std::fs::write(files.containerd_config(), containerd_config(files))?;
+    std::fs::write(
+        files.cni_conf_dir().join("10-das-e2e.conflist"),
+        cni_config(files),
+    )?;
+    Ok(())
+}
+
+/// Builds the probe and pause images (no registry: [`PROBE_IMAGE`], [`PAUSE_IMAGE`]) and imports
+/// them into containerd's `k8s.io` namespace, where the kubelet's CRI looks.
+pub fn import_images(files: &RuntimeFiles) -> Result<()> {
+    let bin = binaries_dir();
+    let probe = bin.join("probe");
+    for (name, entry, file) in [
+        (PROBE_IMAGE, "/probe", "probe.tar"),
+        (PAUSE_IMAGE, "/pause", "pause.tar"),
+    ] {
+        let out = files.images_dir().join(file);
+        run(Command::new(bin.join("ociimage")).args([
+            "--name",
+            name,
+            "--entrypoint",
+            entry,
+            "--file",
+            &format!("{}:{entry}:0755", probe.display()),
+            "--out",
+            &out.display().to_string(),
+        ]))?;
+        run(ctr(files).args(["images", "import", &out.display().to_string()]))?;
+    }
+    Ok(())
+}
+
+/// `ctr` against the node's containerd, in the CRI namespace.
+pub fn ctr(files: &RuntimeFiles) -> Command {
+    let mut cmd = Command::new(binaries_dir().join("ctr"));
+    cmd.args(["--address", &files.socket().display().to_string()])
+        .args(["--namespace", "k8s.io"]);
+    cmd
+}
+
+/// Waits until containerd answers on its socket.
+pub fn wait_containerd(files: &RuntimeFiles, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let out = ctr(files).arg("version").output()?;
+        if out.status.success() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "containerd did not answer on {} within {timeout:?}: {}",
+                files.socket().display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The host pid of a running container (`runc state`), from the CRI container ID
+/// (`containerd://<id>` in a pod's container status, with or without the scheme).
+pub fn container_pid(files: &RuntimeFiles, container_id: &str) -> Result<i32> {
+    let id = container_id.trim_start_matches("containerd://");
+    let out = run(Command::new(RUNC).args([
+        "--root",
+        &files.runc_containers().display().to_string(),
+        "state",
+        id,
+    ]))?;
+    let state: serde_json::Value = serde_json::from_str(&out)?;
+    state["pid"]
+        .as_i64()
+        .filter(|p| *p > 0)
+        .map(|p| p as i32)
+        .with_context(|| format!("runc state of {id} has no pid: {out}"))
+}
+
+/// Removes everything a node left running or mounted, after its kubelet and containerd
+/// stopped: every container in its runc state (killed and deleted), the shims that served this
+/// containerd, every mount below the node's directory (rootfs overlays, network namespaces,
+/// the kubelet's volume tmpfs) and the node's bridge. Best effort: what fails is printed.
+pub fn teardown(files: &RuntimeFiles) {
+    let runc_root = files.runc_containers().display().to_string();
+    if let Ok(out) = Command::new(RUNC)
+        .args(["--root", &runc_root, "list", "-q"])
+        .output()
+    {
+        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new(RUNC)
+                .args(["--root", &runc_root, "delete", "--force", id])
+                .output();
+        }
+    }
+    kill_shims(&files.socket());
+    unmount_below(&files.root);
+    let (bridge, _) = network_of(&files.root);
+    let _ = Command::new("ip").args(["link", "del", &bridge]).output();
+}
+
+/// SIGKILLs the runc shims started by the containerd at `socket` (their command line names it).
+fn kill_shims(socket: &Path) {
+    let needle = socket.display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains("containerd-shim-runc-v2") && cmdline.contains(&needle) {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Lazily unmounts every mount point below `dir`, deepest first.
+fn unmount_below(dir: &Path) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in points {
+        let Ok(c) = std::ffi::CString::new(p.display().to_string()) else {
+            continue;
+        };
+        // SAFETY: c is a valid NUL-terminated path that outlives the call.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            eprintln!(
+                "unmount {}: {}",
+                p.display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Mount points in mountinfo escape space, tab, newline and backslash as octal (`\040`).
+fn unescape_mount_point(s: &str) -> PathBuf {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let code: String = chars.by_ref().take(3).collect();
+            if let Ok(n) = u8::from_str_radix(&code, 8) {
+                out.push(n as char);
+                continue;
+            }
+            out.push('\\');
+            out.push_str(&code);
+        } else {
+            out.push(c);
+        }
+    }
+    PathBuf::from(out)
+}
+
+/// What the probe of a container reported (`das-probe:` lines of its log, see
+/// e2e/containerd/probe): its DAS, NVIDIA and CUDA variables and its character devices.
+pub fn probe_view(log: &str) -> Result<crate::das::ContainerView> {
+    let mut view = crate::das::ContainerView::default();
+    let mut ready = false;
+    for line in log.lines() {
+        let Some(fact) = line.strip_prefix("das-probe: ") else {
+            continue;
+        };
+        if let Some(kv) = fact.strip_prefix("env ") {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            view.env.insert(k.to_string(), v.to_string());
+        } else if let Some(dev) = fact.strip_prefix("dev ") {
+            view.device_nodes
+                .push(dev.split(' ').next().unwrap_or_default().to_string());
+        } else if fact == "ready" {
+            ready = true;
+        }
+    }
+    if !ready {
+        bail!("the probe's report is incomplete (no `das-probe: ready` line):\n{log}");
+    }
+    Ok(view)
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("run {:?}", cmd.get_program()))?;
+    if !out.status.success() {
+        bail!(
+            "{:?} {:?} failed ({}): {}",
+            cmd.get_program(),
+            cmd.get_args().collect::<Vec<_>>(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn networks_differ_per_node_directory_and_fit_linux_names() {
+        let (b1, s1) = network_of(Path::new("/tmp/das-0001/n/r0"));
+        let (b2, s2) = network_of(Path::new("/tmp/das-0002/n/r0"));
+        assert_ne!((&b1, &s1), (&b2, &s2));
+        assert!(b1.len() <= 15, "{b1}");
+        assert!(s1.starts_with("10.") && s1.ends_with(".0/24"), "{s1}");
+    }
+
+    #[test]
+    fn the_probe_report_is_read_back() {
+        let log = "das-probe: start pid=1 hostname=p\n\
+                   das-probe: env DAS_MIG_UUID_a_mig_0=MIG-1\n\
+                   das-probe: env NVIDIA_VISIBLE_DEVICES=void\n\
+                   das-probe: dev /dev/nvidia0 c 195:0\n\
+                   das-probe: ready\n";
+        let view = probe_view(log).unwrap();
+        assert_eq!(view.mig_uuids(), ["MIG-1"]);
+        assert_eq!(view.env["NVIDIA_VISIBLE_DEVICES"], "void");
+        assert_eq!(view.device_nodes, ["/dev/nvidia0"]);
+        assert!(probe_view("das-probe: start pid=1\n").is_err());
+    }
+
+    #[test]
+    fn mount_points_are_unescaped() {
+        assert_eq!(
+            unescape_mount_point(r"/tmp/a\040b/c"),
+            PathBuf::from("/tmp/a b/c")
+        );
+        assert_eq!(unescape_mount_point("/plain"), PathBuf::from("/plain"));
+    }
+}

@@ -1,0 +1,457 @@
+//! DAS on a real-runtime node: the upstream kubelet with containerd v2 (CRI, CDI on), runc and
+//! CNI bridge networking ([`das_e2e::runtime`]), DAS installed from the chart with the plugin's
+//! emulated GPUs making stand-in device nodes. Containers really run the probe image, and what
+//! they report (`kubectl logs`, through the API server and the kubelet) is what containerd
+//! resolved from our CDI specs: no resolver of ours is involved.
+//!
+//! Needs root, runc and `make containerd`; `make e2e` builds them.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, Result, bail, ensure};
+use das_e2e::das::{self, ContainerView, PluginDirs};
+use das_e2e::install::{self, Binaries};
+use das_e2e::plugin::live_slices;
+use das_e2e::runtime::{self, PROBE_IMAGE};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{NS, create_template, delete_pod};
+use das_e2e::{Cluster, ClusterConfig};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{ListParams, LogParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+const NODE: &str = "r0";
+const GPUS: &str = "H100-80GB:2";
+
+#[tokio::test]
+async fn containers_on_a_real_runtime_get_exactly_their_slices() {
+    let mut config = ClusterConfig::with_nodes(&[]);
+    config.runtime_nodes = vec![NODE.into()];
+    let mut cluster = Cluster::start(config).await.expect("cluster starts");
+    let setup = async {
+        let bins = Binaries::in_target_dir("debug", true)?;
+        install::install(&mut cluster, &[(NODE.into(), GPUS.into())], &bins).await?;
+        das::wait_pool_complete(&cluster.client(), NODE).await?;
+        let c = cluster.client();
+        create_template(&c, "one-1g", "1g.10gb", 1).await?;
+        create_template(&c, "one-2g", "2g.20gb", 1).await
+    };
+    if let Err(e) = setup.await {
+        return cluster.check(Err(e));
+    }
+    cluster.check(scenarios(&cluster).await);
+}
+
+async fn scenarios(cluster: &Cluster) -> Result<()> {
+    one_slice(cluster).await?;
+    two_claims_and_two_requests_in_one_container(cluster).await?;
+    two_containers_see_only_their_own(cluster).await?;
+    init_container_then_main_container(cluster).await?;
+    killed_container_restarts_with_the_same_slice(cluster).await?;
+    broken_cdi_spec_is_reported_by_the_runtime(cluster).await?;
+    Ok(())
+}
+
+/// A 1-slice pod: the container holds exactly its MIG UUID and its device nodes; deleting the
+/// pod removes the container, destroys the slice and removes the CDI spec.
+async fn one_slice(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(&c, "one", json!({
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+        "containers": [probe("app", &["gpu"])],
+    }))
+    .await?;
+    let pod = wait_ready(&c, "one").await?;
+    let view = check_container(cluster, &pod, "app", 1).await?;
+    let uuid = view.mig_uuids().remove(0);
+    ensure!(
+        live_uuids(cluster)?.contains(&uuid),
+        "MIG {uuid} the container got is not live on the GPUs"
+    );
+    let claim = pod_claims(&c, &pod).await?.remove(0);
+    let spec = spec_file(cluster, &claim);
+    ensure!(spec.exists(), "no CDI spec {}", spec.display());
+    let id = container_id(&pod, "app")?;
+    delete_pod(&c, "one").await?;
+    wait::until("the slice destroyed", TIMEOUT, || async {
+        Ok((!live_uuids(cluster)?.contains(&uuid) && !spec.exists()).then_some(()))
+    })
+    .await?;
+    ensure!(
+        runtime::container_pid(&files(cluster), &id).is_err(),
+        "container {id} still runs after its pod was deleted"
+    );
+    Ok(())
+}
+
+/// Two legacy profiles (two claims made by the webhook) in one container, and a claim of two
+/// requests in another pod's container: each sees every one of its MIG UUIDs and no other.
+async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let mut legacy = probe("app", &[]);
+    legacy["resources"] = json!({"limits": {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}});
+    create(&c, "legacy", json!({"containers": [legacy]})).await?;
+    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
+    let two: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "two-requests"},
+        "spec": {"devices": {"requests": [
+            {"name": "small", "exactly": {"deviceClassName": das_api::profile_device_class("1g.10gb")}},
+            {"name": "large", "exactly": {"deviceClassName": das_api::profile_device_class("3g.40gb")}}
+        ]}}
+    }))?;
+    claims.create(&PostParams::default(), &two).await?;
+    create(&c, "requests", json!({
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "two-requests"}],
+        "containers": [probe("app", &["gpu"])],
+    }))
+    .await?;
+    let legacy = wait_ready(&c, "legacy").await?;
+    let requests = wait_ready(&c, "requests").await?;
+    let a = check_container(cluster, &legacy, "app", 2).await?;
+    let b = check_container(cluster, &requests, "app", 2).await?;
+    ensure!(
+        a.mig_uuids().iter().all(|u| !b.mig_uuids().contains(u)),
+        "two pods share a MIG UUID: {:?} / {:?}",
+        a.mig_uuids(),
+        b.mig_uuids()
+    );
+    das_e2e::workload::delete_pods(&c, &["legacy", "requests"]).await?;
+    claims
+        .delete("two-requests", &Default::default())
+        .await
+        .map(|_| ())
+        .context("delete claim two-requests")
+}
+
+/// Two containers of one pod, each with its own claim, see only their own slice.
+async fn two_containers_see_only_their_own(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(&c, "pair", json!({
+        "resourceClaims": [
+            {"name": "a", "resourceClaimTemplateName": "one-1g"},
+            {"name": "b", "resourceClaimTemplateName": "one-2g"}
+        ],
+        "containers": [probe("first", &["a"]), probe("second", &["b"])],
+    }))
+    .await?;
+    let pod = wait_ready(&c, "pair").await?;
+    let first = check_container(cluster, &pod, "first", 1).await?;
+    let second = check_container(cluster, &pod, "second", 1).await?;
+    ensure!(
+        first.mig_uuids() != second.mig_uuids(),
+        "both containers got {:?}",
+        first.mig_uuids()
+    );
+    delete_pod(&c, "pair").await
+}
+
+/// A classic init container with the claim runs to completion, then the main container starts
+/// and gets the same slice.
+async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let mut init = probe("init", &["gpu"]);
+    init["args"] = json!(["exit"]);
+    create(&c, "init", json!({
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+        "initContainers": [init],
+        "containers": [probe("app", &["gpu"])],
+    }))
+    .await?;
+    let pod = wait_ready(&c, "init").await?;
+    let init = check_container(cluster, &pod, "init", 1).await?;
+    let app = check_container(cluster, &pod, "app", 1).await?;
+    ensure!(
+        init.mig_uuids() == app.mig_uuids(),
+        "init container got {:?}, main container {:?}",
+        init.mig_uuids(),
+        app.mig_uuids()
+    );
+    delete_pod(&c, "init").await
+}
+
+/// The container's process is killed (not the pod): the kubelet restarts the container and it
+/// gets the same MIG UUID; the slice was never destroyed and made again (a new one would have a
+/// new UUID).
+async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(&c, "restart", json!({
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+        "containers": [probe("app", &["gpu"])],
+    }))
+    .await?;
+    let pod = wait_ready(&c, "restart").await?;
+    let before = check_container(cluster, &pod, "app", 1).await?.mig_uuids();
+    kill_container(cluster, &pod, "app")?;
+    let pod = wait_restarted(&c, "restart").await?;
+    let after = check_container(cluster, &pod, "app", 1).await?.mig_uuids();
+    ensure!(
+        before == after,
+        "restarted container got {after:?}, had {before:?}"
+    );
+    delete_pod(&c, "restart").await
+}
+
+/// A CDI spec made unreadable under a running pod: the restarted container cannot be created,
+/// the runtime's message reaches the pod's events, and deleting the pod still destroys the
+/// slice and removes the spec.
+async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(&c, "broken", json!({
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+        "containers": [probe("app", &["gpu"])],
+    }))
+    .await?;
+    let pod = wait_ready(&c, "broken").await?;
+    let uuid = check_container(cluster, &pod, "app", 1).await?.mig_uuids().remove(0);
+    let claim = pod_claims(&c, &pod).await?.remove(0);
+    let spec = spec_file(cluster, &claim);
+    std::fs::write(&spec, b"{ this is not a CDI spec")?;
+    kill_container(cluster, &pod, "app")?;
+    let events: Api<Event> = Api::namespaced(c.clone(), NS);
+    let message = wait::until("the runtime's CDI error in the pod's events", TIMEOUT, || async {
+        let lp = ListParams::default().fields("involvedObject.name=broken");
+        Ok(events.list(&lp).await?.items.into_iter().find_map(|e| {
+            let m = e.message.unwrap_or_default();
+            (e.type_.as_deref() == Some("Warning") && m.contains("CDI")).then_some(m)
+        }))
+    })
+    .await?;
+    ensure!(
+        message.contains(&claim),
+        "the runtime's message does not name the claim's CDI device: {message}"
+    );
+    delete_pod(&c, "broken").await?;
+    wait::until("the slice destroyed and the spec removed", TIMEOUT, || async {
+        Ok((!live_uuids(cluster)?.contains(&uuid) && !spec.exists()).then_some(()))
+    })
+    .await
+}
+
+/// A probe container named `name` using pod claims `claims`.
+fn probe(name: &str, claims: &[&str]) -> Value {
+    let claims: Vec<Value> = claims.iter().map(|c| json!({"name": c})).collect();
+    json!({
+        "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
+        "resources": {"claims": claims}
+    })
+}
+
+async fn create(c: &Client, name: &str, mut spec: Value) -> Result<()> {
+    spec["nodeSelector"] = json!({"kubernetes.io/hostname": NODE});
+    spec["terminationGracePeriodSeconds"] = json!(0);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
+    }))?;
+    Api::<Pod>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("create pod {name}"))?;
+    Ok(())
+}
+
+/// Waits until every container of pod `name` is ready; returns the pod.
+async fn wait_ready(c: &Client, name: &str) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    wait::until(&format!("pod {name} ready"), TIMEOUT, || async {
+        let p = api.get(name).await?;
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        Ok(ready.then_some(p))
+    })
+    .await
+}
+
+/// Waits until container `app` of pod `name` restarted once and is ready again.
+async fn wait_restarted(c: &Client, name: &str) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    wait::until(&format!("pod {name} restarted"), TIMEOUT, || async {
+        let p = api.get(name).await?;
+        let restarted = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|s| s.restart_count >= 1 && s.ready);
+        Ok(restarted.then_some(p))
+    })
+    .await
+}
+
+/// What container `container` of `pod` reported, checked against the CDI specs of the claims
+/// it uses: exactly `slices` MIG UUIDs, exactly the specs' device nodes (and no other GPU's),
+/// `NVIDIA_VISIBLE_DEVICES=void`.
+async fn check_container(
+    cluster: &Cluster,
+    pod: &Pod,
+    container: &str,
+    slices: usize,
+) -> Result<ContainerView> {
+    let c = cluster.client();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let log = Api::<Pod>::namespaced(c.clone(), NS)
+        .logs(&name, &LogParams {
+            container: Some(container.into()),
+            ..Default::default()
+        })
+        .await
+        .with_context(|| format!("kubectl logs {name} -c {container}"))?;
+    let seen = runtime::probe_view(&log)?;
+    let claims = container_claims(&c, pod, container).await?;
+    let expected = expected_view(cluster, &claims)?;
+    ensure!(
+        seen.mig_uuids().len() == slices,
+        "{name}/{container}: {slices} slice(s) expected, saw {:?}",
+        seen.mig_uuids()
+    );
+    ensure!(
+        seen.mig_uuids() == expected.mig_uuids(),
+        "{name}/{container}: saw MIG UUIDs {:?}, its claims' CDI specs give {:?}",
+        seen.mig_uuids(),
+        expected.mig_uuids()
+    );
+    let nvidia = |v: &ContainerView| -> BTreeSet<String> {
+        v.device_nodes
+            .iter()
+            .filter(|p| p.starts_with("/dev/nvidia"))
+            .cloned()
+            .collect()
+    };
+    ensure!(
+        nvidia(&seen) == nvidia(&expected),
+        "{name}/{container}: saw device nodes {:?}, its claims' CDI specs give {:?}",
+        nvidia(&seen),
+        nvidia(&expected)
+    );
+    ensure!(
+        seen.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str) == Some("void"),
+        "{name}/{container}: NVIDIA_VISIBLE_DEVICES is {:?}",
+        seen.env.get("NVIDIA_VISIBLE_DEVICES")
+    );
+    Ok(seen)
+}
+
+/// The view the CDI specs of `claim_uids` give: their devices' variables and device nodes.
+fn expected_view(cluster: &Cluster, claim_uids: &[String]) -> Result<ContainerView> {
+    let mut view = ContainerView::default();
+    for spec in das::load_specs(&PluginDirs::of(cluster.node(NODE)).cdi)? {
+        let devices = spec["devices"].as_array().cloned().unwrap_or_default();
+        let ours: Vec<&Value> = devices
+            .iter()
+            .filter(|d| {
+                let n = d["name"].as_str().unwrap_or_default();
+                claim_uids.iter().any(|u| n.starts_with(u.as_str()))
+            })
+            .collect();
+        if ours.is_empty() {
+            continue;
+        }
+        let edits = std::iter::once(&spec["containerEdits"]).chain(ours.iter().map(|d| &d["containerEdits"]));
+        for e in edits {
+            for kv in e["env"].as_array().into_iter().flatten() {
+                let (k, v) = kv.as_str().unwrap_or_default().split_once('=').unwrap_or_default();
+                view.env.insert(k.into(), v.into());
+            }
+            for n in e["deviceNodes"].as_array().into_iter().flatten() {
+                let p = n["path"].as_str().unwrap_or_default().to_string();
+                if !view.device_nodes.contains(&p) {
+                    view.device_nodes.push(p);
+                }
+            }
+        }
+    }
+    Ok(view)
+}
+
+/// UIDs of the ResourceClaims container `container` of `pod` uses.
+async fn container_claims(c: &Client, pod: &Pod, container: &str) -> Result<Vec<String>> {
+    let spec = pod.spec.as_ref().context("pod spec")?;
+    let ctr = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .find(|x| x.name == container)
+        .with_context(|| format!("no container {container}"))?;
+    let names: Vec<String> = ctr
+        .resources
+        .as_ref()
+        .and_then(|r| r.claims.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| c.name.clone())
+        .collect();
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.clone())
+        .unwrap_or_default();
+    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
+    let mut uids = Vec::new();
+    for pod_claim in spec.resource_claims.iter().flatten() {
+        if !names.contains(&pod_claim.name) {
+            continue;
+        }
+        let claim_name = match &pod_claim.resource_claim_name {
+            Some(n) => n.clone(),
+            None => statuses
+                .iter()
+                .find(|s| s.name == pod_claim.name)
+                .and_then(|s| s.resource_claim_name.clone())
+                .with_context(|| format!("no generated claim for {}", pod_claim.name))?,
+        };
+        uids.push(claims.get(&claim_name).await?.metadata.uid.unwrap_or_default());
+    }
+    if uids.is_empty() {
+        bail!("container {container} uses no claim");
+    }
+    Ok(uids)
+}
+
+/// UIDs of every claim of `pod`.
+async fn pod_claims(c: &Client, pod: &Pod) -> Result<Vec<String>> {
+    let first = pod.spec.as_ref().context("pod spec")?.containers[0].name.clone();
+    container_claims(c, pod, &first).await
+}
+
+fn files(cluster: &Cluster) -> runtime::RuntimeFiles {
+    cluster.node(NODE).runtime_files().expect("a real-runtime node")
+}
+
+fn spec_file(cluster: &Cluster, claim_uid: &str) -> std::path::PathBuf {
+    PluginDirs::of(cluster.node(NODE))
+        .cdi
+        .join(format!("das.com-mig_{claim_uid}.json"))
+}
+
+fn live_uuids(cluster: &Cluster) -> Result<Vec<String>> {
+    Ok(live_slices(cluster, NODE)?.into_iter().map(|s| s.3).collect())
+}
+
+fn container_id(pod: &Pod, container: &str) -> Result<String> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|s| s.name == container)
+        .and_then(|s| s.container_id.clone())
+        .with_context(|| format!("container {container} has no ID"))
+}
+
+/// SIGKILLs the process of container `container` of `pod` on the host (the pod stays).
+fn kill_container(cluster: &Cluster, pod: &Pod, container: &str) -> Result<()> {
+    let pid = runtime::container_pid(&files(cluster), &container_id(pod, container)?)?;
+    // SAFETY: kill has no memory-safety preconditions.
+    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+        bail!("kill {pid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
