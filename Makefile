@@ -159,12 +159,16 @@ soak: k8s helm fuzz ## the long fuzz run, then the chaos soak: >= 500 pod cycles
 	$(CARGO) build --release $(DAS_BINS)
 	$(CARGO) run -q -p das-e2e --bin das-soak -- --profile release $(SOAK_ARGS)
 
+# The real-runtime node of the local cluster (kubelet + containerd + runc; needs root):
+# `make cluster-up RUNTIME_NODE=` starts the cluster without it.
+RUNTIME_NODE ?= r0=H100-80GB:1
+
 .PHONY: cluster-up
-cluster-up: k8s helm ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background
+cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off)
 	$(CARGO) build -q $(DAS_BINS)
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
 	  --controller-bin target/debug/das-controller --webhook-bin target/debug/das-webhook \
-	  $(if $(NODES),--nodes $(NODES))
+	  $(if $(NODES),--nodes $(NODES)) --runtime-node '$(RUNTIME_NODE)'
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
@@ -172,7 +176,7 @@ cluster-down: ## stop the local cluster and remove its files
 
 .PHONY: demo
 demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods get MIG slices
-	$(KUBECTL) apply -f docs/examples/
+	$(KUBECTL) apply -f docs/examples/ $(if $(RUNTIME_NODE),-f docs/examples/real-runtime/)
 	@echo "waiting for the example pods to run..."
 	$(KUBECTL) wait --for=condition=Ready pod --all --timeout=120s
 	@echo
@@ -186,6 +190,9 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo
 	@$(CARGO) run -q -p das-e2e --bin das-cluster -- report
 	@echo
+	@if [ -n "$(RUNTIME_NODE)" ]; then \
+	  echo "real-container ran under containerd on r0. From kubectl logs, what the runtime gave it from DAS's CDI spec:"; \
+	  $(KUBECTL) logs real-container | grep -E '^das-probe: (env DAS_MIG_UUID_|env NVIDIA_VISIBLE|dev /dev/nvidia)' | sed 's/^das-probe: /  /'; echo; fi
 	@echo "Keep exploring:  export KUBECONFIG=$(LOCAL)/cluster/kubeconfig; $(BIN)/kubectl get resourceslices"
 	@echo "Stop it all:     make cluster-down"
 

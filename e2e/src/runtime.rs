@@ -28,6 +28,10 @@ use crate::cluster::workspace_root;
 pub const PROBE_IMAGE: &str = "das.local/probe:1";
 /// The pod sandbox image (containerd's pinned `sandbox` image).
 pub const PAUSE_IMAGE: &str = "das.local/pause:1";
+/// Key of the NoSchedule taint a real-runtime node registers with: only pods that tolerate it
+/// (whose images are the local ones) land there, never a pod meant for hollow nodes whose image
+/// no registry here serves.
+pub const TAINT_KEY: &str = "das.local/real-runtime";
 /// The runc binary containerd runs (Debian's `runc` package).
 pub const RUNC: &str = "/usr/sbin/runc";
 
@@ -214,6 +218,7 @@ pub fn cni_config(files: &RuntimeFiles) -> String {
 ///   `kubectl logs`/`exec` requests come with its kubelet-client certificate.
 /// - `port`: the kubelet's HTTPS server on all addresses (the API server dials the node's
 ///   InternalIP); no read-only or healthz port, no DNS.
+/// - registered with the [`TAINT_KEY`] taint.
 pub fn kubelet_config(files: &RuntimeFiles, ca: &Path, port: u16) -> String {
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
@@ -241,7 +246,10 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 syncFrequency: 5s
 nodeStatusUpdateFrequency: 5s
+registerWithTaints:
+- {{key: {taint}, value: "true", effect: NoSchedule}}
 "#,
+        taint = TAINT_KEY,
         socket = files.socket().display(),
         logs = files.pod_logs_dir().display(),
         ca = ca.display(),

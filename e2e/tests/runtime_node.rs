@@ -58,10 +58,14 @@ async fn scenarios(cluster: &Cluster) -> Result<()> {
 /// pod removes the container, destroys the slice and removes the CDI spec.
 async fn one_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(&c, "one", json!({
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-        "containers": [probe("app", &["gpu"])],
-    }))
+    create(
+        &c,
+        "one",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
     .await?;
     let pod = wait_ready(&c, "one").await?;
     let view = check_container(cluster, &pod, "app", 1).await?;
@@ -91,7 +95,8 @@ async fn one_slice(cluster: &Cluster) -> Result<()> {
 async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
     let mut legacy = probe("app", &[]);
-    legacy["resources"] = json!({"limits": {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}});
+    legacy["resources"] =
+        json!({"limits": {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}});
     create(&c, "legacy", json!({"containers": [legacy]})).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
     let two: ResourceClaim = serde_json::from_value(json!({
@@ -103,10 +108,14 @@ async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Resu
         ]}}
     }))?;
     claims.create(&PostParams::default(), &two).await?;
-    create(&c, "requests", json!({
-        "resourceClaims": [{"name": "gpu", "resourceClaimName": "two-requests"}],
-        "containers": [probe("app", &["gpu"])],
-    }))
+    create(
+        &c,
+        "requests",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "two-requests"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
     .await?;
     let legacy = wait_ready(&c, "legacy").await?;
     let requests = wait_ready(&c, "requests").await?;
@@ -129,13 +138,17 @@ async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Resu
 /// Two containers of one pod, each with its own claim, see only their own slice.
 async fn two_containers_see_only_their_own(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(&c, "pair", json!({
-        "resourceClaims": [
-            {"name": "a", "resourceClaimTemplateName": "one-1g"},
-            {"name": "b", "resourceClaimTemplateName": "one-2g"}
-        ],
-        "containers": [probe("first", &["a"]), probe("second", &["b"])],
-    }))
+    create(
+        &c,
+        "pair",
+        json!({
+            "resourceClaims": [
+                {"name": "a", "resourceClaimTemplateName": "one-1g"},
+                {"name": "b", "resourceClaimTemplateName": "one-2g"}
+            ],
+            "containers": [probe("first", &["a"]), probe("second", &["b"])],
+        }),
+    )
     .await?;
     let pod = wait_ready(&c, "pair").await?;
     let first = check_container(cluster, &pod, "first", 1).await?;
@@ -154,11 +167,15 @@ async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
     let mut init = probe("init", &["gpu"]);
     init["args"] = json!(["exit"]);
-    create(&c, "init", json!({
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-        "initContainers": [init],
-        "containers": [probe("app", &["gpu"])],
-    }))
+    create(
+        &c,
+        "init",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+            "initContainers": [init],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
     .await?;
     let pod = wait_ready(&c, "init").await?;
     let init = check_container(cluster, &pod, "init", 1).await?;
@@ -177,10 +194,14 @@ async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
 /// new UUID).
 async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(&c, "restart", json!({
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-        "containers": [probe("app", &["gpu"])],
-    }))
+    create(
+        &c,
+        "restart",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
     .await?;
     let pod = wait_ready(&c, "restart").await?;
     let before = check_container(cluster, &pod, "app", 1).await?.mig_uuids();
@@ -199,34 +220,48 @@ async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Res
 /// slice and removes the spec.
 async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(&c, "broken", json!({
-        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-        "containers": [probe("app", &["gpu"])],
-    }))
+    create(
+        &c,
+        "broken",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
     .await?;
     let pod = wait_ready(&c, "broken").await?;
-    let uuid = check_container(cluster, &pod, "app", 1).await?.mig_uuids().remove(0);
+    let uuid = check_container(cluster, &pod, "app", 1)
+        .await?
+        .mig_uuids()
+        .remove(0);
     let claim = pod_claims(&c, &pod).await?.remove(0);
     let spec = spec_file(cluster, &claim);
     std::fs::write(&spec, b"{ this is not a CDI spec")?;
     kill_container(cluster, &pod, "app")?;
     let events: Api<Event> = Api::namespaced(c.clone(), NS);
-    let message = wait::until("the runtime's CDI error in the pod's events", TIMEOUT, || async {
-        let lp = ListParams::default().fields("involvedObject.name=broken");
-        Ok(events.list(&lp).await?.items.into_iter().find_map(|e| {
-            let m = e.message.unwrap_or_default();
-            (e.type_.as_deref() == Some("Warning") && m.contains("CDI")).then_some(m)
-        }))
-    })
+    let message = wait::until(
+        "the runtime's CDI error in the pod's events",
+        TIMEOUT,
+        || async {
+            let lp = ListParams::default().fields("involvedObject.name=broken");
+            Ok(events.list(&lp).await?.items.into_iter().find_map(|e| {
+                let m = e.message.unwrap_or_default();
+                (e.type_.as_deref() == Some("Warning") && m.contains("CDI")).then_some(m)
+            }))
+        },
+    )
     .await?;
+    eprintln!("the runtime's message for a broken CDI spec: {message}");
     ensure!(
         message.contains(&claim),
         "the runtime's message does not name the claim's CDI device: {message}"
     );
     delete_pod(&c, "broken").await?;
-    wait::until("the slice destroyed and the spec removed", TIMEOUT, || async {
-        Ok((!live_uuids(cluster)?.contains(&uuid) && !spec.exists()).then_some(()))
-    })
+    wait::until(
+        "the slice destroyed and the spec removed",
+        TIMEOUT,
+        || async { Ok((!live_uuids(cluster)?.contains(&uuid) && !spec.exists()).then_some(())) },
+    )
     .await
 }
 
@@ -241,6 +276,7 @@ fn probe(name: &str, claims: &[&str]) -> Value {
 
 async fn create(c: &Client, name: &str, mut spec: Value) -> Result<()> {
     spec["nodeSelector"] = json!({"kubernetes.io/hostname": NODE});
+    spec["tolerations"] = json!([{"key": runtime::TAINT_KEY, "operator": "Exists"}]);
     spec["terminationGracePeriodSeconds"] = json!(0);
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
@@ -298,10 +334,13 @@ async fn check_container(
     let c = cluster.client();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let log = Api::<Pod>::namespaced(c.clone(), NS)
-        .logs(&name, &LogParams {
-            container: Some(container.into()),
-            ..Default::default()
-        })
+        .logs(
+            &name,
+            &LogParams {
+                container: Some(container.into()),
+                ..Default::default()
+            },
+        )
         .await
         .with_context(|| format!("kubectl logs {name} -c {container}"))?;
     let seen = runtime::probe_view(&log)?;
@@ -354,10 +393,15 @@ fn expected_view(cluster: &Cluster, claim_uids: &[String]) -> Result<ContainerVi
         if ours.is_empty() {
             continue;
         }
-        let edits = std::iter::once(&spec["containerEdits"]).chain(ours.iter().map(|d| &d["containerEdits"]));
+        let edits = std::iter::once(&spec["containerEdits"])
+            .chain(ours.iter().map(|d| &d["containerEdits"]));
         for e in edits {
             for kv in e["env"].as_array().into_iter().flatten() {
-                let (k, v) = kv.as_str().unwrap_or_default().split_once('=').unwrap_or_default();
+                let (k, v) = kv
+                    .as_str()
+                    .unwrap_or_default()
+                    .split_once('=')
+                    .unwrap_or_default();
                 view.env.insert(k.into(), v.into());
             }
             for n in e["deviceNodes"].as_array().into_iter().flatten() {
@@ -407,7 +451,14 @@ async fn container_claims(c: &Client, pod: &Pod, container: &str) -> Result<Vec<
                 .and_then(|s| s.resource_claim_name.clone())
                 .with_context(|| format!("no generated claim for {}", pod_claim.name))?,
         };
-        uids.push(claims.get(&claim_name).await?.metadata.uid.unwrap_or_default());
+        uids.push(
+            claims
+                .get(&claim_name)
+                .await?
+                .metadata
+                .uid
+                .unwrap_or_default(),
+        );
     }
     if uids.is_empty() {
         bail!("container {container} uses no claim");
@@ -417,12 +468,17 @@ async fn container_claims(c: &Client, pod: &Pod, container: &str) -> Result<Vec<
 
 /// UIDs of every claim of `pod`.
 async fn pod_claims(c: &Client, pod: &Pod) -> Result<Vec<String>> {
-    let first = pod.spec.as_ref().context("pod spec")?.containers[0].name.clone();
+    let first = pod.spec.as_ref().context("pod spec")?.containers[0]
+        .name
+        .clone();
     container_claims(c, pod, &first).await
 }
 
 fn files(cluster: &Cluster) -> runtime::RuntimeFiles {
-    cluster.node(NODE).runtime_files().expect("a real-runtime node")
+    cluster
+        .node(NODE)
+        .runtime_files()
+        .expect("a real-runtime node")
 }
 
 fn spec_file(cluster: &Cluster, claim_uid: &str) -> std::path::PathBuf {
@@ -432,7 +488,10 @@ fn spec_file(cluster: &Cluster, claim_uid: &str) -> std::path::PathBuf {
 }
 
 fn live_uuids(cluster: &Cluster) -> Result<Vec<String>> {
-    Ok(live_slices(cluster, NODE)?.into_iter().map(|s| s.3).collect())
+    Ok(live_slices(cluster, NODE)?
+        .into_iter()
+        .map(|s| s.3)
+        .collect())
 }
 
 fn container_id(pod: &Pod, container: &str) -> Result<String> {

@@ -137,7 +137,7 @@ func build(name, out, entrypoint string, env []string, entries []entry) error {
 	}
 	// containerd names the imported image from io.containerd.image.name, podman from ref.name.
 	annotations := map[string]string{
-		"io.containerd.image.name":         name,
+		"io.containerd.image.name":          name,
 		"org.opencontainers.image.ref.name": name,
 	}
 	if err := lp.AppendImage(img, layout.WithAnnotations(annotations)); err != nil {

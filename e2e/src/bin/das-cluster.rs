@@ -1,6 +1,7 @@
 //! `das-cluster up|down|status`: the local Kubernetes behind `make cluster-up` / `make cluster-down`.
 //!
-//! `up` starts etcd, the control plane and hollow DRA kubelets in the background, writes
+//! `up` starts etcd, the control plane, hollow DRA kubelets and a real-runtime node (kubelet +
+//! containerd) in the background, writes
 //! `.local/cluster/kubeconfig` and `.local/cluster/state.json`, and returns; `down` stops every
 //! process recorded there and removes the cluster's files.
 
@@ -8,9 +9,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use das_e2e::cluster::{self, Cluster, ClusterConfig, ClusterState};
+use das_e2e::cluster::{self, Cluster, ClusterConfig, ClusterState, NodeKind};
 use das_e2e::install::{self, Binaries};
 use das_e2e::process::{self, Lifetime};
+use das_e2e::runtime;
 
 #[derive(Parser)]
 #[command(about = "Local Kubernetes (real control plane, hollow DRA kubelets) for DAS")]
@@ -33,6 +35,11 @@ enum Cmd {
             default_value = "n0=A100-SXM4-40GB:2,n1=H100-80GB:2"
         )]
         nodes: Vec<String>,
+        /// A real-runtime node, `node=MODEL:COUNT`: the upstream kubelet with containerd and
+        /// runc (`make containerd`; needs root), tainted `das.local/real-runtime` so only pods
+        /// that tolerate it land there. Empty: none.
+        #[arg(long, default_value = "r0=H100-80GB:1")]
+        runtime_node: String,
         /// The node plugin binary; when given, DAS is installed from the Helm chart (its
         /// CRD, DeviceClasses, RBAC and policies) and each node with GPUs runs the plugin as the
         /// chart's DaemonSet would, under the plugin's service account.
@@ -95,6 +102,7 @@ async fn main() -> Result<()> {
     match cli.cmd {
         Cmd::Up {
             nodes,
+            runtime_node,
             plugin_bin,
             controller_bin,
             webhook_bin,
@@ -104,7 +112,7 @@ async fn main() -> Result<()> {
                 controller: controller_bin,
                 webhook: webhook_bin,
             });
-            up(&state_dir, nodes, bins).await
+            up(&state_dir, nodes, &runtime_node, bins).await
         }
         Cmd::Manifests { out } => {
             let out = cluster::workspace_root().join(out);
@@ -132,9 +140,21 @@ fn parse_node(spec: &str) -> (String, Option<String>) {
     }
 }
 
-async fn up(state_dir: &Path, node_specs: Vec<String>, bins: Option<Binaries>) -> Result<()> {
-    let parsed: Vec<(String, Option<String>)> = node_specs.iter().map(|s| parse_node(s)).collect();
+async fn up(
+    state_dir: &Path,
+    node_specs: Vec<String>,
+    runtime_spec: &str,
+    bins: Option<Binaries>,
+) -> Result<()> {
+    let mut parsed: Vec<(String, Option<String>)> =
+        node_specs.iter().map(|s| parse_node(s)).collect();
     let nodes: Vec<String> = parsed.iter().map(|(n, _)| n.clone()).collect();
+    let runtime_node = (!runtime_spec.is_empty()).then(|| parse_node(runtime_spec));
+    if runtime_node.is_some() {
+        runtime::preflight().context(
+            "the real-runtime node cannot start here; start the cluster without it: `make cluster-up RUNTIME_NODE=`",
+        )?;
+    }
     if let Some(s) = load_state(state_dir)? {
         if running(&s) > 0 {
             bail!(
@@ -154,6 +174,10 @@ async fn up(state_dir: &Path, node_specs: Vec<String>, bins: Option<Binaries>) -
     let mut cfg = ClusterConfig::with_nodes(&nodes.iter().map(String::as_str).collect::<Vec<_>>());
     cfg.dir = Some(dir);
     cfg.lifetime = Lifetime::Detached;
+    if let Some(node) = runtime_node {
+        cfg.runtime_nodes = vec![node.0.clone()];
+        parsed.push(node);
+    }
     let t0 = std::time::Instant::now();
     let mut cluster = Cluster::start(cfg).await?;
     if let Some(bins) = bins
@@ -171,10 +195,18 @@ async fn up(state_dir: &Path, node_specs: Vec<String>, bins: Option<Binaries>) -
 
     let kubectl = cluster::k8s_binary().with_file_name("kubectl");
     let version = cluster::k8s_version(&cluster::k8s_binary())?;
+    let all_nodes: Vec<String> = state
+        .nodes
+        .iter()
+        .map(|n| match n.kind {
+            NodeKind::Hollow => n.name.clone(),
+            NodeKind::Runtime => format!("{} (containerd)", n.name),
+        })
+        .collect();
     println!(
         "Local Kubernetes {version} is up in {:.1}s with nodes: {}",
         elapsed.as_secs_f64(),
-        nodes.join(", ")
+        all_nodes.join(", ")
     );
     println!();
     println!("  export KUBECONFIG={}", kubeconfig.display());

@@ -172,6 +172,50 @@ fn without_device_nodes_keeps_the_environment_and_validates() {
 }
 
 #[test]
+fn stand_in_device_nodes_keep_their_container_paths_and_point_at_the_directory() {
+    let host = build_claim_spec(UID, &[one("gpu", 0, 1, 0)]).unwrap();
+    let mut stand_in = host.clone();
+    place_device_nodes(
+        &mut stand_in.spec,
+        &DeviceNodes::StandIn(PathBuf::from("/run/das/dev")),
+    );
+    stand_in.spec.validate().unwrap();
+    let pairs = |spec: &Spec| -> Vec<(String, Option<String>)> {
+        spec.devices
+            .iter()
+            .map(|d| &d.container_edits)
+            .chain(spec.container_edits.as_ref())
+            .flat_map(|e| e.device_nodes.iter())
+            .map(|n| (n.path.clone(), n.host_path.clone()))
+            .collect()
+    };
+    let host_pairs = pairs(&host.spec);
+    assert!(
+        host_pairs.iter().all(|(_, h)| h.is_none()),
+        "{host_pairs:?}"
+    );
+    let moved = pairs(&stand_in.spec);
+    assert_eq!(moved.len(), host_pairs.len());
+    for (path, host_path) in &moved {
+        let rest = path.strip_prefix("/dev/").expect("a /dev node");
+        assert_eq!(
+            host_path.as_deref(),
+            Some(format!("/run/das/dev/{rest}").as_str())
+        );
+    }
+    assert!(moved.iter().any(|(p, _)| p == "/dev/nvidia0"));
+    // hostPath needs CDI 0.5.0; the numbers and the environment stay as built.
+    assert_eq!(stand_in.spec.cdi_version, "0.5.0");
+    assert_eq!(
+        stand_in.spec.devices[0].container_edits.env,
+        host.spec.devices[0].container_edits.env
+    );
+    let mut omitted = host.clone();
+    place_device_nodes(&mut omitted.spec, &DeviceNodes::Omitted);
+    assert!(pairs(&omitted.spec).is_empty());
+}
+
+#[test]
 fn a_legacy_request_device_lists_every_slice_and_dedups_parents() {
     let instances: Vec<PreparedInstance> = [(1, 0), (2, 1), (3, 0)]
         .into_iter()
