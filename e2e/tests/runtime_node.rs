@@ -58,18 +58,7 @@ async fn scenarios(cluster: &Cluster) -> Result<()> {
 /// pod removes the container, destroys the slice and removes the CDI spec.
 async fn one_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(
-        &c,
-        "one",
-        json!({
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-            "containers": [probe("app", &["gpu"])],
-        }),
-    )
-    .await?;
-    let pod = wait_ready(&c, "one").await?;
-    let view = check_container(cluster, &pod, "app", 1).await?;
-    let uuid = view.mig_uuids().remove(0);
+    let (pod, uuid) = one_slice_pod(cluster, "one").await?;
     ensure!(
         live_uuids(cluster)?.contains(&uuid),
         "MIG {uuid} the container got is not live on the GPUs"
@@ -194,22 +183,12 @@ async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
 /// new UUID).
 async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(
-        &c,
-        "restart",
-        json!({
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-            "containers": [probe("app", &["gpu"])],
-        }),
-    )
-    .await?;
-    let pod = wait_ready(&c, "restart").await?;
-    let before = check_container(cluster, &pod, "app", 1).await?.mig_uuids();
+    let (pod, before) = one_slice_pod(cluster, "restart").await?;
     kill_container(cluster, &pod, "app")?;
     let pod = wait_restarted(&c, "restart").await?;
     let after = check_container(cluster, &pod, "app", 1).await?.mig_uuids();
     ensure!(
-        before == after,
+        after == [before.clone()],
         "restarted container got {after:?}, had {before:?}"
     );
     delete_pod(&c, "restart").await
@@ -220,20 +199,7 @@ async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Res
 /// slice and removes the spec.
 async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create(
-        &c,
-        "broken",
-        json!({
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-            "containers": [probe("app", &["gpu"])],
-        }),
-    )
-    .await?;
-    let pod = wait_ready(&c, "broken").await?;
-    let uuid = check_container(cluster, &pod, "app", 1)
-        .await?
-        .mig_uuids()
-        .remove(0);
+    let (pod, uuid) = one_slice_pod(cluster, "broken").await?;
     let claim = pod_claims(&c, &pod).await?.remove(0);
     let spec = spec_file(cluster, &claim);
     std::fs::write(&spec, b"{ this is not a CDI spec")?;
@@ -263,6 +229,27 @@ async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result
         || async { Ok((!live_uuids(cluster)?.contains(&uuid) && !spec.exists()).then_some(())) },
     )
     .await
+}
+
+/// Pod `name` with one probe container `app` holding one 1g.10gb slice, ready and checked;
+/// returns the pod and the slice's MIG UUID.
+async fn one_slice_pod(cluster: &Cluster, name: &str) -> Result<(Pod, String)> {
+    let c = cluster.client();
+    create(
+        &c,
+        name,
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
+    .await?;
+    let pod = wait_ready(&c, name).await?;
+    let uuid = check_container(cluster, &pod, "app", 1)
+        .await?
+        .mig_uuids()
+        .remove(0);
+    Ok((pod, uuid))
 }
 
 /// A probe container named `name` using pod claims `claims`.
