@@ -638,6 +638,8 @@ impl Cluster {
         for p in std::mem::take(&mut self.processes) {
             std::mem::forget(p);
         }
+        // Nor may the drop tear down the real-runtime nodes' containers: they run on.
+        self.nodes.clear();
         self.remove_dir_on_drop = false;
         state
     }
