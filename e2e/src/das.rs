@@ -197,11 +197,40 @@ pub fn container_view(node: &NodeInfo, pod_uid: &str, container: &str) -> Result
     )?;
     let ids: Vec<String> = serde_json::from_value(rec["cdiDevices"].clone())?;
     let specs = load_specs(&PluginDirs::of(node).cdi)?;
+    resolve_cdi_devices(&specs, &ids)
+        .with_context(|| format!("container {container} of pod {pod_uid}"))
+}
+
+/// The CDI device IDs (`<kind>=<name>`) of every device in `specs` whose name starts with one
+/// of `claim_uids` (DAS names its devices `<claimUID>-<device>`).
+pub fn claim_device_ids(specs: &[Value], claim_uids: &[String]) -> Vec<String> {
+    specs
+        .iter()
+        .flat_map(|s| {
+            let kind = s["kind"].as_str().unwrap_or_default();
+            s["devices"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|d| d["name"].as_str())
+                .filter(|n| claim_uids.iter().any(|u| n.starts_with(u.as_str())))
+                .map(move |n| format!("{kind}={n}"))
+        })
+        .collect()
+}
+
+/// Applies the edits of CDI devices `ids` from `specs` (the spec's, then the device's, in
+/// order) as a CDI-enabled runtime does: environment merged by key, last one wins; device
+/// nodes by path.
+///
+/// # Errors
+/// A device ID in no spec, or two edits setting one variable to different values.
+pub fn resolve_cdi_devices(specs: &[Value], ids: &[String]) -> Result<ContainerView> {
     let mut view = ContainerView {
-        cdi_devices: ids.clone(),
+        cdi_devices: ids.to_vec(),
         ..Default::default()
     };
-    for id in &ids {
+    for id in ids {
         let Some((kind, name)) = id.split_once('=') else {
             bail!("malformed CDI device ID {id}")
         };
@@ -229,7 +258,7 @@ pub fn container_view(node: &NodeInfo, pod_uid: &str, container: &str) -> Result
                     && old != v
                 {
                     bail!(
-                        "container {container}: CDI devices set {k} to {old:?} and {v:?}; a runtime keeps only the last"
+                        "CDI devices set {k} to {old:?} and {v:?}; a runtime keeps only the last"
                     );
                 }
             }

@@ -16,7 +16,7 @@ use das_e2e::runtime::{self, PROBE_IMAGE};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, create_template, delete_pod};
 use das_e2e::{Cluster, ClusterConfig};
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod, PodStatus};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{ListParams, LogParams, PostParams};
 use kube::{Api, Client};
@@ -277,34 +277,37 @@ async fn create(c: &Client, name: &str, mut spec: Value) -> Result<()> {
 
 /// Waits until every container of pod `name` is ready; returns the pod.
 async fn wait_ready(c: &Client, name: &str) -> Result<Pod> {
-    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
-    wait::until(&format!("pod {name} ready"), TIMEOUT, || async {
-        let p = api.get(name).await?;
-        let ready = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
+    wait_pod(c, name, "ready", |s| {
+        s.conditions
+            .iter()
             .flatten()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        Ok(ready.then_some(p))
+            .any(|c| c.type_ == "Ready" && c.status == "True")
     })
     .await
 }
 
 /// Waits until container `app` of pod `name` restarted once and is ready again.
 async fn wait_restarted(c: &Client, name: &str) -> Result<Pod> {
-    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
-    wait::until(&format!("pod {name} restarted"), TIMEOUT, || async {
-        let p = api.get(name).await?;
-        let restarted = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .into_iter()
+    wait_pod(c, name, "restarted", |s| {
+        s.container_statuses
+            .iter()
             .flatten()
-            .any(|s| s.restart_count >= 1 && s.ready);
-        Ok(restarted.then_some(p))
+            .any(|s| s.restart_count >= 1 && s.ready)
+    })
+    .await
+}
+
+/// Waits until pod `name`'s status passes `done`; returns the pod.
+async fn wait_pod(
+    c: &Client,
+    name: &str,
+    what: &str,
+    done: impl Fn(&PodStatus) -> bool,
+) -> Result<Pod> {
+    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
+    wait::until(&format!("pod {name} {what}"), TIMEOUT, || async {
+        let p = api.get(name).await?;
+        Ok(p.status.as_ref().is_some_and(&done).then_some(p))
     })
     .await
 }
@@ -367,39 +370,8 @@ async fn check_container(
 
 /// The view the CDI specs of `claim_uids` give: their devices' variables and device nodes.
 fn expected_view(cluster: &Cluster, claim_uids: &[String]) -> Result<ContainerView> {
-    let mut view = ContainerView::default();
-    for spec in das::load_specs(&PluginDirs::of(cluster.node(NODE)).cdi)? {
-        let devices = spec["devices"].as_array().cloned().unwrap_or_default();
-        let ours: Vec<&Value> = devices
-            .iter()
-            .filter(|d| {
-                let n = d["name"].as_str().unwrap_or_default();
-                claim_uids.iter().any(|u| n.starts_with(u.as_str()))
-            })
-            .collect();
-        if ours.is_empty() {
-            continue;
-        }
-        let edits = std::iter::once(&spec["containerEdits"])
-            .chain(ours.iter().map(|d| &d["containerEdits"]));
-        for e in edits {
-            for kv in e["env"].as_array().into_iter().flatten() {
-                let (k, v) = kv
-                    .as_str()
-                    .unwrap_or_default()
-                    .split_once('=')
-                    .unwrap_or_default();
-                view.env.insert(k.into(), v.into());
-            }
-            for n in e["deviceNodes"].as_array().into_iter().flatten() {
-                let p = n["path"].as_str().unwrap_or_default().to_string();
-                if !view.device_nodes.contains(&p) {
-                    view.device_nodes.push(p);
-                }
-            }
-        }
-    }
-    Ok(view)
+    let specs = das::load_specs(&PluginDirs::of(cluster.node(NODE)).cdi)?;
+    das::resolve_cdi_devices(&specs, &das::claim_device_ids(&specs, claim_uids))
 }
 
 /// UIDs of the ResourceClaims container `container` of `pod` uses.
