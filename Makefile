@@ -45,6 +45,10 @@ VERSION ?= $(shell sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"
 IMAGE ?= ghcr.io/das-project/das:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker || command -v buildah)
 IMAGE_BUILD_FLAGS ?=
+# How `make image` builds: `auto` (the Containerfile with a working engine, else the OCI archive),
+# `engine` (the Containerfile only) or `oci` (the archive only, see `make image-oci`).
+IMAGE_BUILDER ?= auto
+IMAGE_ARCHIVE ?= target/image/das-$(VERSION).oci.tar
 HADOLINT_VERSION := 2.15.1
 HADOLINT := $(LOCAL)/hadolint-$(HADOLINT_VERSION)/bin/hadolint
 
@@ -99,6 +103,12 @@ containerd: ## build containerd $(CONTAINERD_VERSION), its runc shim, the CNI pl
 	  -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)" \
 	  -o $(CONTAINERD_BIN)/ $(CONTAINERD_PKGS)
 	@$(CONTAINERD_BIN)/containerd --version
+
+.PHONY: ociimage
+ociimage: ## build only the OCI image builder (e2e/containerd/ociimage, go-containerregistry) into .local/containerd/bin
+	@mkdir -p $(CONTAINERD_BIN)
+	cd e2e/containerd && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
+	  go build -trimpath -ldflags "-s -w" -o $(CONTAINERD_BIN)/ ./ociimage
 
 .PHONY: helm
 helm: ## build Helm (e2e/helm, from the Go module proxy) into .local/bin for the chart checks
@@ -212,12 +222,29 @@ lint: ## formatting check, clippy with warnings as errors, go vet, no references
 	cd e2e/containerd && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
 
 .PHONY: image
-image: ## build the container image (IMAGE=ghcr.io/das-project/das:VERSION) with podman, docker or buildah
-	@if [ -z "$(CONTAINER_ENGINE)" ] || ! command -v "$(CONTAINER_ENGINE)" >/dev/null; then \
-	  echo "make image: no container engine found: install podman, docker (with buildx) or buildah, or set CONTAINER_ENGINE" >&2; \
-	  exit 1; fi
-	DOCKER_BUILDKIT=1 $(CONTAINER_ENGINE) build -f deploy/Containerfile \
-	  --build-arg VERSION=$(VERSION) -t $(IMAGE) $(IMAGE_BUILD_FLAGS) .
+image: ## build the DAS image IMAGE: from deploy/Containerfile with a working container engine, else as an OCI archive built here (IMAGE_BUILDER=auto|engine|oci)
+	@set -e; builder="$(IMAGE_BUILDER)"; engine="$(CONTAINER_ENGINE)"; why=""; \
+	if [ "$$builder" != oci ]; then \
+	  if [ -z "$$engine" ] || ! command -v "$$engine" >/dev/null; then why="no container engine (podman, docker or buildah)"; \
+	  elif [ "$$(basename $$engine)" = docker ] && ! $$engine buildx version >/dev/null 2>&1; then why="$$engine has no buildx (the Containerfile needs BuildKit)"; \
+	  elif [ "$$(basename $$engine)" = docker ] && ! $$engine info >/dev/null 2>&1; then why="$$engine cannot reach its daemon"; fi; \
+	  if [ -z "$$why" ]; then \
+	    echo "make image: building $(IMAGE) from deploy/Containerfile with $$engine"; \
+	    if DOCKER_BUILDKIT=1 $$engine build -f deploy/Containerfile --build-arg VERSION=$(VERSION) \
+	         -t $(IMAGE) $(IMAGE_BUILD_FLAGS) .; then exit 0; fi; \
+	    why="$$engine build failed (above; its base images need a registry)"; fi; \
+	  if [ "$$builder" = engine ]; then echo "make image: $$why" >&2; exit 1; fi; \
+	  echo "make image: $$why; building the OCI archive here instead (Debian packages + ociimage)"; \
+	fi; \
+	$(MAKE) --no-print-directory image-oci
+
+.PHONY: image-oci
+image-oci: ociimage ## build the DAS image as an OCI archive without a registry or daemon: release binaries, glibc and libgcc_s from Debian packages (target/image/das-VERSION.oci.tar)
+	$(CARGO) build --release --locked -p das-driver --bin das-kubelet-plugin \
+	  -p das-controller --bin das-controller -p das-webhook --bin das-webhook
+	$(CARGO) run -q --locked -p das-e2e --bin das-cluster -- image --name $(IMAGE) \
+	  --profile release --version $(VERSION) --out $(IMAGE_ARCHIVE)
+	@echo "make image: load it with \`podman load -i $(IMAGE_ARCHIVE)\` or \`ctr -n k8s.io images import $(IMAGE_ARCHIVE)\`"
 
 .PHONY: image-lint
 image-lint: $(HADOLINT) ## lint deploy/Containerfile with hadolint (installed into .local on first use)

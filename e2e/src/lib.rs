@@ -31,6 +31,7 @@
 //! - [`examples`]: docs/examples applied and checked on DAS installed from the chart.
 //! - [`doctest`]: shell blocks of the docs marked `sh doctest`, run against the local cluster,
 //!   and the README's demo output checked against the demo's report.
+//! - [`image`]: the DAS container image built here as an OCI archive (no registry, no daemon).
 //! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
 
 pub mod chart;
@@ -38,6 +39,7 @@ pub mod cluster;
 pub mod das;
 pub mod doctest;
 pub mod examples;
+pub mod image;
 pub mod install;
 pub mod kubeconfig;
 pub mod pki;

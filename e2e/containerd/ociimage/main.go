@@ -2,12 +2,21 @@
 // registry and no daemon, and writes it as an OCI image archive (a tar of an OCI image layout,
 // image-spec image-layout.md) that `ctr images import` and `podman load` read.
 //
-//	ociimage --name das.local/probe:1 --out probe.tar --entrypoint /probe \
-//	    --file /abs/host/probe:/probe[:0755] ... [--link /pause:/probe] [--env K=V]
+//	ociimage --name das.local/probe:1 --out probe.tar [--entrypoint /probe] \
+//	    [--rootfs DIR] [--file /abs/host/probe:/probe[:0755]] ... [--link /pause:/probe] \
+//	    [--env K=V] [--label K=V] [--user UID:GID]
+//	ociimage list ARCHIVE
 //
 // The image layout, manifest and config are written by go-containerregistry; this program only
 // chooses the files. Files are owned by root (0:0) with the given mode (default: the host file's
-// mode); their parent directories are created 0755.
+// mode); their parent directories are created 0755. `--rootfs` adds a whole directory tree
+// (directories, files and symlinks with their modes) below `/`; `--file` entries come after it
+// and replace files of the same path.
+//
+// `list` prints an archive's image as JSON (see listImage): its name, config (entrypoint, user,
+// labels, env) and every file of its flattened filesystem, with each ELF file's program
+// interpreter and needed libraries, so a test can compare two images' layouts and check that
+// every binary's libraries are in the image.
 package main
 
 import (
@@ -43,26 +52,56 @@ type entry struct {
 	src  string // host file; empty for a symlink
 	link string // symlink target
 	mode int64
+	dir  bool // a directory (from --rootfs)
+}
+
+// imageConfig is what the image's config says besides its layers.
+type imageConfig struct {
+	entrypoint string
+	user       string
+	env        []string
+	labels     map[string]string
 }
 
 func main() {
-	var name, out, entrypoint string
-	var files, links, env listFlag
+	if len(os.Args) == 3 && os.Args[1] == "list" {
+		if err := listImage(os.Args[2], os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "ociimage list: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var name, out, rootfs string
+	var cfg imageConfig
+	var files, links, env, labels listFlag
 	flag.StringVar(&name, "name", "", "image name, e.g. das.local/probe:1 (required)")
 	flag.StringVar(&out, "out", "", "OCI archive to write (required)")
-	flag.StringVar(&entrypoint, "entrypoint", "", "entrypoint path in the image (required)")
+	flag.StringVar(&cfg.entrypoint, "entrypoint", "", "entrypoint path in the image (none when empty)")
+	flag.StringVar(&cfg.user, "user", "", "UID[:GID] the image's processes run as (root when empty)")
+	flag.StringVar(&rootfs, "rootfs", "", "host directory whose tree becomes the image's / (optional)")
 	flag.Var(&files, "file", "HOST:DEST[:MODE] file to copy into the image (repeatable)")
 	flag.Var(&links, "link", "DEST:TARGET symlink to create in the image (repeatable)")
 	flag.Var(&env, "env", "KEY=VALUE in the image config (repeatable)")
+	flag.Var(&labels, "label", "KEY=VALUE label in the image config (repeatable)")
 	flag.Parse()
-	if name == "" || out == "" || entrypoint == "" || len(files) == 0 {
-		fmt.Fprintln(os.Stderr, "ociimage: --name, --out, --entrypoint and at least one --file are required")
+	if name == "" || out == "" || (len(files) == 0 && rootfs == "") {
+		fmt.Fprintln(os.Stderr, "ociimage: --name, --out and --rootfs or at least one --file are required")
 		flag.Usage()
 		os.Exit(2)
 	}
-	entries, err := parseEntries(files, links)
+	cfg.env = env
+	cfg.labels = map[string]string{}
+	for _, l := range labels {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			fmt.Fprintf(os.Stderr, "ociimage: --label %q: want KEY=VALUE\n", l)
+			os.Exit(2)
+		}
+		cfg.labels[k] = v
+	}
+	entries, err := parseEntries(rootfs, files, links)
 	if err == nil {
-		err = build(name, out, entrypoint, env, entries)
+		err = build(name, out, cfg, entries)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ociimage: %v\n", err)
@@ -70,8 +109,49 @@ func main() {
 	}
 }
 
-func parseEntries(files, links []string) ([]entry, error) {
+// rootfsEntries lists the tree below dir as image entries (dir itself is the image's /).
+func rootfsEntries(dir string) ([]entry, error) {
 	var entries []entry
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		e := entry{dst: "/" + filepath.ToSlash(rel), mode: int64(info.Mode().Perm())}
+		switch {
+		case d.IsDir():
+			e.dir = true
+		case info.Mode()&os.ModeSymlink != 0:
+			if e.link, err = os.Readlink(p); err != nil {
+				return err
+			}
+			e.mode = 0o777
+		case info.Mode().IsRegular():
+			e.src = p
+		default:
+			return fmt.Errorf("--rootfs: %s is neither a file, a directory nor a symlink", p)
+		}
+		if info.Mode()&os.ModeSticky != 0 {
+			e.mode |= 0o1000
+		}
+		entries = append(entries, e)
+		return nil
+	})
+	return entries, err
+}
+
+func parseEntries(rootfs string, files, links []string) ([]entry, error) {
+	var entries []entry
+	if rootfs != "" {
+		var err error
+		if entries, err = rootfsEntries(rootfs); err != nil {
+			return nil, err
+		}
+	}
 	for _, f := range files {
 		parts := strings.Split(f, ":")
 		if len(parts) < 2 || len(parts) > 3 || !path.IsAbs(parts[1]) {
@@ -96,11 +176,20 @@ func parseEntries(files, links []string) ([]entry, error) {
 		}
 		entries = append(entries, entry{dst: path.Clean(dst), link: target, mode: 0o777})
 	}
+	// Later entries (--file, --link) replace earlier ones (--rootfs) of the same path.
+	byPath := map[string]entry{}
+	for _, e := range entries {
+		byPath[e.dst] = e
+	}
+	entries = entries[:0]
+	for _, e := range byPath {
+		entries = append(entries, e)
+	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].dst < entries[j].dst })
 	return entries, nil
 }
 
-func build(name, out, entrypoint string, env []string, entries []entry) error {
+func build(name, out string, ic imageConfig, entries []entry) error {
 	layerTar, err := layerBytes(entries)
 	if err != nil {
 		return err
@@ -122,7 +211,13 @@ func build(name, out, entrypoint string, env []string, entries []entry) error {
 	}
 	cfg = cfg.DeepCopy()
 	cfg.Architecture, cfg.OS = "amd64", "linux"
-	cfg.Config = v1.Config{Entrypoint: []string{entrypoint}, Env: env, WorkingDir: "/"}
+	cfg.Config = v1.Config{Env: ic.env, WorkingDir: "/", User: ic.user}
+	if ic.entrypoint != "" {
+		cfg.Config.Entrypoint = []string{ic.entrypoint}
+	}
+	if len(ic.labels) > 0 {
+		cfg.Config.Labels = ic.labels
+	}
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -164,6 +259,17 @@ func layerBytes(entries []entry) ([]byte, error) {
 			}
 		}
 		hdr := &tar.Header{Name: strings.TrimPrefix(e.dst, "/"), Mode: e.mode, ModTime: epoch}
+		if e.dir {
+			if dirs[e.dst] {
+				continue // written as a parent already, with 0755
+			}
+			dirs[e.dst] = true
+			hdr.Typeflag, hdr.Name = tar.TypeDir, hdr.Name+"/"
+			if err := tw.WriteHeader(hdr); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if e.src == "" {
 			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, e.link
 			if err := tw.WriteHeader(hdr); err != nil {

@@ -65,6 +65,22 @@ enum Cmd {
     Status,
     /// Print which pods hold which MIG slices where (for `make demo`).
     Report,
+    /// Build the DAS image as an OCI archive without a registry or a daemon (`make image`):
+    /// the binaries of `--profile` on glibc and libgcc_s from this machine's Debian packages.
+    Image {
+        /// Image name with tag.
+        #[arg(long)]
+        name: String,
+        /// Cargo profile of the binaries (`release`, `debug`).
+        #[arg(long, default_value = "release")]
+        profile: String,
+        /// The `org.opencontainers.image.version` label.
+        #[arg(long)]
+        version: String,
+        /// The archive to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn state_file(dir: &Path) -> PathBuf {
@@ -127,6 +143,28 @@ async fn main() -> Result<()> {
             let state = load_state(&state_dir)?.context("no cluster: run `make cluster-up`")?;
             let client = das_e2e::kubeconfig::client(&state.kubeconfig).await?;
             print!("{}", das_e2e::das::report(&client).await?);
+            Ok(())
+        }
+        Cmd::Image {
+            name,
+            profile,
+            version,
+            out,
+        } => {
+            let out = cluster::workspace_root().join(out);
+            let opts = das_e2e::image::ImageOptions {
+                name: name.clone(),
+                profile,
+                version,
+                out,
+            };
+            let archive = das_e2e::image::build(&opts)?;
+            let size = std::fs::metadata(&archive)?.len();
+            println!(
+                "built {name}: {} ({} MiB, OCI archive; load with `podman load -i` or `ctr images import`)",
+                archive.display(),
+                size >> 20
+            );
             Ok(())
         }
     }
