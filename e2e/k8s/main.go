@@ -1,12 +1,13 @@
 // Command k8s is a multi-call binary holding the upstream Kubernetes components that the DAS
 // end-to-end tests and `make demo` run on one machine without a container engine:
 //
-//	k8s etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | dra-kubelet  [flags]
+//	k8s etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | kube-proxy | dra-kubelet  [flags]
 //
 // It can also be invoked through a symlink named after a component (e.g. `.local/bin/kubectl`).
 // Every component except dra-kubelet is the unmodified upstream command; dra-kubelet is a hollow
 // kubelet (fake container runtime) whose container manager runs the real kubelet DRA manager.
-// kubelet is the real one: the real-runtime node runs it against containerd (e2e/containerd).
+// kubelet is the real one: the real-runtime node runs it against containerd (e2e/containerd);
+// kube-proxy gives that node's pods (and the API server's webhook calls) Service routing.
 package main
 
 import (
@@ -28,6 +29,7 @@ import (
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
 	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
@@ -44,6 +46,7 @@ var components = map[string]func() int{
 	"kube-scheduler":          func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
 	"kubectl":                 runKubectl,
 	"kubelet":                 func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
+	"kube-proxy":              func() int { return cli.Run(proxy.NewProxyCommand()) },
 	"dra-kubelet":             func() int { return cli.Run(newDRAKubeletCommand()) },
 	"version": func() int {
 		fmt.Println(version.Get().GitVersion)

@@ -6,21 +6,22 @@
 //!
 //! Needs root, runc and `make containerd`; `make e2e` builds them.
 
-use std::collections::BTreeSet;
-
 use anyhow::{Context, Result, bail, ensure};
-use das_e2e::das::{self, ContainerView, PluginDirs};
+use das_e2e::das::{self, PluginDirs};
 use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::live_slices;
-use das_e2e::runtime::{self, PROBE_IMAGE};
+use das_e2e::runtime::{self};
+use das_e2e::runtime_pods::{
+    check_container, create, one_slice_pod, pod_claims, probe, wait_pod, wait_ready,
+};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, create_template, delete_pod};
 use das_e2e::{Cluster, ClusterConfig};
-use k8s_openapi::api::core::v1::{Event, Pod, PodStatus};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{ListParams, LogParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::json;
 
 const NODE: &str = "r0";
 const GPUS: &str = "H100-80GB:2";
@@ -58,7 +59,7 @@ async fn scenarios(cluster: &Cluster) -> Result<()> {
 /// pod removes the container, destroys the slice and removes the CDI spec.
 async fn one_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    let (pod, uuid) = one_slice_pod(cluster, "one").await?;
+    let (pod, uuid) = one_slice_pod(cluster, NODE, "one").await?;
     ensure!(
         live_uuids(cluster)?.contains(&uuid),
         "MIG {uuid} the container got is not live on the GPUs"
@@ -86,7 +87,7 @@ async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Resu
     let mut legacy = probe("app", &[]);
     legacy["resources"] =
         json!({"limits": {"nvidia.com/mig-1g.10gb": 1, "nvidia.com/mig-2g.20gb": 1}});
-    create(&c, "legacy", json!({"containers": [legacy]})).await?;
+    create(&c, NODE, "legacy", json!({"containers": [legacy]})).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
     let two: ResourceClaim = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -99,6 +100,7 @@ async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Resu
     claims.create(&PostParams::default(), &two).await?;
     create(
         &c,
+        NODE,
         "requests",
         json!({
             "resourceClaims": [{"name": "gpu", "resourceClaimName": "two-requests"}],
@@ -108,8 +110,8 @@ async fn two_claims_and_two_requests_in_one_container(cluster: &Cluster) -> Resu
     .await?;
     let legacy = wait_ready(&c, "legacy").await?;
     let requests = wait_ready(&c, "requests").await?;
-    let a = check_container(cluster, &legacy, "app", 2).await?;
-    let b = check_container(cluster, &requests, "app", 2).await?;
+    let a = check_container(cluster, NODE, &legacy, "app", 2).await?;
+    let b = check_container(cluster, NODE, &requests, "app", 2).await?;
     ensure!(
         a.mig_uuids().iter().all(|u| !b.mig_uuids().contains(u)),
         "two pods share a MIG UUID: {:?} / {:?}",
@@ -129,6 +131,7 @@ async fn two_containers_see_only_their_own(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
     create(
         &c,
+        NODE,
         "pair",
         json!({
             "resourceClaims": [
@@ -140,8 +143,8 @@ async fn two_containers_see_only_their_own(cluster: &Cluster) -> Result<()> {
     )
     .await?;
     let pod = wait_ready(&c, "pair").await?;
-    let first = check_container(cluster, &pod, "first", 1).await?;
-    let second = check_container(cluster, &pod, "second", 1).await?;
+    let first = check_container(cluster, NODE, &pod, "first", 1).await?;
+    let second = check_container(cluster, NODE, &pod, "second", 1).await?;
     ensure!(
         first.mig_uuids() != second.mig_uuids(),
         "both containers got {:?}",
@@ -158,6 +161,7 @@ async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
     init["args"] = json!(["exit"]);
     create(
         &c,
+        NODE,
         "init",
         json!({
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
@@ -167,8 +171,8 @@ async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
     )
     .await?;
     let pod = wait_ready(&c, "init").await?;
-    let init = check_container(cluster, &pod, "init", 1).await?;
-    let app = check_container(cluster, &pod, "app", 1).await?;
+    let init = check_container(cluster, NODE, &pod, "init", 1).await?;
+    let app = check_container(cluster, NODE, &pod, "app", 1).await?;
     ensure!(
         init.mig_uuids() == app.mig_uuids(),
         "init container got {:?}, main container {:?}",
@@ -183,10 +187,12 @@ async fn init_container_then_main_container(cluster: &Cluster) -> Result<()> {
 /// new UUID).
 async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    let (pod, before) = one_slice_pod(cluster, "restart").await?;
+    let (pod, before) = one_slice_pod(cluster, NODE, "restart").await?;
     kill_container(cluster, &pod, "app")?;
     let pod = wait_restarted(&c, "restart").await?;
-    let after = check_container(cluster, &pod, "app", 1).await?.mig_uuids();
+    let after = check_container(cluster, NODE, &pod, "app", 1)
+        .await?
+        .mig_uuids();
     ensure!(
         after == [before.clone()],
         "restarted container got {after:?}, had {before:?}"
@@ -199,7 +205,7 @@ async fn killed_container_restarts_with_the_same_slice(cluster: &Cluster) -> Res
 /// slice and removes the spec.
 async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    let (pod, uuid) = one_slice_pod(cluster, "broken").await?;
+    let (pod, uuid) = one_slice_pod(cluster, NODE, "broken").await?;
     let claim = pod_claims(&c, &pod).await?.remove(0);
     let spec = spec_file(cluster, &claim);
     std::fs::write(&spec, b"{ this is not a CDI spec")?;
@@ -231,61 +237,6 @@ async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result
     .await
 }
 
-/// Pod `name` with one probe container `app` holding one 1g.10gb slice, ready and checked;
-/// returns the pod and the slice's MIG UUID.
-async fn one_slice_pod(cluster: &Cluster, name: &str) -> Result<(Pod, String)> {
-    let c = cluster.client();
-    create(
-        &c,
-        name,
-        json!({
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-            "containers": [probe("app", &["gpu"])],
-        }),
-    )
-    .await?;
-    let pod = wait_ready(&c, name).await?;
-    let uuid = check_container(cluster, &pod, "app", 1)
-        .await?
-        .mig_uuids()
-        .remove(0);
-    Ok((pod, uuid))
-}
-
-/// A probe container named `name` using pod claims `claims`.
-fn probe(name: &str, claims: &[&str]) -> Value {
-    let claims: Vec<Value> = claims.iter().map(|c| json!({"name": c})).collect();
-    json!({
-        "name": name, "image": PROBE_IMAGE, "imagePullPolicy": "Never",
-        "resources": {"claims": claims}
-    })
-}
-
-async fn create(c: &Client, name: &str, mut spec: Value) -> Result<()> {
-    spec["nodeSelector"] = json!({"kubernetes.io/hostname": NODE});
-    spec["tolerations"] = json!([{"key": runtime::TAINT_KEY, "operator": "Exists"}]);
-    spec["terminationGracePeriodSeconds"] = json!(0);
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
-    }))?;
-    Api::<Pod>::namespaced(c.clone(), NS)
-        .create(&PostParams::default(), &pod)
-        .await
-        .with_context(|| format!("create pod {name}"))?;
-    Ok(())
-}
-
-/// Waits until every container of pod `name` is ready; returns the pod.
-async fn wait_ready(c: &Client, name: &str) -> Result<Pod> {
-    wait_pod(c, name, "ready", |s| {
-        s.conditions
-            .iter()
-            .flatten()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
-    })
-    .await
-}
-
 /// Waits until container `app` of pod `name` restarted once and is ready again.
 async fn wait_restarted(c: &Client, name: &str) -> Result<Pod> {
     wait_pod(c, name, "restarted", |s| {
@@ -295,142 +246,6 @@ async fn wait_restarted(c: &Client, name: &str) -> Result<Pod> {
             .any(|s| s.restart_count >= 1 && s.ready)
     })
     .await
-}
-
-/// Waits until pod `name`'s status passes `done`; returns the pod.
-async fn wait_pod(
-    c: &Client,
-    name: &str,
-    what: &str,
-    done: impl Fn(&PodStatus) -> bool,
-) -> Result<Pod> {
-    let api: Api<Pod> = Api::namespaced(c.clone(), NS);
-    wait::until(&format!("pod {name} {what}"), TIMEOUT, || async {
-        let p = api.get(name).await?;
-        Ok(p.status.as_ref().is_some_and(&done).then_some(p))
-    })
-    .await
-}
-
-/// What container `container` of `pod` reported, checked against the CDI specs of the claims
-/// it uses: exactly `slices` MIG UUIDs, exactly the specs' device nodes (and no other GPU's),
-/// `NVIDIA_VISIBLE_DEVICES=void`.
-async fn check_container(
-    cluster: &Cluster,
-    pod: &Pod,
-    container: &str,
-    slices: usize,
-) -> Result<ContainerView> {
-    let c = cluster.client();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let log = Api::<Pod>::namespaced(c.clone(), NS)
-        .logs(
-            &name,
-            &LogParams {
-                container: Some(container.into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .with_context(|| format!("kubectl logs {name} -c {container}"))?;
-    let seen = runtime::probe_view(&log)?;
-    let claims = container_claims(&c, pod, container).await?;
-    let expected = expected_view(cluster, &claims)?;
-    ensure!(
-        seen.mig_uuids().len() == slices,
-        "{name}/{container}: {slices} slice(s) expected, saw {:?}",
-        seen.mig_uuids()
-    );
-    ensure!(
-        seen.mig_uuids() == expected.mig_uuids(),
-        "{name}/{container}: saw MIG UUIDs {:?}, its claims' CDI specs give {:?}",
-        seen.mig_uuids(),
-        expected.mig_uuids()
-    );
-    let nvidia = |v: &ContainerView| -> BTreeSet<String> {
-        v.device_nodes
-            .iter()
-            .filter(|p| p.starts_with("/dev/nvidia"))
-            .cloned()
-            .collect()
-    };
-    ensure!(
-        nvidia(&seen) == nvidia(&expected),
-        "{name}/{container}: saw device nodes {:?}, its claims' CDI specs give {:?}",
-        nvidia(&seen),
-        nvidia(&expected)
-    );
-    ensure!(
-        seen.env.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str) == Some("void"),
-        "{name}/{container}: NVIDIA_VISIBLE_DEVICES is {:?}",
-        seen.env.get("NVIDIA_VISIBLE_DEVICES")
-    );
-    Ok(seen)
-}
-
-/// The view the CDI specs of `claim_uids` give: their devices' variables and device nodes.
-fn expected_view(cluster: &Cluster, claim_uids: &[String]) -> Result<ContainerView> {
-    let specs = das::load_specs(&PluginDirs::of(cluster.node(NODE)).cdi)?;
-    das::resolve_cdi_devices(&specs, &das::claim_device_ids(&specs, claim_uids))
-}
-
-/// UIDs of the ResourceClaims container `container` of `pod` uses.
-async fn container_claims(c: &Client, pod: &Pod, container: &str) -> Result<Vec<String>> {
-    let spec = pod.spec.as_ref().context("pod spec")?;
-    let ctr = spec
-        .containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .find(|x| x.name == container)
-        .with_context(|| format!("no container {container}"))?;
-    let names: Vec<String> = ctr
-        .resources
-        .as_ref()
-        .and_then(|r| r.claims.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|c| c.name.clone())
-        .collect();
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.resource_claim_statuses.clone())
-        .unwrap_or_default();
-    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
-    let mut uids = Vec::new();
-    for pod_claim in spec.resource_claims.iter().flatten() {
-        if !names.contains(&pod_claim.name) {
-            continue;
-        }
-        let claim_name = match &pod_claim.resource_claim_name {
-            Some(n) => n.clone(),
-            None => statuses
-                .iter()
-                .find(|s| s.name == pod_claim.name)
-                .and_then(|s| s.resource_claim_name.clone())
-                .with_context(|| format!("no generated claim for {}", pod_claim.name))?,
-        };
-        uids.push(
-            claims
-                .get(&claim_name)
-                .await?
-                .metadata
-                .uid
-                .unwrap_or_default(),
-        );
-    }
-    if uids.is_empty() {
-        bail!("container {container} uses no claim");
-    }
-    Ok(uids)
-}
-
-/// UIDs of every claim of `pod`.
-async fn pod_claims(c: &Client, pod: &Pod) -> Result<Vec<String>> {
-    let first = pod.spec.as_ref().context("pod spec")?.containers[0]
-        .name
-        .clone();
-    container_claims(c, pod, &first).await
 }
 
 fn files(cluster: &Cluster) -> runtime::RuntimeFiles {
