@@ -92,11 +92,15 @@ CONTAINERD_PKGS := github.com/containerd/containerd/v2/cmd/containerd \
   ./probe ./ociimage
 
 .PHONY: containerd
-containerd: ## build containerd $(CONTAINERD_VERSION), its runc shim, the CNI plugins and the test-image programs (e2e/containerd) into .local/containerd/bin; install runc if missing
+containerd: ## build containerd $(CONTAINERD_VERSION), its runc shim, the CNI plugins and the test-image programs (e2e/containerd) into .local/containerd/bin; install runc and iptables if missing
 	@command -v runc >/dev/null 2>&1 || [ -x /usr/sbin/runc ] || { \
 	  echo "runc is missing: installing Debian's runc package"; \
 	  { apt-get install -y -qq runc >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq runc; }; } || \
 	  { echo "cannot install runc (needs root and Debian's package archive): the real-runtime node tests need it" >&2; exit 1; }; }
+	@command -v iptables-restore >/dev/null 2>&1 || [ -x /usr/sbin/iptables-restore ] || { \
+	  echo "iptables is missing: installing Debian's iptables package (kube-proxy of the real-install test)"; \
+	  { apt-get install -y -qq iptables >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq iptables; }; } || \
+	  { echo "cannot install iptables (needs root and Debian's package archive): the real-install test needs it" >&2; exit 1; }; }
 	@mkdir -p $(CONTAINERD_BIN)
 	cd e2e/containerd && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
 	  go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
@@ -134,7 +138,7 @@ unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate'
 	$(CARGO) test -p das-e2e --lib --bins --no-fail-fast
 
 .PHONY: e2e
-e2e: k8s helm containerd ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kubelet_smoke, runtime_node, soak)
+e2e: k8s helm containerd ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kubelet_smoke, runtime_node, real_install, image, soak)
 	# They run the DAS binaries from the target dir: build them first.
 	$(CARGO) build $(DAS_BINS)
 	$(CARGO) test -p das-e2e --test '*' --no-fail-fast

@@ -66,6 +66,14 @@ impl RenderOptions {
     }
 }
 
+/// Runs helm with `args` against the cluster of `kubeconfig` (`helm install`, `upgrade`,
+/// `uninstall`); its stdout, or an error with its stderr.
+pub fn helm_on(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    all.push(format!("--kubeconfig={}", kubeconfig.display()));
+    helm(&all)
+}
+
 /// Runs helm with `args`; its stdout, or an error with its stderr.
 fn helm(args: &[String]) -> Result<String> {
     let bin = helm_binary();

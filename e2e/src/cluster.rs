@@ -42,6 +42,12 @@ pub struct ClusterConfig {
     pub lifetime: Lifetime,
     /// The multi-call Kubernetes binary; default [`k8s_binary`].
     pub k8s_bin: PathBuf,
+    /// A Service network for the real-runtime nodes' pods ([`runtime::host_ip`]): the API
+    /// server listens on every address and advertises this machine's address (so the
+    /// `kubernetes` Service has an endpoint pods can reach), and kube-proxy (iptables mode)
+    /// routes ClusterIPs, for pods and for the API server's webhook calls. kube-proxy owns the
+    /// machine's KUBE-* iptables chains: one such cluster per machine at a time.
+    pub service_network: bool,
 }
 
 impl ClusterConfig {
@@ -53,6 +59,7 @@ impl ClusterConfig {
             dir: None,
             lifetime: Lifetime::TiedToParent,
             k8s_bin: k8s_binary(),
+            service_network: false,
         }
     }
 }
@@ -107,6 +114,9 @@ pub struct ClusterState {
     pub kubeconfig: PathBuf,
     pub nodes: Vec<NodeInfo>,
     pub pids: Vec<u32>,
+    /// kube-proxy ran ([`ClusterConfig::service_network`]): its iptables rules go at `down`.
+    #[serde(default)]
+    pub service_network: bool,
 }
 
 /// A running cluster. Dropping it stops every component (and, if the thread is panicking,
@@ -122,6 +132,8 @@ pub struct Cluster {
     remove_dir_on_drop: bool,
     lifetime: Lifetime,
     timings: Vec<(String, Duration)>,
+    /// The Kubernetes binary whose kube-proxy ran, when [`ClusterConfig::service_network`].
+    service_network: Option<PathBuf>,
 }
 
 /// `<workspace>/.local/bin/k8s`, or `$DAS_K8S_BIN` (the Makefile sets it to the build of
@@ -187,6 +199,7 @@ impl Cluster {
             remove_dir_on_drop,
             lifetime: cfg.lifetime,
             timings: Vec::new(),
+            service_network: None,
             dir,
         };
         match cluster.boot(cfg).await {
@@ -206,13 +219,14 @@ impl Cluster {
         let t0 = Instant::now();
         let gates = feature_gates(k8s_minor_version(&cfg.k8s_bin)?);
         let pki = Pki::create(&self.pki_dir)?;
-        let serving = pki.issue(
-            "apiserver",
-            "kube-apiserver",
-            Usage::Server {
-                sans: pki::apiserver_sans(),
-            },
-        )?;
+        let host_ip = if cfg.service_network {
+            Some(runtime::host_ip()?)
+        } else {
+            None
+        };
+        let mut sans = pki::apiserver_sans();
+        sans.extend(host_ip.map(|ip| ip.to_string()));
+        let serving = pki.issue("apiserver", "kube-apiserver", Usage::Server { sans })?;
         let admin = pki.issue(
             "admin",
             "das-e2e-admin",
@@ -270,7 +284,7 @@ impl Cluster {
             cfg,
             "kube-apiserver",
             [
-                apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa),
+                apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa, host_ip),
                 kubelet_client_args(&kubelet_client),
                 gates.clone(),
             ]
@@ -371,7 +385,26 @@ impl Cluster {
             self.wait_node_ready(name, Duration::from_secs(90)).await?;
         }
         self.mark("nodes ready", t0);
+        if cfg.service_network {
+            let kc = self.kubeconfig.clone();
+            self.start_kube_proxy(cfg, &kc)?;
+        }
         Ok(())
+    }
+
+    /// kube-proxy for the Service network ([`ClusterConfig::service_network`]), as the proxy of
+    /// the first real-runtime node (it takes that node's address as its own).
+    fn start_kube_proxy(&mut self, cfg: &ClusterConfig, kubeconfig: &Path) -> Result<()> {
+        let node = cfg
+            .runtime_nodes
+            .first()
+            .context("a Service network needs a real-runtime node")?;
+        self.service_network = Some(cfg.k8s_bin.clone());
+        self.spawn(
+            cfg,
+            "kube-proxy",
+            runtime::kube_proxy_args(kubeconfig, node),
+        )
     }
 
     /// containerd (configs written, images imported), then the upstream kubelet against it.
@@ -414,6 +447,7 @@ impl Cluster {
                 format!("--root-dir={}", node.root_dir.display()),
                 format!("--cert-dir={}", node.root_dir.join("pki").display()),
                 format!("--hostname-override={}", node.name),
+                format!("--node-labels={}=true", runtime::TAINT_KEY),
                 "--v=2".into(),
             ],
         )
@@ -633,6 +667,8 @@ impl Cluster {
             kubeconfig: self.kubeconfig.clone(),
             nodes: self.nodes.clone(),
             pids: self.processes.iter().map(Process::pid).collect(),
+            // Its rules stay while the detached kube-proxy runs.
+            service_network: self.service_network.take().is_some(),
         };
         // Forgetting a Child neither kills nor waits for it.
         for p in std::mem::take(&mut self.processes) {
@@ -653,6 +689,9 @@ impl Cluster {
         self.processes.clear();
         for files in self.nodes.iter().filter_map(NodeInfo::runtime_files) {
             runtime::teardown(&files);
+        }
+        if let Some(bin) = self.service_network.take() {
+            runtime::cleanup_service_network(&bin);
         }
     }
 }
@@ -681,6 +720,9 @@ pub fn stop_detached(state: &ClusterState) {
     }
     for files in state.nodes.iter().filter_map(NodeInfo::runtime_files) {
         runtime::teardown(&files);
+    }
+    if state.service_network {
+        runtime::cleanup_service_network(&k8s_binary());
     }
 }
 
@@ -746,12 +788,25 @@ fn apiserver_args(
     ca: &CertFiles,
     serving: &CertFiles,
     sa: &CertFiles,
+    host_ip: Option<std::net::IpAddr>,
 ) -> Vec<String> {
-    vec![
+    let address = match host_ip {
+        // Pods reach the API server through the `kubernetes` Service, whose endpoint is the
+        // advertised address (kept by the lease endpoint reconciler).
+        Some(ip) => vec![
+            "--bind-address=0.0.0.0".to_string(),
+            format!("--advertise-address={ip}"),
+        ],
+        // No routable address here: loopback cannot go into Endpoints.
+        None => vec![
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            "--endpoint-reconciler-type=none".into(),
+        ],
+    };
+    let mut args = vec![
         "kube-apiserver".into(),
         format!("--etcd-servers={etcd_url}"),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
         format!("--secure-port={port}"),
         format!("--tls-cert-file={}", serving.cert.display()),
         format!("--tls-private-key-file={}", serving.key.display()),
@@ -763,11 +818,11 @@ fn apiserver_args(
         "--authorization-mode=Node,RBAC".into(),
         "--enable-admission-plugins=NodeRestriction".into(),
         "--allow-privileged=true".into(),
-        // No routable address here: loopback cannot go into Endpoints.
-        "--endpoint-reconciler-type=none".into(),
         "--enable-priority-and-fairness=false".into(),
         "--profiling=false".into(),
-    ]
+    ];
+    args.extend(address);
+    args
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@
 //! - [`doctest`]: shell blocks of the docs marked `sh doctest`, run against the local cluster,
 //!   and the README's demo output checked against the demo's report.
 //! - [`runtime_pods`]: probe pods on a real-runtime node and what their containers saw.
+//! - [`real_install`]: `helm install` for real: the chart's pods from the DAS image on a real-runtime node.
 //! - [`image`]: the DAS container image built here as an OCI archive (no registry, no daemon).
 //! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
 
@@ -46,6 +47,7 @@ pub mod kubeconfig;
 pub mod pki;
 pub mod plugin;
 pub mod process;
+pub mod real_install;
 pub mod runtime;
 pub mod runtime_pods;
 pub mod soak;

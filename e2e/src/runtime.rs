@@ -475,6 +475,56 @@ fn run(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// This machine's address on its default route: the API server advertises it for the
+/// Service network (pods reach it through the bridge's gateway, routed by the host). Found by
+/// connecting a UDP socket, which sends nothing.
+pub fn host_ip() -> Result<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    socket
+        .connect("192.0.2.255:9")
+        .or_else(|_| socket.connect("10.255.255.255:9"))
+        .context("no route from this machine: the Service network needs a non-loopback address")?;
+    let ip = socket.local_addr()?.ip();
+    if ip.is_loopback() || ip.is_unspecified() {
+        bail!("this machine's only address is {ip}: pods cannot reach the API server");
+    }
+    Ok(ip)
+}
+
+/// kube-proxy's flags: iptables mode as the proxy of `node`; it leaves the machine's conntrack
+/// limits and timeouts alone, and its health and metrics servers on free loopback ports.
+pub fn kube_proxy_args(kubeconfig: &Path, node: &str) -> Vec<String> {
+    use crate::workload::free_port;
+    vec![
+        "kube-proxy".into(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--hostname-override={node}"),
+        "--proxy-mode=iptables".into(),
+        "--conntrack-max-per-core=0".into(),
+        "--conntrack-tcp-timeout-established=0".into(),
+        "--conntrack-tcp-timeout-close-wait=0".into(),
+        format!("--healthz-bind-address=127.0.0.1:{}", free_port()),
+        format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
+        "--v=2".into(),
+    ]
+}
+
+/// Removes kube-proxy's iptables rules (`kube-proxy --cleanup`); failures are printed, not
+/// returned (teardown goes on).
+pub fn cleanup_service_network(k8s_bin: &Path) {
+    match Command::new(k8s_bin)
+        .args(["kube-proxy", "--cleanup", "--proxy-mode=iptables"])
+        .output()
+    {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => eprintln!(
+            "kube-proxy --cleanup: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => eprintln!("kube-proxy --cleanup: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

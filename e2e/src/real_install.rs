@@ -1,0 +1,175 @@
+//! DAS installed the way a user installs it: `helm install` of the chart, whose DaemonSet and
+//! Deployments run as pods of the DAS image ([`crate::image`], imported into the node's
+//! containerd) on a real-runtime node. The cluster needs a Service network
+//! ([`crate::ClusterConfig::service_network`]): the pods reach the API server through the
+//! `kubernetes` Service and the API server reaches the webhook through its Service.
+//!
+//! The values are what a user sets for emulated GPUs (`ci/emulated-values.yaml`) plus what this
+//! node differs in ([`values`]): the image, the kubelet's root dir and the CDI dir below the
+//! node's directory, and the node's label and taint.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::Cluster;
+use crate::chart::{self, NAMESPACE, RELEASE};
+use crate::das::PluginDirs;
+use crate::image::{self, ImageOptions};
+use crate::runtime::{self, TAINT_KEY};
+
+/// Repository of the DAS image on the real-runtime nodes (local only, `pullPolicy: Never`).
+pub const IMAGE_REPO: &str = "das.local/das";
+
+/// Builds the DAS image once from the debug binaries (the ones `make e2e` builds) as
+/// `IMAGE_REPO:<tags[0]>`, imports it into every real-runtime node's containerd and tags it
+/// with the other `tags` (same content, a new name: what `helm upgrade` to a new tag rolls).
+pub fn import_image(cluster: &Cluster, tags: &[&str]) -> Result<()> {
+    let first = tags.first().context("at least one tag")?;
+    let archive = image::build(&ImageOptions {
+        name: format!("{IMAGE_REPO}:{first}"),
+        profile: "debug".into(),
+        version: "0.0.0-e2e".into(),
+        out: cluster.dir.join("images").join("das.oci.tar"),
+    })?;
+    for files in cluster.nodes.iter().filter_map(|n| n.runtime_files()) {
+        run(runtime::ctr(&files)
+            .args(["images", "import"])
+            .arg(&archive))?;
+        for tag in &tags[1..] {
+            run(runtime::ctr(&files).args([
+                "images",
+                "tag",
+                &format!("{IMAGE_REPO}:{first}"),
+                &format!("{IMAGE_REPO}:{tag}"),
+            ]))?;
+        }
+    }
+    Ok(())
+}
+
+/// The values for `node` with emulated `gpus` (`MODEL:COUNT,...`) and image tag `tag`, on top
+/// of `ci/emulated-values.yaml`. Host paths are the node's own (its kubelet root dir, the CDI
+/// dir its containerd reads); every DAS pod selects and tolerates the real-runtime nodes.
+pub fn values(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Value {
+    let info = cluster.node(node);
+    let files = info.runtime_files().expect("a real-runtime node");
+    let dirs = PluginDirs::of(info);
+    let select = json!({ TAINT_KEY: "true" });
+    let tolerate = json!([{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]);
+    json!({
+        "image": {"repository": IMAGE_REPO, "tag": tag, "pullPolicy": "Never"},
+        "kubeletPlugin": {
+            "emulatedGpus": gpus,
+            "emulatedDeviceDir": files.device_dir(),
+            "kubeletDir": info.root_dir,
+            "cdiDir": files.cdi_dir(),
+            "stateDir": dirs.state,
+            "nodeSelector": select,
+            "tolerations": tolerate,
+        },
+        "controller": {"nodeSelector": select, "tolerations": tolerate},
+        "webhook": {"nodeSelector": select, "tolerations": tolerate},
+    })
+}
+
+/// Writes [`values`] as a values file in the cluster's directory; returns its path.
+pub fn write_values(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Result<PathBuf> {
+    let path = cluster.dir.join("real-install-values.yaml");
+    std::fs::write(
+        &path,
+        serde_yaml::to_string(&values(cluster, node, gpus, tag))?,
+    )?;
+    Ok(path)
+}
+
+/// `helm install` of the chart on `node` with image tag `tag` (imported with
+/// [`import_image`]), then waits until every workload rolled out ([`wait_rolled_out`]).
+pub fn install(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Result<()> {
+    let values = write_values(cluster, node, gpus, tag)?;
+    let emulated = chart::ci_values("emulated-values.yaml");
+    let chart_dir = chart::chart_dir();
+    chart::helm_on(
+        &cluster.kubeconfig,
+        &[
+            "install",
+            RELEASE,
+            &chart_dir.display().to_string(),
+            &format!("--namespace={NAMESPACE}"),
+            "--create-namespace",
+            &format!("--values={}", emulated.display()),
+            &format!("--values={}", values.display()),
+        ],
+    )?;
+    wait_rolled_out(cluster)
+}
+
+/// `helm upgrade` to image tag `tag`, other values kept; waits for the rollout.
+pub fn upgrade(cluster: &Cluster, tag: &str) -> Result<()> {
+    let chart_dir = chart::chart_dir();
+    chart::helm_on(
+        &cluster.kubeconfig,
+        &[
+            "upgrade",
+            RELEASE,
+            &chart_dir.display().to_string(),
+            &format!("--namespace={NAMESPACE}"),
+            "--reuse-values",
+            &format!("--set=image.tag={tag}"),
+        ],
+    )?;
+    wait_rolled_out(cluster)
+}
+
+/// `helm uninstall`, waiting until its resources are deleted.
+pub fn uninstall(cluster: &Cluster) -> Result<()> {
+    chart::helm_on(
+        &cluster.kubeconfig,
+        &[
+            "uninstall",
+            RELEASE,
+            &format!("--namespace={NAMESPACE}"),
+            "--wait",
+            "--timeout=2m",
+        ],
+    )
+    .map(|_| ())
+}
+
+/// Waits until the plugin DaemonSet, the controller and the webhook Deployments rolled out
+/// (`kubectl rollout status`: every pod of the current revision ready, old ones gone).
+pub fn wait_rolled_out(cluster: &Cluster) -> Result<()> {
+    for workload in [
+        "daemonset/das-kubelet-plugin",
+        "deployment/das-controller",
+        "deployment/das-webhook",
+    ] {
+        chart::kubectl(
+            &cluster.kubeconfig,
+            &[
+                "rollout",
+                "status",
+                "--namespace",
+                NAMESPACE,
+                "--timeout=180s",
+                workload,
+            ],
+            None,
+        )
+        .with_context(|| format!("{workload} did not roll out"))?;
+    }
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}

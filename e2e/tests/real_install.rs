@@ -1,0 +1,290 @@
+//! DAS installed for real: `helm install` of the chart on a cluster whose node is a
+//! real-runtime node (upstream kubelet, containerd, runc, CNI) with a Service network
+//! (kube-proxy). The node plugin runs as the DaemonSet's pod, the controller and the webhook as
+//! the Deployments' pods, all from the DAS image built here ([`das_e2e::image`]): no DAS
+//! process runs outside a container. What a user's first install would otherwise find:
+//!
+//! - the plugin pod becomes Ready, registers with the kubelet through the hostPath mounts and
+//!   publishes; a user pod gets a slice its container sees;
+//! - the webhook pod admits a legacy pod, called by the API server through its Service;
+//! - the controller's two pods share one Lease; the leader's deletion hands it to the other,
+//!   which goes on mirroring;
+//! - `helm upgrade` to a new image tag rolls the plugin with surge and keeps a running pod's
+//!   slice;
+//! - `helm uninstall` keeps the CRD and leaves no ResourceSlice and no MIG slice.
+//!
+//! Needs root, runc, iptables and `make containerd`; `make e2e` builds them. One such cluster
+//! per machine at a time (kube-proxy owns the KUBE-* iptables chains).
+
+use anyhow::{Context, Result, ensure};
+use das_api::allocation::{AllocationClaim, AllocationState};
+use das_e2e::chart::NAMESPACE;
+use das_e2e::das::{self, DRIVER};
+use das_e2e::plugin::live_slices;
+use das_e2e::real_install::{self, IMAGE_REPO};
+use das_e2e::runtime_pods::{check_container, create, one_slice_pod, probe, wait_ready};
+use das_e2e::wait::{self, TIMEOUT};
+use das_e2e::workload::{NS, create_template, delete_pods};
+use das_e2e::{Cluster, ClusterConfig};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const NODE: &str = "r0";
+const GPUS: &str = "H100-80GB:1";
+
+#[tokio::test]
+async fn helm_install_runs_das_as_pods_on_a_real_runtime() {
+    let mut config = ClusterConfig::with_nodes(&[]);
+    config.runtime_nodes = vec![NODE.into()];
+    config.service_network = true;
+    let cluster = Cluster::start(config).await.expect("cluster starts");
+    let result = async {
+        real_install::import_image(&cluster, &["e2e-1", "e2e-2"])?;
+        real_install::install(&cluster, NODE, GPUS, "e2e-1")?;
+        scenarios(&cluster).await
+    }
+    .await;
+    cluster.check(result);
+}
+
+async fn scenarios(cluster: &Cluster) -> Result<()> {
+    let uuid = plugin_pod_serves_a_user_pod(cluster).await?;
+    webhook_pod_admits_through_its_service(cluster).await?;
+    controller_leader_hands_over(cluster).await?;
+    upgrade_rolls_the_plugin_and_keeps_the_slice(cluster, &uuid).await?;
+    uninstall_leaves_the_crd_and_no_slices(cluster).await
+}
+
+/// The DaemonSet pod runs our image, is Ready, and its node's pool is published whole; a user
+/// pod's container sees exactly its slice. Returns that slice's MIG UUID (the pod `user` stays).
+async fn plugin_pod_serves_a_user_pod(cluster: &Cluster) -> Result<String> {
+    let c = cluster.client();
+    let plugin = das_pods(&c, "das-kubelet-plugin").await?;
+    ensure!(plugin.len() == 1, "one plugin pod, found {}", plugin.len());
+    ensure!(
+        image_of(&plugin[0]) == format!("{IMAGE_REPO}:e2e-1"),
+        "plugin pod runs {}",
+        image_of(&plugin[0])
+    );
+    das::wait_pool_complete(&c, NODE).await?;
+    create_template(&c, "one-1g", "1g.10gb", 1).await?;
+    let (_, uuid) = one_slice_pod(cluster, NODE, "user").await?;
+    ensure!(
+        live_uuids(cluster)?.contains(&uuid),
+        "MIG {uuid} is not live on the GPU"
+    );
+    Ok(uuid)
+}
+
+/// The chart registers the webhook by Service (not URL); a legacy pod is translated by the
+/// webhook pod and its container sees the slice.
+async fn webhook_pod_admits_through_its_service(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(c.clone());
+    let config = hooks.get("das-webhook").await?;
+    for hook in config.webhooks.iter().flatten() {
+        let client = &hook.client_config;
+        ensure!(
+            client.url.is_none() && client.service.is_some(),
+            "webhook {} is not called through its Service: {client:?}",
+            hook.name
+        );
+    }
+    let mut legacy = probe("app", &[]);
+    legacy["resources"] = json!({"limits": {"nvidia.com/mig-1g.10gb": 1}});
+    create(&c, NODE, "legacy", json!({"containers": [legacy]})).await?;
+    let pod = wait_ready(&c, "legacy").await?;
+    check_container(cluster, NODE, &pod, "app", 1).await?;
+    delete_pods(&c, &["legacy"]).await
+}
+
+/// The controller's Lease is held by one of its two pods; deleting that pod hands the Lease to
+/// another pod, and the AllocationClaims are still mirrored (a new pod's claim reaches inUse).
+async fn controller_leader_hands_over(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let pods = das_pods(&c, "das-controller").await?;
+    ensure!(pods.len() == 2, "two controller pods, found {}", pods.len());
+    let leases: Api<Lease> = Api::namespaced(c.clone(), NAMESPACE);
+    let leader = wait::until("a controller pod leads", TIMEOUT, || async {
+        Ok(holder(&leases).await?.filter(|h| {
+            pods.iter()
+                .any(|p| p.metadata.name.as_deref() == Some(h.as_str()))
+        }))
+    })
+    .await?;
+    Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+        .delete(&leader, &DeleteParams::default())
+        .await?;
+    let next = wait::until("another controller pod leads", TIMEOUT, || async {
+        Ok(holder(&leases).await?.filter(|h| *h != leader))
+    })
+    .await?;
+    ensure!(
+        das_pods(&c, "das-controller")
+            .await?
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some(next.as_str())),
+        "the Lease holder {next} is not a controller pod"
+    );
+    create(
+        &c,
+        NODE,
+        "after-failover",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
+    .await?;
+    wait_ready(&c, "after-failover").await?;
+    let allocs: Api<AllocationClaim> = Api::namespaced(c.clone(), NS);
+    wait::until(
+        "the new leader mirrors the pod's claim as inUse",
+        TIMEOUT,
+        || async {
+            let list = allocs.list(&ListParams::default()).await?.items;
+            Ok(list
+                .iter()
+                .any(|a| {
+                    a.spec
+                        .pod_ref
+                        .as_ref()
+                        .is_some_and(|p| p.name == "after-failover")
+                        && a.status
+                            .as_ref()
+                            .is_some_and(|s| s.state == AllocationState::InUse)
+                })
+                .then_some(()))
+        },
+    )
+    .await?;
+    delete_pods(&c, &["after-failover"]).await
+}
+
+/// `helm upgrade` to tag e2e-2: a new plugin pod of the new image replaces the old one (the
+/// DaemonSet surges: maxSurge 1, maxUnavailable 0); the running pod keeps its container and its
+/// slice, and deleting it afterwards destroys the slice through the new plugin.
+async fn upgrade_rolls_the_plugin_and_keeps_the_slice(cluster: &Cluster, uuid: &str) -> Result<()> {
+    let c = cluster.client();
+    let before = das_pods(&c, "das-kubelet-plugin").await?;
+    let old = before[0].metadata.name.clone().unwrap_or_default();
+    let user_before = Api::<Pod>::namespaced(c.clone(), NS).get("user").await?;
+    real_install::upgrade(cluster, "e2e-2")?;
+    let after = das_pods(&c, "das-kubelet-plugin").await?;
+    ensure!(
+        after.len() == 1 && after[0].metadata.name.as_deref() != Some(old.as_str()),
+        "the plugin pod was not replaced: {:?}",
+        after.iter().map(|p| &p.metadata.name).collect::<Vec<_>>()
+    );
+    ensure!(
+        image_of(&after[0]) == format!("{IMAGE_REPO}:e2e-2"),
+        "new plugin pod runs {}",
+        image_of(&after[0])
+    );
+    let log = das_e2e::chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "logs",
+            "-n",
+            NAMESPACE,
+            after[0].metadata.name.as_deref().unwrap_or_default(),
+        ],
+        None,
+    )?;
+    ensure!(
+        log.contains("took over from the previous plugin instance"),
+        "the new plugin did not take over from the old one:\n{log}"
+    );
+    let user = Api::<Pod>::namespaced(c.clone(), NS).get("user").await?;
+    ensure!(
+        container_ids(&user) == container_ids(&user_before),
+        "the user pod's container changed across the upgrade"
+    );
+    ensure!(
+        live_uuids(cluster)?.contains(&uuid.to_string()),
+        "MIG {uuid} was lost in the upgrade"
+    );
+    delete_pods(&c, &["user"]).await?;
+    wait::until("the slice destroyed by the new plugin", TIMEOUT, || async {
+        Ok((!live_uuids(cluster)?.contains(&uuid.to_string())).then_some(()))
+    })
+    .await
+}
+
+/// `helm uninstall`: DAS's pods and ResourceSlices go, the CRD stays (resource policy keep),
+/// no MIG slice is left on the GPU.
+async fn uninstall_leaves_the_crd_and_no_slices(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    real_install::uninstall(cluster)?;
+    let slices: Api<ResourceSlice> = Api::all(c.clone());
+    wait::until("DAS ResourceSlices removed", TIMEOUT, || async {
+        let list = slices
+            .list(&ListParams::default().fields(&format!("spec.driver={DRIVER}")))
+            .await?;
+        Ok(list.items.is_empty().then_some(()))
+    })
+    .await?;
+    wait::until("DAS pods gone", TIMEOUT, || async {
+        let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await?;
+        Ok(pods.items.is_empty().then_some(()))
+    })
+    .await?;
+    Api::<CustomResourceDefinition>::all(c.clone())
+        .get("allocationclaims.inference.redhat.com")
+        .await
+        .context("the AllocationClaim CRD was removed by helm uninstall")?;
+    let live = live_slices(cluster, NODE)?;
+    ensure!(live.is_empty(), "MIG slices left after uninstall: {live:?}");
+    Ok(())
+}
+
+/// Pods of DAS component `name` (the chart's `app.kubernetes.io/name` label), not terminating.
+async fn das_pods(c: &Client, name: &str) -> Result<Vec<Pod>> {
+    let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={name}")))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+fn image_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+fn container_ids(pod: &Pod) -> Vec<Option<String>> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .map(|s| s.container_id.clone())
+        .collect()
+}
+
+async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
+    Ok(leases
+        .get_opt("das-controller")
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+fn live_uuids(cluster: &Cluster) -> Result<Vec<String>> {
+    Ok(live_slices(cluster, NODE)?
+        .into_iter()
+        .map(|s| s.3)
+        .collect())
+}
