@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::cluster::workspace_root;
 use crate::install::{DasBinary, target_dir};
-use crate::runtime::binaries_dir;
+use crate::runtime::{self, binaries_dir};
 
 /// Where the binaries go in the image (the Containerfile's `COPY --from=build /out/ ...`).
 pub const BIN_DIR: &str = "/usr/local/bin";
@@ -253,22 +253,12 @@ pub fn default_archive(tag: &str) -> PathBuf {
 }
 
 fn run(cmd: &mut Command) -> Result<()> {
-    output(cmd).map(|_| ())
+    runtime::run(cmd).map(|_| ())
 }
 
+/// stdout of `cmd`, trimmed.
 fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("run {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} failed ({}): {}",
-            cmd.get_program(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    Ok(runtime::run(cmd)?.trim().to_string())
 }
 
 #[cfg(test)]

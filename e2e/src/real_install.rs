@@ -9,9 +9,8 @@
 //! node's directory, and the node's label and taint.
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use crate::Cluster;
@@ -35,11 +34,13 @@ pub fn import_image(cluster: &Cluster, tags: &[&str]) -> Result<()> {
         out: cluster.dir.join("images").join("das.oci.tar"),
     })?;
     for files in cluster.nodes.iter().filter_map(|n| n.runtime_files()) {
-        run(runtime::ctr(&files)
-            .args(["images", "import"])
-            .arg(&archive))?;
+        runtime::run(
+            runtime::ctr(&files)
+                .args(["images", "import"])
+                .arg(&archive),
+        )?;
         for tag in &tags[1..] {
-            run(runtime::ctr(&files).args([
+            runtime::run(runtime::ctr(&files).args([
                 "images",
                 "tag",
                 &format!("{IMAGE_REPO}:{first}"),
@@ -159,17 +160,6 @@ pub fn wait_rolled_out(cluster: &Cluster) -> Result<()> {
             None,
         )
         .with_context(|| format!("{workload} did not roll out"))?;
-    }
-    Ok(())
-}
-
-fn run(cmd: &mut Command) -> Result<()> {
-    let out = cmd.output().with_context(|| format!("run {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
     }
     Ok(())
 }

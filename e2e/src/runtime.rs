@@ -459,7 +459,8 @@ pub fn probe_view(log: &str) -> Result<crate::das::ContainerView> {
     Ok(view)
 }
 
-fn run(cmd: &mut Command) -> Result<String> {
+/// Runs `cmd`; its stdout, or an error with its arguments, status and stderr.
+pub fn run(cmd: &mut Command) -> Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("run {:?}", cmd.get_program()))?;

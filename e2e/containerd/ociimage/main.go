@@ -109,10 +109,10 @@ func main() {
 	}
 }
 
-// rootfsEntries lists the tree below dir as image entries (dir itself is the image's /).
-func rootfsEntries(dir string) ([]entry, error) {
-	var entries []entry
-	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+// walkTree calls visit for every path below dir (not dir itself), parents first, with the
+// path relative to dir.
+func walkTree(dir string, visit func(p, rel string, d os.DirEntry, info os.FileInfo) error) error {
+	return filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return err
 		}
@@ -121,14 +121,24 @@ func rootfsEntries(dir string) ([]entry, error) {
 		if err != nil {
 			return err
 		}
+		return visit(p, rel, d, info)
+	})
+}
+
+// rootfsEntries lists the tree below dir as image entries (dir itself is the image's /).
+func rootfsEntries(dir string) ([]entry, error) {
+	var entries []entry
+	err := walkTree(dir, func(p, rel string, d os.DirEntry, info os.FileInfo) error {
 		e := entry{dst: "/" + filepath.ToSlash(rel), mode: int64(info.Mode().Perm())}
 		switch {
 		case d.IsDir():
 			e.dir = true
 		case info.Mode()&os.ModeSymlink != 0:
-			if e.link, err = os.Readlink(p); err != nil {
+			link, err := os.Readlink(p)
+			if err != nil {
 				return err
 			}
+			e.link = link
 			e.mode = 0o777
 		case info.Mode().IsRegular():
 			e.src = p
@@ -313,15 +323,7 @@ func tarDirectory(dir, out string) error {
 	}
 	defer os.Remove(tmp)
 	tw := tar.NewWriter(f)
-	err = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, p)
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
+	err = walkTree(dir, func(p, rel string, d os.DirEntry, info os.FileInfo) error {
 		hdr, err := tar.FileInfoHeader(info, "")
 		if err != nil {
 			return err
