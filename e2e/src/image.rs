@@ -125,19 +125,55 @@ fn debian_packages(cache: &Path) -> Result<Vec<PathBuf>> {
         // apt's file name escapes the epoch's colon.
         let deb = cache.join(format!("{pkg}_{}_{arch}.deb", version.replace(':', "%3a")));
         if !deb.exists() {
-            run(Command::new("apt-get")
-                .args(["download", "-q", &format!("{pkg}={version}")])
-                .current_dir(cache))
-            .with_context(|| {
-                format!(
-                    "could not download Debian package {pkg}={version} (needs the Debian \
-                     mirror; `apt-get update` first if the package lists are stale)"
-                )
-            })?;
+            let download = |spec: &str| {
+                run(Command::new("apt-get")
+                    .args(["download", "-q", spec])
+                    .current_dir(cache))
+            };
+            let pinned = format!("{pkg}={version}");
+            // A fresh machine may have no package lists yet: update them once and retry. A
+            // mirror that dropped the installed version serves the newer point release
+            // (glibc and libgcc_s keep their ABI within a Debian release).
+            download(&pinned)
+                .or_else(|_| {
+                    run(Command::new("apt-get").args(["update", "-qq"]))?;
+                    download(&pinned)
+                })
+                .or_else(|_| download(pkg))
+                .with_context(|| {
+                    format!(
+                        "could not download Debian package {pkg} (needs root and the Debian \
+                         mirror)"
+                    )
+                })?;
         }
+        let deb = if deb.exists() {
+            deb
+        } else {
+            newest_deb(cache, pkg, &arch)?
+        };
         debs.push(deb);
     }
     Ok(debs)
+}
+
+/// The `.deb` of `pkg` in `cache` that sorts last (the only one, unless the cache holds
+/// several point releases).
+fn newest_deb(cache: &Path, pkg: &str, arch: &str) -> Result<PathBuf> {
+    let prefix = format!("{pkg}_");
+    let suffix = format!("_{arch}.deb");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(cache)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(&suffix))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .with_context(|| format!("no {pkg} package in {}", cache.display()))
 }
 
 /// Trims the unpacked packages to what runs (no documentation, no lintian overrides, no iconv
