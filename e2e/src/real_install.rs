@@ -91,36 +91,34 @@ pub fn write_values(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Res
 pub fn install(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Result<()> {
     let values = write_values(cluster, node, gpus, tag)?;
     let emulated = chart::ci_values("emulated-values.yaml");
-    let chart_dir = chart::chart_dir();
-    chart::helm_on(
-        &cluster.kubeconfig,
+    helm_release(
+        cluster,
+        "install",
         &[
-            "install",
-            RELEASE,
-            &chart_dir.display().to_string(),
-            &format!("--namespace={NAMESPACE}"),
             "--create-namespace",
             &format!("--values={}", emulated.display()),
             &format!("--values={}", values.display()),
         ],
-    )?;
-    wait_rolled_out(cluster)
+    )
 }
 
 /// `helm upgrade` to image tag `tag`, other values kept; waits for the rollout.
 pub fn upgrade(cluster: &Cluster, tag: &str) -> Result<()> {
-    let chart_dir = chart::chart_dir();
-    chart::helm_on(
-        &cluster.kubeconfig,
-        &[
-            "upgrade",
-            RELEASE,
-            &chart_dir.display().to_string(),
-            &format!("--namespace={NAMESPACE}"),
-            "--reuse-values",
-            &format!("--set=image.tag={tag}"),
-        ],
-    )?;
+    helm_release(
+        cluster,
+        "upgrade",
+        &["--reuse-values", &format!("--set=image.tag={tag}")],
+    )
+}
+
+/// `helm <verb>` (install, upgrade) of the chart as release [`RELEASE`] in [`NAMESPACE`] with
+/// `extra` flags, then waits for the rollout.
+fn helm_release(cluster: &Cluster, verb: &str, extra: &[&str]) -> Result<()> {
+    let chart_dir = chart::chart_dir().display().to_string();
+    let namespace = format!("--namespace={NAMESPACE}");
+    let mut args = vec![verb, RELEASE, &chart_dir, &namespace];
+    args.extend_from_slice(extra);
+    chart::helm_on(&cluster.kubeconfig, &args)?;
     wait_rolled_out(cluster)
 }
 

@@ -18,12 +18,22 @@ use crate::wait::{self, TIMEOUT};
 use crate::workload::NS;
 
 /// Pod `name` on `node` with one probe container `app` holding one 1g.10gb slice (claim template
-/// `one-1g`), ready and checked;
-/// returns the pod and the slice's MIG UUID.
+/// `one-1g`), ready and checked; returns the pod and the slice's MIG UUID.
 pub async fn one_slice_pod(cluster: &Cluster, node: &str, name: &str) -> Result<(Pod, String)> {
     let c = cluster.client();
+    let pod = create_one_slice_pod(&c, node, name).await?;
+    let uuid = check_container(cluster, node, &pod, "app", 1)
+        .await?
+        .mig_uuids()
+        .remove(0);
+    Ok((pod, uuid))
+}
+
+/// Creates pod `name` on `node` with one probe container `app` holding one 1g.10gb slice (claim
+/// template `one-1g`) and waits until it is ready; returns the pod.
+pub async fn create_one_slice_pod(c: &Client, node: &str, name: &str) -> Result<Pod> {
     create(
-        &c,
+        c,
         node,
         name,
         json!({
@@ -32,12 +42,7 @@ pub async fn one_slice_pod(cluster: &Cluster, node: &str, name: &str) -> Result<
         }),
     )
     .await?;
-    let pod = wait_ready(&c, name).await?;
-    let uuid = check_container(cluster, node, &pod, "app", 1)
-        .await?
-        .mig_uuids()
-        .remove(0);
-    Ok((pod, uuid))
+    wait_ready(c, name).await
 }
 
 /// A probe container named `name` using pod claims `claims`.

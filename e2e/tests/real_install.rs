@@ -22,7 +22,9 @@ use das_e2e::chart::NAMESPACE;
 use das_e2e::das::{self, DRIVER};
 use das_e2e::plugin::live_slices;
 use das_e2e::real_install::{self, IMAGE_REPO};
-use das_e2e::runtime_pods::{check_container, create, one_slice_pod, probe, wait_ready};
+use das_e2e::runtime_pods::{
+    check_container, create, create_one_slice_pod, one_slice_pod, probe, wait_ready,
+};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, create_template, delete_pods};
 use das_e2e::{Cluster, ClusterConfig};
@@ -132,17 +134,7 @@ async fn controller_leader_hands_over(cluster: &Cluster) -> Result<()> {
             .any(|p| p.metadata.name.as_deref() == Some(next.as_str())),
         "the Lease holder {next} is not a controller pod"
     );
-    create(
-        &c,
-        NODE,
-        "after-failover",
-        json!({
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-1g"}],
-            "containers": [probe("app", &["gpu"])],
-        }),
-    )
-    .await?;
-    wait_ready(&c, "after-failover").await?;
+    create_one_slice_pod(&c, NODE, "after-failover").await?;
     let allocs: Api<AllocationClaim> = Api::namespaced(c.clone(), NS);
     wait::until(
         "the new leader mirrors the pod's claim as inUse",
