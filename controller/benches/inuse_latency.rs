@@ -218,6 +218,8 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     })
     .await?;
     let (rss_idle, _) = mib(controller);
+    let (_, metrics0) = http_get(port, "/metrics").await.unwrap_or_default();
+    let cpu0 = process::cpu_seconds(controller);
 
     // The burst.
     let t0 = Instant::now();
@@ -250,6 +252,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     // Let the controller settle (no more work queued) before reading its memory.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (rss, peak) = mib(controller);
+    let cpu = process::cpu_seconds(controller) - cpu0;
     for w in watches {
         w.abort();
     }
@@ -282,11 +285,15 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     lat.sort_by(|a, b| a.total_cmp(b));
     let ms = |s: f64| format!("{:.0} ms", s * 1000.0);
     let (_, metrics) = http_get(port, "/metrics").await.unwrap_or_default();
-    let reconciles: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("das_controller_reconciles_total"))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum();
+    let total = |m: &str, name: &str| -> f64 {
+        m.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .sum()
+    };
+    let during = |name: &str| total(&metrics, name) - total(&metrics0, name);
+    let reconciles = during("das_controller_reconciles_total");
+    let writes = during("das_controller_writes_total");
 
     println!(
         "{PODS} pods (1 × 1g.10gb each) created in a burst; 2 nodes × {GPUS_PER_NODE} emulated H100-80GB; real kube-apiserver"
@@ -314,7 +321,20 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
         lat.iter().filter(|s| **s > 0.5).count(),
         lat.iter().filter(|s| **s > 1.0).count()
     );
-    println!("| controller reconciles (das_controller_reconciles_total) | {reconciles:.0} |");
+    let per_claim = |x: f64| x / PODS as f64;
+    println!(
+        "| controller reconciles during the burst (das_controller_reconciles_total), per claim | {reconciles:.0}, {:.2} |",
+        per_claim(reconciles)
+    );
+    println!(
+        "| AllocationClaim writes during the burst (das_controller_writes_total), per claim | {writes:.0}, {:.2} |",
+        per_claim(writes)
+    );
+    println!(
+        "| controller CPU during the burst (user + system, /proc), per mirrored claim | {:.2} s, {:.2} ms |",
+        cpu,
+        per_claim(cpu) * 1000.0
+    );
     if unmatched > 0 {
         println!("inUse without an observed Ready=True: {unmatched}");
     }

@@ -4,6 +4,8 @@
 //! - [`mirror`]: the pure function from a ResourceClaim (plus its pods and the published devices)
 //!   to its desired AllocationClaims;
 //! - [`reconcile`]: the kube-runtime controller that applies them;
+//! - [`triggers`]: which watch events start a reconcile (what the mirror reads changed, and not
+//!   our own writes coming back);
 //! - [`device_info`]: which pod and container hold each prepared MIG device (the
 //!   `das_mig_device_info` gauge);
 //! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease;
@@ -14,3 +16,4 @@ pub mod lease;
 pub mod metrics;
 pub mod mirror;
 pub mod reconcile;
+pub mod triggers;

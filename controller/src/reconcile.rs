@@ -1,6 +1,8 @@
 //! The controller loop: a kube-runtime [`Controller`] over ResourceClaims (all namespaces),
 //! triggered also by the pods that use them and by their AllocationClaims, that keeps each
 //! claim's AllocationClaims equal to [`desired_allocation_claims`] (docs/design.md §6).
+//! Each trigger source is filtered ([`crate::triggers`]): only a change of what the mirror reads
+//! starts a reconcile, and the controller's own writes coming back do not.
 //!
 //! Pods, AllocationClaims and our ResourceSlices are kept in shared reflector stores; the
 //! triggers come from the same streams, so a reconcile always sees the change that caused it
@@ -8,7 +10,9 @@
 //! Writes are server-side apply with field manager [`FIELD_MANAGER`]; nothing is written when
 //! the stored object already matches. A sweep deletes AllocationClaims whose ResourceClaim is
 //! gone (the garbage collector does too, through the owner reference; the sweep covers a
-//! cluster without it and makes a restarted controller converge at once).
+//! cluster without it and makes a restarted controller converge at once) or no longer has that
+//! device allocated (a claim deallocated while no controller ran starts no reconcile: its
+//! fingerprint is "nothing to mirror" from the first sight).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,7 +23,7 @@ use std::time::Duration;
 use das_api::allocation::{AllocationClaim, AllocationState};
 use das_api::claim_status::DeviceStatusData;
 use das_runtime::client::Clients;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::jiff::Timestamp;
@@ -36,6 +40,7 @@ use crate::mirror::{
     DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names,
     results_to_mirror, writes_needed,
 };
+use crate::triggers::{Triggers, allocation_claim_key};
 
 /// Field manager of every write (server-side apply).
 pub const FIELD_MANAGER: &str = "das-controller";
@@ -49,6 +54,8 @@ pub struct Context {
     metrics: Arc<Metrics>,
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
+    /// The trigger filters; the reconcile records its own writes in them.
+    triggers: Arc<Triggers>,
     /// Every reflector store has its first complete list: until then a reconcile writes and
     /// deletes nothing (a missing pod or slice would look like a reason to).
     synced: AtomicBool,
@@ -178,7 +185,8 @@ async fn apply(
     if w.object {
         let mut object = desired.clone();
         object.status = None;
-        api.patch(&name, &pp, &Patch::Apply(&object)).await?;
+        let written = api.patch(&name, &pp, &Patch::Apply(&object)).await?;
+        ctx.triggers.own_writes.record(&written);
         ctx.metrics.wrote("apply");
     }
     if w.status {
@@ -188,7 +196,8 @@ async fn apply(
             "metadata": {"name": name},
             "status": desired.status,
         });
-        api.patch_status(&name, &pp, &Patch::Apply(&body)).await?;
+        let written = api.patch_status(&name, &pp, &Patch::Apply(&body)).await?;
+        ctx.triggers.own_writes.record(&written);
         ctx.metrics.wrote("status");
         observe_in_use(desired, current, claim, ctx);
         tracing::info!(
@@ -253,14 +262,6 @@ fn error_policy(claim: Arc<ResourceClaim>, err: &kube::Error, ctx: Arc<Context>)
     let delay = Duration::from_millis(250u64 << (*n).min(7)).min(Duration::from_secs(30));
     tracing::warn!(claim = %key(&claim), error = %err, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
-}
-
-/// Claims a pod uses: its generated (`status.resourceClaimStatuses`) and named claims.
-fn claims_of_pod(pod: Arc<Pod>) -> Vec<ObjectRef<ResourceClaim>> {
-    let ns = pod.namespace().unwrap_or_default();
-    crate::device_info::pod_claims(&pod)
-        .map(|(_, n)| ObjectRef::new(n).within(&ns))
-        .collect()
 }
 
 /// A container reduced to its name and the claims it uses.
@@ -387,6 +388,15 @@ pub async fn run(
         .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
     let (slices, slice_events, slice_drive) =
         shared(Api::<ResourceSlice>::all(watches.clone()), ours, |_| {});
+    let triggers = Arc::new(Triggers::default());
+    // The claims' own reflector: the controller's trigger stream, filtered by what changed.
+    let (claims, claim_writer) = reflector::store();
+    let claim_filter = triggers.clone();
+    let claim_events = watcher(Api::<ResourceClaim>::all(watches), all)
+        .default_backoff()
+        .reflect(claim_writer)
+        .applied_objects()
+        .try_filter(move |c| std::future::ready(claim_filter.on_claim(c)));
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity),
@@ -399,20 +409,35 @@ pub async fn run(
         allocs: allocs.clone(),
         metrics: metrics.clone(),
         failures: Mutex::default(),
+        triggers: triggers.clone(),
         synced: AtomicBool::new(false),
     });
-    let controller = Controller::new(Api::<ResourceClaim>::all(watches), all)
-        .with_config(kube::runtime::controller::Config::default().concurrency(16));
-    let claims = controller.store();
     metrics.export_device_info(claims.clone(), pods.clone());
-    let claims_of_slice = claims.clone();
-    let controller = controller
-        .owns_shared_stream(alloc_events)
-        .watches_shared_stream(pod_events, claims_of_pod)
+    let (claims_of_pod, claims_of_slice) = (claims.clone(), claims.clone());
+    let (pod_filter, alloc_filter) = (triggers.clone(), triggers.clone());
+    let own_changes =
+        alloc_events.filter(move |a| std::future::ready(alloc_filter.on_allocation_claim(a)));
+    let controller = Controller::for_stream(claim_events, claims.clone())
+        .with_config(kube::runtime::controller::Config::default().concurrency(16))
+        .owns_shared_stream(own_changes)
+        .watches_shared_stream(pod_events, move |p: Arc<Pod>| {
+            pod_filter.on_pod(&p, |r| {
+                claims_of_pod
+                    .get(r)
+                    .is_some_and(|c| !results_to_mirror(&c).is_empty())
+            })
+        })
         .watches_shared_stream(slice_events, move |s: Arc<ResourceSlice>| {
             claims_in_pool(&s, &claims_of_slice)
         });
-    let sweeper = sweep_loop(client, claims.clone(), allocs.clone(), metrics.clone());
+    let sweeper = sweep_loop(Sweep {
+        client,
+        claims: claims.clone(),
+        allocs: allocs.clone(),
+        pods: pods.clone(),
+        metrics: metrics.clone(),
+        triggers,
+    });
     let synced = ctx.clone();
     let ready = async {
         let _ = tokio::join!(
@@ -440,54 +465,84 @@ pub async fn run(
     }
 }
 
-/// Every few seconds, once the caches are synced: deletes AllocationClaims whose ResourceClaim
-/// is gone and updates the per-state gauge.
-async fn sweep_loop(
+/// What the sweep reads and writes.
+struct Sweep {
     client: Client,
     claims: Store<ResourceClaim>,
     allocs: Store<AllocationClaim>,
+    pods: Store<Pod>,
     metrics: Arc<Metrics>,
-) {
-    let _ = tokio::join!(claims.wait_until_ready(), allocs.wait_until_ready());
+    triggers: Arc<Triggers>,
+}
+
+/// Every few seconds, once the caches are synced: deletes AllocationClaims no live allocation
+/// wants, updates the per-state gauge and forgets the fingerprints of deleted objects.
+async fn sweep_loop(s: Sweep) {
+    let _ = tokio::join!(
+        s.claims.wait_until_ready(),
+        s.allocs.wait_until_ready(),
+        s.pods.wait_until_ready()
+    );
     loop {
-        sweep(&client, &claims, &allocs, &metrics).await;
+        sweep(&s).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
-async fn sweep(
-    client: &Client,
-    claims: &Store<ResourceClaim>,
-    allocs: &Store<AllocationClaim>,
-    metrics: &Metrics,
-) {
-    let live: Vec<String> = claims.state().iter().filter_map(|c| c.uid()).collect();
+/// Whether `a` mirrors a device `claims` still has allocated: its owner is live and allocated
+/// that device.
+fn still_wanted(a: &AllocationClaim, claims: &HashMap<String, Arc<ResourceClaim>>) -> bool {
+    a.owner_references()
+        .iter()
+        .filter_map(|o| claims.get(&o.uid))
+        .any(|c| desired_names(c).contains(&a.name_any()))
+}
+
+async fn sweep(s: &Sweep) {
+    // AllocationClaims first: each was written from a claim the claim cache held before, so the
+    // claims read after them are at least that new, and a just-mirrored allocation is wanted.
+    let allocs = s.allocs.state();
+    let live: HashMap<String, Arc<ResourceClaim>> = s
+        .claims
+        .state()
+        .into_iter()
+        .filter_map(|c| Some((c.uid()?, c)))
+        .collect();
     let mut counts: HashMap<AllocationState, i64> = HashMap::new();
-    for a in allocs.state() {
-        if let Some(s) = a.status.as_ref() {
-            *counts.entry(s.state).or_default() += 1;
+    for a in &allocs {
+        if let Some(st) = a.status.as_ref() {
+            *counts.entry(st.state).or_default() += 1;
         }
-        if live.iter().any(|uid| owned_by(&a, uid)) {
+        if still_wanted(a, &live) {
             continue;
         }
         let api: Api<AllocationClaim> =
-            Api::namespaced(client.clone(), &a.namespace().unwrap_or_default());
+            Api::namespaced(s.client.clone(), &a.namespace().unwrap_or_default());
         match api.delete(&a.name_any(), &DeleteParams::background()).await {
             Ok(_) => {
-                metrics.wrote("delete");
-                tracing::info!(allocation_claim = %a.name_any(), "deleted: its ResourceClaim is gone");
+                s.metrics.wrote("delete");
+                tracing::info!(allocation_claim = %a.name_any(), "deleted: no live allocation of its ResourceClaim wants it");
             }
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => tracing::warn!(error = %e, "sweep"),
         }
     }
     let counts: Vec<_> = counts.into_iter().collect();
-    metrics.set_claims(&counts);
+    s.metrics.set_claims(&counts);
+    let t = &s.triggers;
+    t.claims.retain(|uid| live.contains_key(uid));
+    let pods: std::collections::HashSet<String> =
+        s.pods.state().iter().filter_map(|p| p.uid()).collect();
+    t.pods.retain(|uid| pods.contains(uid));
+    let keys: std::collections::HashSet<String> =
+        allocs.iter().map(|a| allocation_claim_key(a)).collect();
+    t.own_writes.retain(|k| keys.contains(k));
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::triggers::claims_of_pod;
 
     #[test]
     fn pods_map_to_their_claims() {
@@ -499,7 +554,7 @@ mod tests {
             "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]}
         }))
         .unwrap();
-        let names: Vec<_> = claims_of_pod(Arc::new(pod))
+        let names: Vec<_> = claims_of_pod(&pod)
             .into_iter()
             .map(|r| r.to_string())
             .collect();
@@ -527,7 +582,7 @@ mod tests {
         }))
         .unwrap();
         let before = serde_json::to_vec(&pod).unwrap().len();
-        let mapped = claims_of_pod(Arc::new(pod.clone()));
+        let mapped = claims_of_pod(&pod);
         keep_what_the_mirror_needs(&mut pod);
         let after = serde_json::to_vec(&pod).unwrap().len();
         assert!(after * 20 < before, "{before} -> {after} bytes");
@@ -542,11 +597,7 @@ mod tests {
         let c = &pod.spec.as_ref().unwrap().containers[0];
         assert!(c.image.is_none() && c.env.is_none());
         assert!(c.resources.as_ref().unwrap().limits.is_none());
-        assert_eq!(
-            claims_of_pod(Arc::new(pod)),
-            mapped,
-            "the claim mapping is the same"
-        );
+        assert_eq!(claims_of_pod(&pod), mapped, "the claim mapping is the same");
     }
 
     #[test]

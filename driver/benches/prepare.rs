@@ -121,20 +121,6 @@ struct Subject {
     rss0: f64,
 }
 
-/// User + system CPU seconds of process `pid` so far (`/proc/<pid>/stat`, clock ticks of
-/// 1/100 s: exact enough over hundreds of rounds).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // utime and stime are fields 14 and 15 of the file: 12 and 13 after the name.
-    (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
-}
-
 async fn start_subject(
     cluster: &mut Cluster,
     label: &str,
@@ -191,15 +177,15 @@ async fn start_subject(
 
 impl Subject {
     async fn single_round(&mut self) -> Result<()> {
-        let cpu0 = cpu_seconds(self.pid);
+        let cpu0 = process::cpu_seconds(self.pid);
         self.single
             .push(prepare(&mut self.client, vec![self.one.clone()]).await?);
         // The status write runs right after the answer: let it finish so its CPU counts here.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let cpu1 = cpu_seconds(self.pid);
+        let cpu1 = process::cpu_seconds(self.pid);
         unprepare(&mut self.client, vec![self.one.clone()]).await?;
         self.prepare_cpu += cpu1 - cpu0;
-        self.unprepare_cpu += cpu_seconds(self.pid) - cpu1;
+        self.unprepare_cpu += process::cpu_seconds(self.pid) - cpu1;
         Ok(())
     }
 

@@ -105,15 +105,30 @@ fn kubectl_get(cluster: &Cluster, extra: &[&str]) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mirrors_allocations_through_their_life() {
     let mut cluster = cluster().await;
-    start_controller(&mut cluster, "das-controller").expect("controller starts");
+    let port = start_controller(&mut cluster, "das-controller").expect("controller starts");
     let c = cluster.client();
     let r =
         async {
             create_template(&c, "one", "1g.10gb", 1).await?;
             create_template(&c, "three", "1g.10gb", 3).await?;
             create_template(&c, "too-many", "3g.40gb", 3).await?;
+            wait::until("the controller leads and is ready", TIMEOUT, || async {
+                let m = http_get(port, "/metrics").await?.1;
+                let ready = http_get(port, "/readyz").await?.0 == 200;
+                Ok((ready && m.contains("das_controller_leader 1")).then_some(()))
+            })
+            .await?;
+            let before = reconciles(&http_get(port, "/metrics").await?.1);
             create_pod(&c, "single", "one", None).await?;
             let a = wait_in_use(&c, "single", 1).await?;
+            // Kubelet status updates and our own writes coming back start no reconcile: one
+            // each for allocated (staged), bound (created) and ready (inUse).
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let spent = reconciles(&http_get(port, "/metrics").await?.1) - before;
+            ensure!(
+                (1..=3).contains(&spent),
+                "{spent} reconciles for one pod's start, want at most 3"
+            );
             let claim = claim_of(&c, "single").await?;
             let result = our_results(&claim)
                 .next()
@@ -184,6 +199,16 @@ async fn mirrors_allocations_through_their_life() {
             starts.dedup();
             assert_eq!(starts.len(), 3, "distinct placements: {starts:?}");
             assert!(!starts.contains(&a.spec.mig_placement.start));
+
+            // Someone else's write is not mistaken for our own: it is put back.
+            let api: Api<AllocationClaim> = Api::namespaced(c.clone(), NS);
+            api.patch_status(
+                &a.name_any(),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"status": {"state": "staged"}})),
+            )
+            .await?;
+            wait_in_use(&c, "single", 1).await?;
 
             create_pod(&c, "unschedulable", "too-many", None).await?;
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -337,12 +362,22 @@ fn health_condition(a: &AllocationClaim) -> Option<&StateCondition> {
 }
 
 /// Sum of the `das_controller_writes_total` samples in a metrics text.
-fn writes(metrics: &str) -> u64 {
+/// The sum of every series of counter `name` (`das_controller_<x>_total`) in `metrics`.
+fn total(metrics: &str, name: &str) -> u64 {
     metrics
         .lines()
-        .filter(|l| l.starts_with("das_controller_writes_total"))
+        .filter(|l| l.starts_with(name))
         .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
         .sum()
+}
+
+/// `das_controller_reconciles_total`, every result.
+fn reconciles(metrics: &str) -> u64 {
+    total(metrics, "das_controller_reconciles_total")
+}
+
+fn writes(metrics: &str) -> u64 {
+    total(metrics, "das_controller_writes_total")
 }
 
 /// Holder of the controller's leader Lease.

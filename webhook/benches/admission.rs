@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use das_e2e::das::apply_device_classes;
 use das_e2e::pki::{Pki, Usage};
-use das_e2e::{Cluster, ClusterConfig, wait};
+use das_e2e::{Cluster, ClusterConfig, process, wait};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
@@ -61,6 +61,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     ];
     let bin = Path::new(env!("CARGO_BIN_EXE_das-webhook"));
     cluster.spawn_program("das-webhook", bin, args)?;
+    let webhook = *cluster.pids().last().context("webhook pid")?;
     let tls = connector(&pki.ca.cert)?;
     let body = Bytes::from(serde_json::to_vec(&review())?);
     wait::until("webhook up", Duration::from_secs(30), || async {
@@ -74,12 +75,22 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     for _ in 0..100 {
         post(&mut conn, &body).await?;
     }
+    let cpu0 = process::cpu_seconds(webhook);
     let keepalive = kept_alive(&mut conn, &body).await?;
+    let cpu1 = process::cpu_seconds(webhook);
     let fresh = new_connections(&tls, port, &body).await?;
+    let cpu2 = process::cpu_seconds(webhook);
     let (_, metrics) = get_metrics(&mut conn).await?;
     println!("| what | p50 | p90 | p99 | max |\n|---|---|---|---|---|");
     row("kept-alive connection, 1000 req at 100/s", keepalive);
     row("new connection per request, 300 req at 100/s", fresh);
+    // CPU time of the webhook process (user + system, /proc) per admission review.
+    let per = |cpu: f64, n: usize| format!("{:.3} ms", cpu * 1000.0 / n as f64);
+    println!(
+        "\nwebhook CPU per admission: kept-alive {}, new connection (TLS handshake included) {}",
+        per(cpu1 - cpu0, KEEPALIVE_REQUESTS),
+        per(cpu2 - cpu1, NEW_CONN_REQUESTS)
+    );
     println!("\nwebhook histogram:");
     for l in metrics
         .lines()

@@ -1,0 +1,240 @@
+//! Which watch events start a reconcile.
+//!
+//! A reconcile reads a few fields of a ResourceClaim (its allocation results of our driver,
+//! `reservedFor`, the readiness and data of our devices in `status.devices`, whether it is being
+//! deleted) and of the pods that reserve it (`spec.nodeName`, which claims they use). Most events
+//! in a pod's life change none of them: the scheduler's finalizer update, the resourceclaim
+//! controller's claim create, every kubelet pod-status update, and the controller's own
+//! AllocationClaim writes coming back through the watch. Reconciling on each of those cost about
+//! ten reconciles per claim in a 200-pod burst, where three change anything: allocated and
+//! reserved (`staged`), pod bound (`created`), device ready (`inUse`); see docs/benchmarks.md,
+//! "AllocationClaim controller".
+//!
+//! So each trigger source is filtered by a fingerprint of what the mirror reads
+//! ([`claim_fingerprint`], [`pod_fingerprint`]), kept per object in [`Fingerprints`]; and the
+//! AllocationClaim source drops an object whose current `resourceVersion` is one the controller
+//! itself wrote ([`OwnWrites`]). An object is first seen with the fingerprint "nothing to
+//! mirror" (`None`), so a claim that is not allocated to our driver starts nothing until it is.
+//!
+//! What the filters must never lose is covered by the periodic sweep
+//! ([`crate::reconcile`]): AllocationClaims whose claim is gone or no longer allocated to that
+//! device are deleted there, also after a restart that missed the change.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use das_api::DRIVER_NAME;
+use das_api::allocation::AllocationClaim;
+use das_api::claim_status::{DeviceStatusData, is_ready, our_results};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use serde_json::json;
+
+/// A stable 64-bit fingerprint of a JSON value (FNV-1a of its serialization; object keys come
+/// out in a fixed order, so equal values give equal fingerprints).
+fn fingerprint(value: &serde_json::Value) -> u64 {
+    das_runtime::hash::fnv1a64(&serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// Fingerprint of what [`crate::mirror::desired_allocation_claims`] reads from `claim`:
+/// whether it is being deleted, its allocation results of our driver, `reservedFor`, and of
+/// each of our devices in `status.devices` its readiness and the plugin's data (MIG UUID,
+/// profile, GPU, placement). `None` when there is nothing to mirror: no result of our driver and
+/// no deletion. Finalizers, labels, other drivers' results and conditions other than `Ready` do
+/// not count.
+pub fn claim_fingerprint(claim: &ResourceClaim) -> Option<u64> {
+    let deleting = claim.metadata.deletion_timestamp.is_some();
+    let results: Vec<_> = our_results(claim)
+        .map(|r| json!([r.request, r.pool, r.device]))
+        .collect();
+    if results.is_empty() && !deleting {
+        return None;
+    }
+    let status = claim.status.as_ref();
+    let reserved: Vec<_> = status
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| json!([r.resource, r.name, r.uid]))
+        .collect();
+    let devices: Vec<_> = status
+        .and_then(|s| s.devices.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|d| d.driver == DRIVER_NAME)
+        .map(|d| {
+            let data = DeviceStatusData::of(d).map(|x| {
+                json!([
+                    x.mig_uuid,
+                    x.gpu_uuid,
+                    x.profile,
+                    x.placement.start,
+                    x.placement.size
+                ])
+            });
+            json!([d.pool, d.device, is_ready(d), data])
+        })
+        .collect();
+    Some(fingerprint(&json!([deleting, results, reserved, devices])))
+}
+
+/// Fingerprint of what the mirror reads from a pod: the node it is bound to and the claims it
+/// uses (named, and generated ones from `status.resourceClaimStatuses`). `None` for a pod that
+/// uses no claim. Phase, conditions and container statuses do not count.
+pub fn pod_fingerprint(pod: &Pod) -> Option<u64> {
+    let claims: Vec<_> = crate::device_info::pod_claims(pod)
+        .map(|(entry, claim)| json!([entry, claim]))
+        .collect();
+    if claims.is_empty() {
+        return None;
+    }
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    Some(fingerprint(&json!([node, claims])))
+}
+
+/// The last fingerprint seen per object (by UID). Shared by a watch's event handler and the
+/// sweep, hence the mutex; each call holds it for one map operation.
+#[derive(Debug, Default)]
+pub struct Fingerprints(Mutex<HashMap<String, u64>>);
+
+impl Fingerprints {
+    /// Records `now` as the fingerprint of object `uid` and says whether it differs from the
+    /// one recorded before. An object never seen counts as `None` before, so a first sight with
+    /// `None` (nothing to mirror) is not a change.
+    pub fn changed(&self, uid: &str, now: Option<u64>) -> bool {
+        let mut map = self.0.lock().expect("not poisoned");
+        let before = map.get(uid).copied();
+        match now {
+            Some(f) => map.insert(uid.to_string(), f),
+            None => map.remove(uid),
+        };
+        before != now
+    }
+
+    /// Forgets the objects for which `live` is false (deleted ones: a shared watch stream
+    /// reports no deletions).
+    pub fn retain(&self, live: impl Fn(&str) -> bool) {
+        self.0.lock().expect("not poisoned").retain(|k, _| live(k));
+    }
+
+    /// Number of objects with a recorded fingerprint.
+    pub fn len(&self) -> usize {
+        self.0.lock().expect("not poisoned").len()
+    }
+
+    /// Whether no fingerprint is recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// How many of its own writes per AllocationClaim the controller remembers: a reconcile writes
+/// at most two (object, then status), and the watch may deliver either after the next write.
+const OWN_WRITES_KEPT: usize = 4;
+
+/// The `resourceVersion`s the controller's own writes produced, per AllocationClaim
+/// (`<namespace>/<name>`). An AllocationClaim event whose object is at one of them is the echo
+/// of a write whose reconcile already saw everything it needed; any other writer's change gives
+/// a new resourceVersion and still triggers the owner's reconcile (drift is put back).
+#[derive(Debug, Default)]
+pub struct OwnWrites(Mutex<HashMap<String, VecDeque<String>>>);
+
+fn key_of(a: &AllocationClaim) -> String {
+    format!("{}/{}", a.namespace().unwrap_or_default(), a.name_any())
+}
+
+impl OwnWrites {
+    /// Remembers `written`, the object a write returned.
+    pub fn record(&self, written: &AllocationClaim) {
+        let Some(rv) = written.resource_version() else {
+            return;
+        };
+        let mut map = self.0.lock().expect("not poisoned");
+        let versions = map.entry(key_of(written)).or_default();
+        if versions.len() == OWN_WRITES_KEPT {
+            versions.pop_front();
+        }
+        versions.push_back(rv);
+    }
+
+    /// Whether `a` (as the watch cache has it now) is exactly what one of our writes left.
+    pub fn is_echo(&self, a: &AllocationClaim) -> bool {
+        let Some(rv) = a.resource_version() else {
+            return false;
+        };
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .get(&key_of(a))
+            .is_some_and(|v| v.contains(&rv))
+    }
+
+    /// Forgets the AllocationClaims (`<namespace>/<name>`) for which `live` is false.
+    pub fn retain(&self, live: impl Fn(&str) -> bool) {
+        self.0.lock().expect("not poisoned").retain(|k, _| live(k));
+    }
+}
+
+/// `<namespace>/<name>` of an AllocationClaim, the key [`OwnWrites::retain`] is given.
+pub fn allocation_claim_key(a: &AllocationClaim) -> String {
+    key_of(a)
+}
+
+/// Claims a pod uses: its generated (`status.resourceClaimStatuses`) and named claims.
+pub fn claims_of_pod(pod: &Pod) -> Vec<ObjectRef<ResourceClaim>> {
+    let ns = pod.namespace().unwrap_or_default();
+    crate::device_info::pod_claims(pod)
+        .map(|(_, n)| ObjectRef::new(n).within(&ns))
+        .collect()
+}
+
+/// The three filters of the controller's trigger sources, in one place.
+#[derive(Debug, Default)]
+pub struct Triggers {
+    /// Last [`claim_fingerprint`] per ResourceClaim UID.
+    pub claims: Fingerprints,
+    /// Last [`pod_fingerprint`] per pod UID.
+    pub pods: Fingerprints,
+    /// What the controller's own AllocationClaim writes left.
+    pub own_writes: OwnWrites,
+}
+
+impl Triggers {
+    /// Whether a ResourceClaim event reconciles the claim: what the mirror reads of it changed.
+    pub fn on_claim(&self, claim: &ResourceClaim) -> bool {
+        self.claims
+            .changed(&claim.uid().unwrap_or_default(), claim_fingerprint(claim))
+    }
+
+    /// The claims a pod event reconciles: none unless what the mirror reads of the pod changed,
+    /// and then only the pod's claims that `mirrored` (the claim cache) says have results of our
+    /// driver. A claim allocated later is reconciled by its own event, which then reads this
+    /// pod from the pod cache, updated before this event was delivered.
+    pub fn on_pod(
+        &self,
+        pod: &Pod,
+        mirrored: impl Fn(&ObjectRef<ResourceClaim>) -> bool,
+    ) -> Vec<ObjectRef<ResourceClaim>> {
+        if !self
+            .pods
+            .changed(&pod.uid().unwrap_or_default(), pod_fingerprint(pod))
+        {
+            return Vec::new();
+        }
+        claims_of_pod(pod)
+            .into_iter()
+            .filter(|r| mirrored(r))
+            .collect()
+    }
+
+    /// Whether an AllocationClaim event reconciles its owner: not when it is the echo of our
+    /// own write.
+    pub fn on_allocation_claim(&self, a: &AllocationClaim) -> bool {
+        !self.own_writes.is_echo(a)
+    }
+}
+
+#[cfg(test)]
+mod tests;
