@@ -163,6 +163,11 @@ bench-scheduler: ## scheduler throughput with DAS's slices vs plain devices and 
 	DAS_SCHEDPERF_BINS="$(foreach v,$(BENCH_SCHEDULER_VERSIONS),$(v)=$(if $(filter $(v),$(K8S_DEFAULT_VERSION)),$(BIN),$(LOCAL)/k8s/$(v))/schedperf.test,)" \
 	  $(CARGO) bench -p das-e2e --bench scheduler
 
+.PHONY: bench-nodes
+bench-nodes: k8s helm ## what each node costs at 2/8/16/32 nodes: start time, RSS and idle CPU per hollow kubelet and plugin, idle API writes per node (DAS_SWEEP_NODES=2,8 DAS_SWEEP_IDLE_S=60; docs/benchmarks.md)
+	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
+	$(CARGO) bench -p das-e2e --bench node_sweep
+
 .PHONY: fuzz
 fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)
 	PROPTEST_CASES=$(or $(FUZZ_CASES),20000) $(CARGO) test --release -p das-driver --test parsers

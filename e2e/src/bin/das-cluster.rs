@@ -28,7 +28,8 @@ struct Cli {
 enum Cmd {
     /// Start the cluster in the background.
     Up {
-        /// Nodes and their emulated GPUs, `node=MODEL:COUNT` comma-separated.
+        /// Nodes and their emulated GPUs, `node=MODEL:COUNT` comma-separated; or a node count
+        /// `N`: nodes `n0`…`n<N-1>` with 2 GPUs each, A100-SXM4-40GB and H100-80GB alternating.
         #[arg(
             long,
             value_delimiter = ',',
@@ -171,6 +172,15 @@ async fn main() -> Result<()> {
 }
 
 /// `node=MODEL:COUNT` → (node, gpus); a bare `node` has no GPUs.
+/// `count` nodes `n0`, `n1`, … with 2 emulated GPUs each, A100-SXM4-40GB and H100-80GB nodes
+/// alternating (the default pair, repeated): `make cluster-up NODES=8`.
+fn numbered_nodes(count: usize) -> Vec<(String, Option<String>)> {
+    const MODELS: [&str; 2] = ["A100-SXM4-40GB:2", "H100-80GB:2"];
+    (0..count)
+        .map(|i| (format!("n{i}"), Some(MODELS[i % 2].to_string())))
+        .collect()
+}
+
 fn parse_node(spec: &str) -> (String, Option<String>) {
     match spec.split_once('=') {
         Some((n, g)) => (n.to_string(), Some(g.to_string())),
@@ -184,8 +194,10 @@ async fn up(
     runtime_spec: &str,
     bins: Option<Binaries>,
 ) -> Result<()> {
-    let mut parsed: Vec<(String, Option<String>)> =
-        node_specs.iter().map(|s| parse_node(s)).collect();
+    let mut parsed: Vec<(String, Option<String>)> = match node_specs.as_slice() {
+        [count] if count.parse::<usize>().is_ok() => numbered_nodes(count.parse()?),
+        specs => specs.iter().map(|s| parse_node(s)).collect(),
+    };
     let nodes: Vec<String> = parsed.iter().map(|(n, _)| n.clone()).collect();
     let runtime_node = (!runtime_spec.is_empty()).then(|| parse_node(runtime_spec));
     if runtime_node.is_some() {
