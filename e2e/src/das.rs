@@ -155,11 +155,15 @@ pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<
 }
 
 /// What one container would get from its CDI devices: the environment of the CDI edits merged
-/// by key, the device node paths, and the device IDs.
+/// by key, the device node paths, the mounts (container path → host path) and the device IDs;
+/// or, read back from a container's probe ([`crate::runtime::probe_view`]), what it got, with
+/// the first line of each file below `/usr/local/nvidia` in `files`.
 #[derive(Debug, Default, Clone)]
 pub struct ContainerView {
     pub env: BTreeMap<String, String>,
     pub device_nodes: Vec<String>,
+    pub mounts: BTreeMap<String, String>,
+    pub files: BTreeMap<String, String>,
     pub cdi_devices: Vec<String>,
 }
 
@@ -267,6 +271,12 @@ pub fn resolve_cdi_devices(specs: &[Value], ids: &[String]) -> Result<ContainerV
                 if !view.device_nodes.contains(&path) {
                     view.device_nodes.push(path);
                 }
+            }
+            // A mount of the same container path replaces the earlier one.
+            for m in edits["mounts"].as_array().into_iter().flatten() {
+                let at = m["containerPath"].as_str().unwrap_or_default();
+                let from = m["hostPath"].as_str().unwrap_or_default();
+                view.mounts.insert(at.to_string(), from.to_string());
             }
         }
     }

@@ -435,7 +435,8 @@ fn unescape_mount_point(s: &str) -> PathBuf {
 }
 
 /// What the probe of a container reported (`das-probe:` lines of its log, see
-/// e2e/containerd/probe): its DAS, NVIDIA and CUDA variables and its character devices.
+/// e2e/containerd/probe): its DAS, NVIDIA and CUDA variables, its character devices and the
+/// files below `/usr/local/nvidia` with their first lines.
 pub fn probe_view(log: &str) -> Result<crate::das::ContainerView> {
     let mut view = crate::das::ContainerView::default();
     let mut ready = false;
@@ -449,6 +450,9 @@ pub fn probe_view(log: &str) -> Result<crate::das::ContainerView> {
         } else if let Some(dev) = fact.strip_prefix("dev ") {
             view.device_nodes
                 .push(dev.split(' ').next().unwrap_or_default().to_string());
+        } else if let Some(file) = fact.strip_prefix("file ") {
+            let (path, line) = file.split_once(' ').unwrap_or((file, ""));
+            view.files.insert(path.to_string(), line.to_string());
         } else if fact == "ready" {
             ready = true;
         }
@@ -545,11 +549,16 @@ mod tests {
                    das-probe: env DAS_MIG_UUID_a_mig_0=MIG-1\n\
                    das-probe: env NVIDIA_VISIBLE_DEVICES=void\n\
                    das-probe: dev /dev/nvidia0 c 195:0\n\
+                   das-probe: file /usr/local/nvidia/lib64/libcuda.so.1 stand-in x (NVIDIA driver 1.2.3)\n\
                    das-probe: ready\n";
         let view = probe_view(log).unwrap();
         assert_eq!(view.mig_uuids(), ["MIG-1"]);
         assert_eq!(view.env["NVIDIA_VISIBLE_DEVICES"], "void");
         assert_eq!(view.device_nodes, ["/dev/nvidia0"]);
+        assert_eq!(
+            view.files["/usr/local/nvidia/lib64/libcuda.so.1"],
+            "stand-in x (NVIDIA driver 1.2.3)"
+        );
         assert!(probe_view("das-probe: start pid=1\n").is_err());
     }
 

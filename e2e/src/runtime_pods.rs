@@ -96,7 +96,8 @@ pub async fn wait_pod(
 
 /// What container `container` of `pod` reported, checked against the CDI specs of the claims
 /// it uses: exactly `slices` MIG UUIDs, exactly the specs' device nodes (and no other GPU's),
-/// `NVIDIA_VISIBLE_DEVICES=void`.
+/// `NVIDIA_VISIBLE_DEVICES=void`, and exactly the specs' driver files, each with the content
+/// of the host file the spec names.
 pub async fn check_container(
     cluster: &Cluster,
     node: &str,
@@ -148,7 +149,29 @@ pub async fn check_container(
         "{name}/{container}: NVIDIA_VISIBLE_DEVICES is {:?}",
         seen.env.get("NVIDIA_VISIBLE_DEVICES")
     );
+    check_driver_files(&seen, &expected).with_context(|| format!("{name}/{container}"))?;
     Ok(seen)
+}
+
+/// The container got exactly the driver files its specs mount, each with the first line of the
+/// host file the spec names.
+fn check_driver_files(seen: &ContainerView, expected: &ContainerView) -> Result<()> {
+    let want: BTreeSet<&String> = expected.mounts.keys().collect();
+    let got: BTreeSet<&String> = seen.files.keys().collect();
+    ensure!(
+        want == got,
+        "driver files: the specs mount {want:?}, the container has {got:?}"
+    );
+    for (at, host) in &expected.mounts {
+        let content = std::fs::read_to_string(host).with_context(|| format!("read {host}"))?;
+        let first = content.lines().next().unwrap_or_default();
+        ensure!(
+            seen.files[at] == first,
+            "{at}: the container reads {:?}, the host file {host} says {first:?}",
+            seen.files[at]
+        );
+    }
+    Ok(())
 }
 
 /// The view the CDI specs of `claim_uids` give: their devices' variables and device nodes.

@@ -78,6 +78,42 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
         Some("300")
     );
     assert_eq!(env_of(plugin, "DAS_HEALTH_IGNORED_XIDS"), None);
+    // The driver's files for the workload containers: the host's driver root, read-only.
+    assert_eq!(
+        env_of(plugin, "DAS_DRIVER_ROOT").as_deref(),
+        Some("/driver-root")
+    );
+    assert_eq!(env_of(plugin, "DAS_HOST_DRIVER_ROOT").as_deref(), Some("/"));
+    let mount = plugin["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "driver-root")
+        .expect("driver-root mounted");
+    assert_eq!(mount["mountPath"], "/driver-root");
+    assert_eq!(mount["readOnly"], true);
+    assert_eq!(mount["mountPropagation"], "HostToContainer");
+    let gpu_operator =
+        Rendered::new(&default_values().set("kubeletPlugin.driverRoot=/run/nvidia/driver"))
+            .unwrap();
+    let volume = gpu_operator.get("DaemonSet", "das-kubelet-plugin").unwrap()["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "driver-root")
+        .cloned()
+        .expect("driver-root volume");
+    assert_eq!(volume["hostPath"]["path"], "/run/nvidia/driver");
+    assert_eq!(
+        env_of(
+            gpu_operator
+                .container("DaemonSet", "das-kubelet-plugin")
+                .unwrap(),
+            "DAS_HOST_DRIVER_ROOT"
+        )
+        .as_deref(),
+        Some("/run/nvidia/driver")
+    );
     let h = Rendered::new(
         &default_values()
             .set("health.evictOnFatal=true")
@@ -158,6 +194,11 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     let spec = &e.get("DaemonSet", "das-kubelet-plugin").unwrap()["spec"]["template"]["spec"];
     assert!(spec["runtimeClassName"].is_null());
     assert!(spec["nodeSelector"].is_null());
+    assert_eq!(
+        env_of(plugin, "DAS_DRIVER_ROOT"),
+        None,
+        "emulated GPUs read no host driver"
+    );
 
     let m = Rendered::new(&minimal_values()).unwrap();
     for (kind, name) in [

@@ -55,11 +55,27 @@ async fn scenarios(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// A 1-slice pod: the container holds exactly its MIG UUID and its device nodes; deleting the
-/// pod removes the container, destroys the slice and removes the CDI spec.
+/// A 1-slice pod: the container holds exactly its MIG UUID, its device nodes and the driver's
+/// compute and utility files (the emulated GPUs' stand-in install); deleting the pod removes the
+/// container, destroys the slice and removes the CDI spec.
 async fn one_slice(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
     let (pod, uuid) = one_slice_pod(cluster, NODE, "one").await?;
+    let view = check_container(cluster, NODE, &pod, "app", 1).await?;
+    let got: Vec<&str> = view.files.keys().map(String::as_str).collect();
+    for want in [
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libnvidia-ml.so.1",
+        "/usr/local/nvidia/lib64/libnvidia-nvvm.so.4",
+        "/usr/local/nvidia/bin/nvidia-smi",
+    ] {
+        ensure!(got.contains(&want), "no {want} in the container: {got:?}");
+    }
+    ensure!(
+        !got.iter()
+            .any(|f| f.contains("GLX") || f.ends_with("libcuda.so")),
+        "graphics libraries or development links were mounted: {got:?}"
+    );
     ensure!(
         live_uuids(cluster)?.contains(&uuid),
         "MIG {uuid} the container got is not live on the GPUs"

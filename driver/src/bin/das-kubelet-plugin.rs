@@ -16,8 +16,11 @@ use das_driver::blocking::BlockingCalls;
 use das_driver::claims::cdi::DeviceNodes;
 use das_driver::claims::checkpoint::CheckpointStore;
 use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::claims::driver_files::{self, DriverRoot};
 use das_driver::claims::{ClaimHandler, HealthSource, KubeClaimApi, Preparer, PreparerConfig};
+use das_driver::gpu::emulated::EMULATED_DRIVER_VERSION;
 use das_driver::gpu::emulated::device_nodes;
+use das_driver::gpu::emulated::driver_files::create_stand_in_driver;
 use das_driver::gpu::nvml::{self, procfs};
 use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml};
 use das_driver::health::monitor::Publishing;
@@ -86,6 +89,18 @@ struct Args {
     /// injects device nodes as on a GPU node. Needs root (mknod).
     #[arg(long, env = "DAS_EMULATED_DEVICE_DIR", requires = "emulated_gpus")]
     emulated_device_dir: Option<PathBuf>,
+    /// Where the NVIDIA driver's files are, as this process sees them (the chart mounts the
+    /// host's driver root at `/driver-root`). The driver's compute and utility libraries and
+    /// tools found there go into every claim's CDI spec, mounted at `/usr/local/nvidia/lib64`
+    /// and `/usr/local/nvidia/bin` (docs/nvml.md). Unset: none, except with
+    /// --emulated-device-dir, whose stand-in driver install is used.
+    #[arg(long, env = "DAS_DRIVER_ROOT")]
+    driver_root: Option<PathBuf>,
+    /// The same directory as a path on the host (`/`, or `/run/nvidia/driver` with the GPU
+    /// Operator's driver container): the container runtime resolves the CDI mounts there.
+    /// Default: --driver-root.
+    #[arg(long, env = "DAS_HOST_DRIVER_ROOT", requires = "driver_root")]
+    host_driver_root: Option<PathBuf>,
     /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
     /// during a rolling update.
     #[arg(long, env = "POD_UID")]
@@ -220,6 +235,42 @@ fn init_nvml() -> Result<RealNvml> {
     RealNvml::init().context(
         "initialise NVML (libnvidia-ml.so.1): run on a node with the NVIDIA driver and make the driver libraries visible in the container (docs/nvml.md), or use --emulated-gpus",
     )
+}
+
+/// The CDI mounts of the driver's files ([`driver_files`]): from --driver-root, else from the
+/// emulated GPUs' stand-in driver install next to their stand-in device nodes
+/// (`<--emulated-device-dir>/driver`), else none.
+fn driver_mounts(
+    args: &Args,
+    inventory: &[GpuInfo],
+) -> Result<Vec<das_driver::claims::cdi::Mount>> {
+    let version = inventory.first().map(|g| g.driver_version.clone());
+    let root = match (&args.driver_root, &args.emulated_device_dir) {
+        (Some(path), _) => DriverRoot {
+            path: path.clone(),
+            host_path: args
+                .host_driver_root
+                .clone()
+                .unwrap_or_else(|| path.clone()),
+        },
+        (None, Some(dir)) if args.cdi_device_nodes => {
+            let path = dir.join("driver");
+            let v = version.as_deref().unwrap_or(EMULATED_DRIVER_VERSION);
+            create_stand_in_driver(&path, v)
+                .with_context(|| format!("stand-in driver install in {}", path.display()))?;
+            DriverRoot {
+                host_path: path.clone(),
+                path,
+            }
+        }
+        _ => return Ok(Vec::new()),
+    };
+    let files = driver_files::discover(&root, version.as_deref())
+        .context("find the NVIDIA driver's files for the containers")?;
+    tracing::info!(root = %root.path.display(), host_root = %root.host_path.display(),
+        version = %files.version, files = files.files.len(),
+        "driver files for the containers found: every claim's CDI spec mounts them");
+    Ok(files.mounts())
 }
 
 /// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins
@@ -372,6 +423,7 @@ async fn run(args: Args) -> Result<()> {
         cdi_dir: args.cdi_dir.clone(),
         caps_major,
         device_nodes: device_nodes(&args, &inventory, caps_major)?,
+        driver_mounts: driver_mounts(&args, &inventory)?,
         checkpoint: CheckpointStore::new(cp, cp_path),
         metrics: metrics.clone(),
         blocking: BlockingCalls::Threads,

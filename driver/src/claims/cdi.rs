@@ -622,6 +622,21 @@ pub fn place_device_nodes(spec: &mut Spec, nodes: &DeviceNodes) {
     }
 }
 
+/// Adds `mounts` (the driver's files, [`super::driver_files`]) to the spec-level edits. Every
+/// DAS spec carries the same ones, so a container holding devices of several claims gets each
+/// file once: a runtime applying CDI edits replaces a mount of the same container path
+/// (container-device-interface `ContainerEdits.Apply`: `RemoveMount`, then `AddMount`).
+pub fn add_spec_mounts(spec: &mut Spec, mounts: &[Mount]) {
+    if mounts.is_empty() {
+        return;
+    }
+    let edits = spec
+        .container_edits
+        .get_or_insert_with(ContainerEdits::default);
+    edits.mounts.extend(mounts.iter().cloned());
+    spec.cdi_version = spec.minimum_version().to_string();
+}
+
 /// Points every device node below `/dev` at the same path below `dir` (`hostPath`), keeping its
 /// path in the container; raises `cdiVersion` to what `hostPath` needs.
 pub fn rehost_device_nodes(spec: &mut Spec, dir: &Path) {

@@ -14,6 +14,7 @@
 //! - [`checkpoint`]: the versioned, atomically written record of prepared claims and the exact
 //!   MIG instances they hold ([`checkpoint::CheckpointStore`]).
 //! - [`cdi`]: CDI spec types and DAS's per-claim spec.
+//! - [`driver_files`]: the driver's libraries and tools every claim's spec mounts.
 //! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
 //! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
 //! - [`error`]: [`PrepareError`], turned into text only at the gRPC boundary.
@@ -28,6 +29,7 @@
 pub mod api;
 pub mod cdi;
 pub mod checkpoint;
+pub mod driver_files;
 pub mod error;
 pub mod handler;
 pub mod locks;

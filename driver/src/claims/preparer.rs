@@ -69,6 +69,9 @@ pub struct PreparerConfig {
     /// Where the CDI specs' device nodes are on the host: the driver's `/dev` nodes, none
     /// (emulated GPUs on a node without NVIDIA devices), or the emulated GPUs' stand-ins.
     pub device_nodes: cdi::DeviceNodes,
+    /// The driver's files every claim's spec mounts ([`super::driver_files`]); empty when the
+    /// plugin has no driver root (emulated GPUs without stand-in devices).
+    pub driver_mounts: Vec<cdi::Mount>,
     /// The checkpoint.
     pub checkpoint: CheckpointStore,
     /// Metrics.
@@ -88,6 +91,7 @@ pub struct Preparer {
     pub(crate) cdi_dir: PathBuf,
     caps_major: u32,
     device_nodes: cdi::DeviceNodes,
+    driver_mounts: Vec<cdi::Mount>,
     pub(crate) checkpoint: CheckpointStore,
     gpu_locks: HashMap<u32, Arc<Mutex<()>>>,
     pub(crate) claim_locks: ClaimLocks,
@@ -131,6 +135,7 @@ impl Preparer {
             cdi_dir: config.cdi_dir,
             caps_major: config.caps_major,
             device_nodes: config.device_nodes,
+            driver_mounts: config.driver_mounts,
             checkpoint: config.checkpoint,
             gpu_locks,
             claim_locks: ClaimLocks::default(),
@@ -346,6 +351,7 @@ impl Preparer {
         let spec_devices = plan::spec_devices(devices, instances, self.caps_major, legacy_keys);
         let mut built = cdi::build_claim_spec(&claim.uid, &spec_devices)?;
         cdi::place_device_nodes(&mut built.spec, &self.device_nodes);
+        cdi::add_spec_mounts(&mut built.spec, &self.driver_mounts);
         Ok(built)
     }
 

@@ -161,6 +161,7 @@ pub fn preparer(
         cdi_dir: dir.join("cdi"),
         caps_major: 509,
         device_nodes: crate::claims::cdi::DeviceNodes::Host,
+        driver_mounts: Vec::new(),
         checkpoint: store,
         metrics: Arc::new(Metrics::new()),
         blocking,

@@ -741,6 +741,7 @@ fn format_uuid(prefix: &str, parts: &[&[u8]]) -> String {
 
 mod control;
 pub mod device_nodes;
+pub mod driver_files;
 mod spec;
 mod state;
 

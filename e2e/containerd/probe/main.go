@@ -7,6 +7,8 @@
 //	das-probe: env <KEY>=<VALUE>          (variables named DAS_*, NVIDIA_* or CUDA_*, sorted)
 //	das-probe: dev <path> c <major>:<minor>  (every character device below /dev except the
 //	                                          container basics: null, zero, tty, ...)
+//	das-probe: file <path> <first line>      (every file below /usr/local/nvidia, where DAS
+//	                                          mounts the driver's libraries and tools)
 //	das-probe: ready
 //
 // then sleeps until SIGTERM or SIGINT. With `exit` as its first argument it exits 0 after the
@@ -61,6 +63,9 @@ func report() {
 	for _, d := range charDevices("/dev") {
 		fmt.Printf("das-probe: dev %s\n", d)
 	}
+	for _, f := range files(driverDir) {
+		fmt.Printf("das-probe: file %s\n", f)
+	}
 	fmt.Println("das-probe: ready")
 }
 
@@ -83,6 +88,33 @@ func charDevices(root string) []string {
 			return nil
 		}
 		out = append(out, fmt.Sprintf("%s c %d:%d", path, unix.Major(st.Rdev), unix.Minor(st.Rdev)))
+		return nil
+	})
+	sort.Strings(out)
+	return out
+}
+
+// driverDir is where DAS's CDI specs mount the NVIDIA driver's libraries and tools.
+const driverDir = "/usr/local/nvidia"
+
+// files lists the regular files below root as "<path> <first line>", sorted; the first line is
+// cut at 120 bytes (the stand-in driver files of emulated GPUs are one line naming themselves).
+func files(root string) []string {
+	var out []string
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s (unreadable: %v)", path, err))
+			return nil
+		}
+		line, _, _ := strings.Cut(string(data), "\n")
+		if len(line) > 120 {
+			line = line[:120]
+		}
+		out = append(out, fmt.Sprintf("%s %s", path, line))
 		return nil
 	})
 	sort.Strings(out)

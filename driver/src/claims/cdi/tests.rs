@@ -423,3 +423,41 @@ fn missing_dir_lists_empty_and_temp_files_are_cleaned() {
     assert_eq!(remove_temp_files(dir.path()).unwrap(), 1);
     assert!(dir_file_names(dir.path()).unwrap().is_empty());
 }
+
+#[test]
+fn driver_mounts_go_into_the_spec_level_edits_of_every_spec() {
+    let mounts = vec![Mount {
+        host_path: "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05".into(),
+        container_path: "/usr/local/nvidia/lib64/libcuda.so.1".into(),
+        options: vec!["ro".into(), "nosuid".into(), "nodev".into(), "bind".into()],
+        mount_type: None,
+    }];
+    let mut a = build_claim_spec(UID, &[one("gpu", 0, 1, 0)]).unwrap().spec;
+    let mut b = build_claim_spec(
+        "1f2c1a7e-0b1d-4c55-9a0e-3d2f6b7c8d9e",
+        &[one("gpu", 0, 2, 0)],
+    )
+    .unwrap()
+    .spec;
+    add_spec_mounts(&mut a, &mounts);
+    add_spec_mounts(&mut b, &mounts);
+    for s in [&a, &b] {
+        assert_eq!(s.container_edits.as_ref().unwrap().mounts, mounts);
+        assert!(
+            s.devices
+                .iter()
+                .all(|d| d.container_edits.mounts.is_empty())
+        );
+        s.validate().unwrap();
+    }
+    let json = serde_json::to_value(&a).unwrap();
+    assert_eq!(
+        json["containerEdits"]["mounts"][0],
+        json!({"hostPath": "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+            "containerPath": "/usr/local/nvidia/lib64/libcuda.so.1",
+            "options": ["ro", "nosuid", "nodev", "bind"]})
+    );
+    let before = a.clone();
+    add_spec_mounts(&mut a, &[]);
+    assert_eq!(a, before, "no driver root: the spec is unchanged");
+}
