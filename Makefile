@@ -211,7 +211,7 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo
 	@if [ -n "$(RUNTIME_NODE)" ]; then \
 	  echo "real-container ran under containerd on r0. From kubectl logs, what the runtime gave it from DAS's CDI spec:"; \
-	  $(KUBECTL) logs real-container | grep -E '^das-probe: (env DAS_MIG_UUID_|env NVIDIA_VISIBLE|dev /dev/nvidia)' | sed 's/^das-probe: /  /'; echo; fi
+	  $(KUBECTL) logs real-container | grep -E '^das-probe: (env DAS_MIG_UUID_|env NVIDIA_VISIBLE|dev /dev/nvidia|file /usr/local/nvidia/(lib64/libcuda|bin/nvidia-smi))' | sed 's/^das-probe: /  /'; echo; fi
 	@echo "Keep exploring:  export KUBECONFIG=$(LOCAL)/cluster/kubeconfig; $(BIN)/kubectl get resourceslices"
 	@echo "Stop it all:     make cluster-down"
 
