@@ -201,6 +201,8 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo
 	$(KUBECTL) get pods -o wide
 	@echo
+	@if [ -n "$(RUNTIME_NODE)" ]; then echo "DAS itself, installed with helm install: its pods run on r0 under containerd (das-kubelet-plugin-<node> on the hollow nodes stand for plugins that run as processes):"; \
+	  $(KUBECTL) -n das-system get pods -o wide; echo; fi
 	$(KUBECTL) wait --for=jsonpath='{.status.state}'=inUse allocationclaims --all -A --timeout=60s >/dev/null
 	$(KUBECTL) get allocationclaims -A
 	@echo

@@ -399,6 +399,13 @@ impl Cluster {
             .runtime_nodes
             .first()
             .context("a Service network needs a real-runtime node")?;
+        if let Some(pid) = process::find_component("kube-proxy") {
+            bail!(
+                "another local cluster with a Service network runs here (kube-proxy, pid {pid}): \
+                 kube-proxy owns the KUBE-* iptables chains, so only one can run at a time; \
+                 stop it first (`make cluster-down` for the demo's cluster)"
+            );
+        }
         self.service_network = Some(cfg.k8s_bin.clone());
         self.spawn(
             cfg,

@@ -198,14 +198,34 @@ pub async fn apply_access(cluster: &Cluster, rendered: &Rendered) -> Result<()> 
 /// A stand-in for the DaemonSet pod of the plugin on `node`: same service account, bound to
 /// the node. Its UID is the plugin's POD_UID and its token carries the node's name.
 pub async fn stand_in_pod(client: &Client, rendered: &Rendered, node: &str) -> Result<Pod> {
+    create_stand_in_pod(client, rendered, node, false).await
+}
+
+/// Label of the stand-in plugin pods of hollow nodes beside a DaemonSet installed by Helm
+/// ([`install_with_helm`]), in place of the DaemonSet's selector label
+/// `app.kubernetes.io/name`: the DaemonSet controller would adopt pods its selector matches and
+/// delete them from nodes its node selector leaves out (and with them the plugins' node-bound
+/// tokens).
+pub const STAND_IN_NAME: &str = "das-kubelet-plugin-stand-in";
+
+async fn create_stand_in_pod(
+    client: &Client,
+    rendered: &Rendered,
+    node: &str,
+    beside_daemonset: bool,
+) -> Result<Pod> {
     let ds = rendered.get("DaemonSet", "das-kubelet-plugin")?;
     let tmpl = &ds["spec"]["template"];
+    let mut labels = tmpl["metadata"]["labels"].clone();
+    if beside_daemonset {
+        labels["app.kubernetes.io/name"] = json!(STAND_IN_NAME);
+    }
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": format!("das-kubelet-plugin-{node}"),
             "namespace": NAMESPACE,
-            "labels": tmpl["metadata"]["labels"],
+            "labels": labels,
         },
         "spec": {
             "nodeName": node,
@@ -288,6 +308,37 @@ pub async fn install(
     Ok(installed)
 }
 
+/// DAS installed as a user installs it on the real-runtime node `runtime` (node, emulated
+/// GPUs): the DAS image (debug binaries) imported into its containerd and `helm install` of the
+/// chart, whose DaemonSet, controller and webhook run there as pods
+/// ([`crate::real_install`]); the plugins of the hollow nodes in `hollow` (which run no
+/// containers) as processes beside it, as [`start_plugin`] starts them, their stand-in pods
+/// labelled [`STAND_IN_NAME`]. Needs a cluster with a Service network. Returns once every node
+/// has published.
+pub async fn install_with_helm(
+    cluster: &mut Cluster,
+    runtime: &(String, String),
+    hollow: &[(String, String)],
+    plugin: &Path,
+) -> Result<Installed> {
+    const TAG: &str = "local";
+    crate::real_install::import_image(cluster, &[TAG])?;
+    crate::real_install::install(cluster, &runtime.0, &runtime.1, TAG)?;
+    let rendered = render()?;
+    let mut installed = Installed::default();
+    for (node, models) in hollow {
+        let port = start_plugin_process(cluster, &rendered, plugin, node, models, true).await?;
+        installed.plugin_metrics.insert(node.clone(), port);
+    }
+    let nodes: Vec<&str> = hollow
+        .iter()
+        .chain(std::iter::once(runtime))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    crate::das::wait_nodes_published(&cluster.client(), &nodes).await?;
+    Ok(installed)
+}
+
 /// Starts the node plugin of `node` as the chart's DaemonSet would: its container's
 /// environment, the stand-in pod's facts, the plugin service account's node-bound token.
 pub async fn start_plugin(
@@ -297,8 +348,19 @@ pub async fn start_plugin(
     node: &str,
     emulated_gpus: &str,
 ) -> Result<u16> {
+    start_plugin_process(cluster, rendered, bin, node, emulated_gpus, false).await
+}
+
+async fn start_plugin_process(
+    cluster: &mut Cluster,
+    rendered: &Rendered,
+    bin: &Path,
+    node: &str,
+    emulated_gpus: &str,
+    beside_daemonset: bool,
+) -> Result<u16> {
     let client = cluster.client();
-    let pod = stand_in_pod(&client, rendered, node).await?;
+    let pod = create_stand_in_pod(&client, rendered, node, beside_daemonset).await?;
     let kubeconfig = identity(cluster, PLUGIN_SA, Some(&pod), node).await?;
     let info = cluster.node(node).clone();
     let dirs = PluginDirs::of(&info);

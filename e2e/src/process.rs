@@ -193,6 +193,14 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     (f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)) as f64 / 100.0
 }
 
+/// The pid of a running process whose component name ([`component_name`]) is `name`, if any.
+pub fn find_component(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .find(|pid| alive(*pid) && component_name(*pid).as_deref() == Some(name))
+}
+
 /// The component name of `pid` (`argv[1]` of the multi-call binary), if it runs.
 pub fn component_name(pid: i32) -> Option<String> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;

@@ -224,14 +224,20 @@ async fn up(
     let mut cfg = ClusterConfig::with_nodes(&nodes.iter().map(String::as_str).collect::<Vec<_>>());
     cfg.dir = Some(dir);
     cfg.lifetime = Lifetime::Detached;
+    // With a real-runtime node, DAS is installed there as a user installs it (helm install;
+    // its pods need a Service network), and the hollow nodes' plugins run beside it.
+    let helm_on = runtime_node.clone().filter(|_| bins.is_some());
     if let Some(node) = runtime_node {
         cfg.runtime_nodes = vec![node.0.clone()];
-        parsed.push(node);
+        cfg.service_network = helm_on.is_some();
+        if helm_on.is_none() {
+            parsed.push(node);
+        }
     }
     let t0 = std::time::Instant::now();
     let mut cluster = Cluster::start(cfg).await?;
     if let Some(bins) = bins
-        && let Err(e) = start_das(&mut cluster, bins, &parsed).await
+        && let Err(e) = start_das(&mut cluster, bins, &parsed, helm_on).await
     {
         cluster.print_log_tails(30);
         return Err(e);
@@ -267,11 +273,14 @@ async fn up(
     Ok(())
 }
 
-/// Installs DAS from the Helm chart and starts its components (see `das_e2e::install`).
+/// Installs DAS from the Helm chart and starts its components (see `das_e2e::install`): with a
+/// real-runtime node `helm_on`, `helm install` there and the hollow nodes' plugins beside it
+/// (`install::install_with_helm`), else every component as a local process.
 async fn start_das(
     cluster: &mut Cluster,
     bins: Binaries,
     nodes: &[(String, Option<String>)],
+    helm_on: Option<(String, Option<String>)>,
 ) -> Result<()> {
     let canonical = |p: &Path| {
         p.canonicalize()
@@ -286,6 +295,22 @@ async fn start_das(
         .iter()
         .filter_map(|(n, g)| Some((n.clone(), g.clone()?)))
         .collect();
+    if let Some((node, models)) = helm_on {
+        let runtime = (node.clone(), models.unwrap_or_default());
+        install::install_with_helm(cluster, &runtime, &gpus, &bins.plugin).await?;
+        println!(
+            "DAS installed with helm install on {node} ({}): the DAS image's DaemonSet, das-controller and das-webhook run there as pods under containerd",
+            runtime.1
+        );
+        println!(
+            "hollow nodes' plugins (processes; hollow kubelets run no containers): {}",
+            gpus.iter()
+                .map(|(n, g)| format!("{n} ({g})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return Ok(());
+    }
     install::install(cluster, &gpus, &bins).await?;
     println!(
         "DAS installed from deploy/helm/das: node plugins on {}{}{}",
