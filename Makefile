@@ -168,6 +168,11 @@ bench-nodes: k8s helm ## what each node costs at 2/8/16/32 nodes: start time, RS
 	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
 	$(CARGO) bench -p das-e2e --bench node_sweep
 
+.PHONY: bench-packing
+bench-packing: k8s helm ## cluster-wide packing through the real scheduler (8 nodes x 2 GPUs) against the offline optimum (DAS_BENCH_SEEDS=4; docs/benchmarks.md)
+	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
+	$(CARGO) bench -p das-e2e --bench cluster_packing
+
 .PHONY: fuzz
 fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)
 	PROPTEST_CASES=$(or $(FUZZ_CASES),20000) $(CARGO) test --release -p das-driver --test parsers

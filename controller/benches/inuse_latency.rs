@@ -14,7 +14,7 @@
 //! `cargo build --release -p das-driver --bin das-kubelet-plugin`.
 //!
 //! Run: `cargo bench -p das-controller --bench inuse_latency` (prints a table; figures go into
-//! docs/benchmarks.md by hand).
+//! docs/benchmarks.md by hand). `DAS_BENCH_CONTROLLER=<path>` runs another controller build.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -46,8 +46,12 @@ const BURST_TIMEOUT: Duration = Duration::from_secs(600);
 type Key = (String, String, String);
 type Seen = Arc<Mutex<HashMap<Key, Instant>>>;
 
-fn controller_binary() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_das-controller"))
+/// This build's controller, or `DAS_BENCH_CONTROLLER` (another build, e.g. of an earlier
+/// commit, to compare in the same conditions).
+fn controller_binary() -> std::path::PathBuf {
+    std::env::var_os("DAS_BENCH_CONTROLLER")
+        .map(Into::into)
+        .unwrap_or_else(|| Path::new(env!("CARGO_BIN_EXE_das-controller")).to_path_buf())
 }
 
 /// Records the first `Instant` each key of an object appears, for every event of `api`; sets
@@ -165,7 +169,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     let port = free_port();
     cluster.spawn_program(
         "das-controller",
-        controller_binary(),
+        &controller_binary(),
         vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--metrics-address=127.0.0.1:{port}"),
@@ -335,6 +339,28 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
         cpu,
         per_claim(cpu) * 1000.0
     );
+    // The controller's own view: from the plugin's readyTime (milliseconds, the plugin's
+    // clock) to the controller's inUse write, as histogram buckets.
+    let lag: Vec<(String, f64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with("das_controller_in_use_lag_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?.to_string();
+            Some((le, l.split_whitespace().last()?.parse().ok()?))
+        })
+        .collect();
+    if let Some((_, total)) = lag.last() {
+        let at = |q: f64| {
+            lag.iter()
+                .find(|(_, n)| *n >= q * total)
+                .map_or("-".to_string(), |(le, _)| format!("≤ {le} s"))
+        };
+        println!(
+            "| controller's lag readyTime → inUse write (das_controller_in_use_lag_seconds), p50 / p99 bucket | {} / {} |",
+            at(0.5),
+            at(0.99)
+        );
+    }
     if unmatched > 0 {
         println!("inUse without an observed Ready=True: {unmatched}");
     }
