@@ -185,8 +185,11 @@ async fn apply(
     if w.object {
         let mut object = desired.clone();
         object.status = None;
-        let written = api.patch(&name, &pp, &Patch::Apply(&object)).await?;
-        ctx.triggers.own_writes.record(&written);
+        // The object apply leaves the status as it is.
+        let mut intended = object.clone();
+        intended.status = current.and_then(|c| c.status.clone());
+        ctx.triggers.own_writes.record(&intended);
+        api.patch(&name, &pp, &Patch::Apply(&object)).await?;
         ctx.metrics.wrote("apply");
     }
     if w.status {
@@ -196,8 +199,8 @@ async fn apply(
             "metadata": {"name": name},
             "status": desired.status,
         });
-        let written = api.patch_status(&name, &pp, &Patch::Apply(&body)).await?;
-        ctx.triggers.own_writes.record(&written);
+        ctx.triggers.own_writes.record(desired);
+        api.patch_status(&name, &pp, &Patch::Apply(&body)).await?;
         ctx.metrics.wrote("status");
         observe_in_use(desired, current, claim, ctx);
         tracing::info!(

@@ -2,7 +2,7 @@
 //!
 //! A reconcile reads a few fields of a ResourceClaim (its allocation results of our driver,
 //! `reservedFor`, the readiness and data of our devices in `status.devices`, whether it is being
-//! deleted) and of the pods that reserve it (`spec.nodeName`, which claims they use). Most events
+//! deleted) and of the pods that reserve it (their name and `spec.nodeName`). Most events
 //! in a pod's life change none of them: the scheduler's finalizer update, the resourceclaim
 //! controller's claim create, every kubelet pod-status update, and the controller's own
 //! AllocationClaim writes coming back through the watch. Reconciling on each of those cost about
@@ -12,8 +12,8 @@
 //!
 //! So each trigger source is filtered by a fingerprint of what the mirror reads
 //! ([`claim_fingerprint`], [`pod_fingerprint`]), kept per object in [`Fingerprints`]; and the
-//! AllocationClaim source drops an object whose current `resourceVersion` is one the controller
-//! itself wrote ([`OwnWrites`]). An object is first seen with the fingerprint "nothing to
+//! AllocationClaim source drops an object whose content is what the controller itself wrote
+//! ([`OwnWrites`]). An object is first seen with the fingerprint "nothing to
 //! mirror" (`None`), so a claim that is not allocated to our driver starts nothing until it is.
 //!
 //! What the filters must never lose is covered by the periodic sweep
@@ -80,18 +80,15 @@ pub fn claim_fingerprint(claim: &ResourceClaim) -> Option<u64> {
     Some(fingerprint(&json!([deleting, results, reserved, devices])))
 }
 
-/// Fingerprint of what the mirror reads from a pod: the node it is bound to and the claims it
-/// uses (named, and generated ones from `status.resourceClaimStatuses`). `None` for a pod that
-/// uses no claim. Phase, conditions and container statuses do not count.
+/// Fingerprint of what the mirror reads from a pod: the node it is bound to. The mirror finds a
+/// claim's pods by the UIDs in `reservedFor` and reads only their name and node, so an unbound
+/// pod, or one that uses no claim, is `None`: its creation, its claims being recorded and every
+/// kubelet status update (phase, conditions, container statuses) start nothing. Binding is the
+/// one pod change that moves an AllocationClaim (`staged` → `created`).
 pub fn pod_fingerprint(pod: &Pod) -> Option<u64> {
-    let claims: Vec<_> = crate::device_info::pod_claims(pod)
-        .map(|(entry, claim)| json!([entry, claim]))
-        .collect();
-    if claims.is_empty() {
-        return None;
-    }
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-    Some(fingerprint(&json!([node, claims])))
+    crate::device_info::pod_claims(pod).next()?;
+    let node = pod.spec.as_ref()?.node_name.as_deref()?;
+    Some(fingerprint(&json!(node)))
 }
 
 /// The last fingerprint seen per object (by UID). Shared by a watch's event handler and the
@@ -134,41 +131,50 @@ impl Fingerprints {
 /// at most two (object, then status), and the watch may deliver either after the next write.
 const OWN_WRITES_KEPT: usize = 4;
 
-/// The `resourceVersion`s the controller's own writes produced, per AllocationClaim
-/// (`<namespace>/<name>`). An AllocationClaim event whose object is at one of them is the echo
-/// of a write whose reconcile already saw everything it needed; any other writer's change gives
-/// a new resourceVersion and still triggers the owner's reconcile (drift is put back).
+/// Fingerprint of what the controller owns in an AllocationClaim: spec, status, labels and
+/// owner references (not `resourceVersion` or managed fields), of the typed object, so the
+/// object as written and as read back from the watch compare equal.
+pub fn content_fingerprint(a: &AllocationClaim) -> u64 {
+    fingerprint(&json!([
+        a.spec,
+        a.status,
+        a.metadata.labels,
+        a.metadata.owner_references
+    ]))
+}
+
+/// What the controller's own writes leave in each AllocationClaim (`<namespace>/<name>`), as
+/// [`content_fingerprint`]s recorded *before* each write: the watch may deliver a write's event
+/// before the write's response arrives. An AllocationClaim event whose object has one of these
+/// contents is the echo of a write whose reconcile already saw everything it needed; any other
+/// writer's change gives other content and still triggers the owner's reconcile (drift is put
+/// back).
 #[derive(Debug, Default)]
-pub struct OwnWrites(Mutex<HashMap<String, VecDeque<String>>>);
+pub struct OwnWrites(Mutex<HashMap<String, VecDeque<u64>>>);
 
 fn key_of(a: &AllocationClaim) -> String {
     format!("{}/{}", a.namespace().unwrap_or_default(), a.name_any())
 }
 
 impl OwnWrites {
-    /// Remembers `written`, the object a write returned.
-    pub fn record(&self, written: &AllocationClaim) {
-        let Some(rv) = written.resource_version() else {
-            return;
-        };
+    /// Remembers `intended`, the object as a write about to be sent will leave it.
+    pub fn record(&self, intended: &AllocationClaim) {
         let mut map = self.0.lock().expect("not poisoned");
-        let versions = map.entry(key_of(written)).or_default();
-        if versions.len() == OWN_WRITES_KEPT {
-            versions.pop_front();
+        let contents = map.entry(key_of(intended)).or_default();
+        if contents.len() == OWN_WRITES_KEPT {
+            contents.pop_front();
         }
-        versions.push_back(rv);
+        contents.push_back(content_fingerprint(intended));
     }
 
-    /// Whether `a` (as the watch cache has it now) is exactly what one of our writes left.
+    /// Whether `a` (as the watch cache has it now) is what one of our writes left.
     pub fn is_echo(&self, a: &AllocationClaim) -> bool {
-        let Some(rv) = a.resource_version() else {
-            return false;
-        };
+        let content = content_fingerprint(a);
         self.0
             .lock()
             .expect("not poisoned")
             .get(&key_of(a))
-            .is_some_and(|v| v.contains(&rv))
+            .is_some_and(|v| v.contains(&content))
     }
 
     /// Forgets the AllocationClaims (`<namespace>/<name>`) for which `live` is false.

@@ -16,6 +16,13 @@
 //!   one node (`placement::sim`): the difference from the real run is what spreading pods over
 //!   nodes costs.
 //!
+//! A third row runs the H100 cluster with the smallest fix for spreading this benchmark found:
+//! kube-scheduler's NodeResourcesFit scoring `MostAllocated` over a DRA extended resource that
+//! counts every DAS device ([`PACKING_CLASS`], through its implicit name
+//! `deviceclass.resource.kubernetes.io/<class>`, Kubernetes ≥ 1.37 where DRAExtendedResource is
+//! GA): a node whose DAS devices are already allocated scores higher, so pods fill a node before
+//! the next.
+//!
 //! Run: `make bench-packing` (`DAS_BENCH_SEEDS=<n>` streams per row, default 4;
 //! `DAS_BENCH_ROWS=h100` only the H100 cluster: on the mixed one the optimum's search over 16 GPUs
 //! of two models can take many minutes per stream).
@@ -40,6 +47,34 @@ use kube::{Api, Client};
 const NODES: usize = 8;
 const GPUS_PER_NODE: usize = 2;
 const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(60);
+/// DeviceClass selecting every DAS device, for the scheduler's packing score.
+const PACKING_CLASS: &str = "packing.mig.das.com";
+/// The KubeSchedulerConfiguration profiles of the packing row (docs/operations.md, "Packing
+/// slices onto fewer nodes").
+const PACKING_PROFILES: &str = "- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - name: deviceclass.resource.kubernetes.io/packing.mig.das.com
+          weight: 1
+";
+
+/// Creates [`PACKING_CLASS`].
+async fn create_packing_class(client: &Client) -> Result<()> {
+    let class: k8s_openapi::api::resource::v1::DeviceClass =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": PACKING_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == \"mig.das.com\""}}]}
+        }))?;
+    Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(client.clone())
+        .create(&Default::default(), &class)
+        .await?;
+    Ok(())
+}
 
 fn model(name: &str) -> std::sync::Arc<GpuModel> {
     find_model(name)
@@ -191,7 +226,12 @@ async fn row(
     })
 }
 
-async fn run(cluster: &mut Cluster, models: &[&str], seeds: u64) -> Result<Vec<Row>> {
+async fn run(
+    cluster: &mut Cluster,
+    models: &[&str],
+    seeds: u64,
+    packing: bool,
+) -> Result<Vec<Row>> {
     let gpus: Vec<(String, String)> = (0..NODES)
         .map(|i| {
             (
@@ -206,6 +246,9 @@ async fn run(cluster: &mut Cluster, models: &[&str], seeds: u64) -> Result<Vec<R
         ..bins
     };
     install::install(cluster, &gpus, &bins).await?;
+    if packing {
+        create_packing_class(&cluster.client()).await?;
+    }
     // The data files' names of the emulated models, in the nodes' GPU order.
     let data = |m: &str| match m {
         "H100-80GB" => "H100-SXM5-80GB",
@@ -216,7 +259,15 @@ async fn run(cluster: &mut Cluster, models: &[&str], seeds: u64) -> Result<Vec<R
         .map(|g| model(data(models[(g / GPUS_PER_NODE) % models.len()])))
         .collect();
     let refs: Vec<&GpuModel> = loaded.iter().map(|m| m.as_ref()).collect();
-    let label = format!("{NODES} nodes × {GPUS_PER_NODE} {}", models.join(" / "));
+    let label = format!(
+        "{NODES} nodes × {GPUS_PER_NODE} {}{}",
+        models.join(" / "),
+        if packing {
+            ", MostAllocated on DAS devices"
+        } else {
+            ""
+        }
+    );
     let client = cluster.client();
     let mut rows = Vec::new();
     for mix in [(Mix::Uniform, "uniform"), (Mix::SmallHeavy, "small-heavy")] {
@@ -234,15 +285,17 @@ async fn main() -> Result<()> {
     let names: Vec<String> = (0..NODES).map(|i| format!("n{i}")).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let mixed = std::env::var("DAS_BENCH_ROWS").map_or(true, |r| r != "h100");
-    let clusters: &[&[&str]] = if mixed {
-        &[&["H100-80GB"], &["A100-SXM4-40GB", "H100-80GB"]]
-    } else {
-        &[&["H100-80GB"]]
-    };
+    let h100: &[&str] = &["H100-80GB"];
+    let mut clusters: Vec<(&[&str], bool)> = vec![(h100, false), (h100, true)];
+    if mixed {
+        clusters.push((&["A100-SXM4-40GB", "H100-80GB"], false));
+    }
     let mut rows = Vec::new();
-    for models in clusters {
-        let mut cluster = Cluster::start(ClusterConfig::with_nodes(&refs)).await?;
-        let r = run(&mut cluster, models, seeds).await;
+    for (models, packing) in clusters {
+        let mut config = ClusterConfig::with_nodes(&refs);
+        config.scheduler_profiles = packing.then(|| PACKING_PROFILES.to_string());
+        let mut cluster = Cluster::start(config).await?;
+        let r = run(&mut cluster, models, seeds, packing).await;
         if r.is_err() {
             cluster.print_log_tails(20);
         }

@@ -48,6 +48,10 @@ pub struct ClusterConfig {
     /// routes ClusterIPs, for pods and for the API server's webhook calls. kube-proxy owns the
     /// machine's KUBE-* iptables chains: one such cluster per machine at a time.
     pub service_network: bool,
+    /// The `profiles` of a KubeSchedulerConfiguration (`kubescheduler.config.k8s.io/v1`, as a
+    /// YAML list) for kube-scheduler; `None`: its defaults. The harness adds the client
+    /// connection and turns leader election off, as its flags do without a config.
+    pub scheduler_profiles: Option<String>,
 }
 
 impl ClusterConfig {
@@ -60,8 +64,20 @@ impl ClusterConfig {
             lifetime: Lifetime::TiedToParent,
             k8s_bin: k8s_binary(),
             service_network: false,
+            scheduler_profiles: None,
         }
     }
+}
+
+/// A KubeSchedulerConfiguration with `profiles` (a YAML list, indented as it comes) and the
+/// settings the harness's scheduler flags give without one.
+fn scheduler_config(kubeconfig: &str, profiles: &str) -> String {
+    let profiles: String = profiles.lines().map(|l| format!("  {l}\n")).collect();
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
+         clientConnection:\n  kubeconfig: {kubeconfig}\n  qps: 100\n  burst: 200\n\
+         leaderElection:\n  leaderElect: false\nprofiles:\n{profiles}"
+    )
 }
 
 /// Which kubelet a node runs.
@@ -316,20 +332,29 @@ impl Cluster {
             .chain(gates.clone())
             .collect(),
         )?;
-        self.spawn(
-            cfg,
-            "kube-scheduler",
-            vec![
+        let scheduler_args = match &cfg.scheduler_profiles {
+            None => vec![
                 "kube-scheduler".into(),
                 format!("--kubeconfig={admin_kc}"),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
                 "--kube-api-qps=100".into(),
                 "--kube-api-burst=200".into(),
-            ]
-            .into_iter()
-            .chain(gates.clone())
-            .collect(),
+            ],
+            Some(profiles) => {
+                let path = self.dir.join("kube-scheduler.yaml");
+                std::fs::write(&path, scheduler_config(&admin_kc, profiles))?;
+                vec![
+                    "kube-scheduler".into(),
+                    format!("--config={}", path.display()),
+                    "--secure-port=0".into(),
+                ]
+            }
+        };
+        self.spawn(
+            cfg,
+            "kube-scheduler",
+            scheduler_args.into_iter().chain(gates.clone()).collect(),
         )?;
         self.wait_default_service_account(Duration::from_secs(60))
             .await?;

@@ -121,8 +121,10 @@ async fn mirrors_allocations_through_their_life() {
             let before = reconciles(&http_get(port, "/metrics").await?.1);
             create_pod(&c, "single", "one", None).await?;
             let a = wait_in_use(&c, "single", 1).await?;
-            // Kubelet status updates and our own writes coming back start no reconcile: one
-            // each for allocated (staged), bound (created) and ready (inUse).
+            // Kubelet status updates, the pod's claims being recorded and our own writes coming
+            // back start no reconcile: one each for allocated (staged), bound (created) and ready
+            // (inUse); the proof over every delivery order is the unit test
+            // `every_interleaving_of_the_two_watches_converges_with_at_most_three_reconciles`.
             tokio::time::sleep(Duration::from_secs(2)).await;
             let spent = reconciles(&http_get(port, "/metrics").await?.1) - before;
             ensure!(
