@@ -101,14 +101,7 @@ fn main() {
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let started = Instant::now();
     for (label, models) in &scenarios {
-        let gpus: Vec<GpuView<'_>> = models
-            .iter()
-            .enumerate()
-            .map(|(i, m)| GpuView {
-                index: i as u32,
-                model: m,
-            })
-            .collect();
+        let gpus = GpuView::of_models(models);
         for (mix, mix_name) in [(Mix::Uniform, "uniform"), (Mix::SmallHeavy, "small-heavy")] {
             let r = run(&gpus, mix, seeds);
             println!(

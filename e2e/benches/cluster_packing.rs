@@ -165,14 +165,7 @@ async fn row(
     mix: (Mix, &'static str),
     seeds: u64,
 ) -> Result<Row> {
-    let gpus: Vec<GpuView<'_>> = models
-        .iter()
-        .enumerate()
-        .map(|(i, m)| GpuView {
-            index: i as u32,
-            model: m,
-        })
-        .collect();
+    let gpus = GpuView::of_models(models);
     let weights = profile_weights(&gpus, mix.0);
     for (profile, _) in &weights {
         let name = template_of(profile);

@@ -52,6 +52,19 @@ pub struct GpuView<'a> {
 }
 
 impl<'a> GpuView<'a> {
+    /// Views of `models` as GPUs 0, 1, … in the order given (simulations without an
+    /// inventory: the packing benchmarks).
+    pub fn of_models(models: &[&'a GpuModel]) -> Vec<GpuView<'a>> {
+        models
+            .iter()
+            .enumerate()
+            .map(|(i, m)| GpuView {
+                index: i as u32,
+                model: m,
+            })
+            .collect()
+    }
+
     /// Views of an inventory, in the order given.
     pub fn of(gpus: &'a [GpuInfo]) -> Vec<GpuView<'a>> {
         gpus.iter()
