@@ -176,6 +176,9 @@ async fn post(send: &mut Sender, body: &Bytes) -> Result<()> {
         .header("host", "127.0.0.1")
         .header("content-type", "application/json")
         .body(Full::new(body.clone()))?;
+    // hyper's HTTP/1 sender takes the next request only once the connection task has finished
+    // the previous one: wait for that, or the request fails with "connection was not ready".
+    send.ready().await?;
     let resp = send.send_request(req).await?;
     ensure!(resp.status() == 200, "status {}", resp.status());
     let bytes = resp.into_body().collect().await?.to_bytes();
@@ -191,6 +194,9 @@ async fn get_metrics(send: &mut Sender) -> Result<(u16, String)> {
     let req = hyper::Request::get("/metrics")
         .header("host", "127.0.0.1")
         .body(Full::new(Bytes::new()))?;
+    // hyper's HTTP/1 sender takes the next request only once the connection task has finished
+    // the previous one: wait for that, or the request fails with "connection was not ready".
+    send.ready().await?;
     let resp = send.send_request(req).await?;
     let code = resp.status().as_u16();
     let bytes = resp.into_body().collect().await?.to_bytes();
