@@ -51,16 +51,18 @@ const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(60);
 const PACKING_CLASS: &str = "packing.mig.das.com";
 /// The KubeSchedulerConfiguration profiles of the packing row (docs/operations.md, "Packing
 /// slices onto fewer nodes").
-const PACKING_PROFILES: &str = "- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
-      scoringStrategy:
-        type: MostAllocated
-        resources:
-        - name: deviceclass.resource.kubernetes.io/packing.mig.das.com
-          weight: 1
-";
+fn packing_profiles() -> serde_json::Value {
+    serde_json::json!([{
+        "schedulerName": "default-scheduler",
+        "pluginConfig": [{
+            "name": "NodeResourcesFit",
+            "args": {"scoringStrategy": {
+                "type": "MostAllocated",
+                "resources": [{"name": format!("deviceclass.resource.kubernetes.io/{PACKING_CLASS}"), "weight": 1}]
+            }}
+        }]
+    }])
+}
 
 /// Creates [`PACKING_CLASS`].
 async fn create_packing_class(client: &Client) -> Result<()> {
@@ -286,7 +288,7 @@ async fn main() -> Result<()> {
     let mut rows = Vec::new();
     for (models, packing) in clusters {
         let mut config = ClusterConfig::with_nodes(&refs);
-        config.scheduler_profiles = packing.then(|| PACKING_PROFILES.to_string());
+        config.scheduler_profiles = packing.then(packing_profiles);
         let mut cluster = Cluster::start(config).await?;
         let r = run(&mut cluster, models, seeds, packing).await;
         if r.is_err() {

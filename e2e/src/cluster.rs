@@ -48,10 +48,10 @@ pub struct ClusterConfig {
     /// routes ClusterIPs, for pods and for the API server's webhook calls. kube-proxy owns the
     /// machine's KUBE-* iptables chains: one such cluster per machine at a time.
     pub service_network: bool,
-    /// The `profiles` of a KubeSchedulerConfiguration (`kubescheduler.config.k8s.io/v1`, as a
-    /// YAML list) for kube-scheduler; `None`: its defaults. The harness adds the client
+    /// The `profiles` of a KubeSchedulerConfiguration (`kubescheduler.config.k8s.io/v1`, a
+    /// JSON list) for kube-scheduler; `None`: its defaults. The harness adds the client
     /// connection and turns leader election off, as its flags do without a config.
-    pub scheduler_profiles: Option<String>,
+    pub scheduler_profiles: Option<serde_json::Value>,
 }
 
 impl ClusterConfig {
@@ -69,15 +69,16 @@ impl ClusterConfig {
     }
 }
 
-/// A KubeSchedulerConfiguration with `profiles` (a YAML list, indented as it comes) and the
+/// A KubeSchedulerConfiguration (JSON, which kube-scheduler reads as YAML) with `profiles` and the
 /// settings the harness's scheduler flags give without one.
-fn scheduler_config(kubeconfig: &str, profiles: &str) -> String {
-    let profiles: String = profiles.lines().map(|l| format!("  {l}\n")).collect();
-    format!(
-        "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
-         clientConnection:\n  kubeconfig: {kubeconfig}\n  qps: 100\n  burst: 200\n\
-         leaderElection:\n  leaderElect: false\nprofiles:\n{profiles}"
-    )
+fn scheduler_config(kubeconfig: &str, profiles: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig, "qps": 100, "burst": 200},
+        "leaderElection": {"leaderElect": false},
+        "profiles": profiles,
+    })
 }
 
 /// Which kubelet a node runs.
@@ -343,7 +344,10 @@ impl Cluster {
             ],
             Some(profiles) => {
                 let path = self.dir.join("kube-scheduler.yaml");
-                std::fs::write(&path, scheduler_config(&admin_kc, profiles))?;
+                std::fs::write(
+                    &path,
+                    serde_json::to_vec_pretty(&scheduler_config(&admin_kc, profiles))?,
+                )?;
                 vec![
                     "kube-scheduler".into(),
                     format!("--config={}", path.display()),
@@ -860,6 +864,17 @@ fn apiserver_args(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scheduler_config_keeps_the_profiles_and_the_flags_settings() {
+        let profiles = serde_json::json!([{"schedulerName": "default-scheduler",
+            "pluginConfig": [{"name": "NodeResourcesFit", "args": {}}]}]);
+        let c = scheduler_config("/tmp/a b/kubeconfig", &profiles);
+        assert_eq!(c["kind"], "KubeSchedulerConfiguration");
+        assert_eq!(c["clientConnection"]["kubeconfig"], "/tmp/a b/kubeconfig");
+        assert_eq!(c["leaderElection"]["leaderElect"], false);
+        assert_eq!(c["profiles"], profiles);
+    }
 
     #[test]
     fn minor_version_and_gates_follow_the_build() {
