@@ -35,7 +35,7 @@ K8S_COMPONENTS := etcd kube-apiserver kube-controller-manager kube-scheduler kub
 
 CARGO ?= cargo
 DAS_BINS := -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller \
-  -p das-webhook --bin das-webhook
+  -p das-webhook --bin das-webhook -p kubectl-das --bin kubectl-das
 KUBECTL := KUBECONFIG=$(LOCAL)/cluster/kubeconfig $(K8S_DIR)/kubectl
 # The cluster tests and das-cluster start the components from this binary.
 export DAS_K8S_BIN := $(K8S_BIN)
@@ -121,6 +121,22 @@ helm: ## build Helm (e2e/helm, from the Go module proxy) into .local/bin for the
 	  go build -trimpath -ldflags "-s -w" -o $(BIN)/helm.new helm.sh/helm/v4/cmd/helm && \
 	  { cmp -s $(BIN)/helm.new $(BIN)/helm && rm $(BIN)/helm.new || mv $(BIN)/helm.new $(BIN)/helm; }
 
+KUEUE_VERSION := $(shell sed -n 's/^\tsigs.k8s.io\/kueue \(v[^ ]*\).*/\1/p' e2e/kueue/go.mod)
+
+.PHONY: kueue
+kueue: ## build Kueue's controller manager (e2e/kueue, sigs.k8s.io/kueue $(KUEUE_VERSION)) into .local/bin for the quota tests
+	@mkdir -p $(BIN)
+	cd e2e/kueue && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
+	  go build -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$(KUEUE_VERSION)" \
+	  -o $(BIN)/kueue.new sigs.k8s.io/kueue/cmd/kueue && \
+	  { cmp -s $(BIN)/kueue.new $(BIN)/kueue && rm $(BIN)/kueue.new || mv $(BIN)/kueue.new $(BIN)/kueue; }
+	@# Its CRDs and webhook configurations, as the release's manifests ship them (e2e/src/kueue.rs).
+	@rm -rf $(LOCAL)/kueue && mkdir -p $(LOCAL)/kueue/crd
+	@dir=$$(cd e2e/kueue && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' sigs.k8s.io/kueue) && \
+	  cp $$dir/config/components/crd/bases/*.yaml $(LOCAL)/kueue/crd/ && \
+	  cp $$dir/config/components/webhook/manifests.yaml $(LOCAL)/kueue/webhooks.yaml && \
+	  echo $(KUEUE_VERSION) > $(LOCAL)/kueue/version && chmod -R u+w $(LOCAL)/kueue
+
 .PHONY: manifests
 manifests: helm ## render deploy/manifests/das.yaml (DAS without Helm) from the chart
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- manifests
@@ -138,7 +154,7 @@ unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate'
 	$(CARGO) test -p das-e2e --lib --bins --no-fail-fast
 
 .PHONY: e2e
-e2e: k8s helm containerd ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kubelet_smoke, runtime_node, real_install, image, soak)
+e2e: k8s helm containerd kueue ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kueue, kubectl_das, kubelet_smoke, runtime_node, real_install, image, soak)
 	# They run the DAS binaries from the target dir: build them first.
 	$(CARGO) build $(DAS_BINS)
 	$(CARGO) test -p das-e2e --test '*' --no-fail-fast
@@ -214,12 +230,16 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo "legacy-slice asked for nvidia.com/mig-1g.5gb: 1; das-webhook gave it:"
 	@$(KUBECTL) get pod legacy-slice -o jsonpath='  resourceClaims: {.spec.resourceClaims}{"\n"}  container claims: {.spec.containers[0].resources.claims}{"\n"}'
 	@echo
-	@$(CARGO) run -q -p das-e2e --bin das-cluster -- report
+	@echo "kubectl das gpus: every GPU's memory slices and who holds them (kubectl runs the kubectl-das plugin from PATH):"
+	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das gpus
+	@echo
+	@echo "kubectl das free: what each node can still take, per profile:"
+	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das free
 	@echo
 	@if [ -n "$(RUNTIME_NODE)" ]; then \
 	  echo "real-container ran under containerd on r0. From kubectl logs, what the runtime gave it from DAS's CDI spec:"; \
 	  $(KUBECTL) logs real-container | grep -E '^das-probe: (env DAS_MIG_UUID_|env NVIDIA_VISIBLE|dev /dev/nvidia|file /usr/local/nvidia/(lib64/libcuda|bin/nvidia-smi))' | sed 's/^das-probe: /  /'; echo; fi
-	@echo "Keep exploring:  export KUBECONFIG=$(LOCAL)/cluster/kubeconfig; $(BIN)/kubectl get resourceslices"
+	@echo "Keep exploring:  export KUBECONFIG=$(LOCAL)/cluster/kubeconfig PATH=$(CURDIR)/target/debug:$(BIN):\$$PATH; kubectl das claims -A; kubectl get resourceslices"
 	@echo "Stop it all:     make cluster-down"
 
 .PHONY: fmt

@@ -163,28 +163,21 @@ pub fn run(root: &Path, kubeconfig: &Path, script: &str) -> Result<String> {
     Ok(text)
 }
 
-/// What of `report` (the demo's report, [`crate::das::report`]) the README's demo block must
-/// show: every section heading and the ResourceSlice counts verbatim, and a memory-slice picture
-/// row for every GPU with as many cells (which pod lands where depends on scheduling order, so
-/// the cells' letters are not compared). Returns what is missing from `readme_block`.
-pub fn missing_from_readme(report: &str, readme_block: &str) -> Vec<String> {
-    let readme: Vec<&str> = readme_block.lines().map(str::trim_end).collect();
+/// What of `kubectl das gpus` and `kubectl das free` (what `make demo` prints, in `output`) the
+/// README's demo block must show: their table headers verbatim, and a memory-slice picture row
+/// for every GPU with as many cells (which pod lands where depends on scheduling order, so the
+/// cells' letters and the free counts are not compared). Returns what is missing from
+/// `readme_block`.
+pub fn missing_from_readme(output: &str, readme_block: &str) -> Vec<String> {
+    let readme: Vec<&str> = readme_block.lines().map(str::trim).collect();
     let readme_rows: Vec<String> = readme.iter().filter_map(|l| picture_row(l)).collect();
     let mut missing = Vec::new();
-    let mut section = "";
-    for line in report.lines().map(str::trim_end) {
-        if line.is_empty() {
-            continue;
-        }
-        if !line.starts_with(' ') && line.ends_with(':') {
-            section = line;
-        }
-        if line == section || section.starts_with("ResourceSlices of") {
-            if !readme.contains(&line) {
-                missing.push(line.to_string());
-            }
-        } else if section.starts_with("GPU memory slices")
-            && let Some(row) = picture_row(line)
+    for line in output.lines().map(str::trim) {
+        let header = line.chars().filter(char::is_ascii_alphabetic).count() > 1
+            && line == line.to_uppercase();
+        if header && !readme.contains(&line) {
+            missing.push(line.to_string());
+        } else if let Some(row) = picture_row(line)
             && !readme_rows.contains(&row)
         {
             missing.push(line.to_string());
@@ -193,13 +186,14 @@ pub fn missing_from_readme(report: &str, readme_block: &str) -> Vec<String> {
     missing
 }
 
-/// A picture row (`  n0 gpu-0  [. A B B]`) as its GPU and cell count (`n0 gpu-0 [4]`).
+/// A picture row (`n0   gpu-0   NVIDIA H100 80GB HBM3   [. A B B]`) as its label, spaces
+/// collapsed, and cell count (`n0 gpu-0 NVIDIA H100 80GB HBM3 [4]`).
 fn picture_row(line: &str) -> Option<String> {
     let (label, cells) = line.split_once('[')?;
     let cells = cells.strip_suffix(']')?;
     Some(format!(
         "{} [{}]",
-        label.trim(),
+        label.split_whitespace().collect::<Vec<_>>().join(" "),
         cells.split_whitespace().count()
     ))
 }
@@ -241,20 +235,18 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_must_show_every_section_and_the_stable_lines() {
-        let report = "Slices held by pods:\n  POD  x-abcde\n\nResourceSlices of mig.das.com:\n  n0: 2 slices\n\nGPU memory slices (x):\n  n0 gpu-0  [A .]\n    A = x-abcde\n";
-        let readme = "Slices held by pods:\n  POD  x-zzzzz\nResourceSlices of mig.das.com:\n  n0: 2 slices\nGPU memory slices (x):\n  n0 gpu-0  [A .]\n";
-        assert!(missing_from_readme(report, readme).is_empty());
-        let other_placement = readme.replace("[A .]", "[. A]");
-        assert!(missing_from_readme(report, &other_placement).is_empty());
-        let stale = "ResourceSlices of mig.das.com:\n  n0: 1 slices\n  n0 gpu-0  [A . .]\n";
+    fn the_readme_must_show_the_headers_and_a_row_per_gpu() {
+        let output = "NODE   GPU     PRODUCT   MEMORY SLICES\nn0     gpu-0   X 40GB    [A .]\n\n    NAMESPACE   POD\nA   default     x-abcde\nNODE   PROFILE   FREE\nn0     1g.10gb   1\n";
+        let readme = "NODE   GPU     PRODUCT   MEMORY SLICES\nn0     gpu-0   X 40GB    [. A]\n    NAMESPACE   POD\nA   default     x-zzzzz\nNODE   PROFILE   FREE\nn0     1g.10gb   0\n";
+        assert!(missing_from_readme(output, readme).is_empty());
+        let stale = "NODE GPU PRODUCT MEMORY SLICES\nn0     gpu-0   X 40GB    [A . .]\n";
         assert_eq!(
-            missing_from_readme(report, stale),
+            missing_from_readme(output, stale),
             [
-                "Slices held by pods:",
-                "  n0: 2 slices",
-                "GPU memory slices (x):",
-                "  n0 gpu-0  [A .]"
+                "NODE   GPU     PRODUCT   MEMORY SLICES",
+                "n0     gpu-0   X 40GB    [A .]",
+                "NAMESPACE   POD",
+                "NODE   PROFILE   FREE"
             ]
         );
     }

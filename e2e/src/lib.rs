@@ -44,6 +44,7 @@ pub mod examples;
 pub mod image;
 pub mod install;
 pub mod kubeconfig;
+pub mod kueue;
 pub mod pki;
 pub mod plugin;
 pub mod process;

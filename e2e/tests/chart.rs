@@ -652,11 +652,17 @@ async fn docs_hold(cluster: &Cluster) -> Result<()> {
     let readme = std::fs::read_to_string(root.join("README.md"))?;
     let demo = doctest::blocks("README.md", &readme, doctest::DEMO_OUTPUT_MARKER);
     ensure!(demo.len() == 1, "one demo-output block in README.md");
-    let report = das_e2e::das::report(&client).await?;
+    // What `make demo` prints with `kubectl das gpus` and `kubectl das free`.
+    let mut report = String::new();
+    for cmd in ["gpus", "free"] {
+        use clap::Parser;
+        let cli = kubectl_das::Cli::try_parse_from(["kubectl-das", cmd, "--color=never"])?;
+        report.push_str(&kubectl_das::run(&cli, &client).await?);
+    }
     let missing = doctest::missing_from_readme(&report, &demo[0].text);
     ensure!(
         missing.is_empty(),
-        "README.md's demo output is stale; `make demo` prints {missing:#?} (whole report:\n{report})"
+        "README.md's demo output is stale; `make demo` prints {missing:#?} (whole output:\n{report})"
     );
     Ok(())
 }

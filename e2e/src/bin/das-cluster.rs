@@ -64,8 +64,6 @@ enum Cmd {
     Down,
     /// Say whether the cluster runs.
     Status,
-    /// Print which pods hold which MIG slices where (for `make demo`).
-    Report,
     /// Build the DAS image as an OCI archive without a registry or a daemon (`make image`):
     /// the binaries of `--profile` on glibc and libgcc_s from this machine's Debian packages.
     Image {
@@ -140,12 +138,6 @@ async fn main() -> Result<()> {
         }
         Cmd::Down => down(&state_dir),
         Cmd::Status => status(&state_dir),
-        Cmd::Report => {
-            let state = load_state(&state_dir)?.context("no cluster: run `make cluster-up`")?;
-            let client = das_e2e::kubeconfig::client(&state.kubeconfig).await?;
-            print!("{}", das_e2e::das::report(&client).await?);
-            Ok(())
-        }
         Cmd::Image {
             name,
             profile,

@@ -1,0 +1,282 @@
+//! What DAS has published and what is allocated, read from API objects: the GPUs of every node
+//! (one counter set each), the devices (one per profile and placement) with the counters they
+//! consume, and the slices held by allocated ResourceClaims. Pure: the objects come in as values,
+//! so the picture and the free-placement simulation are unit-tested without a cluster.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use das_api::claim_status::{DeviceStatusData, our_device_status, our_results};
+use das_api::{DRIVER_NAME, attributes};
+use k8s_openapi::api::resource::v1::{Counter, Device, ResourceClaim, ResourceSlice};
+use kube_quantity::ParsedQuantity;
+use serde::Serialize;
+
+/// Counter name → value (bytes for `memory`, a count for the others).
+pub type Counters = BTreeMap<String, i128>;
+
+/// One published MIG device: `profile` at memory slices `start..start + size` of GPU `gpu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedDevice {
+    /// Pool (the node's name for DAS) and device name: what an allocation result names.
+    pub pool: String,
+    pub name: String,
+    pub gpu: u32,
+    pub profile: String,
+    pub start: u32,
+    pub size: u32,
+    /// Counter set → the counters this device consumes from it.
+    pub consumes: BTreeMap<String, Counters>,
+    /// A taint with effect `NoSchedule` or `NoExecute` is on the device (an unhealthy GPU):
+    /// claims without a toleration do not get it.
+    pub tainted: bool,
+}
+
+/// One physical GPU of a node, as its counter set and devices describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    pub node: String,
+    /// `gpuIndex` of its devices.
+    pub index: u32,
+    /// `productName` (NVML's name, e.g. `NVIDIA H100 80GB HBM3`), empty when unpublished.
+    pub product: String,
+    /// `parentUUID`, `GPU-…`.
+    pub uuid: String,
+    /// Memory slices of the GPU: the `memory-slice-<n>` counters of its counter set.
+    pub memory_slices: u32,
+    /// Name of its counter set (`gpu-<index>-counter-set`).
+    #[serde(skip)]
+    pub counter_set: String,
+}
+
+/// A slice an allocated ResourceClaim holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Held {
+    pub node: String,
+    pub gpu: u32,
+    pub profile: String,
+    /// First memory slice and size, in memory slices.
+    pub start: u32,
+    pub size: u32,
+    pub device: String,
+    pub namespace: String,
+    pub claim: String,
+    /// The pod the claim is reserved for, once the scheduler has reserved it.
+    pub pod: Option<String>,
+    /// The MIG device's UUID, once the node plugin has carved it (the claim's device status).
+    pub mig_uuid: Option<String>,
+}
+
+/// Everything DAS published (newest generation of every pool) and every slice held.
+#[derive(Debug, Clone, Default)]
+pub struct Inventory {
+    /// Sorted by node, then GPU index.
+    pub gpus: Vec<GpuInfo>,
+    /// In published order: pool by pool (sorted), slice by slice, device by device. The
+    /// scheduler's allocator tries devices in this order.
+    pub devices: Vec<PublishedDevice>,
+    /// (pool, counter set) → the counters' capacity.
+    pub capacity: BTreeMap<(String, String), Counters>,
+    /// Sorted by node, GPU, start.
+    pub held: Vec<Held>,
+}
+
+impl Inventory {
+    /// Reads DAS's ResourceSlices (other drivers' are skipped; of a pool only the newest
+    /// generation counts, as in the scheduler) and the allocation results of `claims` that name
+    /// our driver.
+    ///
+    /// # Errors
+    /// A counter value that is not a Kubernetes quantity.
+    pub fn new(slices: &[ResourceSlice], claims: &[ResourceClaim]) -> Result<Self> {
+        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
+            let g = newest.entry(s.spec.pool.name.as_str()).or_insert(i64::MIN);
+            *g = (*g).max(s.spec.pool.generation);
+        }
+        let mut current: Vec<&ResourceSlice> = slices
+            .iter()
+            .filter(|s| {
+                s.spec.driver == DRIVER_NAME
+                    && newest.get(s.spec.pool.name.as_str()) == Some(&s.spec.pool.generation)
+            })
+            .collect();
+        // The allocator walks pools, then slices, in name order.
+        current.sort_by(|a, b| {
+            (&a.spec.pool.name, &a.metadata.name).cmp(&(&b.spec.pool.name, &b.metadata.name))
+        });
+
+        let mut inv = Inventory::default();
+        for s in &current {
+            let pool = &s.spec.pool.name;
+            for cs in s.spec.shared_counters.iter().flatten() {
+                let counters = counter_values(&cs.counters)
+                    .with_context(|| format!("counter set {} of pool {pool}", cs.name))?;
+                inv.capacity
+                    .insert((pool.clone(), cs.name.clone()), counters);
+            }
+            for d in s.spec.devices.iter().flatten() {
+                if let Some(dev) = published_device(pool, d)? {
+                    inv.devices.push(dev);
+                }
+            }
+        }
+        inv.gpus = gpus_of(&inv.devices, &inv.capacity, &current);
+        inv.held = held_slices(&inv.devices, claims);
+        Ok(inv)
+    }
+
+    /// The device `name` of pool `pool`.
+    pub fn device(&self, pool: &str, name: &str) -> Option<&PublishedDevice> {
+        self.devices
+            .iter()
+            .find(|d| d.pool == pool && d.name == name)
+    }
+
+    /// Nodes with at least one GPU, sorted.
+    pub fn nodes(&self) -> Vec<&str> {
+        let mut nodes: Vec<&str> = self.gpus.iter().map(|g| g.node.as_str()).collect();
+        nodes.dedup();
+        nodes
+    }
+}
+
+fn counter_values(counters: &BTreeMap<String, Counter>) -> Result<Counters> {
+    counters
+        .iter()
+        .map(|(name, c)| Ok((name.clone(), quantity(&c.value.0)?)))
+        .collect()
+}
+
+/// A Kubernetes quantity (`80Gi`, `1`, `500m` rounds down) as an integer.
+///
+/// # Errors
+/// Not a quantity, or beyond `i128`.
+pub fn quantity(q: &str) -> Result<i128> {
+    let parsed = ParsedQuantity::try_from(q).map_err(|e| anyhow::anyhow!("{e}"))?;
+    parsed
+        .to_bytes_i128()
+        .with_context(|| format!("quantity {q:?} out of range"))
+}
+
+/// A device of ours with the attributes DAS publishes on every MIG device; `None` for a
+/// device without them (a future device type the picture does not know).
+fn published_device(pool: &str, d: &Device) -> Result<Option<PublishedDevice>> {
+    let Some(attrs) = d.attributes.as_ref() else {
+        return Ok(None);
+    };
+    let int = |k: &str| attrs.get(k).and_then(|v| v.int).map(|v| v as u32);
+    let (Some(gpu), Some(start), Some(size), Some(profile)) = (
+        int(attributes::GPU_INDEX),
+        int(attributes::PLACEMENT_START),
+        int(attributes::PLACEMENT_SIZE),
+        attrs
+            .get(attributes::PROFILE)
+            .and_then(|v| v.string.clone()),
+    ) else {
+        return Ok(None);
+    };
+    let mut consumes = BTreeMap::new();
+    for c in d.consumes_counters.iter().flatten() {
+        let counters = counter_values(&c.counters)
+            .with_context(|| format!("device {} of pool {pool}", d.name))?;
+        consumes.insert(c.counter_set.clone(), counters);
+    }
+    let tainted = d
+        .taints
+        .iter()
+        .flatten()
+        .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+    Ok(Some(PublishedDevice {
+        pool: pool.to_string(),
+        name: d.name.clone(),
+        gpu,
+        profile,
+        start,
+        size,
+        consumes,
+        tainted,
+    }))
+}
+
+/// One [`GpuInfo`] per (pool, GPU index) that has devices; product and UUID from the devices'
+/// attributes, memory slices from the counter set the devices consume.
+fn gpus_of(
+    devices: &[PublishedDevice],
+    capacity: &BTreeMap<(String, String), Counters>,
+    slices: &[&ResourceSlice],
+) -> Vec<GpuInfo> {
+    let mut gpus: BTreeMap<(String, u32), GpuInfo> = BTreeMap::new();
+    for d in devices {
+        gpus.entry((d.pool.clone(), d.gpu)).or_insert_with(|| {
+            let counter_set = d.consumes.keys().next().cloned().unwrap_or_default();
+            let memory_slices = capacity
+                .get(&(d.pool.clone(), counter_set.clone()))
+                .map(|c| c.keys().filter(|k| k.starts_with("memory-slice-")).count() as u32)
+                .unwrap_or(0);
+            let attr = |k: &str| string_attr(slices, &d.pool, &d.name, k).unwrap_or_default();
+            GpuInfo {
+                node: d.pool.clone(),
+                index: d.gpu,
+                product: attr(attributes::PRODUCT_NAME),
+                uuid: attr(attributes::PARENT_UUID),
+                memory_slices,
+                counter_set,
+            }
+        });
+    }
+    gpus.into_values().collect()
+}
+
+fn string_attr(slices: &[&ResourceSlice], pool: &str, device: &str, key: &str) -> Option<String> {
+    slices
+        .iter()
+        .filter(|s| s.spec.pool.name == pool)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)?
+        .attributes
+        .as_ref()?
+        .get(key)?
+        .string
+        .clone()
+}
+
+/// The slices `claims` hold on published devices, sorted by node, GPU and start.
+fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Held> {
+    let by_name: BTreeMap<(&str, &str), &PublishedDevice> = devices
+        .iter()
+        .map(|d| ((d.pool.as_str(), d.name.as_str()), d))
+        .collect();
+    let mut held = Vec::new();
+    for claim in claims {
+        let status = claim.status.as_ref();
+        let pod = status
+            .and_then(|s| s.reserved_for.as_ref())
+            .and_then(|r| r.iter().find(|r| r.resource == "pods"))
+            .map(|r| r.name.clone());
+        for r in our_results(claim) {
+            let Some(d) = by_name.get(&(r.pool.as_str(), r.device.as_str())) else {
+                continue;
+            };
+            let mig_uuid = our_device_status(claim, &r.pool, &r.device)
+                .and_then(DeviceStatusData::of)
+                .map(|data| data.mig_uuid);
+            held.push(Held {
+                node: d.pool.clone(),
+                gpu: d.gpu,
+                profile: d.profile.clone(),
+                start: d.start,
+                size: d.size,
+                device: d.name.clone(),
+                namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+                claim: claim.metadata.name.clone().unwrap_or_default(),
+                pod: pod.clone(),
+                mig_uuid,
+            });
+        }
+    }
+    held.sort_by(|a, b| (&a.node, a.gpu, a.start).cmp(&(&b.node, b.gpu, b.start)));
+    held
+}

@@ -1,0 +1,27 @@
+//! `kubectl-das`: the kubectl plugin of DAS (`kubectl das gpus|free|claims`); see the library's
+//! docs for what each command shows.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use kubectl_das::{Cli, fetch, run};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = async {
+        let client = fetch::client(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+        run(&cli, &client).await
+    }
+    .await;
+    match result {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
