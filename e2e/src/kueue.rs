@@ -200,6 +200,7 @@ pub async fn start(cluster: &mut Cluster, resources: &Value) -> Result<()> {
     std::fs::create_dir_all(&cert_dir)?;
     std::fs::copy(&serving.cert, cert_dir.join("tls.crt"))?;
     std::fs::copy(&serving.key, cert_dir.join("tls.key"))?;
+    install_metrics_certs(&serving)?;
     let webhook_port = free_port();
     let probe_port = free_port();
     let config = configuration(webhook_port, &cert_dir, probe_port, free_port(), resources);
@@ -254,6 +255,44 @@ pub async fn start(cluster: &mut Cluster, resources: &Value) -> Result<()> {
         Ok(api.create(&dry, &cq).await.ok().map(|_| ()))
     })
     .await
+}
+
+/// Where Kueue's controller manager reads its metrics serving certificate when its internal
+/// certificate management is off: a fixed path (`cmd/kueue/main.go`, `metricsCertPath`), where
+/// its release manifests mount a Secret.
+pub const METRICS_CERT_DIR: &str = "/etc/kueue/metrics/certs";
+
+/// Puts `serving` (`tls.crt`, `tls.key`) into [`METRICS_CERT_DIR`] unless a pair is there: the
+/// whole directory appears at once (a rename), so Kueues of tests running side by side never read
+/// half of one pair. Nothing scrapes these metrics here; Kueue only refuses to start without them.
+///
+/// # Errors
+/// `/etc/kueue/metrics` cannot be written (the Kueue tests need root, as the runtime-node tests do).
+fn install_metrics_certs(serving: &crate::pki::CertFiles) -> Result<()> {
+    let dir = std::path::Path::new(METRICS_CERT_DIR);
+    if dir.join("tls.crt").exists() && dir.join("tls.key").exists() {
+        return Ok(());
+    }
+    let parent = dir.parent().context("metrics cert dir parent")?;
+    let staged = parent.join(format!(".certs-{}", std::process::id()));
+    let write = || -> Result<()> {
+        std::fs::create_dir_all(&staged)?;
+        std::fs::copy(&serving.cert, staged.join("tls.crt"))?;
+        std::fs::copy(&serving.key, staged.join("tls.key"))?;
+        Ok(())
+    };
+    write().with_context(|| {
+        format!("write Kueue's metrics certificate into {METRICS_CERT_DIR} (needs root)")
+    })?;
+    if std::fs::rename(&staged, dir).is_err() {
+        // Another test put its pair there first: keep that one.
+        std::fs::remove_dir_all(&staged).ok();
+    }
+    ensure!(
+        dir.join("tls.key").exists(),
+        "no Kueue metrics certificate in {METRICS_CERT_DIR}"
+    );
+    Ok(())
 }
 
 /// The API resource of a Kueue kind (`ClusterQueue`, `clusterqueues`), for dynamic clients.

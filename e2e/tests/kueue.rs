@@ -247,10 +247,11 @@ async fn wait_pending_for_quota(
                 return Ok(None);
             };
             let msg = c["message"].as_str().unwrap_or_default();
-            Ok((c["status"] == "False"
-                && msg.contains("insufficient quota")
-                && msg.contains(resource))
-            .then(|| msg.to_string()))
+            // "insufficient unused quota for <resource> in flavor …, <n> more needed", or
+            // "insufficient quota for <resource> …" when the request exceeds the nominal quota.
+            let short =
+                msg.contains("insufficient") && msg.contains(&format!("quota for {resource}"));
+            Ok((c["status"] == "False" && short).then(|| msg.to_string()))
         },
     )
     .await
@@ -346,10 +347,7 @@ async fn count_paths(cluster: &Cluster) -> Result<()> {
         Some(&chart::Rendered::to_yaml([&job])?),
     )?;
     wait_pending_for_quota(&client, "Job", "train", quota).await?;
-    // Removing the legacy pods frees 2: still not enough for 3 while legacy2 is admitted in its
-    // place (2 of 3 used), so the Job stays whole-or-nothing: no pod.
-    delete_pods(&client, &["legacy1"]).await?;
-    wait_carved(&client, &[("legacy2", 2)]).await?;
+    // Kueue has tried it with 1 of 3 left: it is all or nothing, so no pod of it exists.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let job_pods = || async {
         Ok::<_, anyhow::Error>(
@@ -363,8 +361,10 @@ async fn count_paths(cluster: &Cluster) -> Result<()> {
         job_pods().await? == 0,
         "the Job started pods without being admitted whole"
     );
-    // With the quota free, the whole Job is admitted: three pods, three slices.
-    delete_pods(&client, &["legacy2"]).await?;
+    wait_carved(&client, &[("legacy1", 2)]).await?;
+    // With the quota free (the pending legacy2 goes first, so it cannot take the room), the
+    // whole Job is admitted: three pods, three slices.
+    delete_pods(&client, &["legacy2", "legacy1"]).await?;
     wait::until("the Job's three pods", wait::TIMEOUT, || async {
         Ok((job_pods().await? == 3).then_some(()))
     })
