@@ -204,11 +204,11 @@ soak: k8s helm fuzz ## the long fuzz run, then the chaos soak: >= 500 pod cycles
 RUNTIME_NODE ?= r0=H100-80GB:1
 
 .PHONY: cluster-up
-cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off)
+cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off; KUEUE=count|memory adds Kueue, docs/kueue.md)
 	$(CARGO) build -q $(DAS_BINS)
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
 	  --controller-bin target/debug/das-controller --webhook-bin target/debug/das-webhook \
-	  $(if $(NODES),--nodes $(NODES)) --runtime-node '$(RUNTIME_NODE)'
+	  $(if $(NODES),--nodes $(NODES)) $(if $(KUEUE),--kueue $(KUEUE)) --runtime-node '$(RUNTIME_NODE)'
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files

@@ -138,11 +138,13 @@ pub fn runnable_blocks(root: &Path) -> Result<Vec<Block>> {
 }
 
 /// Runs `script` with bash in `root`, against the cluster of `kubeconfig`; its output, or an
-/// error with it.
+/// error with it. `kubectl` is the local cluster's, and `kubectl das` finds the debug build of
+/// `kubectl-das`.
 pub fn run(root: &Path, kubeconfig: &Path, script: &str) -> Result<String> {
     let path = format!(
-        "{}:{}",
+        "{}:{}:{}",
         root.join(".local/bin").display(),
+        crate::install::target_dir().join("debug").display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let out = Command::new("bash")

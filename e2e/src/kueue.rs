@@ -257,6 +257,67 @@ pub async fn start(cluster: &mut Cluster, resources: &Value) -> Result<()> {
     .await
 }
 
+/// The namespace whose workloads the example queues admit (`LocalQueue` `team-a`).
+pub const EXAMPLE_NAMESPACE: &str = "team-a";
+
+/// The quota examples of docs/examples/kueue/: `count` (slices per profile) and `memory` (GPU
+/// memory through the `memory` counter).
+pub const EXAMPLES: [&str; 2] = ["count", "memory"];
+
+/// Starts Kueue with the configuration of docs/examples/kueue/`<example>`-config.yaml, applies
+/// `<example>`-queues.yaml and labels namespace [`EXAMPLE_NAMESPACE`] for Kueue to manage; returns
+/// once its LocalQueue is active. DAS's DeviceClasses must be installed (the mappings name them).
+///
+/// # Errors
+/// An unknown example, Kueue not built, or Kueue not ready within [`wait::TIMEOUT`].
+pub async fn start_example(cluster: &mut Cluster, example: &str) -> Result<()> {
+    ensure!(
+        EXAMPLES.contains(&example),
+        "unknown Kueue example {example:?}; the examples are {EXAMPLES:?} (docs/examples/kueue/)"
+    );
+    let dir = workspace_root().join("docs/examples/kueue");
+    let path = dir.join(format!("{example}-config.yaml"));
+    let config: Value = serde_yaml::from_str(&std::fs::read_to_string(&path)?)
+        .with_context(|| format!("parse {}", path.display()))?;
+    start(cluster, &config["resources"]).await?;
+    let client = cluster.client();
+    Api::<Namespace>::all(client.clone())
+        .patch(
+            EXAMPLE_NAMESPACE,
+            &PatchParams::apply("das-e2e"),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": EXAMPLE_NAMESPACE, "labels": {MANAGED_LABEL: "true"}}})),
+        )
+        .await?;
+    let queues = dir.join(format!("{example}-queues.yaml"));
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=das-e2e",
+            "-f",
+            queues.to_str().context("queues path")?,
+        ],
+        None,
+    )?;
+    let lq = Api::<kube::api::DynamicObject>::namespaced_with(
+        client,
+        EXAMPLE_NAMESPACE,
+        &resource("LocalQueue", "localqueues"),
+    );
+    wait::until("the example LocalQueue to be active", wait::TIMEOUT, || async {
+        let q = serde_json::to_value(lq.get(EXAMPLE_NAMESPACE).await?)?;
+        let active = q["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Active" && c["status"] == "True");
+        Ok(active.then_some(()))
+    })
+    .await
+}
+
 /// Where Kueue's controller manager reads its metrics serving certificate when its internal
 /// certificate management is off: a fixed path (`cmd/kueue/main.go`, `metricsCertPath`), where
 /// its release manifests mount a Secret.

@@ -15,16 +15,16 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use das_api::allocation::AllocationClaim;
 use das_e2e::chart;
-use das_e2e::cluster::{Cluster, ClusterConfig, workspace_root};
+use das_e2e::cluster::{Cluster, ClusterConfig};
 use das_e2e::install::{self, Binaries};
-use das_e2e::kueue::{self, MANAGED_LABEL, QUEUE_LABEL};
+use das_e2e::kueue::{self, QUEUE_LABEL};
 use das_e2e::wait;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
-const NS: &str = "team-a";
+const NS: &str = kueue::EXAMPLE_NAMESPACE;
 const NODE: &str = "n0";
 /// Four GPUs: room for more slices than any quota here, so a pod that waits waits for quota.
 const GPUS: &str = "H100-80GB:4";
@@ -43,32 +43,7 @@ async fn start(quota: &str) -> Result<Cluster> {
 
 async fn setup(cluster: &mut Cluster, bins: &Binaries, quota: &str) -> Result<()> {
     install::install(cluster, &[(NODE.to_string(), GPUS.to_string())], bins).await?;
-    let dir = workspace_root().join("docs/examples/kueue");
-    let config: Value = serde_yaml::from_str(&std::fs::read_to_string(
-        dir.join(format!("{quota}-config.yaml")),
-    )?)?;
-    kueue::start(cluster, &config["resources"]).await?;
-    let client = cluster.client();
-    Api::<Namespace>::all(client.clone())
-        .patch(
-            NS,
-            &PatchParams::apply("das-e2e"),
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": NS, "labels": {MANAGED_LABEL: "true"}}})),
-        )
-        .await?;
-    let queues = dir.join(format!("{quota}-queues.yaml"));
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            queues.to_str().unwrap(),
-        ],
-        None,
-    )?;
+    kueue::start_example(cluster, quota).await?;
     // The ResourceClaimTemplate a pod names (Kueue reads it to charge the pod).
     let template = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -78,28 +53,10 @@ async fn setup(cluster: &mut Cluster, bins: &Binaries, quota: &str) -> Result<()
     });
     chart::kubectl(
         &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            "-",
-        ],
+        &["apply", "--server-side", "--field-manager=das-e2e", "-f", "-"],
         Some(&chart::Rendered::to_yaml([&template])?),
     )?;
-    // The LocalQueue is ready once the ClusterQueue is active.
-    let lq = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        NS,
-        &kueue::resource("LocalQueue", "localqueues"),
-    );
-    wait::until("LocalQueue team-a active", wait::TIMEOUT, || async {
-        let q = lq.get("team-a").await?;
-        Ok(condition(&q.data, "Active")
-            .is_some_and(|c| c["status"] == "True")
-            .then_some(()))
-    })
-    .await
+    Ok(())
 }
 
 /// A pod of team-a's queue whose container uses one claim: from template `one-1g`, or

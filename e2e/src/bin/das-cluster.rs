@@ -54,6 +54,11 @@ enum Cmd {
         /// ResourceClaims.
         #[arg(long, requires = "plugin_bin")]
         webhook_bin: Option<PathBuf>,
+        /// Also start Kueue (`make kueue`) with the quota example of docs/examples/kueue/
+        /// (`count`: slices per profile; `memory`: GPU memory), its queues for namespace
+        /// team-a (docs/kueue.md).
+        #[arg(long, requires = "plugin_bin", value_parser = das_e2e::kueue::EXAMPLES)]
+        kueue: Option<String>,
     },
     /// Write the plain manifests rendered from the Helm chart (for users without Helm).
     Manifests {
@@ -121,13 +126,14 @@ async fn main() -> Result<()> {
             plugin_bin,
             controller_bin,
             webhook_bin,
+            kueue,
         } => {
             let bins = plugin_bin.map(|plugin| Binaries {
                 plugin,
                 controller: controller_bin,
                 webhook: webhook_bin,
             });
-            up(&state_dir, nodes, &runtime_node, bins).await
+            up(&state_dir, nodes, &runtime_node, bins, kueue.as_deref()).await
         }
         Cmd::Manifests { out } => {
             let out = cluster::workspace_root().join(out);
@@ -185,6 +191,7 @@ async fn up(
     node_specs: Vec<String>,
     runtime_spec: &str,
     bins: Option<Binaries>,
+    kueue: Option<&str>,
 ) -> Result<()> {
     let mut parsed: Vec<(String, Option<String>)> = match node_specs.as_slice() {
         [count] if count.parse::<usize>().is_ok() => numbered_nodes(count.parse()?),
@@ -233,6 +240,17 @@ async fn up(
     {
         cluster.print_log_tails(30);
         return Err(e);
+    }
+    if let Some(example) = kueue {
+        if let Err(e) = das_e2e::kueue::start_example(&mut cluster, example).await {
+            cluster.print_log_tails(30);
+            return Err(e);
+        }
+        println!(
+            "Kueue {} runs with docs/examples/kueue/{example}-config.yaml; its LocalQueue team-a \
+             admits the pods of namespace team-a labelled kueue.x-k8s.io/queue-name=team-a",
+            das_e2e::kueue::KueueFiles::built()?.version
+        );
     }
     let elapsed = t0.elapsed();
     let kubeconfig = state_dir.join("kubeconfig");
