@@ -306,15 +306,19 @@ pub async fn start_example(cluster: &mut Cluster, example: &str) -> Result<()> {
         EXAMPLE_NAMESPACE,
         &resource("LocalQueue", "localqueues"),
     );
-    wait::until("the example LocalQueue to be active", wait::TIMEOUT, || async {
-        let q = serde_json::to_value(lq.get(EXAMPLE_NAMESPACE).await?)?;
-        let active = q["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Active" && c["status"] == "True");
-        Ok(active.then_some(()))
-    })
+    wait::until(
+        "the example LocalQueue to be active",
+        wait::TIMEOUT,
+        || async {
+            let q = serde_json::to_value(lq.get(EXAMPLE_NAMESPACE).await?)?;
+            let active = q["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Active" && c["status"] == "True");
+            Ok(active.then_some(()))
+        },
+    )
     .await
 }
 

@@ -53,7 +53,13 @@ async fn setup(cluster: &mut Cluster, bins: &Binaries, quota: &str) -> Result<()
     });
     chart::kubectl(
         &cluster.kubeconfig,
-        &["apply", "--server-side", "--field-manager=das-e2e", "-f", "-"],
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=das-e2e",
+            "-f",
+            "-",
+        ],
         Some(&chart::Rendered::to_yaml([&template])?),
     )?;
     Ok(())
