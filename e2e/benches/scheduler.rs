@@ -25,7 +25,8 @@
 //! Environment: `DAS_SCHEDPERF_BINS` (`version=path,...`, set by the Makefile),
 //! `DAS_BENCH_NODES` (default `10,50,100`), `DAS_BENCH_PODS` (the most pods per workload,
 //! default 600; a workload of n nodes gets min(30 n, that): the example shape holds 32 per node),
-//! `DAS_BENCH_SHAPES` (default `das,plain,nvidia,example`).
+//! `DAS_BENCH_SHAPES` (default `das,plain,nvidia,example`), `DAS_BENCH_CPUPROFILE` (a file:
+//! scheduler_perf writes a Go CPU profile of the run there, for `go tool pprof`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -434,6 +435,12 @@ fn run_schedperf(bin: &Path, config: &Path, dir: &Path) -> Result<()> {
         ])
         .args(["-perf-scheduling-label-filter", "performance"])
         .arg(format!("-data-items-dir={}", dir.display()))
+        // A Go CPU profile of the whole run (API server, scheduler and all), for `go tool pprof`.
+        .args(
+            std::env::var("DAS_BENCH_CPUPROFILE")
+                .ok()
+                .map(|p| format!("-test.cpuprofile={p}")),
+        )
         .stdout(log.try_clone()?)
         .stderr(log)
         .status()

@@ -278,6 +278,37 @@ pub fn container_args(container: &Value) -> Vec<String> {
         .collect()
 }
 
+/// `kubectl apply --server-side` (field manager `das-e2e`) of `objects`; kubectl's output.
+///
+/// # Errors
+/// kubectl fails (the message has its output).
+pub fn apply<'a>(
+    kubeconfig: &Path,
+    objects: impl IntoIterator<Item = &'a Value>,
+) -> Result<String> {
+    let yaml = Rendered::to_yaml(objects)?;
+    kubectl(
+        kubeconfig,
+        &[APPLY[0], APPLY[1], APPLY[2], "-f", "-"],
+        Some(&yaml),
+    )
+}
+
+/// [`apply`] of the manifests in `path`, a file or a directory.
+///
+/// # Errors
+/// kubectl fails, or the path is not UTF-8.
+pub fn apply_path(kubeconfig: &Path, path: &Path) -> Result<String> {
+    let path = path.to_str().context("a non-UTF-8 manifest path")?;
+    kubectl(
+        kubeconfig,
+        &[APPLY[0], APPLY[1], APPLY[2], "-f", path],
+        None,
+    )
+}
+
+const APPLY: [&str; 3] = ["apply", "--server-side", "--field-manager=das-e2e"];
+
 /// Runs `kubectl` from `.local/bin` against `kubeconfig` with `args`, feeding `stdin`; its
 /// stdout, or an error with its stderr.
 pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {

@@ -165,17 +165,7 @@ pub async fn apply_access(cluster: &Cluster, rendered: &Rendered) -> Result<()> 
                 .filter(|o| APPLIED_KINDS.iter().any(|k| o["kind"] == *k)),
         )
         .collect();
-    chart::kubectl(
-        kc,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            "-",
-        ],
-        Some(&Rendered::to_yaml(objects)?),
-    )?;
+    chart::apply(kc, objects)?;
     if rendered
         .of_kind("CustomResourceDefinition")
         .next()
@@ -501,17 +491,7 @@ async fn register_webhook(
     ca: &Path,
 ) -> Result<()> {
     let cfg = webhook_configuration(rendered, port, ca)?;
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            "-",
-        ],
-        Some(&Rendered::to_yaml([&cfg])?),
-    )?;
+    chart::apply(&cluster.kubeconfig, [&cfg])?;
     let client = cluster.client();
     // The API server picks configurations up from an informer: wait until a legacy pod is
     // translated (dry run, so nothing stays behind).

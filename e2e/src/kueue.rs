@@ -160,18 +160,7 @@ pub async fn start(cluster: &mut Cluster, resources: &Value) -> Result<()> {
     let files = KueueFiles::built()?;
     let dir = cluster.dir.join("kueue");
     std::fs::create_dir_all(&dir)?;
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            files.crd_dir.to_str().context("CRD dir path")?,
-        ],
-        None,
-    )
-    .context("apply Kueue's CRDs")?;
+    chart::apply_path(&cluster.kubeconfig, &files.crd_dir).context("apply Kueue's CRDs")?;
     chart::kubectl(
         &cluster.kubeconfig,
         &[
@@ -222,18 +211,7 @@ pub async fn start(cluster: &mut Cluster, resources: &Value) -> Result<()> {
 
     let manifests = std::fs::read_to_string(&files.webhooks)?;
     let configs = webhook_configurations(&manifests, webhook_port, &std::fs::read(&pki.ca.cert)?)?;
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            "-",
-        ],
-        Some(&crate::chart::Rendered::to_yaml(configs.iter())?),
-    )
-    .context("register Kueue's webhooks")?;
+    chart::apply(&cluster.kubeconfig, &configs).context("register Kueue's webhooks")?;
 
     // Ready: its probe answers and its ClusterQueue webhook defaults a queue (dry run).
     let api: Api<kube::api::DynamicObject> =
@@ -289,17 +267,9 @@ pub async fn start_example(cluster: &mut Cluster, example: &str) -> Result<()> {
                 "metadata": {"name": EXAMPLE_NAMESPACE, "labels": {MANAGED_LABEL: "true"}}})),
         )
         .await?;
-    let queues = dir.join(format!("{example}-queues.yaml"));
-    chart::kubectl(
+    chart::apply_path(
         &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            queues.to_str().context("queues path")?,
-        ],
-        None,
+        &dir.join(format!("{example}-queues.yaml")),
     )?;
     let lq = Api::<kube::api::DynamicObject>::namespaced_with(
         client,

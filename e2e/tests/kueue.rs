@@ -51,17 +51,7 @@ async fn setup(cluster: &mut Cluster, bins: &Binaries, quota: &str) -> Result<()
         "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
             "deviceClassName": das_api::profile_device_class("1g.10gb")}}]}}}
     });
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            "-",
-        ],
-        Some(&chart::Rendered::to_yaml([&template])?),
-    )?;
+    chart::apply(&cluster.kubeconfig, [&template])?;
     Ok(())
 }
 
@@ -298,17 +288,7 @@ async fn count_paths(cluster: &Cluster) -> Result<()> {
                 "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "one-1g"}],
                 "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
                     "resources": {"claims": [{"name": "mig"}]}}]}}}});
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=das-e2e",
-            "-f",
-            "-",
-        ],
-        Some(&chart::Rendered::to_yaml([&job])?),
-    )?;
+    chart::apply(&cluster.kubeconfig, [&job])?;
     wait_pending_for_quota(&client, "Job", "train", quota).await?;
     // Kueue has tried it with 1 of 3 left: it is all or nothing, so no pod of it exists.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
