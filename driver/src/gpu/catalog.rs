@@ -83,6 +83,8 @@ pub fn parse_model(file: &str, text: &str) -> Result<GpuModel, ModelError> {
             layout::LAYOUT_BUDGET
         ))
     })?;
+    // Past the budget every resource counter stays (empty list): more counters, same layouts.
+    model.published_counters = layout::needed_counters(&model).unwrap_or_default();
     Ok(model)
 }
 

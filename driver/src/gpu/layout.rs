@@ -179,7 +179,8 @@ impl Occupancy {
     }
 
     /// The Kubernetes allocator's rules over DAS's counters: the `memory-slice-<n>` counters of
-    /// the placement are free and the resource counters stay within [`GpuModel::counter_totals`].
+    /// the placement are free and the published resource counters
+    /// ([`GpuModel::published_counters`]) stay within [`GpuModel::counter_totals`].
     /// `start` must be one of the profile's starts (DAS publishes only those).
     pub fn check_counters(
         &self,
@@ -187,19 +188,29 @@ impl Occupancy {
         profile: usize,
         start: u32,
     ) -> Result<(), Conflict> {
+        match self.counter_conflict(model, profile, start, |n| model.publishes_counter(n)) {
+            Some(c) => Err(c),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::check_counters`] with the resource counters `kept` says are published.
+    fn counter_conflict(
+        &self,
+        model: &GpuModel,
+        profile: usize,
+        start: u32,
+        kept: impl Fn(&str) -> bool,
+    ) -> Option<Conflict> {
         let p = &model.profiles[profile];
         let overlap = self.used & slice_mask(start, p.placement_size);
         if overlap != 0 {
-            return Err(Conflict::Overlap(overlap));
+            return Some(Conflict::Overlap(overlap));
         }
-        match self
-            .consumed
+        self.consumed
             .plus(p.resources())
-            .first_excess(&model.counter_totals)
-        {
-            Some(counter) => Err(Conflict::CounterExceeded(counter)),
-            None => Ok(()),
-        }
+            .first_excess_of(&model.counter_totals, kept)
+            .map(Conflict::CounterExceeded)
     }
 
     /// Records an instance of `profile` at `start` (no checks: check first).
@@ -282,6 +293,74 @@ pub fn max_consumption(model: &GpuModel) -> Option<ResourceAmounts> {
         seen <= LAYOUT_BUDGET
     });
     complete.then_some(max)
+}
+
+/// The resource counters DAS must publish for `model` besides `memory-slice-<n>`: `memory`
+/// always (quota tools such as Kueue charge it), and each other resource counter only if without
+/// it the counter rules would accept a layout the hardware refuses. On the 8-slice tables one
+/// engine counter is left (the one that keeps a second `+me` out); the rest follow from the
+/// memory slices. Fewer counters make every scheduling attempt cheaper: the allocator validates
+/// and converts each device's consumed counters on every node it filters (docs/benchmarks.md,
+/// "Scheduler throughput"). Checked by walking every layout the reduced rules accept; `None`
+/// when that walk passes [`LAYOUT_BUDGET`].
+pub fn needed_counters(model: &GpuModel) -> Option<Vec<&'static str>> {
+    let all: Vec<&'static str> = ResourceAmounts::default()
+        .counters()
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let mut keep = all.clone();
+    for name in all
+        .iter()
+        .rev()
+        .filter(|n| **n != das_api::counters::MEMORY)
+    {
+        let trial: Vec<&'static str> = keep.iter().copied().filter(|k| k != name).collect();
+        match counters_exact(model, &trial) {
+            Some(true) => keep = trial,
+            Some(false) => {}
+            None => return None,
+        }
+    }
+    Some(keep)
+}
+
+/// Whether the counter rules with only `kept` resource counters accept hardware-valid layouts
+/// only; `None` past [`LAYOUT_BUDGET`] accepted layouts.
+fn counters_exact(model: &GpuModel, kept: &[&'static str]) -> Option<bool> {
+    fn walk(
+        m: &GpuModel,
+        pl: &[(usize, u32)],
+        from: usize,
+        occ: &mut Occupancy,
+        kept: &[&'static str],
+        seen: &mut usize,
+    ) -> Option<bool> {
+        *seen += 1;
+        if *seen > LAYOUT_BUDGET {
+            return None;
+        }
+        for (i, &(p, s)) in pl.iter().enumerate().skip(from) {
+            if occ
+                .counter_conflict(m, p, s, |n| kept.contains(&n))
+                .is_some()
+            {
+                continue;
+            }
+            if occ.check_hardware(m, p, s).is_err() {
+                return Some(false);
+            }
+            occ.add(m, p, s);
+            let r = walk(m, pl, i + 1, occ, kept, seen);
+            occ.remove(m, p, s);
+            if r != Some(true) {
+                return r;
+            }
+        }
+        Some(true)
+    }
+    let mut occ = Occupancy::empty(model);
+    walk(model, &all_placements(model), 0, &mut occ, kept, &mut 0)
 }
 
 /// The instance-count vectors (indexed like [`GpuModel::profiles`]) of hardware-valid layouts
@@ -418,6 +497,26 @@ mod tests {
                 occ.remove(m, p, s);
             }
         }
+    }
+
+    #[test]
+    fn only_the_counters_the_hardware_rules_need_are_published() {
+        for m in builtin_models().unwrap() {
+            let kept = &m.published_counters;
+            assert!(
+                kept.contains(&das_api::counters::MEMORY),
+                "{}: {kept:?}",
+                m.name
+            );
+            assert!(kept.len() < 7, "{}: nothing dropped: {kept:?}", m.name);
+            // Dropping any kept counter but `memory` lets an invalid layout through.
+            for name in kept.iter().filter(|n| **n != das_api::counters::MEMORY) {
+                let fewer: Vec<&'static str> = kept.iter().copied().filter(|k| k != name).collect();
+                assert_eq!(counters_exact(m, &fewer), Some(false), "{}: {name}", m.name);
+            }
+        }
+        let h100 = find_model("H100-80GB").unwrap().unwrap();
+        assert_eq!(h100.published_counters, ["memory", "ofa-engines"]);
     }
 
     #[test]

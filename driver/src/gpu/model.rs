@@ -173,9 +173,19 @@ pub struct GpuModel {
     /// GPU's shared counters (computed on load by enumerating every valid layout).
     #[serde(skip)]
     pub counter_totals: ResourceAmounts,
+    /// The resource counters DAS publishes in this GPU's counter set and device consumption,
+    /// besides `memory-slice-<n>` (computed on load, [`crate::gpu::layout::needed_counters`]):
+    /// `memory` and the few others the hardware rules need. Empty: every resource counter.
+    #[serde(skip)]
+    pub published_counters: Vec<&'static str>,
 }
 
 impl GpuModel {
+    /// Whether resource counter `name` (`memory`, `multiprocessors`, …) is published for this GPU.
+    pub fn publishes_counter(&self, name: &str) -> bool {
+        self.published_counters.is_empty() || self.published_counters.contains(&name)
+    }
+
     /// The profile named `name` (exact match), with its index in [`Self::profiles`].
     pub fn profile(&self, name: &str) -> Option<(usize, &GiProfile)> {
         self.profiles
@@ -289,10 +299,15 @@ impl ResourceAmounts {
 
     /// The first counter (by name) where `self` exceeds `cap`, if any.
     pub fn first_excess(&self, cap: &Self) -> Option<&'static str> {
+        self.first_excess_of(cap, |_| true)
+    }
+
+    /// [`Self::first_excess`] among the counters `kept` accepts.
+    pub fn first_excess_of(&self, cap: &Self, kept: impl Fn(&str) -> bool) -> Option<&'static str> {
         self.counters()
             .into_iter()
             .zip(cap.counters())
-            .find(|((_, have), (_, limit))| have > limit)
+            .find(|((name, have), (_, limit))| kept(name) && have > limit)
             .map(|((name, _), _)| name)
     }
 }

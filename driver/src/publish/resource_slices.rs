@@ -430,6 +430,7 @@ fn counter_set(g: &GpuInfo) -> CounterSet {
         .counter_totals
         .counters()
         .into_iter()
+        .filter(|(name, _)| g.model.publishes_counter(name))
         .map(|(name, v)| (name.to_string(), counter(name, v)))
         .collect();
     for n in 0..g.model.memory_slices {
@@ -458,19 +459,19 @@ fn device(g: &GpuInfo, p: &GiProfile, start: u32) -> Device {
         capacity: Some(capacity(p)),
         consumes_counters: Some(vec![DeviceCounterConsumption {
             counter_set: counters::counter_set_name(g.index),
-            counters: consumption(p, start),
+            counters: consumption(&g.model, p, start),
         }]),
         ..Default::default()
     }
 }
 
-/// The counters a device consumes: its non-zero resources and its memory slices.
-fn consumption(p: &GiProfile, start: u32) -> BTreeMap<String, Counter> {
+/// The counters a device consumes: its non-zero published resources and its memory slices.
+fn consumption(model: &GpuModel, p: &GiProfile, start: u32) -> BTreeMap<String, Counter> {
     let mut c: BTreeMap<String, Counter> = p
         .resources()
         .counters()
         .into_iter()
-        .filter(|(_, v)| *v > 0)
+        .filter(|(name, v)| *v > 0 && model.publishes_counter(name))
         .map(|(name, v)| (name.to_string(), counter(name, v)))
         .collect();
     for n in start..start + p.placement_size {

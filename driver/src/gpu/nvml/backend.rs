@@ -660,6 +660,7 @@ pub fn model_from_nvml<A: NvmlApi>(
         profiles,
         source_file: String::new(),
         counter_totals: Default::default(),
+        published_counters: Vec::new(),
     };
     let text = toml::to_string(&model).map_err(|e| e.to_string())?;
     parse_model(&format!("nvml:{}", id.name), &text).map_err(|e| e.problem)
