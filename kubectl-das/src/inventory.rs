@@ -27,6 +27,9 @@ pub struct PublishedDevice {
     pub size: u32,
     /// Counter set → the counters this device consumes from it.
     pub consumes: BTreeMap<String, Counters>,
+    /// The GPU's `productName` and `parentUUID` attributes (empty when unpublished).
+    pub product: String,
+    pub parent_uuid: String,
     /// A taint with effect `NoSchedule` or `NoExecute` is on the device (an unhealthy GPU):
     /// claims without a toleration do not get it.
     pub tainted: bool,
@@ -123,7 +126,7 @@ impl Inventory {
                 }
             }
         }
-        inv.gpus = gpus_of(&inv.devices, &inv.capacity, &current);
+        inv.gpus = gpus_of(&inv.devices, &inv.capacity);
         inv.held = held_slices(&inv.devices, claims);
         Ok(inv)
     }
@@ -184,6 +187,12 @@ fn published_device(pool: &str, d: &Device) -> Result<Option<PublishedDevice>> {
             .with_context(|| format!("device {} of pool {pool}", d.name))?;
         consumes.insert(c.counter_set.clone(), counters);
     }
+    let string = |k: &str| {
+        attrs
+            .get(k)
+            .and_then(|v| v.string.clone())
+            .unwrap_or_default()
+    };
     let tainted = d
         .taints
         .iter()
@@ -197,6 +206,8 @@ fn published_device(pool: &str, d: &Device) -> Result<Option<PublishedDevice>> {
         start,
         size,
         consumes,
+        product: string(attributes::PRODUCT_NAME),
+        parent_uuid: string(attributes::PARENT_UUID),
         tainted,
     }))
 }
@@ -206,7 +217,6 @@ fn published_device(pool: &str, d: &Device) -> Result<Option<PublishedDevice>> {
 fn gpus_of(
     devices: &[PublishedDevice],
     capacity: &BTreeMap<(String, String), Counters>,
-    slices: &[&ResourceSlice],
 ) -> Vec<GpuInfo> {
     let mut gpus: BTreeMap<(String, u32), GpuInfo> = BTreeMap::new();
     for d in devices {
@@ -216,31 +226,17 @@ fn gpus_of(
                 .get(&(d.pool.clone(), counter_set.clone()))
                 .map(|c| c.keys().filter(|k| k.starts_with("memory-slice-")).count() as u32)
                 .unwrap_or(0);
-            let attr = |k: &str| string_attr(slices, &d.pool, &d.name, k).unwrap_or_default();
             GpuInfo {
                 node: d.pool.clone(),
                 index: d.gpu,
-                product: attr(attributes::PRODUCT_NAME),
-                uuid: attr(attributes::PARENT_UUID),
+                product: d.product.clone(),
+                uuid: d.parent_uuid.clone(),
                 memory_slices,
                 counter_set,
             }
         });
     }
     gpus.into_values().collect()
-}
-
-fn string_attr(slices: &[&ResourceSlice], pool: &str, device: &str, key: &str) -> Option<String> {
-    slices
-        .iter()
-        .filter(|s| s.spec.pool.name == pool)
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .find(|d| d.name == device)?
-        .attributes
-        .as_ref()?
-        .get(key)?
-        .string
-        .clone()
 }
 
 /// The slices `claims` hold on published devices, sorted by node, GPU and start.

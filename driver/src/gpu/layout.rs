@@ -209,7 +209,7 @@ impl Occupancy {
         }
         self.consumed
             .plus(p.resources())
-            .first_excess_of(&model.counter_totals, kept)
+            .first_excess(&model.counter_totals, kept)
             .map(Conflict::CounterExceeded)
     }
 

@@ -297,13 +297,8 @@ impl ResourceAmounts {
         self.zip(o, u64::max)
     }
 
-    /// The first counter (by name) where `self` exceeds `cap`, if any.
-    pub fn first_excess(&self, cap: &Self) -> Option<&'static str> {
-        self.first_excess_of(cap, |_| true)
-    }
-
-    /// [`Self::first_excess`] among the counters `kept` accepts.
-    pub fn first_excess_of(&self, cap: &Self, kept: impl Fn(&str) -> bool) -> Option<&'static str> {
+    /// The first counter (by name) among those `kept` accepts where `self` exceeds `cap`, if any.
+    pub fn first_excess(&self, cap: &Self, kept: impl Fn(&str) -> bool) -> Option<&'static str> {
         self.counters()
             .into_iter()
             .zip(cap.counters())
