@@ -137,6 +137,19 @@ kueue: ## build Kueue's controller manager (e2e/kueue, sigs.k8s.io/kueue $(KUEUE
 	  cp $$dir/config/components/webhook/manifests.yaml $(LOCAL)/kueue/webhooks.yaml && \
 	  echo $(KUEUE_VERSION) > $(LOCAL)/kueue/version && chmod -R u+w $(LOCAL)/kueue
 
+# The DRA example driver's kubelet plugin (e2e/peer, sigs.k8s.io/dra-example-driver), the peer
+# of the node-plugin benchmark.
+PEER_VERSION := $(shell sed -n 's/^\tsigs.k8s.io\/dra-example-driver \(v[^ ]*\).*/\1/p' e2e/peer/go.mod)
+
+.PHONY: peer
+peer: ## build the DRA example driver's kubelet plugin (e2e/peer, sigs.k8s.io/dra-example-driver $(PEER_VERSION)) into .local/bin for `make bench-peer`
+	@mkdir -p $(BIN)
+	cd e2e/peer && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" \
+	  go build -trimpath -ldflags "-s -w" -o $(BIN)/dra-example-kubeletplugin.new \
+	  sigs.k8s.io/dra-example-driver/cmd/dra-example-kubeletplugin && \
+	  { cmp -s $(BIN)/dra-example-kubeletplugin.new $(BIN)/dra-example-kubeletplugin && rm $(BIN)/dra-example-kubeletplugin.new || \
+	    mv $(BIN)/dra-example-kubeletplugin.new $(BIN)/dra-example-kubeletplugin; }
+
 .PHONY: manifests
 manifests: helm ## render deploy/manifests/das.yaml (DAS without Helm) from the chart
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- manifests
@@ -178,6 +191,10 @@ bench-scheduler: ## scheduler throughput with DAS's slices vs plain devices and 
 	@for v in $(BENCH_SCHEDULER_VERSIONS); do $(MAKE) --no-print-directory k8s schedperf K8S_VERSION=$$v || exit 1; done
 	DAS_SCHEDPERF_BINS="$(foreach v,$(BENCH_SCHEDULER_VERSIONS),$(v)=$(if $(filter $(v),$(K8S_DEFAULT_VERSION)),$(BIN),$(LOCAL)/k8s/$(v))/schedperf.test,)" \
 	  $(CARGO) bench -p das-e2e --bench scheduler
+
+.PHONY: bench-peer
+bench-peer: k8s peer ## NodePrepareResources latency, CPU and memory: das-kubelet-plugin beside the DRA example driver's plugin on one hollow kubelet, rounds interleaved (docs/benchmarks.md)
+	DAS_BENCH_PEER_PLUGIN=$(BIN)/dra-example-kubeletplugin $(CARGO) bench -p das-driver --bench prepare
 
 .PHONY: bench-nodes
 bench-nodes: k8s helm ## what each node costs at 2/8/16/32 nodes: start time, RSS and idle CPU per hollow kubelet and plugin, idle API writes per node (DAS_SWEEP_NODES=2,8 DAS_SWEEP_IDLE_S=60; docs/benchmarks.md)

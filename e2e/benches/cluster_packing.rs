@@ -18,10 +18,10 @@
 //!
 //! A third row runs the H100 cluster with the smallest fix for spreading this benchmark found:
 //! kube-scheduler's NodeResourcesFit scoring `MostAllocated` over a DRA extended resource that
-//! counts every DAS device ([`PACKING_CLASS`], through its implicit name
-//! `deviceclass.resource.kubernetes.io/<class>`, Kubernetes ≥ 1.37 where DRAExtendedResource is
-//! GA): a node whose DAS devices are already allocated scores higher, so pods fill a node before
-//! the next.
+//! counts every DAS device (the chart's DeviceClass `mig.das.com`, through its implicit name
+//! `deviceclass.resource.kubernetes.io/mig.das.com`, Kubernetes ≥ 1.37 where DRAExtendedResource
+//! is GA): a node whose DAS devices are already allocated scores higher, so pods fill a node before
+//! the next. The configuration is the file users copy, `docs/examples/scheduler/packing.yaml`.
 //!
 //! Run: `make bench-packing` (`DAS_BENCH_SEEDS=<n>` streams per row, default 4;
 //! `DAS_BENCH_ROWS=h100` only the H100 cluster: on the mixed one the optimum's search over 16 GPUs
@@ -47,37 +47,6 @@ use kube::{Api, Client};
 const NODES: usize = 8;
 const GPUS_PER_NODE: usize = 2;
 const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(60);
-/// DeviceClass selecting every DAS device, for the scheduler's packing score.
-const PACKING_CLASS: &str = "packing.mig.das.com";
-/// The KubeSchedulerConfiguration profiles of the packing row (docs/operations.md, "Packing
-/// slices onto fewer nodes").
-fn packing_profiles() -> serde_json::Value {
-    serde_json::json!([{
-        "schedulerName": "default-scheduler",
-        "pluginConfig": [{
-            "name": "NodeResourcesFit",
-            "args": {"scoringStrategy": {
-                "type": "MostAllocated",
-                "resources": [{"name": format!("deviceclass.resource.kubernetes.io/{PACKING_CLASS}"), "weight": 1}]
-            }}
-        }]
-    }])
-}
-
-/// Creates [`PACKING_CLASS`].
-async fn create_packing_class(client: &Client) -> Result<()> {
-    let class: k8s_openapi::api::resource::v1::DeviceClass =
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": PACKING_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": "device.driver == \"mig.das.com\""}}]}
-        }))?;
-    Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(client.clone())
-        .create(&Default::default(), &class)
-        .await?;
-    Ok(())
-}
-
 fn model(name: &str) -> std::sync::Arc<GpuModel> {
     find_model(name)
         .expect("embedded GPU models load")
@@ -241,9 +210,6 @@ async fn run(
         ..bins
     };
     install::install(cluster, &gpus, &bins).await?;
-    if packing {
-        create_packing_class(&cluster.client()).await?;
-    }
     // The data files' names of the emulated models, in the nodes' GPU order.
     let data = |m: &str| match m {
         "H100-80GB" => "H100-SXM5-80GB",
@@ -288,7 +254,9 @@ async fn main() -> Result<()> {
     let mut rows = Vec::new();
     for (models, packing) in clusters {
         let mut config = ClusterConfig::with_nodes(&refs);
-        config.scheduler_profiles = packing.then(packing_profiles);
+        if packing {
+            config.scheduler_profiles = Some(das_e2e::das::packing_scheduler_profiles()?);
+        }
         let mut cluster = Cluster::start(config).await?;
         let r = run(&mut cluster, models, seeds, packing).await;
         if r.is_err() {

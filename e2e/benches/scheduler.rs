@@ -138,9 +138,22 @@ fn write_templates(root: &Path, shapes: &[String]) -> Result<Templates> {
         let (slices, driver, selector) = match shape.as_str() {
             "das" => (das_slices()?, DRIVER_NAME, das_selector()),
             "plain" => (plain_slices()?, DRIVER_NAME, das_selector()),
+            "das-no-me" => (
+                das_without(|d| !attr_str(d, "profile").contains('+'))?,
+                DRIVER_NAME,
+                das_selector(),
+            ),
+            "das-four" => (
+                das_without(|d| FOUR_PROFILES.contains(&attr_str(d, "profile")))?,
+                DRIVER_NAME,
+                das_selector(),
+            ),
+            "das-lean" => (das_lean()?, DRIVER_NAME, das_selector()),
             "nvidia" => (nvidia_slices()?, NVIDIA_DRIVER, nvidia_selector()),
             "example" => (example_slices(), EXAMPLE_DRIVER, example_selector()),
-            other => bail!("unknown shape {other:?}: das, plain, nvidia or example"),
+            other => bail!(
+                "unknown shape {other:?}: das, plain, nvidia, example, das-no-me, das-four or das-lean"
+            ),
         };
         let count = slices.len();
         let mut files = Vec::new();
@@ -223,6 +236,43 @@ fn das_slices() -> Result<Vec<Value>> {
             Ok(spec)
         })
         .collect()
+}
+
+/// The profiles of the `das-four` shape: one per size NVIDIA's fixed MIG layouts use most.
+const FOUR_PROFILES: [&str; 4] = ["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"];
+
+fn attr_str<'a>(device: &'a Value, name: &str) -> &'a str {
+    attr(device, name).as_str().unwrap_or_default()
+}
+
+/// DAS's slices keeping only the devices `keep` accepts (a node that publishes fewer profiles).
+fn das_without(keep: impl Fn(&Value) -> bool) -> Result<Vec<Value>> {
+    let mut slices = das_slices()?;
+    for s in &mut slices {
+        if let Some(devices) = s.get_mut("devices").and_then(Value::as_array_mut) {
+            devices.retain(&keep);
+        }
+    }
+    Ok(slices)
+}
+
+/// DAS's slices with only the `memory` and `multiprocessors` capacities (the engine counts
+/// dropped): what the per-device capacities cost the allocator.
+fn das_lean() -> Result<Vec<Value>> {
+    let mut slices = das_slices()?;
+    for s in &mut slices {
+        for d in s
+            .get_mut("devices")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(cap) = d.get_mut("capacity").and_then(Value::as_object_mut) {
+                cap.retain(|k, _| k == "memory" || k == "multiprocessors");
+            }
+        }
+    }
+    Ok(slices)
 }
 
 /// Every device of `slices`, in publish order.

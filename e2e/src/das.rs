@@ -380,3 +380,46 @@ pub fn controller_args(kubeconfig: &Path, metrics_port: u16) -> Vec<String> {
         "--leader-elect=false".into(),
     ]
 }
+
+/// The scheduler configuration that packs DAS slices onto fewer nodes, as docs/operations.md
+/// shows it: `docs/examples/scheduler/packing.yaml`.
+pub const PACKING_SCHEDULER_CONFIG: &str = "docs/examples/scheduler/packing.yaml";
+
+/// The `profiles` of [`PACKING_SCHEDULER_CONFIG`] (a JSON list), for
+/// [`crate::ClusterConfig::scheduler_profiles`], so tests and benchmarks run the file users copy.
+/// Errors: the file is missing, is not YAML, or has no `profiles` list.
+pub fn packing_scheduler_profiles() -> Result<Value> {
+    let path = crate::cluster::workspace_root().join(PACKING_SCHEDULER_CONFIG);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let config: Value =
+        serde_yaml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+    match &config["profiles"] {
+        Value::Array(_) => Ok(config["profiles"].clone()),
+        _ => bail!("{} has no `profiles` list", path.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The packing configuration scores the DRA extended resource of the class the chart ships
+    /// for every DAS device (named after the driver; tests/chart.rs checks the rendered class).
+    #[test]
+    fn packing_config_scores_the_charts_every_device_class() {
+        let profiles = packing_scheduler_profiles().unwrap();
+        let fit = profiles[0]["pluginConfig"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "NodeResourcesFit")
+            .expect("NodeResourcesFit args");
+        let strategy = &fit["args"]["scoringStrategy"];
+        assert_eq!(strategy["type"], "MostAllocated");
+        assert_eq!(
+            strategy["resources"][0]["name"],
+            format!("deviceclass.resource.kubernetes.io/{DRIVER}")
+        );
+    }
+}

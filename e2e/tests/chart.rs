@@ -1,8 +1,10 @@
 //! The Helm chart `deploy/helm/das`: it lints and renders for the default, emulated and minimal
 //! values; the local API server accepts every rendered object (server-side dry run: schema
 //! validation and admission); the plain manifests are current; the ResourceSlice policy keeps a
-//! node plugin to its own node's slices; and DAS installed from the chart (its RBAC identities,
-//! environment and arguments) serves every example in docs/examples, legacy pod included.
+//! node plugin to its own node's slices; DAS installed from the chart (its RBAC identities,
+//! environment and arguments) serves every example in docs/examples, legacy pod included; and
+//! the scheduler configuration docs/examples/scheduler/packing.yaml packs slices onto one node
+//! through the chart's DeviceClass.
 
 use std::time::Duration;
 
@@ -132,7 +134,12 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     // One DeviceClass for every slice and one per profile, named as NVIDIA names the resource
     // (`+` spelled `.`); a real `-me` profile has its own; the pre-0.3 `-` spelling of the other
     // `+me` profiles stays as a labelled alias.
-    assert!(d.find("DeviceClass", "mig.das.com").is_some());
+    // The class of every DAS device; docs/examples/scheduler/packing.yaml scores its DRA
+    // extended resource (`deviceclass.resource.kubernetes.io/mig.das.com`).
+    assert_eq!(
+        d.get("DeviceClass", "mig.das.com").unwrap()["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == 'mig.das.com'"
+    );
     assert!(d.find("DeviceClass", "1g.10gb.me.mig.das.com").is_some());
     let real = d.get("DeviceClass", "1g.24gb-me.mig.das.com").unwrap();
     assert!(real["metadata"]["labels"]["mig.das.com/deprecated-alias-of"].is_null());
@@ -663,6 +670,47 @@ async fn docs_hold(cluster: &Cluster) -> Result<()> {
     ensure!(
         missing.is_empty(),
         "README.md's demo output is stale; `make demo` prints {missing:#?} (whole output:\n{report})"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn packing_configuration_fills_one_node_before_the_next() {
+    let bins = Binaries::in_target_dir("debug", false).expect("DAS binaries");
+    let mut config = ClusterConfig::with_nodes(&["n0", "n1"]);
+    config.scheduler_profiles = Some(
+        das_e2e::das::packing_scheduler_profiles()
+            .expect("docs/examples/scheduler/packing.yaml loads"),
+    );
+    let mut cluster = Cluster::start(config).await.expect("cluster starts");
+    let gpus = [
+        ("n0".to_string(), "H100-80GB:1".to_string()),
+        ("n1".to_string(), "H100-80GB:1".to_string()),
+    ];
+    let r = install::install(&mut cluster, &gpus, &bins).await;
+    cluster.check(r.map(|_| ()));
+    cluster.check(packing(&cluster).await);
+}
+
+/// With the scheduler configuration of docs/operations.md ("Packing slices onto fewer nodes") and
+/// the chart's DeviceClasses, `1g.10gb` pods created one at a time fill the first pod's node (7
+/// on an H100) before the next pod goes to the other node. With the default scoring every pod
+/// after the first picks either node at random: all 6 following the first happens once in 64.
+async fn packing(cluster: &Cluster) -> Result<()> {
+    use das_e2e::workload::{create_pod, create_template, wait_running};
+    let client = cluster.client();
+    create_template(&client, "pack-1g", "1g.10gb", 1).await?;
+    let mut nodes = Vec::new();
+    for i in 0..8 {
+        let name = format!("pack-{i}");
+        create_pod(&client, &name, "pack-1g", None).await?;
+        let pod = wait_running(&client, &name).await?;
+        nodes.push(pod.spec.and_then(|s| s.node_name).context("bound")?);
+    }
+    let first = &nodes[0];
+    ensure!(
+        nodes[..7].iter().all(|n| n == first) && nodes[7] != *first,
+        "7 pods on the first pod's node, then the other node; got {nodes:?}"
     );
     Ok(())
 }
