@@ -4,7 +4,7 @@
 //! the benchmark creates ResourceClaims and writes their allocation as the scheduler would, then
 //! calls NodePrepareResources / NodeUnprepareResources itself over the unix socket, like the
 //! kubelet. Each prepare therefore includes the claim GET, slice creation (emulated, on-disk
-//! state), checkpoint fsync, CDI spec write and the status.devices apply.
+//! state), the checkpoint writes, the CDI spec write and the status.devices apply.
 //!
 //! Run: `cargo bench -p das-driver --bench prepare` (prints a table; figures go into
 //! docs/benchmarks.md by hand). With `DAS_BENCH_BASELINE_PLUGIN=<path>` another plugin binary

@@ -6,7 +6,7 @@
 //! - [`client`]: the `--kubeconfig` flag and kube clients with connect, read and write
 //!   timeouts (one for calls, one for watches).
 //! - [`probes`]: the `/metrics`, `/healthz` and `/readyz` HTTP server.
-//! - [`fs`]: atomic file writes (temp file, rename, optional fsync).
+//! - [`fs`]: atomic file writes (temp file, rename).
 //! - [`hash`]: FNV-1a, stable across Rust releases, for names and emulated UUIDs.
 
 pub mod client;

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use das_runtime::fs::{Durability, write_atomically};
+use das_runtime::fs::write_atomically;
 
 /// The dynamic CDI directory the kubelet plugin writes to by default (CDI `DefaultDynamicDir`).
 pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
@@ -737,7 +737,7 @@ fn temp_file_name(claim_uid: &str) -> String {
 
 /// Writes a claim's spec to `dir/das.com-mig_<claimUID>.json` atomically: validate, write a temp
 /// file, rename it over the target. A reader (the container runtime) sees the old file or the
-/// new one, never a partial one. No fsync ([`Durability::Atomic`]): the CDI dir is a tmpfs on
+/// new one, never a partial one. No fsync: the CDI dir is a tmpfs on
 /// real nodes and a spec means nothing after a reboot. Returns the path written.
 ///
 /// # Errors
@@ -753,7 +753,7 @@ pub fn write_spec(dir: &Path, claim_uid: &str, spec: &Spec) -> Result<PathBuf, C
     // The CDI dir is a tmpfs on real nodes: it may be gone after a reboot of the node.
     fs::create_dir_all(dir).map_err(io_err(dir))?;
     let temp = dir.join(temp_file_name(claim_uid));
-    write_atomically(&path, &temp, &bytes, Durability::Atomic).map_err(io_err(&path))?;
+    write_atomically(&path, &temp, &bytes).map_err(io_err(&path))?;
     Ok(path)
 }
 

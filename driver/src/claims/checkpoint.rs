@@ -4,7 +4,13 @@
 //! (docs/architecture.md, "Prepare and unprepare").
 //!
 //! The file is a versioned JSON document, rewritten whole and atomically on every change (temp
-//! file, fsync, rename, fsync directory); fine for the few hundred claims a node holds:
+//! file, rename); fine for the few hundred claims a node holds. It is not fsynced: only a
+//! kernel crash or a power loss can lose a write that a reader has seen, and both reboot the
+//! node, which destroys every MIG instance the file describes and makes [`Checkpoint::load`]
+//! discard it (new boot ID). A restarted plugin process always reads the last write.
+//! (Fsyncs of the file and its directory were a fifth of the plugin's CPU per prepare and the
+//! tail of its latency; docs/benchmarks.md.)
+//!
 //!
 //! ```json
 //! {
@@ -55,7 +61,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use das_runtime::fs::{Durability, sync_parent, write_atomically};
+use das_runtime::fs::write_atomically;
 use serde::{Deserialize, Serialize};
 
 /// Version of the document this module writes. It also reads version 1 (see the module docs).
@@ -71,7 +77,7 @@ pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 /// [`LoadOutcome::Corrupt`].
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    /// A file operation failed (read, write, fsync, rename, create directory).
+    /// A file operation failed (read, write, rename, create directory).
     #[error("checkpoint {path}: {source}")]
     Io {
         /// The file or directory involved.
@@ -316,26 +322,18 @@ impl Checkpoint {
         }
     }
 
-    /// Writes the checkpoint to `path` atomically (temp file `.<name>.tmp` beside it, fsync,
-    /// rename, fsync directory), creating the directory if needed. Saves of one file must not
-    /// run concurrently (they share the temp file): keep one writer, e.g. behind a mutex.
+    /// Writes the checkpoint to `path` atomically (temp file `.<name>.tmp` beside it, rename;
+    /// no fsync, see the module docs), creating the directory if needed. Saves of one file must
+    /// not run concurrently (they share the temp file): keep one writer, e.g. behind a mutex.
     ///
     /// # Errors
     /// [`CheckpointError::Io`] when a file step fails; the old file is then left intact.
     pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
-        self.save_with(path, Durability::Durable)
-    }
-
-    /// [`Self::save`] with a choice of durability ([`CheckpointStore::for_tests`]).
-    ///
-    /// # Errors
-    /// As [`Self::save`].
-    pub fn save_with(&self, path: &Path, durability: Durability) -> Result<(), CheckpointError> {
         let bytes = self.to_bytes()?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             fs::create_dir_all(dir).map_err(io_err(dir))?;
         }
-        write_atomically(path, &temp_path(path), &bytes, durability).map_err(io_err(path))
+        write_atomically(path, &temp_path(path), &bytes).map_err(io_err(path))
     }
 
     /// The file content: pretty JSON with the checksum, ending in a newline.
@@ -624,7 +622,6 @@ fn move_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
         n += 1;
     }
     fs::rename(path, &target).map_err(io_err(path))?;
-    sync_parent(&target).map_err(io_err(&target))?;
     Ok(target)
 }
 
@@ -668,33 +665,29 @@ pub fn read_boot_id_from(path: &Path) -> Result<String, CheckpointError> {
 
 /// The checkpoint in memory and on disk. Changes are made under a short lock and numbered;
 /// [`Self::persist`] makes sure a change is on disk by writing the newest state, so changes made
-/// at the same time share one write and fsync (group commit) instead of queueing one each.
+/// at the same time share one write (group commit) instead of queueing one each.
 pub struct CheckpointStore {
     state: std::sync::Mutex<(Checkpoint, u64)>,
     /// Number of the newest change on disk; held while writing.
     written: tokio::sync::Mutex<u64>,
     path: PathBuf,
-    durability: Durability,
     blocking: crate::blocking::BlockingCalls,
 }
 
 impl CheckpointStore {
-    /// A store for `checkpoint`, saved to `path` with fsync ([`Durability::Durable`]).
+    /// A store for `checkpoint`, saved to `path` ([`Checkpoint::save`]) on blocking threads.
     pub fn new(checkpoint: Checkpoint, path: PathBuf) -> Self {
         Self {
             state: std::sync::Mutex::new((checkpoint, 0)),
             written: tokio::sync::Mutex::new(0),
             path,
-            durability: Durability::Durable,
             blocking: crate::blocking::BlockingCalls::Threads,
         }
     }
 
-    /// Saves without fsync, writing on the calling task as `blocking` says: for tests that
-    /// drive thousands of changes through chosen interleavings, where only a process crash (not
-    /// a power loss) is simulated.
+    /// Writes on the calling task as `blocking` says: for tests that drive thousands of changes
+    /// through chosen interleavings.
     pub fn for_tests(mut self, blocking: crate::blocking::BlockingCalls) -> Self {
-        self.durability = Durability::Atomic;
         self.blocking = blocking;
         self
     }
@@ -730,10 +723,10 @@ impl CheckpointStore {
             let g = self.state.lock().expect("checkpoint lock");
             (g.0.clone(), g.1)
         };
-        let (path, durability) = (self.path.clone(), self.durability);
+        let path = self.path.clone();
         let saved = self
             .blocking
-            .run(move || snapshot.save_with(&path, durability))
+            .run(move || snapshot.save(&path))
             .await
             .map_err(|e| format!("checkpoint {}: {e}", self.path.display()))?;
         saved.map_err(|e| e.to_string())?;

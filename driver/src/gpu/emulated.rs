@@ -8,7 +8,8 @@
 //!   every creation gets a fresh one (as on hardware, docs/reference/mig.md, "Create and destroy").
 //! - GI IDs are allocated by the "driver": the lowest free ID in `0..15`, never derived from the
 //!   placement.
-//! - The state file is written atomically (temp file, fsync, rename, fsync of the directory).
+//! - The state file is written atomically (temp file, rename; no fsync: MIG instances do not
+//!   survive a reboot, so neither need their records).
 //!   A corrupt or mismatching file is an error; the caller decides (see [`move_state_aside`]).
 //! - Faults (fail the next N creates or destroys on a GPU with a given error), latency (a sleep
 //!   per create and destroy) and lost GPUs (every call on the GPU fails with

@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use das_runtime::fs::Durability;
 
 use super::CONTROL_FILE;
 use crate::gpu::{BackendError, Target};
@@ -177,7 +176,6 @@ impl Control {
             &path,
             &path.with_extension("json.tmp"),
             &bytes,
-            Durability::Atomic,
         )
     }
 }

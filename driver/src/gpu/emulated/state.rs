@@ -7,7 +7,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use das_runtime::fs::Durability;
 use serde::{Deserialize, Serialize};
 
 use super::{EmuGpu, EmulatedError, GI_ID_SPACE, STATE_FILE, STATE_VERSION};
@@ -159,14 +158,13 @@ pub(super) fn gpu_state_mut(state: &mut StateFile, index: u32) -> &mut GpuState 
 }
 
 /// Writes `state` as JSON to `path` atomically (temp file, rename), without fsync: MIG
-/// instances never survive a reboot, so neither need their emulation's records
-/// ([`Durability::Atomic`]). A crashed plugin still finds the last complete state.
+/// instances never survive a reboot, so neither need their emulation's records. A crashed plugin
+/// still finds the last complete state.
 pub(super) fn write_atomically(path: &Path, state: &StateFile) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
     das_runtime::fs::write_atomically(
         path,
         &path.with_extension("json.tmp"),
         &bytes,
-        Durability::Atomic,
     )
 }
