@@ -8,7 +8,6 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-
 use super::CONTROL_FILE;
 use crate::gpu::{BackendError, Target};
 
@@ -172,11 +171,7 @@ impl Control {
     pub fn write(&self, state_dir: &Path) -> io::Result<()> {
         let path = state_dir.join(CONTROL_FILE);
         let bytes = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
-        das_runtime::fs::write_atomically(
-            &path,
-            &path.with_extension("json.tmp"),
-            &bytes,
-        )
+        das_runtime::fs::write_atomically(&path, &path.with_extension("json.tmp"), &bytes)
     }
 }
 

@@ -162,9 +162,5 @@ pub(super) fn gpu_state_mut(state: &mut StateFile, index: u32) -> &mut GpuState 
 /// still finds the last complete state.
 pub(super) fn write_atomically(path: &Path, state: &StateFile) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(state).map_err(io::Error::other)?;
-    das_runtime::fs::write_atomically(
-        path,
-        &path.with_extension("json.tmp"),
-        &bytes,
-    )
+    das_runtime::fs::write_atomically(path, &path.with_extension("json.tmp"), &bytes)
 }
