@@ -7,10 +7,11 @@
 //! file, rename); fine for the few hundred claims a node holds. It is not fsynced: only a
 //! kernel crash or a power loss can lose a write that a reader has seen, and both reboot the
 //! node, which destroys every MIG instance the file describes and makes [`Checkpoint::load`]
-//! discard it (new boot ID). A restarted plugin process always reads the last write.
-//! (Fsyncs of the file and its directory were a fifth of the plugin's CPU per prepare and the
-//! tail of its latency; docs/benchmarks.md.)
-//!
+//! discard it (new boot ID). A restarted plugin process always reads the last write. After a
+//! power loss the file may also be found incomplete; it is then moved aside as corrupt (below),
+//! which loses nothing, since none of the instances it described survived. (Fsyncs of the file
+//! and its directory were a fifth of the plugin's CPU per prepare and the tail of its latency;
+//! docs/benchmarks.md.)
 //!
 //! ```json
 //! {
