@@ -17,11 +17,9 @@
 //!   nodes costs.
 //!
 //! A third row runs the H100 cluster with the smallest fix for spreading this benchmark found:
-//! kube-scheduler's NodeResourcesFit scoring `MostAllocated` over a DRA extended resource that
-//! counts every DAS device (the chart's DeviceClass `mig.das.com`, through its implicit name
-//! `deviceclass.resource.kubernetes.io/mig.das.com`, Kubernetes ≥ 1.37 where DRAExtendedResource
-//! is GA): a node whose DAS devices are already allocated scores higher, so pods fill a node before
-//! the next. The configuration is the file users copy, `docs/examples/scheduler/packing.yaml`.
+//! kube-scheduler's NodeResourcesFit scoring `MostAllocated` over cpu and memory instead of the
+//! default `LeastAllocated`, so the fullest node wins and pods fill a node before the next. The
+//! configuration is the file users copy, `docs/examples/scheduler/packing.yaml`.
 //!
 //! Run: `make bench-packing` (`DAS_BENCH_SEEDS=<n>` streams per row, default 4;
 //! `DAS_BENCH_ROWS=h100` only the H100 cluster: on the mixed one the optimum's search over 16 GPUs
@@ -224,7 +222,7 @@ async fn run(
         "{NODES} nodes × {GPUS_PER_NODE} {}{}",
         models.join(" / "),
         if packing {
-            ", MostAllocated on DAS devices"
+            ", MostAllocated (packing.yaml)"
         } else {
             ""
         }

@@ -404,10 +404,11 @@ pub fn packing_scheduler_profiles() -> Result<Value> {
 mod tests {
     use super::*;
 
-    /// The packing configuration scores the DRA extended resource of the class the chart ships
-    /// for every DAS device (named after the driver; tests/chart.rs checks the rendered class).
+    /// The packing configuration scores NodeResourcesFit `MostAllocated` over cpu and memory,
+    /// which pods asking through ResourceClaims do count against (a DRA extended resource they do
+    /// not request would be skipped by the scorer).
     #[test]
-    fn packing_config_scores_the_charts_every_device_class() {
+    fn packing_config_scores_most_allocated_over_cpu_and_memory() {
         let profiles = packing_scheduler_profiles().unwrap();
         let fit = profiles[0]["pluginConfig"]
             .as_array()
@@ -417,9 +418,12 @@ mod tests {
             .expect("NodeResourcesFit args");
         let strategy = &fit["args"]["scoringStrategy"];
         assert_eq!(strategy["type"], "MostAllocated");
-        assert_eq!(
-            strategy["resources"][0]["name"],
-            format!("deviceclass.resource.kubernetes.io/{DRIVER}")
-        );
+        let names: Vec<&str> = strategy["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert_eq!(names, ["cpu", "memory"]);
     }
 }

@@ -3,8 +3,7 @@
 //! validation and admission); the plain manifests are current; the ResourceSlice policy keeps a
 //! node plugin to its own node's slices; DAS installed from the chart (its RBAC identities,
 //! environment and arguments) serves every example in docs/examples, legacy pod included; and
-//! the scheduler configuration docs/examples/scheduler/packing.yaml packs slices onto one node
-//! through the chart's DeviceClass.
+//! the scheduler configuration docs/examples/scheduler/packing.yaml packs slices onto one node.
 
 use std::time::Duration;
 
@@ -134,12 +133,7 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     // One DeviceClass for every slice and one per profile, named as NVIDIA names the resource
     // (`+` spelled `.`); a real `-me` profile has its own; the pre-0.3 `-` spelling of the other
     // `+me` profiles stays as a labelled alias.
-    // The class of every DAS device; docs/examples/scheduler/packing.yaml scores its DRA
-    // extended resource (`deviceclass.resource.kubernetes.io/mig.das.com`).
-    assert_eq!(
-        d.get("DeviceClass", "mig.das.com").unwrap()["spec"]["selectors"][0]["cel"]["expression"],
-        "device.driver == 'mig.das.com'"
-    );
+    assert!(d.find("DeviceClass", "mig.das.com").is_some());
     assert!(d.find("DeviceClass", "1g.10gb.me.mig.das.com").is_some());
     let real = d.get("DeviceClass", "1g.24gb-me.mig.das.com").unwrap();
     assert!(real["metadata"]["labels"]["mig.das.com/deprecated-alias-of"].is_null());
@@ -692,10 +686,11 @@ async fn packing_configuration_fills_one_node_before_the_next() {
     cluster.check(packing(&cluster).await);
 }
 
-/// With the scheduler configuration of docs/operations.md ("Packing slices onto fewer nodes") and
-/// the chart's DeviceClasses, `1g.10gb` pods created one at a time fill the first pod's node (7
-/// on an H100) before the next pod goes to the other node. With the default scoring every pod
-/// after the first picks either node at random: all 6 following the first happens once in 64.
+/// With the scheduler configuration of docs/operations.md ("Packing slices onto fewer nodes"),
+/// `1g.10gb` pods created one at a time fill the first pod's node (7 on an H100) before the next
+/// pod goes to the other node. With the default scoring (`LeastAllocated`) the pods spread over
+/// both nodes; a configuration that scores the DRA extended resource of the chart's `mig.das.com`
+/// class instead left the choice to ties and failed this test 2 times in 5.
 async fn packing(cluster: &Cluster) -> Result<()> {
     use das_e2e::workload::{create_pod, create_template, wait_running};
     let client = cluster.client();
