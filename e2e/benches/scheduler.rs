@@ -245,34 +245,33 @@ fn attr_str<'a>(device: &'a Value, name: &str) -> &'a str {
     attr(device, name).as_str().unwrap_or_default()
 }
 
-/// DAS's slices keeping only the devices `keep` accepts (a node that publishes fewer profiles).
-fn das_without(keep: impl Fn(&Value) -> bool) -> Result<Vec<Value>> {
+/// DAS's slices with `edit` applied to each slice's device list.
+fn das_edited(mut edit: impl FnMut(&mut Vec<Value>)) -> Result<Vec<Value>> {
     let mut slices = das_slices()?;
     for s in &mut slices {
         if let Some(devices) = s.get_mut("devices").and_then(Value::as_array_mut) {
-            devices.retain(&keep);
+            edit(devices);
         }
     }
     Ok(slices)
 }
 
+/// DAS's slices keeping only the devices `keep` accepts (a node that publishes fewer profiles).
+fn das_without(keep: impl Fn(&Value) -> bool) -> Result<Vec<Value>> {
+    das_edited(|devices| devices.retain(&keep))
+}
+
 /// DAS's slices with only the `memory` and `multiprocessors` capacities (the engine counts
 /// dropped): what the per-device capacities cost the allocator.
 fn das_lean() -> Result<Vec<Value>> {
-    let mut slices = das_slices()?;
-    for s in &mut slices {
-        for d in s
-            .get_mut("devices")
-            .and_then(Value::as_array_mut)
-            .into_iter()
-            .flatten()
+    das_edited(|devices| {
+        for cap in devices
+            .iter_mut()
+            .filter_map(|d| d.get_mut("capacity").and_then(Value::as_object_mut))
         {
-            if let Some(cap) = d.get_mut("capacity").and_then(Value::as_object_mut) {
-                cap.retain(|k, _| k == "memory" || k == "multiprocessors");
-            }
+            cap.retain(|k, _| k == "memory" || k == "multiprocessors");
         }
-    }
-    Ok(slices)
+    })
 }
 
 /// Every device of `slices`, in publish order.

@@ -392,10 +392,10 @@ pub fn packing_scheduler_profiles() -> Result<Value> {
     let path = crate::cluster::workspace_root().join(PACKING_SCHEDULER_CONFIG);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-    let config: Value =
+    let mut config: Value =
         serde_yaml::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
-    match &config["profiles"] {
-        Value::Array(_) => Ok(config["profiles"].clone()),
+    match config.get_mut("profiles").map(Value::take) {
+        Some(profiles @ Value::Array(_)) => Ok(profiles),
         _ => bail!("{} has no `profiles` list", path.display()),
     }
 }

@@ -737,8 +737,8 @@ fn temp_file_name(claim_uid: &str) -> String {
 
 /// Writes a claim's spec to `dir/das.com-mig_<claimUID>.json` atomically: validate, write a temp
 /// file, rename it over the target. A reader (the container runtime) sees the old file or the
-/// new one, never a partial one. No fsync: the CDI dir is a tmpfs on
-/// real nodes and a spec means nothing after a reboot. Returns the path written.
+/// new one, never a partial one. No fsync: the CDI dir is a tmpfs on real nodes and a spec means
+/// nothing after a reboot. Returns the path written.
 ///
 /// # Errors
 /// [`CdiError::InvalidName`] / [`CdiError::InvalidSpec`] when the spec is not valid (nothing is
