@@ -298,6 +298,17 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     let during = |name: &str| total(&metrics, name) - total(&metrics0, name);
     let reconciles = during("das_controller_reconciles_total");
     let writes = during("das_controller_writes_total");
+    // Per label value, e.g. `result="error"` or `op="status"`: where the counts come from.
+    let by_label = |name: &str, label: &str| -> String {
+        let values = ["ok", "error", "apply", "status", "delete"];
+        values
+            .iter()
+            .map(|v| (v, during(&format!("{name}{{{label}=\"{v}\"}}"))))
+            .filter(|(_, n)| *n > 0.0)
+            .map(|(v, n)| format!("{v} {n:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
 
     println!(
         "{PODS} pods (1 × 1g.10gb each) created in a burst; 2 nodes × {GPUS_PER_NODE} emulated H100-80GB; real kube-apiserver"
@@ -327,11 +338,13 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     );
     let per_claim = |x: f64| x / PODS as f64;
     println!(
-        "| controller reconciles during the burst (das_controller_reconciles_total), per claim | {reconciles:.0}, {:.2} |",
+        "| controller reconciles during the burst (das_controller_reconciles_total), per claim | {reconciles:.0} ({}), {:.2} |",
+        by_label("das_controller_reconciles_total", "result"),
         per_claim(reconciles)
     );
     println!(
-        "| AllocationClaim writes during the burst (das_controller_writes_total), per claim | {writes:.0}, {:.2} |",
+        "| AllocationClaim writes during the burst (das_controller_writes_total), per claim | {writes:.0} ({}), {:.2} |",
+        by_label("das_controller_writes_total", "op"),
         per_claim(writes)
     );
     println!(

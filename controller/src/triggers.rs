@@ -21,7 +21,8 @@
 //! device are deleted there, also after a restart that missed the change.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use das_api::DRIVER_NAME;
 use das_api::allocation::AllocationClaim;
@@ -128,8 +129,14 @@ impl Fingerprints {
 }
 
 /// How many of its own writes per AllocationClaim the controller remembers: a reconcile writes
-/// at most two (object, then status), and the watch may deliver either after the next write.
-const OWN_WRITES_KEPT: usize = 4;
+/// at most two (object, then status), each recorded before it is sent and again as the API
+/// server's response, and the watch may deliver either after the next write.
+const OWN_WRITES_KEPT: usize = 8;
+
+/// How long a write's response stands in for an AllocationClaim the cache has not shown yet
+/// (the watch is seconds behind at most; an object deleted before the cache saw it is then
+/// forgotten).
+const UNSEEN_KEPT: Duration = Duration::from_secs(60);
 
 /// Fingerprint of what the controller owns in an AllocationClaim: spec, status, labels and
 /// owner references (not `resourceVersion` or managed fields), of the typed object, so the
@@ -143,14 +150,44 @@ pub fn content_fingerprint(a: &AllocationClaim) -> u64 {
     ]))
 }
 
-/// What the controller's own writes leave in each AllocationClaim (`<namespace>/<name>`), as
-/// [`content_fingerprint`]s recorded *before* each write: the watch may deliver a write's event
-/// before the write's response arrives. An AllocationClaim event whose object has one of these
-/// contents is the echo of a write whose reconcile already saw everything it needed; any other
-/// writer's change gives other content and still triggers the owner's reconcile (drift is put
-/// back).
+/// What the controller knows of its own writes to one AllocationClaim.
 #[derive(Debug, Default)]
-pub struct OwnWrites(Mutex<HashMap<String, VecDeque<u64>>>);
+struct WriteLog {
+    /// [`content_fingerprint`]s of the last [`OWN_WRITES_KEPT`] writes, intended and as
+    /// answered.
+    contents: VecDeque<u64>,
+    /// The API server's answer to the last write and when it came, until the cache shows it.
+    latest: Option<(Arc<AllocationClaim>, Instant)>,
+}
+
+impl WriteLog {
+    fn push(&mut self, content: u64) {
+        // A response usually has the content recorded before the write.
+        if self.contents.contains(&content) {
+            return;
+        }
+        if self.contents.len() == OWN_WRITES_KEPT {
+            self.contents.pop_front();
+        }
+        self.contents.push_back(content);
+    }
+}
+
+/// What the controller's own writes leave in each AllocationClaim (`<namespace>/<name>`).
+///
+/// - Echoes: [`content_fingerprint`]s recorded *before* each write (the watch may deliver a
+///   write's event before the write's response arrives) and of each response. An
+///   AllocationClaim event whose object has one of these contents is the echo of a write whose
+///   reconcile already saw everything it needed; any other writer's change gives other content
+///   and still triggers the owner's reconcile (drift is put back).
+/// - The freshest view ([`OwnWrites::freshest`]): the last write's response, for the
+///   reconcile that runs before the watch has delivered it. Without it a reconcile right after
+///   a write (pod bound just after the claim was allocated, in a burst) reads the cache from
+///   before the write, creates the object a second time and rewrites its status, and the
+///   echoes of those writes then carry contents nobody recorded (docs/benchmarks.md,
+///   "AllocationClaim controller").
+#[derive(Debug, Default)]
+pub struct OwnWrites(Mutex<HashMap<String, WriteLog>>);
 
 fn key_of(a: &AllocationClaim) -> String {
     format!("{}/{}", a.namespace().unwrap_or_default(), a.name_any())
@@ -160,11 +197,26 @@ impl OwnWrites {
     /// Remembers `intended`, the object as a write about to be sent will leave it.
     pub fn record(&self, intended: &AllocationClaim) {
         let mut map = self.0.lock().expect("not poisoned");
-        let contents = map.entry(key_of(intended)).or_default();
-        if contents.len() == OWN_WRITES_KEPT {
-            contents.pop_front();
+        map.entry(key_of(intended))
+            .or_default()
+            .push(content_fingerprint(intended));
+    }
+
+    /// Remembers the API server's answer to a write: its content is an echo, and it is the
+    /// freshest view of the object until the cache shows it.
+    pub fn wrote(&self, response: AllocationClaim) {
+        let mut map = self.0.lock().expect("not poisoned");
+        let log = map.entry(key_of(&response)).or_default();
+        log.push(content_fingerprint(&response));
+        log.latest = Some((Arc::new(response), Instant::now()));
+    }
+
+    /// Forgets the last response of `<namespace>/<name>` (a write failed, so the object may
+    /// not be what it said, or the object was deleted); the cache is the view again.
+    pub fn forget_latest(&self, key: &str) {
+        if let Some(log) = self.0.lock().expect("not poisoned").get_mut(key) {
+            log.latest = None;
         }
-        contents.push_back(content_fingerprint(intended));
     }
 
     /// Whether `a` (as the watch cache has it now) is what one of our writes left.
@@ -174,12 +226,60 @@ impl OwnWrites {
             .lock()
             .expect("not poisoned")
             .get(&key_of(a))
-            .is_some_and(|v| v.contains(&content))
+            .is_some_and(|v| v.contents.contains(&content))
     }
 
-    /// Forgets the AllocationClaims (`<namespace>/<name>`) for which `live` is false.
-    pub fn retain(&self, live: impl Fn(&str) -> bool) {
-        self.0.lock().expect("not poisoned").retain(|k, _| live(k));
+    /// The freshest known state of AllocationClaim `key` of the ResourceClaim `owner_uid`,
+    /// given `cached`, the cache's copy. The last write's response wins while the cache has
+    /// nothing or an older copy of our own writes; the cache wins once it has that response
+    /// (same `resourceVersion`) or someone else's change (a content we did not write).
+    pub fn freshest(
+        &self,
+        key: &str,
+        owner_uid: &str,
+        cached: Option<Arc<AllocationClaim>>,
+    ) -> Option<Arc<AllocationClaim>> {
+        let map = self.0.lock().expect("not poisoned");
+        let Some(log) = map.get(key) else {
+            return cached;
+        };
+        let Some((latest, _)) = log
+            .latest
+            .as_ref()
+            .filter(|(l, _)| l.owner_references().iter().any(|o| o.uid == owner_uid))
+        else {
+            return cached;
+        };
+        match cached {
+            None => Some(latest.clone()),
+            Some(c)
+                if c.metadata.resource_version != latest.metadata.resource_version
+                    && log.contents.contains(&content_fingerprint(&c)) =>
+            {
+                Some(latest.clone())
+            }
+            Some(c) => Some(c),
+        }
+    }
+
+    /// Given `cached` (the cache's `resourceVersion` per `<namespace>/<name>`): forgets what
+    /// is known of AllocationClaims that are gone, keeping for [`UNSEEN_KEPT`] a response the
+    /// cache has not shown yet, and drops each response the cache has caught up with.
+    pub fn retain(&self, cached: &HashMap<String, Option<String>>) {
+        let mut map = self.0.lock().expect("not poisoned");
+        map.retain(|key, log| {
+            let seen = cached.get(key);
+            if let (Some(rv), Some((latest, _))) = (seen, &log.latest)
+                && *rv == latest.metadata.resource_version
+            {
+                log.latest = None;
+            }
+            seen.is_some()
+                || log
+                    .latest
+                    .as_ref()
+                    .is_some_and(|(_, at)| at.elapsed() < UNSEEN_KEPT)
+        });
     }
 }
 
@@ -242,5 +342,7 @@ impl Triggers {
     }
 }
 
+#[cfg(test)]
+mod own_writes_tests;
 #[cfg(test)]
 mod tests;

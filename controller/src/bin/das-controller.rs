@@ -44,6 +44,10 @@ struct Args {
     /// Lease duration in seconds; the leader renews every third of it.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// How many ResourceClaims are reconciled at once (0: no limit). Each reconcile holds at
+    /// most one API request in flight.
+    #[arg(long, env = "DAS_CONCURRENT_RECONCILES", default_value_t = reconcile::DEFAULT_CONCURRENT_RECONCILES)]
+    concurrent_reconciles: u16,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -93,7 +97,7 @@ async fn run(args: Args) -> Result<u8> {
         run_elected(&args, clients, metrics, id, stopped, stop_tx).await
     } else {
         metrics.leader.set(1);
-        reconcile::run(clients, metrics, id, stopped()).await;
+        reconcile::run(clients, metrics, id, args.concurrent_reconciles, stopped()).await;
         0
     };
     server
@@ -130,7 +134,7 @@ where
     metrics.probe.set_ready(false);
     metrics.leader.set(1);
     let lost = tokio::select! {
-        _ = reconcile::run(clients, metrics.clone(), id, stopped()) => false,
+        _ = reconcile::run(clients, metrics.clone(), id, args.concurrent_reconciles, stopped()) => false,
         _ = elector.keep() => true,
     };
     metrics.leader.set(0);

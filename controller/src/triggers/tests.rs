@@ -3,13 +3,13 @@ use crate::mirror::{DeviceIndex, desired_allocation_claims};
 use das_api::allocation::AllocationState;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-const NOW: &str = "2026-01-01T00:00:00Z";
+pub(super) const NOW: &str = "2026-01-01T00:00:00Z";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
 
 /// The claim as the API server has it after each step of a pod's start, in order: created by
 /// the resourceclaim controller, the scheduler's finalizer, allocated and reserved (one status
 /// update), the node plugin's ready device.
-fn claim_versions() -> Vec<ResourceClaim> {
+pub(super) fn claim_versions() -> Vec<ResourceClaim> {
     let created = json!({
         "metadata": {"name": "p-mig-x", "namespace": "ns", "uid": "claim-uid"},
         "spec": {"devices": {"requests": []}}
@@ -36,7 +36,7 @@ fn claim_versions() -> Vec<ResourceClaim> {
 
 /// The pod after each step: created from a template, its generated claim recorded, bound, then
 /// three kubelet status updates (nothing the mirror reads).
-fn pod_versions() -> Vec<Pod> {
+pub(super) fn pod_versions() -> Vec<Pod> {
     let created = json!({
         "metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
         "spec": {"containers": [{"name": "c", "resources": {"claims": [{"name": "mig"}]}}],
@@ -60,7 +60,7 @@ fn pod_versions() -> Vec<Pod> {
         .collect()
 }
 
-fn index() -> DeviceIndex {
+pub(super) fn index() -> DeviceIndex {
     let slice: ResourceSlice = serde_json::from_value(json!({
         "metadata": {"name": "n0-slice"},
         "spec": {"driver": DRIVER_NAME, "nodeName": "n0",
@@ -376,13 +376,15 @@ fn only_our_own_writes_are_echoes() {
         !own.is_echo(&at("inUse", "12")),
         "someone else's write reconciles the owner"
     );
-    for _ in 0..OWN_WRITES_KEPT {
-        own.record(&at("inUse", ""));
+    for i in 0..OWN_WRITES_KEPT {
+        let mut other = at("inUse", "");
+        other.spec.profile = format!("{i}g.10gb");
+        own.record(&other);
     }
     assert!(
         !own.is_echo(&at("staged", "13")),
         "only the last few writes are kept"
     );
-    own.retain(|_| false);
+    own.retain(&HashMap::new());
     assert!(!own.is_echo(&at("inUse", "14")));
 }
