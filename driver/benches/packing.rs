@@ -86,6 +86,9 @@ fn main() {
     let scenarios: Vec<(&str, Vec<&GpuModel>)> = vec![
         ("1 × H100-SXM5-80GB", vec![&h100]),
         ("8 × H100-SXM5-80GB", vec![&h100; 8]),
+        // The 16 GPUs of `make bench-packing`'s cluster (8 nodes × 2) as one node: what the
+        // real scheduler places there when it fills one node before the next.
+        ("16 × H100-SXM5-80GB", vec![&h100; 16]),
         ("4 × A100-SXM4-40GB", vec![&a100; 4]),
         ("4 × A30-24GB", vec![&a30; 4]),
         (
