@@ -676,7 +676,7 @@ pub struct CheckpointStore {
 }
 
 impl CheckpointStore {
-    /// A store for `checkpoint`, saved to `path` ([`Checkpoint::save`]) on blocking threads.
+    /// A store for `checkpoint`, saved to `path` ([`Checkpoint::save`]) on the calling task.
     pub fn new(checkpoint: Checkpoint, path: PathBuf) -> Self {
         Self {
             state: std::sync::Mutex::new((checkpoint, 0)),
@@ -724,13 +724,11 @@ impl CheckpointStore {
             let g = self.state.lock().expect("checkpoint lock");
             (g.0.clone(), g.1)
         };
-        let path = self.path.clone();
-        let saved = self
-            .blocking
-            .run(move || snapshot.save(&path))
+        // A write without fsync: brief enough to do on this task (see `run_brief`).
+        self.blocking
+            .run_brief(|| snapshot.save(&self.path))
             .await
-            .map_err(|e| format!("checkpoint {}: {e}", self.path.display()))?;
-        saved.map_err(|e| e.to_string())?;
+            .map_err(|e| e.to_string())?;
         *written = newest;
         Ok(())
     }
