@@ -380,8 +380,8 @@ where
 /// Default of how many ResourceClaims are reconciled at once (`--concurrent-reconciles`).
 ///
 /// A reconcile spends nearly all its time waiting for its writes, so the limit only queues
-/// claims behind each other: in a 200-pod burst with 16, the controller's queue made the
-/// device-ready → `inUse` p99 1.3–1.5 s; with 64 it was 0.14–0.8 s (docs/benchmarks.md,
+/// claims behind each other: in a 200-pod burst on a 2-core machine, the device-ready →
+/// `inUse` p99 was 1.1–6.1 s with 16 and 0.4–1.8 s with 64 (docs/benchmarks.md,
 /// "AllocationClaim controller"). Each in-flight reconcile holds at most one API request.
 pub const DEFAULT_CONCURRENT_RECONCILES: u16 = 64;
 
