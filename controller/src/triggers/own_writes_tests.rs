@@ -2,9 +2,9 @@
 //! order of the claim, pod and AllocationClaim watches, with the AllocationClaim cache lagging
 //! behind the controller's own writes as it does in a burst.
 
-use super::tests::{NOW, claim_versions, index, pod_versions};
+use super::tests::{claim_versions, desired_one, pod_versions};
 use super::*;
-use crate::mirror::{carry_transition_time, desired_allocation_claims, writes_needed};
+use crate::mirror::{carry_transition_time, writes_needed};
 use das_api::allocation::AllocationState;
 
 const KEY: &str = "ns/x";
@@ -134,12 +134,7 @@ impl Lagging {
     }
 
     fn desired(&self) -> Option<AllocationClaim> {
-        let claim = self.claim.as_ref()?;
-        let pods: Vec<Pod> = self.pod.iter().cloned().collect();
-        desired_allocation_claims(claim, &pods, &index(), NOW)
-            .claims
-            .into_iter()
-            .next()
+        desired_one(self.claim.as_ref(), self.pod.as_ref())
     }
 
     /// The API server stores `object` under a new resourceVersion and answers with it.

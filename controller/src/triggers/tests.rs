@@ -3,7 +3,7 @@ use crate::mirror::{DeviceIndex, desired_allocation_claims};
 use das_api::allocation::AllocationState;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-pub(super) const NOW: &str = "2026-01-01T00:00:00Z";
+const NOW: &str = "2026-01-01T00:00:00Z";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
 
 /// The claim as the API server has it after each step of a pod's start, in order: created by
@@ -60,7 +60,7 @@ pub(super) fn pod_versions() -> Vec<Pod> {
         .collect()
 }
 
-pub(super) fn index() -> DeviceIndex {
+fn index() -> DeviceIndex {
     let slice: ResourceSlice = serde_json::from_value(json!({
         "metadata": {"name": "n0-slice"},
         "spec": {"driver": DRIVER_NAME, "nodeName": "n0",
@@ -71,6 +71,18 @@ pub(super) fn index() -> DeviceIndex {
     }))
     .unwrap();
     DeviceIndex::from_slices([&slice])
+}
+
+/// The one AllocationClaim the mirror wants for the cached `claim` and `pod`, if any.
+pub(super) fn desired_one(
+    claim: Option<&ResourceClaim>,
+    pod: Option<&Pod>,
+) -> Option<AllocationClaim> {
+    let pods: Vec<Pod> = pod.into_iter().cloned().collect();
+    desired_allocation_claims(claim?, &pods, &index(), NOW)
+        .claims
+        .into_iter()
+        .next()
 }
 
 /// One delivered watch event: a claim or pod version, by index into the sequences above.
@@ -111,12 +123,7 @@ impl Model {
     }
 
     fn desired(&self) -> Option<AllocationClaim> {
-        let claim = self.claim.as_ref()?;
-        let pods: Vec<Pod> = self.pod.iter().cloned().collect();
-        desired_allocation_claims(claim, &pods, &index(), NOW)
-            .claims
-            .into_iter()
-            .next()
+        desired_one(self.claim.as_ref(), self.pod.as_ref())
     }
 
     fn reconcile(&mut self) {
