@@ -262,23 +262,20 @@ impl OwnWrites {
         }
     }
 
-    /// Given `cached` (the cache's `resourceVersion` per `<namespace>/<name>`): forgets what
-    /// is known of AllocationClaims that are gone, keeping for [`UNSEEN_KEPT`] a response the
-    /// cache has not shown yet, and drops each response the cache has caught up with.
+    /// Given `cached` (the cache's `resourceVersion` per `<namespace>/<name>`): drops each
+    /// response the cache has caught up with or that is older than [`UNSEEN_KEPT`], and
+    /// forgets AllocationClaims that are neither cached nor waiting for such a response.
     pub fn retain(&self, cached: &HashMap<String, Option<String>>) {
         let mut map = self.0.lock().expect("not poisoned");
         map.retain(|key, log| {
             let seen = cached.get(key);
-            if let (Some(rv), Some((latest, _))) = (seen, &log.latest)
-                && *rv == latest.metadata.resource_version
-            {
+            let done = log.latest.as_ref().is_some_and(|(latest, at)| {
+                seen == Some(&latest.metadata.resource_version) || at.elapsed() >= UNSEEN_KEPT
+            });
+            if done {
                 log.latest = None;
             }
-            seen.is_some()
-                || log
-                    .latest
-                    .as_ref()
-                    .is_some_and(|(_, at)| at.elapsed() < UNSEEN_KEPT)
+            seen.is_some() || log.latest.is_some()
         });
     }
 }
