@@ -403,6 +403,20 @@ pub fn carry_transition_time(desired: &mut AllocationClaim, existing: &Allocatio
     }
 }
 
+/// The object apply of `desired`: the body (status left out, the status subresource is written
+/// apart) and the object as the apply will leave it, `current`'s status kept (what the
+/// controller records as its own write before sending it).
+pub fn object_apply(
+    desired: &AllocationClaim,
+    current: Option<&AllocationClaim>,
+) -> (AllocationClaim, AllocationClaim) {
+    let mut body = desired.clone();
+    body.status = None;
+    let mut intended = body.clone();
+    intended.status = current.and_then(|c| c.status.clone());
+    (body, intended)
+}
+
 /// What must be written to make `existing` (if any) look like `desired`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Writes {

@@ -37,7 +37,7 @@ use serde_json::json;
 
 use crate::metrics::Metrics;
 use crate::mirror::{
-    DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names,
+    DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names, object_apply,
     results_to_mirror, writes_needed,
 };
 use crate::triggers::{Triggers, allocation_claim_key};
@@ -195,11 +195,7 @@ async fn apply(
     let name = desired.name_any();
     let pp = PatchParams::apply(FIELD_MANAGER).force();
     if w.object {
-        let mut object = desired.clone();
-        object.status = None;
-        // The object apply leaves the status as it is.
-        let mut intended = object.clone();
-        intended.status = current.and_then(|c| c.status.clone());
+        let (object, intended) = object_apply(desired, current);
         ctx.triggers.own_writes.record(&intended);
         let answer = api.patch(&name, &pp, &Patch::Apply(&object)).await?;
         ctx.triggers.own_writes.wrote(answer);

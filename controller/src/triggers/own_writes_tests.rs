@@ -4,7 +4,7 @@
 
 use super::tests::{claim_versions, desired_one, pod_versions};
 use super::*;
-use crate::mirror::{carry_transition_time, writes_needed};
+use crate::mirror::{carry_transition_time, object_apply, writes_needed};
 use das_api::allocation::AllocationState;
 
 const KEY: &str = "ns/x";
@@ -161,11 +161,10 @@ impl Lagging {
         }
         let w = writes_needed(&desired, current.as_deref());
         if w.object {
-            let mut intended = desired.clone();
-            intended.status = current.as_ref().and_then(|c| c.status.clone());
+            let (_, intended) = object_apply(&desired, current.as_deref());
             self.triggers.own_writes.record(&intended);
-            let mut object = desired.clone();
-            object.status = self.server.as_ref().and_then(|s| s.status.clone());
+            // The server keeps the status it has, whatever the controller thought it was.
+            let (_, object) = object_apply(&desired, self.server.as_ref());
             self.object_writes += 1;
             self.store(object);
         }
