@@ -1,4 +1,4 @@
-//! Compiles the kubelet gRPC interfaces in `proto/` with protox (a protobuf compiler written in
+//! Compiles the kubelet gRPC interfaces (and the CRI subset the plugin reads) in `proto/` with protox (a protobuf compiler written in
 //! Rust), so a fresh machine needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/dra/v1beta1/api.proto",
         "proto/pluginregistration/api.proto",
         "proto/drahealth/v1alpha1/api.proto",
+        "proto/cri/v1/api.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

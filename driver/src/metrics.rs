@@ -78,6 +78,7 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     destroy_failures: Family<CauseLabels, Counter>,
     reaper_attempts: Family<ResultLabels, Counter>,
+    orphan_releases: Family<ResultLabels, Counter>,
     pending_destroy: Gauge,
     placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
@@ -113,6 +114,7 @@ impl Metrics {
         let errors = Family::<ErrorLabels, Counter>::default();
         let destroy_failures = Family::<CauseLabels, Counter>::default();
         let reaper_attempts = Family::<ResultLabels, Counter>::default();
+        let orphan_releases = Family::<ResultLabels, Counter>::default();
         let pending_destroy = Gauge::default();
         let placement_waits =
             Family::<ResultLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -120,7 +122,7 @@ impl Metrics {
             );
         registry.register(
             "placement_wait_seconds",
-            "Prepares that waited for another claim's slices at their placements (a force-deleted pod's claim not yet unprepared), by how the wait ended: released (by the kubelet's unprepare), released_here (the claim was no longer allocated), timeout",
+            "Prepares that waited for another claim's slices at their placements (a force-deleted pod's claim not yet unprepared), by how the wait ended: released (by the kubelet's unprepare), timeout (the prepare failed with placement_held; the kubelet retries it)",
             placement_waits.clone(),
         );
         registry.register(
@@ -137,6 +139,11 @@ impl Metrics {
             "reaper_attempts",
             "Retries of slice destroys left by an unprepare or a roll-back, by result",
             reaper_attempts.clone(),
+        );
+        registry.register(
+            "orphan_releases",
+            "Prepared claims the kubelet never unprepared, released by the orphan rule once the container runtime had no sandbox or container of their pods, by result (failure: slices left for the reaper)",
+            orphan_releases.clone(),
         );
         registry.register(
             "slices_pending_destroy",
@@ -202,6 +209,7 @@ impl Metrics {
             errors,
             destroy_failures,
             reaper_attempts,
+            orphan_releases,
             pending_destroy,
             placement_waits,
         }
@@ -311,7 +319,17 @@ impl Metrics {
             .inc();
     }
 
-    /// Records one placement wait and how it ended.
+    /// Counts one release of an orphaned claim (the orphan rule), by whether every slice went.
+    pub fn orphan_released(&self, ok: bool) {
+        let result = if ok { "success" } else { "failure" };
+        self.orphan_releases
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Records how a prepare's wait for another claim's slices at its placements ended.
     pub fn placement_wait(&self, result: &str, took: Duration) {
         self.placement_waits
             .get_or_create(&ResultLabels {

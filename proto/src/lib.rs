@@ -4,6 +4,8 @@
 //!   NodeUnprepareResources). Kubelets 1.34+ accept both and take the first one a plugin lists.
 //! - [`dra_health::v1alpha1`]: the `DRAResourceHealth` stream of device health.
 //! - [`pluginregistration`]: the `Registration` service the kubelet's plugin watcher calls.
+//! - [`cri::v1`]: the two read-only calls of the container runtime's `RuntimeService`
+//!   (ListPodSandbox, ListContainers) the plugin makes before it releases an orphaned slice.
 //! - [`registration`]: the plugin side of that service ([`registration::Registrar`]).
 //! - [`authority`]: serving the registration socket to the kubelet's grpc-go client, whose
 //!   `:authority` h2 would reject.
@@ -38,6 +40,18 @@ pub mod dra_health {
     }
     /// Registration string of the v1alpha1 health service.
     pub const SERVICE_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
+}
+
+/// Container Runtime Interface (`runtime.v1`, from `k8s.io/cri-api`): the subset the node plugin
+/// reads. The kubelet labels sandboxes and containers with [`cri::POD_UID_LABEL`].
+pub mod cri {
+    /// Package `runtime.v1`.
+    pub mod v1 {
+        tonic::include_proto!("runtime.v1");
+    }
+    /// The label the kubelet puts on every sandbox and container: the pod's UID
+    /// (`k8s.io/kubelet/pkg/types` `KubernetesPodUIDLabel`).
+    pub const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
 }
 
 /// Kubelet plugin registration (`pluginregistration`).

@@ -16,8 +16,11 @@ use das_driver::blocking::BlockingCalls;
 use das_driver::claims::cdi::DeviceNodes;
 use das_driver::claims::checkpoint::CheckpointStore;
 use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::claims::cri::CriRuntime;
 use das_driver::claims::driver_files::{self, DriverRoot};
-use das_driver::claims::{ClaimHandler, HealthSource, KubeClaimApi, Preparer, PreparerConfig};
+use das_driver::claims::{
+    ClaimHandler, HealthSource, KubeClaimApi, OrphanPolicy, PodContainers, Preparer, PreparerConfig,
+};
 use das_driver::gpu::emulated::EMULATED_DRIVER_VERSION;
 use das_driver::gpu::emulated::device_nodes;
 use das_driver::gpu::emulated::driver_files::create_stand_in_driver;
@@ -115,6 +118,17 @@ struct Args {
     /// Also destroy MIG instances at start-up that DAS did not create and no claim holds.
     #[arg(long, env = "DAS_RECLAIM_FOREIGN_SLICES")]
     reclaim_foreign_slices: bool,
+    /// The node's container runtime (CRI) endpoint, e.g. `unix:///run/containerd/containerd.sock`
+    /// or `unix:///var/run/crio/crio.sock`. The orphan rule asks it whether any sandbox or
+    /// container of a pod is left before releasing the slices of a claim that the API server no
+    /// longer allocates and the kubelet never unprepared. Unset: such slices are kept (with a
+    /// Warning event on the Node) until the kubelet unprepares the claim.
+    #[arg(long, env = "DAS_CONTAINER_RUNTIME_ENDPOINT", value_parser = parse_cri_endpoint)]
+    container_runtime_endpoint: Option<CriRuntime>,
+    /// How long a prepared claim must have been no longer allocated to this node before the
+    /// orphan rule asks the container runtime about its pods, in seconds.
+    #[arg(long, env = "DAS_ORPHAN_RELEASE_DELAY_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(60..))]
+    orphan_release_delay_seconds: u64,
     /// Boot ID file: a different boot ID resets the checkpoint (MIG instances do not survive a reboot).
     #[arg(long, default_value = checkpoint::BOOT_ID_PATH)]
     boot_id_file: PathBuf,
@@ -151,6 +165,10 @@ struct Args {
     proc_root: PathBuf,
 }
 
+fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, String> {
+    CriRuntime::new(endpoint)
+}
+
 fn parse_ignored_xids(list: &str) -> Result<BTreeSet<u32>, String> {
     health::xid::parse_ignored(list)
 }
@@ -184,6 +202,24 @@ fn limit_malloc_arenas() {
     // SAFETY: mallopt only tunes the allocator; called before other threads start.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}
+
+/// The orphan rule of the flags.
+fn orphan_policy(args: &Args) -> OrphanPolicy {
+    let runtime = args.container_runtime_endpoint.clone();
+    match &runtime {
+        Some(cri) => {
+            tracing::info!(socket = %cri.socket().display(), delay_s = args.orphan_release_delay_seconds,
+            "orphaned claims are released once the container runtime has no container of their pods")
+        }
+        None => tracing::info!(
+            "no container runtime endpoint: orphaned claims keep their slices until the kubelet unprepares them"
+        ),
+    }
+    OrphanPolicy {
+        delay: Duration::from_secs(args.orphan_release_delay_seconds),
+        runtime: runtime.map(|r| Arc::new(r) as Arc<dyn PodContainers>),
     }
 }
 
@@ -427,6 +463,7 @@ async fn run(args: Args) -> Result<()> {
         checkpoint: CheckpointStore::new(cp, cp_path),
         metrics: metrics.clone(),
         blocking: BlockingCalls::Threads,
+        orphans: orphan_policy(&args),
     }));
     let report = preparer
         .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)

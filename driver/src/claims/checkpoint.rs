@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 2,
+//!   "version": 3,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
@@ -27,6 +27,7 @@
 //!                    "placementStart": 6, "placementSize": 2,
 //!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"}}],
 //!       "cdiDeviceIds": {"gpu-0-mig-1g-10gb-6": ["das.com/mig=<claimUID>-gpu-0-mig-1g-10gb-6"]},
+//!       "pods": ["<podUID>"],
 //!       "updatedAt": 1767225600
 //!     }
 //!   }
@@ -41,9 +42,11 @@
 //!
 //! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
 //! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
-//! ([`LoadOutcome::Upgraded`]), never treated as corrupt. A version-1 binary moves a version-2
-//! file aside as corrupt and rebuilds from the GPUs and the API server (a downgrade loses no
-//! running instance).
+//! ([`LoadOutcome::Upgraded`]), never treated as corrupt. Version 2 lacked `pods` (the UIDs of
+//! the pods the claim was reserved for when it was prepared, which the orphan rule asks the
+//! container runtime about); it is read as version 3 with no pods known. An older binary moves a
+//! newer file aside as corrupt and rebuilds from the GPUs and the API server (a downgrade loses
+//! no instance the API server still allocates; see docs/design.md for what it costs).
 //!
 //! `checksum` is CRC-32 (IEEE, the `crc32fast` crate) of the compact JSON serialization of the
 //! same document without the `checksum` field; map keys are sorted, so the serialization is
@@ -66,7 +69,7 @@ use das_runtime::fs::write_atomically;
 use serde::{Deserialize, Serialize};
 
 /// Version of the document this module writes. It also reads version 1 (see the module docs).
-pub const CHECKPOINT_VERSION: u64 = 2;
+pub const CHECKPOINT_VERSION: u64 = 3;
 
 /// Default file name of the checkpoint in the plugin's state directory.
 pub const CHECKPOINT_FILE_NAME: &str = "checkpoint.json";
@@ -176,6 +179,12 @@ pub struct ClaimRecord {
     /// returned to the kubelet; empty until [`PrepareState::PrepareCompleted`].
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cdi_device_ids: BTreeMap<String, Vec<String>>,
+    /// UIDs of the pods the claim was reserved for at its prepares (`status.reservedFor`),
+    /// kept while the record lives: the orphan rule releases the record's slices only when the
+    /// container runtime has no sandbox or container of any of them. Empty in records of
+    /// version 2 and in records rebuilt after a lost checkpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
     /// Last change, seconds since the Unix epoch.
     pub updated_at: u64,
 }
@@ -406,15 +415,35 @@ impl Checkpoint {
         devices: Vec<RecordedDevice>,
         cdi_device_ids: BTreeMap<String, Vec<String>>,
     ) {
+        // The pods a claim was prepared for stay known across its states: a container of any of
+        // them may use its slices until the kubelet unprepares it.
+        let pods = self
+            .claims
+            .get(claim_uid)
+            .map(|r| r.pods.clone())
+            .unwrap_or_default();
         let record = ClaimRecord {
             namespace: namespace.to_string(),
             name: name.to_string(),
             state,
             devices,
             cdi_device_ids,
+            pods,
             updated_at: unix_now(),
         };
         self.claims.insert(claim_uid.to_string(), record);
+    }
+
+    /// Sets the pods the claim's record knows (see [`ClaimRecord::pods`]); returns whether that
+    /// changed anything. No-op without a record.
+    pub fn set_pods(&mut self, claim_uid: &str, pods: Vec<String>) -> bool {
+        match self.claims.get_mut(claim_uid) {
+            Some(r) if r.pods != pods => {
+                r.pods = pods;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Records that the claim's instances in `devices` must still be destroyed
@@ -450,7 +479,9 @@ fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
         serde_json::from_slice(bytes).map_err(|e| CorruptReason::InvalidJson(e.to_string()))?;
     let version = value.get("version");
     match version.and_then(serde_json::Value::as_u64) {
-        Some(CHECKPOINT_VERSION) => {
+        // Version 2 is version 3 without `pods`: the same document type reads both, and its
+        // checksum covers the version the file has.
+        Some(v @ (2 | CHECKPOINT_VERSION)) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;
@@ -459,7 +490,7 @@ fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
                     boot_id: doc.boot_id,
                     claims: doc.claims,
                 },
-                CHECKPOINT_VERSION,
+                v,
             ))
         }
         Some(1) => {
@@ -600,6 +631,7 @@ mod v1 {
                         state,
                         devices,
                         cdi_device_ids: r.cdi_device_ids,
+                        pods: Vec::new(),
                         updated_at: r.updated_at,
                     };
                     (uid, record)

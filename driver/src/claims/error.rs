@@ -64,6 +64,21 @@ pub enum PrepareError {
         /// What it means for the user, when known.
         hint: &'static str,
     },
+    /// A placement of the allocation overlaps a slice that another claim's record still holds:
+    /// the kubelet has not unprepared that claim, so a container of its pod may still run on
+    /// the slice (a force-deleted pod; docs/design.md, "A slice leaves its claim"). DAS never
+    /// destroys it for the new claim; the kubelet retries this prepare, which succeeds once the
+    /// kubelet has unprepared the holder.
+    #[error(
+        "device {device} overlaps a MIG slice still prepared for {}: the kubelet has not unprepared it, so a container of its pod may still run there (a force-deleted pod whose containers are stopping); DAS never hands a slice on while that can be, and the kubelet retries this prepare until the holder is unprepared",
+        holders.join(", ")
+    )]
+    PlacementHeld {
+        /// Allocated device whose placement is held.
+        device: String,
+        /// The holding claims, as `namespace/name (UID)`.
+        holders: Vec<String>,
+    },
     /// Slices that must go could not be destroyed; they stay recorded and the reaper retries.
     #[error("{}", describe_destroys(failures, *only_lost_gpus))]
     Destroy {
@@ -113,6 +128,7 @@ impl PrepareError {
             PrepareError::UnknownDevice { .. } => "unknown_device",
             PrepareError::AdminAccess { .. } => "admin_access",
             PrepareError::Create { .. } => "create",
+            PrepareError::PlacementHeld { .. } => "placement_held",
             PrepareError::Destroy { .. } => "destroy",
             PrepareError::GpuUnavailable(_) => "gpu_unavailable",
             PrepareError::Cdi(_) => "cdi",

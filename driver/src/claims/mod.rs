@@ -8,6 +8,8 @@
 //!   GPU backend, the checkpoint, the CDI directory and the API server.
 //! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server.
 //! - [`reaper`]: retries the destroys of instances whose claim is gone, with backoff.
+//! - [`orphans`]: the orphan rule: when a prepared claim the kubelet never unprepares may be
+//!   released, on the container runtime's evidence ([`cri`], its CRI client).
 //! - [`status`]: writes a claim's `status.devices`, retrying until it lands or the claim is gone.
 //! - [`handler`]: what the kubelet-facing server calls ([`ClaimHandler`], [`HealthSource`]) and
 //!   the claim and device types it passes.
@@ -25,14 +27,19 @@
 //! 2. An instance is the exact MIG instance recorded for it (GPU UUID, GI ID, CI ID, MIG UUID);
 //!    anything else at the same placement is not ours.
 //! 3. A record is dropped only when its instances are confirmed gone.
+//! 4. A prepared claim's slices go only on the kubelet's unprepare of that claim (or the orphan
+//!    rule's evidence that no container of its pods is left): never because another claim
+//!    wants the placement, nor because the API server no longer has the claim.
 
 pub mod api;
 pub mod cdi;
 pub mod checkpoint;
+pub mod cri;
 pub mod driver_files;
 pub mod error;
 pub mod handler;
 pub mod locks;
+pub mod orphans;
 pub mod plan;
 pub mod preparer;
 pub mod reaper;
@@ -50,6 +57,7 @@ pub use api::{ApiError, ClaimApi, EventKind, EventTarget, KubeClaimApi};
 pub use error::PrepareError;
 pub use handler::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
 pub use locks::ClaimLocks;
+pub use orphans::{OrphanPolicy, PodContainers};
 pub use plan::{DeviceRef, device_index};
 pub use preparer::{BlockingCalls, Preparer, PreparerConfig};
 pub use startup::Report;

@@ -1,9 +1,12 @@
 //! A model-based interleaving test of the request path: a seeded random "kubelet, scheduler and
 //! operator" drives the real [`Preparer`] over the emulated backend with prepares, unprepares,
 //! prepares the kubelet gave up on (still running in the background), two prepares of one
-//! claim at once, force-deleted claims, plugin crashes and restarts, backend faults (IN_USE,
-//! create failures, a lost GPU, API errors) and reaper passes, and checks the lifecycle
-//! invariants after every step.
+//! claim at once, force-deleted claims whose containers outlive them, a kubelet that loses its
+//! state and never unprepares, plugin crashes and restarts, backend faults (IN_USE, create
+//! failures, a lost GPU, API errors) and reaper and orphan-rule passes, and checks the lifecycle
+//! invariants after every step. Containers are part of the model: a claim's pod has containers
+//! from its prepare until the kubelet unprepares it (or, for a kubelet that lost its state,
+//! until they stop on their own), and the container runtime the orphan rule asks reports them.
 //!
 //! Every backend and checkpoint call runs inline on the calling task behind a seeded number of
 //! yields ([`BlockingCalls::Inline`]), on a single-threaded runtime with paused time, so a run
@@ -15,10 +18,11 @@
 //! - I2 no record whose instances are gone once the reaper has run with nothing failing, and no
 //!   half-done record when no call is in flight;
 //! - I3 no two live instances overlap;
-//! - I4 no destroy of an instance an administrator created, and no destroy of an instance the kubelet
-//!   holds for a claim, except by that claim's unprepare
-//!   (or, for a claim the API server no longer has, by start-up, the reaper, or the prepare of
-//!   the claim its placement was given to);
+//! - I4 no destroy of an instance an administrator created; no destroy of an instance the kubelet
+//!   holds for a claim, except by that claim's unprepare, whatever the API server says of the
+//!   claim (issue 30: no release after a grace, none at start-up, none for another claim); and no
+//!   destroy of an instance while a container of its claim's pod exists, except by that same
+//!   claim's prepare repairing it (the orphan rule needs the runtime's word that none is left);
 //! - I5 every claim the kubelet holds as prepared has its instances live at its allocated
 //!   placements, and its CDI spec names exactly them.
 
@@ -33,7 +37,8 @@ use tokio::task::JoinHandle;
 
 use super::Preparer;
 use super::handler::ClaimRef;
-use super::testing::{MemoryApi, NODE, preparer};
+use super::orphans::OrphanPolicy;
+use super::testing::{MemoryApi, MemoryRuntime, NODE, pod_of, preparer_with};
 use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
 use crate::claims::checkpoint::PrepareState;
@@ -48,6 +53,8 @@ const SLOTS: usize = 5;
 /// Seeds and steps per seed: 8 × 2,500 = 20,000 steps in `make test`.
 const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
 const STEPS: usize = 2_500;
+/// The orphan rule's delay in the model (Reap steps advance time by up to 90 s).
+const ORPHAN_DELAY: Duration = Duration::from_secs(30);
 
 /// One step of the model. Parameters are picks, resolved against the model's state when the
 /// step runs (a pick that does not apply makes the step a no-op), so any sub-list of steps is
@@ -82,6 +89,11 @@ enum Step {
     Fault(Fault),
     /// Time passes by `secs` and the reaper runs.
     Reap { secs: u64 },
+    /// The kubelet loses its state (its checkpoint): a force-deleted claim it still held is never
+    /// unprepared. `linger`: its pod's containers go on running for now; otherwise they are gone.
+    KubeletForgets { pick: usize, linger: bool },
+    /// The containers of a forgotten claim's pod stop.
+    LingerEnds { pick: usize },
     /// Someone else destroys live instance `pick` (an administrator's `nvidia-smi`), or deletes a
     /// claim's CDI spec (`spec`): the plugin must notice on the claim's next prepare.
     Tamper { pick: usize, spec: bool },
@@ -123,6 +135,8 @@ enum Caller {
     Prepare(String),
     Unprepare(String),
     Reaper,
+    /// The orphan rule's checks.
+    Orphans,
     Startup,
 }
 
@@ -130,11 +144,12 @@ tokio::task_local! {
     static CALLER: Caller;
 }
 
-/// What the kubelet holds as prepared: claim UID → MIG UUIDs, and whether the API server
-/// still has the claim.
+/// What the kubelet holds as prepared: MIG UUID → claim UID, and whether the API server
+/// still has the claim; and the MIG UUIDs that containers can use: MIG UUID → claim UID.
 #[derive(Default)]
 struct Held {
     by_mig: HashMap<String, (String, bool)>,
+    running: HashMap<String, String>,
 }
 
 /// The emulated backend with I4 checked on every destroy.
@@ -174,17 +189,28 @@ impl GpuBackend for Checked {
             && let Some((owner, in_api)) = self.held.lock().unwrap().by_mig.get(&s.mig_uuid)
         {
             let caller = CALLER.try_with(Clone::clone).ok();
-            // A claim the API server no longer has (force-deleted, its placement given to
-            // another claim) may lose its instance to start-up, to the prepare of that other claim,
-            // or to the reaper finishing such a release; never to another claim's unprepare.
-            let allowed = match &caller {
-                Some(Caller::Unprepare(uid)) => uid == owner,
-                Some(Caller::Startup | Caller::Prepare(_) | Caller::Reaper) => !in_api,
-                None => false,
-            };
+            // Only the kubelet's unprepare of the claim releases what the kubelet holds, even
+            // when the API server no longer has the claim (a force delete).
+            if caller != Some(Caller::Unprepare(owner.clone())) {
+                self.violations.lock().unwrap().push(format!(
+                    "I4: {caller:?} destroyed {} ({} at {} on GPU {gpu}), held by claim {owner} (in the API: {in_api})",
+                    s.mig_uuid, s.profile, s.placement.start
+                ));
+            }
+        }
+        if let Ok(live) = self.inner.instances_on(gpu)
+            && let Some(s) = live.iter().find(|s| s.gi_id == gi_id)
+            && let Some(owner) = self.held.lock().unwrap().running.get(&s.mig_uuid)
+        {
+            let caller = CALLER.try_with(Clone::clone).ok();
+            // The claim's own prepare may repair it (a slice of it was destroyed behind the
+            // plugin's back: it releases the rest and creates them again), and the reaper may
+            // finish that release; nothing else touches a slice a container can use.
+            let allowed = matches!(&caller, Some(Caller::Prepare(uid)) if uid == owner)
+                || caller == Some(Caller::Reaper);
             if !allowed {
                 self.violations.lock().unwrap().push(format!(
-                    "I4: {caller:?} destroyed {} ({} at {} on GPU {gpu}), held by claim {owner}",
+                    "I4: {caller:?} destroyed {} ({} at {} on GPU {gpu}) while a container of claim {owner}'s pod exists",
                     s.mig_uuid, s.profile, s.placement.start
                 ));
             }
@@ -223,6 +249,9 @@ struct Stats {
     faults: usize,
     tampered: usize,
     foreign: usize,
+    forgotten: usize,
+    orphans_released: usize,
+    orphans_kept: usize,
 }
 
 struct World {
@@ -236,6 +265,9 @@ struct World {
     rng: Arc<Mutex<StdRng>>,
     slots: Vec<Option<Claim>>,
     zombies: Vec<Claim>,
+    /// Claims the kubelet forgot whose pod's containers still run.
+    lingering: Vec<Claim>,
+    runtime: Arc<MemoryRuntime>,
     background: Vec<JoinHandle<()>>,
     lost: BTreeSet<u32>,
     /// Claims whose instance or CDI spec someone else removed.
@@ -263,7 +295,8 @@ impl World {
         let held = Arc::new(Mutex::new(Held::default()));
         let violations = Arc::new(Mutex::new(Vec::new()));
         let api = Arc::new(MemoryApi::default());
-        let p = Self::build(&dir, &emu, &api, &held, &violations, &rng);
+        let runtime = Arc::new(MemoryRuntime::default());
+        let p = Self::build(&dir, &emu, &api, &runtime, &held, &violations, &rng);
         World {
             stats: Stats::default(),
             dir,
@@ -275,6 +308,8 @@ impl World {
             rng,
             slots: vec![None; SLOTS],
             zombies: Vec::new(),
+            lingering: Vec::new(),
+            runtime,
             background: Vec::new(),
             lost: BTreeSet::new(),
             tampered: BTreeSet::new(),
@@ -287,6 +322,7 @@ impl World {
         dir: &tempfile::TempDir,
         emu: &Arc<EmulatedBackend>,
         api: &Arc<MemoryApi>,
+        runtime: &Arc<MemoryRuntime>,
         held: &Arc<Mutex<Held>>,
         violations: &Arc<Mutex<Vec<String>>>,
         rng: &Arc<Mutex<StdRng>>,
@@ -299,7 +335,17 @@ impl World {
             held: held.clone(),
             violations: violations.clone(),
         });
-        Arc::new(preparer(dir.path(), backend, api.clone(), blocking))
+        let orphans = OrphanPolicy {
+            delay: ORPHAN_DELAY,
+            runtime: Some(runtime.clone()),
+        };
+        Arc::new(preparer_with(
+            dir.path(),
+            backend,
+            api.clone(),
+            blocking,
+            orphans,
+        ))
     }
 
     fn violation(&self, v: String) {
@@ -345,7 +391,17 @@ impl World {
             Step::Reap { secs } => {
                 tokio::time::advance(Duration::from_secs(secs)).await;
                 let r = CALLER.scope(Caller::Reaper, self.p.reap_due()).await;
+                let o = CALLER.scope(Caller::Orphans, self.p.check_orphans()).await;
                 self.stats.reaped += r.finished.len();
+                self.stats.orphans_released += o.released.len();
+                self.stats.orphans_kept += o.kept.len();
+            }
+            Step::KubeletForgets { pick, linger } => self.forget(pick, linger),
+            Step::LingerEnds { pick } => {
+                if !self.lingering.is_empty() {
+                    let c = self.lingering.remove(pick % self.lingering.len());
+                    self.stop_containers(&c);
+                }
             }
             Step::Restart => {
                 self.stats.restarts += 1;
@@ -503,6 +559,7 @@ impl World {
         if results.iter().any(Result::is_ok) && c.held.is_none() {
             let migs = self.spec_migs(&c.claim.uid).unwrap_or_default();
             self.hold(&c, Some(migs.clone()), true);
+            self.start_containers(&c, &migs);
             if let Some(s) = self.slots[slot].as_mut() {
                 s.held = Some(migs);
             }
@@ -521,7 +578,9 @@ impl World {
                 None => return,
             }
         };
-        // From here on the kubelet no longer counts on the instances.
+        // The kubelet unprepares only after the pod's containers have stopped; from here on it
+        // no longer counts on the instances.
+        self.stop_containers(&c);
         self.hold(&c, None, false);
         if let Some(s) = self.slots[slot].as_mut().filter(|_| !zombie) {
             s.held = None;
@@ -558,6 +617,45 @@ impl World {
         }
     }
 
+    /// The pod's containers start: they can use `migs` and the runtime reports the pod.
+    fn start_containers(&self, c: &Claim, migs: &[String]) {
+        let mut held = self.held.lock().unwrap();
+        for m in migs {
+            held.running.insert(m.clone(), c.claim.uid.clone());
+        }
+        self.runtime
+            .pods
+            .lock()
+            .unwrap()
+            .insert(pod_of(&c.claim.uid));
+    }
+
+    /// The pod's containers are gone: the runtime no longer reports the pod.
+    fn stop_containers(&self, c: &Claim) {
+        let mut held = self.held.lock().unwrap();
+        held.running.retain(|_, uid| *uid != c.claim.uid);
+        self.runtime
+            .pods
+            .lock()
+            .unwrap()
+            .remove(&pod_of(&c.claim.uid));
+    }
+
+    /// [`Step::KubeletForgets`]: a zombie (force-deleted, still held) is never unprepared.
+    fn forget(&mut self, pick: usize, linger: bool) {
+        if self.zombies.is_empty() {
+            return;
+        }
+        let c = self.zombies.remove(pick % self.zombies.len());
+        self.stats.forgotten += 1;
+        self.hold(&c, None, false);
+        if linger {
+            self.lingering.push(c);
+        } else {
+            self.stop_containers(&c);
+        }
+    }
+
     fn tamper(&mut self, pick: usize, spec: bool) {
         let victim = if spec {
             let specs = cdi::list_specs(&self.dir.path().join("cdi")).unwrap();
@@ -581,9 +679,25 @@ impl World {
                 .claims
                 .iter()
                 .find(|(_, r)| r.devices.iter().any(|d| super::plan::is_instance(d, s)));
+            // An instance a prepare has created but not yet recorded belongs to the claim
+            // allocated that placement.
+            let allocated = self
+                .slots
+                .iter()
+                .flatten()
+                .chain(&self.zombies)
+                .find(|c| {
+                    c.devices.iter().any(|(g, p, st)| {
+                        (*g, p, *st) == (s.gpu_index, &s.profile, s.placement.start)
+                    })
+                })
+                .map(|c| c.claim.uid.clone());
             match owner {
                 Some((uid, _)) => uid.clone(),
-                None => return,
+                None => match allocated {
+                    Some(uid) => uid,
+                    None => return,
+                },
             }
         };
         self.stats.tampered += 1;
@@ -691,6 +805,7 @@ impl World {
             &self.dir,
             &self.emu,
             &self.api,
+            &self.runtime,
             &self.held,
             &self.violations,
             &self.rng,
@@ -854,7 +969,7 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                     slot,
                     broken: rng.random_bool(0.5),
                 },
-                75..85 => Step::Fault(match rng.random_range(0..7) {
+                75..84 => Step::Fault(match rng.random_range(0..7) {
                     0 => Fault::Create {
                         gpu: rng.random_range(0..2),
                         kind: FaultKind::Other,
@@ -879,15 +994,22 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                     },
                     _ => Fault::StatusWrites(rng.random_range(1..4)),
                 }),
-                85..92 => Step::Reap {
+                84..91 => Step::Reap {
                     secs: rng.random_range(1..90),
                 },
-                92..95 => Step::Restart,
-                95..97 => Step::Tamper {
+                91..94 => Step::Restart,
+                94..96 => Step::Tamper {
                     pick: rng.random_range(0..64),
                     spec: rng.random_bool(0.3),
                 },
-                97..98 => Step::Foreign { pick: rng.random() },
+                96..97 => Step::Foreign { pick: rng.random() },
+                97..98 => Step::KubeletForgets {
+                    pick: rng.random_range(0..8),
+                    linger: rng.random_bool(0.5),
+                },
+                98..99 => Step::LingerEnds {
+                    pick: rng.random_range(0..8),
+                },
                 _ => Step::Settle,
             };
             (step, rng.random())
@@ -1010,6 +1132,9 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
             total.faults += s.faults;
             total.tampered += s.tampered;
             total.foreign += s.foreign;
+            total.forgotten += s.forgotten;
+            total.orphans_released += s.orphans_released;
+            total.orphans_kept += s.orphans_kept;
             for (k, v) in &s.prepare_errors {
                 *total.prepare_errors.entry(k).or_default() += v;
             }
@@ -1048,7 +1173,17 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
         "{total:?}"
     );
     assert!(total.reaped > 0 && total.unprepare_errors > 0, "{total:?}");
-    for cause in ["create", "destroy", "gpu_unavailable", "api_read"] {
+    assert!(
+        total.forgotten > 0 && total.orphans_released > 0 && total.orphans_kept > 0,
+        "the orphan rule is exercised both ways: {total:?}"
+    );
+    for cause in [
+        "create",
+        "destroy",
+        "gpu_unavailable",
+        "api_read",
+        "placement_held",
+    ] {
         assert!(
             total.prepare_errors.contains_key(cause),
             "no {cause}: {total:?}"

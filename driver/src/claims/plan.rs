@@ -209,10 +209,16 @@ pub fn match_devices(
 }
 
 /// The other claims whose records hold an instance overlapping one of `planned`'s placements (same
-/// GPU, shared memory slices), by claim UID. Normally none: the scheduler never gives one
-/// placement to two allocated claims. After a force delete it does: the old pod's claim is
-/// deallocated before the kubelet has unprepared it.
-pub fn placement_holders(cp: &Checkpoint, uid: &str, planned: &[Planned]) -> Vec<String> {
+/// GPU, shared memory slices): holder's claim UID → the first planned device it blocks. Normally
+/// none: the scheduler never gives one placement to two allocated claims. After a force delete
+/// it does: the old pod's claim is deallocated before the kubelet has unprepared it, and its
+/// containers may still run (the prepare then waits, and fails with
+/// [`PrepareError::PlacementHeld`]; it never destroys the holder's slice).
+pub fn placement_holders(
+    cp: &Checkpoint,
+    uid: &str,
+    planned: &[Planned],
+) -> BTreeMap<String, String> {
     let overlaps = |d: &RecordedDevice, p: &Planned| {
         d.gpu_uuid == p.at.gpu_uuid
             && d.placement_start < p.at.start + p.at.size
@@ -220,14 +226,38 @@ pub fn placement_holders(cp: &Checkpoint, uid: &str, planned: &[Planned]) -> Vec
     };
     cp.claims
         .iter()
-        .filter(|(other, r)| {
-            other.as_str() != uid
-                && r.devices
-                    .iter()
-                    .any(|d| planned.iter().any(|p| overlaps(d, p)))
+        .filter(|(other, _)| other.as_str() != uid)
+        .filter_map(|(other, r)| {
+            planned
+                .iter()
+                .find(|p| r.devices.iter().any(|d| overlaps(d, p)))
+                .map(|p| (other.clone(), p.device.clone()))
         })
-        .map(|(other, _)| other.clone())
         .collect()
+}
+
+/// The UIDs of the pods a claim is reserved for (`status.reservedFor` entries of resource
+/// `pods`), in the claim's order. The orphan rule asks the container runtime about them
+/// (docs/design.md, "A slice leaves its claim").
+pub fn reserving_pods(rc: &ResourceClaim) -> Vec<String> {
+    rc.status
+        .iter()
+        .flat_map(|s| s.reserved_for.iter().flatten())
+        .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| r.uid.clone())
+        .collect()
+}
+
+/// `known` with the pods of `more` that it lacks appended (a shared claim gains pods; a pod that
+/// ended is kept: its containers may outlive it).
+pub fn with_pods(known: &[String], more: &[String]) -> Vec<String> {
+    let mut all = known.to_vec();
+    for p in more {
+        if !all.contains(p) {
+            all.push(p.clone());
+        }
+    }
+    all
 }
 
 /// What a prepare does with the checkpoint's record of the claim.
@@ -265,9 +295,10 @@ pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
         })
 }
 
-/// Whether the claim recorded as `record` is still allocated, as recorded, to this node (start-up
-/// keeps it) or was deleted, replaced or deallocated while the plugin was down (start-up
-/// releases it).
+/// Whether the claim recorded as `record` is still allocated, as recorded, to this node. When it
+/// is not (deleted, replaced or deallocated), the kubelet may still hold it and its containers
+/// may still run: the record is kept until the kubelet unprepares it, or until the orphan rule
+/// ([`orphan_verdict`]) proves no container of its pods is left.
 pub fn still_allocated(
     claim: &ClaimRef,
     record: &ClaimRecord,
@@ -284,6 +315,62 @@ pub fn still_allocated(
             .iter()
             .zip(&record.devices)
             .all(|(r, d)| r.request == d.request && r.device == d.device)
+}
+
+/// What the orphan rule concludes about a prepared claim's record (docs/design.md, "A slice
+/// leaves its claim").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrphanVerdict {
+    /// The API server allocates the claim to this node as recorded: it is no orphan.
+    Allocated,
+    /// Keep the slices; why, for the log and the Node event.
+    Keep(String),
+    /// The container runtime has no sandbox and no container of any pod the claim was prepared
+    /// for: no process can reach its slices, so they may go.
+    Release,
+}
+
+/// The orphan rule, for a completed record whose claim was checked against the API server
+/// (`allocated`): a claim the API server no longer allocates keeps its slices until the kubelet
+/// unprepares it, unless the container runtime answered for every recorded pod
+/// (`evidence`: pod UID → whether it still has a sandbox or container, or why the runtime
+/// could not tell; `None` when no runtime is configured) that none is left. Positive evidence
+/// only: no pods recorded, no runtime, an error or a single pod with containers keeps it.
+pub fn orphan_verdict(
+    allocated: bool,
+    pods: &[String],
+    evidence: Option<&[(String, Result<bool, String>)]>,
+) -> OrphanVerdict {
+    if allocated {
+        return OrphanVerdict::Allocated;
+    }
+    if pods.is_empty() {
+        return OrphanVerdict::Keep(
+            "no pod is recorded for it (a record rebuilt or written before pods were recorded), so nothing proves its containers are gone".into(),
+        );
+    }
+    let Some(evidence) = evidence else {
+        return OrphanVerdict::Keep(
+            "no container runtime endpoint is configured (--container-runtime-endpoint), so nothing proves its containers are gone".into(),
+        );
+    };
+    for pod in pods {
+        match evidence.iter().find(|(p, _)| p == pod).map(|(_, r)| r) {
+            None => return OrphanVerdict::Keep(format!("pod {pod} was not asked about")),
+            Some(Err(e)) => {
+                return OrphanVerdict::Keep(format!(
+                    "the container runtime could not say whether pod {pod} has containers: {e}"
+                ));
+            }
+            Some(Ok(true)) => {
+                return OrphanVerdict::Keep(format!(
+                    "the container runtime still has a sandbox or container of pod {pod}"
+                ));
+            }
+            Some(Ok(false)) => {}
+        }
+    }
+    OrphanVerdict::Release
 }
 
 /// What start-up does with a live instance no record claims.

@@ -8,6 +8,12 @@
 //! one GPU's calls in turn), noting each instance in the record as soon as it exists → write the
 //! CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
 //!
+//! A placement that overlaps a slice another claim's record still holds is never taken from it:
+//! the prepare waits a little for the kubelet's unprepare of that claim (the force-delete race)
+//! and otherwise fails with [`PrepareError::PlacementHeld`], which the kubelet retries. Only the
+//! kubelet's unprepare, or the orphan rule with the container runtime's evidence
+//! ([`super::orphans`]), ever releases a prepared claim.
+//!
 //! Unprepare, and the roll-back of a failed prepare, release the claim: destroy exactly the
 //! recorded instances, delete the CDI spec, and drop the record only when every instance is
 //! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
@@ -21,6 +27,7 @@ use futures::future::join_all;
 use tokio::sync::Mutex;
 
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
+use super::orphans::{OrphanPolicy, OrphanWatch};
 use super::plan::{self, DeviceRef, OnPrepare, Planned};
 use super::reaper::ReaperState;
 use super::status::StatusWriters;
@@ -35,15 +42,15 @@ use crate::metrics::Metrics;
 
 /// Longest a prepare waits for another claim's instances at its placements to go: after a force
 /// delete the scheduler gives the placement to a new pod before the kubelet has unprepared the
-/// old pod's claim (the kubelet retries a failed prepare only after several seconds).
+/// old pod's claim, which it does once the old pod's containers have stopped (its kill grace is
+/// at least 2 s). Waiting here starts the new pod as soon as that happens; the kubelet retries
+/// a failed prepare only after several seconds. Below the kubelet's own call timeout (45 s).
 pub const PLACEMENT_WAIT: Duration = Duration::from_secs(20);
-/// After this long waiting, a holder the API server no longer allocates is released by the
-/// prepare itself, as start-up would release it.
-pub const PLACEMENT_GRACE: Duration = Duration::from_secs(2);
 /// How often a waiting prepare looks again (it is also woken when a record is dropped).
 const PLACEMENT_POLL: Duration = Duration::from_millis(100);
 
-/// Retries of a destroy that NVML answers with `IN_USE` (processes still exiting).
+/// Retries of a destroy that NVML answers with `IN_USE` (processes still exiting). A release
+/// pauses without the GPU's lock, so other claims' calls on that GPU go on meanwhile.
 const DESTROY_RETRIES: [Duration; 4] = [
     Duration::from_millis(100),
     Duration::from_millis(400),
@@ -78,6 +85,8 @@ pub struct PreparerConfig {
     pub metrics: Arc<Metrics>,
     /// Where backend calls run.
     pub blocking: BlockingCalls,
+    /// When the plugin may release a prepared claim the kubelet never unprepares.
+    pub orphans: OrphanPolicy,
 }
 
 /// Prepares and unprepares claims for this node; see the module docs.
@@ -101,6 +110,9 @@ pub struct Preparer {
     pub(crate) reaper: ReaperState,
     /// Woken whenever a record is dropped (placement waits).
     released: tokio::sync::Notify,
+    /// Suspected orphans ([`super::orphans`]).
+    pub(crate) orphans: OrphanWatch,
+    pub(crate) orphan_policy: OrphanPolicy,
 }
 
 /// A device whose instance is still there after a release, and why.
@@ -144,6 +156,8 @@ impl Preparer {
             blocking: config.blocking,
             reaper: ReaperState::default(),
             released: tokio::sync::Notify::new(),
+            orphans: OrphanWatch::default(),
+            orphan_policy: config.orphans,
         }
     }
 
@@ -182,10 +196,12 @@ impl Preparer {
             .await
             .map_err(|e| PrepareError::ApiRead(e.message))?;
         let planned = plan::resolve_allocation(claim, rc.as_ref(), &self.node, &self.devices)?;
+        let pods = rc.as_ref().map(plan::reserving_pods).unwrap_or_default();
         let record = self.record_of(&claim.uid);
         match (plan::on_prepare(record.as_ref(), &planned), record) {
             (OnPrepare::Verify, Some(r)) => {
                 if let Some(done) = self.serve_completed(claim, &r).await? {
+                    self.note_pods(claim, &r.pods, &pods).await?;
                     return Ok(done);
                 }
             }
@@ -196,51 +212,71 @@ impl Preparer {
             }
             _ => {}
         }
-        self.wait_for_placements(claim, &planned).await;
-        self.create_and_record(claim, &planned).await
+        self.wait_for_placements(claim, &planned).await?;
+        let known = self
+            .record_of(&claim.uid)
+            .map(|r| r.pods)
+            .unwrap_or_default();
+        self.create_and_record(claim, &planned, plan::with_pods(&known, &pods))
+            .await
+    }
+
+    /// Adds the pods a retried prepare of a completed claim was called for (a shared claim gains
+    /// pods) to its record; saves only when that changes it.
+    async fn note_pods(
+        &self,
+        claim: &ClaimRef,
+        known: &[String],
+        pods: &[String],
+    ) -> Result<(), PrepareError> {
+        let all = plan::with_pods(known, pods);
+        if all.len() == known.len() {
+            return Ok(());
+        }
+        self.checkpoint
+            .commit(|cp| {
+                cp.set_pods(&claim.uid, all);
+            })
+            .await
+            .map_err(PrepareError::Checkpoint)
     }
 
     /// Waits (at most [`PLACEMENT_WAIT`]) until no other claim's record holds an instance at the
     /// planned placements: the force-delete race, where the kubelet's unprepare of the old pod's
-    /// claim may come after this prepare. After [`PLACEMENT_GRACE`], a holder the API server no
-    /// longer allocates (deleted, replaced, deallocated) is released here, as start-up would
-    /// release it. A holder that is still allocated is waited for only until the limit; the
-    /// create then fails naming the occupied placement.
-    async fn wait_for_placements(&self, claim: &ClaimRef, planned: &[Planned]) {
+    /// claim comes after this prepare, once the old pod's containers have stopped. The holders
+    /// are never released here, whatever the API server says of them: they become suspects of
+    /// the orphan rule ([`super::orphans`]).
+    ///
+    /// # Errors
+    /// [`PrepareError::PlacementHeld`] naming the holders, when they are still there at the limit
+    /// (the kubelet retries the prepare).
+    async fn wait_for_placements(
+        &self,
+        claim: &ClaimRef,
+        planned: &[Planned],
+    ) -> Result<(), PrepareError> {
         let t0 = tokio::time::Instant::now();
         let mut waited = false;
-        let mut checked_api = false;
         loop {
             let holders = self
                 .checkpoint
                 .read(|cp| plan::placement_holders(cp, &claim.uid, planned));
             if holders.is_empty() {
                 if waited {
-                    let how = if checked_api {
-                        "released_here"
-                    } else {
-                        "released"
-                    };
-                    self.metrics.placement_wait(how, t0.elapsed());
+                    self.metrics.placement_wait("released", t0.elapsed());
                     tracing::info!(claim = %claim, waited_ms = t0.elapsed().as_millis() as u64, "the placements are free");
                 }
-                return;
+                return Ok(());
             }
             if !waited {
                 waited = true;
+                self.suspect_holders(holders.keys());
                 tracing::info!(claim = %claim, holders = ?holders,
-                    "waiting for another claim's slices at these placements to be released (a force-deleted pod's claim the kubelet has not unprepared yet)");
+                    "waiting for the kubelet to unprepare another claim's slices at these placements (a force-deleted pod whose containers are stopping)");
             }
             if t0.elapsed() >= PLACEMENT_WAIT {
-                tracing::warn!(claim = %claim, holders = ?holders, "the placements are still held by other claims");
                 self.metrics.placement_wait("timeout", t0.elapsed());
-                return;
-            }
-            if !checked_api && t0.elapsed() >= PLACEMENT_GRACE {
-                checked_api = true;
-                if self.release_unallocated(&holders).await {
-                    continue;
-                }
+                return Err(self.placement_held(&holders));
             }
             tokio::select! {
                 _ = self.released.notified() => {}
@@ -249,41 +285,17 @@ impl Preparer {
         }
     }
 
-    /// Releases every holder the API server no longer allocates (and nobody is calling for);
-    /// `true` when all of them went.
-    async fn release_unallocated(&self, holders: &[String]) -> bool {
-        let mut all = true;
-        for uid in holders {
-            let Some(_held) = self.claim_locks.try_lock(uid) else {
-                all = false;
-                continue;
-            };
-            let Some(record) = self.record_of(uid) else {
-                continue;
-            };
-            let holder = ClaimRef {
-                namespace: record.namespace.clone(),
-                name: record.name.clone(),
-                uid: uid.clone(),
-            };
-            let rc = match self.api.get_claim(&holder.namespace, &holder.name).await {
-                Ok(rc) => rc,
-                Err(_) => {
-                    all = false;
-                    continue;
-                }
-            };
-            if plan::still_allocated(&holder, &record, rc.as_ref(), &self.node) {
-                all = false;
-                continue;
-            }
-            tracing::info!(claim = %holder, "releasing a claim the API server no longer allocates: its placement was given to a new claim");
-            self.status.stop(uid).await;
-            if self.release(&holder, record.devices).await.is_err() {
-                all = false;
-            }
-        }
-        all
+    /// The error of a prepare whose placements stay held, naming the holding claims.
+    fn placement_held(&self, holders: &BTreeMap<String, String>) -> PrepareError {
+        let device = holders.values().next().cloned().unwrap_or_default();
+        let holders = holders
+            .keys()
+            .map(|uid| match self.record_of(uid) {
+                Some(r) => format!("claim {}/{} ({uid})", r.namespace, r.name),
+                None => format!("claim {uid}"),
+            })
+            .collect();
+        PrepareError::PlacementHeld { device, holders }
     }
 
     /// A retried prepare of a completed claim: answers with the record if its instances still
@@ -361,11 +373,15 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         planned: &[Planned],
+        pods: Vec<String>,
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let t0 = Instant::now();
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
         self.checkpoint
-            .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
+            .commit(|cp| {
+                cp.set_started(&claim.uid, &claim.namespace, &claim.name, started);
+                cp.set_pods(&claim.uid, pods);
+            })
             .await
             .map_err(PrepareError::Checkpoint)?;
         let t_started = t0.elapsed();
@@ -639,18 +655,49 @@ impl Preparer {
         .collect()
     }
 
+    /// Destroys `devices` on GPU `gpu`: one pass under the GPU's lock, then, for instances NVML
+    /// answers `IN_USE` (processes still exiting), more passes after the pauses of
+    /// [`DESTROY_RETRIES`], each paused without the lock so the GPU's other calls go on.
     async fn destroy_on_gpu(
         &self,
         uid: &str,
         gpu: u32,
         devices: Vec<RecordedDevice>,
     ) -> Vec<Remaining> {
+        let mut pauses = DESTROY_RETRIES.iter();
+        let mut pending = devices;
+        let mut failed = Vec::new();
+        loop {
+            let (in_use, other) = self.destroy_pass(uid, gpu, pending).await;
+            failed.extend(other);
+            match pauses.next() {
+                Some(pause) if !in_use.is_empty() => {
+                    tokio::time::sleep(*pause).await;
+                    pending = in_use.into_iter().map(|r| r.device).collect();
+                }
+                _ => {
+                    failed.extend(in_use);
+                    return failed;
+                }
+            }
+        }
+    }
+
+    /// One attempt at each of `devices`, under GPU `gpu`'s lock: list its instances, match the
+    /// recorded ones (exact identity, re-read on every pass), destroy each once. Returns the
+    /// devices whose instance answered `IN_USE`, then those that failed otherwise.
+    async fn destroy_pass(
+        &self,
+        uid: &str,
+        gpu: u32,
+        devices: Vec<RecordedDevice>,
+    ) -> (Vec<Remaining>, Vec<Remaining>) {
         let lock = self.gpu_lock(gpu);
         let _held = lock.lock().await;
         let live = match self.instances_on(gpu).await {
             Ok(live) => live,
             Err(e) => {
-                return devices
+                let failed = devices
                     .into_iter()
                     .map(|d| Remaining {
                         failure: format!("device {} ({} on GPU {gpu}): {e}", d.device, d.profile),
@@ -659,60 +706,72 @@ impl Preparer {
                         device: d,
                     })
                     .collect();
+                return (Vec::new(), failed);
             }
         };
         let matched = plan::match_devices(&devices, &live, |s| {
             self.checkpoint
                 .read(|cp| plan::recorded_elsewhere(cp, uid, s))
         });
-        let mut remaining = Vec::new();
+        let (mut in_use, mut failed) = (Vec::new(), Vec::new());
         for (d, found) in devices.iter().zip(matched) {
             let Some(s) = found else {
                 continue; // confirmed gone: the GPU answered and it is not there
             };
-            if let Err(e) = self.destroy_one(&s).await {
-                remaining.push(Remaining {
-                    failure: format!(
-                        "slice {} ({} at memory slice {} on GPU {gpu}): {e}",
-                        s.mig_uuid, s.profile, s.placement.start
-                    ),
-                    gpu_lost: matches!(e, BackendError::GpuLost { .. }),
-                    cause: e.kind(),
-                    device: plan::with_instance(d, &s),
-                });
+            let Err(e) = self.destroy_once(&s).await else {
+                continue;
+            };
+            let left = Remaining {
+                failure: format!(
+                    "slice {} ({} at memory slice {} on GPU {gpu}): {e}",
+                    s.mig_uuid, s.profile, s.placement.start
+                ),
+                gpu_lost: matches!(e, BackendError::GpuLost { .. }),
+                cause: e.kind(),
+                device: plan::with_instance(d, &s),
+            };
+            if matches!(e, BackendError::InUse { .. }) {
+                in_use.push(left);
+            } else {
+                failed.push(left);
             }
         }
-        remaining
+        (in_use, failed)
     }
 
-    /// Destroys one instance, retrying `IN_USE`. `NOT_FOUND` counts as destroyed. The caller
-    /// holds the GPU's lock.
+    /// Destroys one instance, retrying `IN_USE` after the pauses of [`DESTROY_RETRIES`]. The
+    /// caller holds the GPU's lock throughout: for start-up only, before the plugin serves.
     pub(crate) async fn destroy_one(&self, s: &MigInstance) -> Result<(), BackendError> {
-        // One try, then one more after each pause while NVML answers IN_USE.
         let mut pauses = DESTROY_RETRIES.iter();
         loop {
-            let backend = self.backend.clone();
-            let (gpu, gi) = (s.gpu_index, s.gi_id);
-            let t0 = Instant::now();
-            let r = self
-                .blocking
-                .run(move || backend.destroy_instance(gpu, gi))
-                .await;
-            self.metrics.observe_backend("destroy", t0.elapsed());
-            match r {
-                Ok(Ok(())) | Ok(Err(BackendError::NotFound { .. })) => return Ok(()),
-                Ok(Err(e @ BackendError::InUse { .. })) => match pauses.next() {
+            match self.destroy_once(s).await {
+                Err(e @ BackendError::InUse { .. }) => match pauses.next() {
                     Some(pause) => tokio::time::sleep(*pause).await,
                     None => return Err(e),
                 },
-                Ok(Err(e)) => return Err(e),
-                Err(reason) => {
-                    return Err(BackendError::Other {
-                        target: crate::gpu::Target::gpu(gpu),
-                        reason,
-                    });
-                }
+                other => return other,
             }
+        }
+    }
+
+    /// One destroy of one instance; `NOT_FOUND` counts as destroyed. The caller holds the GPU's
+    /// lock.
+    async fn destroy_once(&self, s: &MigInstance) -> Result<(), BackendError> {
+        let backend = self.backend.clone();
+        let (gpu, gi) = (s.gpu_index, s.gi_id);
+        let t0 = Instant::now();
+        let r = self
+            .blocking
+            .run(move || backend.destroy_instance(gpu, gi))
+            .await;
+        self.metrics.observe_backend("destroy", t0.elapsed());
+        match r {
+            Ok(Ok(())) | Ok(Err(BackendError::NotFound { .. })) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(reason) => Err(BackendError::Other {
+                target: crate::gpu::Target::gpu(gpu),
+                reason,
+            }),
         }
     }
 
@@ -722,6 +781,7 @@ impl Preparer {
             tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
         }
         self.reaper.done(&claim.uid);
+        self.orphans.clear(&claim.uid);
         self.update_pending_gauge();
         self.released.notify_waiters();
     }
@@ -761,7 +821,7 @@ impl Preparer {
         out
     }
 
-    fn update_prepared_gauge(&self) {
+    pub(crate) fn update_prepared_gauge(&self) {
         let mut per_gpu = self.checkpoint.read(|cp| {
             plan::per_gpu(
                 cp.claims

@@ -151,13 +151,16 @@ impl Preparer {
         report
     }
 
-    /// Runs [`Self::reap_due`] whenever an attempt is due, until `stop`.
+    /// Runs [`Self::reap_due`] whenever an attempt is due, and the orphan rule's checks
+    /// ([`Self::check_orphans`]) whenever a suspect is due, until `stop`.
     pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
         loop {
             self.reap_due().await;
-            let next = self
-                .reaper
-                .next_due()
+            self.check_orphans().await;
+            let next = [self.reaper.next_due(), self.orphans.next_due()]
+                .into_iter()
+                .flatten()
+                .min()
                 .unwrap_or_else(|| Instant::now() + MAX_DELAY);
             tokio::select! {
                 _ = stop.cancelled() => return,

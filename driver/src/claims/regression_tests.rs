@@ -469,31 +469,50 @@ async fn a_prepare_waits_for_the_unprepare_of_a_force_deleted_claim_at_its_place
     );
 }
 
-/// The same race when the kubelet's unprepare is slow: after the grace period the prepare
-/// releases the old claim itself, since the API server no longer allocates it.
+/// Issue 30: the same race when the kubelet's unprepare is slow (the old pod's containers are
+/// still being killed). The API server no longer has the old claim, yet its slice is never
+/// destroyed for the new one: the new prepare fails, naming the holder, until the kubelet
+/// unprepares the old claim; the kubelet's retry then succeeds.
 #[tokio::test(start_paused = true)]
-async fn a_prepare_releases_a_claim_the_api_no_longer_allocates_after_the_grace() {
+async fn a_prepare_never_takes_the_slice_of_a_force_deleted_claim_the_kubelet_still_holds() {
     let s = setup("H100-80GB:1", inline());
     let old = s.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
     s.p.prepare_claim(&old).await.unwrap();
+    let kept = s.live_migs();
     s.api.delete(&old);
     let new = s.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
     let t0 = tokio::time::Instant::now();
-    s.p.prepare_claim(&new).await.unwrap();
-    let waited = t0.elapsed();
+    let e = s.p.prepare_claim(&new).await.unwrap_err();
+    assert_eq!(t0.elapsed(), super::preparer::PLACEMENT_WAIT);
+    assert_eq!(e.metric_label(), "placement_held", "{e}");
+    let text = e.to_string();
     assert!(
-        waited >= super::preparer::PLACEMENT_GRACE && waited < Duration::from_secs(3),
-        "{waited:?}"
+        text.contains("gpu-0-mig-7g-80gb-0") && text.contains(&format!("claim ns/old ({UID_A})")),
+        "{text}"
     );
+    assert_eq!(s.live_migs(), kept, "the old claim's slice is untouched");
+    assert!(
+        s.p.record_of(UID_B).is_none(),
+        "nothing recorded for the new claim"
+    );
+    // Start-up does not release it either.
+    let restarted = preparer(s.dir.path(), s.emu.clone(), s.api.clone(), inline());
+    let report = restarted.reconcile_at_startup(false, false).await.unwrap();
+    assert_eq!(report.kept, [old.to_string()], "{report:?}");
+    assert_eq!(s.live_migs(), kept);
+    // The kubelet unprepares the old claim once its containers are gone; its retry succeeds.
+    restarted.unprepare_claim(&old).await.unwrap();
+    restarted.prepare_claim(&new).await.unwrap();
     assert_eq!(s.live_migs(), s.spec_migs(&new));
-    assert!(s.p.record_of(UID_A).is_none());
-    // The kubelet's late unprepare of the old claim finds nothing left to do.
-    s.p.unprepare_claim(&old).await.unwrap();
-    assert_eq!(s.live_migs(), s.spec_migs(&new));
+    assert!(
+        s.p.metrics
+            .probe
+            .encode()
+            .contains(r#"das_kubelet_plugin_placement_wait_seconds_count{result="timeout"} 1"#)
+    );
 }
 
-/// A holder the API server still allocates is not released: the prepare gives up waiting and
-/// fails, naming the occupied placement.
+/// A holder the API server still allocates is not released either: the same error.
 #[tokio::test(start_paused = true)]
 async fn a_prepare_never_releases_a_claim_that_is_still_allocated() {
     let s = setup("H100-80GB:1", inline());
@@ -502,9 +521,35 @@ async fn a_prepare_never_releases_a_claim_that_is_still_allocated() {
     let kept = s.live_migs();
     let new = s.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
     let e = s.p.prepare_claim(&new).await.unwrap_err();
-    assert_eq!(e.metric_label(), "create", "{e}");
-    assert!(e.to_string().contains("already occupied"), "{e}");
+    assert_eq!(e.metric_label(), "placement_held", "{e}");
     assert_eq!(s.live_migs(), kept, "the old claim's slice is untouched");
+}
+
+/// Issue 30, item 4: a destroy that NVML answers `IN_USE` is retried without holding the GPU's
+/// lock, so another claim's prepare on the same GPU goes on meanwhile instead of waiting out
+/// the retries (0.1 + 0.4 + 1 + 2 s).
+#[tokio::test(start_paused = true)]
+async fn a_destroy_retried_for_in_use_does_not_stall_the_gpus_other_claims() {
+    let s = setup("H100-80GB:1", inline());
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
+    s.p.prepare_claim(&a).await.unwrap();
+    s.emu.inject_destroy_faults(0, 3, FaultKind::InUse);
+    let p = s.p.clone();
+    let unprepare = tokio::spawn(async move { p.unprepare_claim(&a).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!unprepare.is_finished(), "the destroy is being retried");
+    let b = s.one_device("b", UID_B, "gpu-0-mig-1g-10gb-5");
+    let t0 = tokio::time::Instant::now();
+    s.p.prepare_claim(&b).await.unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert!(!unprepare.is_finished(), "b did not wait for a's retries");
+    unprepare.await.unwrap().unwrap();
+    assert_eq!(s.live_migs(), s.spec_migs(&b));
+    assert!(s.p.record_of(UID_A).is_none());
 }
 
 /// Bad input: a CDI spec file of a prepared claim that is corrupt (truncated, edited) is written

@@ -4,8 +4,13 @@
 //!    records of claims with instances on them are kept for when they answer again;
 //! 2. prepares that started but never completed are rolled back (the kubelet retries them), and
 //!    releases left over are tried again;
-//! 3. completed claims whose ResourceClaim is gone, replaced or deallocated are released; the
-//!    others get their CDI spec written again where it is missing or not what it should be;
+//! 3. completed claims are kept, whatever the API server says of them: the kubelet holds them
+//!    until it unprepares them, and a container of a force-deleted pod may still run on their
+//!    slices. Each gets its CDI spec written again where it is missing or not what it should be,
+//!    and becomes a suspect of the orphan rule ([`super::orphans`]), which checks after its
+//!    delay whether the API server still allocates it and, if not, asks the container runtime;
+//!    (prepares that never completed were never answered, so no container has their slices;
+//!    releases were asked for by the kubelet's unprepare or are roll-backs);
 //! 4. when the checkpoint was lost (corrupt, or first start), the records of live instances are
 //!    rebuilt from the claims the API server has allocated on this node;
 //! 5. instances nobody records are destroyed — only those DAS created, unless `reclaim_foreign`;
@@ -32,9 +37,11 @@ pub struct Report {
     pub unavailable_gpus: Vec<u32>,
     /// Claims whose half-done prepare was rolled back.
     pub rolled_back: Vec<String>,
-    /// Claims released because the API server no longer allocates them (or a release left
-    /// over finished).
+    /// Claims whose release left over (an unprepare or roll-back whose destroys failed)
+    /// finished.
     pub released: Vec<String>,
+    /// Completed claims kept for the kubelet (each a suspect of the orphan rule).
+    pub kept: Vec<String>,
     /// Claims whose instances could not all be destroyed: recorded for the reaper.
     pub pending_destroy: Vec<String>,
     /// Claims whose record was rebuilt from live instances and the API server.
@@ -58,7 +65,8 @@ impl Preparer {
     /// step 4 (the checkpoint was missing or corrupt).
     ///
     /// # Errors
-    /// The API server could not be read, or the CDI directory could not be cleaned.
+    /// The API server could not be listed (rebuild only), or the CDI directory could not be
+    /// cleaned.
     pub async fn reconcile_at_startup(
         &self,
         rebuild: bool,
@@ -75,7 +83,7 @@ impl Preparer {
             }
         }
         for (claim, record) in self.records() {
-            self.settle(&claim, record, &live, &mut report).await?;
+            self.settle(&claim, record, &live, &mut report).await;
         }
         if rebuild {
             self.rebuild_from_api(&live, &mut report).await?;
@@ -109,28 +117,16 @@ impl Preparer {
         record: ClaimRecord,
         live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
         report: &mut Report,
-    ) -> Result<()> {
-        let keep = match record.state {
-            PrepareState::PrepareStarted | PrepareState::Releasing => false,
-            PrepareState::PrepareCompleted => {
-                let rc = self
-                    .api
-                    .get_claim(&claim.namespace, &claim.name)
-                    .await
-                    .with_context(|| format!("read claim {claim}"))?;
-                plan::still_allocated(claim, &record, rc.as_ref(), &self.node)
-            }
-        };
-        if keep {
-            self.check_kept(claim, &record, live, report);
-            return Ok(());
-        }
+    ) {
         let what = match record.state {
+            PrepareState::PrepareCompleted => {
+                self.suspect_holders(std::iter::once(&claim.uid));
+                report.kept.push(claim.to_string());
+                self.check_kept(claim, &record, live, report);
+                return;
+            }
             PrepareState::PrepareStarted => "rolling back a prepare that did not complete",
             PrepareState::Releasing => "destroying the slices a release left",
-            PrepareState::PrepareCompleted => {
-                "releasing a claim the API server no longer allocates"
-            }
         };
         tracing::info!(claim = %claim, "{what}");
         match self.release(claim, record.devices).await {
@@ -143,7 +139,6 @@ impl Preparer {
                 report.pending_destroy.push(claim.to_string());
             }
         }
-        Ok(())
     }
 
     /// A kept claim: its instances should exist; its CDI spec is written again if needed.

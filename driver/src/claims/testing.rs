@@ -13,7 +13,10 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
 use super::handler::ClaimRef;
-use super::{ApiError, ClaimApi, EventKind, EventTarget, Preparer, PreparerConfig};
+use super::{
+    ApiError, ClaimApi, EventKind, EventTarget, OrphanPolicy, PodContainers, Preparer,
+    PreparerConfig,
+};
 use crate::blocking::BlockingCalls;
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
 use crate::gpu::GpuBackend;
@@ -50,7 +53,10 @@ impl MemoryApi {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": ns, "uid": uid},
             "spec": {},
-            "status": {"allocation": {"devices": {"results": results}}}
+            "status": {
+                "allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"), "uid": pod_of(uid)}]
+            }
         }))
         .expect("claim");
         self.claims
@@ -139,13 +145,48 @@ impl ClaimApi for MemoryApi {
     }
 }
 
+/// The UID of the pod a [`MemoryApi`] claim with UID `claim_uid` is reserved for.
+pub fn pod_of(claim_uid: &str) -> String {
+    format!("pod-{claim_uid}")
+}
+
+/// The container runtime, in memory: the pods that still have a sandbox or container.
+#[derive(Default)]
+pub struct MemoryRuntime {
+    /// UIDs of pods with a sandbox or container.
+    pub pods: Mutex<std::collections::BTreeSet<String>>,
+    /// The next this many calls fail.
+    pub failing: AtomicUsize,
+}
+
+#[tonic::async_trait]
+impl PodContainers for MemoryRuntime {
+    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, String> {
+        if MemoryApi::take(&self.failing) {
+            return Err("injected: the runtime does not answer".into());
+        }
+        Ok(self.pods.lock().unwrap().contains(pod_uid))
+    }
+}
+
 /// A preparer for [`NODE`] over `backend`, with its checkpoint and CDI dir under `dir`, loading
-/// the checkpoint there if one exists (a restart).
+/// the checkpoint there if one exists (a restart); no container runtime (orphans are kept).
 pub fn preparer(
     dir: &Path,
     backend: Arc<dyn GpuBackend>,
     api: Arc<dyn ClaimApi>,
     blocking: BlockingCalls,
+) -> Preparer {
+    preparer_with(dir, backend, api, blocking, OrphanPolicy::default())
+}
+
+/// [`preparer`] with the orphan rule's policy `orphans`.
+pub fn preparer_with(
+    dir: &Path,
+    backend: Arc<dyn GpuBackend>,
+    api: Arc<dyn ClaimApi>,
+    blocking: BlockingCalls,
+    orphans: OrphanPolicy,
 ) -> Preparer {
     let path = dir.join("checkpoint.json");
     let checkpoint = match Checkpoint::load(&path, "boot").expect("checkpoint") {
@@ -165,5 +206,6 @@ pub fn preparer(
         checkpoint: store,
         metrics: Arc::new(Metrics::new()),
         blocking,
+        orphans,
     })
 }

@@ -32,6 +32,7 @@ fn sample() -> Checkpoint {
         vec!["das.com/mig=uid-2-gpu-0-mig-1g-10gb-4".to_string()],
     )]);
     cp.set_completed("uid-2", "ns", "claim-2", vec![done.clone()], ids);
+    assert!(cp.set_pods("uid-2", vec!["pod-a".into(), "pod-b".into()]));
     let mut leftover = device("gpu", 2);
     leftover.instance = Some(InstanceId {
         gi_id: 3,
@@ -88,7 +89,8 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 2",
+        "\"version\": 3",
+        "\"pods\"",
         "\"instance\"",
         "\"giId\"",
         "\"Releasing\"",
@@ -176,11 +178,48 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 2", "\"version\": 3")).unwrap();
+    fs::write(&path, text.replace("\"version\": 3", "\"version\": 4")).unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("3".into())
+        CorruptReason::UnknownVersion("4".into())
     );
+}
+
+/// A version-2 file (no `pods`) is read as version 3 with no pods known; its pods survive a
+/// release of the claim (the record keeps them across states).
+#[test]
+fn a_version_2_file_is_upgraded_with_no_pods_known() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let mut v2 = sample();
+    v2.set_pods("uid-2", Vec::new());
+    let mut doc = Document {
+        version: 2,
+        boot_id: v2.boot_id.clone(),
+        checksum: None,
+        claims: v2.claims.clone(),
+    };
+    doc.checksum = Some(doc.compute_checksum().unwrap());
+    let text = serde_json::to_string_pretty(&doc).unwrap();
+    assert!(!text.contains("pods"), "{text}");
+    fs::write(&path, text).unwrap();
+    let LoadOutcome::Upgraded {
+        mut checkpoint,
+        from,
+    } = Checkpoint::load(&path, BOOT).unwrap()
+    else {
+        panic!("expected an upgrade");
+    };
+    assert_eq!(from, 2);
+    assert_eq!(checkpoint, v2);
+    assert!(checkpoint.set_pods("uid-2", vec!["pod-a".into()]));
+    assert!(
+        !checkpoint.set_pods("uid-2", vec!["pod-a".into()]),
+        "no change"
+    );
+    let devices = checkpoint.get("uid-2").unwrap().devices.clone();
+    checkpoint.set_releasing("uid-2", "ns", "claim-2", devices);
+    assert_eq!(checkpoint.get("uid-2").unwrap().pods, ["pod-a"]);
 }
 
 /// A file written by the first release (version 1), byte for byte as it wrote it.
@@ -266,12 +305,12 @@ fn a_version_1_file_is_upgraded_not_moved_aside() {
         })
     );
     assert_eq!(done.cdi_device_ids["gpu"], ["das.com/mig=uid-2-gpu"]);
-    // Saved, it is a version-2 file that loads as such and round-trips.
+    // Saved, it is a current-version file that loads as such and round-trips.
     checkpoint.save(&path).unwrap();
     assert!(
         fs::read_to_string(&path)
             .unwrap()
-            .contains("\"version\": 2")
+            .contains(&format!("\"version\": {CHECKPOINT_VERSION}"))
     );
     assert_eq!(
         Checkpoint::load(&path, BOOT).unwrap(),

@@ -106,6 +106,22 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
     unallocated.status = None;
     let e = resolve_allocation(&claim(), Some(&unallocated), "n0", &devices).unwrap_err();
     assert!(matches!(e, PrepareError::NotAllocated));
+    // adminAccess (docs/reliability.md, "Bad input and what it gets"): refused, naming the
+    // device; an explicit `false` is an ordinary allocation.
+    let with_admin = |admin: bool| {
+        let mut r = result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME);
+        r["adminAccess"] = json!(admin);
+        rc("uid-1", json!([r]))
+    };
+    let e = resolve_allocation(&claim(), Some(&with_admin(true)), "n0", &devices).unwrap_err();
+    assert!(
+        matches!(&e, PrepareError::AdminAccess { device } if device == "gpu-0-mig-1g-10gb-6"),
+        "{e:?}"
+    );
+    assert_eq!(e.metric_label(), "admin_access");
+    assert!(e.to_string().contains("gpu-0-mig-1g-10gb-6"), "{e}");
+    let p = resolve_allocation(&claim(), Some(&with_admin(false)), "n0", &devices).unwrap();
+    assert_eq!(p, vec![planned(0, 6, "gpu")]);
 }
 
 /// Issue 11 finding 2: GI IDs are reused after a destroy; only the exact instance is ours.
@@ -162,8 +178,9 @@ fn placement_holders_are_the_other_claims_with_overlapping_slices() {
     let mut big = planned(0, 4, "gpu");
     big.at.size = 4; // 4..8 overlaps 6
     assert_eq!(
-        placement_holders(&cp, "uid-new", &[big.clone()]),
-        ["uid-old"]
+        placement_holders(&cp, "uid-new", &[planned(0, 2, "gpu"), big.clone()]),
+        BTreeMap::from([("uid-old".to_string(), big.device.clone())]),
+        "the holder, with the first planned device it blocks"
     );
     assert!(placement_holders(&cp, "uid-new", &[planned(0, 5, "gpu")]).is_empty());
     assert!(placement_holders(&cp, "uid-new", &[planned(1, 6, "gpu")]).is_empty());
@@ -182,6 +199,7 @@ fn prepare_reuses_only_a_completed_record_of_the_same_allocation() {
         state: PrepareState::PrepareCompleted,
         devices: vec![record(&p[0])],
         cdi_device_ids: BTreeMap::new(),
+        pods: Vec::new(),
         updated_at: 0,
     };
     assert_eq!(on_prepare(None, &p), OnPrepare::Create);
@@ -205,6 +223,7 @@ fn start_up_keeps_claims_still_allocated_as_recorded() {
         state: PrepareState::PrepareCompleted,
         devices: vec![record(&planned(0, 6, "gpu"))],
         cdi_device_ids: BTreeMap::new(),
+        pods: Vec::new(),
         updated_at: 0,
     };
     let same = rc(
@@ -316,6 +335,7 @@ fn kubelet_devices_carry_their_cdi_device() {
         name: "c".into(),
         state: PrepareState::PrepareCompleted,
         devices,
+        pods: Vec::new(),
         cdi_device_ids: BTreeMap::from([
             (
                 "gpu-0-mig-1g-10gb-6".to_string(),
@@ -364,4 +384,69 @@ fn free_placements_follow_nvml_rules_on_what_is_recorded() {
     assert_eq!(one["4g.20gb"], 0, "4g.20gb only starts at 0");
     assert_eq!(one["1g.5gb"], 6);
     assert_eq!(one["3g.20gb"], 1);
+}
+
+#[test]
+fn the_pods_of_a_claim_are_its_reserving_pods_only() {
+    let rc: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {},
+        "status": {"reservedFor": [
+            {"resource": "pods", "name": "a", "uid": "pod-a"},
+            {"apiGroup": "example.com", "resource": "pods", "name": "x", "uid": "not-a-pod"},
+            {"resource": "pods", "name": "b", "uid": "pod-b"}
+        ]}
+    }))
+    .unwrap();
+    assert_eq!(reserving_pods(&rc), ["pod-a", "pod-b"]);
+    assert!(reserving_pods(&self::rc("u", json!([]))).is_empty());
+    let known = vec!["pod-a".to_string()];
+    assert_eq!(
+        with_pods(&known, &["pod-b".into(), "pod-a".into()]),
+        ["pod-a", "pod-b"],
+        "a pod that left stays known; new ones are added once"
+    );
+}
+
+/// The orphan rule needs positive evidence for every recorded pod; anything else keeps the
+/// slices (issue 30).
+#[test]
+fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_pods() {
+    let pods = ["p1".to_string(), "p2".to_string()];
+    let gone = |p: &str| (p.to_string(), Ok(false));
+    let all_gone = [gone("p1"), gone("p2")];
+    assert_eq!(
+        orphan_verdict(true, &pods, Some(&all_gone)),
+        OrphanVerdict::Allocated
+    );
+    assert_eq!(
+        orphan_verdict(false, &pods, Some(&all_gone)),
+        OrphanVerdict::Release
+    );
+    let keeps = |v: OrphanVerdict, why: &str| match v {
+        OrphanVerdict::Keep(text) => assert!(text.contains(why), "{text}"),
+        other => panic!("expected Keep({why}), got {other:?}"),
+    };
+    keeps(orphan_verdict(false, &pods, None), "no container runtime");
+    keeps(
+        orphan_verdict(false, &[], Some(&all_gone)),
+        "no pod is recorded",
+    );
+    keeps(
+        orphan_verdict(false, &pods, Some(&[gone("p1"), ("p2".into(), Ok(true))])),
+        "still has a sandbox or container of pod p2",
+    );
+    keeps(
+        orphan_verdict(
+            false,
+            &pods,
+            Some(&[gone("p1"), ("p2".into(), Err("timeout".into()))]),
+        ),
+        "could not say whether pod p2",
+    );
+    keeps(
+        orphan_verdict(false, &pods, Some(&[gone("p1")])),
+        "pod p2 was not asked",
+    );
 }
