@@ -188,16 +188,34 @@ pub struct Mirror {
     pub unmirrored: Vec<String>,
 }
 
+/// Longest object name, in bytes: a DNS subdomain's.
+const MAX_NAME: usize = 253;
+
 /// Name of the AllocationClaim of `device` in claim `claim`: `<claim>-<device>`, shortened with
-/// a hash when longer than a DNS subdomain allows (253).
+/// a hash when longer than a DNS subdomain allows (253). A valid DNS subdomain whenever the
+/// claim's name is one (the API server checks) and the device's a DNS label (docs/design.md §3).
 pub fn allocation_claim_name(claim: &str, device: &str) -> String {
     let name = format!("{claim}-{device}");
-    if name.len() <= 253 {
+    if name.len() <= MAX_NAME {
         return name;
     }
+    shortened(&name)
+}
+
+/// `name` cut to [`MAX_NAME`] bytes, the last 17 being `-` and the FNV-1a hash of the whole
+/// name in 16 hex digits: names that share their first 236 bytes stay apart.
+fn shortened(name: &str) -> String {
     // FNV-1a: stable across releases, unlike `DefaultHasher`.
     let hash = das_runtime::hash::fnv1a64(name.as_bytes());
-    format!("{}-{hash:016x}", &name[..253 - 17])
+    let mut cut = MAX_NAME - 17;
+    while !name.is_char_boundary(cut) {
+        cut -= 1; // never panics on a name the API server would have refused anyway
+    }
+    // A cut just after a `.` would leave `.-`, a label that starts with `-`: not a DNS
+    // subdomain, so the API server refuses it. A cut after a `-` leaves `--`, which is valid
+    // and what earlier releases named such objects, so it stays.
+    let prefix = name[..cut].trim_end_matches('.');
+    format!("{prefix}-{hash:016x}")
 }
 
 /// Names of the AllocationClaims the claim should have: one per allocation result of our
@@ -782,6 +800,47 @@ mod tests {
         carry_transition_time(&mut unpublished, &published);
         assert_eq!(health_of(&unpublished), health_of(&published));
         assert!(!writes_needed(&unpublished, Some(&published)).status);
+    }
+
+    /// Kubernetes' DNS-1123 subdomain: at most 253 bytes, dot-separated labels of `[a-z0-9-]`
+    /// that start and end with a letter or digit.
+    fn is_dns_subdomain(s: &str) -> bool {
+        let label_ok = |l: &str| {
+            let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+            l.starts_with(alnum) && l.ends_with(alnum) && l.chars().all(|c| alnum(c) || c == '-')
+        };
+        s.len() <= MAX_NAME && s.split('.').all(label_ok)
+    }
+
+    /// Issue 30 item 8: a cut that lands just after a `.` of a long claim name gave `….-<hash>`,
+    /// which the API server refuses. (Only the claim's and the device's names make the name: the
+    /// object lives in the claim's namespace, and pods do not enter it.)
+    #[test]
+    fn shortened_names_stay_dns_subdomains_and_apart() {
+        let devices = ["gpu-0-mig-1g-10gb-6", "gpu-15-mig-1g-24gb--me-3"];
+        let mut seen = std::collections::HashSet::new();
+        // Every position of a `.` around the cut (236), in claims of up to 253 bytes.
+        for dot in 200..252 {
+            let lens: std::collections::BTreeSet<usize> = [dot + 2, 240, 253].into();
+            for len in lens.into_iter().filter(|l| *l >= dot + 2) {
+                let claim = format!("{}.{}", "a".repeat(dot), "b".repeat(len - dot - 1));
+                assert!(is_dns_subdomain(&claim), "{claim}");
+                for d in devices {
+                    let n = allocation_claim_name(&claim, d);
+                    assert!(is_dns_subdomain(&n), "{claim} {d}: {n}");
+                    assert_eq!(n, allocation_claim_name(&claim, d), "stable");
+                    assert!(seen.insert(n.clone()), "{claim} {d}: {n} given twice");
+                }
+            }
+        }
+        // A cut after a `-` keeps the name earlier releases gave.
+        let claim = format!("{}-{}", "a".repeat(235), "b".repeat(17));
+        let full = format!("{claim}-{}", devices[0]);
+        let hash = das_runtime::hash::fnv1a64(full.as_bytes());
+        assert_eq!(
+            allocation_claim_name(&claim, devices[0]),
+            format!("{}-{hash:016x}", &full[..236])
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use kubectl_das::{Cli, fetch, run};
+use kubectl_das::{Cli, fetch, run, table};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
@@ -20,7 +20,8 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Errors quote the API server too (node and profile names, its own messages).
+            eprintln!("error: {}", table::escape(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

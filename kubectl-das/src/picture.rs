@@ -194,17 +194,14 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
 
 /// `[. A B B]`: the cells in brackets, one space apart, each in its own style.
 fn picture_cell(cells: &[Cell], color: bool) -> Cell {
-    let inner: Vec<String> = cells
-        .iter()
-        .map(|c| {
-            if color {
-                format!("{}{}{:#}", c.style, c.text, c.style)
-            } else {
-                c.text.clone()
-            }
-        })
-        .collect();
-    // Styles are already in the text: the cell itself is plain (it is the last column, so its
-    // width does not matter).
-    Cell::from(format!("[{}]", inner.join(" ")))
+    let mut parts = vec![Cell::from("[")];
+    for (i, c) in cells.iter().enumerate() {
+        if i > 0 {
+            parts.push(Cell::from(" "));
+        }
+        parts.push(c.clone());
+    }
+    parts.push(Cell::from("]"));
+    // The picture is the last column: its width, styles' codes included, does not matter.
+    Cell::concat(&parts, color)
 }

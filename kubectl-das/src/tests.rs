@@ -224,6 +224,41 @@ fn colour_only_when_asked_and_the_picture_stays_the_same_text() {
     assert!(colored.contains('\u{1b}'), "{colored:?}");
 }
 
+/// Issue 30 item 8: names come from the API server; an escape sequence or a line break in one
+/// neither reaches the terminal nor adds a row.
+#[test]
+fn names_from_the_api_are_printed_escaped_one_line_per_row() {
+    let all = slices("n0", "H100-80GB:1");
+    let evil = "p\x1b[31m\nn0     gpu-9   FORGED";
+    let claims = [claim(
+        "ns\r",
+        "c",
+        Some(evil),
+        &[("n0", "gpu-0-mig-1g-10gb-0")],
+        true,
+    )];
+    let inv = Inventory::new(&all, &claims).unwrap();
+    let pics = pictures(&inv, None);
+    for color in [false, true] {
+        let text = render_text(
+            &pics,
+            &Options {
+                color,
+                ..Default::default()
+            },
+        );
+        // Header and GPU row, a blank line, legend header and its one row.
+        assert_eq!(text.lines().count(), 5, "{text}");
+        assert!(!text.contains('\r'), "{text:?}");
+        let legend = text.lines().last().unwrap();
+        assert!(
+            legend.contains(r"ns\r") && legend.contains(r"p\u{1b}[31m\nn0     gpu-9   FORGED"),
+            "{text:?}"
+        );
+        assert!(!text.contains("\x1b[31m\n"), "{text:?}");
+    }
+}
+
 #[test]
 fn no_held_slices_says_so() {
     let inv = Inventory::new(&slices("n0", "A30-24GB:1"), &[]).unwrap();

@@ -23,6 +23,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
+use tower_http::timeout::TimeoutLayer;
 
 use crate::metrics::Metrics;
 use crate::profiles::Profiles;
@@ -45,6 +46,10 @@ pub struct Limits {
     pub handshake: Duration,
     /// Longest wait for a request's headers (also between requests on a kept-alive connection).
     pub header_read: Duration,
+    /// Longest time from a request's headers to its response: reading the body and answering.
+    /// A client that trickles its body would otherwise hold a connection slot for ever; past
+    /// this the answer is 408 and the connection is closed (the body was not read to its end).
+    pub request: Duration,
     /// Most connections served at once; more wait in the listen queue.
     pub max_connections: usize,
     /// Largest request body, in bytes; larger ones get 413. An AdmissionReview of a pod is at
@@ -57,13 +62,17 @@ impl Default for Limits {
         Self {
             handshake: Duration::from_secs(10),
             header_read: Duration::from_secs(10),
+            // The longest an API server waits for a webhook ("Dynamic Admission Control" above,
+            // "Timeouts": `timeoutSeconds` is 1 to 30): a request it still waits for is never cut.
+            request: Duration::from_secs(30),
             max_connections: 256,
             max_body_bytes: 4 << 20,
         }
     }
 }
 
-/// The routes of the webhook; request bodies are capped at `limits.max_body_bytes`.
+/// The routes of the webhook; request bodies are capped at `limits.max_body_bytes`, and each
+/// request (body read and answer) at `limits.request`.
 pub fn router(app: Arc<App>, limits: Limits) -> Router {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
@@ -71,6 +80,11 @@ pub fn router(app: Arc<App>, limits: Limits) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        // The extractors read the body inside the handler's future: a trickled body counts.
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            limits.request,
+        ))
         .with_state(app)
 }
 

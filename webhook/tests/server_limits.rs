@@ -102,6 +102,7 @@ fn quick() -> Limits {
     Limits {
         handshake: Duration::from_millis(300),
         header_read: Duration::from_millis(300),
+        request: Duration::from_millis(500),
         max_connections: 4,
         max_body_bytes: 64 << 10,
     }
@@ -130,6 +131,47 @@ async fn a_silent_client_is_cut_off_before_and_after_the_handshake() {
     assert!(!matches!(n, Ok(1)), "{n:?}");
     assert!(t0.elapsed() < Duration::from_secs(2));
     assert_eq!(healthz(&s).await, 200, "the server goes on");
+}
+
+#[tokio::test]
+async fn a_client_that_trickles_its_body_is_cut_off_and_its_slot_freed() {
+    // One slot, so the health check below is served only once the trickling client's is free.
+    let s = start(Limits {
+        max_connections: 1,
+        ..quick()
+    })
+    .await;
+    let (mut rx, mut tx) = tokio::io::split(tls(&s).await);
+    // Headers at once, then one byte of a 1 KiB body every 100 ms: 100 s for the whole body,
+    // each byte well within the header-read limit.
+    let trickle = tokio::spawn(async move {
+        let head = "POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1024\r\n\r\n";
+        tx.write_all(head.as_bytes()).await?;
+        for _ in 0..1024 {
+            tx.write_all(b" ").await?;
+            tx.flush().await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::io::Result::Ok(())
+    });
+    let t0 = Instant::now();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), rx.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "still open after 5 s");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    // A 408 when it gets through before the connection is closed under the client's writes.
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+    trickle.abort();
+    let served = tokio::time::timeout(Duration::from_secs(5), healthz(&s)).await;
+    assert_eq!(served.expect("the slot is freed"), 200);
 }
 
 #[tokio::test]
