@@ -286,7 +286,7 @@ impl EmulatedBackend {
             self.raise_health_event(HealthEvent::Xid {
                 gpu: x.gpu,
                 xid: x.xid,
-                gpu_instance: None,
+                gpu_instance: x.gpu_instance,
             });
         }
         for &gpu in &control.uncorrectable_ecc_gpus {

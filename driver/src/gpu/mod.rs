@@ -105,7 +105,8 @@ pub enum HealthEvent {
         gpu: u32,
         /// The XID number.
         xid: u32,
-        /// GPU-instance ID, when the event names one.
+        /// GPU-instance ID (`nvmlEventData_t.gpuInstanceId`) when the event names one; `None`
+        /// for an event about the whole GPU (NVML's invalid id `0xFFFFFFFF`).
         gpu_instance: Option<u32>,
     },
     /// `nvmlEventTypeDoubleBitEccError`: an uncorrectable ECC error on GPU `gpu`.
@@ -120,6 +121,14 @@ impl HealthEvent {
     pub fn gpu(&self) -> u32 {
         match self {
             HealthEvent::Xid { gpu, .. } | HealthEvent::UncorrectableEcc { gpu } => *gpu,
+        }
+    }
+
+    /// The GPU instance the event names, if any (only XIDs name one).
+    pub fn gpu_instance(&self) -> Option<u32> {
+        match self {
+            HealthEvent::Xid { gpu_instance, .. } => *gpu_instance,
+            HealthEvent::UncorrectableEcc { .. } => None,
         }
     }
 }

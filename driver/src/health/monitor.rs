@@ -1,11 +1,16 @@
 //! The health monitor task: waits for the backend's health events, re-reads the inventory, feeds
 //! the [`HealthBook`], and acts on its transitions.
 //!
+//! An XID that names a GPU instance is matched against the GPU's live MIG instances when it comes
+//! ([`HealthMonitor::observe`]); the book decides whether it concerns that instance or the whole
+//! GPU ([`super::book::scope`]).
+//!
 //! On a transition it (1) republishes the node's ResourceSlices with every device of an
-//! unhealthy GPU tainted ([`set_device_taints`]); (2) posts an Event on the Node naming the GPU
-//! and the cause; (3) sets `das_kubelet_plugin_gpu_healthy` and counts XIDs; (4) wakes the
-//! kubelet's health stream, which reports the devices of an unhealthy GPU `Unhealthy` with the
-//! reason (pods see it in `status.containerStatuses[].allocatedResourcesStatus`).
+//! unhealthy GPU, and every device overlapping an unhealthy GPU instance, tainted
+//! ([`set_device_taints`]); (2) posts an Event on the Node naming the GPU (and GPU instance) and
+//! the cause; (3) sets `das_kubelet_plugin_gpu_healthy` and counts XIDs; (4) wakes the kubelet's
+//! health stream, which reports those devices `Unhealthy` with the reason (pods see it in
+//! `status.containerStatuses[].allocatedResourcesStatus`).
 //!
 //! With every inventory check it also asks which MIG instances no claim holds (made with
 //! `nvidia-smi`, or left over): an instance seen in two checks in a row has every device that
@@ -21,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::book::{HealthBook, Transition};
+use super::book::{GpuTaint, HealthBook, TaintEffect, Transition};
 use crate::blocking::BlockingCalls;
 use crate::claims::{
     ClaimApi, DeviceHealthReport, DeviceRef, EventKind, EventTarget, HealthSource,
@@ -160,7 +165,7 @@ impl HealthMonitor {
                 _ = stop.cancelled() => return,
             };
             let mut transitions = match events {
-                Ok(Ok(events)) => self.observe_events(&events),
+                Ok(Ok(events)) => self.observe(&events).await,
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "waiting for GPU health events failed");
                     tokio::time::sleep(EVENT_WAIT).await;
@@ -186,13 +191,43 @@ impl HealthMonitor {
         }
     }
 
-    /// Feeds `events` to the book; counts XIDs.
-    pub fn observe_events(&self, events: &[HealthEvent]) -> Vec<Transition> {
+    /// Feeds `events` to the book, with the live MIG instances of the GPUs whose events name a
+    /// GPU instance; counts XIDs.
+    pub async fn observe(&self, events: &[HealthEvent]) -> Vec<Transition> {
+        let live = self.live_instances(events).await;
+        self.observe_events(events, &live)
+    }
+
+    /// The MIG instances on each GPU an event of `events` names a GPU instance of, read now: the
+    /// id means something only against the instances that exist when the event comes. A GPU whose
+    /// instances cannot be read contributes none, so its events count for the whole GPU.
+    async fn live_instances(&self, events: &[HealthEvent]) -> Vec<MigInstance> {
+        let gpus: BTreeSet<u32> = events
+            .iter()
+            .filter(|e| e.gpu_instance().is_some())
+            .map(HealthEvent::gpu)
+            .collect();
+        let mut live = Vec::new();
+        for gpu in gpus {
+            let backend = self.backend.clone();
+            match self.blocking.run(move || backend.instances_on(gpu)).await {
+                Ok(Ok(instances)) => live.extend(instances),
+                Ok(Err(e)) => tracing::warn!(gpu, error = %e,
+                    "cannot list the GPU's MIG instances: its XIDs count for the whole GPU"),
+                Err(e) => tracing::warn!(gpu, error = %e,
+                    "the MIG instance listing task failed: the GPU's XIDs count for the whole GPU"),
+            }
+        }
+        live
+    }
+
+    /// Feeds `events` to the book, `live` being the MIG instances on the node now; counts XIDs.
+    pub fn observe_events(&self, events: &[HealthEvent], live: &[MigInstance]) -> Vec<Transition> {
         let now = SystemTime::now();
         let mut book = self.book();
         let mut out = Vec::new();
         for e in events {
-            let t = book.observe_event(e, now);
+            let t = book.observe_event(e, live, now);
             if let HealthEvent::Xid { gpu, xid, .. } = *e {
                 let fatal = !matches!(t, Some(Transition::NonFatalXid { .. }));
                 self.metrics.xid_seen(gpu, xid, fatal);
@@ -311,33 +346,20 @@ impl HealthMonitor {
         self.publishing.desired.send_replace(self.specs());
     }
 
-    /// The specs to publish now: taints of unhealthy GPUs, devices overlapping unclaimed
-    /// instances withdrawn.
+    /// The specs to publish now: taints of unhealthy GPUs and GPU instances, devices overlapping
+    /// unclaimed instances withdrawn.
     pub fn specs(&self) -> Vec<ResourceSliceSpec> {
-        let (taints, effect) = {
-            let book = self.book();
-            (book.all_taints(), book.policy().effect)
-        };
-        let device_taints: BTreeMap<u32, Vec<DeviceTaint>> = taints
-            .into_iter()
-            .map(|(gpu, ts)| {
-                let ts = ts
-                    .into_iter()
-                    .map(|t| DeviceTaint {
-                        key: t.key.to_string(),
-                        value: Some(t.value),
-                        effect: effect.as_str().to_string(),
-                        time_added: Some(Time(
-                            k8s_openapi::jiff::Timestamp::try_from(t.since)
-                                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-                        )),
-                    })
-                    .collect();
-                (gpu, ts)
-            })
-            .collect();
         let mut specs = self.publishing.specs.clone();
-        set_device_taints(&mut specs, &device_taints);
+        {
+            let book = self.book();
+            let effect = book.policy().effect;
+            set_device_taints(&mut specs, |gpu, placement| {
+                book.device_taints(gpu, placement)
+                    .into_iter()
+                    .map(|t| device_taint(t, effect))
+                    .collect()
+            });
+        }
         let held: BTreeMap<u32, Vec<Placement>> = {
             let u = self.unclaimed.lock().unwrap_or_else(|p| p.into_inner());
             let mut held: BTreeMap<u32, Vec<Placement>> = BTreeMap::new();
@@ -351,38 +373,37 @@ impl HealthMonitor {
     }
 
     async fn report(&self, t: &Transition) {
-        let gpu_name = |gpu: u32| match self.gpus.get(&gpu) {
-            Some(uuid) => format!("GPU {gpu} ({uuid})"),
-            None => format!("GPU {gpu}"),
-        };
+        // Any change of a GPU or of one of its GPU instances may change whether all its devices
+        // are healthy; a non-fatal XID changes nothing (and may be about a GPU not managed here).
+        if !matches!(t, Transition::NonFatalXid { .. }) {
+            let healthy = self.book().healthy(t.gpu());
+            self.metrics.set_gpu_healthy(t.gpu(), healthy);
+        }
         match t {
             Transition::Unhealthy { gpu, cause } => {
-                self.metrics.set_gpu_healthy(*gpu, false);
-                let (taints, effect, quiet) = {
-                    let book = self.book();
-                    (
-                        book.taints(*gpu),
-                        book.policy().effect,
-                        book.policy().quiet_period,
-                    )
-                };
-                let list: Vec<String> = taints
-                    .iter()
-                    .map(|t| format!("{}={}:{}", t.key, t.value, effect.as_str()))
-                    .collect();
-                tracing::error!(gpu, %cause, taints = ?list, "GPU unhealthy");
-                self.api
-                    .warn(
-                        &EventTarget::Node,
-                        "GpuUnhealthy",
-                        format!(
-                            "{}: {cause}. Its MIG devices are tainted {} until it answers without a fatal error for {} s.",
-                            gpu_name(*gpu),
-                            list.join(", "),
-                            quiet.as_secs()
-                        ),
-                    )
-                    .await;
+                let taints = self.book().taints(*gpu);
+                let (list, quiet) = self.taint_list(&taints);
+                let note = format!(
+                    "{}: {cause}. Its MIG devices are tainted {list} until it answers without a fatal error for {quiet} s.",
+                    self.gpu_name(*gpu)
+                );
+                tracing::error!(gpu, %cause, taints = %list, "GPU unhealthy");
+                self.warn_unhealthy(note).await;
+            }
+            Transition::InstanceUnhealthy {
+                gpu,
+                instance,
+                cause,
+            } => {
+                let taints = self.book().instance_taints(*gpu, instance.placement);
+                let (list, quiet) = self.taint_list(&taints);
+                let note = format!(
+                    "{}, {instance}: {cause}. The MIG devices overlapping its placement are tainted {list} until no fatal error comes from it for {quiet} s; the GPU's other devices stay in service.",
+                    self.gpu_name(*gpu)
+                );
+                tracing::error!(gpu, gi = instance.id, placement = %instance.placement, %cause,
+                    taints = %list, "GPU instance unhealthy");
+                self.warn_unhealthy(note).await;
             }
             Transition::NonFatalXid { gpu, xid } => {
                 tracing::warn!(gpu, xid, "non-fatal XID (an application error)");
@@ -392,41 +413,92 @@ impl HealthMonitor {
                         "GpuXid",
                         format!(
                             "{}: XID {xid} ({}), an application error: the GPU stays in service.",
-                            gpu_name(*gpu),
+                            self.gpu_name(*gpu),
                             super::xid::describe(*xid)
                         ),
                     )
                     .await;
             }
             Transition::Recovered { gpu } => {
-                self.metrics.set_gpu_healthy(*gpu, true);
                 tracing::info!(gpu, "GPU healthy again; taints removed");
-                self.api
-                    .event(
-                        &EventTarget::Node,
-                        EventKind::Normal,
-                        "GpuRecovered",
-                        format!(
-                            "{}: healthy again; the taints on its MIG devices are removed.",
-                            gpu_name(*gpu)
-                        ),
-                    )
-                    .await;
+                let note = format!(
+                    "{}: healthy again; the taints on its MIG devices are removed.",
+                    self.gpu_name(*gpu)
+                );
+                self.report_recovered(note).await;
+            }
+            Transition::InstanceRecovered { gpu, instance } => {
+                tracing::info!(gpu, gi = instance.id, placement = %instance.placement,
+                    "GPU instance healthy again; taints removed");
+                let note = format!(
+                    "{}, {instance}: healthy again; the taints on the MIG devices overlapping it are removed.",
+                    self.gpu_name(*gpu)
+                );
+                self.report_recovered(note).await;
             }
         }
+    }
+
+    /// `taints` as `key=value:effect, …`, and the quiet period in seconds, for events.
+    fn taint_list(&self, taints: &[GpuTaint]) -> (String, u64) {
+        let book = self.book();
+        let effect = book.policy().effect;
+        let list: Vec<String> = taints
+            .iter()
+            .map(|t| format!("{}={}:{}", t.key, t.value, effect.as_str()))
+            .collect();
+        (list.join(", "), book.policy().quiet_period.as_secs())
+    }
+
+    async fn warn_unhealthy(&self, note: String) {
+        self.api
+            .warn(&EventTarget::Node, "GpuUnhealthy", note)
+            .await;
+    }
+
+    async fn report_recovered(&self, note: String) {
+        self.api
+            .event(&EventTarget::Node, EventKind::Normal, "GpuRecovered", note)
+            .await;
+    }
+
+    /// `GPU <index> (<UUID>)`, for events.
+    fn gpu_name(&self, gpu: u32) -> String {
+        match self.gpus.get(&gpu) {
+            Some(uuid) => format!("GPU {gpu} ({uuid})"),
+            None => format!("GPU {gpu}"),
+        }
+    }
+}
+
+/// `t` as an API device taint with `effect`.
+fn device_taint(t: GpuTaint, effect: TaintEffect) -> DeviceTaint {
+    DeviceTaint {
+        key: t.key.to_string(),
+        value: Some(t.value),
+        effect: effect.as_str().to_string(),
+        time_added: Some(Time(
+            k8s_openapi::jiff::Timestamp::try_from(t.since)
+                .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        )),
     }
 }
 
 #[tonic::async_trait]
 impl HealthSource for HealthMonitor {
-    /// Every published device: healthy, or unhealthy with its GPU's reason.
+    /// Every published device: healthy, or unhealthy with the reason of its GPU or of the
+    /// unhealthy GPU instance its placement overlaps.
     async fn device_health(&self) -> Vec<DeviceHealthReport> {
         let book = self.book();
         let mut reports: Vec<DeviceHealthReport> = self
             .devices
             .iter()
             .map(|(name, at)| {
-                let reason = book.reason(at.gpu_index);
+                let placement = Placement {
+                    start: at.start,
+                    size: at.size,
+                };
+                let reason = book.device_reason(at.gpu_index, placement);
                 DeviceHealthReport {
                     pool: self.node.clone(),
                     device: name.clone(),
@@ -540,11 +612,14 @@ mod tests {
     async fn a_fatal_xid_taints_its_gpu_reports_it_and_recovery_clears_it() {
         let s = setup(TaintEffect::NoSchedule);
         let mut changes = s.monitor.changes().unwrap();
-        let t = s.monitor.observe_events(&[HealthEvent::Xid {
-            gpu: 0,
-            xid: 79,
-            gpu_instance: None,
-        }]);
+        let t = s
+            .monitor
+            .observe(&[HealthEvent::Xid {
+                gpu: 0,
+                xid: 79,
+                gpu_instance: None,
+            }])
+            .await;
         s.monitor.act(&t).await;
         assert!(changes.has_changed().unwrap(), "the health stream is woken");
         changes.mark_unchanged();
@@ -600,11 +675,14 @@ mod tests {
     #[tokio::test]
     async fn a_non_fatal_xid_changes_nothing_but_a_metric_and_an_event() {
         let s = setup(TaintEffect::NoSchedule);
-        let t = s.monitor.observe_events(&[HealthEvent::Xid {
-            gpu: 1,
-            xid: 13,
-            gpu_instance: Some(2),
-        }]);
+        let t = s
+            .monitor
+            .observe(&[HealthEvent::Xid {
+                gpu: 1,
+                xid: 13,
+                gpu_instance: Some(2),
+            }])
+            .await;
         assert_eq!(t, [Transition::NonFatalXid { gpu: 1, xid: 13 }]);
         s.monitor.act(&t).await;
         assert!(published_taints(&s).is_empty());
@@ -725,5 +803,152 @@ mod tests {
         assert!(names.iter().all(|n| !n.starts_with("gpu-0-")), "{names:?}");
         assert!(names.iter().any(|n| n.starts_with("gpu-1-")));
         assert!(!s.monitor.check_unclaimed().await, "already withdrawn");
+    }
+
+    /// Device names of `s`'s GPU 0 whose placement overlaps `placement`.
+    fn gpu0_devices_overlapping(s: &Setup, placement: Placement) -> BTreeSet<String> {
+        let inventory = s.emu.inventory().unwrap();
+        crate::claims::device_index(&inventory)
+            .into_iter()
+            .filter(|(_, d)| {
+                let p = Placement {
+                    start: d.start,
+                    size: d.size,
+                };
+                d.gpu_index == 0 && p.mask() & placement.mask() != 0
+            })
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    fn xid_on(gpu: u32, xid: u32, gpu_instance: u32) -> HealthEvent {
+        HealthEvent::Xid {
+            gpu,
+            xid,
+            gpu_instance: Some(gpu_instance),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_xid_naming_a_gpu_instance_taints_and_reports_only_its_devices() {
+        let s = setup(TaintEffect::NoSchedule);
+        let x = s.emu.create_instance(0, "1g.6gb", 0).unwrap();
+        let y = s.emu.create_instance(0, "1g.6gb", 1).unwrap();
+        let t = s.monitor.observe(&[xid_on(0, 94, x.gi_id)]).await;
+        assert!(
+            matches!(&t[..], [Transition::InstanceUnhealthy { gpu: 0, instance, cause: crate::health::Cause::Xid(94) }]
+                if instance.id == x.gi_id && instance.placement == x.placement),
+            "{t:?}"
+        );
+        s.monitor.act(&t).await;
+
+        let x_devices = gpu0_devices_overlapping(&s, x.placement);
+        for d in [
+            "gpu-0-mig-1g-6gb-0",
+            "gpu-0-mig-2g-12gb-0",
+            "gpu-0-mig-4g-24gb-0",
+        ] {
+            assert!(x_devices.contains(d), "{d} overlaps X: {x_devices:?}");
+        }
+        let taints = published_taints(&s);
+        assert_eq!(taints.keys().cloned().collect::<BTreeSet<_>>(), x_devices);
+        assert!(
+            taints
+                .values()
+                .all(|t| t == &[(health_taints::XID.into(), "94".into(), "NoSchedule".into())])
+        );
+        let y_device = format!("gpu-0-mig-1g-6gb-{}", y.placement.start);
+        assert!(!taints.contains_key(&y_device), "Y's slice is untouched");
+
+        let unhealthy: BTreeSet<String> = s
+            .monitor
+            .device_health()
+            .await
+            .into_iter()
+            .filter(|h| !h.healthy)
+            .inspect(|h| assert!(h.message.contains("GPU instance"), "{}", h.message))
+            .map(|h| h.device)
+            .collect();
+        assert_eq!(unhealthy, x_devices);
+        assert_eq!(events(&s), ["GpuUnhealthy"]);
+        let note = s.api.events.lock().unwrap()[0].1.clone();
+        assert!(
+            note.contains(&format!(
+                "GPU instance {} (1g.6gb at memory slices 0:1)",
+                x.gi_id
+            )) && note.contains("mig.das.com/xid=94:NoSchedule")
+                && note.contains("other devices stay in service"),
+            "{note}"
+        );
+        let gauge = r#"das_kubelet_plugin_gpu_healthy{gpu="0"} 0"#;
+        assert!(s.metrics.probe.encode().contains(gauge));
+
+        // Quiet period 0: the next expiry recovers the instance.
+        let t = s.monitor.book().expire(SystemTime::now());
+        assert!(
+            matches!(&t[..], [Transition::InstanceRecovered { gpu: 0, .. }]),
+            "{t:?}"
+        );
+        s.monitor.act(&t).await;
+        assert!(published_taints(&s).is_empty());
+        assert_eq!(events(&s), ["GpuUnhealthy", "GpuRecovered"]);
+        let gauge = r#"das_kubelet_plugin_gpu_healthy{gpu="0"} 1"#;
+        assert!(s.metrics.probe.encode().contains(gauge));
+    }
+
+    /// The pods kube-controller-manager's device taint eviction controller evicts: those whose
+    /// claim is allocated a device carrying a `NoExecute` taint (no claim here tolerates one).
+    /// `pods`: (pod, the device its claim is allocated).
+    fn evicted<'a>(s: &Setup, pods: &[(&'a str, &str)]) -> Vec<&'a str> {
+        let taints = published_taints(s);
+        pods.iter()
+            .filter(|(_, device)| {
+                taints
+                    .get(*device)
+                    .is_some_and(|ts| ts.iter().any(|(_, _, effect)| effect == "NoExecute"))
+            })
+            .map(|(pod, _)| *pod)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn under_evict_on_fatal_only_the_pods_of_the_gpu_instances_claim_are_evicted() {
+        let s = setup(TaintEffect::NoExecute);
+        let x = s.emu.create_instance(0, "1g.6gb", 0).unwrap();
+        s.emu.create_instance(0, "1g.6gb", 1).unwrap();
+        let pods = [
+            ("victim", "gpu-0-mig-1g-6gb-0"),
+            ("bystander", "gpu-0-mig-1g-6gb-1"),
+            ("elsewhere", "gpu-1-mig-1g-6gb-0"),
+        ];
+        // Raised through the emulated backend's event injection, as a running plugin gets it.
+        s.emu.raise_health_event(xid_on(0, 94, x.gi_id));
+        let raised = s.emu.wait_health_events(Duration::from_millis(10)).unwrap();
+        let t = s.monitor.observe(&raised).await;
+        s.monitor.act(&t).await;
+        assert_eq!(evicted(&s, &pods), ["victim"]);
+
+        // A GPU-wide fatal XID on the same GPU reaches the bystander too.
+        let t = s.monitor.observe(&[xid_on(0, 79, x.gi_id)]).await;
+        s.monitor.act(&t).await;
+        assert_eq!(evicted(&s, &pods), ["victim", "bystander"]);
+    }
+
+    #[tokio::test]
+    async fn an_xid_naming_no_live_gpu_instance_taints_the_whole_gpu() {
+        let s = setup(TaintEffect::NoSchedule);
+        let x = s.emu.create_instance(0, "1g.6gb", 0).unwrap();
+        let t = s.monitor.observe(&[xid_on(0, 94, x.gi_id + 1)]).await;
+        assert_eq!(
+            t,
+            [Transition::Unhealthy {
+                gpu: 0,
+                cause: crate::health::Cause::Xid(94)
+            }]
+        );
+        s.monitor.act(&t).await;
+        let all_gpu0 = gpu0_devices_overlapping(&s, Placement { start: 0, size: 8 });
+        let tainted: BTreeSet<String> = published_taints(&s).into_keys().collect();
+        assert_eq!(tainted, all_gpu0);
     }
 }

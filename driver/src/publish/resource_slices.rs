@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use das_api::{DRIVER_NAME, attributes as attr, capacities as cap, counters, device_name};
 
-use crate::gpu::{GiProfile, GpuInfo, GpuModel};
+use crate::gpu::{GiProfile, GpuInfo, GpuModel, Placement};
 use crate::publish::placement::{GpuView, publish_order};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
@@ -121,29 +121,39 @@ pub enum ResourceSliceError {
     },
 }
 
-/// Sets the taints of every device in `specs` from `taints`, by the device's GPU index (its
-/// `gpuIndex` attribute): devices of a GPU in `taints` get that GPU's taints, all others none.
-/// Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server without it drops
-/// them, which the publisher reports (docs/design.md §7, "Health").
+/// Sets the taints of every device in `specs` to `taints_of(gpu, placement)`, from the device's
+/// `gpuIndex`, `placementStart` and `placementSize` attributes (none when it returns none): a
+/// GPU-wide fault taints every device of the GPU, a GPU instance's fault the devices overlapping
+/// its placement. Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server
+/// without it drops them, which the publisher reports (docs/design.md §7, "Health").
 pub fn set_device_taints(
     specs: &mut [ResourceSliceSpec],
-    taints: &BTreeMap<u32, Vec<DeviceTaint>>,
+    taints_of: impl Fn(u32, Placement) -> Vec<DeviceTaint>,
 ) {
     for device in specs
         .iter_mut()
         .flat_map(|s| s.devices.iter_mut().flatten())
     {
-        let gpu = device
-            .attributes
-            .as_ref()
-            .and_then(|a| a.get(attr::GPU_INDEX))
-            .and_then(|a| a.int)
-            .and_then(|i| u32::try_from(i).ok());
-        device.taints = gpu
-            .and_then(|g| taints.get(&g))
-            .filter(|t| !t.is_empty())
-            .cloned();
+        device.taints = device_placement(device)
+            .map(|(gpu, placement)| taints_of(gpu, placement))
+            .filter(|t| !t.is_empty());
     }
+}
+
+/// A published device's GPU index and placement, from its attributes.
+fn device_placement(d: &Device) -> Option<(u32, Placement)> {
+    let int = |name: &str| {
+        d.attributes
+            .as_ref()
+            .and_then(|a| a.get(name))
+            .and_then(|a| a.int)
+            .and_then(|i| u32::try_from(i).ok())
+    };
+    let placement = Placement {
+        start: int(attr::PLACEMENT_START)?,
+        size: int(attr::PLACEMENT_SIZE)?,
+    };
+    Some((int(attr::GPU_INDEX)?, placement))
 }
 
 /// Removes from `specs` every device whose placement overlaps an instance in `held` (GPU index →
@@ -152,26 +162,13 @@ pub fn set_device_taints(
 /// Shared counters stay: the devices left consume them as before.
 pub fn withdraw_overlapping(
     specs: &mut [ResourceSliceSpec],
-    held: &BTreeMap<u32, Vec<crate::gpu::Placement>>,
+    held: &BTreeMap<u32, Vec<Placement>>,
 ) -> usize {
-    let int = |d: &Device, name: &str| {
-        d.attributes
-            .as_ref()
-            .and_then(|a| a.get(name))
-            .and_then(|a| a.int)
-            .and_then(|i| u32::try_from(i).ok())
-    };
     let blocked = |d: &Device| {
-        let (Some(gpu), Some(start), Some(size)) = (
-            int(d, attr::GPU_INDEX),
-            int(d, attr::PLACEMENT_START),
-            int(d, attr::PLACEMENT_SIZE),
-        ) else {
-            return false;
-        };
-        let mask = crate::gpu::Placement { start, size }.mask();
-        held.get(&gpu)
-            .is_some_and(|ps| ps.iter().any(|p| p.mask() & mask != 0))
+        device_placement(d).is_some_and(|(gpu, placement)| {
+            held.get(&gpu)
+                .is_some_and(|ps| ps.iter().any(|p| p.mask() & placement.mask() != 0))
+        })
     };
     let mut removed = 0;
     for spec in specs.iter_mut() {

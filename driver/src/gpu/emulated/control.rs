@@ -76,7 +76,8 @@ pub(super) enum Op {
 /// {"latencyMs": {"create": 2000, "destroy": 0}, "lostGpus": [1],
 ///  "createFaults": [{"gpu": 0, "count": 1, "kind": "Other"}],
 ///  "destroyFaults": [{"gpu": 1, "count": 3, "kind": "InUse"}],
-///  "xidEvents": [{"gpu": 0, "xid": 79}], "uncorrectableEccGpus": [1]}
+///  "xidEvents": [{"gpu": 0, "xid": 79}, {"gpu": 1, "xid": 94, "gpuInstance": 2}],
+///  "uncorrectableEccGpus": [1]}
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -129,14 +130,19 @@ pub struct ControlPlacement {
     pub start: u32,
 }
 
-/// An XID event on GPU `gpu`, in the control file.
+/// An XID event on GPU `gpu`, in the control file; with `gpuInstance`, attributed to that GPU
+/// instance, as NVML's `gpuInstanceId` would be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControlXid {
     /// GPU index.
     pub gpu: u32,
     /// The XID number.
     pub xid: u32,
+    /// GPU-instance ID the event names (a GI id of a live instance on `gpu` to scope it to that
+    /// instance's devices); absent for an event about the whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_instance: Option<u32>,
 }
 
 /// [`Latency`] in the control file, in milliseconds.

@@ -320,7 +320,18 @@ fn health_events_come_from_code_and_from_the_control_file_once_per_content() {
         [HealthEvent::UncorrectableEcc { gpu: 1 }]
     );
     let control = Control {
-        xid_events: vec![ControlXid { gpu: 0, xid: 79 }],
+        xid_events: vec![
+            ControlXid {
+                gpu: 0,
+                xid: 79,
+                gpu_instance: None,
+            },
+            ControlXid {
+                gpu: 1,
+                xid: 94,
+                gpu_instance: Some(2),
+            },
+        ],
         uncorrectable_ecc_gpus: vec![1],
         ..Control::default()
     };
@@ -334,6 +345,11 @@ fn health_events_come_from_code_and_from_the_control_file_once_per_content() {
                 xid: 79,
                 gpu_instance: None
             },
+            HealthEvent::Xid {
+                gpu: 1,
+                xid: 94,
+                gpu_instance: Some(2)
+            },
             HealthEvent::UncorrectableEcc { gpu: 1 }
         ]
     );
@@ -343,4 +359,9 @@ fn health_events_come_from_code_and_from_the_control_file_once_per_content() {
             .unwrap()
             .is_empty()
     );
+    // The file's spelling of an XID naming a GPU instance (docs/emulated-mode.md).
+    let parsed: Control =
+        serde_json::from_str(r#"{"xidEvents": [{"gpu": 1, "xid": 94, "gpuInstance": 2}]}"#)
+            .unwrap();
+    assert_eq!(parsed.xid_events, control.xid_events[1..]);
 }

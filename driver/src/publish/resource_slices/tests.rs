@@ -346,7 +346,13 @@ fn taints_go_on_every_device_of_their_gpu_and_nowhere_else() {
         effect: "NoSchedule".into(),
         time_added: None,
     };
-    set_device_taints(&mut specs, &BTreeMap::from([(1, vec![taint.clone()])]));
+    set_device_taints(&mut specs, |gpu, _| {
+        if gpu == 1 {
+            vec![taint.clone()]
+        } else {
+            Vec::new()
+        }
+    });
     let devices: Vec<&Device> = specs
         .iter()
         .flat_map(|s| s.devices.iter().flatten())
@@ -356,8 +362,8 @@ fn taints_go_on_every_device_of_their_gpu_and_nowhere_else() {
         let want = d.name.starts_with("gpu-1-").then(|| vec![taint.clone()]);
         assert_eq!(d.taints, want, "{}", d.name);
     }
-    // Recovery: an empty map clears them again.
-    set_device_taints(&mut specs, &BTreeMap::new());
+    // Recovery: no taints clears them again.
+    set_device_taints(&mut specs, |_, _| Vec::new());
     assert!(
         specs
             .iter()
