@@ -7,6 +7,8 @@
 //! Needs root, runc and `make containerd`; `make e2e` builds them.
 
 use anyhow::{Context, Result, bail, ensure};
+use das_driver::claims::PodContainers;
+use das_driver::claims::cri::CriRuntime;
 use das_e2e::das::{self, PluginDirs};
 use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::live_slices;
@@ -15,13 +17,14 @@ use das_e2e::runtime_pods::{
     check_container, create, one_slice_pod, pod_claims, probe, wait_pod, wait_ready,
 };
 use das_e2e::wait::{self, TIMEOUT};
-use das_e2e::workload::{NS, create_template, delete_pod};
+use das_e2e::workload::{NS, create_template, delete_pod, delete_pods};
 use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use std::time::Duration;
 
 const NODE: &str = "r0";
 const GPUS: &str = "H100-80GB:2";
@@ -37,6 +40,7 @@ async fn containers_on_a_real_runtime_get_exactly_their_slices() {
         das::wait_pool_complete(&cluster.client(), NODE).await?;
         let c = cluster.client();
         create_template(&c, "one-1g", "1g.10gb", 1).await?;
+        create_template(&c, "one-7g", "7g.80gb", 1).await?;
         create_template(&c, "one-2g", "2g.20gb", 1).await
     };
     if let Err(e) = setup.await {
@@ -52,6 +56,7 @@ async fn scenarios(cluster: &Cluster) -> Result<()> {
     init_container_then_main_container(cluster).await?;
     killed_container_restarts_with_the_same_slice(cluster).await?;
     broken_cdi_spec_is_reported_by_the_runtime(cluster).await?;
+    a_force_deleted_pods_slice_outlives_its_container(cluster).await?;
     Ok(())
 }
 
@@ -251,6 +256,167 @@ async fn broken_cdi_spec_is_reported_by_the_runtime(cluster: &Cluster) -> Result
         || async { Ok((!live_uuids(cluster)?.contains(&uuid) && !spec.exists()).then_some(())) },
     )
     .await
+}
+
+/// Issue 30: a force-deleted pod whose container is still being stopped keeps its slice. Pod
+/// `old` holds a whole GPU (`7g.80gb`), `filler` the other one; `old`'s shim is frozen
+/// (SIGSTOP), so the kubelet's kill of its container cannot finish, as on a slow or wedged node;
+/// `old` is force-deleted and `next` asks for `7g.80gb` at once, which only `old`'s placement
+/// offers. While `old`'s container process exists its MIG instance must stay (polled every
+/// 100 ms, well past the plugin's 20 s wait), `next`'s prepare fails naming the holding claim,
+/// and `next` does not run. Once the shim is thawed, the container goes, the kubelet unprepares
+/// the old claim and `next` runs on a new instance at that placement. The node's containerd
+/// also answers DAS's CRI client (the orphan rule's evidence) about a live pod and an unknown one.
+async fn a_force_deleted_pods_slice_outlives_its_container(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    let whole = |claim: &str| {
+        json!({
+            "resourceClaims": [{"name": claim, "resourceClaimTemplateName": "one-7g"}],
+            "containers": [probe("app", &[claim])],
+        })
+    };
+    create(&c, NODE, "old", whole("gpu")).await?;
+    let old = wait_ready(&c, "old").await?;
+    let old_uuid = check_container(cluster, NODE, &old, "app", 1)
+        .await?
+        .mig_uuids()
+        .remove(0);
+    create(&c, NODE, "filler", whole("gpu")).await?;
+    wait_ready(&c, "filler").await?;
+    cri_answers_about_pods(cluster, &old).await?;
+    let pid = runtime::container_pid(&files(cluster), &container_id(&old, "app")?)?;
+    let shim = Frozen::parent_of(pid)?;
+    let old_claim = pod_claims(&c, &old).await?.remove(0);
+    Api::<Pod>::namespaced(c.clone(), NS)
+        .delete("old", &DeleteParams::default().grace_period(0))
+        .await
+        .context("force-delete pod old")?;
+    create(&c, NODE, "next", whole("gpu")).await?;
+    // Frozen: the old container lives on; its slice must stay and `next` must wait.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < until {
+        slice_kept_while_container_lives(cluster, pid, &old_uuid)?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        process_exists(pid),
+        "the old container ended while its shim was frozen"
+    );
+    let events: Api<Event> = Api::namespaced(c.clone(), NS);
+    let lp = ListParams::default().fields("involvedObject.name=next");
+    let held = events.list(&lp).await?.items.into_iter().find_map(|e| {
+        let m = e.message.unwrap_or_default();
+        m.contains("still prepared for").then_some(m)
+    });
+    let held = held.context("no event of pod next names the claim holding its placement")?;
+    ensure!(
+        held.contains(&old_claim),
+        "the event does not name the old claim {old_claim}: {held}"
+    );
+    let next: Pod = Api::namespaced(c.clone(), NS).get("next").await?;
+    ensure!(
+        next.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Running"),
+        "next runs while the old container still holds its placement"
+    );
+    drop(shim);
+    // Thawed: the kill finishes, the kubelet unprepares, and `next`'s retried prepare succeeds;
+    // the old slice is never gone before the old container.
+    let next = wait::until("pod next running", Duration::from_secs(120), || async {
+        slice_kept_while_container_lives(cluster, pid, &old_uuid)?;
+        let p: Pod = Api::namespaced(c.clone(), NS).get("next").await?;
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Ok(ready.then_some(p))
+    })
+    .await?;
+    let new_uuid = check_container(cluster, NODE, &next, "app", 1)
+        .await?
+        .mig_uuids()
+        .remove(0);
+    ensure!(new_uuid != old_uuid, "next got the old instance {old_uuid}");
+    ensure!(!process_exists(pid), "the old container still runs");
+    eprintln!(
+        "force delete: old slice {old_uuid} kept until its container was gone; next got {new_uuid}: {held}"
+    );
+    delete_pods(&c, &["next", "filler"]).await
+}
+
+/// Fails when `uuid` is gone from the GPUs while process `pid` (the old container) exists.
+fn slice_kept_while_container_lives(cluster: &Cluster, pid: i32, uuid: &str) -> Result<()> {
+    let live = live_uuids(cluster)?;
+    ensure!(
+        live.contains(&uuid.to_string()) || !process_exists(pid),
+        "MIG {uuid} was destroyed while the force-deleted pod's container (pid {pid}) still runs"
+    );
+    Ok(())
+}
+
+fn process_exists(pid: i32) -> bool {
+    // A zombie has exited: it can no longer open a device.
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().next())
+            != Some("Z")
+    })
+}
+
+/// A process stopped with SIGSTOP until dropped (then SIGCONT), so a failing test never leaves
+/// the node's shim frozen.
+struct Frozen(i32);
+
+impl Frozen {
+    /// Freezes the parent of `pid` (a container's init: its parent is the pod's containerd shim).
+    fn parent_of(pid: i32) -> Result<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        let ppid: i32 = stat
+            .rsplit(')')
+            .next()
+            .and_then(|s| s.split_whitespace().nth(1))
+            .context("no parent in /proc/<pid>/stat")?
+            .parse()?;
+        let comm = std::fs::read_to_string(format!("/proc/{ppid}/comm"))?;
+        ensure!(
+            comm.trim().starts_with("containerd-shim"),
+            "the container's parent {ppid} is {comm:?}, not its shim"
+        );
+        // SAFETY: kill has no memory-safety preconditions.
+        if unsafe { libc::kill(ppid, libc::SIGSTOP) } != 0 {
+            bail!("SIGSTOP {ppid}: {}", std::io::Error::last_os_error());
+        }
+        Ok(Frozen(ppid))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// DAS's CRI client against the node's containerd: a running pod has containers, a UID no pod
+/// has has none.
+async fn cri_answers_about_pods(cluster: &Cluster, pod: &Pod) -> Result<()> {
+    let cri = CriRuntime::new(files(cluster).socket().to_str().context("socket path")?)
+        .map_err(anyhow::Error::msg)?;
+    let uid = pod.metadata.uid.clone().context("pod without UID")?;
+    ensure!(
+        cri.pod_has_containers(&uid)
+            .await
+            .map_err(anyhow::Error::msg)?,
+        "containerd has no sandbox or container of running pod {uid}"
+    );
+    ensure!(
+        !cri.pod_has_containers("00000000-0000-0000-0000-000000000000")
+            .await
+            .map_err(anyhow::Error::msg)?,
+        "containerd has containers of a pod UID no pod has"
+    );
+    Ok(())
 }
 
 /// Waits until container `app` of pod `name` restarted once and is ready again.

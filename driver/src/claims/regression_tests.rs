@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use super::handler::{ClaimHandler, ClaimRef};
-use super::testing::{MemoryApi, NODE, preparer};
+use super::orphans::{DEFAULT_ORPHAN_DELAY, OrphanPolicy, OrphanReport, RECHECK};
+use super::testing::{MemoryApi, MemoryRuntime, NODE, pod_of, preparer, preparer_with};
 use super::{ClaimApi, PrepareError, Preparer};
 use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
@@ -573,4 +574,146 @@ async fn start_up_writes_a_corrupt_cdi_spec_again_and_removes_stale_ones() {
     assert_eq!(report.stale_cdi_specs, 1, "{report:?}");
     assert_eq!(s.spec_migs(&a), good);
     assert!(!cdi::spec_path(&dir, UID_B).exists());
+}
+
+/// A setup whose preparer asks `runtime` (the orphan rule's evidence) after the default delay.
+fn with_runtime(gpus: &str) -> (Setup, Arc<MemoryRuntime>) {
+    let s = setup(gpus, inline());
+    let runtime = Arc::new(MemoryRuntime::default());
+    let p = Arc::new(preparer_with(
+        s.dir.path(),
+        s.emu.clone(),
+        s.api.clone(),
+        inline(),
+        OrphanPolicy {
+            delay: DEFAULT_ORPHAN_DELAY,
+            runtime: Some(runtime.clone()),
+        },
+    ));
+    (Setup { p, ..s }, runtime)
+}
+
+fn events(s: &Setup, reason: &str) -> Vec<String> {
+    s.api
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(r, _)| r == reason)
+        .map(|(_, n)| n.clone())
+        .collect()
+}
+
+/// Issue 30, the orphan rule: a prepared claim the API server no longer has and the kubelet
+/// never unprepares (found at start-up) keeps its slice before the delay and while the runtime
+/// still has a container of its pod; it goes once the runtime has none.
+#[tokio::test(start_paused = true)]
+async fn an_orphan_is_released_only_after_the_delay_and_once_its_pod_has_no_container() {
+    let (s, runtime) = with_runtime("H100-80GB:1");
+    let old = s.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
+    s.p.prepare_claim(&old).await.unwrap();
+    let kept = s.live_migs();
+    runtime.pods.lock().unwrap().insert(pod_of(UID_A));
+    s.api.delete(&old);
+    let report = s.p.reconcile_at_startup(false, false).await.unwrap();
+    assert_eq!(report.kept, [old.to_string()]);
+    assert!(s.p.orphans.is_suspect(UID_A));
+    assert_eq!(
+        s.p.check_orphans().await,
+        OrphanReport::default(),
+        "not due"
+    );
+    tokio::time::advance(DEFAULT_ORPHAN_DELAY).await;
+    let r = s.p.check_orphans().await;
+    assert!(
+        r.kept[0].1.contains("still has a sandbox or container"),
+        "{r:?}"
+    );
+    assert_eq!(s.live_migs(), kept);
+    assert_eq!(events(&s, "OrphanedSliceKept").len(), 1);
+    // Its containers are gone: released at the next check, with an event.
+    runtime.pods.lock().unwrap().clear();
+    runtime.failing.store(1, Ordering::SeqCst);
+    tokio::time::advance(RECHECK).await;
+    let r = s.p.check_orphans().await;
+    assert!(
+        r.kept[0].1.contains("could not say"),
+        "an error is no evidence: {r:?}"
+    );
+    tokio::time::advance(RECHECK).await;
+    assert_eq!(s.p.check_orphans().await.released, [UID_A]);
+    assert!(s.live_migs().is_empty());
+    assert!(s.p.record_of(UID_A).is_none());
+    assert!(!s.p.orphans.is_suspect(UID_A));
+    let released = events(&s, "OrphanedSliceReleased");
+    assert!(released[0].contains(&pod_of(UID_A)), "{released:?}");
+    assert!(
+        s.p.metrics
+            .probe
+            .encode()
+            .contains(r#"das_kubelet_plugin_orphan_releases_total{result="success"} 1"#)
+    );
+}
+
+/// Without a container runtime an orphan is kept for good (one event per reason, not one per
+/// check); a suspect the API server still allocates is dropped from the suspects; a holder a
+/// prepare found in its way becomes a suspect and, once released by the rule, frees the
+/// placement for the kubelet's retry.
+#[tokio::test(start_paused = true)]
+async fn an_orphan_without_evidence_is_kept_and_a_held_placement_makes_its_holder_a_suspect() {
+    let s = setup("H100-80GB:1", inline());
+    let old = s.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
+    s.p.prepare_claim(&old).await.unwrap();
+    s.api.delete(&old);
+    let new = s.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
+    assert_eq!(
+        s.p.prepare_claim(&new).await.unwrap_err().metric_label(),
+        "placement_held"
+    );
+    assert!(s.p.orphans.is_suspect(UID_A), "the holder is suspected");
+    for _ in 0..3 {
+        tokio::time::advance(DEFAULT_ORPHAN_DELAY).await;
+        let r = s.p.check_orphans().await;
+        assert!(r.kept[0].1.contains("no container runtime"), "{r:?}");
+    }
+    assert_eq!(
+        events(&s, "OrphanedSliceKept").len(),
+        1,
+        "one event per reason"
+    );
+    assert!(s.p.record_of(UID_A).is_some());
+    // The same rule with a runtime that has no container of the pod: released, and the
+    // kubelet's retry of the new prepare succeeds.
+    let (t, _runtime) = with_runtime("H100-80GB:1");
+    let old = t.one_device("old", UID_A, "gpu-0-mig-7g-80gb-0");
+    t.p.prepare_claim(&old).await.unwrap();
+    t.api.delete(&old);
+    let new = t.one_device("new", UID_B, "gpu-0-mig-7g-80gb-0");
+    assert!(t.p.prepare_claim(&new).await.is_err());
+    tokio::time::advance(DEFAULT_ORPHAN_DELAY).await;
+    assert_eq!(t.p.check_orphans().await.released, [UID_A]);
+    t.p.prepare_claim(&new).await.unwrap();
+    assert_eq!(t.live_migs(), t.spec_migs(&new));
+    // A suspect the API server allocates as recorded is no orphan: dropped from the suspects.
+    t.p.suspect_holders(std::iter::once(&new.uid));
+    tokio::time::advance(DEFAULT_ORPHAN_DELAY).await;
+    assert_eq!(t.p.check_orphans().await.allocated, [UID_B]);
+    assert!(!t.p.orphans.is_suspect(UID_B));
+    assert_eq!(t.live_migs(), t.spec_migs(&new));
+}
+
+/// A shared claim gains pods: a retried prepare for a second pod adds it to the record, which
+/// the orphan rule then asks about too.
+#[tokio::test(start_paused = true)]
+async fn a_shared_claim_records_every_pod_it_was_prepared_for() {
+    let s = setup("H100-80GB:1", inline());
+    let a = s.one_device("a", UID_A, "gpu-0-mig-1g-10gb-6");
+    s.p.prepare_claim(&a).await.unwrap();
+    assert_eq!(s.p.record_of(UID_A).unwrap().pods, [pod_of(UID_A)]);
+    s.api.reserve_for(&a, &["second-pod"]);
+    s.p.prepare_claim(&a).await.unwrap();
+    assert_eq!(
+        s.p.record_of(UID_A).unwrap().pods,
+        [pod_of(UID_A), "second-pod".to_string()]
+    );
 }

@@ -70,6 +70,21 @@ impl MemoryApi {
         }
     }
 
+    /// Sets the claim's `status.reservedFor` to its own pod ([`pod_of`]) and `more` pod UIDs.
+    pub fn reserve_for(&self, claim: &ClaimRef, more: &[&str]) {
+        let mut claims = self.claims.lock().unwrap();
+        let rc = claims
+            .get_mut(&(claim.namespace.clone(), claim.name.clone()))
+            .expect("claim");
+        let mut pods = vec![json!({"resource": "pods", "name": "own", "uid": pod_of(&claim.uid)})];
+        pods.extend(
+            more.iter()
+                .map(|uid| json!({"resource": "pods", "name": uid, "uid": uid})),
+        );
+        let status = rc.status.as_mut().expect("status");
+        status.reserved_for = serde_json::from_value(json!(pods)).expect("reservedFor");
+    }
+
     /// Deletes the claim, if the API server still has it (with its UID).
     pub fn delete(&self, claim: &ClaimRef) {
         if self.has(claim) {
