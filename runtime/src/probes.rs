@@ -1,11 +1,12 @@
 //! The HTTP endpoint of the node plugin and the controller: `/metrics` (OpenMetrics text from a
-//! `prometheus-client` registry, with its content type), `/healthz` (the process answers) and
-//! `/readyz` (a flag the component sets).
+//! `prometheus-client` registry, with its content type), `/healthz` (the process answers and no
+//! thread has panicked since [`fail_liveness_on_panic`]) and `/readyz` (a flag the component
+//! sets).
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::State;
@@ -24,6 +25,7 @@ pub const OPENMETRICS_CONTENT_TYPE: &str =
 pub struct Probe {
     registry: Registry,
     ready: AtomicBool,
+    broken: OnceLock<String>,
 }
 
 impl Probe {
@@ -32,7 +34,19 @@ impl Probe {
         Self {
             registry,
             ready: AtomicBool::new(false),
+            broken: OnceLock::new(),
         }
+    }
+
+    /// Makes `/healthz` answer 500 with `why` from now on (the first reason stays), so the
+    /// kubelet restarts the container.
+    pub fn set_broken(&self, why: String) {
+        let _ = self.broken.set(why);
+    }
+
+    /// Why `/healthz` fails, if it does.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.get().map(String::as_str)
     }
 
     /// The registry `/metrics` encodes.
@@ -82,7 +96,15 @@ pub fn router<P: AsRef<Probe> + Send + Sync + 'static>(probed: Arc<P>) -> Router
                 )
             }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/healthz",
+            get(|State(p): State<Arc<P>>| async move {
+                match (*p).as_ref().broken() {
+                    None => (StatusCode::OK, "ok".to_string()),
+                    Some(why) => (StatusCode::INTERNAL_SERVER_ERROR, why.to_string()),
+                }
+            }),
+        )
         .route(
             "/readyz",
             get(|State(p): State<Arc<P>>| async move {
@@ -94,6 +116,19 @@ pub fn router<P: AsRef<Probe> + Send + Sync + 'static>(probed: Arc<P>) -> Router
             }),
         )
         .with_state(probed)
+}
+
+/// Turns `/healthz` red when any thread panics, after the panic is reported as before. A panic
+/// is a bug, and one inside a lock leaves it poisoned: every later call through that lock fails
+/// while the process still answers. A failing liveness probe makes the kubelet restart the
+/// container, which recovers from its persisted state (the node plugin from its checkpoint)
+/// instead of staying wedged.
+pub fn fail_liveness_on_panic(probe: Arc<Probe>) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        probe.set_broken(format!("a thread panicked: {info}"));
+    }));
 }
 
 /// Serves [`router`] on `addr` until `shutdown` resolves.
@@ -150,5 +185,20 @@ mod tests {
         p.set_ready(true);
         assert!(get("/readyz").await.starts_with("HTTP/1.1 200"));
         assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+        // A panic while a lock is held: /healthz turns red and says why.
+        fail_liveness_on_panic(p.clone());
+        let lock = Arc::new(std::sync::Mutex::new(()));
+        let held = lock.clone();
+        let r = std::thread::spawn(move || {
+            let _guard = held.lock().unwrap();
+            panic!("injected panic inside a lock");
+        })
+        .join();
+        assert!(r.is_err() && lock.is_poisoned());
+        let h = get("/healthz").await;
+        assert!(
+            h.starts_with("HTTP/1.1 500") && h.contains("injected panic inside a lock"),
+            "{h}"
+        );
     }
 }

@@ -73,6 +73,8 @@ async fn run(args: Args) -> Result<u8> {
     let mut shutdown = Shutdown::listen()?;
     let clients = client::clients(&args.kube, Timeouts::default()).await?;
     let metrics = Arc::new(Metrics::new());
+    // A panic (a poisoned lock) turns /healthz red: the kubelet restarts us (issue 30).
+    probes::fail_liveness_on_panic(metrics.probe.clone());
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();

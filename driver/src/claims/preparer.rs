@@ -318,8 +318,12 @@ impl Preparer {
             self.checkpoint
                 .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
         });
-        if matched.iter().any(Option::is_none) {
-            tracing::warn!(claim = %claim, "slices recorded for this claim are gone; preparing it again");
+        // A GPU instance whose compute instance is gone (an administrator's `nvidia-smi mig
+        // -dci`) is listed without a MIG UUID: no container can use it, so it is repaired like
+        // a missing one (released and created again), never answered with.
+        let usable = |m: &Option<MigInstance>| m.as_ref().is_some_and(|s| !s.mig_uuid.is_empty());
+        if !matched.iter().all(usable) {
+            tracing::warn!(claim = %claim, "slices recorded for this claim are gone or have lost their compute instance; preparing it again");
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
         }

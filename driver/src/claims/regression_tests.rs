@@ -254,6 +254,36 @@ async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
     assert!(nvml.all_instances().unwrap().is_empty());
 }
 
+/// Review L3 (issue 30): a prepared claim whose compute instance was destroyed behind the
+/// plugin's back (`nvidia-smi mig -dci`) keeps a bare GPU instance that matches its record by GI
+/// ID. A retried prepare used to answer with it and fail forever on its empty MIG UUID; it now
+/// releases the GPU instance and creates the slice again.
+#[tokio::test(start_paused = true)]
+async fn a_gpu_instance_without_its_compute_instance_is_created_again() {
+    use crate::gpu::nvml::NvmlApi;
+    let dir = tempfile::tempdir().unwrap();
+    let model = find_model("A100-SXM4-40GB").unwrap().unwrap();
+    let fake = FakeNvml::new(vec![FakeGpuSpec::mig(model, true)]);
+    let options = NvmlOptions {
+        proc_root: "/nonexistent".into(),
+        enable_mig_mode: false,
+    };
+    let nvml = Arc::new(NvmlBackend::new(fake, options).unwrap());
+    let api = Arc::new(MemoryApi::default());
+    let p = preparer(dir.path(), nvml.clone(), api.clone(), inline());
+    let a = api.allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-5gb-6")]);
+    let before = p.prepare_claim(&a).await.unwrap();
+    let live = nvml.all_instances().unwrap();
+    nvml.api().destroy_ci(0, live[0].gi_id, live[0].ci_id).unwrap();
+    assert!(nvml.all_instances().unwrap()[0].mig_uuid.is_empty());
+    let after = p.prepare_claim(&a).await.unwrap();
+    let live = nvml.all_instances().unwrap();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert!(!live[0].mig_uuid.is_empty(), "created again with its compute instance");
+    assert_eq!(p.record_of(UID_A).unwrap().devices[0].mig_uuid(), Some(live[0].mig_uuid.as_str()));
+    assert_eq!(before.len(), after.len());
+}
+
 /// Finding 4: a container with devices from two claims (what the webhook makes of two legacy
 /// profiles) and a claim with two requests: every MIG UUID reaches the container.
 #[tokio::test(start_paused = true)]
