@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use das_api::DRIVER_NAME;
 use das_driver::blocking::BlockingCalls;
-use das_driver::claims::cdi::DeviceNodes;
+use das_driver::claims::cdi::{DeviceNodes, Mount};
 use das_driver::claims::checkpoint::CheckpointStore;
 use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
 use das_driver::claims::cri::CriRuntime;
@@ -29,7 +29,7 @@ use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOpt
 use das_driver::health::monitor::Publishing;
 use das_driver::health::{self, HealthBook, HealthMonitor, HealthPolicy, TaintEffect};
 use das_driver::metrics::Metrics;
-use das_driver::plugin::handover::{self, Active, Gate, Gated};
+use das_driver::plugin::handover::{self, Background, Ended, Gate, Gated, Limits};
 use das_driver::plugin::server::{self, SocketPaths};
 use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
 use das_driver::publish::{Publisher, RunConfig};
@@ -192,8 +192,15 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    process::exit_status(runtime.block_on(run(args)).map(|()| ExitCode::SUCCESS))
+    let result = runtime.block_on(run(args));
+    // Dropping the runtime would wait for every blocking call, one on a wedged GPU forever (in
+    // a task that was aborted, or a start-up check cut short by SIGTERM).
+    runtime.shutdown_timeout(RUNTIME_SHUTDOWN_LIMIT);
+    process::exit_status(result.map(|()| ExitCode::SUCCESS))
 }
+
+/// How long the process waits, once `run` has returned, for blocking calls still running.
+const RUNTIME_SHUTDOWN_LIMIT: Duration = Duration::from_secs(1);
 
 /// glibc gives each thread that allocates its own malloc arena (up to 8 per core), which a
 /// small, mostly idle daemon pays for in resident memory; two arenas are plenty here.
@@ -236,35 +243,98 @@ fn health_policy(args: &Args) -> HealthPolicy {
     }
 }
 
-/// The GPU backend and the `nvidia-caps` major: emulated with --emulated-gpus, else NVML (which
-/// loads `libnvidia-ml.so.1` only here, so emulated mode runs without the NVIDIA driver).
-fn backend(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
-    match &args.emulated_gpus {
+/// What this instance reads from the node before it asks the active instance to hand over:
+/// whatever can fail without touching the node's shared state (the state dir, the MIG
+/// instances). A bad image or a broken driver fails here, while the active instance still serves.
+struct NodeCheck {
+    gpus: Gpus,
+    /// The GPUs: NVML's inventory, or the emulated spec's GPUs (read again from the emulated
+    /// backend once it is open).
+    inventory: Vec<GpuInfo>,
+    /// CDI mounts of the driver's files under --driver-root; `None` without it (the emulated
+    /// stand-in install, if any, is made after taking over).
+    driver_mounts: Option<Vec<Mount>>,
+    boot_id: String,
+}
+
+/// The GPU backend as far as it is opened before taking over.
+enum Gpus {
+    /// NVML, initialised and its GPUs read, with the `nvidia-caps` major.
+    Nvml {
+        backend: Arc<dyn GpuBackend>,
+        caps_major: u32,
+    },
+    /// Emulated GPUs with a valid spec. Their state lives in the state dir, which belongs to the
+    /// active instance, so the backend is opened after taking over.
+    Emulated,
+}
+
+/// [`NodeCheck`]: blocks (NVML calls); run it on the blocking pool.
+fn check_node(args: &Args) -> Result<NodeCheck> {
+    let (gpus, inventory) = match &args.emulated_gpus {
         Some(spec) => {
-            let (b, reset) = EmulatedBackend::open_or_reset(
-                spec,
-                &args.node_name,
-                &args.state_dir.join("emulated"),
-            )
-            .with_context(|| format!("emulated GPUs {spec:?}"))?;
-            if let Some((aside, why)) = reset {
-                tracing::error!(moved_to = %aside.display(), reason = %why,
-                    "the emulated GPUs' state cannot be used: moved aside, the GPUs start empty");
-            }
-            Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
+            // Read-only: the emulated GPUs' state is not opened.
+            let inventory = das_driver::gpu::emulated::emulated_inventory(spec, &args.node_name)
+                .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            (Gpus::Emulated, inventory)
         }
         None => {
-            let api = init_nvml()?;
-            let options = NvmlOptions {
-                proc_root: args.proc_root.clone(),
-                enable_mig_mode: args.enable_mig_mode,
-            };
-            let b = NvmlBackend::new(api, options).context("read the GPUs through NVML")?;
-            let major =
-                procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
-            Ok((Arc::new(b), major))
+            let (backend, caps_major) = open_nvml(args)?;
+            let inventory = backend.inventory().context("read the GPUs through NVML")?;
+            (
+                Gpus::Nvml {
+                    backend,
+                    caps_major,
+                },
+                inventory,
+            )
         }
+    };
+    let driver_mounts = match &args.driver_root {
+        Some(path) => {
+            let root = DriverRoot {
+                path: path.clone(),
+                host_path: args
+                    .host_driver_root
+                    .clone()
+                    .unwrap_or_else(|| path.clone()),
+            };
+            Some(find_driver_files(&root, &inventory)?)
+        }
+        None => None,
+    };
+    let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
+    Ok(NodeCheck {
+        gpus,
+        inventory,
+        driver_mounts,
+        boot_id,
+    })
+}
+
+/// The NVML backend and the `nvidia-caps` major (NVML loads `libnvidia-ml.so.1` only here, so
+/// emulated mode runs without the NVIDIA driver).
+fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
+    let api = init_nvml()?;
+    let options = NvmlOptions {
+        proc_root: args.proc_root.clone(),
+        enable_mig_mode: args.enable_mig_mode,
+    };
+    let b = NvmlBackend::new(api, options).context("read the GPUs through NVML")?;
+    let major = procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
+    Ok((Arc::new(b), major))
+}
+
+/// The emulated backend over its state in the state dir (only once this instance is active).
+fn open_emulated(args: &Args, spec: &str) -> Result<(Arc<dyn GpuBackend>, u32)> {
+    let (b, reset) =
+        EmulatedBackend::open_or_reset(spec, &args.node_name, &args.state_dir.join("emulated"))
+            .with_context(|| format!("emulated GPUs {spec:?}"))?;
+    if let Some((aside, why)) = reset {
+        tracing::error!(moved_to = %aside.display(), reason = %why,
+            "the emulated GPUs' state cannot be used: moved aside, the GPUs start empty");
     }
+    Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
 }
 
 fn init_nvml() -> Result<RealNvml> {
@@ -273,40 +343,40 @@ fn init_nvml() -> Result<RealNvml> {
     )
 }
 
-/// The CDI mounts of the driver's files ([`driver_files`]): from --driver-root, else from the
-/// emulated GPUs' stand-in driver install next to their stand-in device nodes
-/// (`<--emulated-device-dir>/driver`), else none.
-fn driver_mounts(
-    args: &Args,
-    inventory: &[GpuInfo],
-) -> Result<Vec<das_driver::claims::cdi::Mount>> {
+/// The CDI mounts of the driver's files under `root` ([`driver_files`]); read-only.
+fn find_driver_files(root: &DriverRoot, inventory: &[GpuInfo]) -> Result<Vec<Mount>> {
     let version = inventory.first().map(|g| g.driver_version.clone());
-    let root = match (&args.driver_root, &args.emulated_device_dir) {
-        (Some(path), _) => DriverRoot {
-            path: path.clone(),
-            host_path: args
-                .host_driver_root
-                .clone()
-                .unwrap_or_else(|| path.clone()),
-        },
-        (None, Some(dir)) if args.cdi_device_nodes => {
-            let path = dir.join("driver");
-            let v = version.as_deref().unwrap_or(EMULATED_DRIVER_VERSION);
-            create_stand_in_driver(&path, v)
-                .with_context(|| format!("stand-in driver install in {}", path.display()))?;
-            DriverRoot {
-                host_path: path.clone(),
-                path,
-            }
-        }
-        _ => return Ok(Vec::new()),
-    };
-    let files = driver_files::discover(&root, version.as_deref())
+    let files = driver_files::discover(root, version.as_deref())
         .context("find the NVIDIA driver's files for the containers")?;
     tracing::info!(root = %root.path.display(), host_root = %root.host_path.display(),
         version = %files.version, files = files.files.len(),
         "driver files for the containers found: every claim's CDI spec mounts them");
     Ok(files.mounts())
+}
+
+/// Without --driver-root: the CDI mounts of the emulated GPUs' stand-in driver install next to
+/// their stand-in device nodes (`<--emulated-device-dir>/driver`, made here), else none.
+fn stand_in_driver_mounts(args: &Args, inventory: &[GpuInfo]) -> Result<Vec<Mount>> {
+    let (None, Some(dir), true) = (
+        &args.driver_root,
+        &args.emulated_device_dir,
+        args.cdi_device_nodes,
+    ) else {
+        return Ok(Vec::new());
+    };
+    let path = dir.join("driver");
+    let version = inventory
+        .first()
+        .map_or(EMULATED_DRIVER_VERSION, |g| g.driver_version.as_str());
+    create_stand_in_driver(&path, version)
+        .with_context(|| format!("stand-in driver install in {}", path.display()))?;
+    find_driver_files(
+        &DriverRoot {
+            host_path: path.clone(),
+            path,
+        },
+        inventory,
+    )
 }
 
 /// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins
@@ -409,12 +479,15 @@ async fn slice_layout(client: &kube::Client) -> Result<ResourceSliceLayout> {
 }
 
 async fn run(args: Args) -> Result<()> {
+    let args = Arc::new(args);
     std::fs::create_dir_all(&args.cdi_dir)
         .with_context(|| format!("create {}", args.cdi_dir.display()))?;
     handover::restrict_state_dir(&args.state_dir)
         .with_context(|| format!("create {} (mode 0700)", args.state_dir.display()))?;
     let mut shutdown = Shutdown::listen()?;
     let metrics = Arc::new(Metrics::new());
+    // A panic (a poisoned lock) turns /healthz red: the kubelet restarts us (issue 30).
+    probes::fail_liveness_on_panic(metrics.probe.clone());
     let stop = CancellationToken::new();
     // /healthz answers while this instance waits to take over; /readyz once it serves.
     let metrics_task = tokio::spawn(probes::serve(
@@ -429,27 +502,43 @@ async fn run(args: Args) -> Result<()> {
         watches: watch_client,
     } = client::clients(&args.kube, Timeouts::default()).await?;
     let layout = slice_layout(&client).await?;
-    // Only the node's active instance touches the state dir and the GPUs (see handover.rs).
-    let active = tokio::select! {
-        a = handover::take_over(&args.state_dir, HANDOVER_POLL) => a
-            .with_context(|| format!("lock {}", args.state_dir.display()))?,
+    // Then the node's GPUs and driver files, still before asking: a bad image or a broken
+    // driver fails here while the active instance keeps serving. Only the node's active
+    // instance touches the state dir and the GPUs' MIG instances (see handover.rs).
+    let check = {
+        let args = args.clone();
+        move || check_node(&args)
+    };
+    let (node, active) = tokio::select! {
+        started = handover::check_then_take_over(&args.state_dir, handover::POLL, check) => started?,
         _ = shutdown.wait() => {
             tracing::info!("stopped while waiting to take over");
             stop.cancel();
             return Ok(());
         }
     };
-    let (backend, caps_major) = backend(&args)?;
-    let inventory = {
-        let b = backend.clone();
-        tokio::task::spawn_blocking(move || b.inventory()).await??
+    let (backend, caps_major, inventory) = match node.gpus {
+        Gpus::Nvml {
+            backend,
+            caps_major,
+        } => (backend, caps_major, node.inventory),
+        Gpus::Emulated => {
+            let spec = args.emulated_gpus.as_deref().unwrap_or_default();
+            let (backend, caps_major) = open_emulated(&args, spec)?;
+            let b = backend.clone();
+            let inventory = tokio::task::spawn_blocking(move || b.inventory()).await??;
+            (backend, caps_major, inventory)
+        }
     };
     for g in &inventory {
         tracing::info!(gpu = g.index, uuid = %g.uuid, model = %g.model.name, mig = g.mig_enabled, "GPU");
     }
-    let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
+    let driver_mounts = match node.driver_mounts {
+        Some(mounts) => mounts,
+        None => stand_in_driver_mounts(&args, &inventory)?,
+    };
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
-    let (cp, rebuild) = load_checkpoint(&cp_path, &boot_id)?;
+    let (cp, rebuild) = load_checkpoint(&cp_path, &node.boot_id)?;
     let api = Arc::new(KubeClaimApi::new(client.clone(), &args.node_name));
     let preparer = Arc::new(Preparer::new(PreparerConfig {
         api: api.clone(),
@@ -459,7 +548,7 @@ async fn run(args: Args) -> Result<()> {
         cdi_dir: args.cdi_dir.clone(),
         caps_major,
         device_nodes: device_nodes(&args, &inventory, caps_major)?,
-        driver_mounts: driver_mounts(&args, &inventory)?,
+        driver_mounts,
         checkpoint: CheckpointStore::new(cp, cp_path),
         metrics: metrics.clone(),
         blocking: BlockingCalls::Threads,
@@ -501,16 +590,29 @@ async fn run(args: Args) -> Result<()> {
     let specs = monitor.specs();
 
     // Publish once before registering, so the scheduler can place pods as soon as we answer.
-    let mut publisher =
-        Publisher::new(client.clone(), &args.node_name, None).with_watch_client(watch_client);
+    let mut publisher = Publisher::new(client.clone(), &args.node_name, None)
+        .with_watch_client(watch_client)
+        .with_metrics(metrics.clone());
     let stats = publisher.publish(specs.clone()).await?;
     tracing::info!(?stats, "ResourceSlices published");
     monitor.republish();
+    let mut background = Background::default();
     let publish_stop = stop.child_token();
-    let publish_task =
-        tokio::spawn(publisher.run(desired_rx, publish_stop.clone(), RunConfig::default()));
+    background.spawn(
+        "ResourceSlice publisher",
+        publish_stop.clone(),
+        async move {
+            publisher
+                .run(desired_rx, publish_stop, RunConfig::default())
+                .await;
+        },
+    );
     let monitor_stop = stop.child_token();
-    let monitor_task = tokio::spawn(monitor.clone().run(monitor_stop.clone()));
+    background.spawn(
+        "health monitor",
+        monitor_stop.clone(),
+        monitor.clone().run(monitor_stop),
+    );
 
     let paths = SocketPaths::new(
         &args.kubelet_registry_dir,
@@ -519,7 +621,11 @@ async fn run(args: Args) -> Result<()> {
         args.pod_uid.as_deref(),
     )?;
     let reaper_stop = stop.child_token();
-    let reaper_task = tokio::spawn(preparer.clone().run_reaper(reaper_stop.clone()));
+    background.spawn(
+        "reaper",
+        reaper_stop.clone(),
+        preparer.clone().run_reaper(reaper_stop),
+    );
     let gate = Arc::new(Gate::default());
     let handler: Arc<dyn ClaimHandler> = Arc::new(Gated {
         inner: preparer.clone(),
@@ -531,19 +637,13 @@ async fn run(args: Args) -> Result<()> {
         async move { server::serve(&paths, DRIVER_NAME, handler, health, stop.cancelled_owned()).await }
     });
     metrics.probe.set_ready(true);
-    let mut handover_task = tokio::spawn(hand_over_when_asked(
+    let mut handover_task = tokio::spawn(handover::hand_over_when_asked(
         active,
         gate,
-        Background {
-            publisher: publish_task,
-            publisher_stop: publish_stop,
-            reaper: reaper_task,
-            reaper_stop,
-            monitor: monitor_task,
-            monitor_stop,
-        },
-        metrics.clone(),
+        background,
+        metrics.probe.clone(),
         stop.clone(),
+        Limits::PLUGIN,
     ));
 
     let ended = tokio::select! {
@@ -562,7 +662,7 @@ async fn run(args: Args) -> Result<()> {
         // frees the node's locks; the next instance recovers from the checkpoint.
         tracing::error!(
             "calls still ran {}s after the node plugin stopped taking new ones: exiting",
-            DRAIN_LIMIT.as_secs()
+            handover::DRAIN_LIMIT.as_secs()
         );
         std::process::exit(1);
     }
@@ -573,104 +673,5 @@ async fn run(args: Args) -> Result<()> {
         Ended::NodeUnserved => anyhow::bail!(
             "the plugin instance that took over this node is gone and none waits: exiting so that this pod restarts and serves the node again"
         ),
-    }
-}
-
-/// How often a waiting instance tries the lock, and the active one looks for a waiter.
-const HANDOVER_POLL: Duration = Duration::from_millis(250);
-/// How long calls in flight may take to finish once the instance stops taking new ones (every
-/// API call is bounded by its timeouts, a GPU call by the driver).
-const DRAIN_LIMIT: Duration = Duration::from_secs(60);
-
-/// The tasks that touch the node's state besides the calls: the ResourceSlice publisher, the
-/// reaper and the health monitor, with their stop tokens. All end before the node is handed
-/// over.
-struct Background {
-    publisher: tokio::task::JoinHandle<Publisher>,
-    publisher_stop: CancellationToken,
-    reaper: tokio::task::JoinHandle<()>,
-    reaper_stop: CancellationToken,
-    monitor: tokio::task::JoinHandle<()>,
-    monitor_stop: CancellationToken,
-}
-
-impl Background {
-    async fn stop(self) {
-        self.publisher_stop.cancel();
-        self.reaper_stop.cancel();
-        self.monitor_stop.cancel();
-        if let Err(e) = self.monitor.await {
-            tracing::warn!(error = %e, "the health monitor ended badly");
-        }
-        if let Err(e) = self.publisher.await {
-            tracing::warn!(error = %e, "the ResourceSlice publisher ended badly");
-        }
-        if let Err(e) = self.reaper.await {
-            tracing::warn!(error = %e, "the reaper ended badly");
-        }
-    }
-}
-
-/// How [`hand_over_when_asked`] ended.
-enum Ended {
-    /// Shutdown (SIGTERM).
-    Stopped,
-    /// Calls in flight did not finish within [`DRAIN_LIMIT`]: the node is not handed over
-    /// cleanly; the process must exit.
-    Stuck,
-    /// This instance handed over, then the node's lock came free again with nobody waiting for
-    /// it: the instance that took over is gone (it failed at start-up, or was deleted in a
-    /// rollback). This one must start over to serve the node (its view of the state is stale).
-    NodeUnserved,
-}
-
-/// While this instance is active: when a newer instance waits to take over (rolling update with
-/// surge), or on shutdown, stop taking prepares, let the ones in flight finish (their
-/// checkpoints are on disk before they answer), stop publishing, and release the node. After a
-/// handover, watch that the node stays served.
-async fn hand_over_when_asked(
-    active: Active,
-    gate: Arc<Gate>,
-    background: Background,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) -> Ended {
-    let mut tick = tokio::time::interval(HANDOVER_POLL);
-    let handover = loop {
-        tokio::select! {
-            _ = stop.cancelled() => break false,
-            _ = tick.tick() => if active.handover_requested() { break true },
-        }
-    };
-    if handover {
-        tracing::info!("a newer DAS plugin instance waits on this node: handing over");
-        metrics.probe.set_ready(false);
-    }
-    if !gate.close_within(DRAIN_LIMIT).await {
-        tracing::error!(limit = ?DRAIN_LIMIT, "calls in flight did not finish");
-        background.stop().await;
-        return Ended::Stuck;
-    }
-    background.stop().await;
-    let dir = active.dir().to_path_buf();
-    drop(active);
-    if !handover {
-        return Ended::Stopped;
-    }
-    tracing::info!(
-        "handed over: this instance no longer prepares, unprepares or publishes; it exits on SIGTERM"
-    );
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return Ended::Stopped,
-            _ = tick.tick() => {}
-        }
-        // Free with a waiter still announced: the new instance has not polled yet.
-        if let Ok(Some(lock)) = Active::try_acquire(&dir)
-            && !lock.handover_requested()
-        {
-            tracing::error!("the plugin instance that took over this node is gone");
-            return Ended::NodeUnserved;
-        }
     }
 }

@@ -21,9 +21,16 @@
 //! the lock files `0600` (the plugin runs as root): no other local user can stop the plugin
 //! from serving or make it hand over.
 //!
-//! Waits are bounded: [`Gate::close_within`] gives calls in flight a limit, after which the
-//! instance exits instead of handing over (the kernel frees the locks and the new instance
-//! recovers from the checkpoint, as after a crash).
+//! Waits are bounded: [`Gate::close_within`] gives calls in flight a limit ([`DRAIN_LIMIT`]),
+//! after which the instance exits instead of handing over (the kernel frees the locks and the new
+//! instance recovers from the checkpoint, as after a crash); [`Background::stop_within`] gives
+//! the publisher, the reaper and the health monitor [`STOP_LIMIT`], then aborts them, so a GPU
+//! call that never returns cannot keep `plugin.lock` held.
+//!
+//! A new instance first does what can fail without touching the node's shared state (opening the
+//! GPU backend, reading the inventory, finding the driver's files: [`check_then_take_over`]),
+//! and only then asks for the node: a bad image or a broken driver fails while the active
+//! instance keeps serving.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -34,7 +41,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use anyhow::Context;
+use das_runtime::probes::Probe;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::claims::PrepareError;
 use crate::claims::{ClaimHandler, ClaimRef, PreparedDevice};
@@ -48,6 +59,48 @@ pub const WAIT_FILE: &str = "handover.wait";
 pub const STATE_DIR_MODE: u32 = 0o700;
 /// Mode of the lock files.
 pub const LOCK_FILE_MODE: u32 = 0o600;
+
+/// How often a waiting instance tries the lock, and the active one looks for a waiter.
+pub const POLL: Duration = Duration::from_millis(250);
+/// How long calls in flight may take to finish once the instance stops taking new ones (every
+/// API call is bounded by its timeouts, a GPU call by the driver). Past it the instance exits
+/// ([`Ended::Stuck`]).
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+/// How long the background tasks (ResourceSlice publisher, reaper, health monitor) may take, all
+/// together, to stop once asked ([`Background::stop_within`]); a task still running then is
+/// aborted. NVML calls have no timeout: on a wedged GPU one may never return, and a task waiting
+/// for it would otherwise keep the instance from releasing `plugin.lock`, so that a rolling
+/// update never finishes. Healthy tasks stop within a second (they watch their stop token
+/// between calls; the monitor's event wait is 1 s); 10 s also lets an API write in flight end.
+pub const STOP_LIMIT: Duration = Duration::from_secs(10);
+/// The longest an active instance takes from SIGTERM (or a waiter's request) to releasing the
+/// node: [`DRAIN_LIMIT`] for the calls in flight, then [`STOP_LIMIT`] for the background tasks.
+/// The chart's `terminationGracePeriodSeconds` (deploy/helm/das/templates/kubeletplugin-daemonset.yaml)
+/// must exceed it, with room for the gRPC servers to stop, or the kubelet kills the plugin in
+/// the middle of a drain.
+pub const SHUTDOWN_LIMIT: Duration =
+    Duration::from_secs(DRAIN_LIMIT.as_secs() + STOP_LIMIT.as_secs());
+
+/// The waits of [`hand_over_when_asked`]: [`Limits::PLUGIN`] in the plugin, shorter ones in
+/// tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// [`POLL`].
+    pub poll: Duration,
+    /// [`DRAIN_LIMIT`].
+    pub drain: Duration,
+    /// [`STOP_LIMIT`].
+    pub stop: Duration,
+}
+
+impl Limits {
+    /// The plugin's limits.
+    pub const PLUGIN: Limits = Limits {
+        poll: POLL,
+        drain: DRAIN_LIMIT,
+        stop: STOP_LIMIT,
+    };
+}
 
 /// Makes `dir` (created if missing) enterable only by its owner.
 ///
@@ -155,6 +208,167 @@ pub async fn take_over(dir: &Path, poll: Duration) -> io::Result<Active> {
         if let Some(active) = Active::try_acquire(dir)? {
             tracing::info!("took over from the previous plugin instance");
             return Ok(active);
+        }
+    }
+}
+
+/// Start-up in the order that keeps a broken instance from stopping a healthy one: `check` first,
+/// on the blocking pool (everything that can fail without touching the node's shared state:
+/// opening the GPU backend, reading the inventory, finding the driver's files), and
+/// [`take_over`] only once it succeeded. A failing `check` returns its error before any wait is
+/// announced: the active instance never hears of this one and keeps serving. Cancel it by
+/// dropping the future (a `check` in flight then runs on in its thread).
+///
+/// # Errors
+/// `check`'s error (the pod then restarts, the node still served by the active instance); or a
+/// lock file cannot be created or locked.
+pub async fn check_then_take_over<T, F>(
+    dir: &Path,
+    poll: Duration,
+    check: F,
+) -> anyhow::Result<(T, Active)>
+where
+    T: Send + 'static,
+    F: FnOnce() -> anyhow::Result<T> + Send + 'static,
+{
+    let checked = tokio::task::spawn_blocking(check)
+        .await
+        .context("the start-up checks failed")?
+        .context("this instance cannot serve the node (an active instance keeps serving it)")?;
+    let active = take_over(dir, poll)
+        .await
+        .with_context(|| format!("lock {}", dir.display()))?;
+    Ok((checked, active))
+}
+
+/// The tasks that touch the node's state besides the kubelet's calls (the ResourceSlice
+/// publisher, the reaper, the health monitor), each with the token that stops it. All end, or are
+/// aborted, before the node is handed over.
+#[derive(Debug, Default)]
+pub struct Background {
+    tasks: Vec<BackgroundTask>,
+}
+
+#[derive(Debug)]
+struct BackgroundTask {
+    name: &'static str,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Background {
+    /// Spawns `work`, which should return soon after `stop` is cancelled; `name` says which task
+    /// it is in the log.
+    pub fn spawn<F>(&mut self, name: &'static str, stop: CancellationToken, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.push(BackgroundTask {
+            name,
+            stop,
+            task: tokio::spawn(work),
+        });
+    }
+
+    /// Cancels every task's token, then waits for the tasks, at most `limit` for all of them
+    /// together ([`STOP_LIMIT`] in the plugin). A task still running then is aborted: it never
+    /// runs again, though a blocking call it started (a GPU call on the blocking pool) runs on in
+    /// its thread until the call returns, its result dropped. Logs each task that ended badly or
+    /// had to be aborted; returns the names of the latter (empty when all stopped).
+    pub async fn stop_within(self, limit: Duration) -> Vec<&'static str> {
+        for t in &self.tasks {
+            t.stop.cancel();
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut aborted = Vec::new();
+        for BackgroundTask { name, mut task, .. } in self.tasks {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(task = name, error = %e, "a background task ended badly")
+                }
+                Err(_) => {
+                    task.abort();
+                    tracing::error!(
+                        task = name,
+                        ?limit,
+                        "a background task did not stop in time (a GPU call that does not return?): aborted"
+                    );
+                    aborted.push(name);
+                }
+            }
+        }
+        aborted
+    }
+}
+
+/// How [`hand_over_when_asked`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Shutdown (SIGTERM).
+    Stopped,
+    /// Calls in flight did not finish within [`DRAIN_LIMIT`]: the node is not handed over
+    /// cleanly; the process must exit.
+    Stuck,
+    /// This instance handed over, then the node's lock came free again with nobody waiting for
+    /// it: the instance that took over is gone (it failed at start-up, or was deleted in a
+    /// rollback). This one must start over to serve the node (its view of the state is stale).
+    NodeUnserved,
+}
+
+/// While this instance is active: when a newer instance waits to take over (rolling update with
+/// surge), or on `stop` (shutdown), stop taking prepares, let the ones in flight finish (their
+/// checkpoints are on disk before they answer; at most `limits.drain`), stop the background
+/// tasks (at most `limits.stop`, then they are aborted), and release the node. After a handover,
+/// watch that the node stays served. Every wait before the release is bounded, so it returns
+/// [`Ended::Stuck`] within `limits.drain + limits.stop` of the request at worst.
+pub async fn hand_over_when_asked(
+    active: Active,
+    gate: Arc<Gate>,
+    background: Background,
+    probe: Arc<Probe>,
+    stop: CancellationToken,
+    limits: Limits,
+) -> Ended {
+    let mut tick = tokio::time::interval(limits.poll);
+    let handover = loop {
+        tokio::select! {
+            _ = stop.cancelled() => break false,
+            _ = tick.tick() => if active.handover_requested() { break true },
+        }
+    };
+    if handover {
+        tracing::info!("a newer DAS plugin instance waits on this node: handing over");
+        probe.set_ready(false);
+    }
+    if !gate.close_within(limits.drain).await {
+        tracing::error!(limit = ?limits.drain, "calls in flight did not finish");
+        // Bounded too: the process exits next, whatever the tasks do.
+        background.stop_within(limits.stop).await;
+        return Ended::Stuck;
+    }
+    // A task aborted here can no longer write the checkpoint or the slices (only a GPU call it
+    // had started may still return, unseen): the node is handed over as usual.
+    background.stop_within(limits.stop).await;
+    let dir = active.dir().to_path_buf();
+    drop(active);
+    if !handover {
+        return Ended::Stopped;
+    }
+    tracing::info!(
+        "handed over: this instance no longer prepares, unprepares or publishes; it exits on SIGTERM"
+    );
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ended::Stopped,
+            _ = tick.tick() => {}
+        }
+        // Free with a waiter still announced: the new instance has not polled yet.
+        if let Ok(Some(lock)) = Active::try_acquire(&dir)
+            && !lock.handover_requested()
+        {
+            tracing::error!("the plugin instance that took over this node is gone");
+            return Ended::NodeUnserved;
         }
     }
 }
@@ -437,5 +651,163 @@ mod tests {
         let _stuck = gate.enter().await.unwrap();
         assert!(!gate.close_within(Duration::from_millis(50)).await);
         assert!(gate.is_closed(), "no new calls either way");
+    }
+
+    /// Issue 30 item 4: a task that never ends (one waiting for a GPU call on a wedged GPU) is
+    /// aborted at the limit, and stop returns then; the tasks that stopped are not reported.
+    #[tokio::test(start_paused = true)]
+    async fn a_background_task_that_never_ends_is_aborted_at_the_limit() {
+        let mut background = Background::default();
+        let publisher_stop = CancellationToken::new();
+        let s = publisher_stop.clone();
+        background.spawn(
+            "publisher",
+            publisher_stop,
+            async move { s.cancelled().await },
+        );
+        let (alive, aborted) = tokio::sync::oneshot::channel::<()>();
+        background.spawn("health monitor", CancellationToken::new(), async move {
+            let _alive = alive;
+            std::future::pending::<()>().await
+        });
+        let limit = Duration::from_secs(10);
+        let t0 = tokio::time::Instant::now();
+        let late = tokio::time::timeout(limit * 2, background.stop_within(limit))
+            .await
+            .expect("stop returns at its limit");
+        assert_eq!(late, vec!["health monitor"]);
+        assert_eq!(t0.elapsed(), limit, "it waited the limit, no more");
+        assert!(aborted.await.is_err(), "the task was aborted (dropped)");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_tasks_that_stop_are_not_waited_for_longer() {
+        let mut background = Background::default();
+        for name in ["publisher", "reaper", "health monitor"] {
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            background.spawn(name, stop, async move { s.cancelled().await });
+        }
+        let t0 = tokio::time::Instant::now();
+        assert!(background.stop_within(STOP_LIMIT).await.is_empty());
+        assert!(t0.elapsed() < Duration::from_millis(1));
+    }
+
+    const TEST_LIMITS: Limits = Limits {
+        poll: Duration::from_millis(250),
+        drain: Duration::from_secs(60),
+        stop: Duration::from_secs(10),
+    };
+
+    /// Issue 30 item 4: an active instance whose health monitor hangs still hands the node over
+    /// (after the stop limit) instead of holding `plugin.lock` forever.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_background_task_does_not_keep_the_node_from_the_new_instance() {
+        let d = dir("hung-background");
+        let active = Active::try_acquire(&d).unwrap().unwrap();
+        let mut background = Background::default();
+        background.spawn(
+            "health monitor",
+            CancellationToken::new(),
+            std::future::pending(),
+        );
+        let stop = CancellationToken::new();
+        let probe = Arc::new(Probe::default());
+        probe.set_ready(true);
+        let old = tokio::spawn(hand_over_when_asked(
+            active,
+            Arc::default(),
+            background,
+            probe.clone(),
+            stop.clone(),
+            TEST_LIMITS,
+        ));
+        let bound = TEST_LIMITS.poll * 3 + TEST_LIMITS.stop;
+        let new = tokio::time::timeout(bound, take_over(&d, TEST_LIMITS.poll))
+            .await
+            .expect("handed over within the stop limit")
+            .unwrap();
+        assert!(!probe.is_ready());
+        assert!(!old.is_finished(), "the old instance watches the node");
+        stop.cancel();
+        assert_eq!(old.await.unwrap(), Ended::Stopped);
+        drop(new);
+    }
+
+    /// Issue 30 item 4: calls that hang and a background task that hangs: the instance still
+    /// ends (to exit) within the drain and stop limits.
+    #[tokio::test(start_paused = true)]
+    async fn a_stuck_instance_ends_within_the_drain_and_stop_limits() {
+        let d = dir("stuck");
+        let active = Active::try_acquire(&d).unwrap().unwrap();
+        let gate = Arc::new(Gate::default());
+        let _call = gate.enter().await.unwrap();
+        let mut background = Background::default();
+        background.spawn("reaper", CancellationToken::new(), std::future::pending());
+        let stop = CancellationToken::new();
+        stop.cancel(); // SIGTERM
+        let t0 = tokio::time::Instant::now();
+        let ended = tokio::time::timeout(
+            TEST_LIMITS.drain + TEST_LIMITS.stop + Duration::from_secs(1),
+            hand_over_when_asked(active, gate, background, Arc::default(), stop, TEST_LIMITS),
+        )
+        .await
+        .expect("bounded");
+        assert_eq!(ended, Ended::Stuck);
+        assert_eq!(t0.elapsed(), TEST_LIMITS.drain + TEST_LIMITS.stop);
+    }
+
+    /// Issue 30 item 4: a new instance whose GPU backend cannot be opened fails before it asks
+    /// the active instance to hand over, so the active one keeps serving.
+    #[tokio::test]
+    async fn a_failing_start_up_check_never_asks_for_the_node() {
+        let d = dir("check-fails");
+        let active = Arc::new(Active::try_acquire(&d).unwrap().unwrap());
+        let seen = active.clone();
+        let started = tokio::time::timeout(
+            Duration::from_secs(5),
+            check_then_take_over(
+                &d,
+                Duration::from_millis(5),
+                move || -> anyhow::Result<()> {
+                    assert!(!seen.handover_requested(), "checked before asking");
+                    anyhow::bail!("initialise NVML (libnvidia-ml.so.1): driver not loaded")
+                },
+            ),
+        )
+        .await
+        .expect("a failed check returns at once, without waiting for the node");
+        let err = format!("{:#}", started.unwrap_err());
+        assert!(err.contains("initialise NVML"), "{err}");
+        assert!(
+            !active.handover_requested(),
+            "the active instance was never asked"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_passing_start_up_check_comes_before_the_wait() {
+        let d = dir("check-passes");
+        let active = Arc::new(Active::try_acquire(&d).unwrap().unwrap());
+        let seen = active.clone();
+        let d2 = d.clone();
+        let starting = tokio::spawn(async move {
+            check_then_take_over(&d2, Duration::from_millis(5), move || {
+                Ok(seen.handover_requested())
+            })
+            .await
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !active.handover_requested() {
+            assert!(std::time::Instant::now() < deadline, "waiter not seen");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        drop(active);
+        let (asked_while_checking, _new) = tokio::time::timeout(Duration::from_secs(5), starting)
+            .await
+            .expect("took over")
+            .unwrap()
+            .unwrap();
+        assert!(!asked_while_checking, "no wait announced while checking");
     }
 }
