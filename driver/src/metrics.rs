@@ -40,6 +40,11 @@ struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GateLabels {
+    gate: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     gpu: String,
 }
@@ -81,6 +86,7 @@ pub struct Metrics {
     orphan_releases: Family<ResultLabels, Counter>,
     pending_destroy: Gauge,
     placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
+    feature_gate_off: Family<GateLabels, Gauge>,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
 }
@@ -116,6 +122,12 @@ impl Metrics {
         let reaper_attempts = Family::<ResultLabels, Counter>::default();
         let orphan_releases = Family::<ResultLabels, Counter>::default();
         let pending_destroy = Gauge::default();
+        let feature_gate_off = Family::<GateLabels, Gauge>::default();
+        registry.register(
+            "apiserver_feature_gate_off",
+            "1 while the API server drops the ResourceSlice fields of this feature gate: DRAPartitionableDevices (shared counters; the node's MIG devices are withdrawn until it keeps them), DRADeviceTaints (unhealthy GPUs' devices stay offered untainted); 0 once it keeps them",
+            feature_gate_off.clone(),
+        );
         let placement_waits =
             Family::<ResultLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 latency_histogram,
@@ -212,6 +224,7 @@ impl Metrics {
             orphan_releases,
             pending_destroy,
             placement_waits,
+            feature_gate_off,
         }
     }
 
@@ -342,6 +355,13 @@ impl Metrics {
     pub fn set_pending_destroy(&self, n: i64) {
         self.pending_destroy.set(n);
     }
+
+    /// Sets whether the API server drops the ResourceSlice fields of feature gate `gate`.
+    pub fn set_feature_gate_off(&self, gate: &str, off: bool) {
+        self.feature_gate_off
+            .get_or_create(&GateLabels { gate: gate.into() })
+            .set(i64::from(off));
+    }
 }
 
 #[cfg(test)]
@@ -358,6 +378,8 @@ mod tests {
         m.set_gpu_healthy(1, false);
         m.set_free_placements(2, &[("7g.40gb".into(), 0), ("1g.5gb".into(), 6)]);
         m.xid_seen(1, 79, true);
+        m.set_feature_gate_off("DRAPartitionableDevices", true);
+        m.set_feature_gate_off("DRADeviceTaints", false);
         let text = m.probe.encode();
         assert!(
             text.contains(
@@ -384,6 +406,8 @@ mod tests {
             r#"das_kubelet_plugin_free_placements{gpu="2",profile="7g.40gb"} 0"#,
             r#"das_kubelet_plugin_free_placements{gpu="2",profile="1g.5gb"} 6"#,
             r#"das_kubelet_plugin_xid_events_total{gpu="1",xid="79",fatal="true"} 1"#,
+            r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRAPartitionableDevices"} 1"#,
+            r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRADeviceTaints"} 0"#,
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
         }

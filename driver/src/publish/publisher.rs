@@ -15,22 +15,37 @@
 //! - Dropped fields: after each write the stored spec is compared with the sent one; a
 //!   difference (a disabled feature gate, a canonicalized value) is logged once and adopted as
 //!   the baseline ([`plan::Adopted`]), so the next publish does not update again.
+//! - No silent overlap ([`super::gates`]): before slices with shared counters are published
+//!   the first time (and again at most every 5 min), a dry-run create of one of them shows
+//!   whether the API server keeps the counters (`DRAPartitionableDevices`), and every write is
+//!   checked; while the server drops them the pool is published empty
+//!   (devices withdrawn), a Warning event `SharedCountersDropped` on the Node names the gate,
+//!   the gauge `das_kubelet_plugin_apiserver_feature_gate_off` is 1, and the probe is repeated
+//!   with backoff until the devices can be republished. Dropped device taints
+//!   (`DRADeviceTaints`) leave the devices published and post `DeviceTaintsDropped`.
 //! - Owner: the Node (`controller: true`), so slices go with the Node.
 //! - An empty desired list publishes one empty slice: "empty pool" differs from "no pool".
 //!
 //! [`Publisher::run`] republishes when someone else changes or deletes our slices (the kubelet
 //! wipes a node's slices when it starts and 30 s after a plugin disconnects), when the desired
-//! slices change, and on a periodic resync.
+//! slices change, on a periodic resync, and when the withdrawn devices' next probe is due.
+//!
+//! The API calls go through [`PublishApi`] ([`KubePublishApi`] in the plugin), so that unit tests
+//! can drive the publisher with chosen answers; its behaviour against a real API server is
+//! covered by `e2e/tests/plugin_publisher.rs`.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::sync::watch;
@@ -38,8 +53,128 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::gates::{self, CounterGuard, Notice, Offer, ProbeAnswer, Step};
 use super::plan::{self, Adopted, Baseline, Plan, PlanInput};
+use crate::metrics::Metrics;
 use das_api::DRIVER_NAME;
+
+/// The reporter of the publisher's Node events (the plugin's field manager, as for its other
+/// events).
+const EVENT_REPORTER: &str = "das-kubelet-plugin";
+
+/// Longest a Node event post may take (best effort; the publish goes on without it).
+const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The API-server calls of [`Publisher`], behind a trait so unit tests can answer them (the
+/// way `claims::api::ClaimApi` is for the request path). Errors are the client's.
+#[tonic::async_trait]
+pub trait PublishApi: Send + Sync + 'static {
+    /// The ResourceSlices matching `field_selector`.
+    async fn list(&self, field_selector: &str) -> Result<Vec<ResourceSlice>, kube::Error>;
+    /// The Node `name`.
+    async fn node(&self, name: &str) -> Result<Node, kube::Error>;
+    /// Creates `slice` (with `dry_run`, only as the server would: nothing is stored) and returns
+    /// what the server stored or would store.
+    async fn create(
+        &self,
+        slice: &ResourceSlice,
+        dry_run: bool,
+    ) -> Result<ResourceSlice, kube::Error>;
+    /// Replaces `slice` (by name) and returns what the server stored.
+    async fn replace(&self, slice: &ResourceSlice) -> Result<ResourceSlice, kube::Error>;
+    /// Deletes the slice `name` if it still has the `preconditions`.
+    async fn delete(&self, name: &str, preconditions: Preconditions) -> Result<(), kube::Error>;
+    /// Posts an event about the Node `node` (best effort: a failure is logged, not returned).
+    async fn node_event(&self, node: &str, warning: bool, reason: &str, note: &str);
+}
+
+/// [`PublishApi`] over a kube client.
+pub struct KubePublishApi {
+    slices: Api<ResourceSlice>,
+    nodes: Api<Node>,
+    recorder: Recorder,
+}
+
+impl KubePublishApi {
+    /// Calls through `client` (built with connect and read timeouts); events are reported as
+    /// `das-kubelet-plugin` on `node`.
+    pub fn new(client: Client, node: &str) -> Self {
+        let reporter = Reporter {
+            controller: EVENT_REPORTER.into(),
+            instance: Some(node.to_string()),
+        };
+        Self {
+            slices: Api::all(client.clone()),
+            nodes: Api::all(client.clone()),
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl PublishApi for KubePublishApi {
+    async fn list(&self, field_selector: &str) -> Result<Vec<ResourceSlice>, kube::Error> {
+        let lp = ListParams::default().fields(field_selector);
+        Ok(self.slices.list(&lp).await?.items)
+    }
+
+    async fn node(&self, name: &str) -> Result<Node, kube::Error> {
+        self.nodes.get(name).await
+    }
+
+    async fn create(
+        &self,
+        slice: &ResourceSlice,
+        dry_run: bool,
+    ) -> Result<ResourceSlice, kube::Error> {
+        let pp = PostParams {
+            dry_run,
+            ..Default::default()
+        };
+        self.slices.create(&pp, slice).await
+    }
+
+    async fn replace(&self, slice: &ResourceSlice) -> Result<ResourceSlice, kube::Error> {
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        self.slices
+            .replace(name, &PostParams::default(), slice)
+            .await
+    }
+
+    async fn delete(&self, name: &str, preconditions: Preconditions) -> Result<(), kube::Error> {
+        let dp = DeleteParams {
+            preconditions: Some(preconditions),
+            ..Default::default()
+        };
+        self.slices.delete(name, &dp).await.map(drop)
+    }
+
+    async fn node_event(&self, node: &str, warning: bool, reason: &str, note: &str) {
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            ..Default::default()
+        };
+        let event = KubeEvent {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_string(),
+            // The Events API caps the note at 1 kB.
+            note: Some(note.chars().take(1000).collect()),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        match tokio::time::timeout(EVENT_TIMEOUT, self.recorder.publish(&event, &reference)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(reason, error = %e, "could not post an event"),
+            Err(_) => warn!(reason, "posting an event timed out"),
+        }
+    }
+}
 
 /// Errors of one publish. Each names the node or slice and the cause.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +265,9 @@ pub struct PublishStats {
     /// Written slices the server stored differently from what was sent (see
     /// [`plan::Adopted`]).
     pub dropped_fields: usize,
+    /// The node's devices are withdrawn: the API server drops shared counters
+    /// (`DRAPartitionableDevices` off), so the pool was published empty ([`super::gates`]).
+    pub withdrawn: bool,
     /// Pool generation after the publish.
     pub generation: i64,
     /// `resourceSliceCount` after the publish.
@@ -187,22 +325,27 @@ impl Default for RunConfig {
 
 /// Publishes the ResourceSlices of one node's pool. See the module docs.
 pub struct Publisher {
-    api: Api<ResourceSlice>,
-    /// Where the watch goes (see [`Publisher::with_watch_client`]).
-    watch_api: Api<ResourceSlice>,
-    nodes: Api<Node>,
+    api: Arc<dyn PublishApi>,
+    /// Where the watch goes (see [`Publisher::with_watch_client`]); none: [`Publisher::run`]
+    /// republishes on changes of the desired slices, resyncs and probes only.
+    watch_api: Option<Api<ResourceSlice>>,
     node: String,
     /// UID given by the caller (never refreshed).
     given_uid: Option<String>,
     /// UID looked up from the Node (refreshed before creating slices).
     looked_up_uid: Option<String>,
     baseline: Baseline,
-    /// Summaries of dropped-field differences already logged at warn level.
+    /// Summaries of dropped-field differences (and a failed counter probe) already logged at
+    /// warn level.
     warned: HashSet<String>,
     /// `name → resourceVersion` of our slices as the last publish left them; watch events that
     /// match are our own writes.
     known: BTreeMap<String, String>,
     totals: PublishTotals,
+    /// Whether the API server keeps shared counters; when to probe again.
+    guard: CounterGuard,
+    /// Where the feature-gate gauge goes.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Publisher {
@@ -210,10 +353,22 @@ impl Publisher {
     /// at the first publish (and again before creating slices, in case the Node was
     /// re-registered).
     pub fn new(client: Client, node_name: impl Into<String>, node_uid: Option<String>) -> Self {
+        let node = node_name.into();
+        let api = Arc::new(KubePublishApi::new(client.clone(), &node));
+        let mut publisher = Self::with_api(api, node, node_uid);
+        publisher.watch_api = Some(Api::all(client));
+        publisher
+    }
+
+    /// A publisher whose calls go to `api`, without a watch (for tests; see [`PublishApi`]).
+    pub fn with_api(
+        api: Arc<dyn PublishApi>,
+        node_name: impl Into<String>,
+        node_uid: Option<String>,
+    ) -> Self {
         Self {
-            api: Api::all(client.clone()),
-            watch_api: Api::all(client.clone()),
-            nodes: Api::all(client),
+            api,
+            watch_api: None,
             node: node_name.into(),
             given_uid: node_uid,
             looked_up_uid: None,
@@ -221,14 +376,34 @@ impl Publisher {
             warned: HashSet::new(),
             known: BTreeMap::new(),
             totals: PublishTotals::default(),
+            guard: CounterGuard::default(),
+            metrics: None,
         }
     }
 
     /// Watches through `client` instead: one without a read timeout, since a quiet watch is not a
     /// hung call (the other calls keep the client given to [`Self::new`]).
     pub fn with_watch_client(mut self, client: Client) -> Self {
-        self.watch_api = Api::all(client);
+        self.watch_api = Some(Api::all(client));
         self
+    }
+
+    /// Sets `das_kubelet_plugin_apiserver_feature_gate_off` in `metrics` after each publish.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Probes again after `min` doubling to `max` while the API server drops shared counters
+    /// (defaults [`gates::MIN_PROBE_RETRY`], [`gates::MAX_PROBE_RETRY`]).
+    pub fn with_probe_retry(mut self, min: Duration, max: Duration) -> Self {
+        self.guard = CounterGuard::new(min, max);
+        self
+    }
+
+    /// Whether the node's devices are withdrawn because the API server drops shared counters.
+    pub fn withdrawn(&self) -> bool {
+        self.guard.withdrawn()
     }
 
     /// The node (and pool) name.
@@ -254,7 +429,8 @@ impl Publisher {
         &mut self,
         desired: Vec<ResourceSliceSpec>,
     ) -> Result<PublishStats, PublishError> {
-        let result = self.publish_once(desired).await;
+        let result = self.publish_guarded(desired).await;
+        self.set_gate_metrics();
         match &result {
             Ok(stats) => {
                 self.totals.publishes += 1;
@@ -290,11 +466,134 @@ impl Publisher {
         Ok(deleted)
     }
 
-    async fn publish_once(
+    /// Publishes `desired`, or the pool without devices while the API server drops shared
+    /// counters ([`CounterGuard`]).
+    async fn publish_guarded(
         &mut self,
         desired: Vec<ResourceSliceSpec>,
     ) -> Result<PublishStats, PublishError> {
         let desired = complete_specs(&self.node, desired)?;
+        let has_counters = desired
+            .iter()
+            .any(|s| gates::carries_counters(&plan::spec_key(s)));
+        let offer = match self.guard.before_publish(has_counters, Instant::now()) {
+            Step::Publish(offer) => offer,
+            Step::Probe => {
+                let answer = self.probe(&desired).await;
+                let decision = self.guard.probed(answer, Instant::now());
+                self.notify(decision.notice).await;
+                decision.offer
+            }
+        };
+        if offer == Offer::Withdrawn {
+            return self.publish_withdrawn().await;
+        }
+        let (stats, written) = self.publish_once(desired).await?;
+        let taints = self
+            .guard
+            .taints_written(written.taints, written.dropped.taints);
+        self.notify(taints).await;
+        let Some(decision) =
+            self.guard
+                .written(written.counters, written.dropped.counters, Instant::now())
+        else {
+            return Ok(stats);
+        };
+        // The server dropped the counters of what was just written: withdraw at once.
+        self.notify(decision.notice).await;
+        let withdrawn = self.publish_withdrawn().await?;
+        Ok(PublishStats {
+            created: stats.created + withdrawn.created,
+            updated: stats.updated + withdrawn.updated,
+            deleted: stats.deleted + withdrawn.deleted,
+            dropped_fields: stats.dropped_fields + withdrawn.dropped_fields,
+            ..withdrawn
+        })
+    }
+
+    /// Publishes the pool as one empty slice: no device can be allocated from it, and the pool
+    /// stays complete (count and generation as always).
+    async fn publish_withdrawn(&mut self) -> Result<PublishStats, PublishError> {
+        let empty = complete_specs(&self.node, Vec::new())?;
+        let (mut stats, _) = self.publish_once(empty).await?;
+        stats.withdrawn = true;
+        Ok(stats)
+    }
+
+    /// Dry-run creates the first desired slice that carries counters (under a generated name,
+    /// so it cannot collide with a stored slice) and compares what the server would store.
+    async fn probe(&mut self, desired: &[ResourceSliceSpec]) -> ProbeAnswer {
+        let Some(spec) = desired
+            .iter()
+            .find(|s| gates::carries_counters(&plan::spec_key(s)))
+        else {
+            return ProbeAnswer::Kept;
+        };
+        let slice = ResourceSlice {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{DRIVER_NAME}-counter-probe-")),
+                ..Default::default()
+            },
+            spec: with_generation(spec, 1),
+        };
+        match self.api.create(&slice, true).await {
+            Ok(stored) => {
+                let sent = plan::spec_key(&slice.spec);
+                if gates::dropped(&sent, &plan::spec_key(&stored.spec)).counters {
+                    ProbeAnswer::Dropped
+                } else {
+                    debug!(node = %self.node, "the API server keeps shared counters (dry run)");
+                    ProbeAnswer::Kept
+                }
+            }
+            Err(e) => {
+                let withdrawn = self.guard.withdrawn();
+                if self.warned.insert("probe failed".into()) {
+                    warn!(
+                        node = %self.node, error = %e, withdrawn,
+                        "could not check with a dry run whether the API server keeps shared \
+                         counters: withdrawn devices stay withdrawn, other slices are written \
+                         and what the server stored is checked"
+                    );
+                } else {
+                    debug!(node = %self.node, error = %e, withdrawn, "counter probe failed again");
+                }
+                ProbeAnswer::Failed
+            }
+        }
+    }
+
+    /// Logs a notice and posts it as a Node event.
+    async fn notify(&self, notice: Option<Notice>) {
+        let Some(notice) = notice else { return };
+        let note = notice.note(&self.node);
+        let (node, gate, reason) = (&self.node, notice.gate(), notice.reason());
+        match notice {
+            Notice::CountersDropped { first: true, .. } | Notice::TaintsDropped => {
+                warn!(%node, gate, reason, "{note}");
+            }
+            Notice::CountersDropped { first: false, .. } => {
+                debug!(%node, gate, reason, "shared counters still dropped; devices stay withdrawn");
+            }
+            Notice::CountersKept | Notice::TaintsKept => info!(%node, gate, reason, "{note}"),
+        }
+        self.api
+            .node_event(&self.node, notice.is_warning(), reason, &note)
+            .await;
+    }
+
+    fn set_gate_metrics(&self) {
+        if let Some(m) = &self.metrics {
+            m.set_feature_gate_off(gates::PARTITIONABLE_DEVICES, self.guard.withdrawn());
+            m.set_feature_gate_off(gates::DEVICE_TAINTS, self.guard.taints_dropped());
+        }
+    }
+
+    /// Makes the server's slices equal to `desired` (completed specs).
+    async fn publish_once(
+        &mut self,
+        desired: Vec<ResourceSliceSpec>,
+    ) -> Result<(PublishStats, Written), PublishError> {
         let existing = self.list().await?;
         let cached = self.looked_up_uid.is_some();
         let mut uid = self.node_uid(false).await?;
@@ -335,9 +634,8 @@ impl Publisher {
 
     async fn list(&self) -> Result<Vec<ResourceSlice>, PublishError> {
         let selector = self.field_selector();
-        let lp = ListParams::default().fields(&selector);
-        match self.api.list(&lp).await {
-            Ok(list) => Ok(list.items),
+        match self.api.list(&selector).await {
+            Ok(items) => Ok(items),
             Err(source) => Err(PublishError::List { selector, source }),
         }
     }
@@ -350,8 +648,8 @@ impl Publisher {
             return Ok(uid.clone());
         }
         let node = self
-            .nodes
-            .get(&self.node)
+            .api
+            .node(&self.node)
             .await
             .map_err(|source| PublishError::NodeLookup {
                 node: self.node.clone(),
@@ -372,7 +670,8 @@ impl Publisher {
         uid: &str,
         desired: &[ResourceSliceSpec],
         plan: Plan,
-    ) -> Result<PublishStats, PublishError> {
+    ) -> Result<(PublishStats, Written), PublishError> {
+        let mut written = Written::default();
         let mut stats = PublishStats {
             unchanged: plan.unchanged.len(),
             generation: plan.generation,
@@ -398,6 +697,7 @@ impl Publisher {
             slice.metadata.owner_references = Some(vec![plan::node_owner(&self.node, uid)]);
             let stored = self.replace(index, &slice).await?;
             stats.dropped_fields += usize::from(self.check_stored(index, &slice.spec, &stored));
+            written.add(&slice.spec, &stored.spec);
             stats.updated += 1;
         }
         for index in plan.create {
@@ -411,21 +711,19 @@ impl Publisher {
             };
             let stored = self.create(index, &slice).await?;
             stats.dropped_fields += usize::from(self.check_stored(index, &slice.spec, &stored));
+            written.add(&slice.spec, &stored.spec);
             stats.created += 1;
         }
         self.baseline.retain(|i, _| *i < desired.len());
-        Ok(stats)
+        Ok((stats, written))
     }
 
     async fn delete(&self, d: &plan::Deletion) -> Result<(), PublishError> {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: d.uid.clone(),
-                resource_version: d.resource_version.clone(),
-            }),
-            ..Default::default()
+        let preconditions = Preconditions {
+            uid: d.uid.clone(),
+            resource_version: d.resource_version.clone(),
         };
-        match self.api.delete(&d.name, &dp).await {
+        match self.api.delete(&d.name, preconditions).await {
             Ok(_) => {
                 info!(slice = %d.name, reason = %d.reason, "deleted obsolete ResourceSlice");
                 Ok(())
@@ -447,7 +745,7 @@ impl Publisher {
         let name = slice.metadata.name.clone().unwrap_or_default();
         let stored = self
             .api
-            .replace(&name, &PostParams::default(), slice)
+            .replace(slice)
             .await
             .map_err(|source| PublishError::Update {
                 slice: name.clone(),
@@ -464,16 +762,16 @@ impl Publisher {
         index: usize,
         slice: &ResourceSlice,
     ) -> Result<ResourceSlice, PublishError> {
-        let stored = self
-            .api
-            .create(&PostParams::default(), slice)
-            .await
-            .map_err(|source| PublishError::Create {
-                slice: slice.metadata.name.clone().unwrap_or_default(),
-                index,
-                pool: self.node.clone(),
-                source,
-            })?;
+        let stored =
+            self.api
+                .create(slice, false)
+                .await
+                .map_err(|source| PublishError::Create {
+                    slice: slice.metadata.name.clone().unwrap_or_default(),
+                    index,
+                    pool: self.node.clone(),
+                    source,
+                })?;
         self.remember(&stored);
         Ok(stored)
     }
@@ -521,6 +819,18 @@ impl Publisher {
         true
     }
 
+    /// The watch of this node's slices ([`Self::field_selector`]); without a watch client, a
+    /// stream that never yields.
+    fn watch(&self) -> BoxStream<'static, Result<Event<ResourceSlice>, watcher::Error>> {
+        match &self.watch_api {
+            Some(api) => {
+                let wc = watcher::Config::default().fields(&self.field_selector());
+                watcher::watcher(api.clone(), wc).default_backoff().boxed()
+            }
+            None => futures::stream::pending().boxed(),
+        }
+    }
+
     /// Whether a watch event is someone else's doing (not the result of our last publish).
     fn is_foreign(&self, event: &Event<ResourceSlice>) -> bool {
         let id = |s: &ResourceSlice| {
@@ -551,10 +861,7 @@ impl Publisher {
         shutdown: CancellationToken,
         config: RunConfig,
     ) -> Self {
-        let wc = watcher::Config::default().fields(&self.field_selector());
-        let mut events = watcher::watcher(self.watch_api.clone(), wc)
-            .default_backoff()
-            .boxed();
+        let mut events = self.watch();
         let mut next = Instant::now();
         let mut backoff = config.min_backoff;
         let mut desired_open = true;
@@ -567,7 +874,9 @@ impl Publisher {
                         Ok(stats) => {
                             log_publish(&self.node, &stats);
                             backoff = config.min_backoff;
-                            Instant::now() + config.resync
+                            let resync = Instant::now() + config.resync;
+                            // While the devices are withdrawn, the next probe may come sooner.
+                            self.guard.next_probe().map_or(resync, |at| at.min(resync))
                         }
                         Err(e) => {
                             warn!(error = %e, retry_in = ?backoff, "publishing ResourceSlices failed");
@@ -588,13 +897,33 @@ impl Publisher {
                     }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => warn!(error = %e, "watching ResourceSlices"),
-                    None => {
-                        let wc = watcher::Config::default().fields(&self.field_selector());
-                        events = watcher::watcher(self.watch_api.clone(), wc).default_backoff().boxed();
-                    }
+                    None => events = self.watch(),
                 },
             }
         }
+    }
+}
+
+/// What one publish wrote of the gated fields DAS acts on (shared counters, device taints), and
+/// what the server dropped of them ([`gates::dropped`]).
+#[derive(Debug, Default)]
+struct Written {
+    /// A written slice carried counters.
+    counters: bool,
+    /// A written slice carried taints.
+    taints: bool,
+    /// What the server dropped, over every written slice.
+    dropped: gates::Dropped,
+}
+
+impl Written {
+    fn add(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) {
+        let (sent, stored) = (plan::spec_key(sent), plan::spec_key(stored));
+        self.counters |= gates::carries_counters(&sent);
+        self.taints |= gates::carries_taints(&sent);
+        let dropped = gates::dropped(&sent, &stored);
+        self.dropped.counters |= dropped.counters;
+        self.dropped.taints |= dropped.taints;
     }
 }
 
@@ -608,6 +937,7 @@ fn log_publish(node: &str, stats: &PublishStats) {
             updated = stats.updated,
             deleted = stats.deleted,
             dropped_fields = stats.dropped_fields,
+            withdrawn = stats.withdrawn,
             "published ResourceSlices"
         );
     } else {

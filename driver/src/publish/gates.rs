@@ -1,0 +1,420 @@
+//! The API server's feature gates, as the publisher sees them in what the server stores (pure).
+//!
+//! On Kubernetes 1.34 and 1.35 `DRAPartitionableDevices` and `DRADeviceTaints` are alpha and off
+//! by default; a server with a gate off silently drops that gate's fields when a ResourceSlice is
+//! created, and when it is updated unless the stored slice already used them (kubernetes
+//! `pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`; docs/reference/dra.md,
+//! "ResourceSlice publishing"). The two cost different things:
+//!
+//! - **Shared counters** (`sharedCounters` of a slice, `consumesCounters` of a device;
+//!   `DRAPartitionableDevices`): without them every placement of a GPU looks independent, so
+//!   the scheduler hands out overlapping MIG placements. The node's devices are withdrawn (the
+//!   pool is published empty) until a probe shows the counters kept ([`CounterGuard`]).
+//! - **Device taints** (`DRADeviceTaints`): an unhealthy GPU's devices stay offered untainted;
+//!   nothing overlaps, and the health stream and the Node events still report the GPU. The
+//!   devices stay published; a Node event says so ([`CounterGuard::taints_written`]).
+//!
+//! The probe is a dry-run create of one of the node's counter slices: the server runs the
+//! same field dropping on a dry run (`BeforeCreate` before the dry-run store) and returns what
+//! it would store, and nothing is stored, so no device is ever offered without its counters.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// The feature gate of shared counters (KEP-4815; beta and on from 1.36).
+pub const PARTITIONABLE_DEVICES: &str = "DRAPartitionableDevices";
+
+/// The feature gate of device taints (KEP-5055; beta and on from 1.36).
+pub const DEVICE_TAINTS: &str = "DRADeviceTaints";
+
+/// First wait before probing again after the server dropped the counters (doubles up to
+/// [`MAX_PROBE_RETRY`]).
+pub const MIN_PROBE_RETRY: Duration = Duration::from_secs(10);
+
+/// Longest wait between probes while the counters are dropped: turning the gate on restarts
+/// kube-apiserver, after which the devices come back within this time (or at once when the
+/// plugin restarts). Also how often kept counters are checked again (an API server restarted
+/// with the gate off keeps the counters of stored slices, but its scheduler may ignore them).
+pub const MAX_PROBE_RETRY: Duration = Duration::from_secs(300);
+
+/// The gated fields one spec carries, from its [`super::plan::spec_key`] (camelCase JSON, empty
+/// lists pruned, so present means non-empty).
+#[derive(Debug, Default)]
+struct Uses {
+    /// `sharedCounters` is set.
+    shared_counters: bool,
+    /// Names of the devices with `consumesCounters`.
+    consuming: BTreeSet<String>,
+    /// Names of the devices with `taints`.
+    tainted: BTreeSet<String>,
+}
+
+fn uses(key: &Value) -> Uses {
+    let mut u = Uses {
+        shared_counters: key.get("sharedCounters").is_some_and(|v| !v.is_null()),
+        ..Default::default()
+    };
+    let devices = key.get("devices").and_then(Value::as_array);
+    for device in devices.into_iter().flatten() {
+        let name = device
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if device.get("consumesCounters").is_some_and(|v| !v.is_null()) {
+            u.consuming.insert(name.clone());
+        }
+        if device.get("taints").is_some_and(|v| !v.is_null()) {
+            u.tainted.insert(name);
+        }
+    }
+    u
+}
+
+/// Whether a spec key carries shared counters (a counter set, or a device consuming one).
+pub fn carries_counters(key: &Value) -> bool {
+    let u = uses(key);
+    u.shared_counters || !u.consuming.is_empty()
+}
+
+/// Whether a spec key carries device taints.
+pub fn carries_taints(key: &Value) -> bool {
+    !uses(key).tainted.is_empty()
+}
+
+/// What the server dropped of one written spec, among the fields whose loss DAS acts on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// `sharedCounters` was sent and not stored, or a device's `consumesCounters` was
+    /// ([`PARTITIONABLE_DEVICES`] off).
+    pub counters: bool,
+    /// A device's `taints` were sent and not stored ([`DEVICE_TAINTS`] off).
+    pub taints: bool,
+}
+
+/// Compares the keys ([`super::plan::spec_key`]) of a sent spec and of what the server stored
+/// (or, for a dry run, would store). Devices are matched by name.
+pub fn dropped(sent: &Value, stored: &Value) -> Dropped {
+    let (s, t) = (uses(sent), uses(stored));
+    Dropped {
+        counters: (s.shared_counters && !t.shared_counters) || !s.consuming.is_subset(&t.consuming),
+        taints: !s.tainted.is_subset(&t.tainted),
+    }
+}
+
+/// What the server does with shared counters, as last seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counters {
+    /// Not seen yet: the next publish with counters probes first.
+    Unknown,
+    /// A probe or a write kept them: the node's devices are published.
+    Kept,
+    /// A probe or a write dropped them: the node's devices are withdrawn.
+    Dropped,
+}
+
+/// What a publish writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offer {
+    /// The desired slices, devices and counters.
+    Full,
+    /// The pool without devices: one empty slice.
+    Withdrawn,
+}
+
+/// What to do before a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Dry-run create one counter slice and pass the answer to [`CounterGuard::probed`].
+    Probe,
+    /// Publish this, without probing.
+    Publish(Offer),
+}
+
+/// The answer to a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeAnswer {
+    /// The server would store the counters.
+    Kept,
+    /// The server would drop them.
+    Dropped,
+    /// No verdict: the dry run failed (the API server did not answer, or an admission webhook
+    /// that does not support dry runs refused it).
+    Failed,
+}
+
+/// Something users must see: a Node event, a log line and the
+/// `das_kubelet_plugin_apiserver_feature_gate_off` gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// The server drops shared counters: the devices are withdrawn. `first` on the change from
+    /// another state; `retry_in` until the next probe.
+    CountersDropped {
+        /// Whether the counters were not known dropped before.
+        first: bool,
+        /// Time to the next probe.
+        retry_in: Duration,
+    },
+    /// The server keeps shared counters again: the devices are published again.
+    CountersKept,
+    /// The server dropped device taints (sent for an unhealthy GPU).
+    TaintsDropped,
+    /// The server keeps device taints again.
+    TaintsKept,
+}
+
+impl Notice {
+    /// The event's reason (`UpperCamelCase`, like the plugin's other Node events).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::CountersDropped { .. } => "SharedCountersDropped",
+            Self::CountersKept => "SharedCountersKept",
+            Self::TaintsDropped => "DeviceTaintsDropped",
+            Self::TaintsKept => "DeviceTaintsKept",
+        }
+    }
+
+    /// Whether the event is a Warning (else Normal).
+    pub fn is_warning(&self) -> bool {
+        matches!(self, Self::CountersDropped { .. } | Self::TaintsDropped)
+    }
+
+    /// The feature gate it is about.
+    pub fn gate(&self) -> &'static str {
+        match self {
+            Self::CountersDropped { .. } | Self::CountersKept => PARTITIONABLE_DEVICES,
+            Self::TaintsDropped | Self::TaintsKept => DEVICE_TAINTS,
+        }
+    }
+
+    /// The event's note for `node`: what happened, what the plugin did, what to do.
+    pub fn note(&self, node: &str) -> String {
+        match self {
+            Self::CountersDropped { retry_in, .. } => format!(
+                "kube-apiserver drops the shared counters (sharedCounters, consumesCounters) of \
+                 node {node}'s mig.das.com ResourceSlices: the feature gate \
+                 {PARTITIONABLE_DEVICES} is off there. Without the counters the scheduler would \
+                 hand out overlapping MIG placements, so the node's MIG devices are withdrawn \
+                 (its pool is published empty). Start kube-apiserver and kube-scheduler with \
+                 --feature-gates={PARTITIONABLE_DEVICES}=true (Kubernetes 1.34 and 1.35); the \
+                 plugin checks again in {}s and republishes the devices by itself.",
+                retry_in.as_secs()
+            ),
+            Self::CountersKept => format!(
+                "kube-apiserver keeps the shared counters of node {node}'s mig.das.com \
+                 ResourceSlices ({PARTITIONABLE_DEVICES} is on): the node's MIG devices are \
+                 published again. kube-scheduler must run with the gate on too."
+            ),
+            Self::TaintsDropped => format!(
+                "kube-apiserver dropped the device taints of node {node}'s unhealthy GPUs: the \
+                 feature gate {DEVICE_TAINTS} is off there. Their devices stay offered untainted, \
+                 so new pods may be placed on a failed GPU (the GpuUnhealthy events, the \
+                 das_kubelet_plugin_gpu_healthy metric and the kubelet's resource health still \
+                 report it). Turn --feature-gates={DEVICE_TAINTS}=true on for kube-apiserver and \
+                 kube-scheduler (and kube-controller-manager for NoExecute eviction)."
+            ),
+            Self::TaintsKept => format!(
+                "kube-apiserver keeps the device taints of node {node}'s unhealthy GPUs again \
+                 ({DEVICE_TAINTS} is on)."
+            ),
+        }
+    }
+}
+
+/// What to publish after a probe or a write, and what to tell users.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// What the publish writes.
+    pub offer: Offer,
+    /// What to tell users, if anything.
+    pub notice: Option<Notice>,
+}
+
+/// Decides when to probe whether the API server keeps shared counters, and whether the node's
+/// devices are published or withdrawn ("no silent overlap", docs/design.md §4):
+///
+/// - until the counters are known kept, a publish whose slices carry counters first probes with
+///   a dry run; kept → the desired slices are published; dropped → the pool is published empty,
+///   a Warning event names the gate, and the probe is repeated after [`MIN_PROBE_RETRY`]
+///   doubling to [`MAX_PROBE_RETRY`] until it shows the counters kept;
+/// - once kept, every real write is still checked ([`Self::written`]): a write that lost
+///   counters (the gate turned off on a restarted API server) withdraws the devices at once;
+///   and the probe is repeated when the last one is `max_retry` old (the next resync), since a
+///   restarted API server keeps the counters of slices already stored (updates keep fields in
+///   use) while a scheduler restarted with the gate off ignores them;
+/// - a probe that fails gives no verdict: while dropped the devices stay withdrawn; otherwise
+///   the desired slices are published and the writes are checked instead (a cluster whose
+///   admission webhooks refuse dry runs still gets its devices).
+#[derive(Debug, Clone)]
+pub struct CounterGuard {
+    counters: Counters,
+    min_retry: Duration,
+    max_retry: Duration,
+    /// The last wait scheduled while dropped.
+    retry: Duration,
+    next_probe: Option<Instant>,
+    /// When the counters were last seen kept.
+    kept_at: Option<Instant>,
+    taints_dropped: bool,
+}
+
+impl Default for CounterGuard {
+    fn default() -> Self {
+        Self::new(MIN_PROBE_RETRY, MAX_PROBE_RETRY)
+    }
+}
+
+impl CounterGuard {
+    /// A guard that probes again after `min_retry` doubling to `max_retry`.
+    pub fn new(min_retry: Duration, max_retry: Duration) -> Self {
+        Self {
+            counters: Counters::Unknown,
+            min_retry,
+            max_retry: max_retry.max(min_retry),
+            retry: min_retry,
+            next_probe: None,
+            kept_at: None,
+            taints_dropped: false,
+        }
+    }
+
+    /// What the server was last seen doing with shared counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Whether the node's devices are withdrawn (counters dropped).
+    pub fn withdrawn(&self) -> bool {
+        self.counters == Counters::Dropped
+    }
+
+    /// Whether the last write with taints lost them.
+    pub fn taints_dropped(&self) -> bool {
+        self.taints_dropped
+    }
+
+    /// When to probe again, while the devices are withdrawn.
+    pub fn next_probe(&self) -> Option<Instant> {
+        self.next_probe.filter(|_| self.withdrawn())
+    }
+
+    /// What to do before publishing slices that carry counters (`desired_has_counters`) or not,
+    /// at `now`. Slices without counters (a node without MIG GPUs) are published as they are:
+    /// there is nothing to overlap.
+    pub fn before_publish(&self, desired_has_counters: bool, now: Instant) -> Step {
+        if !desired_has_counters {
+            return Step::Publish(Offer::Full);
+        }
+        match self.counters {
+            Counters::Kept if self.kept_at.is_none_or(|at| now >= at + self.max_retry) => {
+                Step::Probe
+            }
+            Counters::Kept => Step::Publish(Offer::Full),
+            Counters::Unknown => Step::Probe,
+            Counters::Dropped if self.next_probe.is_none_or(|at| now >= at) => Step::Probe,
+            Counters::Dropped => Step::Publish(Offer::Withdrawn),
+        }
+    }
+
+    /// Takes a probe's answer at `now`.
+    pub fn probed(&mut self, answer: ProbeAnswer, now: Instant) -> Decision {
+        match (answer, self.counters) {
+            (ProbeAnswer::Kept, _) => self.kept(now),
+            (ProbeAnswer::Dropped, _) => self.dropped(now),
+            (ProbeAnswer::Failed, Counters::Dropped) => {
+                self.schedule(now, false);
+                Decision {
+                    offer: Offer::Withdrawn,
+                    notice: None,
+                }
+            }
+            (ProbeAnswer::Failed, Counters::Kept) => {
+                // Check again at the next recheck, not at every publish.
+                self.kept_at = Some(now);
+                Decision {
+                    offer: Offer::Full,
+                    notice: None,
+                }
+            }
+            (ProbeAnswer::Failed, Counters::Unknown) => Decision {
+                offer: Offer::Full,
+                notice: None,
+            },
+        }
+    }
+
+    /// Takes what a publish of [`Offer::Full`] wrote at `now`: whether any written slice carried
+    /// counters, and whether the server dropped any. `Some` with [`Offer::Withdrawn`] when the
+    /// devices must be withdrawn now.
+    pub fn written(
+        &mut self,
+        wrote_counters: bool,
+        dropped_counters: bool,
+        now: Instant,
+    ) -> Option<Decision> {
+        if dropped_counters {
+            return Some(self.dropped(now));
+        }
+        if wrote_counters && self.counters == Counters::Unknown {
+            self.counters = Counters::Kept;
+            self.kept_at = Some(now);
+        }
+        None
+    }
+
+    /// Takes what a publish wrote of device taints: whether any written slice carried taints,
+    /// and whether the server dropped any. A notice on a change.
+    pub fn taints_written(&mut self, wrote_taints: bool, dropped_taints: bool) -> Option<Notice> {
+        if dropped_taints && !self.taints_dropped {
+            self.taints_dropped = true;
+            return Some(Notice::TaintsDropped);
+        }
+        if wrote_taints && !dropped_taints && self.taints_dropped {
+            self.taints_dropped = false;
+            return Some(Notice::TaintsKept);
+        }
+        None
+    }
+
+    fn kept(&mut self, now: Instant) -> Decision {
+        let was = self.counters;
+        self.counters = Counters::Kept;
+        self.kept_at = Some(now);
+        self.next_probe = None;
+        self.retry = self.min_retry;
+        Decision {
+            offer: Offer::Full,
+            notice: (was == Counters::Dropped).then_some(Notice::CountersKept),
+        }
+    }
+
+    fn dropped(&mut self, now: Instant) -> Decision {
+        let first = self.counters != Counters::Dropped;
+        self.counters = Counters::Dropped;
+        self.schedule(now, first);
+        Decision {
+            offer: Offer::Withdrawn,
+            notice: Some(Notice::CountersDropped {
+                first,
+                retry_in: self.retry,
+            }),
+        }
+    }
+
+    /// Schedules the next probe: [`Self::new`]'s `min_retry` after a change, else twice the
+    /// last wait, at most `max_retry`.
+    fn schedule(&mut self, now: Instant, first: bool) {
+        self.retry = if first {
+            self.min_retry
+        } else {
+            (self.retry * 2).min(self.max_retry)
+        };
+        self.next_probe = Some(now + self.retry);
+    }
+}
+
+#[cfg(test)]
+mod tests;
