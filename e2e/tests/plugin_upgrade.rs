@@ -3,7 +3,7 @@
 //! (no two instances ever touch the state dir), then serves: new pods prepare while the old
 //! instance is still running, and a slice the old instance prepared is released by the new one.
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, bail, ensure};
 use das_e2e::das::{self, wait_pool_complete};
 use das_e2e::install::DasBinary;
 use das_e2e::plugin::{LiveSlice, PROFILES, live_slices};
@@ -146,14 +146,14 @@ async fn failed_rollout(cluster: &mut Cluster) -> Result<()> {
         "bad00000-0000-4000-8000-000000000004",
         "NoSuchGPU:1",
     )?;
-    wait::until("the new instance to exit", TIMEOUT, || async {
-        Ok(cluster
-            .check_alive()
-            .err()
-            .map(|e| e.to_string())
-            .filter(|e| e.contains("plugin-bad") && e.contains("exited")))
-    })
-    .await?;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match cluster.check_alive() {
+            Err(e) if e.to_string().contains("plugin-bad") => break,
+            _ if tokio::time::Instant::now() > deadline => bail!("the new instance did not exit"),
+            _ => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    }
     let bad = std::fs::read_to_string(cluster.log_of("plugin-bad"))?;
     ensure!(
         bad.contains("NoSuchGPU"),
