@@ -206,6 +206,18 @@ bench-packing: k8s helm ## cluster-wide packing through the real scheduler (8 no
 	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
 	$(CARGO) bench -p das-e2e --bench cluster_packing
 
+# Heap figures do not depend on the optimization level: the dev profile spares the release build.
+.PHONY: bench-memory
+bench-memory: ## memory of the controller's ResourceSlice cache and of one webhook refresh at 125/1000 nodes x 8 H100, in process, before/after trimming (DAS_BENCH_NODES=125,1000; docs/benchmarks.md)
+	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin
+	$(CARGO) bench --profile dev -p das-controller --bench slice_memory
+	$(CARGO) bench --profile dev -p das-webhook --bench slice_memory
+
+.PHONY: bench-scale
+bench-scale: k8s ## RSS of das-controller and das-webhook with 250/1000 API-only nodes of 8 H100 each on the local control plane (DAS_BENCH_NODES=250,1000; docs/benchmarks.md)
+	$(CARGO) build -q $(DAS_BINS)
+	$(CARGO) bench --profile dev -p das-e2e --bench slice_scale
+
 .PHONY: fuzz
 fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)
 	PROPTEST_CASES=$(or $(FUZZ_CASES),20000) $(CARGO) test --release -p das-driver --test parsers

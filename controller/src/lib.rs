@@ -3,6 +3,8 @@
 //!
 //! - [`mirror`]: the pure function from a ResourceClaim (plus its pods and the published devices)
 //!   to its desired AllocationClaims;
+//! - [`published`]: what the controller keeps of each DAS ResourceSlice (the facts the mirror
+//!   reads, decoded straight from the API server's JSON);
 //! - [`reconcile`]: the kube-runtime controller that applies them;
 //! - [`triggers`]: which watch events start a reconcile (what the mirror reads changed, and not
 //!   our own writes coming back);
@@ -15,5 +17,6 @@ pub mod device_info;
 pub mod lease;
 pub mod metrics;
 pub mod mirror;
+pub mod published;
 pub mod reconcile;
 pub mod triggers;

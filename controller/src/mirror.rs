@@ -25,8 +25,8 @@ use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_r
 use das_api::health_taints;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
-    AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, ResourceClaim,
-    ResourceSlice,
+    AllocatedDeviceStatus, Device, DeviceAttribute, DeviceRequestAllocationResult, DeviceTaint,
+    ResourceClaim, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
@@ -66,10 +66,14 @@ pub enum DeviceHealth {
 impl DeviceHealth {
     /// Health from `d`'s taints; taints of other owners do not count.
     pub fn of_device(d: &Device) -> Self {
-        let ours: Vec<_> = d
-            .taints
+        Self::of_taints(d.taints.as_deref().unwrap_or_default())
+    }
+
+    /// Health from a device's taints (`spec.devices[].taints`); taints of other owners do not
+    /// count.
+    pub fn of_taints(taints: &[DeviceTaint]) -> Self {
+        let ours: Vec<_> = taints
             .iter()
-            .flatten()
             .filter_map(|t| Some((health_reason(&t.key)?, t)))
             .collect();
         let Some((reason, _)) = ours.first() else {
@@ -122,6 +126,12 @@ impl DeviceIndex {
         Self(index)
     }
 
+    /// Indexes facts gathered elsewhere (the controller's compact slice cache,
+    /// `crate::published`), by (pool, device name).
+    pub fn from_facts(facts: impl IntoIterator<Item = ((String, String), DeviceFacts)>) -> Self {
+        Self(facts.into_iter().collect())
+    }
+
     /// Facts of `device` in `pool`, if published.
     pub fn get(&self, pool: &str, device: &str) -> Option<&DeviceFacts> {
         self.0.get(&(pool.to_string(), device.to_string()))
@@ -138,32 +148,45 @@ impl DeviceIndex {
     }
 }
 
+/// A device's attributes (`spec.devices[].attributes`), by name.
+pub type Attributes = BTreeMap<String, DeviceAttribute>;
+
 /// An attribute by its short name or fully qualified (`mig.das.com/<name>`).
-fn attribute<'a>(d: &'a Device, name: &str) -> Option<&'a DeviceAttribute> {
-    let attrs = d.attributes.as_ref()?;
+fn attribute<'a>(attrs: &'a Attributes, name: &str) -> Option<&'a DeviceAttribute> {
     attrs
         .get(name)
         .or_else(|| attrs.get(&format!("{DRIVER_NAME}/{name}")))
 }
 
-fn int_attribute(d: &Device, name: &str) -> Option<i32> {
-    attribute(d, name)?.int.and_then(|v| i32::try_from(v).ok())
+fn int_attribute(attrs: &Attributes, name: &str) -> Option<i32> {
+    attribute(attrs, name)?
+        .int
+        .and_then(|v| i32::try_from(v).ok())
 }
 
-fn string_attribute(d: &Device, name: &str) -> Option<String> {
-    attribute(d, name)?.string.clone()
+fn string_attribute(attrs: &Attributes, name: &str) -> Option<String> {
+    attribute(attrs, name)?.string.clone()
 }
 
 /// Facts from a device's attributes (docs/design.md §3); `None` if one is missing.
 fn facts_of_device(d: &Device) -> Option<DeviceFacts> {
+    facts_of(d.attributes.as_ref(), d.taints.as_deref())
+}
+
+/// Facts from a device's attributes and taints: the attributes `profile`, `parentUUID`,
+/// `placementStart` and `placementSize` (short or qualified names, docs/design.md §3) and the
+/// DAS health taints; `None` if an attribute is missing. Everything the mirror reads of a
+/// published device.
+pub fn facts_of(attrs: Option<&Attributes>, taints: Option<&[DeviceTaint]>) -> Option<DeviceFacts> {
+    let attrs = attrs?;
     Some(DeviceFacts {
-        profile: string_attribute(d, attr::PROFILE)?,
-        gpu_uuid: string_attribute(d, attr::PARENT_UUID)?,
+        profile: string_attribute(attrs, attr::PROFILE)?,
+        gpu_uuid: string_attribute(attrs, attr::PARENT_UUID)?,
         placement: MigPlacement {
-            start: int_attribute(d, attr::PLACEMENT_START)?,
-            size: int_attribute(d, attr::PLACEMENT_SIZE)?,
+            start: int_attribute(attrs, attr::PLACEMENT_START)?,
+            size: int_attribute(attrs, attr::PLACEMENT_SIZE)?,
         },
-        health: Some(DeviceHealth::of_device(d)),
+        health: Some(DeviceHealth::of_taints(taints.unwrap_or_default())),
     })
 }
 

@@ -4,7 +4,9 @@
 //! Each trigger source is filtered ([`crate::triggers`]): only a change of what the mirror reads
 //! starts a reconcile, and the controller's own writes coming back do not.
 //!
-//! Pods, AllocationClaims and our ResourceSlices are kept in shared reflector stores; the
+//! Pods, AllocationClaims and our ResourceSlices are kept in shared reflector stores, each object
+//! reduced to what the mirror reads before it is cached (pods: [`keep_what_the_mirror_needs`];
+//! slices: decoded straight into [`PublishedSlice`], listed [`SLICE_PAGE_SIZE`] at a time); the
 //! triggers come from the same streams, so a reconcile always sees the change that caused it
 //! (<https://docs.rs/kube/latest/kube/runtime/struct.Controller.html#method.owns_shared_stream>).
 //! Writes are server-side apply with field manager [`FIELD_MANAGER`]; nothing is written when
@@ -25,7 +27,7 @@ use das_api::claim_status::DeviceStatusData;
 use das_runtime::client::Clients;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -40,6 +42,7 @@ use crate::mirror::{
     DeviceIndex, carry_transition_time, desired_allocation_claims, desired_names, object_apply,
     results_to_mirror, writes_needed,
 };
+use crate::published::{self, PublishedSlice, SLICE_PAGE_SIZE};
 use crate::triggers::{Triggers, allocation_claim_key};
 
 /// Field manager of every write (server-side apply).
@@ -49,7 +52,7 @@ pub const FIELD_MANAGER: &str = "das-controller";
 pub struct Context {
     client: Client,
     pods: Store<Pod>,
-    slices: Store<ResourceSlice>,
+    slices: Store<PublishedSlice>,
     allocs: Store<AllocationClaim>,
     metrics: Arc<Metrics>,
     recorder: Recorder,
@@ -82,7 +85,7 @@ pub fn reserving_pods(claim: &ResourceClaim, pods: &Store<Pod>) -> Vec<Pod> {
 }
 
 /// The published devices of the pools the claim's results are in.
-fn device_index(claim: &ResourceClaim, slices: &Store<ResourceSlice>) -> DeviceIndex {
+fn device_index(claim: &ResourceClaim, slices: &Store<PublishedSlice>) -> DeviceIndex {
     let pools: Vec<&str> = results_to_mirror(claim)
         .iter()
         .map(|r| r.pool.as_str())
@@ -90,8 +93,8 @@ fn device_index(claim: &ResourceClaim, slices: &Store<ResourceSlice>) -> DeviceI
     if pools.is_empty() {
         return DeviceIndex::default();
     }
-    let relevant = slices.state_filter(|s| pools.contains(&s.spec.pool.name.as_str()));
-    DeviceIndex::from_slices(relevant.iter().map(|s| s.as_ref()))
+    let relevant = slices.state_filter(|s| pools.contains(&s.pool.as_str()));
+    published::device_index(relevant.iter().map(|s| s.as_ref()))
 }
 
 /// Seconds since `time` (RFC 3339), if it parses and is in the past.
@@ -327,10 +330,10 @@ pub fn keep_what_the_mirror_needs(pod: &mut Pod) {
 /// after a kubelet restart wiped it) re-triggers them, so their AllocationClaims get the device
 /// facts back.
 fn claims_in_pool(
-    slice: &ResourceSlice,
+    slice: &PublishedSlice,
     claims: &Store<ResourceClaim>,
 ) -> Vec<ObjectRef<ResourceClaim>> {
-    let pool = slice.spec.pool.name.as_str();
+    let pool = slice.pool.as_str();
     claims
         .state()
         .iter()
@@ -373,6 +376,14 @@ where
     (reader, subscriber, drive)
 }
 
+/// The watch of our ResourceSlices: the DAS driver's only, the initial list in pages of
+/// [`SLICE_PAGE_SIZE`] (each decoded straight into [`PublishedSlice`]s).
+fn slice_watch_config() -> watcher::Config {
+    watcher::Config::default()
+        .fields(&format!("spec.driver={}", das_api::DRIVER_NAME))
+        .page_size(SLICE_PAGE_SIZE)
+}
+
 /// Default of how many ResourceClaims are reconciled at once (`--concurrent-reconciles`).
 ///
 /// A reconcile spends nearly all its time waiting for its writes, so the limit only queues
@@ -406,11 +417,11 @@ pub async fn run(
         all.clone(),
         |_| {},
     );
-    let ours = all
-        .clone()
-        .fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
-    let (slices, slice_events, slice_drive) =
-        shared(Api::<ResourceSlice>::all(watches.clone()), ours, |_| {});
+    let (slices, slice_events, slice_drive) = shared(
+        Api::<PublishedSlice>::all(watches.clone()),
+        slice_watch_config(),
+        |_| {},
+    );
     let triggers = Arc::new(Triggers::default());
     // The claims' own reflector: the controller's trigger stream, filtered by what changed.
     let (claims, claim_writer) = reflector::store();
@@ -452,7 +463,7 @@ pub async fn run(
                     .is_some_and(|c| !results_to_mirror(&c).is_empty())
             })
         })
-        .watches_shared_stream(slice_events, move |s: Arc<ResourceSlice>| {
+        .watches_shared_stream(slice_events, move |s: Arc<PublishedSlice>| {
             claims_in_pool(&s, &claims_of_slice)
         });
     let sweeper = sweep_loop(Sweep {
@@ -657,6 +668,17 @@ mod tests {
             "older plugins: the condition"
         );
         assert!(seconds_since("2026-01-01T00:00:01.250Z").is_some());
+    }
+
+    #[test]
+    fn our_slices_are_listed_in_small_pages() {
+        let cfg = slice_watch_config();
+        assert_eq!(cfg.page_size, Some(SLICE_PAGE_SIZE));
+        assert!(SLICE_PAGE_SIZE < watcher::Config::default().page_size.unwrap());
+        assert_eq!(
+            cfg.field_selector.as_deref(),
+            Some("spec.driver=mig.das.com")
+        );
     }
 
     #[test]

@@ -400,6 +400,60 @@ pub fn packing_scheduler_profiles() -> Result<Value> {
     }
 }
 
+/// The ResourceSlices das-kubelet-plugin publishes on a node with emulated GPUs `gpus` (e.g.
+/// `H100-80GB:8`), in the layout of Kubernetes 1.35 and later, as the API server returns them:
+/// from `das-kubelet-plugin --print-resource-slices` (the release build if there is one, else
+/// the debug build), with the names of docs/design.md §3 and the metadata the API server adds
+/// (UID, resourceVersion, creation time, the Node owner, the plugin's managed-fields entry).
+/// For memory and scale measurements without a cluster (`controller/benches/slice_memory.rs`,
+/// `webhook/benches/slice_memory.rs`).
+pub fn printed_resource_slices(gpus: &str, node: &str) -> Result<Vec<Value>> {
+    use crate::install::DasBinary;
+    let plugin = DasBinary::Plugin
+        .in_target_dir("release")
+        .or_else(|_| DasBinary::Plugin.in_target_dir("debug"))?;
+    let out = std::process::Command::new(&plugin)
+        .args(["--emulated-gpus", gpus, "--node-name", node])
+        .arg("--print-resource-slices")
+        .output()
+        .with_context(|| format!("run {}", plugin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} --print-resource-slices: {}",
+            plugin.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let list: Value = serde_json::from_slice(&out.stdout).context("printed slices")?;
+    let items = list["items"].as_array().context("a List")?;
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(index, s)| {
+            let mut s = s.clone();
+            s["metadata"] = serde_json::json!({
+                "name": format!("{index:05x}-{DRIVER}-{node}"),
+                "uid": format!("00000000-0000-4000-8000-{index:012x}"),
+                "resourceVersion": "1000000",
+                "generation": 1,
+                "creationTimestamp": "2026-11-25T00:00:00Z",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
+                    "uid": "00000000-0000-4000-8000-ffffffffffff", "controller": true}],
+                "managedFields": [{"manager": "das-kubelet-plugin", "operation": "Update",
+                    "apiVersion": "resource.k8s.io/v1", "time": "2026-11-25T00:00:00Z",
+                    "fieldsType": "FieldsV1", "fieldsV1": {
+                        "f:metadata": {"f:ownerReferences": {".": {},
+                            "k:{\"uid\":\"00000000-0000-4000-8000-ffffffffffff\"}": {}}},
+                        "f:spec": {"f:devices": {}, "f:driver": {}, "f:nodeName": {},
+                            "f:pool": {".": {}, "f:generation": {}, "f:name": {},
+                                "f:resourceSliceCount": {}},
+                            "f:sharedCounters": {}}}}]
+            });
+            s
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

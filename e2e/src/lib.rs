@@ -35,7 +35,10 @@
 //! - [`real_install`]: `helm install` for real: the chart's pods from the DAS image on a real-runtime node.
 //! - [`image`]: the DAS container image built here as an OCI archive (no registry, no daemon).
 //! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
+//! - [`alloc_count`]: a counting global allocator for the memory benchmarks without a cluster,
+//!   fed by [`das::printed_resource_slices`] (DAS's slices as the API server returns them).
 
+pub mod alloc_count;
 pub mod chart;
 pub mod cluster;
 pub mod das;

@@ -1,54 +1,99 @@
 //! What the cluster offers: one DeviceClass `<profile>.mig.das.com` per profile, and the devices
 //! DAS publishes (for how many slices of a profile one node can hold), listed from the API
 //! server and cached for a short time.
+//!
+//! Memory: the cache holds only the answer ([`Offered`]: the profile names and one count per
+//! profile). ResourceSlices are listed [`SLICE_PAGE_SIZE`] at a time, each page decoded straight
+//! into the four attributes [`max_per_node`] reads ([`PlacementSummary`]) and dropped before the
+//! next is asked for; no whole ResourceSlice is ever built. The cache's lock is taken only to
+//! read or swap the answer, never across an API call.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Client;
+use kube::Resource;
 use kube::api::{Api, ListParams};
-use tokio::sync::Mutex;
+use kube::core::{ObjectList, Request};
+use serde::Deserialize;
 
 use crate::translate::{Offered, offered_profile, resolve_profile};
 
+/// ResourceSlices per list page. A DAS slice of 64 devices is about 50 kB of JSON (more with
+/// managed fields): a page is a few MB of text at most, whatever the cluster's size.
+pub const SLICE_PAGE_SIZE: u32 = 50;
+
+/// Where [`Profiles`] gets what is offered: the API server ([`ApiSource`]), or a stand-in in
+/// tests.
+pub trait Source: Send + Sync {
+    /// Lists what is offered now. [`Profiles`] holds none of its locks meanwhile.
+    fn fetch(&self) -> impl Future<Output = Result<Offered>> + Send;
+}
+
 /// Cached [`Offered`]; refreshed when older than the TTL, and at most once per `min_refresh`
 /// when a pod asks for a profile the cache does not know (a class just created).
-pub struct Profiles {
-    classes: Api<DeviceClass>,
-    slices: Api<ResourceSlice>,
+///
+/// One refresh runs at a time: a caller that needs one while another runs waits for it and
+/// takes its answer when that was fetched after the caller asked (so at most one listing is in
+/// memory); a caller the cached answer serves never waits for a refresh.
+pub struct Profiles<S = ApiSource> {
+    source: S,
     ttl: Duration,
     min_refresh: Duration,
-    cache: Mutex<Option<(Instant, Arc<Offered>)>>,
+    /// The last answer. Locked only to read or replace it.
+    cache: Mutex<Option<Cached>>,
+    /// Held by the refresh in progress (not by readers of `cache`).
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// An answer and when it was fetched.
+struct Cached {
+    /// When its fetch started: it is at least as new as a call that asked before then.
+    started: Instant,
+    /// When its fetch ended: its age, for the TTL.
+    at: Instant,
+    offered: Arc<Offered>,
 }
 
 impl Profiles {
+    /// Answers from the API server through `client`, cached for `ttl`; a profile the cache does
+    /// not know refreshes it at most once a second.
     pub fn new(client: Client, ttl: Duration) -> Self {
+        Self::with_source(ApiSource::new(client), ttl, Duration::from_secs(1).min(ttl))
+    }
+}
+
+impl<S: Source> Profiles<S> {
+    /// Answers from `source`, cached for `ttl`; a profile the cache does not know refreshes it
+    /// at most once per `min_refresh`.
+    pub fn with_source(source: S, ttl: Duration, min_refresh: Duration) -> Self {
         Self {
-            classes: Api::all(client.clone()),
-            slices: Api::all(client),
+            source,
             ttl,
-            min_refresh: Duration::from_secs(1).min(ttl),
+            min_refresh,
             cache: Mutex::new(None),
+            refreshing: tokio::sync::Mutex::new(()),
         }
     }
 
     /// What is offered, such that every one of `wanted` is known if the cluster offers it.
     pub async fn get(&self, wanted: &[String]) -> Result<Arc<Offered>> {
-        let mut cache = self.cache.lock().await;
-        if let Some((at, offered)) = cache.as_ref() {
-            let fresh = at.elapsed() < self.ttl;
-            let covers = wanted
-                .iter()
-                .all(|w| resolve_profile(w, &offered.profiles).is_some());
-            if fresh && (covers || at.elapsed() < self.min_refresh) {
-                return Ok(offered.clone());
-            }
+        let asked = Instant::now();
+        if let Some(offered) = self.cached(wanted, None) {
+            return Ok(offered);
         }
-        let offered = Arc::new(self.list().await?);
-        *cache = Some((Instant::now(), offered.clone()));
+        let _refresh = self.refreshing.lock().await;
+        // A refresh that ran while this call waited may have answered it.
+        if let Some(offered) = self.cached(wanted, Some(asked)) {
+            return Ok(offered);
+        }
+        let started = Instant::now();
+        let offered = Arc::new(self.source.fetch().await?);
+        self.swap(started, offered.clone());
         Ok(offered)
     }
 
@@ -57,7 +102,91 @@ impl Profiles {
         self.get(&[]).await.map(|_| ())
     }
 
-    async fn list(&self) -> Result<Offered> {
+    /// The cached answer if it serves a call for `wanted` (that asked at `asked`, when it
+    /// waited for a refresh): fresh and knowing every wanted profile, or fresh and refreshed
+    /// less than `min_refresh` ago, or fetched after the call asked.
+    fn cached(&self, wanted: &[String], asked: Option<Instant>) -> Option<Arc<Offered>> {
+        let cache = self.cache.lock().expect("not poisoned");
+        let c = cache.as_ref()?;
+        let age = c.at.elapsed();
+        let covers = || {
+            wanted
+                .iter()
+                .all(|w| resolve_profile(w, &c.offered.profiles).is_some())
+        };
+        let newer_than_the_call = asked.is_some_and(|a| c.started >= a);
+        let serves =
+            newer_than_the_call || (age < self.ttl && (age < self.min_refresh || covers()));
+        serves.then(|| c.offered.clone())
+    }
+
+    /// Replaces the cached answer.
+    fn swap(&self, started: Instant, offered: Arc<Offered>) {
+        let fresh = Cached {
+            started,
+            at: Instant::now(),
+            offered,
+        };
+        // The old answer is dropped after the lock is released.
+        let _old = self.cache.lock().expect("not poisoned").replace(fresh);
+    }
+}
+
+/// The API server: DeviceClasses (one list) and the DAS driver's ResourceSlices (in pages).
+pub struct ApiSource {
+    client: Client,
+    classes: Api<DeviceClass>,
+    page_size: u32,
+}
+
+impl ApiSource {
+    /// Lists through `client`, ResourceSlices [`SLICE_PAGE_SIZE`] at a time.
+    pub fn new(client: Client) -> Self {
+        Self {
+            classes: Api::all(client.clone()),
+            client,
+            page_size: SLICE_PAGE_SIZE,
+        }
+    }
+
+    /// The placements of every device of the DAS driver, listed `page_size` slices at a time;
+    /// each page is folded into the summary and dropped before the next is asked for. A list
+    /// whose continue token expired (410 Gone, after etcd compacted the revision it started
+    /// from) starts over once.
+    pub async fn placements(&self) -> Result<PlacementSummary> {
+        let first = ListParams::default()
+            .fields(&format!("spec.driver={}", das_api::DRIVER_NAME))
+            .limit(self.page_size);
+        let request = Request::new(ResourceSlice::url_path(&(), None));
+        let mut started_over = false;
+        let mut summary = PlacementSummary::default();
+        let mut lp = first.clone();
+        loop {
+            let page: ObjectList<SlicePlacements> =
+                match self.client.request(request.list(&lp)?).await {
+                    Ok(page) => page,
+                    Err(kube::Error::Api(e))
+                        if e.code == 410 && lp.continue_token.is_some() && !started_over =>
+                    {
+                        tracing::info!("ResourceSlice list expired between pages; listing again");
+                        started_over = true;
+                        summary = PlacementSummary::default();
+                        lp = first.clone();
+                        continue;
+                    }
+                    Err(e) => return Err(e).context("list ResourceSlices"),
+                };
+            summary.add_page(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => lp = lp.continue_token(&token),
+                None => return Ok(summary),
+            }
+        }
+    }
+}
+
+impl Source for ApiSource {
+    async fn fetch(&self) -> Result<Offered> {
         let classes = self.classes.list(&ListParams::default()).await?;
         let mut profiles: Vec<String> = classes
             .items
@@ -67,11 +196,11 @@ impl Profiles {
             .filter_map(|c| offered_profile(c.metadata.name.as_deref()?))
             .collect();
         profiles.sort();
-        let lp = ListParams::default().fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
-        let slices = self.slices.list(&lp).await?.items;
+        drop(classes);
+        let placements = self.placements().await?;
         Ok(Offered {
             profiles,
-            max_per_node: max_per_node(&slices),
+            max_per_node: placements.max_per_node(),
         })
     }
 }
@@ -89,97 +218,186 @@ pub fn is_deprecated_alias(class: &DeviceClass) -> bool {
         .is_some_and(|l| l.contains_key(DEPRECATED_ALIAS_LABEL))
 }
 
-/// The most slices of each profile one node can hold at once, from the devices DAS publishes
-/// (attributes `profile`, `gpuIndex`, `placementStart`, `placementSize`): per GPU, the most
-/// placements of the profile that do not overlap (earliest-ending first), summed over the node's
-/// GPUs; the largest node counts. Keys are profiles as in class names (NVIDIA's names, `+` → `.`). An upper
-/// bound: a profile's own instance limit (a single `+me`) is not in the placements.
-pub fn max_per_node(slices: &[ResourceSlice]) -> BTreeMap<String, u32> {
-    // (node, profile, gpu) → placements (start, end).
-    let mut placements: BTreeMap<(String, String, i64), Vec<(i64, i64)>> = BTreeMap::new();
-    for s in slices {
-        let node = s.spec.node_name.clone().unwrap_or_default();
+/// The part of a ResourceSlice's JSON that [`max_per_node`] reads: `spec.nodeName` and, of each
+/// device, the attributes `profile`, `gpuIndex`, `placementStart` and `placementSize`. Serde
+/// skips everything else without building it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SlicePlacements {
+    #[serde(default)]
+    spec: SpecPlacements,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecPlacements {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    devices: Option<Vec<DevicePlacement>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct DevicePlacement {
+    #[serde(default)]
+    attributes: Option<PlacementAttributes>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+struct PlacementAttributes {
+    #[serde(default)]
+    profile: Option<Attribute>,
+    #[serde(default, rename = "gpuIndex")]
+    gpu_index: Option<Attribute>,
+    #[serde(default, rename = "placementStart")]
+    placement_start: Option<Attribute>,
+    #[serde(default, rename = "placementSize")]
+    placement_size: Option<Attribute>,
+}
+
+/// A device attribute's `int` and `string` (its `bool` and `version` are never read).
+#[derive(Debug, Clone, Default, Deserialize)]
+struct Attribute {
+    #[serde(default)]
+    int: Option<i64>,
+    #[serde(default)]
+    string: Option<String>,
+}
+
+/// What [`max_per_node`] needs of the published devices: for each GPU of each node, the profile
+/// (as in class names) and placement of each device, about 24 bytes a device. Built from list
+/// pages ([`Self::add_page`]) or decoded slices ([`Self::add_slice`]); the same devices give the
+/// same summary however they are split into pages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlacementSummary {
+    /// Profiles as in class names (NVIDIA's names, `+` → `.`); a device refers to one by index.
+    profiles: Vec<String>,
+    /// Node → GPU index → each device's placement, in listing order.
+    nodes: HashMap<String, BTreeMap<i64, Vec<Placement>>>,
+}
+
+/// Where a device sits: memory slices `[start, end)`, and its profile (an index into
+/// [`PlacementSummary::profiles`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Placement {
+    profile: u32,
+    end: i64,
+    start: i64,
+}
+
+impl PlacementSummary {
+    /// Adds the devices of one list page.
+    pub fn add_page(&mut self, slices: impl IntoIterator<Item = SlicePlacements>) {
+        for s in slices {
+            let node = s.spec.node_name.unwrap_or_default();
+            for d in s.spec.devices.into_iter().flatten() {
+                let Some(a) = d.attributes else { continue };
+                let int = |a: Option<Attribute>| a.and_then(|a| a.int);
+                if let (Some(profile), Some(gpu), Some(start), Some(size)) = (
+                    a.profile.and_then(|a| a.string),
+                    int(a.gpu_index),
+                    int(a.placement_start),
+                    int(a.placement_size),
+                ) {
+                    self.add(&node, &profile, gpu, start, size);
+                }
+            }
+        }
+    }
+
+    /// Adds the devices of a decoded ResourceSlice.
+    pub fn add_slice(&mut self, s: &ResourceSlice) {
+        let node = s.spec.node_name.as_deref().unwrap_or_default();
         for d in s.spec.devices.iter().flatten() {
             let Some(attrs) = d.attributes.as_ref() else {
                 continue;
             };
             let int = |k: &str| attrs.get(k).and_then(|a| a.int);
-            let (Some(profile), Some(gpu), Some(start), Some(size)) = (
-                attrs.get("profile").and_then(|a| a.string.clone()),
+            if let (Some(profile), Some(gpu), Some(start), Some(size)) = (
+                attrs.get("profile").and_then(|a| a.string.as_deref()),
                 int("gpuIndex"),
                 int("placementStart"),
                 int("placementSize"),
-            ) else {
-                continue;
-            };
-            placements
-                .entry((node.clone(), das_api::legacy_profile_name(&profile), gpu))
-                .or_default()
-                .push((start, start + size));
-        }
-    }
-    let mut per_node: BTreeMap<(String, String), u32> = BTreeMap::new();
-    for ((node, profile, _), mut v) in placements {
-        v.sort_by_key(|&(start, end)| (end, start));
-        let mut end_of_last = i64::MIN;
-        let mut n = 0;
-        for (start, end) in v {
-            if start >= end_of_last {
-                n += 1;
-                end_of_last = end;
+            ) {
+                self.add(node, profile, gpu, start, size);
             }
         }
-        *per_node.entry((node, profile)).or_default() += n;
     }
-    let mut out: BTreeMap<String, u32> = BTreeMap::new();
-    for ((_, profile), n) in per_node {
-        let e = out.entry(profile).or_default();
-        *e = (*e).max(n);
+
+    /// Adds one device: `profile` (as NVML names it) at `size` memory slices from `start` on GPU
+    /// `gpu` of `node`.
+    fn add(&mut self, node: &str, profile: &str, gpu: i64, start: i64, size: i64) {
+        let legacy = das_api::legacy_profile_name(profile);
+        let id = match self.profiles.iter().position(|p| *p == legacy) {
+            Some(i) => i,
+            None => {
+                self.profiles.push(legacy);
+                self.profiles.len() - 1
+            }
+        };
+        let id = u32::try_from(id).expect("fewer than 2^32 profiles");
+        let gpus = match self.nodes.get_mut(node) {
+            Some(g) => g,
+            None => self.nodes.entry(node.to_string()).or_default(),
+        };
+        gpus.entry(gpu).or_default().push(Placement {
+            profile: id,
+            end: start.saturating_add(size),
+            start,
+        });
     }
-    out
+
+    /// Number of devices summarised.
+    pub fn devices(&self) -> usize {
+        self.nodes
+            .values()
+            .flat_map(|g| g.values())
+            .map(Vec::len)
+            .sum()
+    }
+
+    /// The most slices of each profile one node can hold at once: per GPU, the most placements
+    /// of the profile that do not overlap (earliest-ending first), summed over the node's GPUs;
+    /// the largest node counts. Keys are profiles as in class names. An upper bound: a
+    /// profile's own instance limit (a single `+me`) is not in the placements.
+    pub fn max_per_node(mut self) -> BTreeMap<String, u32> {
+        let mut out: BTreeMap<String, u32> = BTreeMap::new();
+        let mut per_profile = vec![0u32; self.profiles.len()];
+        for gpus in self.nodes.values_mut() {
+            per_profile.fill(0);
+            for placements in gpus.values_mut() {
+                // By profile, then earliest-ending first (the field order).
+                placements.sort_unstable();
+                let mut last: Option<Placement> = None;
+                for &p in placements.iter() {
+                    let fits = match last {
+                        Some(l) if l.profile == p.profile => p.start >= l.end,
+                        _ => true,
+                    };
+                    if fits {
+                        per_profile[p.profile as usize] += 1;
+                        last = Some(p);
+                    }
+                }
+            }
+            for (id, &n) in per_profile.iter().enumerate().filter(|(_, n)| **n > 0) {
+                let e = out.entry(self.profiles[id].clone()).or_default();
+                *e = (*e).max(n);
+            }
+        }
+        out
+    }
+}
+
+/// The most slices of each profile one node can hold at once, from the devices DAS publishes
+/// (attributes `profile`, `gpuIndex`, `placementStart`, `placementSize`); see
+/// [`PlacementSummary::max_per_node`].
+pub fn max_per_node(slices: &[ResourceSlice]) -> BTreeMap<String, u32> {
+    let mut summary = PlacementSummary::default();
+    for s in slices {
+        summary.add_slice(s);
+    }
+    summary.max_per_node()
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn device(gpu: i64, profile: &str, start: i64, size: i64) -> serde_json::Value {
-        json!({"name": format!("gpu-{gpu}-{profile}-{start}"), "attributes": {
-            "profile": {"string": profile}, "gpuIndex": {"int": gpu},
-            "placementStart": {"int": start}, "placementSize": {"int": size}}})
-    }
-
-    fn slice(node: &str, devices: Vec<serde_json::Value>) -> ResourceSlice {
-        serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-            "metadata": {"name": format!("{node}-x")},
-            "spec": {"driver": "mig.das.com", "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices}
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn capacity_is_the_most_non_overlapping_placements_per_gpu_summed_per_node() {
-        // n0: two GPUs with 1g.10gb at 0..7 (size 1) and 2g.20gb at 0, 2, 4 (size 2).
-        let mut d = Vec::new();
-        for gpu in 0..2 {
-            for start in 0..7 {
-                d.push(device(gpu, "1g.10gb", start, 1));
-            }
-            for start in [0, 2, 4] {
-                d.push(device(gpu, "2g.20gb", start, 2));
-            }
-            d.push(device(gpu, "1g.10gb+me", 0, 1));
-        }
-        // n1: one GPU, a 4g at 0 (size 4) and 4 (size 4 but overlapping 3..7 variant).
-        let n1 = vec![device(0, "4g.40gb", 0, 4), device(0, "4g.40gb", 3, 4)];
-        let m = max_per_node(&[slice("n0", d), slice("n1", n1)]);
-        assert_eq!(m["1g.10gb"], 14);
-        assert_eq!(m["2g.20gb"], 6);
-        assert_eq!(m["1g.10gb.me"], 2, "keyed by NVIDIA's name");
-        assert_eq!(m["4g.40gb"], 1);
-    }
-}
+mod tests;
