@@ -274,13 +274,21 @@ async fn a_gpu_instance_without_its_compute_instance_is_created_again() {
     let a = api.allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-5gb-6")]);
     let before = p.prepare_claim(&a).await.unwrap();
     let live = nvml.all_instances().unwrap();
-    nvml.api().destroy_ci(0, live[0].gi_id, live[0].ci_id).unwrap();
+    nvml.api()
+        .destroy_ci(0, live[0].gi_id, live[0].ci_id)
+        .unwrap();
     assert!(nvml.all_instances().unwrap()[0].mig_uuid.is_empty());
     let after = p.prepare_claim(&a).await.unwrap();
     let live = nvml.all_instances().unwrap();
     assert_eq!(live.len(), 1, "{live:?}");
-    assert!(!live[0].mig_uuid.is_empty(), "created again with its compute instance");
-    assert_eq!(p.record_of(UID_A).unwrap().devices[0].mig_uuid(), Some(live[0].mig_uuid.as_str()));
+    assert!(
+        !live[0].mig_uuid.is_empty(),
+        "created again with its compute instance"
+    );
+    assert_eq!(
+        p.record_of(UID_A).unwrap().devices[0].mig_uuid(),
+        Some(live[0].mig_uuid.as_str())
+    );
     assert_eq!(before.len(), after.len());
 }
 

@@ -31,7 +31,7 @@ pub use emulated::{
 };
 pub use layout::{Conflict, Occupancy, Placement};
 pub use model::{CiProfile, GiProfile, GpuModel, ResourceAmounts};
-pub use nvml::{NvmlApi, NvmlBackend, NvmlOptions, RealNvml};
+pub use nvml::{INSTANCE_REFRESH, NvmlApi, NvmlBackend, NvmlOptions, RealNvml};
 
 /// One physical GPU as the backend sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -319,8 +319,19 @@ pub trait GpuBackend: Send + Sync {
     /// (docs/reference/mig.md, "Create and destroy"). `NotFound` when the GI does not exist.
     fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError>;
 
-    /// Every MIG instance on GPU `gpu_index`, whoever created it, by placement start.
+    /// Every MIG instance on GPU `gpu_index`, whoever created it, by placement start, read from
+    /// the GPU now. What the request path and start-up reconciliation match records against.
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError>;
+
+    /// [`Self::instances_on`] as the backend last knew it, for periodic checks that can wait
+    /// (the health monitor's unclaimed-instance check). Equal to what the GPU has whenever only
+    /// this backend's creates and destroys changed it; a change made outside DAS (an
+    /// administrator's `nvidia-smi`) may show only after a backend-defined period (the NVML
+    /// backend's `INSTANCE_REFRESH`, 60 s). The default reads the GPU every time (the emulated
+    /// backend's listing is cheap).
+    fn cached_instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
+        self.instances_on(gpu_index)
+    }
 
     /// Health events of the node's GPUs (XID errors, uncorrectable ECC errors), waiting at most
     /// `timeout` for the first; empty when none came. Blocks: run it on a thread of its own.

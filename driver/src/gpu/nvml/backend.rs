@@ -11,10 +11,43 @@
 //! - Create: GI at the exact placement, then the full-size CI, then the MIG UUID by walking the
 //!   MIG device handles, then the capability minors from procfs. On failure nothing is left.
 //! - Destroy: every CI of the GI, then the GI (docs/reference/mig.md, "Create and destroy").
+//! - Instance lists: [`GpuBackend::instances_on`] always reads NVML (15 NVML calls plus 23 per
+//!   instance on an H100, docs/benchmarks.md); [`GpuBackend::cached_instances_on`] serves each
+//!   GPU's list as DAS's own creates and destroys left it, and reads NVML again only every
+//!   [`INSTANCE_REFRESH`] or after something that may have made the list stale (see "Instance
+//!   cache" below).
+//!
+//! # Instance cache
+//!
+//! Every full read of a GPU's instances (either method) is kept with its time. A successful
+//! [`GpuBackend::create_instance`] adds the instance it made (the same [`MigInstance`] a listing
+//! gives: same profile, placement, GI, CI, MIG UUID and capability minors), a successful
+//! [`GpuBackend::destroy_instance`] removes the GI it destroyed. Marked stale, so that the next
+//! cached read goes to NVML:
+//! - a GPU a health event names ([`GpuBackend::wait_health_events`]: XID, uncorrectable ECC),
+//!   and a GPU that does not answer [`GpuBackend::inventory`] (lost: the next read fails, as
+//!   without the cache);
+//! - a failed destroy, `NOT_FOUND` included (the GI was already gone, or only its compute
+//!   instances went), and a failed create that reached NVML (`INSUFFICIENT_RESOURCES`: someone
+//!   holds the placement; or a roll-back that left a GI behind).
+//!
+//! Why the cached list equals NVML's whenever only DAS changes instances: DAS changes a GPU's
+//! instances only through this backend (one active plugin per node, docs/design.md §7); each
+//! successful change is applied to the list after NVML made it, replacing whatever the list had
+//! for that GI; a change that failed leaves no list. A read runs outside the request path's
+//! per-GPU lock (the health monitor's), so a change may land while NVML is being walked: the
+//! read is then not kept (a generation count, bumped by every change and invalidation), and the
+//! list as the change left it stays, with its older read time, so the next cached read after
+//! the period reads again. A read kept is one no change overlapped, and every later change was
+//! applied to it. Changes made behind DAS's back (`nvidia-smi mig -cgi` / `-dgi`) show in the
+//! cached list only at the next re-read: within [`INSTANCE_REFRESH`] instead of at once. The
+//! request path and start-up reconciliation call [`GpuBackend::instances_on`], which always
+//! reads NVML (and refreshes the kept list for free).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::procfs::{self, ci_access_path, gi_access_path};
 use super::{
@@ -49,11 +82,40 @@ impl Default for NvmlOptions {
     }
 }
 
+/// How long [`GpuBackend::cached_instances_on`] serves a GPU's MIG instance list of the NVML
+/// backend without reading NVML again, when nothing marked it stale (module docs, "Instance
+/// cache"). It bounds how late the health monitor's unclaimed-instance check (docs/design.md §7)
+/// sees an instance made or destroyed behind DAS's back (an administrator's `nvidia-smi`): that
+/// check runs every 5 s and withdraws an instance's devices once it sees it twice, so such an
+/// instance is acted on within about this period plus 5 s. Twelve of the monitor's checks share
+/// one NVML read (107 calls for an H100 with four instances, docs/benchmarks.md).
+pub const INSTANCE_REFRESH: Duration = Duration::from_secs(60);
+
+/// Where the backend reads the time (the instance cache's ages); a simulated clock in tests and
+/// benchmarks.
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// One GPU's instance list as the backend knows it.
+#[derive(Debug, Default)]
+struct KnownInstances {
+    /// By placement start; `None` when never read or marked stale.
+    list: Option<Vec<MigInstance>>,
+    /// When NVML was last read in full for the list.
+    read_at: Option<Instant>,
+    /// Bumped by every change and invalidation: a read that started before one is not kept.
+    generation: u64,
+}
+
 /// The NVML backend for real GPUs.
 pub struct NvmlBackend<A: NvmlApi> {
     api: A,
     options: NvmlOptions,
     gpus: Vec<GpuInfo>,
+    /// Per GPU index (module docs, "Instance cache"); locked only between NVML calls.
+    known: Mutex<BTreeMap<u32, KnownInstances>>,
+    /// [`INSTANCE_REFRESH`] unless set otherwise ([`Self::with_instance_refresh`]).
+    refresh: Duration,
+    clock: Clock,
 }
 
 impl<A: NvmlApi> NvmlBackend<A> {
@@ -69,12 +131,86 @@ impl<A: NvmlApi> NvmlBackend<A> {
         for g in &gpus {
             register_health_events(&api, g.index);
         }
-        Ok(Self { api, options, gpus })
+        Ok(Self {
+            api,
+            options,
+            gpus,
+            known: Mutex::default(),
+            refresh: INSTANCE_REFRESH,
+            clock: Arc::new(Instant::now),
+        })
+    }
+
+    /// Serves cached instance lists for at most `period` ([`INSTANCE_REFRESH`] by default);
+    /// `Duration::ZERO` reads NVML on every call, as before the cache (the benchmark's baseline).
+    pub fn with_instance_refresh(mut self, period: Duration) -> Self {
+        self.refresh = period;
+        self
+    }
+
+    /// Reads the time from `clock` instead of [`Instant::now`] (simulated time in tests and
+    /// benchmarks).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// The function table.
     pub fn api(&self) -> &A {
         &self.api
+    }
+
+    fn known(&self) -> MutexGuard<'_, BTreeMap<u32, KnownInstances>> {
+        self.known.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads GPU `gpu`'s instances from NVML and keeps them, unless a change or an invalidation
+    /// landed while reading (then the list as that left it stays).
+    fn read_instances(&self, gpu: &GpuInfo) -> Result<Vec<MigInstance>, BackendError> {
+        let generation = self.known().entry(gpu.index).or_default().generation;
+        let mut out = self.instances_of(gpu)?;
+        out.sort_by_key(|s| s.placement.start);
+        let mut known = self.known();
+        let k = known.entry(gpu.index).or_default();
+        if k.generation == generation {
+            k.list = Some(out.clone());
+            k.read_at = Some((self.clock)());
+        }
+        Ok(out)
+    }
+
+    /// The kept list of GPU `gpu` when it is younger than the refresh period.
+    fn fresh_known(&self, gpu: u32) -> Option<Vec<MigInstance>> {
+        let now = (self.clock)();
+        let known = self.known();
+        let k = known.get(&gpu)?;
+        let age = now.saturating_duration_since(k.read_at?);
+        (age < self.refresh).then(|| k.list.clone()).flatten()
+    }
+
+    /// Applies DAS's own change to GPU `gpu`'s kept list: `gi_id` removed, then `added` (if any)
+    /// put in by placement. Any entry with that GI (a read that overlapped the change) is
+    /// replaced.
+    fn note_change(&self, gpu: u32, gi_id: u32, added: Option<&MigInstance>) {
+        let mut known = self.known();
+        let k = known.entry(gpu).or_default();
+        k.generation += 1;
+        if let Some(list) = &mut k.list {
+            list.retain(|s| s.gi_id != gi_id);
+            if let Some(s) = added {
+                let at = list.partition_point(|x| x.placement.start <= s.placement.start);
+                list.insert(at, s.clone());
+            }
+        }
+    }
+
+    /// Marks GPU `gpu`'s kept list stale: the next cached read goes to NVML.
+    fn invalidate(&self, gpu: u32, why: &dyn std::fmt::Display) {
+        tracing::debug!(gpu, reason = %why, "MIG instance list marked stale");
+        let mut known = self.known();
+        let k = known.entry(gpu).or_default();
+        k.generation += 1;
+        k.list = None;
     }
 
     fn gpu(&self, target: &Target) -> Result<&GpuInfo, BackendError> {
@@ -256,10 +392,13 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
                 Ok(id) => {
                     tracing::warn!(gpu = g.index, expected = %g.uuid, found = %id.uuid,
                         "GPU index now answers with another UUID; treating the GPU as gone");
+                    self.invalidate(g.index, &"the GPU answers with another UUID");
                     false
                 }
                 Err(e) => {
                     tracing::debug!(gpu = g.index, error = %e, "GPU does not answer");
+                    // Its instance list is read again (and fails) rather than served while lost.
+                    self.invalidate(g.index, &e);
                     false
                 }
             })
@@ -275,7 +414,15 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
         let mut wait = ms;
         while events.len() < EVENT_BATCH {
             match self.api.wait_event(wait) {
-                Ok(e) => events.extend(health_event(e)),
+                Ok(e) => {
+                    let event = health_event(e);
+                    if let Some(ev) = &event {
+                        // The GPU's instances may have changed outside DAS (a reset, a GI
+                        // torn down): its cached list is read again.
+                        self.invalidate(ev.gpu(), &format_args!("health event {ev:?}"));
+                    }
+                    events.extend(event);
+                }
                 Err(e) if e.code == code::TIMEOUT => break,
                 Err(e) if events.is_empty() => {
                     return Err(other(Target::gpu(0), &e, "waiting for GPU health events"));
@@ -327,6 +474,64 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
                 ),
             });
         }
+        match self.create_at(gpu, p, target) {
+            Ok(s) => {
+                self.note_change(gpu_index, s.gi_id, Some(&s));
+                Ok(s)
+            }
+            Err(e) => {
+                // INSUFFICIENT_RESOURCES: someone holds the placement DAS thought free; other
+                // failures may have left a GI behind (a failed roll-back).
+                self.invalidate(gpu_index, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
+        let target = Target {
+            gi_id: Some(gi_id),
+            ..Target::gpu(gpu_index)
+        };
+        let gpu = self.gpu(&target)?;
+        match self.destroy_gi_and_cis(gpu, gi_id, target) {
+            Ok(()) => {
+                self.note_change(gpu_index, gi_id, None);
+                Ok(())
+            }
+            Err(e) => {
+                // NOT_FOUND: the list had a GI NVML no longer has; any other failure may have
+                // destroyed some of its compute instances.
+                self.invalidate(gpu_index, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
+        let gpu = self.gpu(&Target::gpu(gpu_index))?;
+        self.read_instances(gpu)
+    }
+
+    fn cached_instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
+        let gpu = self.gpu(&Target::gpu(gpu_index))?;
+        match self.fresh_known(gpu_index) {
+            Some(list) => Ok(list),
+            None => self.read_instances(gpu),
+        }
+    }
+}
+
+impl<A: NvmlApi> NvmlBackend<A> {
+    /// GI, CI, MIG UUID and capability minors of a create whose arguments are checked.
+    fn create_at(
+        &self,
+        gpu: &GpuInfo,
+        p: &GiProfile,
+        target: Target,
+    ) -> Result<MigInstance, BackendError> {
+        let gpu_index = gpu.index;
+        let (profile, start) = (p.name.as_str(), target.placement.map_or(0, |pl| pl.start));
         let (gi, ci) = self.create_instances(gpu, p, &target)?;
         let uuid_target = Target {
             gi_id: Some(gi.id),
@@ -353,12 +558,14 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
         Ok(self.slice(gpu, gi, ci, uuid))
     }
 
-    fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
-        let target = Target {
-            gi_id: Some(gi_id),
-            ..Target::gpu(gpu_index)
-        };
-        let gpu = self.gpu(&target)?;
+    /// Every CI of GI `gi_id`, then the GI.
+    fn destroy_gi_and_cis(
+        &self,
+        gpu: &GpuInfo,
+        gi_id: u32,
+        target: Target,
+    ) -> Result<(), BackendError> {
+        let gpu_index = gpu.index;
         let fail = |e: NvmlCallError| map_error(target.clone(), &e);
         let cis = self
             .compute_instances_of(gpu.index, gi_id)
@@ -377,13 +584,6 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
         self.api.destroy_gi(gpu.index, gi_id).map_err(fail)?;
         tracing::info!(gpu = gpu_index, gi = gi_id, "MIG instance destroyed");
         Ok(())
-    }
-
-    fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
-        let gpu = self.gpu(&Target::gpu(gpu_index))?;
-        let mut out = self.instances_of(gpu)?;
-        out.sort_by_key(|s| s.placement.start);
-        Ok(out)
     }
 }
 

@@ -11,6 +11,11 @@
 //!   `NOT_SUPPORTED` for instance calls; a lost GPU → `GPU_IS_LOST` for every call on it.
 //! - Every mutating call is logged ([`FakeNvml::calls`]) and a fault can be injected for the
 //!   next call of a given name ([`FakeNvml::fail_next`]).
+//! - Every NVML library call is counted by function name ([`FakeNvml::call_counts`]), as
+//!   `RealNvml` makes them for each [`NvmlApi`] method (e.g. `gpu_instances` =
+//!   `nvmlDeviceGetGpuInstances` + one `nvmlGpuInstanceGetInfo` per GI; a failed method counts
+//!   only the function its error names). What an administrator does behind DAS's back
+//!   ([`FakeNvml::admin_create`], [`FakeNvml::admin_destroy`]) is not counted.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -106,6 +111,10 @@ struct FakeState {
     registered: std::collections::BTreeMap<u32, u64>,
     /// Events `wait_event` returns, in order.
     events: std::collections::VecDeque<RawEvent>,
+    /// NVML library calls by function name.
+    counts: BTreeMap<&'static str, u64>,
+    /// The event set exists (`nvmlEventSetCreate` is called once).
+    event_set: bool,
 }
 
 /// The fake NVML (see the module docs).
@@ -164,6 +173,90 @@ impl FakeNvml {
     /// Mutating calls so far, e.g. `destroy_ci 0/9/0`, in order.
     pub fn calls(&self) -> Vec<String> {
         self.lock().calls.clone()
+    }
+
+    /// NVML library calls so far by function name (see the module docs).
+    pub fn call_counts(&self) -> BTreeMap<&'static str, u64> {
+        self.lock().counts.clone()
+    }
+
+    /// All NVML library calls so far.
+    pub fn call_total(&self) -> u64 {
+        self.lock().counts.values().sum()
+    }
+
+    /// An administrator's `nvidia-smi mig -cgi <profile_id> -C` at `placement` on GPU `dev`,
+    /// behind DAS's back: the GI and its full-size CI; neither counted nor logged. Returns the
+    /// GI ID.
+    ///
+    /// # Panics
+    /// NVML refuses the GI or the CI (a test set-up error).
+    pub fn admin_create(&self, dev: u32, profile_id: u32, placement: Placement) -> u32 {
+        self.uncounted(|f| {
+            let gi = f.create_gi(dev, profile_id, placement).expect("admin GI");
+            let slices = f.lock().gpus[dev as usize]
+                .spec
+                .model
+                .as_ref()
+                .and_then(|m| m.profiles.iter().find(|p| p.id == profile_id))
+                .map(|p| p.compute_slices)
+                .expect("the GPU has the profile");
+            let ci = super::full_ci_enum(slices).expect("a full-size CI profile");
+            f.create_ci(dev, gi.id, ci).expect("admin CI");
+            gi.id
+        })
+    }
+
+    /// An administrator's `nvidia-smi mig -dci -gi <gi_id>` and `-dgi -gi <gi_id>` on GPU `dev`,
+    /// behind DAS's back; neither counted nor logged. `cis_only` keeps the GI (only its compute
+    /// instances go).
+    ///
+    /// # Panics
+    /// No such GI.
+    pub fn admin_destroy(&self, dev: u32, gi_id: u32, cis_only: bool) {
+        self.uncounted(|f| {
+            let cis: Vec<u32> = f.lock().gpus[dev as usize].gis[&gi_id]
+                .cis
+                .keys()
+                .copied()
+                .collect();
+            for ci in cis {
+                f.destroy_ci(dev, gi_id, ci).expect("admin CI destroy");
+            }
+            if !cis_only {
+                f.destroy_gi(dev, gi_id).expect("admin GI destroy");
+            }
+        });
+    }
+
+    /// Runs `f` leaving the call counts and the call log as they were.
+    fn uncounted<T>(&self, f: impl FnOnce(&Self) -> T) -> T {
+        let (counts, calls) = {
+            let s = self.lock();
+            (s.counts.clone(), s.calls.clone())
+        };
+        let r = f(self);
+        let mut s = self.lock();
+        s.counts = counts;
+        s.calls = calls;
+        r
+    }
+
+    /// Counts the library calls of one method: `ok`'s on success, the failing function on error.
+    fn count<T>(
+        &self,
+        r: NvmlResult<T>,
+        ok: impl FnOnce(&T) -> Vec<(&'static str, u64)>,
+    ) -> NvmlResult<T> {
+        let calls = match &r {
+            Ok(v) => ok(v),
+            Err(e) => vec![(e.call, 1)],
+        };
+        let mut s = self.lock();
+        for (call, n) in calls {
+            *s.counts.entry(call).or_default() += n;
+        }
+        r
     }
 
     /// Current MIG mode of GPU `dev`.
@@ -291,11 +384,13 @@ impl NvmlApi for FakeNvml {
     }
 
     fn driver_version(&self) -> NvmlResult<String> {
-        Ok("580.95.05".into())
+        self.count(Ok("580.95.05".into()), |_| {
+            vec![("nvmlSystemGetDriverVersion", 1)]
+        })
     }
 
     fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity> {
-        self.with_gpu("nvmlDeviceGetUUID", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceGetUUID", dev, |g, _| {
             let memory_mib = g.spec.model.as_ref().map_or(16384, |m| m.memory_mib);
             Ok(DeviceIdentity {
                 name: g.spec.name.clone(),
@@ -307,19 +402,33 @@ impl NvmlApi for FakeNvml {
                 architecture: g.spec.architecture,
                 cuda_compute_capability: (8, 0),
             })
+        });
+        self.count(r, |_| {
+            [
+                "nvmlDeviceGetPciInfo_v3",
+                "nvmlDeviceGetCudaComputeCapability",
+                "nvmlDeviceGetName",
+                "nvmlDeviceGetUUID",
+                "nvmlDeviceGetMinorNumber",
+                "nvmlDeviceGetMemoryInfo",
+                "nvmlDeviceGetArchitecture",
+            ]
+            .map(|c| (c, 1))
+            .to_vec()
         })
     }
 
     fn mig_mode(&self, dev: u32) -> NvmlResult<MigModeState> {
-        self.with_gpu("nvmlDeviceGetMigMode", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceGetMigMode", dev, |g, _| {
             g.model()?;
             Ok(g.mig)
-        })
+        });
+        self.count(r, |_| vec![("nvmlDeviceGetMigMode", 1)])
     }
 
     fn set_mig_mode(&self, dev: u32, enable: bool) -> NvmlResult<()> {
         self.log(format!("set_mig_mode {dev} {enable}"));
-        self.with_gpu("nvmlDeviceSetMigMode", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceSetMigMode", dev, |g, _| {
             g.model()?;
             if !g.gis.is_empty() {
                 return Err(code::IN_USE);
@@ -329,11 +438,12 @@ impl NvmlApi for FakeNvml {
                 g.mig.current = enable;
             }
             Ok(())
-        })
+        });
+        self.count(r, |_| vec![("nvmlDeviceSetMigMode", 1)])
     }
 
     fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo> {
-        self.with_gpu("nvmlDeviceGetGpuInstanceProfileInfoV", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceGetGpuInstanceProfileInfoV", dev, |g, _| {
             if profile_enum >= GI_PROFILE_ENUM_COUNT {
                 return Err(code::INVALID_ARGUMENT);
             }
@@ -356,11 +466,12 @@ impl NvmlApi for FakeNvml {
                 memory_mib: p.memory_mib,
                 name: format!("MIG {}", p.name),
             })
-        })
+        });
+        self.count(r, |_| vec![("nvmlDeviceGetGpuInstanceProfileInfoV", 1)])
     }
 
     fn gi_possible_placements(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<Placement>> {
-        self.with_gpu(
+        let r = self.with_gpu(
             "nvmlDeviceGetGpuInstancePossiblePlacements_v2",
             dev,
             |g, _| {
@@ -374,12 +485,16 @@ impl NvmlApi for FakeNvml {
                     })
                     .collect())
             },
-        )
+        );
+        // Once for the count, once for the list.
+        self.count(r, |_| {
+            vec![("nvmlDeviceGetGpuInstancePossiblePlacements_v2", 2)]
+        })
     }
 
     fn create_gi(&self, dev: u32, profile_id: u32, placement: Placement) -> NvmlResult<GiInfo> {
         self.log(format!("create_gi {dev} {profile_id} {placement}"));
-        self.with_gpu("nvmlDeviceCreateGpuInstanceWithPlacement", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceCreateGpuInstanceWithPlacement", dev, |g, _| {
             g.mig_model()?;
             let (model, i) = g.profile_by_id(profile_id)?;
             if placement.size != model.profiles[i].placement_size {
@@ -401,11 +516,17 @@ impl NvmlApi for FakeNvml {
             let info = g.gi_info(id, &gi);
             g.gis.insert(id, gi);
             Ok(info)
+        });
+        self.count(r, |_| {
+            vec![
+                ("nvmlDeviceCreateGpuInstanceWithPlacement", 1),
+                ("nvmlGpuInstanceGetInfo", 1),
+            ]
         })
     }
 
     fn gpu_instances(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<GiInfo>> {
-        self.with_gpu("nvmlDeviceGetGpuInstances", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceGetGpuInstances", dev, |g, _| {
             g.mig_model()?;
             let (_, i) = g.profile_by_id(profile_id)?;
             Ok(g.gis
@@ -413,12 +534,18 @@ impl NvmlApi for FakeNvml {
                 .filter(|(_, gi)| gi.profile == i)
                 .map(|(id, gi)| g.gi_info(*id, gi))
                 .collect())
+        });
+        self.count(r, |gis: &Vec<GiInfo>| {
+            vec![
+                ("nvmlDeviceGetGpuInstances", 1),
+                ("nvmlGpuInstanceGetInfo", gis.len() as u64),
+            ]
         })
     }
 
     fn destroy_gi(&self, dev: u32, gi_id: u32) -> NvmlResult<()> {
         self.log(format!("destroy_gi {dev}/{gi_id}"));
-        self.with_gpu("nvmlGpuInstanceDestroy", dev, |g, _| {
+        let r = self.with_gpu("nvmlGpuInstanceDestroy", dev, |g, _| {
             let model = g.mig_model()?;
             let gi = g.gi(gi_id)?;
             if !gi.cis.is_empty() {
@@ -430,6 +557,12 @@ impl NvmlApi for FakeNvml {
                 occ.remove(&model, profile, start);
             }
             Ok(())
+        });
+        self.count(r, |_| {
+            vec![
+                ("nvmlDeviceGetGpuInstanceById", 1),
+                ("nvmlGpuInstanceDestroy", 1),
+            ]
         })
     }
 
@@ -439,7 +572,7 @@ impl NvmlApi for FakeNvml {
         gi_id: u32,
         profile_enum: u32,
     ) -> NvmlResult<CiProfileInfo> {
-        self.with_gpu(
+        let r = self.with_gpu(
             "nvmlGpuInstanceGetComputeInstanceProfileInfo",
             dev,
             |g, _| {
@@ -458,12 +591,18 @@ impl NvmlApi for FakeNvml {
                     multiprocessors: p.multiprocessors * slices / p.compute_slices,
                 })
             },
-        )
+        );
+        self.count(r, |_| {
+            vec![
+                ("nvmlDeviceGetGpuInstanceById", 1),
+                ("nvmlGpuInstanceGetComputeInstanceProfileInfo", 1),
+            ]
+        })
     }
 
     fn create_ci(&self, dev: u32, gi_id: u32, profile_id: u32) -> NvmlResult<CiInfo> {
         self.log(format!("create_ci {dev}/{gi_id} {profile_id}"));
-        self.with_gpu("nvmlGpuInstanceCreateComputeInstance", dev, |g, serial| {
+        let r = self.with_gpu("nvmlGpuInstanceCreateComputeInstance", dev, |g, serial| {
             let slices = ci_slices(profile_id)?;
             let gi = g.gi(gi_id)?;
             let used: u32 = gi.cis.values().map(|c| c.slices).sum();
@@ -494,11 +633,18 @@ impl NvmlApi for FakeNvml {
                 },
             );
             Ok(CiInfo { id, profile_id })
+        });
+        self.count(r, |_| {
+            vec![
+                ("nvmlDeviceGetGpuInstanceById", 1),
+                ("nvmlGpuInstanceCreateComputeInstance", 1),
+                ("nvmlComputeInstanceGetInfo_v2", 1),
+            ]
         })
     }
 
     fn compute_instances(&self, dev: u32, gi_id: u32, profile_id: u32) -> NvmlResult<Vec<CiInfo>> {
-        self.with_gpu("nvmlGpuInstanceGetComputeInstances", dev, |g, _| {
+        let r = self.with_gpu("nvmlGpuInstanceGetComputeInstances", dev, |g, _| {
             ci_slices(profile_id)?;
             let gi = g.gi(gi_id)?;
             Ok(gi
@@ -510,12 +656,19 @@ impl NvmlApi for FakeNvml {
                     profile_id: c.profile_id,
                 })
                 .collect())
+        });
+        self.count(r, |cis: &Vec<CiInfo>| {
+            vec![
+                ("nvmlDeviceGetGpuInstanceById", 1),
+                ("nvmlGpuInstanceGetComputeInstances", 1),
+                ("nvmlComputeInstanceGetInfo_v2", cis.len() as u64),
+            ]
         })
     }
 
     fn destroy_ci(&self, dev: u32, gi_id: u32, ci_id: u32) -> NvmlResult<()> {
         self.log(format!("destroy_ci {dev}/{gi_id}/{ci_id}"));
-        self.with_gpu("nvmlComputeInstanceDestroy", dev, |g, _| {
+        let r = self.with_gpu("nvmlComputeInstanceDestroy", dev, |g, _| {
             let gi = g.gi(gi_id)?;
             match gi.cis.get(&ci_id) {
                 None => Err(code::NOT_FOUND),
@@ -525,17 +678,25 @@ impl NvmlApi for FakeNvml {
                     Ok(())
                 }
             }
+        });
+        self.count(r, |_| {
+            vec![
+                ("nvmlDeviceGetGpuInstanceById", 1),
+                ("nvmlGpuInstanceGetComputeInstanceById", 1),
+                ("nvmlComputeInstanceDestroy", 1),
+            ]
         })
     }
 
     fn max_mig_device_count(&self, dev: u32) -> NvmlResult<u32> {
-        self.with_gpu("nvmlDeviceGetMaxMigDeviceCount", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceGetMaxMigDeviceCount", dev, |g, _| {
             Ok(g.model()?.max_gpu_instances)
-        })
+        });
+        self.count(r, |_| vec![("nvmlDeviceGetMaxMigDeviceCount", 1)])
     }
 
     fn mig_device(&self, dev: u32, index: u32) -> NvmlResult<MigDeviceInfo> {
-        self.with_gpu("nvmlDeviceGetMigDeviceHandleByIndex", dev, |g, _| {
+        let r = self.with_gpu("nvmlDeviceGetMigDeviceHandleByIndex", dev, |g, _| {
             g.mig_model()?;
             g.gis
                 .iter()
@@ -547,11 +708,30 @@ impl NvmlApi for FakeNvml {
                     uuid: c.uuid.clone(),
                 })
                 .ok_or(code::NOT_FOUND)
+        });
+        self.count(r, |_| {
+            [
+                "nvmlDeviceGetMigDeviceHandleByIndex",
+                "nvmlDeviceGetGpuInstanceId",
+                "nvmlDeviceGetComputeInstanceId",
+                "nvmlDeviceGetUUID",
+            ]
+            .map(|c| (c, 1))
+            .to_vec()
         })
     }
 
     fn register_events(&self, dev: u32, mask: u64) -> NvmlResult<()> {
-        self.with_gpu("nvmlDeviceRegisterEvents", dev, |_, _| Ok(()))?;
+        let first = !std::mem::replace(&mut self.lock().event_set, true);
+        let r = self.with_gpu("nvmlDeviceRegisterEvents", dev, |_, _| Ok(()));
+        let r = self.count(r, |_| {
+            let mut calls = vec![("nvmlDeviceRegisterEvents", 1)];
+            if first {
+                calls.push(("nvmlEventSetCreate", 1));
+            }
+            calls
+        });
+        r?;
         *self.lock().registered.entry(dev).or_default() |= mask;
         Ok(())
     }
@@ -560,6 +740,7 @@ impl NvmlApi for FakeNvml {
     /// queued (tests do not wait).
     fn wait_event(&self, _timeout_ms: u32) -> NvmlResult<RawEvent> {
         let mut state = self.lock();
+        *state.counts.entry("nvmlEventSetWait_v2").or_default() += 1;
         while let Some(e) = state.events.pop_front() {
             let mask = e
                 .dev

@@ -6,7 +6,8 @@
 //! - [`NvmlApi`]: a thin function table with exactly the NVML calls the backend needs. The real
 //!   implementation is [`RealNvml`] (nvml-wrapper 0.13 where it covers the call, its raw
 //!   `nvml-wrapper-sys` bindings where it does not, docs/reference/mig.md, "nvml-wrapper coverage"); the unit tests drive the
-//!   backend with `FakeNvml` (compiled for tests only), which reproduces NVML's return codes and placement rules from the
+//!   backend with `FakeNvml` (compiled for tests and the `testing` feature, which the
+//!   `nvml_inventory` benchmark uses), which reproduces NVML's return codes and placement rules from the
 //!   same data files as the emulated backend.
 //! - [`NvmlBackend`]: [`GpuBackend`](super::GpuBackend) with NVML semantics (docs/reference/mig.md, "Create and destroy").
 //! - [`procfs`]: the `nvidia-caps` major and the GI/CI capability minors (docs/reference/mig.md, "Device nodes and capabilities").
@@ -17,7 +18,7 @@
 //! `…GetComputeInstanceById`), which NVML answers from the driver without a scan.
 
 mod backend;
-#[cfg(test)]
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod procfs;
 mod real;
@@ -28,8 +29,8 @@ mod tests;
 
 use std::fmt;
 
-pub use backend::{NvmlBackend, NvmlOptions, model_from_nvml};
-#[cfg(test)]
+pub use backend::{Clock, INSTANCE_REFRESH, NvmlBackend, NvmlOptions, model_from_nvml};
+#[cfg(any(test, feature = "testing"))]
 pub use fake::{FakeGpuSpec, FakeNvml};
 pub use real::RealNvml;
 pub use report::inventory_report;

@@ -540,3 +540,328 @@ fn xid_and_ecc_events_become_health_events_with_their_gpu_and_instance() {
             .is_empty()
     );
 }
+
+/// A clock the tests move by hand (the instance cache's ages).
+#[derive(Clone)]
+struct ManualClock {
+    base: std::time::Instant,
+    offset: std::sync::Arc<std::sync::Mutex<Duration>>,
+}
+
+impl ManualClock {
+    fn new() -> Self {
+        Self {
+            base: std::time::Instant::now(),
+            offset: Default::default(),
+        }
+    }
+
+    fn clock(&self) -> Clock {
+        let me = self.clone();
+        std::sync::Arc::new(move || me.base + *me.offset.lock().unwrap())
+    }
+
+    fn advance(&self, d: Duration) {
+        *self.offset.lock().unwrap() += d;
+    }
+}
+
+/// A backend over `specs` on a hand-moved clock.
+fn on_manual_clock(specs: Vec<FakeGpuSpec>) -> (NvmlBackend<FakeNvml>, ManualClock) {
+    let clock = ManualClock::new();
+    let b = NvmlBackend::new(
+        FakeNvml::new(specs),
+        options(Path::new("/nonexistent-proc")),
+    )
+    .unwrap()
+    .with_clock(clock.clock());
+    (b, clock)
+}
+
+/// A cached read of GPU `gpu` and the NVML calls it made.
+fn cached_read<A: NvmlApi>(
+    b: &NvmlBackend<A>,
+    calls: impl Fn() -> u64,
+    gpu: u32,
+) -> (Vec<crate::gpu::MigInstance>, u64) {
+    let before = calls();
+    let list = b.cached_instances_on(gpu).unwrap();
+    (list, calls() - before)
+}
+
+fn gi_ids(list: &[crate::gpu::MigInstance]) -> Vec<u32> {
+    list.iter().map(|s| s.gi_id).collect()
+}
+
+/// Issue 30 item 5: the health monitor's 5 s check no longer lists every GPU's instances
+/// through NVML; DAS's own creates and destroys keep the list.
+#[test]
+fn the_cached_list_follows_creates_and_destroys_without_listing_calls() {
+    let (b, _clock) = on_manual_clock(vec![a100(true)]);
+    let total = || b.api().call_total();
+    let (list, calls) = cached_read(&b, total, 0);
+    assert!(list.is_empty());
+    assert!(calls > 0, "the first read goes to NVML");
+    let listings = |b: &NvmlBackend<FakeNvml>| b.api().call_counts()["nvmlDeviceGetGpuInstances"];
+    let listed = listings(&b);
+
+    let x = b.create_instance(0, "1g.5gb", 0).unwrap();
+    let y = b.create_instance(0, "3g.20gb", 4).unwrap();
+    let z = b.create_instance(0, "1g.5gb", 1).unwrap();
+    b.destroy_instance(0, x.gi_id).unwrap();
+    assert_eq!(listings(&b), listed, "creates and destroys list nothing");
+
+    let (list, calls) = cached_read(&b, total, 0);
+    assert_eq!(calls, 0, "served without any NVML call");
+    assert_eq!(list, vec![z, y], "by placement start");
+    assert_eq!(list, b.instances_on(0).unwrap(), "what NVML has");
+}
+
+#[test]
+fn a_change_behind_das_is_seen_at_the_slow_re_read() {
+    let (b, clock) = on_manual_clock(vec![a100(true)]);
+    let total = || b.api().call_total();
+    let x = b.create_instance(0, "1g.5gb", 0).unwrap();
+    let y = b.create_instance(0, "1g.5gb", 1).unwrap();
+    assert_eq!(
+        gi_ids(&b.cached_instances_on(0).unwrap()),
+        [x.gi_id, y.gi_id]
+    );
+    // An administrator destroys X and makes a 2g.10gb at 4 with nvidia-smi.
+    b.api().admin_destroy(0, x.gi_id, false);
+    let foreign = b.api().admin_create(0, 14, Placement { start: 4, size: 2 });
+
+    clock.advance(INSTANCE_REFRESH - Duration::from_secs(1));
+    let (list, calls) = cached_read(&b, total, 0);
+    assert_eq!(
+        (gi_ids(&list), calls),
+        (vec![x.gi_id, y.gi_id], 0),
+        "not yet"
+    );
+    clock.advance(Duration::from_secs(1));
+    let (list, calls) = cached_read(&b, total, 0);
+    assert!(calls > 0);
+    assert_eq!(
+        gi_ids(&list),
+        [y.gi_id, foreign],
+        "read again after the period"
+    );
+    assert_eq!(list, b.instances_on(0).unwrap());
+    let (_, calls) = cached_read(&b, total, 0);
+    assert_eq!(calls, 0, "and kept for the next period");
+}
+
+#[test]
+fn a_health_event_makes_its_gpu_read_again() {
+    let (b, _clock) = on_manual_clock(vec![a100(true), a100(true)]);
+    let total = || b.api().call_total();
+    let x = b.create_instance(0, "1g.5gb", 0).unwrap();
+    let w = b.create_instance(1, "1g.5gb", 0).unwrap();
+    b.cached_instances_on(0).unwrap();
+    b.cached_instances_on(1).unwrap();
+    b.api().admin_destroy(0, x.gi_id, false);
+    let (list, calls) = cached_read(&b, total, 0);
+    assert_eq!(
+        (gi_ids(&list), calls),
+        (vec![x.gi_id], 0),
+        "stale until told"
+    );
+
+    b.api().push_event(super::RawEvent {
+        dev: Some(0),
+        event_type: super::event::XID_CRITICAL_ERROR,
+        data: 43,
+        gpu_instance: None,
+    });
+    assert_eq!(b.wait_health_events(Duration::ZERO).unwrap().len(), 1);
+    let (list, calls) = cached_read(&b, total, 0);
+    assert!(list.is_empty() && calls > 0, "GPU 0 read again: {list:?}");
+    let (list, calls) = cached_read(&b, total, 1);
+    assert_eq!((list, calls), (vec![w], 0), "the other GPU's list is kept");
+}
+
+#[test]
+fn a_gpu_that_leaves_the_inventory_is_read_again() {
+    let (b, _clock) = on_manual_clock(vec![a100(true), a100(true)]);
+    let total = || b.api().call_total();
+    b.create_instance(0, "1g.5gb", 0).unwrap();
+    b.cached_instances_on(0).unwrap();
+    let (list, calls) = cached_read(&b, total, 0);
+    assert_eq!((list.len(), calls), (1, 0), "kept");
+    b.api().lose_gpu(0);
+    assert_eq!(b.inventory().unwrap().len(), 1);
+    assert!(
+        matches!(b.cached_instances_on(0), Err(BackendError::GpuLost { .. })),
+        "not served from the list while lost"
+    );
+}
+
+#[test]
+fn a_failed_destroy_makes_the_gpu_read_again() {
+    let (b, _clock) = on_manual_clock(vec![a100(true)]);
+    let total = || b.api().call_total();
+    let x = b.create_instance(0, "1g.5gb", 0).unwrap();
+    let y = b.create_instance(0, "1g.5gb", 1).unwrap();
+    let (_, calls) = cached_read(&b, total, 0);
+    assert!(calls > 0);
+    let (_, calls) = cached_read(&b, total, 0);
+    assert_eq!(calls, 0, "kept");
+
+    // The compute instance goes, the GPU instance stays: NVML lists it without a MIG UUID.
+    b.api().fail_next("nvmlGpuInstanceDestroy", code::UNKNOWN);
+    b.destroy_instance(0, x.gi_id).unwrap_err();
+    let (list, calls) = cached_read(&b, total, 0);
+    assert!(calls > 0, "read again");
+    assert_eq!(gi_ids(&list), [x.gi_id, y.gi_id]);
+    assert_eq!(list[0].mig_uuid, "", "the GI without its compute instance");
+    assert_eq!(list[1], y);
+
+    // NOT_FOUND: the list had Y, which an administrator destroyed.
+    b.api().admin_destroy(0, y.gi_id, false);
+    let (list, calls) = cached_read(&b, total, 0);
+    assert_eq!((gi_ids(&list), calls), (vec![x.gi_id, y.gi_id], 0));
+    let e = b.destroy_instance(0, y.gi_id).unwrap_err();
+    assert!(matches!(e, BackendError::NotFound { .. }), "{e}");
+    let (list, calls) = cached_read(&b, total, 0);
+    assert!(calls > 0, "read again");
+    assert_eq!(gi_ids(&list), [x.gi_id]);
+}
+
+#[test]
+fn a_create_refused_for_insufficient_resources_makes_the_gpu_read_again() {
+    let (b, _clock) = on_manual_clock(vec![a100(true)]);
+    let total = || b.api().call_total();
+    assert!(b.cached_instances_on(0).unwrap().is_empty());
+    let foreign = b.api().admin_create(0, 19, Placement { start: 0, size: 1 });
+    let (list, calls) = cached_read(&b, total, 0);
+    assert_eq!((list.len(), calls), (0, 0), "not seen yet");
+    let e = b.create_instance(0, "1g.5gb", 0).unwrap_err();
+    assert!(
+        matches!(e, BackendError::InsufficientResources { .. }),
+        "{e}"
+    );
+    let (list, calls) = cached_read(&b, total, 0);
+    assert!(calls > 0, "read again");
+    assert_eq!(gi_ids(&list), [foreign]);
+}
+
+/// [`FakeNvml`] that runs a hook once, just before it lists the GIs of `profile_id` (the middle
+/// of an instance listing).
+struct HookedNvml {
+    fake: FakeNvml,
+    profile_id: u32,
+    hook: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl NvmlApi for HookedNvml {
+    fn device_count(&self) -> NvmlResult<u32> {
+        self.fake.device_count()
+    }
+    fn driver_version(&self) -> NvmlResult<String> {
+        self.fake.driver_version()
+    }
+    fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity> {
+        self.fake.device_identity(dev)
+    }
+    fn mig_mode(&self, dev: u32) -> NvmlResult<MigModeState> {
+        self.fake.mig_mode(dev)
+    }
+    fn set_mig_mode(&self, dev: u32, enable: bool) -> NvmlResult<()> {
+        self.fake.set_mig_mode(dev, enable)
+    }
+    fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo> {
+        self.fake.gi_profile_info(dev, profile_enum)
+    }
+    fn gi_possible_placements(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<Placement>> {
+        self.fake.gi_possible_placements(dev, profile_id)
+    }
+    fn create_gi(&self, dev: u32, profile_id: u32, placement: Placement) -> NvmlResult<GiInfo> {
+        self.fake.create_gi(dev, profile_id, placement)
+    }
+    fn gpu_instances(&self, dev: u32, profile_id: u32) -> NvmlResult<Vec<GiInfo>> {
+        if profile_id == self.profile_id {
+            let hook = self.hook.lock().unwrap().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        self.fake.gpu_instances(dev, profile_id)
+    }
+    fn destroy_gi(&self, dev: u32, gi_id: u32) -> NvmlResult<()> {
+        self.fake.destroy_gi(dev, gi_id)
+    }
+    fn ci_profile_info(
+        &self,
+        dev: u32,
+        gi_id: u32,
+        profile_enum: u32,
+    ) -> NvmlResult<CiProfileInfo> {
+        self.fake.ci_profile_info(dev, gi_id, profile_enum)
+    }
+    fn create_ci(&self, dev: u32, gi_id: u32, profile_id: u32) -> NvmlResult<CiInfo> {
+        self.fake.create_ci(dev, gi_id, profile_id)
+    }
+    fn compute_instances(&self, dev: u32, gi_id: u32, profile_id: u32) -> NvmlResult<Vec<CiInfo>> {
+        self.fake.compute_instances(dev, gi_id, profile_id)
+    }
+    fn destroy_ci(&self, dev: u32, gi_id: u32, ci_id: u32) -> NvmlResult<()> {
+        self.fake.destroy_ci(dev, gi_id, ci_id)
+    }
+    fn max_mig_device_count(&self, dev: u32) -> NvmlResult<u32> {
+        self.fake.max_mig_device_count(dev)
+    }
+    fn mig_device(&self, dev: u32, index: u32) -> NvmlResult<MigDeviceInfo> {
+        self.fake.mig_device(dev, index)
+    }
+    fn register_events(&self, dev: u32, mask: u64) -> NvmlResult<()> {
+        self.fake.register_events(dev, mask)
+    }
+    fn wait_event(&self, timeout_ms: u32) -> NvmlResult<RawEvent> {
+        self.fake.wait_event(timeout_ms)
+    }
+}
+
+/// The monitor's reads run outside the request path's GPU lock: a read that a create overlaps
+/// (it listed the created profile before the create and the rest after) must not be kept over
+/// the create.
+#[test]
+fn a_read_overlapped_by_a_create_is_not_kept() {
+    use std::sync::Arc;
+    let clock = ManualClock::new();
+    let api = HookedNvml {
+        fake: FakeNvml::new(vec![a100(true)]),
+        profile_id: 0, // 7g.40gb: listed after 1g.5gb
+        hook: Default::default(),
+    };
+    let b = Arc::new(
+        NvmlBackend::new(api, options(Path::new("/nonexistent-proc")))
+            .unwrap()
+            .with_clock(clock.clock()),
+    );
+    let total = || b.api().fake.call_total();
+    let x = b.create_instance(0, "1g.5gb", 6).unwrap();
+    b.cached_instances_on(0).unwrap();
+    let (_, calls) = cached_read(&*b, total, 0);
+    assert_eq!(calls, 0, "kept");
+
+    clock.advance(INSTANCE_REFRESH);
+    let weak = Arc::downgrade(&b);
+    let made = Arc::new(std::sync::Mutex::new(None));
+    let made_by_hook = made.clone();
+    *b.api().hook.lock().unwrap() = Some(Box::new(move || {
+        let b = weak.upgrade().unwrap();
+        *made_by_hook.lock().unwrap() = Some(b.create_instance(0, "1g.5gb", 0).unwrap());
+    }));
+    let (overlapped, calls) = cached_read(&*b, total, 0);
+    assert!(calls > 0);
+    let y = made.lock().unwrap().take().expect("the hook ran");
+    assert_eq!(
+        gi_ids(&overlapped),
+        [x.gi_id],
+        "listed 1g.5gb before Y existed"
+    );
+
+    let list = b.cached_instances_on(0).unwrap();
+    assert_eq!(gi_ids(&list), [y.gi_id, x.gi_id], "Y is not lost");
+    assert_eq!(list, b.instances_on(0).unwrap());
+}
