@@ -37,6 +37,12 @@ pub trait Source: Send + Sync {
 /// Cached [`Offered`]; refreshed when older than the TTL, and at most once per `min_refresh`
 /// when a pod asks for a profile the cache does not know (a class just created).
 ///
+/// An answer older than the TTL but younger than twice the TTL that knows every wanted profile
+/// is served at once while a refresh runs in the background: with 200,000 published devices a
+/// listing takes seconds, longer than an admission (or a 1 s readiness probe) should wait.
+/// Only a call the cache cannot serve (no answer, an unknown profile, or an answer older than
+/// twice the TTL) waits.
+///
 /// One refresh runs at a time: a caller that needs one while another runs waits for it and
 /// takes its answer when that was fetched after the caller asked (so at most one listing is in
 /// memory); a caller the cached answer serves never waits for a refresh.
@@ -47,7 +53,17 @@ pub struct Profiles<S = ApiSource> {
     /// The last answer. Locked only to read or replace it.
     cache: Mutex<Option<Cached>>,
     /// Held by the refresh in progress (not by readers of `cache`).
-    refreshing: tokio::sync::Mutex<()>,
+    refreshing: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// Whether the cached answer serves a call.
+enum Serves {
+    /// Fresh enough: answer with it.
+    Yes(Arc<Offered>),
+    /// Past the TTL but within twice the TTL: answer with it and refresh in the background.
+    Stale(Arc<Offered>),
+    /// Wait for a refresh.
+    No,
 }
 
 /// An answer and when it was fetched.
@@ -67,7 +83,7 @@ impl Profiles {
     }
 }
 
-impl<S: Source> Profiles<S> {
+impl<S: Source + 'static> Profiles<S> {
     /// Answers from `source`, cached for `ttl`; a profile the cache does not know refreshes it
     /// at most once per `min_refresh`.
     pub fn with_source(source: S, ttl: Duration, min_refresh: Duration) -> Self {
@@ -76,19 +92,24 @@ impl<S: Source> Profiles<S> {
             ttl,
             min_refresh,
             cache: Mutex::new(None),
-            refreshing: tokio::sync::Mutex::new(()),
+            refreshing: Arc::default(),
         }
     }
 
     /// What is offered, such that every one of `wanted` is known if the cluster offers it.
-    pub async fn get(&self, wanted: &[String]) -> Result<Arc<Offered>> {
+    pub async fn get(self: &Arc<Self>, wanted: &[String]) -> Result<Arc<Offered>> {
         let asked = Instant::now();
-        if let Some(offered) = self.cached(wanted, None) {
-            return Ok(offered);
+        match self.cached(wanted, None) {
+            Serves::Yes(offered) => return Ok(offered),
+            Serves::Stale(offered) => {
+                self.refresh_in_background();
+                return Ok(offered);
+            }
+            Serves::No => {}
         }
         let _refresh = self.refreshing.lock().await;
         // A refresh that ran while this call waited may have answered it.
-        if let Some(offered) = self.cached(wanted, Some(asked)) {
+        if let Serves::Yes(offered) = self.cached(wanted, Some(asked)) {
             return Ok(offered);
         }
         let started = Instant::now();
@@ -98,16 +119,37 @@ impl<S: Source> Profiles<S> {
     }
 
     /// Can the API server be reached and the classes be listed (readiness)?
-    pub async fn check(&self) -> Result<()> {
+    pub async fn check(self: &Arc<Self>) -> Result<()> {
         self.get(&[]).await.map(|_| ())
+    }
+
+    /// Starts a refresh on a task of its own unless one is running; its failure keeps the
+    /// cached answer (a later call past twice the TTL then waits for a refresh of its own).
+    fn refresh_in_background(self: &Arc<Self>) {
+        let Ok(held) = self.refreshing.clone().try_lock_owned() else {
+            return;
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _held = held;
+            let started = Instant::now();
+            match this.source.fetch().await {
+                Ok(offered) => this.swap(started, Arc::new(offered)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "refreshing the offered profiles failed; the cached answer stays")
+                }
+            }
+        });
     }
 
     /// The cached answer if it serves a call for `wanted` (that asked at `asked`, when it
     /// waited for a refresh): fresh and knowing every wanted profile, or fresh and refreshed
     /// less than `min_refresh` ago, or fetched after the call asked.
-    fn cached(&self, wanted: &[String], asked: Option<Instant>) -> Option<Arc<Offered>> {
+    fn cached(&self, wanted: &[String], asked: Option<Instant>) -> Serves {
         let cache = self.cache.lock().expect("not poisoned");
-        let c = cache.as_ref()?;
+        let Some(c) = cache.as_ref() else {
+            return Serves::No;
+        };
         let age = c.at.elapsed();
         let covers = || {
             wanted
@@ -115,9 +157,13 @@ impl<S: Source> Profiles<S> {
                 .all(|w| resolve_profile(w, &c.offered.profiles).is_some())
         };
         let newer_than_the_call = asked.is_some_and(|a| c.started >= a);
-        let serves =
-            newer_than_the_call || (age < self.ttl && (age < self.min_refresh || covers()));
-        serves.then(|| c.offered.clone())
+        if newer_than_the_call || (age < self.ttl && (age < self.min_refresh || covers())) {
+            Serves::Yes(c.offered.clone())
+        } else if asked.is_none() && age < self.ttl * 2 && covers() {
+            Serves::Stale(c.offered.clone())
+        } else {
+            Serves::No
+        }
     }
 
     /// Replaces the cached answer.

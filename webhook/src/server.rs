@@ -32,7 +32,7 @@ use crate::translate::{self, Translation};
 
 /// Shared state of the handlers.
 pub struct App {
-    pub profiles: Profiles,
+    pub profiles: Arc<Profiles>,
     pub templates: Templates,
     pub metrics: Metrics,
 }

@@ -24,7 +24,7 @@ fn router() -> axum::Router {
     let client =
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     let app = Arc::new(App {
-        profiles: Profiles::new(client.clone(), Duration::from_secs(30)),
+        profiles: Arc::new(Profiles::new(client.clone(), Duration::from_secs(30))),
         templates: Templates::watch(&Clients {
             calls: client.clone(),
             watches: client,

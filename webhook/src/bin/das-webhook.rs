@@ -72,10 +72,10 @@ async fn run(args: Args) -> Result<()> {
     )));
     let clients = client::clients(&args.kube, Timeouts::default()).await?;
     let app = Arc::new(App {
-        profiles: Profiles::new(
+        profiles: Arc::new(Profiles::new(
             clients.calls.clone(),
             Duration::from_secs(args.profiles_ttl_seconds),
-        ),
+        )),
         templates: Templates::watch(&clients),
         metrics: Metrics::default(),
     });

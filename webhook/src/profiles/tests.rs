@@ -425,8 +425,11 @@ async fn a_stale_answer_is_refreshed_and_a_failed_refresh_keeps_none() {
             Ok(Offered::from(vec!["1g.10gb".to_string()]))
         }
     }
-    let profiles =
-        Profiles::with_source(Failing(AtomicUsize::new(0)), Duration::ZERO, Duration::ZERO);
+    let profiles = Arc::new(Profiles::with_source(
+        Failing(AtomicUsize::new(0)),
+        Duration::ZERO,
+        Duration::ZERO,
+    ));
     profiles.get(&[]).await.unwrap();
     assert!(
         profiles.get(&[]).await.is_err(),
@@ -434,4 +437,69 @@ async fn a_stale_answer_is_refreshed_and_a_failed_refresh_keeps_none() {
     );
     profiles.get(&[]).await.unwrap();
     assert_eq!(profiles.source.0.load(Ordering::SeqCst), 3);
+}
+
+/// At scale a listing takes seconds: an answer past the TTL but within twice the TTL serves
+/// admissions and readiness at once while one refresh runs in the background; an answer older
+/// than that makes the caller wait for a fresh one.
+#[tokio::test]
+async fn a_stale_answer_serves_at_once_while_it_is_refreshed_in_the_background() {
+    let ttl = Duration::from_millis(200);
+    let profiles = Arc::new(Profiles::with_source(
+        Gated {
+            fetches: AtomicUsize::new(0),
+            gate: tokio::sync::Semaphore::new(0),
+        },
+        ttl,
+        Duration::ZERO,
+    ));
+    let known = vec!["1g.10gb".to_string()];
+    let first = profiles.get(&known).await.unwrap();
+    tokio::time::sleep(ttl + ttl / 4).await;
+    // Stale: served at once, one background refresh started (and blocked on the API).
+    for _ in 0..3 {
+        let served = profiles
+            .get(&known)
+            .now_or_never()
+            .expect("a stale answer is served without waiting")
+            .unwrap();
+        assert!(Arc::ptr_eq(&served, &first));
+    }
+    profiles
+        .check()
+        .now_or_never()
+        .expect("readiness too")
+        .unwrap();
+    until(|| profiles.source.fetches.load(Ordering::SeqCst) == 2).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        profiles.source.fetches.load(Ordering::SeqCst),
+        2,
+        "one refresh"
+    );
+    profiles.source.gate.add_permits(1);
+    until(|| {
+        profiles
+            .get(&known)
+            .now_or_never()
+            .is_some_and(|r| r.unwrap().profiles.len() == 2)
+    })
+    .await;
+    // Older than twice the TTL: the caller waits for a fresh answer.
+    tokio::time::sleep(ttl * 2 + ttl / 4).await;
+    let p = profiles.clone();
+    let k = known.clone();
+    let waiting = tokio::spawn(async move { p.get(&k).await });
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !waiting.is_finished(),
+        "an answer past twice the TTL is not served"
+    );
+    profiles.source.gate.add_permits(1);
+    waiting.await.unwrap().unwrap();
+    assert_eq!(profiles.source.fetches.load(Ordering::SeqCst), 3);
 }
