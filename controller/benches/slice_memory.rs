@@ -27,7 +27,7 @@ use anyhow::{Context, Result, ensure};
 use das_controller::mirror::DeviceIndex;
 use das_controller::published::{self, PublishedSlice, SLICE_PAGE_SIZE};
 use das_e2e::alloc_count::{Counting, measure};
-use das_e2e::das::printed_resource_slices;
+use das_e2e::das::{bench_node_counts, devices_in, printed_resource_slices};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::core::ObjectList;
 use kube::runtime::reflector::{self, Store};
@@ -43,22 +43,12 @@ const TEMPLATE_NODE: &str = "das-bench-template-node";
 const DEFAULT_PAGE: usize = 500;
 
 fn main() -> Result<()> {
-    let sizes: Vec<usize> = std::env::var("DAS_BENCH_NODES")
-        .unwrap_or_else(|_| "125,1000".into())
-        .split(',')
-        .map(|n| n.trim().parse().context("DAS_BENCH_NODES: node counts"))
-        .collect::<Result<_>>()?;
+    let sizes = bench_node_counts("125,1000")?;
     let template: Vec<String> = printed_resource_slices(GPUS, TEMPLATE_NODE)?
         .iter()
         .map(serde_json::to_string)
         .collect::<Result<_, _>>()?;
-    let per_node_devices: usize = template
-        .iter()
-        .map(|t| serde_json::from_str::<ResourceSlice>(t))
-        .collect::<Result<Vec<_>, _>>()?
-        .iter()
-        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
-        .sum();
+    let per_node_devices = devices_in(&template)?;
     println!(
         "one node ({GPUS}): {} slices, {per_node_devices} devices, {:.1} kB of JSON",
         template.len(),

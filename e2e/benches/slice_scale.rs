@@ -23,7 +23,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use das_e2e::das::{self, apply_device_classes, printed_resource_slices};
+use das_e2e::das::{
+    self, apply_device_classes, bench_node_counts, devices_in, printed_resource_slices,
+};
 use das_e2e::install::DasBinary;
 use das_e2e::pki::{Pki, Usage};
 use das_e2e::workload::{free_port, http_get};
@@ -61,11 +63,7 @@ fn binary(b: DasBinary) -> Result<(PathBuf, String)> {
 }
 
 async fn run(cluster: &mut Cluster) -> Result<()> {
-    let sizes: Vec<usize> = std::env::var("DAS_BENCH_NODES")
-        .unwrap_or_else(|_| "250,1000".into())
-        .split(',')
-        .map(|n| n.trim().parse().context("DAS_BENCH_NODES: node counts"))
-        .collect::<Result<_>>()?;
+    let sizes = bench_node_counts("250,1000")?;
     let client = cluster.client();
     das::install_allocation_claim_crd(&client).await?;
     apply_device_classes(&client, &["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]).await?;
@@ -78,13 +76,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
             serde_json::to_string(&s)
         })
         .collect::<Result<_, _>>()?;
-    let per_node_devices: usize = template
-        .iter()
-        .map(|t| serde_json::from_str::<ResourceSlice>(t))
-        .collect::<Result<Vec<_>, _>>()?
-        .iter()
-        .map(|s| s.spec.devices.as_ref().map_or(0, Vec::len))
-        .sum();
+    let per_node_devices = devices_in(&template)?;
     let (controller, controller_profile) = binary(DasBinary::Controller)?;
     let (webhook, webhook_profile) = binary(DasBinary::Webhook)?;
     println!(

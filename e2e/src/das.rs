@@ -400,6 +400,30 @@ pub fn packing_scheduler_profiles() -> Result<Value> {
     }
 }
 
+/// The node counts a scale benchmark measures: `DAS_BENCH_NODES` (comma-separated), else
+/// `default` (e.g. `"125,1000"`).
+///
+/// # Errors
+/// A count that is not a number.
+pub fn bench_node_counts(default: &str) -> Result<Vec<usize>> {
+    std::env::var("DAS_BENCH_NODES")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|n| n.trim().parse().context("DAS_BENCH_NODES: node counts"))
+        .collect()
+}
+
+/// The number of devices in `slices` (ResourceSlices as JSON text).
+///
+/// # Errors
+/// A text that is not a ResourceSlice.
+pub fn devices_in(slices: &[String]) -> Result<usize> {
+    slices.iter().try_fold(0, |n, text| {
+        let s: ResourceSlice = serde_json::from_str(text).context("a ResourceSlice")?;
+        Ok(n + s.spec.devices.as_ref().map_or(0, Vec::len))
+    })
+}
+
 /// The ResourceSlices das-kubelet-plugin publishes on a node with emulated GPUs `gpus` (e.g.
 /// `H100-80GB:8`), in the layout of Kubernetes 1.35 and later, as the API server returns them:
 /// from `das-kubelet-plugin --print-resource-slices` (the release build if there is one, else

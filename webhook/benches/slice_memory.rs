@@ -22,9 +22,9 @@
 
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use das_e2e::alloc_count::{Counting, measure};
-use das_e2e::das::printed_resource_slices;
+use das_e2e::das::{bench_node_counts, printed_resource_slices};
 use das_webhook::profiles::{PlacementSummary, SLICE_PAGE_SIZE, SlicePlacements, max_per_node};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::core::ObjectList;
@@ -36,11 +36,7 @@ const GPUS: &str = "H100-80GB:8";
 const TEMPLATE_NODE: &str = "das-bench-template-node";
 
 fn main() -> Result<()> {
-    let sizes: Vec<usize> = std::env::var("DAS_BENCH_NODES")
-        .unwrap_or_else(|_| "125,1000".into())
-        .split(',')
-        .map(|n| n.trim().parse().context("DAS_BENCH_NODES: node counts"))
-        .collect::<Result<_>>()?;
+    let sizes = bench_node_counts("125,1000")?;
     let template: Vec<String> = printed_resource_slices(GPUS, TEMPLATE_NODE)?
         .iter()
         .map(serde_json::to_string)
