@@ -14,15 +14,18 @@
 //!   emulated and NVML backends.
 //! - [`blocking`]: where blocking backend and file calls run (threads, or inline in tests).
 //! - [`metrics`]: the plugin's Prometheus metrics (served by `das_runtime::probes`).
+//! - [`node_checks`]: start-up checks of the node set-up the CDI specs rely on (the NVIDIA
+//!   container toolkit's config, the unified-memory device nodes), reported as Node events.
 //!
-//! Dependencies point one way: `plugin` → `claims` → `gpu`, `publish` → `gpu`; `metrics` and
-//! `blocking` depend on nothing of the crate. The design is in docs/design.md; how the parts
-//! run together in docs/architecture.md.
+//! Dependencies point one way: `plugin` → `claims` → `gpu`, `publish` → `gpu`, `node_checks` →
+//! `claims`; `metrics` and `blocking` depend on nothing of the crate. The design is in
+//! docs/design.md; how the parts run together in docs/architecture.md.
 
 pub mod blocking;
 pub mod claims;
 pub mod gpu;
 pub mod health;
 pub mod metrics;
+pub mod node_checks;
 pub mod plugin;
 pub mod publish;

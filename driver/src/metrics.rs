@@ -45,6 +45,11 @@ struct GateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    check: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     gpu: String,
 }
@@ -87,6 +92,7 @@ pub struct Metrics {
     pending_destroy: Gauge,
     placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
     feature_gate_off: Family<GateLabels, Gauge>,
+    node_setup_warning: Family<CheckLabels, Gauge>,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
 }
@@ -123,6 +129,12 @@ impl Metrics {
         let orphan_releases = Family::<ResultLabels, Counter>::default();
         let pending_destroy = Gauge::default();
         let feature_gate_off = Family::<GateLabels, Gauge>::default();
+        let node_setup_warning = Family::<CheckLabels, Gauge>::default();
+        registry.register(
+            "node_setup_warning",
+            "1 when the start-up check found a problem in the node set-up DAS relies on, 0 when it passed (real GPUs; checked at each start): visible_devices_envvar (the NVIDIA container toolkit lets unprivileged pods ask for every GPU with NVIDIA_VISIBLE_DEVICES, or its config cannot be read), nvidia_uvm (/dev/nvidia-uvm or /dev/nvidia-uvm-tools missing: pods with DAS claims cannot start)",
+            node_setup_warning.clone(),
+        );
         registry.register(
             "apiserver_feature_gate_off",
             "1 while the API server drops the ResourceSlice fields of this feature gate: DRAPartitionableDevices (shared counters; the node's MIG devices are withdrawn until it keeps them), DRADeviceTaints (unhealthy GPUs' devices stay offered untainted); 0 once it keeps them",
@@ -225,6 +237,7 @@ impl Metrics {
             pending_destroy,
             placement_waits,
             feature_gate_off,
+            node_setup_warning,
         }
     }
 
@@ -356,6 +369,15 @@ impl Metrics {
         self.pending_destroy.set(n);
     }
 
+    /// Sets whether the start-up check `check` (`node_checks::Check::label`) found a problem.
+    pub fn set_node_setup_warning(&self, check: &str, found: bool) {
+        self.node_setup_warning
+            .get_or_create(&CheckLabels {
+                check: check.into(),
+            })
+            .set(i64::from(found));
+    }
+
     /// Sets whether the API server drops the ResourceSlice fields of feature gate `gate`.
     pub fn set_feature_gate_off(&self, gate: &str, off: bool) {
         self.feature_gate_off
@@ -380,6 +402,8 @@ mod tests {
         m.xid_seen(1, 79, true);
         m.set_feature_gate_off("DRAPartitionableDevices", true);
         m.set_feature_gate_off("DRADeviceTaints", false);
+        m.set_node_setup_warning("nvidia_uvm", true);
+        m.set_node_setup_warning("visible_devices_envvar", false);
         let text = m.probe.encode();
         assert!(
             text.contains(
@@ -408,6 +432,8 @@ mod tests {
             r#"das_kubelet_plugin_xid_events_total{gpu="1",xid="79",fatal="true"} 1"#,
             r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRAPartitionableDevices"} 1"#,
             r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRADeviceTaints"} 0"#,
+            r#"das_kubelet_plugin_node_setup_warning{check="nvidia_uvm"} 1"#,
+            r#"das_kubelet_plugin_node_setup_warning{check="visible_devices_envvar"} 0"#,
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
         }

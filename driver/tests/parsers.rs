@@ -1,5 +1,6 @@
 //! Property tests of every parser of untrusted bytes in the node plugin: the checkpoint file,
-//! the emulated GPUs' state and control files, CDI spec files, and the `--emulated-gpus` flag.
+//! the emulated GPUs' state and control files, CDI spec files, the NVIDIA container toolkit's
+//! config (read at start-up on real GPUs), and the `--emulated-gpus` flag.
 //! Any input: no panic, and a clear outcome (loaded, moved aside, or an error that says why).
 //! `make test` runs a fixed number of cases; `make fuzz` runs many more (PROPTEST_CASES).
 
@@ -10,6 +11,7 @@ use das_driver::claims::checkpoint::{
     CHECKPOINT_FILE_NAME, Checkpoint, InstanceId, LoadOutcome, RecordedDevice,
 };
 use das_driver::gpu::{EmulatedBackend, GpuBackend, parse_emulated_spec};
+use das_driver::node_checks::{self, Check, EnvvarSetting};
 use proptest::prelude::*;
 
 const BOOT: &str = "boot-1";
@@ -151,6 +153,35 @@ proptest! {
         if let Ok(s) = serde_json::from_value::<cdi::Spec>(spec) {
             let _ = s.validate();
             let _ = s.minimum_version();
+        }
+    }
+
+    /// Any bytes as the toolkit's config file: a finding that names the file, never a panic;
+    /// only a well-formed `false` is no finding.
+    #[test]
+    fn any_bytes_as_a_toolkit_config(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let root = tempfile::tempdir().unwrap();
+        let rel = node_checks::TOOLKIT_CONFIG_FILES[0];
+        std::fs::create_dir_all(root.path().join(rel).parent().unwrap()).unwrap();
+        std::fs::write(root.path().join(rel), &bytes).unwrap();
+        let problems = node_checks::check_toolkit_configs(root.path());
+        let refused = std::str::from_utf8(&bytes)
+            .is_ok_and(|t| node_checks::envvar_setting(t) == EnvvarSetting::Refused);
+        prop_assert_eq!(problems.is_empty(), refused);
+        for p in problems {
+            prop_assert_eq!(p.check, Check::VisibleDevicesEnvvar);
+            prop_assert!(p.note.contains("/etc/nvidia-container-runtime/config.toml"));
+        }
+    }
+
+    /// Toolkit configs of lines around the key: refused only by a top-level boolean `false`.
+    #[test]
+    fn toolkit_configs_around_the_key(lines in proptest::collection::vec(
+        "(accept-nvidia-visible-devices-envvar-when-unprivileged ?= ?(true|false|\"false\"|1|)|\\[nvidia-container-cli\\]|x = 1)", 0..6)) {
+        let text = lines.join("\n");
+        if node_checks::envvar_setting(&text) == EnvvarSetting::Refused {
+            let top_level = text.split("[nvidia-container-cli]").next().unwrap_or_default();
+            prop_assert!(top_level.replace(' ', "").contains("unprivileged=false"), "{}", text);
         }
     }
 }

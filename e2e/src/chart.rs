@@ -122,21 +122,22 @@ pub fn render_yaml(opts: &RenderOptions) -> Result<String> {
 pub const MANIFESTS: &str = "deploy/manifests/das.yaml";
 
 /// The plain manifests: the chart with its defaults except that cert-manager issues the
-/// webhook's certificate (a generated one would put a private key into the file), for the
-/// oldest supported Kubernetes (nothing in the defaults depends on the version), after the
-/// install namespace. Deterministic, so a test can tell when the file is stale.
+/// webhook's certificate (a generated one would put a private key into the file) and that the
+/// chart renders the install namespace with its Pod Security labels (`namespace.create`; Helm
+/// puts it first), for the oldest supported Kubernetes (nothing in the defaults depends on the
+/// version). Deterministic, so a test can tell when the file is stale.
 pub fn manifests() -> Result<String> {
     let opts = RenderOptions {
         kube_version: Some("v1.34.0".into()),
         ..Default::default()
     }
-    .set("webhook.tls.mode=certManager");
+    .set("webhook.tls.mode=certManager")
+    .set("namespace.create=true");
     let body = render_yaml(&opts)?;
     Ok(format!(
         "# DAS without Helm: `kubectl apply --server-side -f {MANIFESTS}`.\n\
          # Generated from deploy/helm/das by `make manifests`; do not edit. Needs cert-manager for\n\
-         # the webhook's certificate; use the Helm chart to change any value.\n\
-         apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n{body}"
+         # the webhook's certificate; use the Helm chart to change any value.\n{body}"
     ))
 }
 

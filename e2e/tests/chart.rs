@@ -310,6 +310,89 @@ fn service_monitors_keep_workload_labels_and_name_the_node() {
 }
 
 #[test]
+fn namespace_labels_and_metrics_access_render_what_they_ask_for() {
+    let d = Rendered::new(&default_values()).unwrap();
+    assert_eq!(
+        d.of_kind("Namespace").count(),
+        0,
+        "helm install owns no namespace by default (--create-namespace or an existing one)"
+    );
+    let reader = d.get("ClusterRole", "das-metrics-reader").unwrap();
+    assert_eq!(
+        reader["rules"],
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
+    );
+    assert!(d.find("ClusterRoleBinding", "das-metrics-auth").is_none());
+    let containers = [
+        ("DaemonSet", "das-kubelet-plugin"),
+        ("Deployment", "das-controller"),
+        ("Deployment", "das-webhook"),
+    ];
+    for (kind, name) in containers {
+        let c = d.container(kind, name).unwrap();
+        assert_eq!(
+            env_of(c, "DAS_METRICS_AUTH").as_deref(),
+            Some("none"),
+            "{name}"
+        );
+    }
+
+    let n = Rendered::new(&default_values().set("namespace.create=true")).unwrap();
+    let ns = n.get("Namespace", NAMESPACE).unwrap();
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "privileged"
+    );
+    assert!(ns["metadata"]["labels"]["pod-security.kubernetes.io/warn"].is_null());
+    let err = chart::render_yaml(&default_values().set("namespace.podSecurity.enforce=baseline"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("/namespace/podSecurity/enforce") && err.contains("privileged"),
+        "{err}"
+    );
+
+    let mut opts = default_values()
+        .set("metrics.authentication=true")
+        .set("metrics.serviceMonitor.enabled=true");
+    opts.api_versions = vec!["monitoring.coreos.com/v1/ServiceMonitor".into()];
+    let a = Rendered::new(&opts).unwrap();
+    for (kind, name) in containers {
+        let c = a.container(kind, name).unwrap();
+        assert_eq!(
+            env_of(c, "DAS_METRICS_AUTH").as_deref(),
+            Some("tokenreview"),
+            "{name}"
+        );
+    }
+    let role = a.get("ClusterRole", "das-metrics-auth").unwrap();
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+        ])
+    );
+    let subjects: Vec<&str> = a.get("ClusterRoleBinding", "das-metrics-auth").unwrap()["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        subjects,
+        ["das-kubelet-plugin", "das-controller", "das-webhook"]
+    );
+    for sm in ["das-kubelet-plugin", "das-controller"] {
+        let e = &a.get("ServiceMonitor", sm).unwrap()["spec"]["endpoints"][0];
+        assert_eq!(
+            e["bearerTokenFile"], "/var/run/secrets/kubernetes.io/serviceaccount/token",
+            "{sm}"
+        );
+    }
+}
+
+#[test]
 fn bad_values_are_rejected_with_what_is_valid() {
     let err = chart::render_yaml(&default_values().set("kubeletPlugin.driverLibraries=nvml"))
         .unwrap_err()
@@ -400,7 +483,15 @@ async fn dry_runs(cluster: &Cluster) -> Result<()> {
         &["create", "namespace", NAMESPACE],
         None,
     )?;
-    for opts in [default_values(), emulated_values(), minimal_values()] {
+    let labelled_and_guarded = default_values()
+        .set("namespace.create=true")
+        .set("metrics.authentication=true");
+    for opts in [
+        default_values(),
+        emulated_values(),
+        minimal_values(),
+        labelled_and_guarded,
+    ] {
         let rendered = Rendered::parse(&chart::render_yaml(&opts)?)?;
         let accepted = server_dry_run(cluster, &opts)?;
         ensure!(
@@ -786,6 +877,93 @@ async fn extended_resources(cluster: &Cluster) -> Result<()> {
         },
     )
     .await
+}
+
+/// `GET http://127.0.0.1:<port><path>`, with `token` as a bearer token: the status code and
+/// the body.
+async fn get_with_token(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
+        .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    let code = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("HTTP status line")?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+#[tokio::test]
+async fn metrics_authentication_asks_the_api_server_who_may_read_them() {
+    let bins = Binaries::in_target_dir("debug", false).expect("DAS binaries");
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[]))
+        .await
+        .expect("cluster starts");
+    let controller = bins.controller.clone().expect("the controller binary");
+    let r = metrics_authentication(&mut cluster, &controller).await;
+    cluster.check(r);
+}
+
+/// The controller installed with `metrics.authentication=true`, under its own identity (the
+/// chart's RBAC lets it create TokenReviews and SubjectAccessReviews): /metrics is 401 without a
+/// token, 403 for a service account without the reader role, 200 once the chart's
+/// das-metrics-reader is bound to it; /healthz needs no token.
+async fn metrics_authentication(cluster: &mut Cluster, controller: &std::path::Path) -> Result<()> {
+    let rendered = Rendered::new(&emulated_values().set("metrics.authentication=true"))?;
+    install::apply_access(cluster, &rendered).await?;
+    let port = install::start_controller(cluster, &rendered, controller).await?;
+    wait::until(
+        "the controller's /healthz without a token",
+        wait::TIMEOUT,
+        || async { Ok((get_with_token(port, "/healthz", None).await?.0 == 200).then_some(())) },
+    )
+    .await?;
+    let (code, body) = get_with_token(port, "/metrics", None).await?;
+    ensure!(code == 401, "/metrics without a token: {code} {body}");
+    let (code, body) = get_with_token(port, "/metrics", Some("not-a-token")).await?;
+    ensure!(code == 401, "/metrics with a forged token: {code} {body}");
+
+    let client = cluster.client();
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &["-n", NAMESPACE, "create", "serviceaccount", "prometheus"],
+        None,
+    )?;
+    let token = install::token(&client, "prometheus", None).await?;
+    let (code, body) = get_with_token(port, "/metrics", Some(&token)).await?;
+    ensure!(
+        code == 403 && body.contains("may not get /metrics"),
+        "/metrics for a service account without the reader role: {code} {body}"
+    );
+    chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "create",
+            "clusterrolebinding",
+            "das-e2e-metrics-reader",
+            "--clusterrole=das-metrics-reader",
+            &format!("--serviceaccount={NAMESPACE}:prometheus"),
+        ],
+        None,
+    )?;
+    // Refusals are not remembered: the binding counts at the next request (once the API
+    // server's RBAC cache has it).
+    wait::until("/metrics for the bound reader", wait::TIMEOUT, || async {
+        let (code, body) = get_with_token(port, "/metrics", Some(&token)).await?;
+        Ok((code == 200 && body.contains("das_controller_leader")).then_some(()))
+    })
+    .await?;
+    Ok(())
 }
 
 /// `helm` against the local cluster's API server (admin kubeconfig), failing with its stderr.

@@ -6,6 +6,8 @@
 //! - [`client`]: the `--kubeconfig` flag and kube clients with connect, read and write
 //!   timeouts (one for calls, one for watches).
 //! - [`probes`]: the `/metrics`, `/healthz` and `/readyz` HTTP server.
+//! - [`metrics_auth`]: the `--metrics-auth` flag: `/metrics` open, or only to callers the API
+//!   server authenticates (TokenReview) and authorizes (SubjectAccessReview).
 //! - [`fs`]: atomic file writes (temp file, rename).
 //! - [`hash`]: FNV-1a, stable across Rust releases, for names and emulated UUIDs.
 
@@ -13,5 +15,6 @@ pub mod client;
 pub mod fs;
 pub mod hash;
 pub mod logging;
+pub mod metrics_auth;
 pub mod probes;
 pub mod process;

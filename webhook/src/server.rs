@@ -1,5 +1,5 @@
 //! The admission server: `POST /mutate-pods` (AdmissionReview `admission.k8s.io/v1`), `/healthz`,
-//! `/readyz`, `/metrics`, over HTTPS.
+//! `/readyz`, `/metrics` (to callers [`App::metrics_access`] lets in), over HTTPS.
 //!
 //! Source: "Dynamic Admission Control"
 //! (<https://kubernetes.io/docs/reference/access-authn-authz/extensible-admission-controllers/>):
@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use das_runtime::metrics_auth::MetricsAccess;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::Pod;
@@ -35,6 +37,8 @@ pub struct App {
     pub profiles: Arc<Profiles>,
     pub templates: Templates,
     pub metrics: Metrics,
+    /// Who may read `/metrics` (`--metrics-auth`); `/healthz` and `/readyz` are open.
+    pub metrics_access: MetricsAccess,
 }
 
 /// What one client may cost the server: slow or silent clients, many connections and large
@@ -140,9 +144,12 @@ async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, String) {
     }
 }
 
-async fn metrics(State(app): State<Arc<App>>) -> ([(&'static str, &'static str); 1], String) {
+async fn metrics(State(app): State<Arc<App>>, headers: HeaderMap) -> Response {
+    if let Err(refusal) = app.metrics_access.check(&headers).await {
+        return refusal.into_response();
+    }
     let ct = das_runtime::probes::OPENMETRICS_CONTENT_TYPE;
-    ([("content-type", ct)], app.metrics.encode())
+    ([("content-type", ct)], app.metrics.encode()).into_response()
 }
 
 async fn mutate_pods(
@@ -287,5 +294,77 @@ mod tests {
         assert_eq!(back, json!([{"op": "remove", "path": "/a"}]));
         assert_eq!(v["response"]["uid"], "u1");
         assert_eq!(v["response"]["patchType"], "JSONPatch");
+    }
+
+    /// Knows one token, of a user who may read /metrics.
+    struct OneReader;
+
+    impl das_runtime::metrics_auth::Reviewer for OneReader {
+        fn authenticate<'a>(
+            &'a self,
+            token: &'a str,
+        ) -> das_runtime::metrics_auth::Review<
+            'a,
+            Option<k8s_openapi::api::authentication::v1::UserInfo>,
+        > {
+            Box::pin(async move {
+                Ok(
+                    (token == "good").then(|| k8s_openapi::api::authentication::v1::UserInfo {
+                        username: Some("prometheus".into()),
+                        ..Default::default()
+                    }),
+                )
+            })
+        }
+
+        fn authorize<'a>(
+            &'a self,
+            user: &'a k8s_openapi::api::authentication::v1::UserInfo,
+            verb: &'a str,
+            path: &'a str,
+        ) -> das_runtime::metrics_auth::Review<'a, bool> {
+            Box::pin(async move {
+                Ok(user.username.as_deref() == Some("prometheus")
+                    && verb == "get"
+                    && path == "/metrics")
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn metrics_ask_for_a_reviewed_token_and_health_stays_open() {
+        use tower::ServiceExt;
+        // An API server that is never reached: /healthz and /metrics do not call it.
+        let client =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let app = Arc::new(App {
+            profiles: Arc::new(Profiles::new(client.clone(), Duration::from_secs(30))),
+            templates: Templates::watch(&das_runtime::client::Clients {
+                calls: client.clone(),
+                watches: client,
+            }),
+            metrics: Metrics::default(),
+            metrics_access: MetricsAccess::reviewed(Arc::new(OneReader)),
+        });
+        let routes = router(app, Limits::default());
+        let get = |path: &'static str, token: Option<&'static str>| {
+            let routes = routes.clone();
+            async move {
+                let mut req = axum::http::Request::get(path);
+                if let Some(t) = token {
+                    req = req.header("authorization", format!("Bearer {t}"));
+                }
+                let resp = routes
+                    .oneshot(req.body(axum::body::Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                resp.status().as_u16()
+            }
+        };
+        assert_eq!(get("/metrics", None).await, 401);
+        assert_eq!(get("/metrics", Some("forged")).await, 401);
+        assert_eq!(get("/metrics", Some("good")).await, 200);
+        assert_eq!(get("/healthz", None).await, 200);
     }
 }

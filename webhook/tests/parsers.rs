@@ -30,6 +30,7 @@ fn router() -> axum::Router {
             watches: client,
         }),
         metrics: Metrics::default(),
+        metrics_access: Default::default(),
     });
     server::router(app, Limits::default())
 }

@@ -38,6 +38,7 @@ async fn start(limits: Limits) -> Server {
             watches: client,
         }),
         metrics: Metrics::default(),
+        metrics_access: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -17,6 +17,7 @@ use das_controller::metrics::Metrics;
 use das_controller::reconcile;
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
 use das_runtime::logging::LogArgs;
+use das_runtime::metrics_auth::MetricsAuthArgs;
 use das_runtime::probes;
 use das_runtime::process::{self, Shutdown};
 use tokio::sync::watch;
@@ -32,6 +33,8 @@ struct Args {
     /// Address of `/metrics`, `/healthz` and `/readyz`.
     #[arg(long, env = "DAS_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: SocketAddr,
+    #[command(flatten)]
+    metrics_auth: MetricsAuthArgs,
     /// Run only while holding the leader Lease (needed with more than one replica).
     #[arg(long, env = "DAS_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     leader_elect: bool,
@@ -85,6 +88,7 @@ async fn run(args: Args) -> Result<u8> {
     let server = tokio::spawn(probes::serve(
         args.metrics_address,
         metrics.probe.clone(),
+        args.metrics_auth.access(&clients.calls),
         stopped(),
     ));
     tokio::spawn({

@@ -29,12 +29,14 @@ use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOpt
 use das_driver::health::monitor::Publishing;
 use das_driver::health::{self, HealthBook, HealthMonitor, HealthPolicy, TaintEffect};
 use das_driver::metrics::Metrics;
+use das_driver::node_checks::{self, HostView, NodeChecks};
 use das_driver::plugin::handover::{self, Background, Ended, Gate, Gated, Limits};
 use das_driver::plugin::server::{self, SocketPaths};
 use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
 use das_driver::publish::{Publisher, RunConfig};
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
 use das_runtime::logging::LogArgs;
+use das_runtime::metrics_auth::MetricsAuthArgs;
 use das_runtime::probes;
 use das_runtime::process::{self, Shutdown};
 use tokio::sync::watch;
@@ -113,6 +115,8 @@ struct Args {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "DAS_METRICS_ADDRESS", default_value = "0.0.0.0:9402")]
     metrics_address: SocketAddr,
+    #[command(flatten)]
+    metrics_auth: MetricsAuthArgs,
     #[command(flatten)]
     log: LogArgs,
     /// Also destroy MIG instances at start-up that DAS did not create and no claim holds.
@@ -254,6 +258,9 @@ struct NodeCheck {
     /// CDI mounts of the driver's files under --driver-root; `None` without it (the emulated
     /// stand-in install, if any, is made after taking over).
     driver_mounts: Option<Vec<Mount>>,
+    /// What the checks of the node set-up found (real GPUs only; reported after taking over,
+    /// when the API client exists).
+    setup: Option<NodeChecks>,
     boot_id: String,
 }
 
@@ -303,11 +310,21 @@ fn check_node(args: &Args) -> Result<NodeCheck> {
         }
         None => None,
     };
+    // The toolkit's config and the unified-memory nodes: problems are reported, never fatal.
+    let setup = match &gpus {
+        Gpus::Nvml { .. } => Some(node_checks::run(&HostView::new(
+            args.driver_root.as_deref(),
+            args.host_driver_root.as_deref(),
+            args.cdi_device_nodes,
+        ))),
+        Gpus::Emulated => None,
+    };
     let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
     Ok(NodeCheck {
         gpus,
         inventory,
         driver_mounts,
+        setup,
         boot_id,
     })
 }
@@ -489,18 +506,21 @@ async fn run(args: Args) -> Result<()> {
     // A panic (a poisoned lock) turns /healthz red: the kubelet restarts us (issue 30).
     probes::fail_liveness_on_panic(metrics.probe.clone());
     let stop = CancellationToken::new();
-    // /healthz answers while this instance waits to take over; /readyz once it serves.
-    let metrics_task = tokio::spawn(probes::serve(
-        args.metrics_address,
-        metrics.probe.clone(),
-        stop.clone().cancelled_owned(),
-    ));
-    // Checks that touch nothing on the node come first: an instance that cannot reach the API
-    // server should fail before it asks the active instance to hand over.
+    // The clients first (no API call yet: the configuration only), for the reviews of
+    // --metrics-auth=tokenreview.
     let Clients {
         calls: client,
         watches: watch_client,
     } = client::clients(&args.kube, Timeouts::default()).await?;
+    // /healthz answers while this instance waits to take over; /readyz once it serves.
+    let metrics_task = tokio::spawn(probes::serve(
+        args.metrics_address,
+        metrics.probe.clone(),
+        args.metrics_auth.access(&client),
+        stop.clone().cancelled_owned(),
+    ));
+    // Checks that touch nothing on the node come first: an instance that cannot reach the API
+    // server should fail before it asks the active instance to hand over.
     let layout = slice_layout(&client).await?;
     // Then the node's GPUs and driver files, still before asking: a bad image or a broken
     // driver fails here while the active instance keeps serving. Only the node's active
@@ -540,6 +560,9 @@ async fn run(args: Args) -> Result<()> {
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &node.boot_id)?;
     let api = Arc::new(KubeClaimApi::new(client.clone(), &args.node_name));
+    if let Some(setup) = &node.setup {
+        node_checks::report(setup, api.as_ref(), &metrics).await;
+    }
     let preparer = Arc::new(Preparer::new(PreparerConfig {
         api: api.clone(),
         node: args.node_name.clone(),

@@ -1,5 +1,6 @@
 //! `das-webhook`: the compatibility admission webhook (docs/design.md §8). Serves `POST /mutate-pods`,
-//! `/healthz`, `/readyz` and `/metrics` over HTTPS; the certificate files are re-read when they
+//! `/healthz`, `/readyz` and `/metrics` (with `--metrics-auth=tokenreview` only to callers the API
+//! server authenticates and authorizes) over HTTPS; the certificate files are re-read when they
 //! change. SIGTERM or SIGINT stops it.
 
 use std::net::SocketAddr;
@@ -12,6 +13,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use das_runtime::client::{self, KubeArgs, Timeouts};
 use das_runtime::logging::LogArgs;
+use das_runtime::metrics_auth::MetricsAuthArgs;
 use das_runtime::process::{self, Shutdown};
 use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
@@ -51,6 +53,8 @@ struct Args {
     #[arg(long, default_value_t = 30)]
     profiles_ttl_seconds: u64,
     #[command(flatten)]
+    metrics_auth: MetricsAuthArgs,
+    #[command(flatten)]
     log: LogArgs,
 }
 
@@ -78,6 +82,7 @@ async fn run(args: Args) -> Result<()> {
         )),
         templates: Templates::watch(&clients),
         metrics: Metrics::default(),
+        metrics_access: args.metrics_auth.access(&clients.calls),
     });
     let limits = server::Limits::default();
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -41,6 +41,12 @@ seccompProfile:
   value: {{ .Values.logging.level | quote }}
 {{- end -}}
 
+{{/* Who may read /metrics (--metrics-auth of every component). */}}
+{{- define "das.metricsAuthEnv" -}}
+- name: DAS_METRICS_AUTH
+  value: {{ ternary "tokenreview" "none" .Values.metrics.authentication | quote }}
+{{- end -}}
+
 {{- define "das.imagePullSecrets" -}}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
