@@ -92,7 +92,9 @@ pub trait ClaimApi: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> Result<Option<ResourceClaim>, ApiError>;
-    /// Every ResourceClaim (start-up rebuild of a lost checkpoint).
+    /// The ResourceClaims allocated (at least in part) to this node's pool: the start-up rebuild
+    /// of a lost checkpoint. Listed in pages of [`CLAIM_PAGE_SIZE`], each page filtered before
+    /// the next is asked for, so the plugin never holds the cluster's claims at once.
     async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError>;
     /// Server-side applies the plugin's entries of `status.devices` for `devices` (condition
     /// `Ready`, the instance data), on the claim with exactly `claim.uid`.
@@ -108,6 +110,15 @@ pub trait ClaimApi: Send + Sync + 'static {
     async fn warn(&self, about: &EventTarget, reason: &str, note: String) {
         self.event(about, EventKind::Warning, reason, note).await;
     }
+}
+
+/// ResourceClaims per page when the plugin lists them (a cold start without its checkpoint): a
+/// page of claims is tens of kB to a few MB, whatever the cluster's size.
+pub const CLAIM_PAGE_SIZE: u32 = 500;
+
+/// Whether `rc` has a result of the DAS driver in `node`'s pool.
+pub fn allocated_to(rc: &ResourceClaim, node: &str) -> bool {
+    das_api::claim_status::our_results(rc).any(|r| r.pool == node)
 }
 
 /// [`ClaimApi`] over a kube client.
@@ -170,10 +181,22 @@ impl ClaimApi for KubeClaimApi {
 
     async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError> {
         let api: Api<ResourceClaim> = Api::all(self.client.clone());
-        Ok(self
-            .bounded("list ResourceClaims", api.list(&ListParams::default()))
-            .await?
-            .items)
+        let mut params = ListParams::default().limit(CLAIM_PAGE_SIZE);
+        let mut here = Vec::new();
+        loop {
+            let page = self
+                .bounded("list ResourceClaims", api.list(&params))
+                .await?;
+            here.extend(
+                page.items
+                    .into_iter()
+                    .filter(|rc| allocated_to(rc, &self.node)),
+            );
+            match page.metadata.continue_ {
+                Some(token) if !token.is_empty() => params = params.continue_token(&token),
+                _ => return Ok(here),
+            }
+        }
     }
 
     async fn write_status(
@@ -269,4 +292,28 @@ pub fn status_apply_body(
         "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
         "status": {"devices": entries},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claims::testing::{MemoryApi, NODE};
+
+    /// The cold-start listing keeps only the claims with a DAS result in this node's pool.
+    #[tokio::test]
+    async fn only_claims_allocated_to_this_node_are_kept_from_a_listing() {
+        let api = MemoryApi::default();
+        let here = api.allocate("ns", "here", "u1", &[("gpu", "gpu-0-mig-1g-10gb-6")]);
+        api.allocate("ns", "gone", "u2", &[("gpu", "gpu-0-mig-1g-10gb-5")]);
+        let all = api.list_claims().await.unwrap();
+        let rc = |name: &str| {
+            all.iter()
+                .find(|c| c.metadata.name.as_deref() == Some(name))
+        };
+        assert!(allocated_to(rc(&here.name).unwrap(), NODE));
+        assert!(!allocated_to(rc("gone").unwrap(), "another-node"));
+        let mut unallocated = rc("gone").unwrap().clone();
+        unallocated.status = None;
+        assert!(!allocated_to(&unallocated, NODE));
+    }
 }
