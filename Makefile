@@ -208,13 +208,14 @@ bench-packing: k8s helm ## cluster-wide packing through the real scheduler (8 no
 
 # Heap figures do not depend on the optimization level: the dev profile spares the release build.
 .PHONY: bench-memory
-bench-memory: ## memory of the controller's ResourceSlice cache and of one webhook refresh at 125/1000 nodes x 8 H100, in process, before/after trimming (DAS_BENCH_NODES=125,1000; docs/benchmarks.md)
+bench-memory: ## memory of the controller's ResourceSlice cache, of one webhook refresh and of `kubectl das`'s read at 125/250/1000 nodes x 8 H100, in process, before/after trimming (DAS_BENCH_NODES; docs/benchmarks.md)
 	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin
 	$(CARGO) bench --profile dev -p das-controller --bench slice_memory
 	$(CARGO) bench --profile dev -p das-webhook --bench slice_memory
+	$(CARGO) bench --profile dev -p das-e2e --bench kubectl_das_memory
 
 .PHONY: bench-scale
-bench-scale: k8s ## RSS of das-controller and das-webhook with 250/1000 API-only nodes of 8 H100 each on the local control plane (DAS_BENCH_NODES=250,1000; docs/benchmarks.md)
+bench-scale: k8s ## RSS of das-controller and das-webhook, legacy-pod admission latency and `kubectl das` time with 250/1000 API-only nodes of 8 H100 each on the local control plane (DAS_BENCH_NODES=250,1000; docs/benchmarks.md)
 	$(CARGO) build -q $(DAS_BINS)
 	$(CARGO) bench --profile dev -p das-e2e --bench slice_scale
 

@@ -1,6 +1,8 @@
 //! `kubectl das claims`: the AllocationClaims (docs/design.md §6) as a table, with the GPU as its
 //! index on the node rather than its UUID (the UUID is in `-o wide`).
 
+use std::collections::HashMap;
+
 use das_api::allocation::AllocationClaim;
 
 use crate::inventory::Inventory;
@@ -25,13 +27,20 @@ pub fn render_text(
         header.extend(["MIG UUID", "GPU UUID", "DEVICE"]);
     }
     let mut rows: Vec<Vec<Cell>> = vec![header.into_iter().map(Cell::from).collect()];
+    // (pool, device) → GPU index: one look-up per claim, not a walk of every published device.
+    let mut gpu_of: HashMap<(&str, &str), u32> = HashMap::with_capacity(inv.devices.len());
+    for d in &inv.devices {
+        gpu_of
+            .entry((d.pool.as_str(), d.name.as_str()))
+            .or_insert(d.gpu);
+    }
     for c in sorted {
         let s = &c.spec;
         // The GPU's index from the published device; the UUID's prefix where it is not
         // published any more (a node that went away).
-        let gpu = inv
-            .device(&s.pool, &s.device)
-            .map(|d| format!("gpu-{}", d.gpu))
+        let gpu = gpu_of
+            .get(&(s.pool.as_str(), s.device.as_str()))
+            .map(|g| format!("gpu-{g}"))
             .unwrap_or_else(|| "-".into());
         let state = c.status.as_ref().map(|st| st.state.as_str()).unwrap_or("-");
         let mut row: Vec<Cell> = vec![

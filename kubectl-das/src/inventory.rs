@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
+use das_api::DRIVER_NAME;
 use das_api::claim_status::{DeviceStatusData, our_device_status, our_results};
-use das_api::{DRIVER_NAME, attributes};
-use k8s_openapi::api::resource::v1::{Counter, Device, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube_quantity::ParsedQuantity;
 use serde::Serialize;
+
+use crate::fields::{AttributeValue, CounterFields, DeviceFields, SliceFields};
 
 /// Counter name → value (bytes for `memory`, a count for the others).
 pub type Counters = BTreeMap<String, i128>;
@@ -86,6 +88,65 @@ pub struct Inventory {
     pub held: Vec<Held>,
 }
 
+/// What one ResourceSlice of DAS contributes to an [`Inventory`]: its pool, generation and name,
+/// its counter sets' capacity and its devices. Far smaller than the slice (no metadata, no
+/// attribute or capacity maps beyond what the picture and the simulation read), so a list can be
+/// read a page at a time and each page dropped ([`crate::fetch::inventory`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedSlice {
+    pub pool: String,
+    pub generation: i64,
+    /// The slice's name: slices of a pool are taken in name order, as the allocator walks them.
+    pub name: String,
+    /// Counter set name → the counters' capacity.
+    pub capacity: Vec<(String, Counters)>,
+    /// In the slice's order.
+    pub devices: Vec<PublishedDevice>,
+}
+
+impl PublishedSlice {
+    /// The part of `s` an [`Inventory`] reads; `None` for another driver's slice. Decodes the
+    /// slice's JSON as a listed page is ([`PublishedSlice::from_fields`]).
+    ///
+    /// # Errors
+    /// A counter value that is not a Kubernetes quantity.
+    pub fn of(s: &ResourceSlice) -> Result<Option<Self>> {
+        let fields: SliceFields = serde_json::from_value(serde_json::to_value(s)?)?;
+        Self::from_fields(fields)
+    }
+
+    /// The slice `s` as listed; `None` for another driver's slice.
+    ///
+    /// # Errors
+    /// A counter value that is not a Kubernetes quantity.
+    pub fn from_fields(s: SliceFields) -> Result<Option<Self>> {
+        let spec = s.spec;
+        if spec.driver != DRIVER_NAME {
+            return Ok(None);
+        }
+        let pool = spec.pool.name;
+        let mut capacity = Vec::new();
+        for cs in spec.shared_counters.into_iter().flatten() {
+            let counters = counter_values(&cs.counters)
+                .with_context(|| format!("counter set {} of pool {pool}", cs.name))?;
+            capacity.push((cs.name, counters));
+        }
+        let mut devices = Vec::new();
+        for d in spec.devices.into_iter().flatten() {
+            if let Some(dev) = published_device(&pool, d)? {
+                devices.push(dev);
+            }
+        }
+        Ok(Some(Self {
+            pool,
+            generation: spec.pool.generation,
+            name: s.metadata.name.unwrap_or_default(),
+            capacity,
+            devices,
+        }))
+    }
+}
+
 impl Inventory {
     /// Reads DAS's ResourceSlices (other drivers' are skipped; of a pool only the newest
     /// generation counts, as in the scheduler) and the allocation results of `claims` that name
@@ -94,41 +155,41 @@ impl Inventory {
     /// # Errors
     /// A counter value that is not a Kubernetes quantity.
     pub fn new(slices: &[ResourceSlice], claims: &[ResourceClaim]) -> Result<Self> {
-        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-        for s in slices.iter().filter(|s| s.spec.driver == DRIVER_NAME) {
-            let g = newest.entry(s.spec.pool.name.as_str()).or_insert(i64::MIN);
-            *g = (*g).max(s.spec.pool.generation);
-        }
-        let mut current: Vec<&ResourceSlice> = slices
+        let published = slices
             .iter()
-            .filter(|s| {
-                s.spec.driver == DRIVER_NAME
-                    && newest.get(s.spec.pool.name.as_str()) == Some(&s.spec.pool.generation)
-            })
+            .filter_map(|s| PublishedSlice::of(s).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self::from_published(published, claims))
+    }
+
+    /// [`Inventory::new`] from slices already cut down to [`PublishedSlice`]s.
+    pub fn from_published(slices: Vec<PublishedSlice>, claims: &[ResourceClaim]) -> Self {
+        let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in &slices {
+            let g = newest.entry(s.pool.as_str()).or_insert(i64::MIN);
+            *g = (*g).max(s.generation);
+        }
+        let newest: BTreeMap<String, i64> = newest
+            .into_iter()
+            .map(|(pool, g)| (pool.to_string(), g))
+            .collect();
+        let mut current: Vec<PublishedSlice> = slices
+            .into_iter()
+            .filter(|s| newest.get(&s.pool) == Some(&s.generation))
             .collect();
         // The allocator walks pools, then slices, in name order.
-        current.sort_by(|a, b| {
-            (&a.spec.pool.name, &a.metadata.name).cmp(&(&b.spec.pool.name, &b.metadata.name))
-        });
+        current.sort_by(|a, b| (&a.pool, &a.name).cmp(&(&b.pool, &b.name)));
 
         let mut inv = Inventory::default();
-        for s in &current {
-            let pool = &s.spec.pool.name;
-            for cs in s.spec.shared_counters.iter().flatten() {
-                let counters = counter_values(&cs.counters)
-                    .with_context(|| format!("counter set {} of pool {pool}", cs.name))?;
-                inv.capacity
-                    .insert((pool.clone(), cs.name.clone()), counters);
+        for s in current {
+            for (set, counters) in s.capacity {
+                inv.capacity.insert((s.pool.clone(), set), counters);
             }
-            for d in s.spec.devices.iter().flatten() {
-                if let Some(dev) = published_device(pool, d)? {
-                    inv.devices.push(dev);
-                }
-            }
+            inv.devices.extend(s.devices);
         }
         inv.gpus = gpus_of(&inv.devices, &inv.capacity);
         inv.held = held_slices(&inv.devices, claims);
-        Ok(inv)
+        inv
     }
 
     /// The device `name` of pool `pool`.
@@ -146,10 +207,10 @@ impl Inventory {
     }
 }
 
-fn counter_values(counters: &BTreeMap<String, Counter>) -> Result<Counters> {
+fn counter_values(counters: &BTreeMap<String, CounterFields>) -> Result<Counters> {
     counters
         .iter()
-        .map(|(name, c)| Ok((name.clone(), quantity(&c.value.0)?)))
+        .map(|(name, c)| Ok((name.clone(), quantity(&c.value)?)))
         .collect()
 }
 
@@ -166,33 +227,26 @@ pub fn quantity(q: &str) -> Result<i128> {
 
 /// A device of ours with the attributes DAS publishes on every MIG device; `None` for a
 /// device without them (a future device type the picture does not know).
-fn published_device(pool: &str, d: &Device) -> Result<Option<PublishedDevice>> {
-    let Some(attrs) = d.attributes.as_ref() else {
+fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevice>> {
+    let Some(attrs) = d.attributes else {
         return Ok(None);
     };
-    let int = |k: &str| attrs.get(k).and_then(|v| v.int).map(|v| v as u32);
+    let int = |a: &Option<AttributeValue>| a.as_ref().and_then(|v| v.int).map(|v| v as u32);
+    let string = |a: Option<AttributeValue>| a.and_then(|v| v.string);
     let (Some(gpu), Some(start), Some(size), Some(profile)) = (
-        int(attributes::GPU_INDEX),
-        int(attributes::PLACEMENT_START),
-        int(attributes::PLACEMENT_SIZE),
-        attrs
-            .get(attributes::PROFILE)
-            .and_then(|v| v.string.clone()),
+        int(&attrs.gpu_index),
+        int(&attrs.placement_start),
+        int(&attrs.placement_size),
+        string(attrs.profile),
     ) else {
         return Ok(None);
     };
     let mut consumes = BTreeMap::new();
-    for c in d.consumes_counters.iter().flatten() {
+    for c in d.consumes_counters.into_iter().flatten() {
         let counters = counter_values(&c.counters)
             .with_context(|| format!("device {} of pool {pool}", d.name))?;
-        consumes.insert(c.counter_set.clone(), counters);
+        consumes.insert(c.counter_set, counters);
     }
-    let string = |k: &str| {
-        attrs
-            .get(k)
-            .and_then(|v| v.string.clone())
-            .unwrap_or_default()
-    };
     let tainted = d
         .taints
         .iter()
@@ -200,14 +254,14 @@ fn published_device(pool: &str, d: &Device) -> Result<Option<PublishedDevice>> {
         .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
     Ok(Some(PublishedDevice {
         pool: pool.to_string(),
-        name: d.name.clone(),
+        name: d.name,
         gpu,
         profile,
         start,
         size,
         consumes,
-        product: string(attributes::PRODUCT_NAME),
-        parent_uuid: string(attributes::PARENT_UUID),
+        product: string(attrs.product_name).unwrap_or_default(),
+        parent_uuid: string(attrs.parent_uuid).unwrap_or_default(),
         tainted,
     }))
 }

@@ -15,6 +15,7 @@
 
 pub mod claims;
 pub mod fetch;
+pub mod fields;
 pub mod free;
 pub mod inventory;
 pub mod picture;

@@ -367,3 +367,218 @@ fn the_cli_takes_kubectl_style_flags_in_any_position() {
     let err = crate::Cli::try_parse_from(["kubectl-das", "claims", "-o", "xml"]).unwrap_err();
     assert!(err.to_string().contains("wide, json, yaml"), "{err}");
 }
+
+/// Free counts on many nodes, some with held slices: each node's rows are those of the node
+/// on its own (the simulation of one node reads only that node's devices and counters).
+#[test]
+fn free_counts_of_each_node_are_those_of_the_node_alone() {
+    let nodes: Vec<String> = (0..12).map(|i| format!("node-{i:02}")).collect();
+    let claims_of = |node: &str, i: usize| -> Vec<ResourceClaim> {
+        match i % 3 {
+            0 => vec![],
+            1 => vec![claim(
+                "a",
+                &format!("c-{node}"),
+                Some("p"),
+                &[(node, "gpu-0-mig-1g-10gb-0"), (node, "gpu-1-mig-3g-40gb-4")],
+                true,
+            )],
+            _ => vec![claim(
+                "b",
+                &format!("d-{node}"),
+                None,
+                &[(node, "gpu-1-mig-7g-80gb-0")],
+                false,
+            )],
+        }
+    };
+    let mut all = Vec::new();
+    let mut claims = Vec::new();
+    let mut alone = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let s = slices(node, "H100-80GB:2");
+        let c = claims_of(node, i);
+        alone.extend(free_profiles(&Inventory::new(&s, &c).unwrap()));
+        all.extend(s);
+        claims.extend(c);
+    }
+    // Slices and claims of the cluster in an order unlike the nodes'.
+    all.reverse();
+    claims.reverse();
+    let rows = free_profiles(&Inventory::new(&all, &claims).unwrap());
+    assert_eq!(rows, alone);
+    assert_eq!(free_of(&rows, "node-01", "7g.80gb").count, 0);
+    assert_eq!(free_of(&rows, "node-02", "7g.80gb").count, 1);
+    assert_eq!(free_of(&rows, "node-03", "7g.80gb").count, 2);
+}
+
+/// An API server stand-in: ResourceSlices `limit` at a time from the offset in the continue
+/// token (the whole list when no limit is asked), no ResourceClaims; records each slice list's
+/// query. `expire_once`: the first request with a continue token gets 410 Gone.
+fn fake_api(
+    slices: Vec<ResourceSlice>,
+    expire_once: bool,
+) -> (kube::Client, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use http::{Response, StatusCode};
+    use serde_json::json;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let seen = queries.clone();
+    let expired = Arc::new(AtomicBool::new(!expire_once));
+    let svc = tower::service_fn(move |req: http::Request<kube::client::Body>| {
+        let path = req.uri().path().to_string();
+        let query = req.uri().query().unwrap_or_default().to_string();
+        let param = |k: &str| {
+            query
+                .split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .find(|(key, _)| *key == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let (status, body) = if path.ends_with("/resourceclaims") {
+            let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimList",
+                "metadata": {}, "items": []});
+            (StatusCode::OK, list)
+        } else if path.ends_with("/resourceslices") {
+            seen.lock().unwrap().push(query.clone());
+            let from: usize = param("continue").map_or(0, |c| c.parse().unwrap());
+            let limit: usize = param("limit").map_or(slices.len(), |l| l.parse().unwrap());
+            if from > 0 && !expired.swap(true, Ordering::SeqCst) {
+                let gone = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "Expired", "code": 410, "message": "too old"});
+                (StatusCode::GONE, gone)
+            } else {
+                let to = (from + limit).min(slices.len());
+                let cont = if to < slices.len() {
+                    to.to_string()
+                } else {
+                    String::new()
+                };
+                let list = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList",
+                    "metadata": {"resourceVersion": "100", "continue": cont},
+                    "items": &slices[from..to]});
+                (StatusCode::OK, list)
+            }
+        } else {
+            let missing = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "NotFound", "code": 404, "message": path});
+            (StatusCode::NOT_FOUND, missing)
+        };
+        let resp = Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap();
+        std::future::ready(Ok::<_, std::convert::Infallible>(resp))
+    });
+    (kube::Client::new(svc, "default"), queries)
+}
+
+#[tokio::test]
+async fn resource_slices_are_listed_in_pages() {
+    use crate::fetch::{SLICE_PAGE_SIZE, inventory, published_slices};
+    let mut all = Vec::new();
+    for i in 0..60 {
+        all.extend(slices(&format!("node-{i:02}"), "H100-80GB:2"));
+    }
+    assert!(all.len() > SLICE_PAGE_SIZE as usize, "{}", all.len());
+    let whole = Inventory::new(&all, &[]).unwrap();
+    let shown = |inv: &Inventory| {
+        (
+            format!("{:?}", inv.gpus),
+            format!("{:?}", inv.devices),
+            format!("{:?}", inv.capacity),
+        )
+    };
+
+    let (client, queries) = fake_api(all.clone(), false);
+    let inv = inventory(&client).await.unwrap();
+    assert_eq!(shown(&inv), shown(&whole));
+    let queries = queries.lock().unwrap().clone();
+    assert_eq!(
+        queries.len(),
+        all.len().div_ceil(SLICE_PAGE_SIZE as usize),
+        "{queries:?}"
+    );
+    for q in &queries {
+        assert!(
+            q.contains("fieldSelector=spec.driver%3Dmig.das.com")
+                && q.contains(&format!("limit={SLICE_PAGE_SIZE}")),
+            "{q}"
+        );
+    }
+    assert!(
+        queries[1].contains(&format!("continue={SLICE_PAGE_SIZE}")),
+        "{queries:?}"
+    );
+
+    // Pages of 7; a continue token that expired between pages: listed again, once.
+    let (client, queries) = fake_api(all.clone(), true);
+    let published = published_slices(&client, 7).await.unwrap();
+    assert_eq!(
+        shown(&Inventory::from_published(published, &[])),
+        shown(&whole)
+    );
+    assert_eq!(
+        queries.lock().unwrap().len(),
+        all.len().div_ceil(7) + 2,
+        "one page, the expired one, then every page"
+    );
+}
+
+/// A listed slice is decoded into only what the inventory reads: the six attributes, the
+/// counters, the taints' effects; not the device capacity, the other attributes or metadata.
+#[test]
+fn a_listed_slice_keeps_only_what_the_inventory_reads() {
+    use crate::fields::SliceFields;
+    let mut s = slices("n0", "H100-80GB:1")
+        .into_iter()
+        .find(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))
+        .unwrap();
+    s.metadata.uid = Some("uid-of-the-slice".into());
+    let fields: SliceFields = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+    let d = &fields.spec.devices.as_ref().unwrap()[0];
+    let a = d.attributes.as_ref().unwrap();
+    let attr = |name: &str| {
+        s.spec.devices.as_ref().unwrap()[0]
+            .attributes
+            .as_ref()
+            .unwrap()
+            .get(name)
+            .cloned()
+            .unwrap()
+    };
+    use das_api::attributes as at;
+    assert_eq!(a.profile.as_ref().unwrap().string, attr(at::PROFILE).string);
+    assert_eq!(a.gpu_index.as_ref().unwrap().int, attr(at::GPU_INDEX).int);
+    assert_eq!(
+        a.placement_start.as_ref().unwrap().int,
+        attr(at::PLACEMENT_START).int
+    );
+    assert_eq!(
+        a.placement_size.as_ref().unwrap().int,
+        attr(at::PLACEMENT_SIZE).int
+    );
+    assert_eq!(
+        a.product_name.as_ref().unwrap().string,
+        attr(at::PRODUCT_NAME).string
+    );
+    assert_eq!(
+        a.parent_uuid.as_ref().unwrap().string,
+        attr(at::PARENT_UUID).string
+    );
+    assert!(!d.consumes_counters.as_ref().unwrap().is_empty());
+    // Nothing else is decoded: the types have no field for it.
+    let debug = format!("{fields:?}");
+    for absent in [
+        "uid-of-the-slice",
+        "Hopper",
+        "580.95",
+        "copyEngines",
+        "multiprocessors",
+        "nodeName",
+    ] {
+        assert!(!debug.contains(absent), "{absent} in {debug}");
+    }
+}
