@@ -27,9 +27,21 @@ pub fn free_port() -> u16 {
 
 /// `GET http://127.0.0.1:<port><path>` over HTTP/1.0: (status code, body).
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    http_get_with_token(port, path, None).await
+}
+
+/// [`http_get`] with `token`, if any, as a bearer token (`Authorization: Bearer …`).
+pub async fn http_get_with_token(
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
         .await?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).await?;

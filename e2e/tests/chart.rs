@@ -879,30 +879,6 @@ async fn extended_resources(cluster: &Cluster) -> Result<()> {
     .await
 }
 
-/// `GET http://127.0.0.1:<port><path>`, with `token` as a bearer token: the status code and
-/// the body.
-async fn get_with_token(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n").as_bytes())
-        .await?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await?;
-    let code = buf
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .context("HTTP status line")?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((code, body))
-}
-
 #[tokio::test]
 async fn metrics_authentication_asks_the_api_server_who_may_read_them() {
     let bins = Binaries::in_target_dir("debug", false).expect("DAS binaries");
@@ -925,12 +901,21 @@ async fn metrics_authentication(cluster: &mut Cluster, controller: &std::path::P
     wait::until(
         "the controller's /healthz without a token",
         wait::TIMEOUT,
-        || async { Ok((get_with_token(port, "/healthz", None).await?.0 == 200).then_some(())) },
+        || async {
+            Ok(
+                (das_e2e::workload::http_get_with_token(port, "/healthz", None)
+                    .await?
+                    .0
+                    == 200)
+                    .then_some(()),
+            )
+        },
     )
     .await?;
-    let (code, body) = get_with_token(port, "/metrics", None).await?;
+    let (code, body) = das_e2e::workload::http_get_with_token(port, "/metrics", None).await?;
     ensure!(code == 401, "/metrics without a token: {code} {body}");
-    let (code, body) = get_with_token(port, "/metrics", Some("not-a-token")).await?;
+    let (code, body) =
+        das_e2e::workload::http_get_with_token(port, "/metrics", Some("not-a-token")).await?;
     ensure!(code == 401, "/metrics with a forged token: {code} {body}");
 
     let client = cluster.client();
@@ -940,7 +925,8 @@ async fn metrics_authentication(cluster: &mut Cluster, controller: &std::path::P
         None,
     )?;
     let token = install::token(&client, "prometheus", None).await?;
-    let (code, body) = get_with_token(port, "/metrics", Some(&token)).await?;
+    let (code, body) =
+        das_e2e::workload::http_get_with_token(port, "/metrics", Some(&token)).await?;
     ensure!(
         code == 403 && body.contains("may not get /metrics"),
         "/metrics for a service account without the reader role: {code} {body}"
@@ -959,7 +945,8 @@ async fn metrics_authentication(cluster: &mut Cluster, controller: &std::path::P
     // Refusals are not remembered: the binding counts at the next request (once the API
     // server's RBAC cache has it).
     wait::until("/metrics for the bound reader", wait::TIMEOUT, || async {
-        let (code, body) = get_with_token(port, "/metrics", Some(&token)).await?;
+        let (code, body) =
+            das_e2e::workload::http_get_with_token(port, "/metrics", Some(&token)).await?;
         Ok((code == 200 && body.contains("das_controller_leader")).then_some(()))
     })
     .await?;
