@@ -27,7 +27,9 @@ use anyhow::{Context, Result, ensure};
 use das_controller::mirror::DeviceIndex;
 use das_controller::published::{self, PublishedSlice, SLICE_PAGE_SIZE};
 use das_e2e::alloc_count::{Counting, measure};
-use das_e2e::das::{bench_node_counts, devices_in, printed_resource_slices};
+use das_e2e::das::{
+    bench_node_counts, devices_in, printed_resource_slices, slice_list_text, slices_for_nodes,
+};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::core::ObjectList;
 use kube::runtime::reflector::{self, Store};
@@ -60,14 +62,7 @@ fn main() -> Result<()> {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for nodes in sizes {
-        let bodies: Vec<String> = (0..nodes)
-            .flat_map(|i| {
-                let node = format!("node-{i:04}");
-                template
-                    .iter()
-                    .map(move |t| t.replace(TEMPLATE_NODE, &node))
-            })
-            .collect();
+        let bodies = slices_for_nodes(&template, TEMPLATE_NODE, nodes);
         let json: usize = bodies.iter().map(String::len).sum();
         let devices = nodes * per_node_devices;
 
@@ -147,16 +142,7 @@ where
 /// client holds it whole) and the decoded `ObjectList<K>`.
 fn page_peak<K: DeserializeOwned + Clone>(items: &[String]) -> usize {
     let (_, _, peak) = measure(|| {
-        let mut text = String::from(
-            r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSliceList","metadata":{"resourceVersion":"1"},"items":["#,
-        );
-        for (i, item) in items.iter().enumerate() {
-            if i > 0 {
-                text.push(',');
-            }
-            text.push_str(item);
-        }
-        text.push_str("]}");
+        let text = slice_list_text(items);
         let page: ObjectList<K> = serde_json::from_str(&text).expect("a page");
         drop(text);
         page.items.len()

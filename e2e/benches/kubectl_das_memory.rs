@@ -20,7 +20,7 @@
 
 use anyhow::{Result, ensure};
 use das_e2e::alloc_count::{Counting, measure};
-use das_e2e::das::{bench_node_counts, printed_resource_slices};
+use das_e2e::das::{bench_node_counts, printed_resource_slices, slice_list_text, slices_for_nodes};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::core::ObjectList;
 use kubectl_das::fetch::SLICE_PAGE_SIZE;
@@ -32,13 +32,6 @@ static ALLOC: Counting = Counting;
 
 const GPUS: &str = "H100-80GB:8";
 const TEMPLATE_NODE: &str = "das-bench-template-node";
-
-fn list(items: &[String]) -> String {
-    format!(
-        r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSliceList","metadata":{{}},"items":[{}]}}"#,
-        items.join(",")
-    )
-}
 
 /// What the picture shows of `inv`, to check two reads agree.
 fn shown(inv: &Inventory) -> String {
@@ -57,17 +50,13 @@ fn main() -> Result<()> {
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     for nodes in sizes {
-        let items: Vec<String> = (0..nodes)
-            .flat_map(|i| {
-                let node = format!("node-{i:04}");
-                template
-                    .iter()
-                    .map(move |t| t.replace(TEMPLATE_NODE, &node))
-            })
-            .collect();
+        let items = slices_for_nodes(&template, TEMPLATE_NODE, nodes);
         let json: usize = items.iter().map(String::len).sum();
-        let whole = list(&items);
-        let pages: Vec<String> = items.chunks(SLICE_PAGE_SIZE as usize).map(list).collect();
+        let whole = slice_list_text(&items);
+        let pages: Vec<String> = items
+            .chunks(SLICE_PAGE_SIZE as usize)
+            .map(slice_list_text)
+            .collect();
         drop(items);
 
         // Before: the response text and every slice decoded whole, then the inventory.

@@ -413,6 +413,28 @@ pub fn bench_node_counts(default: &str) -> Result<Vec<usize>> {
         .collect()
 }
 
+/// `template` (ResourceSlices as JSON text, printed for node `template_node`) copied for `nodes`
+/// nodes named `node-0000`, `node-0001`, …: what that many nodes would publish.
+pub fn slices_for_nodes(template: &[String], template_node: &str, nodes: usize) -> Vec<String> {
+    (0..nodes)
+        .flat_map(|i| {
+            let node = format!("node-{i:04}");
+            template
+                .iter()
+                .map(move |t| t.replace(template_node, &node))
+        })
+        .collect()
+}
+
+/// The JSON text of a `ResourceSliceList` holding `items` (each one slice's JSON), as the API
+/// server answers a list.
+pub fn slice_list_text(items: &[String]) -> String {
+    format!(
+        r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSliceList","metadata":{{"resourceVersion":"1"}},"items":[{}]}}"#,
+        items.join(",")
+    )
+}
+
 /// The number of devices in `slices` (ResourceSlices as JSON text).
 ///
 /// # Errors

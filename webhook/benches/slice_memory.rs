@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use anyhow::{Result, ensure};
 use das_e2e::alloc_count::{Counting, measure};
-use das_e2e::das::{bench_node_counts, printed_resource_slices};
+use das_e2e::das::{bench_node_counts, printed_resource_slices, slice_list_text};
 use das_webhook::profiles::{PlacementSummary, SLICE_PAGE_SIZE, SlicePlacements, max_per_node};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::core::ObjectList;
@@ -63,7 +63,7 @@ fn main() -> Result<()> {
 
         let t = Instant::now();
         let (old, _, old_peak) = measure(|| {
-            let text = page_text(&items);
+            let text = slice_list_text(&items);
             let list: ObjectList<ResourceSlice> = serde_json::from_str(&text).expect("a list");
             max_per_node(&list.items)
         });
@@ -74,7 +74,7 @@ fn main() -> Result<()> {
             let (summary, summary_bytes, _) = measure(|| {
                 let mut summary = PlacementSummary::default();
                 for page in items.chunks(SLICE_PAGE_SIZE as usize) {
-                    let text = page_text(page);
+                    let text = slice_list_text(page);
                     let page: ObjectList<SlicePlacements> =
                         serde_json::from_str(&text).expect("a page");
                     drop(text);
@@ -102,21 +102,6 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A list's JSON text with `items` (each one object's JSON).
-fn page_text(items: &[String]) -> String {
-    let mut text = String::from(
-        r#"{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSliceList","metadata":{"resourceVersion":"1"},"items":["#,
-    );
-    for (i, item) in items.iter().enumerate() {
-        if i > 0 {
-            text.push(',');
-        }
-        text.push_str(item);
-    }
-    text.push_str("]}");
-    text
 }
 
 fn mib(bytes: usize) -> String {
