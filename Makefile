@@ -162,7 +162,8 @@ build: ## build every Rust crate (debug)
 test: unit e2e compat ## run every test: `make unit`, `make e2e` (on $(K8S_DEFAULT_VERSION)), then `make compat` (go vet is in `make lint`)
 
 .PHONY: unit
-unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate's, and das-e2e's library tests
+unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate's, das-e2e's library tests, and tools/'s
+	python3 -m unittest discover -s tools
 	$(CARGO) test --workspace --exclude das-e2e --no-fail-fast
 	$(CARGO) test -p das-e2e --lib --bins --no-fail-fast
 
@@ -194,7 +195,8 @@ bench-scheduler: ## scheduler throughput with DAS's slices vs plain devices and 
 
 .PHONY: bench-peer
 bench-peer: k8s peer ## NodePrepareResources latency, CPU and memory: das-kubelet-plugin beside the DRA example driver's plugin on one hollow kubelet, rounds interleaved (docs/benchmarks.md)
-	DAS_BENCH_PEER_PLUGIN=$(BIN)/dra-example-kubeletplugin $(CARGO) bench -p das-driver --bench prepare
+	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin
+	DAS_BENCH_PEER_PLUGIN=$(BIN)/dra-example-kubeletplugin $(CARGO) bench -p das-e2e --bench prepare
 
 .PHONY: bench-nodes
 bench-nodes: k8s helm ## what each node costs at 2/8/16/32 nodes: start time, RSS and idle CPU per hollow kubelet and plugin, idle API writes per node (DAS_SWEEP_NODES=2,8 DAS_SWEEP_IDLE_S=60; docs/benchmarks.md)
@@ -210,8 +212,8 @@ bench-packing: k8s helm ## cluster-wide packing through the real scheduler (8 no
 .PHONY: bench-memory
 bench-memory: ## memory of the controller's ResourceSlice cache, of one webhook refresh and of `kubectl das`'s read at 125/250/1000 nodes x 8 H100, in process, before/after trimming (DAS_BENCH_NODES; docs/benchmarks.md)
 	$(CARGO) build -q -p das-driver --bin das-kubelet-plugin
-	$(CARGO) bench --profile dev -p das-controller --bench slice_memory
-	$(CARGO) bench --profile dev -p das-webhook --bench slice_memory
+	$(CARGO) bench --profile dev -p das-e2e --bench controller_slice_memory
+	$(CARGO) bench --profile dev -p das-e2e --bench webhook_slice_memory
 	$(CARGO) bench --profile dev -p das-e2e --bench kubectl_das_memory
 
 .PHONY: bench-scale
@@ -278,7 +280,8 @@ fmt: ## format Rust and Go sources
 	gofmt -w e2e/k8s e2e/containerd
 
 .PHONY: lint
-lint: ## formatting check, clippy with warnings as errors, go vet, no references outside the repository
+lint: ## formatting check, clippy with warnings as errors, go vet, no import circles between modules, no references outside the repository
+	python3 tools/modgraph.py check
 	@if git grep -nE '(^|[^A-Za-z0-9_])shared/' -- ':!Makefile'; then \
 	  echo "the lines above cite files outside the repository (shared/): cite docs/design.md or docs/reference/ instead"; exit 1; fi
 	$(CARGO) fmt --all -- --check
@@ -286,6 +289,10 @@ lint: ## formatting check, clippy with warnings as errors, go vet, no references
 	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 	cd e2e/k8s && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
 	cd e2e/containerd && GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false" go vet ./...
+
+.PHONY: shape
+shape: ## the codebase's shape: product files and lines, the largest files, das-driver's public items, import circles, crate dependency edges (tools/modgraph.py)
+	python3 tools/modgraph.py figures
 
 .PHONY: image
 image: ## build the DAS image IMAGE: from deploy/Containerfile with a working container engine, else as an OCI archive built here (IMAGE_BUILDER=auto|engine|oci)

@@ -15,6 +15,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::PostParams;
 
+use crate::error::{Error, Result};
+
 /// Settings of one elector.
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
@@ -111,10 +113,15 @@ impl Elector {
 
     /// One round: creates, renews or takes over the lease. `Ok(true)` while we lead; a 409
     /// Conflict (another replica won the race) is `Ok(false)`.
-    pub async fn try_acquire_or_renew(&self) -> Result<bool, kube::Error> {
+    pub async fn try_acquire_or_renew(&self) -> Result<bool> {
         let now = Timestamp::now();
         let pp = PostParams::default();
-        let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.cfg.name)
+            .await
+            .map_err(Error::Lease)?
+        else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.cfg.name.clone()),
@@ -162,14 +169,10 @@ impl Elector {
 
     /// [`Self::try_acquire_or_renew`], bounded by the renew deadline (a stalled call is an
     /// error, not a wait).
-    async fn bounded_round(&self) -> Result<bool, String> {
-        match tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew()).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(_) => Err(format!(
-                "no answer from the API server within {:?}",
-                self.cfg.renew_deadline
-            )),
-        }
+    async fn bounded_round(&self) -> Result<bool> {
+        tokio::time::timeout(self.cfg.renew_deadline, self.try_acquire_or_renew())
+            .await
+            .map_err(|_| Error::LeaseTimeout(self.cfg.renew_deadline))?
     }
 
     /// Waits until this replica leads; retries every `renew_every`.
@@ -211,71 +214,13 @@ impl Elector {
     }
 }
 
-fn conflict_is_false(r: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
+fn conflict_is_false(r: Result<Lease, kube::Error>) -> Result<bool> {
     match r {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e),
+        Err(e) => Err(Error::Lease(e)),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spec(holder: &str, renewed_secs_ago: i64) -> LeaseSpec {
-        let now = Timestamp::now();
-        LeaseSpec {
-            holder_identity: Some(holder.into()).filter(|h: &String| !h.is_empty()),
-            lease_duration_seconds: Some(15),
-            renew_time: Some(MicroTime(now - SignedDuration::from_secs(renewed_secs_ago))),
-            ..LeaseSpec::default()
-        }
-    }
-
-    /// A leader whose API server stops answering steps down within the renew deadline, well
-    /// before its lease (as others see it) expires.
-    #[tokio::test]
-    async fn a_stalled_leader_steps_down_before_its_lease_expires() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let _silent = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((sock, _)) = listener.accept().await {
-                held.push(sock);
-            }
-        });
-        let client =
-            kube::Client::try_from(kube::Config::new(format!("http://{addr}").parse().unwrap()))
-                .unwrap();
-        let cfg = LeaseConfig {
-            renew_every: Duration::from_millis(100),
-            renew_deadline: Duration::from_millis(400),
-            ..LeaseConfig::for_duration("l", "me", Duration::from_secs(5))
-        };
-        let elector = Elector::new(Api::namespaced(client, "ns"), cfg);
-        let t0 = std::time::Instant::now();
-        tokio::time::timeout(Duration::from_secs(3), elector.keep())
-            .await
-            .expect("keep() returned");
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
-    }
-
-    #[test]
-    fn client_go_proportions() {
-        let c = LeaseConfig::for_duration("l", "me", Duration::from_secs(15));
-        assert_eq!(c.renew_every, Duration::from_secs(5));
-        assert_eq!(c.renew_deadline, Duration::from_secs(10));
-    }
-
-    #[test]
-    fn decisions() {
-        let now = Timestamp::now();
-        assert_eq!(decide(None, "a", now), Decision::TakeOver);
-        assert_eq!(decide(Some(&spec("a", 1)), "a", now), Decision::Renew);
-        assert_eq!(decide(Some(&spec("a", 100)), "a", now), Decision::Renew);
-        assert_eq!(decide(Some(&spec("b", 1)), "a", now), Decision::HeldByOther);
-        assert_eq!(decide(Some(&spec("b", 16)), "a", now), Decision::TakeOver);
-        assert_eq!(decide(Some(&spec("", 1)), "a", now), Decision::TakeOver);
-    }
-}
+mod tests;

@@ -6,9 +6,6 @@ use std::sync::{Arc, OnceLock};
 
 use das_api::allocation::AllocationState;
 use das_runtime::probes::Probe;
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::runtime::reflector::Store;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -17,26 +14,23 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::device_info::device_info;
-
-type Labels = Vec<(String, String)>;
+/// The labels of one series, in order.
+pub type Labels = Vec<(String, String)>;
 
 /// Name of the info gauge, without the `das_controller` prefix so dashboards join on a name that
 /// does not depend on which component exports it.
 pub const DEVICE_INFO: &str = "das_mig_device_info";
 
-/// The caches `das_mig_device_info` is computed from on each scrape.
-#[derive(Clone)]
-struct Caches {
-    claims: Store<ResourceClaim>,
-    pods: Store<Pod>,
-}
+/// What computes the rows of [`DEVICE_INFO`] on a scrape (one label set per row). This module
+/// knows only that it yields labels: where they come from (the controller's caches,
+/// `crate::device_info`) is the caller's business, so the metrics depend on nothing else of the
+/// crate.
+type Rows = Box<dyn Fn() -> Vec<Labels> + Send + Sync>;
 
-/// Encodes [`DEVICE_INFO`] on each scrape from the controller's ResourceClaim and pod caches
-/// (nothing until [`Metrics::export_device_info`] gave them), so a row can never outlive its
-/// allocation.
+/// Encodes [`DEVICE_INFO`] on each scrape from the rows source (nothing until
+/// [`Metrics::export_device_info`] gave one), so a row can never outlive its allocation.
 #[derive(Default, Clone)]
-struct DeviceInfoCollector(Arc<OnceLock<Caches>>);
+struct DeviceInfoCollector(Arc<OnceLock<Rows>>);
 
 impl std::fmt::Debug for DeviceInfoCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,17 +39,14 @@ impl std::fmt::Debug for DeviceInfoCollector {
 }
 
 impl DeviceInfoCollector {
-    /// The gauge as it is now: one series per row of [`device_info`].
+    /// The gauge as it is now: one series per row.
     fn family(&self) -> Family<Labels, Gauge> {
         let family = Family::<Labels, Gauge>::default();
-        let Some(c) = self.0.get() else {
+        let Some(rows) = self.0.get() else {
             return family;
         };
-        for claim in c.claims.state() {
-            let pods = crate::reconcile::reserving_pods(&claim, &c.pods);
-            for row in device_info(&claim, &pods) {
-                family.get_or_create(&row.labels()).set(1);
-            }
+        for labels in rows() {
+            family.get_or_create(&labels).set(1);
         }
         family
     }
@@ -79,8 +70,9 @@ impl Collector for DeviceInfoCollector {
 pub struct Metrics {
     /// Reconciles of a ResourceClaim, by `result` (`ok`, `error`).
     pub reconciles: Family<Labels, Counter>,
-    /// API errors while reconciling.
-    pub errors: Counter,
+    /// Failed reconciles (and leader-election rounds), by `cause`: the error's
+    /// `metric_label` (`crate::error::Error::metric_label`).
+    pub errors: Family<Labels, Counter>,
     /// Writes to AllocationClaims, by `op` (`apply`, `status`, `delete`).
     pub writes: Family<Labels, Counter>,
     /// AllocationClaims by `state`, as last counted.
@@ -115,7 +107,7 @@ impl Metrics {
         root.register_collector(Box::new(device_info.clone()));
         let registry = root.sub_registry_with_prefix("das_controller");
         let reconciles = Family::<Labels, Counter>::default();
-        let errors = Counter::default();
+        let errors = Family::<Labels, Counter>::default();
         let writes = Family::<Labels, Counter>::default();
         let claims = Family::<Labels, Gauge>::default();
         let in_use_lag = Histogram::new(exponential_buckets(0.05, 2.0, 10));
@@ -125,7 +117,11 @@ impl Metrics {
             "ResourceClaim reconciles by result",
             reconciles.clone(),
         );
-        registry.register("errors", "API errors while reconciling", errors.clone());
+        registry.register(
+            "errors",
+            "Errors while reconciling, by cause",
+            errors.clone(),
+        );
         registry.register(
             "writes",
             "AllocationClaim writes by operation",
@@ -158,21 +154,24 @@ impl Metrics {
         }
     }
 
-    /// Starts exporting [`DEVICE_INFO`] from these caches (the first call wins: a process has one
-    /// set of caches).
-    pub fn export_device_info(&self, claims: Store<ResourceClaim>, pods: Store<Pod>) {
-        let _ = self.device_info.0.set(Caches { claims, pods });
+    /// Starts exporting [`DEVICE_INFO`] with the rows `rows` computes on each scrape (the first
+    /// call wins: a process has one set of caches).
+    pub fn export_device_info(&self, rows: impl Fn() -> Vec<Labels> + Send + Sync + 'static) {
+        let _ = self.device_info.0.set(Box::new(rows));
     }
 
-    /// Counts one reconcile.
+    /// Counts one reconcile by result (`ok`, `error`); a failed one is also counted by cause
+    /// with [`Self::reconcile_error`].
     pub fn reconciled(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.reconciles
             .get_or_create(&label("result", result))
             .inc();
-        if !ok {
-            self.errors.inc();
-        }
+    }
+
+    /// Counts one error by `cause` (an error's `metric_label`).
+    pub fn reconcile_error(&self, cause: &'static str) {
+        self.errors.get_or_create(&label("cause", cause)).inc();
     }
 
     /// Counts one write (`apply`, `status`, `delete`).
@@ -192,25 +191,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_are_exposed_with_labels() {
-        let m = Metrics::new();
-        m.reconciled(true);
-        m.reconciled(false);
-        m.wrote("apply");
-        m.set_claims(&[(AllocationState::InUse, 2)]);
-        let text = m.probe.encode();
-        for want in [
-            "das_controller_reconciles_total{result=\"ok\"} 1",
-            "das_controller_errors_total 1",
-            "das_controller_writes_total{op=\"apply\"} 1",
-            "das_controller_allocation_claims{state=\"inUse\"} 2",
-            "das_controller_allocation_claims{state=\"staged\"} 0",
-        ] {
-            assert!(text.contains(want), "{want} missing in\n{text}");
-        }
-    }
-}
+mod tests;

@@ -17,7 +17,7 @@
 //! mirror" (`None`), so a claim that is not allocated to our driver starts nothing until it is.
 //!
 //! What the filters must never lose is covered by the periodic sweep
-//! ([`crate::reconcile`]): AllocationClaims whose claim is gone or no longer allocated to that
+//! ([`crate::sweep`]): AllocationClaims whose claim is gone or no longer allocated to that
 //! device are deleted there, also after a restart that missed the change.
 
 use std::collections::{HashMap, VecDeque};
@@ -263,7 +263,7 @@ impl OwnWrites {
     }
 
     /// Given `cached` (the cache's `resourceVersion` per `<namespace>/<name>`): drops each
-    /// response the cache has caught up with or that is older than [`UNSEEN_KEPT`], and
+    /// response the cache has caught up with or that is older than `UNSEEN_KEPT`, and
     /// forgets AllocationClaims that are neither cached nor waiting for such a response.
     pub fn retain(&self, cached: &HashMap<String, Option<String>>) {
         let mut map = self.0.lock().expect("not poisoned");

@@ -1,28 +1,39 @@
 //! The DAS node plugin (`das-kubelet-plugin`): publishes this node's MIG placements as
 //! ResourceSlices and carves a MIG instance per allocated device when the kubelet prepares a
-//! claim. Three paths, one folder each, plus the GPUs underneath:
+//! claim. Four paths, one folder each, plus the GPUs underneath:
 //!
 //! - [`plugin`]: the kubelet-facing server (registration, DRA and health gRPC services) and the
 //!   handover between plugin instances on one node.
 //! - [`claims`]: the request path: prepare and unprepare of claims (pure decisions in
-//!   `claims::plan`, I/O in `claims::preparer`), start-up reconciliation, the reaper, the
-//!   checkpoint and the CDI specs.
+//!   `claims::plan`, I/O in `claims::preparer`, which holds every method of the `Preparer`),
+//!   start-up reconciliation, the reaper, the checkpoint and the CDI specs (each its format,
+//!   pure, apart from its files).
 //! - [`publish`]: the desired ResourceSlices (devices, counter sets, layout), the placement
-//!   policy (the order devices are listed in) and the publisher that keeps them on the API
-//!   server.
+//!   policy (the order devices are listed in), what the node's health changes in them (device
+//!   taints, withdrawn devices: `publish::desired`, pure) and the publisher that keeps them on
+//!   the API server. The one owner of what is published.
+//! - [`health`]: GPU health (XIDs, ECC errors, lost GPUs) and MIG instances no claim holds: a
+//!   pure state machine and the monitor task, which reports facts to the publisher, posts Node
+//!   events and serves the kubelet's health stream.
 //! - [`gpu`]: GPU models and MIG profile tables (data files), the backend trait, and the
 //!   emulated and NVML backends.
 //! - [`blocking`]: where blocking backend and file calls run (threads, or inline in tests).
 //! - [`metrics`]: the plugin's Prometheus metrics (served by `das_runtime::probes`).
 //! - [`node_checks`]: start-up checks of the node set-up the CDI specs rely on (the NVIDIA
 //!   container toolkit's config, the unified-memory device nodes), reported as Node events.
+//! - [`events`]: the Kubernetes Events the plugin posts (about the Node or a claim), behind a
+//!   trait every part posts through.
 //!
-//! Dependencies point one way: `plugin` → `claims` → `gpu`, `publish` → `gpu`, `node_checks` →
-//! `claims`; `metrics` and `blocking` depend on nothing of the crate. The design is in
+//! Dependencies point one way, without circles: `plugin` → `claims` → `health` → `publish` →
+//! `gpu` → `blocking`, each part also using any further down the chain and `events` and
+//! `metrics`; `node_checks` → `events`, `metrics`; `events`, `metrics` and `blocking` depend on nothing of
+//! the crate. (`claims` → `health`: the request path tells the health monitor which MIG
+//! instances no claim holds; health never reads claims.) The design is in
 //! docs/design.md; how the parts run together in docs/architecture.md.
 
 pub mod blocking;
 pub mod claims;
+pub mod events;
 pub mod gpu;
 pub mod health;
 pub mod metrics;

@@ -30,7 +30,7 @@ use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
-use crate::claims::{ClaimApi, EventTarget};
+use crate::events::{EventSink, EventTarget};
 use crate::metrics::Metrics;
 
 /// The toolkit key that lets unprivileged containers ask for GPUs with `NVIDIA_VISIBLE_DEVICES`
@@ -311,7 +311,7 @@ pub fn run(view: &HostView) -> NodeChecks {
 
 /// Logs each problem, posts the Warning events on the Node through `api` (best effort) and sets
 /// the gauges of the checks that ran.
-pub async fn report(checks: &NodeChecks, api: &dyn ClaimApi, metrics: &Metrics) {
+pub async fn report(checks: &NodeChecks, api: &dyn EventSink, metrics: &Metrics) {
     for check in &checks.ran {
         let found = checks.problems.iter().any(|p| p.check == *check);
         metrics.set_node_setup_warning(check.label(), found);

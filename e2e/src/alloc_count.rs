@@ -1,6 +1,6 @@
 //! A global allocator that counts the bytes live on the heap and their peak, for the memory
-//! benchmarks that need no cluster (`controller/benches/slice_memory.rs`,
-//! `webhook/benches/slice_memory.rs`). A benchmark installs it with
+//! benchmarks that need no cluster (`benches/controller_slice_memory.rs`,
+//! `benches/webhook_slice_memory.rs`). A benchmark installs it with
 //! `#[global_allocator] static A: Counting = Counting;` and reads [`live`] and [`peak`].
 //! Counts requested sizes: the system allocator's own overhead per block is not in them.
 

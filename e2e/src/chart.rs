@@ -7,17 +7,14 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use crate::cluster::{KUBERNETES_VERSION, workspace_root};
+pub use crate::binaries::helm_binary;
+use crate::binaries::{KUBERNETES_VERSION, k8s_binary, k8s_version, kubectl_binary};
+use crate::paths::workspace_root;
 
 /// Release name used for every render.
 pub const RELEASE: &str = "das";
 /// The install namespace (docs/design.md §3).
 pub const NAMESPACE: &str = "das-system";
-
-/// `.local/bin/helm`, built by `make helm`.
-pub fn helm_binary() -> PathBuf {
-    workspace_root().join(".local/bin/helm")
-}
 
 /// `deploy/helm/das`.
 pub fn chart_dir() -> PathBuf {
@@ -99,7 +96,7 @@ pub fn render_yaml(opts: &RenderOptions) -> Result<String> {
         .kube_version
         .clone()
         // The version the local cluster runs (`K8S_VERSION`), as Helm asks a real cluster.
-        .or_else(|| crate::cluster::k8s_version(&crate::cluster::k8s_binary()).ok())
+        .or_else(|| k8s_version(&k8s_binary()).ok())
         .filter(|v| v.starts_with("v1."))
         .unwrap_or_else(|| KUBERNETES_VERSION.to_string());
     let mut args = vec![
@@ -116,6 +113,13 @@ pub fn render_yaml(opts: &RenderOptions) -> Result<String> {
             .map(|a| format!("--api-versions={a}")),
     );
     helm(&args)
+}
+
+/// The chart rendered as the local cluster uses it: `ci/emulated-values.yaml`.
+pub fn render() -> Result<Rendered> {
+    Rendered::new(&RenderOptions::with_values(ci_values(
+        "emulated-values.yaml",
+    )))
 }
 
 /// Where the plain manifests for users without Helm live, relative to the workspace root.
@@ -315,7 +319,7 @@ const APPLY: [&str; 3] = ["apply", "--server-side", "--field-manager=das-e2e"];
 pub fn kubectl(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
     use std::io::Write;
     use std::process::Stdio;
-    let bin = workspace_root().join(".local/bin/kubectl");
+    let bin = kubectl_binary();
     let mut child = Command::new(&bin)
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .args(args)

@@ -1,7 +1,6 @@
 //! DAS on the test cluster: how the node plugin is started for a hollow node, the DeviceClasses
 //! it needs, and what a container would see (CDI resolution as a container runtime does it).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -10,7 +9,12 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::Value;
 
+use crate::binaries::DasBinary;
+use crate::chart;
 use crate::cluster::NodeInfo;
+pub use crate::container_view::{ContainerView, MIG_UUID_ENV_PREFIX};
+use crate::paths::workspace_root;
+use crate::wait;
 
 /// The DRA driver name (docs/design.md §3).
 pub const DRIVER: &str = "mig.das.com";
@@ -32,8 +36,8 @@ impl PluginDirs {
 
 /// Flags for `das-kubelet-plugin` on `node` with emulated `gpus` (e.g. `H100-80GB:2`), pointed at
 /// the hollow kubelet's directories, with the admin kubeconfig: for tests of the plugin's
-/// behaviour. [`crate::install`] starts it as the Helm chart configures it instead (the chart's
-/// environment and service-account identity).
+/// behaviour. `install::start_plugin` starts it as the Helm chart configures it instead (the
+/// chart's environment and service-account identity).
 pub fn plugin_args(
     node: &NodeInfo,
     gpus: &str,
@@ -84,9 +88,9 @@ pub async fn published_profiles(client: &Client) -> Result<Vec<String>> {
 /// node's whole pool.
 pub async fn wait_nodes_published(client: &Client, nodes: &[&str]) -> Result<()> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
-    crate::wait::until(
+    wait::until(
         &format!("ResourceSlices of {nodes:?}"),
-        crate::wait::TIMEOUT,
+        wait::TIMEOUT,
         || async {
             let lp = ListParams::default().fields(&format!("spec.driver={DRIVER}"));
             let slices = api.list(&lp).await?.items;
@@ -110,9 +114,9 @@ pub async fn wait_nodes_published(client: &Client, nodes: &[&str]) -> Result<()>
 /// is there (as many as `resourceSliceCount` says). Returns those slices.
 pub async fn wait_pool_complete(client: &Client, node: &str) -> Result<Vec<ResourceSlice>> {
     let api: Api<ResourceSlice> = Api::all(client.clone());
-    crate::wait::until(
+    wait::until(
         &format!("the complete pool of ResourceSlices of {node}"),
-        crate::wait::TIMEOUT,
+        wait::TIMEOUT,
         || async {
             let lp =
                 ListParams::default().fields(&format!("spec.driver={DRIVER},spec.nodeName={node}"));
@@ -140,7 +144,7 @@ pub async fn wait_pool_complete(client: &Client, node: &str) -> Result<Vec<Resou
 /// Helm is not built (`make helm`), a profile has no DeviceClass in the chart, or the API server
 /// refuses one.
 pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<()> {
-    let rendered = crate::install::render()?;
+    let rendered = chart::render()?;
     let api: Api<DeviceClass> = Api::all(client.clone());
     let pp = PatchParams::apply("das-e2e").force();
     let names = std::iter::once(DRIVER.to_string())
@@ -152,36 +156,6 @@ pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<
             .with_context(|| format!("apply DeviceClass {name}"))?;
     }
     Ok(())
-}
-
-/// What one container would get from its CDI devices: the environment of the CDI edits merged
-/// by key, the device node paths, the mounts (container path → host path) and the device IDs;
-/// or, read back from a container's probe ([`crate::runtime::probe_view`]), what it got, with
-/// the first line of each file below `/usr/local/nvidia` in `files`.
-#[derive(Debug, Default, Clone)]
-pub struct ContainerView {
-    pub env: BTreeMap<String, String>,
-    pub device_nodes: Vec<String>,
-    pub mounts: BTreeMap<String, String>,
-    pub files: BTreeMap<String, String>,
-    pub cdi_devices: Vec<String>,
-}
-
-/// Prefix of the per-slice variables DAS's CDI devices set to their MIG UUIDs.
-pub const MIG_UUID_ENV_PREFIX: &str = "DAS_MIG_UUID_";
-
-impl ContainerView {
-    /// The MIG UUIDs the container holds: the values of its `DAS_MIG_UUID_*` variables, sorted.
-    pub fn mig_uuids(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .env
-            .iter()
-            .filter(|(k, _)| k.starts_with(MIG_UUID_ENV_PREFIX))
-            .map(|(_, v)| v.clone())
-            .collect();
-        out.sort();
-        out
-    }
 }
 
 /// Resolves container `container` of pod `pod_uid` on `node`: the CDI device IDs the kubelet
@@ -341,7 +315,7 @@ pub fn write_control(node: &NodeInfo, control: &Value) -> Result<()> {
 /// written by `crdgen` and checked against the type by a test) and waits until it is served.
 pub async fn install_allocation_claim_crd(client: &Client) -> Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let path = crate::cluster::workspace_root().join("deploy/helm/das/files/allocationclaims.yaml");
+    let path = workspace_root().join("deploy/helm/das/files/allocationclaims.yaml");
     let yaml =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     let crd: CustomResourceDefinition =
@@ -355,7 +329,7 @@ pub async fn install_allocation_claim_crd(client: &Client) -> Result<()> {
     )
     .await
     .context("apply the AllocationClaim CRD")?;
-    crate::wait::until(
+    wait::until(
         "the AllocationClaim CRD to be established",
         std::time::Duration::from_secs(30),
         || async {
@@ -389,7 +363,7 @@ pub const PACKING_SCHEDULER_CONFIG: &str = "docs/examples/scheduler/packing.yaml
 /// [`crate::ClusterConfig::scheduler_profiles`], so tests and benchmarks run the file users copy.
 /// Errors: the file is missing, is not YAML, or has no `profiles` list.
 pub fn packing_scheduler_profiles() -> Result<Value> {
-    let path = crate::cluster::workspace_root().join(PACKING_SCHEDULER_CONFIG);
+    let path = workspace_root().join(PACKING_SCHEDULER_CONFIG);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     let mut config: Value =
@@ -451,10 +425,9 @@ pub fn devices_in(slices: &[String]) -> Result<usize> {
 /// from `das-kubelet-plugin --print-resource-slices` (the release build if there is one, else
 /// the debug build), with the names of docs/design.md §3 and the metadata the API server adds
 /// (UID, resourceVersion, creation time, the Node owner, the plugin's managed-fields entry).
-/// For memory and scale measurements without a cluster (`controller/benches/slice_memory.rs`,
-/// `webhook/benches/slice_memory.rs`).
+/// For memory and scale measurements without a cluster (`benches/controller_slice_memory.rs`,
+/// `benches/webhook_slice_memory.rs`).
 pub fn printed_resource_slices(gpus: &str, node: &str) -> Result<Vec<Value>> {
-    use crate::install::DasBinary;
     let plugin = DasBinary::Plugin
         .in_target_dir("release")
         .or_else(|_| DasBinary::Plugin.in_target_dir("debug"))?;

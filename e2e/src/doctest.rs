@@ -144,7 +144,7 @@ pub fn run(root: &Path, kubeconfig: &Path, script: &str) -> Result<String> {
     let path = format!(
         "{}:{}:{}",
         root.join(".local/bin").display(),
-        crate::install::target_dir().join("debug").display(),
+        crate::paths::target_dir().join("debug").display(),
         std::env::var("PATH").unwrap_or_default()
     );
     let out = Command::new("bash")

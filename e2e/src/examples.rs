@@ -23,7 +23,7 @@ pub const PODS: usize = 5;
 
 /// Applies docs/examples, waits for the pods, and checks what each got.
 pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
-    let dir = crate::cluster::workspace_root().join("docs/examples");
+    let dir = crate::paths::workspace_root().join("docs/examples");
     chart::kubectl(
         &cluster.kubeconfig,
         &["apply", "-f", &dir.display().to_string()],

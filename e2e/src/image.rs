@@ -14,9 +14,9 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
-use crate::cluster::workspace_root;
-use crate::install::{DasBinary, target_dir};
-use crate::runtime::{self, binaries_dir};
+use crate::binaries::{DasBinary, containerd_bin_dir};
+use crate::paths::{local_dir, target_dir};
+use crate::runtime;
 
 /// Where the binaries go in the image (the Containerfile's `COPY --from=build /out/ ...`).
 pub const BIN_DIR: &str = "/usr/local/bin";
@@ -45,7 +45,7 @@ pub struct ImageOptions {
 /// Builds the image archive. Errors name what is missing: a binary (with the cargo command),
 /// `make containerd` (ociimage), or a Debian package that `apt-get download` could not fetch.
 pub fn build(opts: &ImageOptions) -> Result<PathBuf> {
-    let ociimage = binaries_dir().join("ociimage");
+    let ociimage = containerd_bin_dir().join("ociimage");
     if !ociimage.exists() {
         bail!("{} not found: run `make containerd`", ociimage.display());
     }
@@ -109,7 +109,7 @@ pub fn labels(version: &str) -> Vec<(&'static str, String)> {
 fn image_work_dir() -> PathBuf {
     std::env::var_os("DAS_IMAGE_WORK_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join(".local/image"))
+        .unwrap_or_else(|| local_dir().join("image"))
 }
 
 /// The `.deb` files of [`DEBIAN_PACKAGES`] at the versions installed on this machine (the
@@ -274,7 +274,7 @@ fn normalize(path: &Path) -> String {
 /// Lists an OCI image archive (`ociimage list`).
 pub fn list(archive: &Path) -> Result<ListedImage> {
     let out = output(
-        Command::new(binaries_dir().join("ociimage"))
+        Command::new(containerd_bin_dir().join("ociimage"))
             .arg("list")
             .arg(archive),
     )?;

@@ -21,12 +21,18 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-use crate::chart::{self, NAMESPACE, PodFacts, RenderOptions, Rendered};
+// Where the DAS binaries are and the chart as the local cluster renders it, re-exported from
+// the modules that own them (the tests and benchmarks name them here).
+pub use crate::binaries::{Binaries, DasBinary};
+pub use crate::chart::render;
+use crate::chart::{self, NAMESPACE, PodFacts, Rendered};
 use crate::cluster::Cluster;
-use crate::das::PluginDirs;
+use crate::das::{self, PluginDirs};
+pub use crate::paths::target_dir;
 use crate::pki::loopback_serving;
 use crate::wait;
 use crate::workload::free_port;
+use crate::{kubeconfig, real_install};
 
 /// Kinds applied to the cluster as rendered (the workloads run as local processes instead).
 const APPLIED_KINDS: &[&str] = &[
@@ -46,96 +52,6 @@ pub const PLUGIN_SA: &str = "das-kubelet-plugin";
 pub const CONTROLLER_SA: &str = "das-controller";
 pub const WEBHOOK_SA: &str = "das-webhook";
 
-/// One DAS binary, as cargo builds it into the workspace's target dir.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DasBinary {
-    /// `das-kubelet-plugin` (package `das-driver`).
-    Plugin,
-    /// `das-controller` (package `das-controller`).
-    Controller,
-    /// `das-webhook` (package `das-webhook`).
-    Webhook,
-}
-
-impl DasBinary {
-    /// The binary's file name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Plugin => "das-kubelet-plugin",
-            Self::Controller => "das-controller",
-            Self::Webhook => "das-webhook",
-        }
-    }
-
-    /// The package that builds it.
-    pub fn package(self) -> &'static str {
-        match self {
-            Self::Plugin => "das-driver",
-            Self::Controller => "das-controller",
-            Self::Webhook => "das-webhook",
-        }
-    }
-
-    /// The binary of cargo profile `profile` (`debug`, `release`) in the workspace's target dir
-    /// (`$CARGO_TARGET_DIR` or `target/`). A missing binary is an error that names the cargo
-    /// command that builds it: the cluster tests of `das-e2e` run the binaries of other packages,
-    /// which `cargo test -p das-e2e` does not build (`make e2e` builds them first).
-    pub fn in_target_dir(self, profile: &str) -> Result<PathBuf> {
-        let path = target_dir().join(profile).join(self.name());
-        if !path.exists() {
-            let flag = match profile {
-                "debug" => String::new(),
-                "release" => " --release".into(),
-                p => format!(" --profile {p}"),
-            };
-            bail!(
-                "{} missing: run `cargo build{flag} -p {} --bin {}` (`make e2e` builds every DAS \
-                 binary before the cluster tests)",
-                path.display(),
-                self.package(),
-                self.name()
-            );
-        }
-        Ok(path)
-    }
-
-    /// The debug build, the one `make e2e` builds for the cluster tests.
-    pub fn debug(self) -> Result<PathBuf> {
-        self.in_target_dir("debug")
-    }
-}
-
-/// The workspace's cargo target dir: `$CARGO_TARGET_DIR`, else `target/` at the root.
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::cluster::workspace_root().join("target"))
-}
-
-/// The DAS binaries to run.
-#[derive(Clone, Debug)]
-pub struct Binaries {
-    pub plugin: PathBuf,
-    pub controller: Option<PathBuf>,
-    pub webhook: Option<PathBuf>,
-}
-
-impl Binaries {
-    /// The plugin and the controller of `profile` (`debug`, `release`) in the workspace's
-    /// target dir, and the webhook when `webhook`; see [`DasBinary::in_target_dir`].
-    pub fn in_target_dir(profile: &str, webhook: bool) -> Result<Self> {
-        Ok(Self {
-            plugin: DasBinary::Plugin.in_target_dir(profile)?,
-            controller: Some(DasBinary::Controller.in_target_dir(profile)?),
-            webhook: if webhook {
-                Some(DasBinary::Webhook.in_target_dir(profile)?)
-            } else {
-                None
-            },
-        })
-    }
-}
-
 /// What [`install`] started, for tests and the demo.
 #[derive(Clone, Debug, Default)]
 pub struct Installed {
@@ -143,13 +59,6 @@ pub struct Installed {
     pub plugin_metrics: BTreeMap<String, u16>,
     pub controller_metrics: Option<u16>,
     pub webhook_port: Option<u16>,
-}
-
-/// The chart rendered as the local cluster uses it: `ci/emulated-values.yaml`.
-pub fn render() -> Result<Rendered> {
-    Rendered::new(&RenderOptions::with_values(chart::ci_values(
-        "emulated-values.yaml",
-    )))
 }
 
 /// Creates the install namespace and applies the chart's cluster-level objects
@@ -267,7 +176,7 @@ pub async fn identity(
     let token = token(&cluster.client(), sa, pod).await?;
     let path = cluster.pki_dir.join(format!("{sa}-{tag}.kubeconfig"));
     let user = format!("system:serviceaccount:{NAMESPACE}:{sa}");
-    crate::kubeconfig::with_token(&cluster.kubeconfig, &path, &token, &user)?;
+    kubeconfig::with_token(&cluster.kubeconfig, &path, &token, &user)?;
     Ok(path)
 }
 
@@ -291,7 +200,7 @@ pub async fn install(
     }
     let client = cluster.client();
     let nodes: Vec<&str> = gpus.iter().map(|(n, _)| n.as_str()).collect();
-    crate::das::wait_nodes_published(&client, &nodes).await?;
+    das::wait_nodes_published(&client, &nodes).await?;
     if let Some(bin) = &bins.webhook {
         installed.webhook_port = Some(start_webhook(cluster, &rendered, bin).await?);
     }
@@ -312,8 +221,8 @@ pub async fn install_with_helm(
     plugin: &Path,
 ) -> Result<Installed> {
     const TAG: &str = "local";
-    crate::real_install::import_image(cluster, &[TAG])?;
-    crate::real_install::install(cluster, &runtime.0, &runtime.1, TAG)?;
+    real_install::import_image(cluster, &[TAG])?;
+    real_install::install(cluster, &runtime.0, &runtime.1, TAG)?;
     let rendered = render()?;
     let mut installed = Installed::default();
     for (node, models) in hollow {
@@ -325,7 +234,7 @@ pub async fn install_with_helm(
         .chain(std::iter::once(runtime))
         .map(|(n, _)| n.as_str())
         .collect();
-    crate::das::wait_nodes_published(&cluster.client(), &nodes).await?;
+    das::wait_nodes_published(&cluster.client(), &nodes).await?;
     Ok(installed)
 }
 
@@ -531,29 +440,4 @@ fn check_command(container: &Value, bin: &Path) -> Result<()> {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_binary_names_the_command_that_builds_it() {
-        let err = DasBinary::Plugin
-            .in_target_dir("no-such-profile")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("no-such-profile/das-kubelet-plugin missing")
-                && err.contains(
-                    "`cargo build --profile no-such-profile -p das-driver --bin das-kubelet-plugin`"
-                )
-                && err.contains("`make e2e`"),
-            "{err}"
-        );
-        let err = Binaries::in_target_dir("no-such-profile", true)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("das-kubelet-plugin missing"), "{err}");
-    }
 }

@@ -24,7 +24,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::chart;
-use crate::cluster::{Cluster, workspace_root};
+use crate::cluster::Cluster;
+use crate::paths::{local_dir, workspace_root};
 use crate::pki::loopback_serving;
 use crate::wait;
 use crate::workload::free_port;
@@ -53,7 +54,7 @@ impl KueueFiles {
     /// # Errors
     /// `make kueue` has not run.
     pub fn built() -> Result<Self> {
-        let local = workspace_root().join(".local");
+        let local = local_dir();
         let files = Self {
             bin: local.join("bin/kueue"),
             crd_dir: local.join("kueue/crd"),

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 
+use crate::binaries::DasBinary;
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::das::{self, apply_device_classes, wait_pool_complete};
-use crate::install::DasBinary;
 use crate::workload::free_port;
 
 /// Profiles the tests ask for (DeviceClasses are created for them).

@@ -22,7 +22,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::cluster::workspace_root;
+pub use crate::binaries::containerd_bin_dir as binaries_dir;
+use crate::container_view::ContainerView;
+use crate::workload::free_port;
+
+mod config;
+mod teardown;
+
+pub use config::{cni_config, containerd_config, kubelet_config, write_configs};
+pub use teardown::teardown;
 
 /// The images every real-runtime node has (imported at start; pods use `imagePullPolicy: Never`).
 pub const PROBE_IMAGE: &str = "das.local/probe:1";
@@ -34,14 +42,6 @@ pub const PAUSE_IMAGE: &str = "das.local/pause:1";
 pub const TAINT_KEY: &str = "das.local/real-runtime";
 /// The runc binary containerd runs (Debian's `runc` package).
 pub const RUNC: &str = "/usr/sbin/runc";
-
-/// Where `make containerd` puts its binaries: `.local/containerd/bin`, or `$DAS_CONTAINERD_BIN`.
-pub fn binaries_dir() -> PathBuf {
-    let root = workspace_root();
-    std::env::var_os("DAS_CONTAINERD_BIN")
-        .map(|p| root.join(p))
-        .unwrap_or_else(|| root.join(".local/containerd/bin"))
-}
 
 /// Why this machine cannot run a real-runtime node, or `Ok` when it can: root (containers,
 /// mknod, network namespaces), runc, and the binaries of `make containerd`.
@@ -135,145 +135,6 @@ pub fn network_of(root: &Path) -> (String, String) {
     (bridge, subnet)
 }
 
-/// containerd's configuration (config version 3, containerd v2): CRI with CDI from
-/// [`RuntimeFiles::cdi_dir`], runc from Debian with per-node state, the CNI bridge, network
-/// namespaces under the state dir, the local pause image.
-pub fn containerd_config(files: &RuntimeFiles) -> String {
-    let d = files.containerd_dir();
-    let bin = binaries_dir();
-    format!(
-        r#"version = 3
-root = "{root}"
-state = "{state}"
-
-[grpc]
-  address = "{socket}"
-
-[plugins."io.containerd.cri.v1.runtime"]
-  enable_cdi = true
-  cdi_spec_dirs = ["{cdi}"]
-  # root here lacks CAP_SYS_RESOURCE: runc may not lower oom_score_adj below containerd's own.
-  restrict_oom_score_adj = true
-  # Network namespaces below the state dir, so teardown finds every one of this node's.
-  netns_mounts_under_state_dir = true
-  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-    runtime_type = "io.containerd.runc.v2"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-      BinaryName = "{runc}"
-      Root = "{runc_root}"
-  [plugins."io.containerd.cri.v1.runtime".cni]
-    bin_dirs = ["{bin}"]
-    conf_dir = "{cni}"
-
-[plugins."io.containerd.cri.v1.images".pinned_images]
-  sandbox = "{pause}"
-"#,
-        root = d.join("root").display(),
-        state = d.join("state").display(),
-        socket = files.socket().display(),
-        cdi = files.cdi_dir().display(),
-        runc = RUNC,
-        runc_root = files.runc_root().display(),
-        bin = bin.display(),
-        cni = files.cni_conf_dir().display(),
-        pause = PAUSE_IMAGE,
-    )
-}
-
-/// The CNI network of a node: a bridge with host-local addresses (stored below the node's
-/// directory), loopback, and portmap for `hostPort`s.
-pub fn cni_config(files: &RuntimeFiles) -> String {
-    let (bridge, subnet) = network_of(&files.root);
-    serde_json::json!({
-        "cniVersion": "1.0.0",
-        "name": "das-e2e",
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": true,
-                "ipMasq": false,
-                "hairpinMode": true,
-                "ipam": {
-                    "type": "host-local",
-                    "dataDir": files.containerd_dir().join("ipam").display().to_string(),
-                    "ranges": [[{"subnet": subnet}]],
-                    "routes": [{"dst": "0.0.0.0/0"}]
-                }
-            },
-            {"type": "portmap", "capabilities": {"portMappings": true}}
-        ]
-    })
-    .to_string()
-}
-
-/// The kubelet's configuration for the real-runtime node.
-///
-/// - `failCgroupV1: false`: this machine has cgroup v1 (kubelet ≥ 1.35 refuses it otherwise);
-///   `cgroupsPerQOS: false` and no node-allocatable enforcement: the kubelet creates no cgroup
-///   hierarchy of its own (containerd and runc still put each container in a cgroup).
-/// - no hard eviction and no image garbage collection: the local images cannot be pulled again
-///   and a full CI disk must not evict test pods.
-/// - x509 client certificates of the cluster CA and webhook authorization: the API server's
-///   `kubectl logs`/`exec` requests come with its kubelet-client certificate.
-/// - `port`: the kubelet's HTTPS server on all addresses (the API server dials the node's
-///   InternalIP); no read-only or healthz port, no DNS.
-/// - registered with the [`TAINT_KEY`] taint.
-pub fn kubelet_config(files: &RuntimeFiles, ca: &Path, port: u16) -> String {
-    format!(
-        r#"apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-containerRuntimeEndpoint: unix://{socket}
-cgroupDriver: cgroupfs
-failCgroupV1: false
-failSwapOn: false
-cgroupsPerQOS: false
-enforceNodeAllocatable: []
-address: 0.0.0.0
-port: {port}
-readOnlyPort: 0
-healthzPort: 0
-staticPodPath: ""
-podLogsDir: {logs}
-resolvConf: ""
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: {ca}}}
-authorization: {{mode: Webhook}}
-evictionHard: {{}}
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-syncFrequency: 5s
-nodeStatusUpdateFrequency: 5s
-registerWithTaints:
-- {{key: {taint}, value: "true", effect: NoSchedule}}
-"#,
-        taint = TAINT_KEY,
-        socket = files.socket().display(),
-        logs = files.pod_logs_dir().display(),
-        ca = ca.display(),
-    )
-}
-
-/// Writes containerd's and the CNI configuration of a node.
-pub fn write_configs(files: &RuntimeFiles) -> Result<()> {
-    for d in [
-        files.containerd_dir(),
-        files.cni_conf_dir(),
-        files.cdi_dir(),
-        files.images_dir(),
-    ] {
-        std::fs::create_dir_all(&d).with_context(|| format!("create {}", d.display()))?;
-    }
-    std::fs::write(files.containerd_config(), containerd_config(files))?;
-    std::fs::write(
-        files.cni_conf_dir().join("10-das-e2e.conflist"),
-        cni_config(files),
-    )?;
-    Ok(())
-}
-
 /// Builds the probe and pause images (no registry: [`PROBE_IMAGE`], [`PAUSE_IMAGE`]) and imports
 /// them into containerd's `k8s.io` namespace, where the kubelet's CRI looks.
 pub fn import_images(files: &RuntimeFiles) -> Result<()> {
@@ -344,101 +205,11 @@ pub fn container_pid(files: &RuntimeFiles, container_id: &str) -> Result<i32> {
         .with_context(|| format!("runc state of {id} has no pid: {out}"))
 }
 
-/// Removes everything a node left running or mounted, after its kubelet and containerd
-/// stopped: every container in its runc state (killed and deleted), the shims that served this
-/// containerd, every mount below the node's directory (rootfs overlays, network namespaces,
-/// the kubelet's volume tmpfs) and the node's bridge. Best effort: what fails is printed.
-pub fn teardown(files: &RuntimeFiles) {
-    let runc_root = files.runc_containers().display().to_string();
-    if let Ok(out) = Command::new(RUNC)
-        .args(["--root", &runc_root, "list", "-q"])
-        .output()
-    {
-        for id in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            let _ = Command::new(RUNC)
-                .args(["--root", &runc_root, "delete", "--force", id])
-                .output();
-        }
-    }
-    kill_shims(&files.socket());
-    unmount_below(&files.root);
-    let (bridge, _) = network_of(&files.root);
-    let _ = Command::new("ip").args(["link", "del", &bridge]).output();
-}
-
-/// SIGKILLs the runc shims started by the containerd at `socket` (their command line names it).
-fn kill_shims(socket: &Path) {
-    let needle = socket.display().to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in entries.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains("containerd-shim-runc-v2") && cmdline.contains(&needle) {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    }
-}
-
-/// Lazily unmounts every mount point below `dir`, deepest first.
-fn unmount_below(dir: &Path) {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let mut points: Vec<PathBuf> = mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mount_point)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for p in points {
-        let Ok(c) = std::ffi::CString::new(p.display().to_string()) else {
-            continue;
-        };
-        // SAFETY: c is a valid NUL-terminated path that outlives the call.
-        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-            eprintln!(
-                "unmount {}: {}",
-                p.display(),
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// Mount points in mountinfo escape space, tab, newline and backslash as octal (`\040`).
-fn unescape_mount_point(s: &str) -> PathBuf {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            let code: String = chars.by_ref().take(3).collect();
-            if let Ok(n) = u8::from_str_radix(&code, 8) {
-                out.push(n as char);
-                continue;
-            }
-            out.push('\\');
-            out.push_str(&code);
-        } else {
-            out.push(c);
-        }
-    }
-    PathBuf::from(out)
-}
-
 /// What the probe of a container reported (`das-probe:` lines of its log, see
 /// e2e/containerd/probe): its DAS, NVIDIA and CUDA variables, its character devices and the
 /// files below `/usr/local/nvidia` with their first lines.
-pub fn probe_view(log: &str) -> Result<crate::das::ContainerView> {
-    let mut view = crate::das::ContainerView::default();
+pub fn probe_view(log: &str) -> Result<ContainerView> {
+    let mut view = ContainerView::default();
     let mut ready = false;
     for line in log.lines() {
         let Some(fact) = line.strip_prefix("das-probe: ") else {
@@ -499,7 +270,6 @@ pub fn host_ip() -> Result<std::net::IpAddr> {
 /// kube-proxy's flags: iptables mode as the proxy of `node`; it leaves the machine's conntrack
 /// limits and timeouts alone, and its health and metrics servers on free loopback ports.
 pub fn kube_proxy_args(kubeconfig: &Path, node: &str) -> Vec<String> {
-    use crate::workload::free_port;
     vec![
         "kube-proxy".into(),
         format!("--kubeconfig={}", kubeconfig.display()),
@@ -560,14 +330,5 @@ mod tests {
             "stand-in x (NVIDIA driver 1.2.3)"
         );
         assert!(probe_view("das-probe: start pid=1\n").is_err());
-    }
-
-    #[test]
-    fn mount_points_are_unescaped() {
-        assert_eq!(
-            unescape_mount_point(r"/tmp/a\040b/c"),
-            PathBuf::from("/tmp/a b/c")
-        );
-        assert_eq!(unescape_mount_point("/plain"), PathBuf::from("/plain"));
     }
 }

@@ -3,12 +3,16 @@
 //! Pods asking for `nvidia.com/mig-<profile>: N` get pod-level ResourceClaims instead; see
 //! docs/design.md §8. [`translate`] is the pure translation; [`server`] the HTTPS admission
 //! server, [`profiles`] the cache of offered profiles, [`templates`] the
-//! watched cache of created templates, [`metrics`] its Prometheus metrics and
-//! [`tls`] the reloading certificate resolver.
+//! watched cache of created templates, [`metrics`] its Prometheus metrics,
+//! [`tls`] the reloading certificate resolver and [`error`] the one error type (with the metric
+//! label of each kind of failure).
 
+pub mod error;
 pub mod metrics;
 pub mod profiles;
 pub mod server;
 pub mod templates;
 pub mod tls;
 pub mod translate;
+
+pub use error::{Error, Result};

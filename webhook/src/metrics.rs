@@ -3,23 +3,37 @@
 //!
 //! Source: prometheus-client (<https://docs.rs/prometheus-client>).
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Label of the request counter: how the review was answered.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// Labels of the request counter: how the review was answered and, for an error, why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Outcome {
     /// `unchanged`, `patched`, `denied` or `error`.
     pub outcome: String,
+    /// For `error` only: the error's label (`crate::error::Error::metric_label`). The other
+    /// outcomes have no `cause` label at all, so their series are what they were before it.
+    pub cause: Option<&'static str>,
+}
+
+impl EncodeLabelSet for Outcome {
+    fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        ("outcome", self.outcome.as_str()).encode(encoder.encode_label())?;
+        if let Some(cause) = self.cause {
+            ("cause", cause).encode(encoder.encode_label())?;
+        }
+        Ok(())
+    }
 }
 
 /// Every metric the webhook exports.
 pub struct Metrics {
+    /// The registry every metric below is in, prefixed `das_webhook`.
     pub registry: Registry,
-    /// `das_webhook_admission_requests_total{outcome}`.
+    /// `das_webhook_admission_requests_total{outcome}` (and `cause` when `outcome="error"`).
     pub requests: Family<Outcome, Counter>,
     /// `das_webhook_denials_total`.
     pub denials: Counter,
@@ -70,6 +84,17 @@ impl Metrics {
         self.requests
             .get_or_create(&Outcome {
                 outcome: outcome.to_string(),
+                cause: None,
+            })
+            .inc();
+    }
+
+    /// Counts one review answered with an error, by `cause` (the error's `metric_label`).
+    pub fn count_error(&self, cause: &'static str) {
+        self.requests
+            .get_or_create(&Outcome {
+                outcome: "error".to_string(),
+                cause: Some(cause),
             })
             .inc();
     }
@@ -79,3 +104,6 @@ impl Metrics {
         das_runtime::probes::encode(&self.registry)
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -13,7 +13,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::Client;
 use kube::Resource;
@@ -21,6 +20,7 @@ use kube::api::{Api, ListParams};
 use kube::core::{ObjectList, Request};
 use serde::Deserialize;
 
+use crate::error::{Error, Result};
 use crate::translate::{Offered, offered_profile, resolve_profile};
 
 /// ResourceSlices per list page. A DAS slice of 64 devices is about 50 kB of JSON (more with
@@ -208,20 +208,22 @@ impl ApiSource {
         let mut summary = PlacementSummary::default();
         let mut lp = first.clone();
         loop {
-            let page: ObjectList<SlicePlacements> =
-                match self.client.request(request.list(&lp)?).await {
-                    Ok(page) => page,
-                    Err(kube::Error::Api(e))
-                        if e.code == 410 && lp.continue_token.is_some() && !started_over =>
-                    {
-                        tracing::info!("ResourceSlice list expired between pages; listing again");
-                        started_over = true;
-                        summary = PlacementSummary::default();
-                        lp = first.clone();
-                        continue;
-                    }
-                    Err(e) => return Err(e).context("list ResourceSlices"),
-                };
+            let list = request
+                .list(&lp)
+                .map_err(|e| Error::ListSlices(kube::Error::BuildRequest(e)))?;
+            let page: ObjectList<SlicePlacements> = match self.client.request(list).await {
+                Ok(page) => page,
+                Err(kube::Error::Api(e))
+                    if e.code == 410 && lp.continue_token.is_some() && !started_over =>
+                {
+                    tracing::info!("ResourceSlice list expired between pages; listing again");
+                    started_over = true;
+                    summary = PlacementSummary::default();
+                    lp = first.clone();
+                    continue;
+                }
+                Err(e) => return Err(Error::ListSlices(e)),
+            };
             summary.add_page(page.items);
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(token) => lp = lp.continue_token(&token),
@@ -233,7 +235,11 @@ impl ApiSource {
 
 impl Source for ApiSource {
     async fn fetch(&self) -> Result<Offered> {
-        let classes = self.classes.list(&ListParams::default()).await?;
+        let classes = self
+            .classes
+            .list(&ListParams::default())
+            .await
+            .map_err(Error::ListClasses)?;
         let mut profiles: Vec<String> = classes
             .items
             .iter()

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tower_http::timeout::TimeoutLayer;
 
+use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::profiles::Profiles;
 use crate::templates::{Ensured, Templates};
@@ -34,8 +34,11 @@ use crate::translate::{self, Translation};
 
 /// Shared state of the handlers.
 pub struct App {
+    /// The offered profiles, for the translation.
     pub profiles: Arc<Profiles>,
+    /// The ResourceClaimTemplates the webhook created, and creates.
     pub templates: Templates,
+    /// The webhook's metrics, served on `/metrics`.
     pub metrics: Metrics,
     /// Who may read `/metrics` (`--metrics-auth`); `/healthz` and `/readyz` are open.
     pub metrics_access: MetricsAccess,
@@ -94,17 +97,21 @@ pub fn router(app: Arc<App>, limits: Limits) -> Router {
 
 /// Accepts TLS connections on `listener` for ever, one task per connection (HTTP/1.1), within
 /// `limits`. A failed accept (out of file descriptors, a reset connection) is logged and the
-/// loop goes on: it never ends the process.
+/// loop goes on: it never ends the process, and it never returns.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     routes: Router,
     limits: Limits,
-) -> Result<()> {
+) -> std::convert::Infallible {
     let acceptor = TlsAcceptor::from(tls);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     loop {
-        let slot = slots.clone().acquire_owned().await?;
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -139,7 +146,7 @@ async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, String) {
         Ok(()) => (StatusCode::OK, "ok".into()),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("cannot list DeviceClasses: {e:#}"),
+            format!("cannot list the offered profiles: {e}"),
         ),
     }
 }
@@ -158,14 +165,23 @@ async fn mutate_pods(
 ) -> Json<Value> {
     let started = Instant::now();
     let parsed: Result<AdmissionRequest<Pod>, _> = review.try_into();
-    let (outcome, response) = match parsed {
-        Ok(req) => review_pod(&app, &req).await,
-        Err(e) => (
-            "error",
-            AdmissionResponse::invalid(format!("bad AdmissionReview: {e}")),
-        ),
+    let response = match parsed {
+        Ok(req) => match review_pod(&app, &req).await {
+            Ok((outcome, response)) => {
+                app.metrics.count(outcome);
+                response
+            }
+            Err(e) => {
+                app.metrics.count_error(e.metric_label());
+                AdmissionResponse::from(&req).deny(format!("das-webhook: {e}"))
+            }
+        },
+        Err(e) => {
+            let e = Error::BadReview(e);
+            app.metrics.count_error(e.metric_label());
+            AdmissionResponse::invalid(e.to_string())
+        }
     };
-    app.metrics.count(outcome);
     app.metrics.latency.observe(started.elapsed().as_secs_f64());
     Json(wire_review(response.into_review()))
 }
@@ -187,47 +203,41 @@ fn wire_review(review: AdmissionReview<DynamicObject>) -> Value {
     v
 }
 
-/// Answers one review: (outcome label, response).
-async fn review_pod(app: &App, req: &AdmissionRequest<Pod>) -> (&'static str, AdmissionResponse) {
+/// Answers one review: (outcome label, response); an error is answered by the caller with a
+/// denial that says what failed, and counted by its label.
+async fn review_pod(
+    app: &App,
+    req: &AdmissionRequest<Pod>,
+) -> Result<(&'static str, AdmissionResponse)> {
     let resp = AdmissionResponse::from(req);
     // Only a pod's creation is translated (the chart registers CREATE only). An UPDATE cannot
     // add `nvidia.com/mig-*`: container resources are immutable but for in-place resize of CPU
     // and memory, and ephemeral containers may not have resources; the API server refuses both.
     if req.operation != kube::core::admission::Operation::Create {
-        return ("unchanged", resp);
+        return Ok(("unchanged", resp));
     }
     let Some(pod) = req.object.as_ref() else {
-        return ("unchanged", resp);
+        return Ok(("unchanged", resp));
     };
-    let t = match translation(app, pod).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(denial)) => {
+    let t = match translation(app, pod).await? {
+        Ok(t) => t,
+        Err(denial) => {
             app.metrics.denials.inc();
             tracing::info!(pod = %pod_ref(req, pod), reason = %denial, "denied");
-            return ("denied", resp.deny(denial));
+            return Ok(("denied", resp.deny(denial)));
         }
-        Err(e) => return ("error", resp.deny(format!("das-webhook: {e:#}"))),
     };
     if t.is_empty() {
-        return ("unchanged", resp);
+        return Ok(("unchanged", resp));
     }
-    if !req.dry_run
-        && let Err(e) = ensure_templates(app, req, &t).await
-    {
-        return ("error", resp.deny(format!("das-webhook: {e:#}")));
+    if !req.dry_run {
+        ensure_templates(app, req, &t).await?;
     }
     tracing::info!(pod = %pod_ref(req, pod), dry_run = req.dry_run, translated = ?t.translated, "translated");
     let warnings = (!t.warnings.is_empty()).then(|| t.warnings.clone());
-    match resp.with_patch(t.patch) {
-        Ok(mut r) => {
-            r.warnings = warnings;
-            ("patched", r)
-        }
-        Err(e) => (
-            "error",
-            AdmissionResponse::from(req).deny(format!("das-webhook: {e}")),
-        ),
-    }
+    let mut r = resp.with_patch(t.patch).map_err(Error::Patch)?;
+    r.warnings = warnings;
+    Ok(("patched", r))
 }
 
 /// The translation of `pod` against the profiles the cluster offers; the outer error is an
@@ -264,107 +274,4 @@ fn pod_ref(req: &AdmissionRequest<Pod>, pod: &Pod) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use base64::Engine;
-    use serde_json::json;
-
-    #[test]
-    fn the_patch_goes_on_the_wire_as_base64() {
-        let req: AdmissionReview<Pod> = serde_json::from_value(json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-                "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": "CREATE", "userInfo": {}, "dryRun": false}
-        }))
-        .unwrap();
-        let req: AdmissionRequest<Pod> = req.try_into().unwrap();
-        let patch: json_patch::Patch =
-            serde_json::from_value(json!([{"op": "remove", "path": "/a"}])).unwrap();
-        let review = AdmissionResponse::from(&req)
-            .with_patch(patch)
-            .unwrap()
-            .into_review();
-        let v = wire_review(review);
-        let b64 = v["response"]["patch"].as_str().expect("a string");
-        let raw = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap();
-        let back: Value = serde_json::from_slice(&raw).unwrap();
-        assert_eq!(back, json!([{"op": "remove", "path": "/a"}]));
-        assert_eq!(v["response"]["uid"], "u1");
-        assert_eq!(v["response"]["patchType"], "JSONPatch");
-    }
-
-    /// Knows one token, of a user who may read /metrics.
-    struct OneReader;
-
-    impl das_runtime::metrics_auth::Reviewer for OneReader {
-        fn authenticate<'a>(
-            &'a self,
-            token: &'a str,
-        ) -> das_runtime::metrics_auth::Review<
-            'a,
-            Option<k8s_openapi::api::authentication::v1::UserInfo>,
-        > {
-            Box::pin(async move {
-                Ok(
-                    (token == "good").then(|| k8s_openapi::api::authentication::v1::UserInfo {
-                        username: Some("prometheus".into()),
-                        ..Default::default()
-                    }),
-                )
-            })
-        }
-
-        fn authorize<'a>(
-            &'a self,
-            user: &'a k8s_openapi::api::authentication::v1::UserInfo,
-            verb: &'a str,
-            path: &'a str,
-        ) -> das_runtime::metrics_auth::Review<'a, bool> {
-            Box::pin(async move {
-                Ok(user.username.as_deref() == Some("prometheus")
-                    && verb == "get"
-                    && path == "/metrics")
-            })
-        }
-    }
-
-    #[tokio::test]
-    async fn metrics_ask_for_a_reviewed_token_and_health_stays_open() {
-        use tower::ServiceExt;
-        // An API server that is never reached: /healthz and /metrics do not call it.
-        let client =
-            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
-                .unwrap();
-        let app = Arc::new(App {
-            profiles: Arc::new(Profiles::new(client.clone(), Duration::from_secs(30))),
-            templates: Templates::watch(&das_runtime::client::Clients {
-                calls: client.clone(),
-                watches: client,
-            }),
-            metrics: Metrics::default(),
-            metrics_access: MetricsAccess::reviewed(Arc::new(OneReader)),
-        });
-        let routes = router(app, Limits::default());
-        let get = |path: &'static str, token: Option<&'static str>| {
-            let routes = routes.clone();
-            async move {
-                let mut req = axum::http::Request::get(path);
-                if let Some(t) = token {
-                    req = req.header("authorization", format!("Bearer {t}"));
-                }
-                let resp = routes
-                    .oneshot(req.body(axum::body::Body::empty()).unwrap())
-                    .await
-                    .unwrap();
-                resp.status().as_u16()
-            }
-        };
-        assert_eq!(get("/metrics", None).await, 401);
-        assert_eq!(get("/metrics", Some("forged")).await, 401);
-        assert_eq!(get("/metrics", Some("good")).await, 200);
-        assert_eq!(get("/healthz", None).await, 200);
-    }
-}
+mod tests;

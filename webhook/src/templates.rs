@@ -3,7 +3,6 @@
 //!
 //! Source: kube-runtime reflector (<https://docs.rs/kube/latest/kube/runtime/fn.reflector.html>).
 
-use anyhow::{Context, Result};
 use das_runtime::client::Clients;
 use futures::StreamExt;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -12,6 +11,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use crate::error::{Error, Result};
 use crate::translate::{MANAGED_BY_LABEL, template_mismatch};
 
 /// What [`Templates::ensure`] did with one template.
@@ -68,14 +68,19 @@ impl Templates {
         match api.create(&PostParams::default(), template).await {
             Ok(_) => Ok(Ensured::Created),
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                let existing = api
-                    .get(name)
-                    .await
-                    .with_context(|| format!("read ResourceClaimTemplate {ns}/{name}"))?;
+                let existing = api.get(name).await.map_err(|source| Error::ReadTemplate {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                    source,
+                })?;
                 check(ns, &existing, template)?;
                 Ok(Ensured::Existed)
             }
-            Err(e) => Err(e).with_context(|| format!("create ResourceClaimTemplate {ns}/{name}")),
+            Err(source) => Err(Error::CreateTemplate {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                source,
+            }),
         }
     }
 }
@@ -89,8 +94,10 @@ fn check(
     let name = desired.metadata.name.as_deref().unwrap_or_default();
     match template_mismatch(existing, desired) {
         None => Ok(()),
-        Some(why) => anyhow::bail!(
-            "ResourceClaimTemplate {ns}/{name} exists but {why}; das-webhook will not put pods on it: delete it (`kubectl delete resourceclaimtemplate -n {ns} {name}`) and das-webhook creates the right one"
-        ),
+        Some(why) => Err(Error::TemplateMismatch {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            why,
+        }),
     }
 }

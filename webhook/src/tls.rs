@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use anyhow::{Context, Result};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
-use tokio_rustls::rustls::{self, ServerConfig};
+
+use crate::error::{Error, Result};
 
 /// The certificate in use and the modification times of the files it came from.
 struct Loaded {
@@ -62,7 +63,7 @@ impl ReloadingCert {
                 true
             }
             Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "certificate files changed but do not load; keeping the old pair");
+                tracing::warn!(error = %e, "certificate files changed but do not load; keeping the old pair");
                 false
             }
         }
@@ -86,7 +87,7 @@ impl ReloadingCert {
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>> {
         let mut cfg = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
             .with_safe_default_protocol_versions()
-            .context("TLS protocol versions")?
+            .map_err(Error::TlsConfig)?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -107,17 +108,21 @@ fn stamps(cert: &Path, key: &Path) -> (Option<SystemTime>, Option<SystemTime>) {
 
 fn load(cert: &Path, key: &Path) -> Result<Loaded> {
     let stamp = stamps(cert, key);
+    let pem = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::ReadPem { path, source }
+    };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("read {}", cert.display()))?
+        .map_err(pem(cert))?
         .collect::<Result<_, _>>()
-        .with_context(|| format!("parse {}", cert.display()))?;
-    anyhow::ensure!(!chain.is_empty(), "no certificate in {}", cert.display());
-    let der =
-        PrivateKeyDer::from_pem_file(key).with_context(|| format!("read {}", key.display()))?;
-    let signing = ring::sign::any_supported_type(&der).map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(pem(cert))?;
+    if chain.is_empty() {
+        return Err(Error::NoCertificate(cert.to_path_buf()));
+    }
+    let der = PrivateKeyDer::from_pem_file(key).map_err(pem(key))?;
+    let signing = ring::sign::any_supported_type(&der).map_err(Error::UnusableKey)?;
     let ck = CertifiedKey::new(chain, signing);
-    ck.keys_match()
-        .map_err(|e: rustls::Error| anyhow::anyhow!("certificate and key do not match: {e}"))?;
+    ck.keys_match().map_err(Error::KeyMismatch)?;
     Ok(Loaded {
         key: Arc::new(ck),
         stamp,
@@ -125,57 +130,4 @@ fn load(cert: &Path, key: &Path) -> Result<Loaded> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use das_e2e::pki::{Pki, Usage};
-
-    fn issue(pki: &Pki, cn: &str) -> das_e2e::pki::CertFiles {
-        let sans = vec!["127.0.0.1".to_string()];
-        pki.issue("serving", cn, Usage::Server { sans }).unwrap()
-    }
-
-    /// Bumps both files' modification times so the change is seen whatever the clock granularity.
-    fn touch_later(files: &das_e2e::pki::CertFiles, secs: u64) {
-        let t = SystemTime::now() + Duration::from_secs(secs);
-        for p in [&files.cert, &files.key] {
-            std::fs::File::options()
-                .write(true)
-                .open(p)
-                .unwrap()
-                .set_modified(t)
-                .unwrap();
-        }
-    }
-
-    #[test]
-    fn a_rotated_pair_is_served_and_a_broken_one_ignored() {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = Pki::create(dir.path()).unwrap();
-        let files = issue(&pki, "first");
-        let cert = ReloadingCert::new(&files.cert, &files.key).unwrap();
-        let first = cert.current().cert[0].clone();
-        assert!(
-            !cert.reload_if_changed(),
-            "unchanged files are not reloaded"
-        );
-
-        issue(&pki, "second");
-        touch_later(&files, 10);
-        assert!(cert.reload_if_changed());
-        let second = cert.current().cert[0].clone();
-        assert_ne!(first, second);
-
-        std::fs::write(&files.key, "not a key").unwrap();
-        touch_later(&files, 20);
-        assert!(!cert.reload_if_changed(), "a broken pair is not taken");
-        assert_eq!(cert.current().cert[0], second);
-        assert!(cert.server_config().is_ok());
-    }
-
-    #[test]
-    fn missing_files_fail_at_start() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("none.crt");
-        assert!(ReloadingCert::new(&p, &p).is_err());
-    }
-}
+mod tests;

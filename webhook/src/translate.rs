@@ -33,10 +33,15 @@ const DNS_LABEL_MAX: usize = 63;
 /// One legacy request that was translated, as recorded in [`TRANSLATION_ANNOTATION`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Translated {
+    /// The container that asked.
     pub container: String,
+    /// The legacy resource, e.g. `nvidia.com/mig-1g.10gb`.
     pub resource: String,
+    /// How many slices it asked for.
     pub count: u32,
+    /// The pod-level claim entry that stands for it now.
     pub claim: String,
+    /// The ResourceClaimTemplate the claim is made from.
     pub template: String,
 }
 
@@ -64,6 +69,7 @@ impl Translation {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", .problems.join("; "))]
 pub struct Denial {
+    /// Every problem found, each a sentence for the user.
     pub problems: Vec<String>,
 }
 

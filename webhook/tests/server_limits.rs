@@ -2,6 +2,8 @@
 //! off, connections are limited, large bodies are refused, and none of it stops the server. No
 //! cluster needed: the server runs in the test with a loopback certificate.
 
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,46 @@ use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
 
+/// A CA of its own in `dir` and a serving certificate from it for `127.0.0.1` with common name
+/// `cn`: returns the CA's certificate file and the serving certificate and key files (PEM).
+fn loopback_serving(dir: &Path, cn: &str) -> (PathBuf, PathBuf, PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose, SanType,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name
+        .push(DnType::CommonName, "das-webhook-test-ca");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let mut serving = CertificateParams::new(Vec::<String>::new()).unwrap();
+    serving.distinguished_name.push(DnType::CommonName, cn);
+    serving.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    serving.subject_alt_names = vec![SanType::IpAddress(Ipv4Addr::LOCALHOST.into())];
+    let cert = serving.signed_by(&key, &issuer).unwrap();
+    let files = (
+        dir.join("ca.crt"),
+        dir.join("serving.crt"),
+        dir.join("serving.key"),
+    );
+    std::fs::write(&files.0, ca_cert.pem()).unwrap();
+    std::fs::write(&files.1, cert.pem()).unwrap();
+    std::fs::write(&files.2, key.serialize_pem()).unwrap();
+    files
+}
+
 struct Server {
     port: u16,
     ca: std::path::PathBuf,
@@ -23,8 +65,8 @@ struct Server {
 
 async fn start(limits: Limits) -> Server {
     let dir = tempfile::tempdir().unwrap();
-    let (pki, serving) = das_e2e::pki::loopback_serving(dir.path(), "das-webhook").unwrap();
-    let tls = ReloadingCert::new(&serving.cert, &serving.key)
+    let (ca, cert, key) = loopback_serving(dir.path(), "das-webhook");
+    let tls = ReloadingCert::new(&cert, &key)
         .unwrap()
         .server_config()
         .unwrap();
@@ -50,7 +92,7 @@ async fn start(limits: Limits) -> Server {
     ));
     Server {
         port,
-        ca: pki.ca.cert.clone(),
+        ca,
         _dir: dir,
     }
 }

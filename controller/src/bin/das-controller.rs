@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use das_controller::controller;
 use das_controller::lease::{Elector, LeaseConfig};
 use das_controller::metrics::Metrics;
-use das_controller::reconcile;
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
 use das_runtime::logging::LogArgs;
 use das_runtime::metrics_auth::MetricsAuthArgs;
@@ -49,7 +49,7 @@ struct Args {
     lease_duration_seconds: u64,
     /// How many ResourceClaims are reconciled at once (0: no limit). Each reconcile holds at
     /// most one API request in flight.
-    #[arg(long, env = "DAS_CONCURRENT_RECONCILES", default_value_t = reconcile::DEFAULT_CONCURRENT_RECONCILES)]
+    #[arg(long, env = "DAS_CONCURRENT_RECONCILES", default_value_t = controller::DEFAULT_CONCURRENT_RECONCILES)]
     concurrent_reconciles: u16,
     #[command(flatten)]
     log: LogArgs,
@@ -103,7 +103,7 @@ async fn run(args: Args) -> Result<u8> {
         run_elected(&args, clients, metrics, id, stopped, stop_tx).await
     } else {
         metrics.leader.set(1);
-        reconcile::run(clients, metrics, id, args.concurrent_reconciles, stopped()).await;
+        controller::run(clients, metrics, id, args.concurrent_reconciles, stopped()).await;
         0
     };
     server
@@ -140,7 +140,7 @@ where
     metrics.probe.set_ready(false);
     metrics.leader.set(1);
     let lost = tokio::select! {
-        _ = reconcile::run(clients, metrics.clone(), id, args.concurrent_reconciles, stopped()) => false,
+        _ = controller::run(clients, metrics.clone(), id, args.concurrent_reconciles, stopped()) => false,
         _ = elector.keep() => true,
     };
     metrics.leader.set(0);

@@ -395,3 +395,26 @@ fn only_our_own_writes_are_echoes() {
     own.retain(&HashMap::new());
     assert!(!own.is_echo(&at("inUse", "14")));
 }
+
+#[test]
+fn pods_map_to_their_claims() {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [], "resourceClaims": [
+            {"name": "a", "resourceClaimName": "shared"},
+            {"name": "b", "resourceClaimTemplateName": "t"}]},
+        "status": {"resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x1"}]}
+    }))
+    .unwrap();
+    let names: Vec<_> = claims_of_pod(&pod)
+        .into_iter()
+        .map(|r| r.to_string())
+        .collect();
+    assert_eq!(names.len(), 2);
+    assert!(
+        names
+            .iter()
+            .any(|n| n.contains("ns") && n.contains("p-b-x1"))
+    );
+    assert!(names.iter().any(|n| n.contains("shared")));
+}

@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
 
 use das_api::allocation::MigPlacement;
@@ -16,76 +14,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::handler::ClaimRef;
 use crate::claims::checkpoint::RecordedDevice;
+pub use crate::claims::error::ApiError;
+use crate::events::{EventKind, EventSink, EventTarget, KubeEvents};
 
-/// Field manager of the plugin's writes to `ResourceClaim.status.devices`.
-pub const FIELD_MANAGER: &str = "das-kubelet-plugin";
+/// Field manager of the plugin's writes to `ResourceClaim.status.devices` (the reporter of its
+/// events too).
+pub const FIELD_MANAGER: &str = crate::events::REPORTER;
 
 /// Longest any one API call may take before it counts as failed (on top of the client's own
 /// connect and read timeouts): a hung call must not hold a claim's lock or the handover gate.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A failed API call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct ApiError {
-    /// What went wrong, for messages.
-    pub message: String,
-    /// Retrying cannot help: the object is gone, or the write is refused for good (for example
-    /// the claim was replaced or deallocated, so the status no longer fits it).
-    pub permanent: bool,
-}
-
-impl ApiError {
-    /// A failure worth retrying.
-    pub fn transient(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            permanent: false,
-        }
-    }
-
-    /// A failure retrying cannot fix.
-    pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            permanent: true,
-        }
-    }
-}
-
-impl From<kube::Error> for ApiError {
-    fn from(e: kube::Error) -> Self {
-        // 404 gone, 409 conflict (UID precondition), 422 invalid (devices no longer allocated).
-        let permanent = matches!(&e, kube::Error::Api(s) if [404, 409, 422].contains(&s.code));
-        Self {
-            message: e.to_string(),
-            permanent,
-        }
-    }
-}
-
-/// The type of an event (`events.k8s.io/v1` `Event.type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    /// Something users should know that is not a problem (a GPU recovered).
-    Normal,
-    /// Something that went wrong.
-    Warning,
-}
-
-/// What an event is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventTarget {
-    /// A ResourceClaim.
-    Claim(ClaimRef),
-    /// This node.
-    Node,
-}
-
-/// The API-server calls the request path makes. Implementations bound every call in time
-/// (see [`CALL_TIMEOUT`]).
+/// The API-server calls the request path makes, and the events it posts ([`EventSink`], a
+/// supertrait so an `Arc<dyn ClaimApi>` posts events too). Implementations bound every call in
+/// time (see [`CALL_TIMEOUT`]).
 #[tonic::async_trait]
-pub trait ClaimApi: Send + Sync + 'static {
+pub trait ClaimApi: EventSink {
     /// The ResourceClaim `namespace/name`, `None` when there is none.
     async fn get_claim(
         &self,
@@ -103,13 +47,6 @@ pub trait ClaimApi: Send + Sync + 'static {
         claim: &ClaimRef,
         devices: &[RecordedDevice],
     ) -> Result<(), ApiError>;
-    /// Posts an event of `kind` (best effort: a failure is logged, never returned).
-    async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String);
-
-    /// Posts a Warning event (best effort).
-    async fn warn(&self, about: &EventTarget, reason: &str, note: String) {
-        self.event(about, EventKind::Warning, reason, note).await;
-    }
 }
 
 /// ResourceClaims per page when the plugin lists them (a cold start without its checkpoint): a
@@ -124,7 +61,7 @@ pub fn allocated_to(rc: &ResourceClaim, node: &str) -> bool {
 /// [`ClaimApi`] over a kube client.
 pub struct KubeClaimApi {
     client: Client,
-    recorder: Recorder,
+    events: KubeEvents,
     node: String,
     call_timeout: Duration,
 }
@@ -133,21 +70,18 @@ impl KubeClaimApi {
     /// Calls through `client` (build it with connect and read timeouts); events are reported as
     /// `das-kubelet-plugin` on `node`.
     pub fn new(client: Client, node: &str) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(node.to_string()),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), reporter),
+            events: KubeEvents::new(client.clone(), node).with_timeout(CALL_TIMEOUT),
             client,
             node: node.to_string(),
             call_timeout: CALL_TIMEOUT,
         }
     }
 
-    /// Bounds every call by `limit` instead of [`CALL_TIMEOUT`].
+    /// Bounds every call (event posts included) by `limit` instead of [`CALL_TIMEOUT`].
     pub fn with_call_timeout(mut self, limit: Duration) -> Self {
         self.call_timeout = limit;
+        self.events = self.events.with_timeout(limit);
         self
     }
 
@@ -215,42 +149,12 @@ impl ClaimApi for KubeClaimApi {
         .await
         .map(drop)
     }
+}
 
+#[tonic::async_trait]
+impl EventSink for KubeClaimApi {
     async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String) {
-        let reference = match about {
-            EventTarget::Claim(c) => ObjectReference {
-                api_version: Some("resource.k8s.io/v1".into()),
-                kind: Some("ResourceClaim".into()),
-                namespace: Some(c.namespace.clone()),
-                name: Some(c.name.clone()),
-                uid: Some(c.uid.clone()),
-                ..Default::default()
-            },
-            EventTarget::Node => ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(self.node.clone()),
-                ..Default::default()
-            },
-        };
-        let event = Event {
-            type_: match kind {
-                EventKind::Normal => EventType::Normal,
-                EventKind::Warning => EventType::Warning,
-            },
-            reason: reason.to_string(),
-            // The Events API caps the note at 1 kB.
-            note: Some(note.chars().take(1000).collect()),
-            action: reason.to_string(),
-            secondary: None,
-        };
-        match tokio::time::timeout(self.call_timeout, self.recorder.publish(&event, &reference))
-            .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(reason, error = %e, "could not post an event"),
-            Err(_) => tracing::warn!(reason, "posting an event timed out"),
-        }
+        self.events.event(about, kind, reason, note).await;
     }
 }
 

@@ -2,18 +2,23 @@
 //! request path (metrics are labelled by [`PrepareError::metric_label`]) and turned into the
 //! kubelet's error text only at the gRPC boundary, prefixed with the claim.
 
+use std::sync::Arc;
+
 use das_api::DRIVER_NAME;
 
 use crate::claims::cdi::CdiError;
+use crate::claims::checkpoint::CheckpointError;
 use crate::gpu::BackendError;
 
 /// Why one claim could not be prepared or unprepared. Every message names the device, instance or
-/// object at fault and, where there is one, what the user can do.
+/// object at fault and, where there is one, what the user can do. The variants that wrap another
+/// part's error keep it as their [`std::error::Error::source`] (behind an [`Arc`] where that error
+/// cannot be cloned: an answer is cloned to every caller waiting for it).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PrepareError {
     /// The ResourceClaim could not be read (the API server is unreachable or slow).
     #[error("cannot read the ResourceClaim from the API server: {0}")]
-    ApiRead(String),
+    ApiRead(#[source] ApiError),
     /// The ResourceClaim is gone.
     #[error("the ResourceClaim no longer exists")]
     ClaimGone,
@@ -90,12 +95,12 @@ pub enum PrepareError {
     /// A recorded instance cannot be checked because its GPU does not answer.
     #[error("{0}")]
     GpuUnavailable(BackendError),
-    /// The CDI spec could not be written.
+    /// The CDI spec could not be built, written or deleted.
     #[error("CDI spec: {0}")]
-    Cdi(String),
+    Cdi(#[source] Arc<CdiError>),
     /// The checkpoint could not be saved.
     #[error("checkpoint: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[source] Arc<CheckpointError>),
     /// This plugin instance handed the node to a newer one.
     #[error(
         "this DAS node plugin instance has handed over to a newer one on the node; the kubelet retries"
@@ -156,7 +161,53 @@ impl PrepareError {
 
 impl From<CdiError> for PrepareError {
     fn from(e: CdiError) -> Self {
-        PrepareError::Cdi(e.to_string())
+        PrepareError::Cdi(Arc::new(e))
+    }
+}
+
+impl From<CheckpointError> for PrepareError {
+    fn from(e: CheckpointError) -> Self {
+        PrepareError::Checkpoint(Arc::new(e))
+    }
+}
+
+/// A failed API call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ApiError {
+    /// What went wrong, for messages.
+    pub message: String,
+    /// Retrying cannot help: the object is gone, or the write is refused for good (for example
+    /// the claim was replaced or deallocated, so the status no longer fits it).
+    pub permanent: bool,
+}
+
+impl ApiError {
+    /// A failure worth retrying.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure retrying cannot fix.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+}
+
+impl From<kube::Error> for ApiError {
+    fn from(e: kube::Error) -> Self {
+        // 404 gone, 409 conflict (UID precondition), 422 invalid (devices no longer allocated).
+        let permanent = matches!(&e, kube::Error::Api(s) if [404, 409, 422].contains(&s.code));
+        Self {
+            message: e.to_string(),
+            permanent,
+        }
     }
 }
 

@@ -1,10 +1,12 @@
 //! What the kubelet-facing server calls: the claim and device types of the DRA gRPC API as
-//! the request path sees them, and the traits the request path implements. The server
-//! (`crate::plugin::server`) only translates between gRPC messages and these.
+//! the request path sees them, and the trait the request path implements. The server
+//! (`crate::plugin::server`) only translates between gRPC messages and these. (Device health,
+//! the other service the server answers, comes from `crate::health::source`.)
 
 use std::collections::HashMap;
 
 use super::PrepareError;
+use crate::events::EventTarget;
 
 /// A claim as the kubelet names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -16,6 +18,17 @@ pub struct ClaimRef {
     /// UID of the ResourceClaim: the key of every per-claim state (a claim deleted and
     /// re-created under the same name is another claim).
     pub uid: String,
+}
+
+impl From<&ClaimRef> for EventTarget {
+    /// An event about the claim `c`, by namespace, name and UID.
+    fn from(c: &ClaimRef) -> Self {
+        EventTarget::Claim {
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            uid: c.uid.clone(),
+        }
+    }
 }
 
 impl std::fmt::Display for ClaimRef {
@@ -47,30 +60,4 @@ pub trait ClaimHandler: Send + Sync + 'static {
     ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>>;
     /// Unprepares every claim; idempotent; one entry per claim UID.
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>>;
-}
-
-/// One device's health as reported to the kubelet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceHealthReport {
-    /// Pool of the device (this node).
-    pub pool: String,
-    /// Published device name.
-    pub device: String,
-    /// Whether the device can be used.
-    pub healthy: bool,
-    /// Why, when unhealthy (at most 1024 characters reach the kubelet).
-    pub message: String,
-}
-
-/// Where device health comes from.
-#[tonic::async_trait]
-pub trait HealthSource: Send + Sync + 'static {
-    /// The health of every published device.
-    async fn device_health(&self) -> Vec<DeviceHealthReport>;
-
-    /// A receiver whose value changes when device health may have changed, so the health
-    /// stream reports at once instead of at its next interval; `None` for the interval only.
-    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        None
-    }
 }

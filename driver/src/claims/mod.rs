@@ -5,17 +5,26 @@
 //!   instance is which recorded instance, what a retried prepare may reuse, what start-up
 //!   destroys). Unit-tested without I/O.
 //! - [`preparer`]: [`Preparer`], the thin I/O layer that carries the decisions out against the
-//!   GPU backend, the checkpoint, the CDI directory and the API server.
-//! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server.
-//! - [`reaper`]: retries the destroys of instances whose claim is gone, with backoff.
+//!   GPU backend, the checkpoint, the CDI directory and the API server; every one of its
+//!   methods (prepare, release, start-up, reaper and orphan-rule passes, gauges) is in one of
+//!   its submodules.
+//! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server: its steps, its
+//!   [`Report`] and its [`StartupError`].
+//! - [`reaper`]: retries the destroys of instances whose claim is gone, with backoff (its
+//!   schedule; the passes are [`preparer::reaper`]'s).
 //! - [`orphans`]: the orphan rule: when a prepared claim the kubelet never unprepares may be
-//!   released, on the container runtime's evidence ([`cri`], its CRI client).
+//!   released, on the container runtime's evidence ([`cri`], its CRI client); its policy and
+//!   suspects (the checks are [`preparer::orphans`]'s).
 //! - [`status`]: writes a claim's `status.devices`, retrying until it lands or the claim is gone.
-//! - [`handler`]: what the kubelet-facing server calls ([`ClaimHandler`], [`HealthSource`]) and
-//!   the claim and device types it passes.
+//! - [`unclaimed`]: the MIG instances no claim holds, as the health monitor asks for them
+//!   (`crate::health::unclaimed::UnclaimedInstances`).
+//! - [`handler`]: what the kubelet-facing server calls ([`ClaimHandler`]) and the claim and
+//!   device types it passes.
 //! - [`checkpoint`]: the versioned, atomically written record of prepared claims and the exact
-//!   MIG instances they hold ([`checkpoint::CheckpointStore`]).
-//! - [`cdi`]: CDI spec types and DAS's per-claim spec.
+//!   MIG instances they hold: its document ([`checkpoint::format`], pure) and its file
+//!   ([`checkpoint::store`], [`checkpoint::CheckpointStore`]).
+//! - [`cdi`]: CDI spec types and DAS's per-claim spec ([`cdi::schema`], [`cdi::spec`], pure),
+//!   and their files ([`cdi::files`], [`cdi::CdiWriter`]).
 //! - [`driver_files`]: the driver's libraries and tools every claim's spec mounts.
 //! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
 //! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
@@ -45,6 +54,7 @@ pub mod preparer;
 pub mod reaper;
 pub mod startup;
 pub mod status;
+pub mod unclaimed;
 
 #[cfg(test)]
 mod model_tests;
@@ -53,11 +63,12 @@ mod regression_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use api::{ApiError, ClaimApi, EventKind, EventTarget, KubeClaimApi};
+pub use crate::events::{EventKind, EventSink, EventTarget};
+pub use api::{ApiError, ClaimApi, KubeClaimApi};
 pub use error::PrepareError;
-pub use handler::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PreparedDevice};
+pub use handler::{ClaimHandler, ClaimRef, PreparedDevice};
 pub use locks::ClaimLocks;
 pub use orphans::{OrphanPolicy, PodContainers};
 pub use plan::{DeviceRef, device_index};
 pub use preparer::{BlockingCalls, Preparer, PreparerConfig};
-pub use startup::Report;
+pub use startup::{Report, StartupError};

@@ -9,22 +9,20 @@
 //! kubelet never unprepares it (it lost its own checkpoint) does the plugin release it itself,
 //! and only with positive evidence: the claim has been no longer allocated for at least
 //! [`OrphanPolicy::delay`], and the node's container runtime answers over CRI that no sandbox and
-//! no container of any pod the claim was prepared for exists ([`plan::orphan_verdict`]).
+//! no container of any pod the claim was prepared for exists ([`super::plan::orphan_verdict`]).
 //!
 //! Suspects come from start-up (every completed record) and from prepares that find their
-//! placement held ([`OrphanWatch::suspect`]); [`Preparer::check_orphans`] runs beside the
+//! placement held ([`OrphanWatch::suspect`]); [`super::Preparer::check_orphans`] runs beside the
 //! reaper and checks each suspect once it is due: one claim read, then the runtime.
+//!
+//! This module states the rule's policy ([`OrphanPolicy`], [`PodContainers`]) and keeps its
+//! suspects ([`OrphanWatch`]); the checks are the preparer's, in [`super::preparer::orphans`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
-
-use super::handler::ClaimRef;
-use super::plan::{self, OrphanVerdict};
-use super::{EventTarget, Preparer};
-use crate::claims::checkpoint::{ClaimRecord, PrepareState};
 
 /// Default of [`OrphanPolicy::delay`]: minutes, far beyond the kubelet's kill of a pod's
 /// containers (its grace period plus a few seconds) and its unprepare retries.
@@ -102,7 +100,8 @@ impl OrphanWatch {
         self.due.lock().expect("orphans").values().min().copied()
     }
 
-    fn take_due(&self, now: Instant) -> Vec<String> {
+    /// The suspects due at `now` (they stay suspects until cleared or rescheduled).
+    pub(crate) fn take_due(&self, now: Instant) -> Vec<String> {
         let due = self.due.lock().expect("orphans");
         due.iter()
             .filter(|(_, at)| **at <= now)
@@ -110,7 +109,8 @@ impl OrphanWatch {
             .collect()
     }
 
-    fn later(&self, uid: &str, at: Instant) {
+    /// Reschedules suspect `uid`'s next check to `at`.
+    pub(crate) fn later(&self, uid: &str, at: Instant) {
         self.due
             .lock()
             .expect("orphans")
@@ -118,7 +118,7 @@ impl OrphanWatch {
     }
 
     /// Whether `(uid, why)` is new (and notes it).
-    fn first_report(&self, uid: &str, why: &str) -> bool {
+    pub(crate) fn first_report(&self, uid: &str, why: &str) -> bool {
         self.reported
             .lock()
             .expect("orphans")
@@ -135,120 +135,4 @@ pub struct OrphanReport {
     pub kept: Vec<(String, String)>,
     /// Claims found allocated after all (no longer suspects).
     pub allocated: Vec<String>,
-}
-
-impl Preparer {
-    /// Notes every holder of a placement a prepare waits for as a suspect (see the module docs).
-    pub(crate) fn suspect_holders<'a>(&self, holders: impl Iterator<Item = &'a String>) {
-        let at = Instant::now() + self.orphan_policy.delay;
-        for uid in holders {
-            self.orphans.suspect(uid, at);
-        }
-    }
-
-    /// Checks every suspect that is due and not busy with a call: releases it under the orphan
-    /// rule, or keeps it and checks again after [`RECHECK`].
-    pub async fn check_orphans(&self) -> OrphanReport {
-        let now = Instant::now();
-        let mut report = OrphanReport::default();
-        for uid in self.orphans.take_due(now) {
-            let Some(_held) = self.claim_locks.try_lock(&uid) else {
-                self.orphans.later(&uid, now + RECHECK);
-                continue;
-            };
-            // Read under the lock: the kubelet may have unprepared it meanwhile.
-            let Some(record) = self
-                .record_of(&uid)
-                .filter(|r| r.state == PrepareState::PrepareCompleted)
-            else {
-                self.orphans.clear(&uid);
-                continue;
-            };
-            let claim = ClaimRef {
-                namespace: record.namespace.clone(),
-                name: record.name.clone(),
-                uid: uid.clone(),
-            };
-            match self.orphan_verdict(&claim, &record).await {
-                OrphanVerdict::Allocated => {
-                    self.orphans.clear(&uid);
-                    report.allocated.push(uid);
-                }
-                OrphanVerdict::Keep(why) => {
-                    self.keep_orphan(&claim, &why).await;
-                    self.orphans.later(&uid, now + RECHECK);
-                    report.kept.push((uid, why));
-                }
-                OrphanVerdict::Release => {
-                    if self.release_orphan(&claim, record).await {
-                        report.released.push(uid);
-                    } else {
-                        self.orphans.later(&uid, now + RECHECK);
-                    }
-                }
-            }
-        }
-        report
-    }
-
-    /// The API server's answer, then the runtime's, for one suspect.
-    async fn orphan_verdict(&self, claim: &ClaimRef, record: &ClaimRecord) -> OrphanVerdict {
-        let allocated = match self.api.get_claim(&claim.namespace, &claim.name).await {
-            Ok(rc) => plan::still_allocated(claim, record, rc.as_ref(), &self.node),
-            Err(e) => {
-                return OrphanVerdict::Keep(format!("the claim could not be read: {}", e.message));
-            }
-        };
-        let evidence = match (&self.orphan_policy.runtime, allocated) {
-            (Some(runtime), false) => {
-                let mut answers = Vec::new();
-                for pod in &record.pods {
-                    answers.push((pod.clone(), runtime.pod_has_containers(pod).await));
-                }
-                Some(answers)
-            }
-            _ => None,
-        };
-        plan::orphan_verdict(allocated, &record.pods, evidence.as_deref())
-    }
-
-    async fn keep_orphan(&self, claim: &ClaimRef, why: &str) {
-        tracing::warn!(claim = %claim, reason = %why,
-            "a prepared claim the API server no longer allocates keeps its slices: the kubelet has not unprepared it");
-        if self.orphans.first_report(&claim.uid, why) {
-            self.warn(
-                EventTarget::Node,
-                "OrphanedSliceKept",
-                format!(
-                    "claim {claim} is no longer allocated to this node but the kubelet has not unprepared it; DAS keeps its MIG slices because {why}. They are destroyed when the kubelet unprepares the claim, or once the container runtime confirms that no container of its pods is left."
-                ),
-            )
-            .await;
-        }
-    }
-
-    /// Releases an orphan; `false` when something is left (the reaper takes it over).
-    async fn release_orphan(&self, claim: &ClaimRef, record: ClaimRecord) -> bool {
-        tracing::warn!(claim = %claim, pods = ?record.pods,
-            "releasing an orphaned claim: no longer allocated, never unprepared, and the container runtime has no sandbox or container of its pods");
-        self.status.stop(&claim.uid).await;
-        let pods = record.pods.join(", ");
-        let r = self.release(claim, record.devices).await;
-        self.metrics.orphan_released(r.is_ok());
-        self.update_prepared_gauge();
-        self.warn(
-            EventTarget::Node,
-            "OrphanedSliceReleased",
-            format!(
-                "released the MIG slices of claim {claim}: it has not been allocated to this node for at least {}s, the kubelet never unprepared it, and the container runtime has no sandbox or container of its pods ({pods}){}",
-                self.orphan_policy.delay.as_secs(),
-                match &r {
-                    Ok(()) => String::new(),
-                    Err(e) => format!("; some slices are left for the reaper: {e}"),
-                }
-            ),
-        )
-        .await;
-        r.is_ok()
-    }
 }

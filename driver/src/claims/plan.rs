@@ -14,48 +14,10 @@ use crate::claims::cdi::{PreparedInstance, SpecDevice};
 use crate::claims::checkpoint::{
     Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
 };
-use crate::gpu::{GpuInfo, MigInstance};
-use das_api::device_name;
+use crate::gpu::MigInstance;
 
-/// Where a published device lives: GPU, profile and placement (in memory slices).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceRef {
-    /// GPU index on the node.
-    pub gpu_index: u32,
-    /// GPU UUID, `GPU-…`.
-    pub gpu_uuid: String,
-    /// Minor of `/dev/nvidia<minor>`.
-    pub gpu_minor: u32,
-    /// MIG profile, e.g. `1g.10gb`.
-    pub profile: String,
-    /// First memory slice of the placement.
-    pub start: u32,
-    /// Memory instances of the placement.
-    pub size: u32,
-}
-
-/// Every device the plugin publishes, by device name (`gpu-0-mig-1g-10gb-6`).
-pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
-    let mut map = HashMap::new();
-    for gpu in inventory.iter().filter(|g| g.offers_mig()) {
-        for p in &gpu.model.profiles {
-            for &start in &p.placement_starts {
-                map.insert(
-                    device_name(gpu.index, &p.name, start),
-                    DeviceRef {
-                        gpu_index: gpu.index,
-                        gpu_uuid: gpu.uuid.clone(),
-                        gpu_minor: gpu.minor,
-                        profile: p.name.clone(),
-                        start,
-                        size: p.placement_size,
-                    },
-                );
-            }
-        }
-    }
-    map
-}
+// The published devices' index lives with what is published; re-exported for the request path.
+pub use crate::publish::devices::{DeviceRef, device_index};
 
 /// A device of a claim's allocation, resolved against what this node publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -404,8 +366,9 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
 }
 
 /// Per profile of `model`, how many of its placements a new instance could take right now on a
-/// GPU holding `devices` (one at a time: NVML's rules of [`Occupancy::check_hardware`] against
-/// the recorded placements). Tells why a pod waits: 0 for its profile on every GPU.
+/// GPU holding `devices` (one at a time: NVML's rules of
+/// [`crate::gpu::layout::Occupancy::check_hardware`] against the recorded placements). Tells why
+/// a pod waits: 0 for its profile on every GPU.
 pub fn free_placements<'a>(
     model: &crate::gpu::GpuModel,
     devices: impl Iterator<Item = &'a RecordedDevice>,

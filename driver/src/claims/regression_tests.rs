@@ -433,7 +433,7 @@ async fn the_status_write_is_retried_until_it_lands() {
             .encode()
             .contains("das_kubelet_plugin_claim_status_write_failures_total 3")
     );
-    assert_eq!(s.p.status.running(), 0);
+    assert_eq!(s.p.api.status.running(), 0);
 }
 
 /// Finding 7: API calls without a timeout could hold a claim's lock (and the handover gate)
@@ -655,7 +655,7 @@ async fn an_orphan_is_released_only_after_the_delay_and_once_its_pod_has_no_cont
     s.api.delete(&old);
     let report = s.p.reconcile_at_startup(false, false).await.unwrap();
     assert_eq!(report.kept, [old.to_string()]);
-    assert!(s.p.orphans.is_suspect(UID_A));
+    assert!(s.p.lifecycle.orphans.is_suspect(UID_A));
     assert_eq!(
         s.p.check_orphans().await,
         OrphanReport::default(),
@@ -682,7 +682,7 @@ async fn an_orphan_is_released_only_after_the_delay_and_once_its_pod_has_no_cont
     assert_eq!(s.p.check_orphans().await.released, [UID_A]);
     assert!(s.live_migs().is_empty());
     assert!(s.p.record_of(UID_A).is_none());
-    assert!(!s.p.orphans.is_suspect(UID_A));
+    assert!(!s.p.lifecycle.orphans.is_suspect(UID_A));
     let released = events(&s, "OrphanedSliceReleased");
     assert!(released[0].contains(&pod_of(UID_A)), "{released:?}");
     assert!(
@@ -708,7 +708,10 @@ async fn an_orphan_without_evidence_is_kept_and_a_held_placement_makes_its_holde
         s.p.prepare_claim(&new).await.unwrap_err().metric_label(),
         "placement_held"
     );
-    assert!(s.p.orphans.is_suspect(UID_A), "the holder is suspected");
+    assert!(
+        s.p.lifecycle.orphans.is_suspect(UID_A),
+        "the holder is suspected"
+    );
     for _ in 0..3 {
         tokio::time::advance(DEFAULT_ORPHAN_DELAY).await;
         let r = s.p.check_orphans().await;
@@ -736,7 +739,7 @@ async fn an_orphan_without_evidence_is_kept_and_a_held_placement_makes_its_holde
     t.p.suspect_holders(std::iter::once(&new.uid));
     tokio::time::advance(DEFAULT_ORPHAN_DELAY).await;
     assert_eq!(t.p.check_orphans().await.allocated, [UID_B]);
-    assert!(!t.p.orphans.is_suspect(UID_B));
+    assert!(!t.p.lifecycle.orphans.is_suspect(UID_B));
     assert_eq!(t.live_migs(), t.spec_migs(&new));
 }
 

@@ -16,19 +16,14 @@
 //! 5. instances nobody records are destroyed — only those DAS created, unless `reclaim_foreign`;
 //! 6. CDI specs of claims we no longer hold, and leftover temp files, are removed.
 //!
-//! The decisions are [`super::plan`]'s; nothing here runs concurrently with calls (the plugin
-//! reconciles before it serves).
+//! The decisions are [`super::plan`]'s, the steps [`super::Preparer::reconcile_at_startup`]'s
+//! ([`super::preparer::startup`]); nothing there runs concurrently with calls (the plugin
+//! reconciles before it serves). This module holds what it answers: its [`Report`], or the
+//! [`StartupError`] that stopped it.
 
-use std::collections::{BTreeMap, HashSet};
-
-use anyhow::{Context, Result};
-
-use super::handler::ClaimRef;
-use super::plan;
-use super::{EventTarget, Preparer};
-use crate::claims::cdi;
-use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
-use crate::gpu::{BackendError, MigInstance};
+use super::ApiError;
+use super::cdi::CdiError;
+use super::checkpoint::CheckpointError;
 
 /// What start-up reconciliation did; logged, and asserted on by tests.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -60,240 +55,20 @@ pub struct Report {
     pub stale_cdi_specs: usize,
 }
 
-impl Preparer {
-    /// Reconciles checkpoint, GPUs and API server; see the module docs. `rebuild` asks for
-    /// step 4 (the checkpoint was missing or corrupt).
-    ///
-    /// # Errors
-    /// The API server could not be listed (rebuild only), or the CDI directory could not be
-    /// cleaned.
-    pub async fn reconcile_at_startup(
-        &self,
-        rebuild: bool,
-        reclaim_foreign: bool,
-    ) -> Result<Report> {
-        let mut report = Report::default();
-        let live = self.live_per_gpu().await;
-        for (gpu, r) in &live {
-            if let Err(e) = r {
-                tracing::error!(gpu, error = %e, "GPU does not answer: skipping it; claims with slices on it are kept until it does");
-                self.warn(EventTarget::Node, "GpuUnavailable", format!("GPU {gpu}: {e}. DAS keeps the claims with slices on it and destroys them once it answers again."))
-                    .await;
-                report.unavailable_gpus.push(*gpu);
-            }
-        }
-        for (claim, record) in self.records() {
-            self.settle(&claim, record, &live, &mut report).await;
-        }
-        if rebuild {
-            self.rebuild_from_api(&live, &mut report).await?;
-        }
-        self.destroy_orphans(reclaim_foreign, &mut report).await;
-        self.remove_stale_cdi_specs(&mut report)?;
-        self.update_gauges();
-        Ok(report)
-    }
-
-    fn records(&self) -> Vec<(ClaimRef, ClaimRecord)> {
-        self.checkpoint.read(|cp| {
-            cp.claims
-                .iter()
-                .map(|(uid, r)| {
-                    let claim = ClaimRef {
-                        namespace: r.namespace.clone(),
-                        name: r.name.clone(),
-                        uid: uid.clone(),
-                    };
-                    (claim, r.clone())
-                })
-                .collect()
-        })
-    }
-
-    /// Steps 2 and 3 for one record.
-    async fn settle(
-        &self,
-        claim: &ClaimRef,
-        record: ClaimRecord,
-        live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
-        report: &mut Report,
-    ) {
-        let what = match record.state {
-            PrepareState::PrepareCompleted => {
-                self.suspect_holders(std::iter::once(&claim.uid));
-                report.kept.push(claim.to_string());
-                self.check_kept(claim, &record, live, report);
-                return;
-            }
-            PrepareState::PrepareStarted => "rolling back a prepare that did not complete",
-            PrepareState::Releasing => "destroying the slices a release left",
-        };
-        tracing::info!(claim = %claim, "{what}");
-        match self.release(claim, record.devices).await {
-            Ok(()) if record.state == PrepareState::PrepareStarted => {
-                report.rolled_back.push(claim.to_string())
-            }
-            Ok(()) => report.released.push(claim.to_string()),
-            Err(e) => {
-                tracing::warn!(claim = %claim, error = %e, "slices left for the reaper");
-                report.pending_destroy.push(claim.to_string());
-            }
-        }
-    }
-
-    /// A kept claim: its instances should exist; its CDI spec is written again if needed.
-    fn check_kept(
-        &self,
-        claim: &ClaimRef,
-        record: &ClaimRecord,
-        live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
-        report: &mut Report,
-    ) {
-        let on_gpus: Option<Vec<MigInstance>> = record
-            .devices
-            .iter()
-            .map(|d| d.gpu_index)
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .map(|g| live.get(&g).and_then(|r| r.as_ref().ok()).cloned())
-            .collect::<Option<Vec<_>>>()
-            .map(|v| v.into_iter().flatten().collect());
-        let Some(on_gpus) = on_gpus else {
-            return; // a GPU of the claim does not answer: nothing to check now
-        };
-        let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
-        if matched.iter().any(Option::is_none) {
-            tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists; the claim's next prepare creates it again");
-            report.missing_instances.push(claim.to_string());
-            return;
-        }
-        let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
-        match self.ensure_cdi_spec(claim, record, &instances) {
-            Ok(true) => report.cdi_specs_rewritten += 1,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::error!(claim = %claim, error = %e, "writing the claim's CDI spec failed")
-            }
-        }
-    }
-
-    /// Step 4: records for live instances that claims on this node are allocated to.
-    async fn rebuild_from_api(
-        &self,
-        live: &BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>,
-        report: &mut Report,
-    ) -> Result<()> {
-        let live: Vec<MigInstance> = live
-            .values()
-            .filter_map(|r| r.as_ref().ok())
-            .flatten()
-            .cloned()
-            .collect();
-        for rc in self
-            .api
-            .list_claims()
-            .await
-            .context("list ResourceClaims")?
-        {
-            let (Some(namespace), Some(name), Some(uid)) = (
-                rc.metadata.namespace.clone(),
-                rc.metadata.name.clone(),
-                rc.metadata.uid.clone(),
-            ) else {
-                continue;
-            };
-            let claim = ClaimRef {
-                namespace,
-                name,
-                uid,
-            };
-            if self.record_of(&claim.uid).is_some() {
-                continue;
-            }
-            let Ok(planned) =
-                plan::resolve_allocation(&claim, Some(&rc), &self.node, &self.devices)
-            else {
-                continue;
-            };
-            let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
-            let matched = plan::match_devices(&started, &live, |s| {
-                self.checkpoint
-                    .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
-            });
-            if matched.iter().any(Option::is_none) {
-                continue; // not (fully) prepared here: the kubelet will prepare it
-            }
-            let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
-            let devices: Vec<RecordedDevice> = started
-                .iter()
-                .zip(&instances)
-                .map(|(d, s)| plan::with_instance(d, s))
-                .collect();
-            let built = self
-                .build_spec(&claim, &devices, &instances, &[])
-                .map_err(anyhow::Error::msg)?;
-            cdi::write_spec(&self.cdi_dir, &claim.uid, &built.spec)?;
-            let ids: BTreeMap<String, Vec<String>> = built
-                .device_ids
-                .into_iter()
-                .map(|(k, id)| (k, vec![id]))
-                .collect();
-            self.checkpoint
-                .commit(|cp| {
-                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, devices, ids)
-                })
-                .await
-                .map_err(anyhow::Error::msg)?;
-            tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
-            report.rebuilt.push(claim.to_string());
-        }
-        Ok(())
-    }
-
-    /// Step 5, on the GPUs that answer (listed again: steps 2–4 changed them).
-    async fn destroy_orphans(&self, reclaim_foreign: bool, report: &mut Report) {
-        for gpu in self.backend.gpu_indices() {
-            let Ok(live) = self.instances_on(gpu).await else {
-                continue;
-            };
-            let found = self
-                .checkpoint
-                .read(|cp| plan::orphans(&live, cp, reclaim_foreign));
-            for s in found.foreign {
-                tracing::warn!(gpu = s.gpu_index, profile = %s.profile, start = s.placement.start, mig = %s.mig_uuid,
-                    "leaving a MIG instance DAS did not create; its placement stays unavailable (--reclaim-foreign-slices destroys it)");
-                report.foreign_kept.push(s.mig_uuid);
-            }
-            for s in found.destroy {
-                let lock = self.gpu_lock_for(gpu);
-                let _held = lock.lock().await;
-                match self.destroy_one(&s).await {
-                    Ok(()) => {
-                        tracing::info!(gpu = s.gpu_index, profile = %s.profile, start = s.placement.start, mig = %s.mig_uuid, "destroyed an orphaned slice");
-                        report.orphans_destroyed.push(s.mig_uuid);
-                    }
-                    Err(e) => {
-                        tracing::error!(mig = %s.mig_uuid, error = %e, "destroying an orphaned slice failed; retried at the next start");
-                        self.metrics.destroy_failed(e.kind());
-                        report.orphans_left.push(s.mig_uuid);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Step 6.
-    fn remove_stale_cdi_specs(&self, report: &mut Report) -> Result<()> {
-        let held: HashSet<String> = self
-            .checkpoint
-            .read(|cp| cp.claims.keys().cloned().collect());
-        cdi::remove_temp_files(&self.cdi_dir)?;
-        for f in cdi::list_specs(&self.cdi_dir)? {
-            if !held.contains(&f.claim_uid) {
-                cdi::delete_spec(&self.cdi_dir, &f.claim_uid)?;
-                report.stale_cdi_specs += 1;
-            }
-        }
-        Ok(())
-    }
+/// Why start-up reconciliation stopped. A GPU that does not answer, a slice that cannot be
+/// destroyed or a claim's spec that cannot be written again is not one: each is logged and
+/// reported ([`Report`]), and reconciliation goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    /// The API server's ResourceClaims could not be listed (step 4, the rebuild of a lost
+    /// checkpoint).
+    #[error("list ResourceClaims: {0}")]
+    ListClaims(#[source] ApiError),
+    /// A rebuilt claim's CDI spec could not be built or written (step 4), or the CDI directory
+    /// could not be cleaned (step 6).
+    #[error(transparent)]
+    Cdi(#[from] CdiError),
+    /// A rebuilt claim's record could not be saved (step 4).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
 }

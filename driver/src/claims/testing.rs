@@ -14,7 +14,7 @@ use serde_json::json;
 
 use super::handler::ClaimRef;
 use super::{
-    ApiError, ClaimApi, EventKind, EventTarget, OrphanPolicy, PodContainers, Preparer,
+    ApiError, ClaimApi, EventKind, EventSink, EventTarget, OrphanPolicy, PodContainers, Preparer,
     PreparerConfig,
 };
 use crate::blocking::BlockingCalls;
@@ -154,7 +154,10 @@ impl ClaimApi for MemoryApi {
             .insert(claim.uid.clone(), migs);
         Ok(())
     }
+}
 
+#[tonic::async_trait]
+impl EventSink for MemoryApi {
     async fn event(&self, _about: &EventTarget, _kind: EventKind, reason: &str, note: String) {
         self.events.lock().unwrap().push((reason.into(), note));
     }

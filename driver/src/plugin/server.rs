@@ -1,6 +1,11 @@
 //! The kubelet side of the node plugin: socket paths, plugin registration and the DRA gRPC
 //! services (`v1.DRAPlugin` and `v1beta1.DRAPlugin` on one socket).
 //!
+//! The DRA logic exists once, in the `v1` service. The `v1beta1` service carries the same
+//! messages without `Device.share_id`: it converts its request to `v1` at the edge
+//! (`server/v1beta1_edge.rs`), calls the `v1` service and converts the answer back, so both
+//! versions answer alike.
+//!
 //! Protocol facts (KEP-4381 and the kubelet's `pkg/kubelet/cm/dra`): the kubelet's plugin watcher
 //! finds `<registry dir>/<name>-reg.sock`, calls `GetInfo`, dials the returned endpoint and picks
 //! the first service in `supported_versions` it knows, then calls `NotifyRegistrationStatus`.
@@ -12,7 +17,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
 use das_proto::dra::{v1, v1beta1};
 use das_proto::dra_health::v1alpha1 as health;
 use das_proto::dra_health::v1alpha1::dra_resource_health_server::{
@@ -25,10 +29,74 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use crate::claims::{ClaimHandler, ClaimRef, DeviceHealthReport, HealthSource, PrepareError};
+use crate::claims::{ClaimHandler, ClaimRef, PrepareError};
+use crate::health::source::{DeviceHealthReport, HealthSource};
 
 /// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Why [`SocketPaths::new`] refused a socket path.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketPathError {
+    /// The path is longer than a unix socket allows ([`MAX_SOCKET_PATH`] bytes).
+    #[error(
+        "socket path {} is {len} bytes, more than the {MAX_SOCKET_PATH} a unix socket allows; use a shorter kubelet directory",
+        path.display()
+    )]
+    TooLong {
+        /// The socket path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The path is relative.
+    #[error(
+        "socket path {} must be absolute: the kubelet rejects relative endpoints",
+        path.display()
+    )]
+    Relative {
+        /// The socket path.
+        path: PathBuf,
+    },
+}
+
+/// Why [`serve`] failed: a socket could not be set up, or a gRPC server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The socket's directory cannot be created.
+    #[error("create {}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A socket file left by a crashed instance cannot be removed.
+    #[error("remove stale socket {}", path.display())]
+    RemoveStale {
+        /// The socket path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Listening on the socket failed.
+    #[error("listen on {}", path.display())]
+    Bind {
+        /// The socket path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The registration server (the kubelet's plugin watcher talks to it) failed.
+    #[error("registration server")]
+    Registration(#[source] tonic::transport::Error),
+    /// The DRA and health server failed.
+    #[error("DRA server")]
+    Dra(#[source] tonic::transport::Error),
+    /// A server's task panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
 
 /// The kubelet's error text for a claim: the claim, then the cause.
 fn error_text(claims: &[ClaimRef], uid: &str, e: &PrepareError) -> String {
@@ -57,12 +125,15 @@ impl SocketPaths {
     /// instances can run side by side) both names are made unique per pod, as the Go
     /// `kubeletplugin` package does: `dra-<uid>.sock` and `<driver>-<uid>-reg.sock`, or, when that
     /// path is too long, `<driver>-<first 16 hex digits of a hash of the uid>-reg.sock`.
+    ///
+    /// # Errors
+    /// A path longer than [`MAX_SOCKET_PATH`] bytes, or a relative one.
     pub fn new(
         registry_dir: &Path,
         plugins_dir: &Path,
         driver: &str,
         pod_uid: Option<&str>,
-    ) -> Result<Self> {
+    ) -> Result<Self, SocketPathError> {
         let dra_dir = plugins_dir.join(driver);
         let (registration, dra) = match pod_uid {
             None => (
@@ -83,18 +154,15 @@ impl SocketPaths {
             }
         };
         for p in [&registration, &dra] {
-            if p.as_os_str().len() > MAX_SOCKET_PATH {
-                bail!(
-                    "socket path {} is {} bytes, more than the {MAX_SOCKET_PATH} a unix socket allows; use a shorter kubelet directory",
-                    p.display(),
-                    p.as_os_str().len()
-                );
+            let len = p.as_os_str().len();
+            if len > MAX_SOCKET_PATH {
+                return Err(SocketPathError::TooLong {
+                    path: p.clone(),
+                    len,
+                });
             }
             if !p.is_absolute() {
-                bail!(
-                    "socket path {} must be absolute: the kubelet rejects relative endpoints",
-                    p.display()
-                );
+                return Err(SocketPathError::Relative { path: p.clone() });
             }
         }
         Ok(Self { registration, dra })
@@ -104,13 +172,16 @@ impl SocketPaths {
 /// Serves the DRA services and then the registration service until `shutdown` resolves; removes
 /// both sockets afterwards. The DRA socket is served first so the kubelet never learns of an
 /// endpoint that does not answer yet.
+///
+/// # Errors
+/// A socket cannot be set up, or a server stopped with an error (reported once both stopped).
 pub async fn serve(
     paths: &SocketPaths,
     driver: &str,
     handler: Arc<dyn ClaimHandler>,
     health: Arc<dyn HealthSource>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> Result<()> {
+) -> Result<(), ServeError> {
     let dra = bind(&paths.dra)?;
     let reg = bind(&paths.registration)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -123,7 +194,7 @@ pub async fn serve(
             handler.clone()
         )))
         .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
-            handler,
+            V1(handler),
         )))
         .add_service(DraResourceHealthServer::new(Health(health)))
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra), wait(stop_rx.clone()));
@@ -153,8 +224,8 @@ pub async fn serve(
     let _ = std::fs::remove_file(&paths.registration);
     let (r1, r2) = tokio::join!(reg_task, dra_task);
     let _ = std::fs::remove_file(&paths.dra);
-    r1?.context("registration server")?;
-    r2?.context("DRA server")?;
+    r1?.map_err(ServeError::Registration)?;
+    r2?.map_err(ServeError::Dra)?;
     Ok(())
 }
 
@@ -167,17 +238,28 @@ fn log_registration(registered: bool, error: String) {
     }
 }
 
-fn bind(path: &Path) -> Result<UnixListener> {
+fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::CreateDir {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
     }
     // A socket left by a crashed instance of ourselves; never another plugin's (names are ours).
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("remove stale socket {}", path.display())),
+        Err(source) => {
+            return Err(ServeError::RemoveStale {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
     }
-    UnixListener::bind(path).with_context(|| format!("listen on {}", path.display()))
+    UnixListener::bind(path).map_err(|source| ServeError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// The v1alpha1 health service: every device's health at once, then every [`HEALTH_INTERVAL`]
@@ -249,22 +331,22 @@ fn health_response(reports: Vec<DeviceHealthReport>) -> health::NodeWatchResourc
     health::NodeWatchResourcesResponse { devices }
 }
 
-/// The v1 service.
+/// The v1 service: the one implementation of NodePrepareResources and NodeUnprepareResources.
 struct V1(Arc<dyn ClaimHandler>);
-/// The v1beta1 service: same messages without `share_id`.
-struct V1beta1(Arc<dyn ClaimHandler>);
 
-macro_rules! claim_refs {
-    ($claims:expr) => {
-        $claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                name: c.name,
-                uid: c.uid,
-            })
-            .collect::<Vec<_>>()
-    };
+/// The v1beta1 service: the v1 service behind a conversion of its messages ([`v1beta1_edge`]).
+struct V1beta1(V1);
+
+/// The request path's names of the kubelet's claims.
+fn claim_refs(claims: Vec<v1::Claim>) -> Vec<ClaimRef> {
+    claims
+        .into_iter()
+        .map(|c| ClaimRef {
+            namespace: c.namespace,
+            name: c.name,
+            uid: c.uid,
+        })
+        .collect()
 }
 
 #[tonic::async_trait]
@@ -273,7 +355,7 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
         &self,
         req: Request<v1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let refs = claim_refs!(req.into_inner().claims);
+        let refs = claim_refs(req.into_inner().claims);
         let results = self.0.prepare(refs.clone()).await;
         let claims = results
             .into_iter()
@@ -307,7 +389,7 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
         &self,
         req: Request<v1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let refs = claim_refs!(req.into_inner().claims);
+        let refs = claim_refs(req.into_inner().claims);
         let results = self.0.unprepare(refs.clone()).await;
         let claims = results
             .into_iter()
@@ -331,126 +413,22 @@ impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
         &self,
         req: Request<v1beta1::NodePrepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let refs = claim_refs!(req.into_inner().claims);
-        let results = self.0.prepare(refs.clone()).await;
-        let claims = results
-            .into_iter()
-            .map(|(uid, r)| {
-                let entry = match r {
-                    Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                        devices: devices
-                            .into_iter()
-                            .map(|d| v1beta1::Device {
-                                request_names: d.requests,
-                                pool_name: d.pool,
-                                device_name: d.device,
-                                cdi_device_ids: d.cdi_device_ids,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(e) => v1beta1::NodePrepareResourceResponse {
-                        devices: vec![],
-                        error: error_text(&refs, &uid, &e),
-                    },
-                };
-                (uid, entry)
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
+        let req = req.map(v1beta1_edge::prepare_request);
+        let resp = v1::dra_plugin_server::DraPlugin::node_prepare_resources(&self.0, req).await?;
+        Ok(resp.map(v1beta1_edge::prepare_response))
     }
 
     async fn node_unprepare_resources(
         &self,
         req: Request<v1beta1::NodeUnprepareResourcesRequest>,
     ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let refs = claim_refs!(req.into_inner().claims);
-        let results = self.0.unprepare(refs.clone()).await;
-        let claims = results
-            .into_iter()
-            .map(|(uid, r)| {
-                let error = r.err().map(|e| error_text(&refs, &uid, &e));
-                (
-                    uid,
-                    v1beta1::NodeUnprepareResourceResponse {
-                        error: error.unwrap_or_default(),
-                    },
-                )
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
+        let req = req.map(v1beta1_edge::unprepare_request);
+        let resp = v1::dra_plugin_server::DraPlugin::node_unprepare_resources(&self.0, req).await?;
+        Ok(resp.map(v1beta1_edge::unprepare_response))
     }
 }
+
+mod v1beta1_edge;
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn socket_names_follow_the_kubelet_plugin_conventions() {
-        let p = SocketPaths::new(
-            Path::new("/var/lib/kubelet/plugins_registry"),
-            Path::new("/var/lib/kubelet/plugins"),
-            "mig.das.com",
-            None,
-        )
-        .unwrap();
-        assert_eq!(
-            p.registration,
-            Path::new("/var/lib/kubelet/plugins_registry/mig.das.com-reg.sock")
-        );
-        assert_eq!(
-            p.dra,
-            Path::new("/var/lib/kubelet/plugins/mig.das.com/dra.sock")
-        );
-
-        let uid = "0a1b2c3d-0000-1111-2222-333344445555";
-        let p = SocketPaths::new(
-            Path::new("/var/lib/kubelet/plugins_registry"),
-            Path::new("/var/lib/kubelet/plugins"),
-            "mig.das.com",
-            Some(uid),
-        )
-        .unwrap();
-        assert_eq!(
-            p.registration,
-            Path::new(&format!(
-                "/var/lib/kubelet/plugins_registry/mig.das.com-{uid}-reg.sock"
-            ))
-        );
-        assert_eq!(
-            p.dra,
-            Path::new(&format!(
-                "/var/lib/kubelet/plugins/mig.das.com/dra-{uid}.sock"
-            ))
-        );
-    }
-
-    #[test]
-    fn long_registry_dirs_get_a_hashed_rolling_update_name_or_a_clear_error() {
-        let reg = PathBuf::from(format!("/{}/plugins_registry", "k".repeat(40)));
-        let uid = "0a1b2c3d-0000-1111-2222-333344445555";
-        let p = SocketPaths::new(
-            &reg,
-            Path::new("/var/lib/kubelet/plugins"),
-            "mig.das.com",
-            Some(uid),
-        )
-        .unwrap();
-        assert!(p.registration.as_os_str().len() <= MAX_SOCKET_PATH);
-        assert!(!p.registration.to_string_lossy().contains(uid));
-        let err = SocketPaths::new(
-            Path::new(&format!("/{}", "x".repeat(120))),
-            Path::new("/p"),
-            "mig.das.com",
-            None,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("more than the 107"), "{err}");
-        assert!(SocketPaths::new(Path::new("rel"), Path::new("/p"), "mig.das.com", None).is_err());
-    }
-}
+mod tests;

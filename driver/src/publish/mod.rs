@@ -1,8 +1,14 @@
-//! What the node plugin publishes, and publishing it.
+//! What the node plugin publishes, and publishing it. This folder alone decides the node's
+//! ResourceSlices: others (the health monitor) only report facts to it.
 //!
 //! - [`resource_slices`]: the desired ResourceSlices of the node, built from its GPU inventory
 //!   (pure): one device per (GPU, profile, placement), counter sets with one counter per memory
 //!   slice, the layout by server version.
+//! - [`devices`]: the published devices by name, with their GPU and placement (pure; the request
+//!   path and the health monitor resolve device names with it).
+//! - [`desired`]: what is published now (pure): the inventory's slices with the facts the health
+//!   monitor reports ([`desired::HealthFacts`]: device taints, devices withdrawn because an
+//!   unclaimed MIG instance overlaps them), by [`desired::desired_slices`].
 //! - [`placement`]: the placement policy, i.e. the order devices are listed in (pure); its
 //!   allocator simulation and offline optimum for the packing benchmark are behind the
 //!   `testing` feature.
@@ -12,8 +18,15 @@
 //!   fields it dropped, and when the node's devices are withdrawn because shared counters are
 //!   dropped ("no silent overlap", docs/design.md §4).
 //! - [`publisher`]: [`Publisher`], which carries a plan out against the API server and keeps
-//!   the pool published (watch, resync, desired-state changes).
+//!   the pool published (watch, resync, desired-state changes); in the plugin it runs
+//!   [`Publisher::run_with_facts`], applying [`desired::desired_slices`] to each report of the
+//!   health monitor.
+//!
+//! Dependencies: `gpu` (the inventory), `events` (Node events about dropped feature gates) and
+//! `metrics`; nothing else of the crate, so `health` and `claims` may depend on it.
 
+pub mod desired;
+pub mod devices;
 pub mod gates;
 pub mod placement;
 pub mod plan;

@@ -20,13 +20,13 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
     Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
-    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use das_api::{DRIVER_NAME, attributes as attr, capacities as cap, counters, device_name};
 
-use crate::gpu::{GiProfile, GpuInfo, GpuModel, Placement};
+use crate::gpu::{GiProfile, GpuInfo, GpuModel};
 use crate::publish::placement::{GpuView, publish_order};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
@@ -119,66 +119,6 @@ pub enum ResourceSliceError {
         /// Counters needed.
         counters: usize,
     },
-}
-
-/// Sets the taints of every device in `specs` to `taints_of(gpu, placement)`, from the device's
-/// `gpuIndex`, `placementStart` and `placementSize` attributes (none when it returns none): a
-/// GPU-wide fault taints every device of the GPU, a GPU instance's fault the devices overlapping
-/// its placement. Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server
-/// without it drops them, which the publisher reports (docs/design.md §7, "Health").
-pub fn set_device_taints(
-    specs: &mut [ResourceSliceSpec],
-    taints_of: impl Fn(u32, Placement) -> Vec<DeviceTaint>,
-) {
-    for device in specs
-        .iter_mut()
-        .flat_map(|s| s.devices.iter_mut().flatten())
-    {
-        device.taints = device_placement(device)
-            .map(|(gpu, placement)| taints_of(gpu, placement))
-            .filter(|t| !t.is_empty());
-    }
-}
-
-/// A published device's GPU index and placement, from its attributes.
-fn device_placement(d: &Device) -> Option<(u32, Placement)> {
-    let int = |name: &str| {
-        d.attributes
-            .as_ref()
-            .and_then(|a| a.get(name))
-            .and_then(|a| a.int)
-            .and_then(|i| u32::try_from(i).ok())
-    };
-    let placement = Placement {
-        start: int(attr::PLACEMENT_START)?,
-        size: int(attr::PLACEMENT_SIZE)?,
-    };
-    Some((int(attr::GPU_INDEX)?, placement))
-}
-
-/// Removes from `specs` every device whose placement overlaps an instance in `held` (GPU index →
-/// placements of MIG instances no claim holds); returns how many were removed. The scheduler
-/// cannot allocate what is not published, so no pod waits on a prepare that cannot succeed.
-/// Shared counters stay: the devices left consume them as before.
-pub fn withdraw_overlapping(
-    specs: &mut [ResourceSliceSpec],
-    held: &BTreeMap<u32, Vec<Placement>>,
-) -> usize {
-    let blocked = |d: &Device| {
-        device_placement(d).is_some_and(|(gpu, placement)| {
-            held.get(&gpu)
-                .is_some_and(|ps| ps.iter().any(|p| p.mask() & placement.mask() != 0))
-        })
-    };
-    let mut removed = 0;
-    for spec in specs.iter_mut() {
-        if let Some(devices) = spec.devices.as_mut() {
-            let before = devices.len();
-            devices.retain(|d| !blocked(d));
-            removed += before - devices.len();
-        }
-    }
-    removed
 }
 
 /// A version as a semantic version for a `version` attribute: 1 to 3 numeric components, leading

@@ -90,7 +90,7 @@ async fn run(args: Args) -> Result<()> {
         .with_context(|| format!("bind {}", args.listen))?;
     tracing::info!(address = %listener.local_addr()?, "das-webhook serving HTTPS");
     tokio::select! {
-        r = server::serve(listener, tls, server::router(app, limits), limits) => r,
+        never = server::serve(listener, tls, server::router(app, limits), limits) => match never {},
         _ = shutdown.wait() => Ok(()),
     }
 }

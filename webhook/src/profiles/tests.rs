@@ -420,7 +420,10 @@ async fn a_stale_answer_is_refreshed_and_a_failed_refresh_keeps_none() {
     impl Source for Failing {
         async fn fetch(&self) -> Result<Offered> {
             if self.0.fetch_add(1, Ordering::SeqCst) == 1 {
-                anyhow::bail!("API server away");
+                return Err(Error::ListClasses(kube::Error::Api(Box::new(
+                    kube::core::Status::failure("API server away", "ServiceUnavailable")
+                        .with_code(503),
+                ))));
             }
             Ok(Offered::from(vec!["1g.10gb".to_string()]))
         }

@@ -1,7 +1,13 @@
-//! Unit tests of [`super`] (`cdi.rs`).
+//! Unit tests of [`super`] (`cdi/`): the spec's shape and rules, and its files.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::PathBuf;
+
 use serde_json::json;
+
+use super::files::{dir_file_names, temp_file_name};
+use super::*;
 
 const UID: &str = "8f2c1a7e-0b1d-4c55-9a0e-3d2f6b7c8d9e";
 

@@ -1,5 +1,10 @@
-//! Unit tests of [`super`] (`checkpoint.rs`).
+//! Unit tests of [`super`] (`checkpoint/`): the document and its file.
 
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::format::{Document, v1};
 use super::*;
 
 const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::gpu::Placement;
-use das_api::DRIVER_NAME;
+use das_api::{DRIVER_NAME, device_name};
 use serde_json::json;
 
 fn at(gpu: u32, start: u32) -> DeviceRef {

@@ -2,14 +2,18 @@
 //! through the control file [`super::CONTROL_FILE`] (tests that drive a running plugin;
 //! docs/emulated-mode.md, "Injecting faults into a running plugin").
 
+use std::collections::VecDeque;
+use std::fs;
 use std::io;
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::CONTROL_FILE;
-use crate::gpu::{BackendError, Target};
+use super::{CONTROL_FILE, EmulatedBackend, lock};
+#[cfg(doc)]
+use crate::gpu::GpuBackend;
+use crate::gpu::{BackendError, HealthEvent, Target};
 
 /// The error an injected fault returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -187,4 +191,149 @@ impl Control {
 pub(super) struct ControlSeen {
     pub(super) stamp: Option<(SystemTime, u64)>,
     pub(super) content: Vec<u8>,
+}
+
+impl EmulatedBackend {
+    /// Makes the next `count` creates on GPU `gpu_index` fail with `kind` (before any check).
+    pub fn inject_create_faults(&self, gpu_index: u32, count: usize, kind: FaultKind) {
+        self.inject(Op::Create, gpu_index, count, kind);
+    }
+
+    /// Makes the next `count` destroys on GPU `gpu_index` fail with `kind` (before any check).
+    pub fn inject_destroy_faults(&self, gpu_index: u32, count: usize, kind: FaultKind) {
+        self.inject(Op::Destroy, gpu_index, count, kind);
+    }
+
+    /// Injected faults not yet used up.
+    pub fn pending_faults(&self) -> usize {
+        lock(&self.faults).values().map(VecDeque::len).sum()
+    }
+
+    /// Drops every pending injected fault.
+    pub fn clear_faults(&self) {
+        lock(&self.faults).clear();
+    }
+
+    /// Sets the injected latency.
+    pub fn set_latency(&self, latency: Latency) {
+        *lock(&self.latency) = latency;
+    }
+
+    /// Marks GPU `gpu_index` lost (every call on it fails with [`BackendError::GpuLost`] and the
+    /// inventory leaves it out) or back. Its instances are kept while it is lost.
+    pub fn set_gpu_lost(&self, gpu_index: u32, lost: bool) {
+        let mut set = lock(&self.lost);
+        if lost {
+            set.insert(gpu_index);
+        } else {
+            set.remove(&gpu_index);
+        }
+    }
+
+    /// Raises `event`: the next [`GpuBackend::wait_health_events`] reports it.
+    pub fn raise_health_event(&self, event: HealthEvent) {
+        lock(&self.health_events).push_back(event);
+    }
+
+    /// Applies the control file when its content changed since the last call (see [`Control`]).
+    pub(super) fn apply_control_file(&self) {
+        let stamp = match fs::metadata(&self.control_path) {
+            Ok(m) => Some((m.modified().unwrap_or(UNIX_EPOCH), m.len())),
+            Err(_) => None,
+        };
+        let mut seen = lock(&self.control_seen);
+        if stamp.is_none() || (stamp == seen.stamp && stamp.is_some_and(|(t, _)| !recent(t))) {
+            return;
+        }
+        let Ok(content) = fs::read(&self.control_path) else {
+            return;
+        };
+        seen.stamp = stamp;
+        if content == seen.content {
+            return;
+        }
+        seen.content = content.clone();
+        drop(seen);
+        match serde_json::from_slice::<Control>(&content) {
+            Ok(control) => self.apply(&control),
+            Err(e) => tracing::warn!(path = %self.control_path.display(), error = %e,
+                "ignoring an emulated-GPU control file that does not parse"),
+        }
+    }
+
+    fn apply(&self, control: &Control) {
+        tracing::info!(?control, "emulated GPUs: applying the control file");
+        self.set_latency(Latency {
+            create: Duration::from_millis(control.latency_ms.create),
+            destroy: Duration::from_millis(control.latency_ms.destroy),
+        });
+        *lock(&self.lost) = control.lost_gpus.iter().copied().collect();
+        for f in &control.create_faults {
+            self.inject(Op::Create, f.gpu, f.count, f.kind);
+        }
+        for f in &control.destroy_faults {
+            self.inject(Op::Destroy, f.gpu, f.count, f.kind);
+        }
+        for x in &control.xid_events {
+            self.raise_health_event(HealthEvent::Xid {
+                gpu: x.gpu,
+                xid: x.xid,
+                gpu_instance: x.gpu_instance,
+            });
+        }
+        for &gpu in &control.uncorrectable_ecc_gpus {
+            self.raise_health_event(HealthEvent::UncorrectableEcc { gpu });
+        }
+        for i in &control.foreign_instances {
+            match self.create_foreign_instance(i.gpu, &i.profile, i.start) {
+                Ok(m) => {
+                    tracing::info!(mig = %m.mig_uuid, ?i, "emulated GPUs: created a foreign MIG instance")
+                }
+                Err(e) => {
+                    tracing::warn!(?i, error = %e, "emulated GPUs: could not create a foreign MIG instance")
+                }
+            }
+        }
+        for p in &control.destroy_instances {
+            if let Err(e) = self.destroy_at(p.gpu, p.start) {
+                tracing::warn!(?p, error = %e, "emulated GPUs: could not destroy a MIG instance");
+            }
+        }
+    }
+
+    pub(super) fn inject(&self, op: Op, gpu: u32, count: usize, kind: FaultKind) {
+        lock(&self.faults)
+            .entry((op, gpu))
+            .or_default()
+            .extend(std::iter::repeat_n(kind, count));
+    }
+
+    pub(super) fn take_fault(&self, op: Op, gpu: u32) -> Option<FaultKind> {
+        lock(&self.faults)
+            .get_mut(&(op, gpu))
+            .and_then(VecDeque::pop_front)
+    }
+
+    pub(super) fn is_lost(&self, gpu_index: u32) -> bool {
+        lock(&self.lost).contains(&gpu_index)
+    }
+
+    pub(super) fn sleep(&self, op: Op) {
+        let latency = *lock(&self.latency);
+        let d = match op {
+            Op::Create => latency.create,
+            Op::Destroy => latency.destroy,
+        };
+        if !d.is_zero() {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+/// Whether a modification time is within the last two seconds: the file system's timestamp
+/// granularity may hide an edit made in the same tick, so a recent file is re-read.
+fn recent(t: SystemTime) -> bool {
+    SystemTime::now()
+        .duration_since(t)
+        .map_or(true, |age| age < Duration::from_secs(2))
 }

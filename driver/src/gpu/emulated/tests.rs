@@ -1,6 +1,8 @@
 //! Unit tests of [`super`] (`emulated.rs`).
 
+use super::identity::format_uuid;
 use super::*;
+use crate::gpu::gi_cap_minor;
 
 fn open(dir: &Path, spec: &str) -> EmulatedBackend {
     EmulatedBackend::open(spec, "node-a", dir).unwrap()

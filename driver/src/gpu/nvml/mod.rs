@@ -9,7 +9,12 @@
 //!   backend with `FakeNvml` (compiled for tests and the `testing` feature, which the
 //!   `nvml_inventory` benchmark uses), which reproduces NVML's return codes and placement rules from the
 //!   same data files as the emulated backend.
-//! - [`NvmlBackend`]: [`GpuBackend`](super::GpuBackend) with NVML semantics (docs/reference/mig.md, "Create and destroy").
+//! - [`NvmlBackend`]: [`GpuBackend`](super::GpuBackend) with NVML semantics (docs/reference/mig.md, "Create and destroy"),
+//!   in `backend/`: the backend and its error mapping (`mod.rs`), the start-up inventory and
+//!   models (`discover.rs`), instance create, destroy and list (`instances.rs`), the instance
+//!   cache (`cache.rs`) and health events (`events.rs`).
+//! - `FakeNvml` in `fake/`: its state and test controls (`mod.rs`), one GPU's hardware state and
+//!   rules (`gpu.rs`), and the [`NvmlApi`] calls (`api.rs`).
 //! - [`procfs`]: the `nvidia-caps` major and the GI/CI capability minors (docs/reference/mig.md, "Device nodes and capabilities").
 //! - [`inventory_report`]: the read-only `das-kubelet-plugin --print-inventory` text.
 //!

@@ -79,9 +79,14 @@ fn node_selecting_specs_are_refused_with_their_index() {
 
 use std::sync::Mutex;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::DeviceTaint;
+use kube::api::Preconditions;
 use kube::core::Status;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
+use crate::events::EventSink;
 use crate::gpu::{GpuInfo, find_model};
 use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
 
@@ -243,11 +248,19 @@ impl PublishApi for FakeApi {
         s.slices.remove(name);
         Ok(())
     }
+}
 
-    async fn node_event(&self, _node: &str, warning: bool, reason: &str, note: &str) {
+#[tonic::async_trait]
+impl EventSink for FakeApi {
+    async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String) {
+        assert_eq!(
+            about,
+            &EventTarget::Node,
+            "the publisher posts about the Node only"
+        );
         self.state()
             .events
-            .push((warning, reason.to_string(), note.to_string()));
+            .push((kind == EventKind::Warning, reason.to_string(), note));
     }
 }
 

@@ -1,0 +1,132 @@
+use super::*;
+use das_api::DRIVER_NAME;
+use serde_json::json;
+
+const NOW: &str = "2026-01-01T00:00:00Z";
+
+/// A claim with two ready devices (requests `a` and `b`) and one not ready, reserved for
+/// pod `p`.
+fn claim() -> ResourceClaim {
+    let result = |req: &str, dev: &str| json!({"request": req, "driver": DRIVER_NAME, "pool": "n0", "device": dev});
+    let ready = |dev: &str, mig: &str, gi: u32, status: &str| {
+        json!({"driver": DRIVER_NAME, "pool": "n0", "device": dev,
+            "conditions": [{"type": "Ready", "status": status, "reason": "SliceCreated",
+                "message": "", "lastTransitionTime": NOW}],
+            "data": {"migUUID": mig, "gpuUUID": "GPU-a", "profile": "1g.10gb",
+                "placement": {"start": 0, "size": 1}, "gpuInstanceId": gi,
+                "computeInstanceId": 0}})
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": "p-gpu-x", "namespace": "ns", "uid": "c1"},
+        "spec": {"devices": {"requests": []}},
+        "status": {
+            "allocation": {"devices": {"results": [
+                result("a", "d0"), result("b/small", "d1"), result("a", "d2"),
+                {"request": "n", "driver": "other.example.com", "pool": "n0", "device": "x"}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+            "devices": [ready("d0", "MIG-0", 7, "True"), ready("d1", "MIG-1", 9, "True"),
+                ready("d2", "MIG-2", 11, "False")]}
+    }))
+    .unwrap()
+}
+
+/// Pod `p`: claim entry `gpu` generated as `p-gpu-x`; `main` uses all of it, `side` only
+/// request `b`, `init` request `a`, `other` uses nothing.
+fn pod() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "ns", "uid": "pod-uid"},
+        "spec": {
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}],
+            "initContainers": [{"name": "init", "resources": {"claims": [{"name": "gpu", "request": "a"}]}}],
+            "containers": [
+                {"name": "main", "resources": {"claims": [{"name": "gpu"}]}},
+                {"name": "side", "resources": {"claims": [{"name": "gpu", "request": "b"}]}},
+                {"name": "other"}]},
+        "status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "p-gpu-x"}]}
+    }))
+    .unwrap()
+}
+
+fn rows(claim: &ResourceClaim, pods: &[Pod]) -> Vec<(String, String, String)> {
+    device_info(claim, pods)
+        .into_iter()
+        .map(|r| (r.container, r.mig_uuid, r.gpu_instance_id))
+        .collect()
+}
+
+#[test]
+fn each_container_gets_a_row_per_ready_device_it_uses() {
+    let got = rows(&claim(), &[pod()]);
+    let want = [
+        ("init", "MIG-0", "7"),
+        ("main", "MIG-0", "7"),
+        ("main", "MIG-1", "9"),
+        ("side", "MIG-1", "9"),
+    ];
+    let want: Vec<_> = want
+        .iter()
+        .map(|(c, m, g)| (c.to_string(), m.to_string(), g.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    let all = device_info(&claim(), &[pod()]);
+    let labels = all[0].labels();
+    let names: Vec<_> = labels.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "namespace",
+            "pod",
+            "container",
+            "claim",
+            "gpu_uuid",
+            "mig_uuid",
+            "gpu_instance_id",
+            "compute_instance_id",
+            "profile",
+            "node"
+        ]
+    );
+    assert_eq!(all[0].node, "n0");
+    assert_eq!(all[0].claim, "p-gpu-x");
+    assert_eq!(all[0].compute_instance_id, "0");
+}
+
+#[test]
+fn unreserved_pods_and_unprepared_claims_have_no_rows() {
+    let mut c = claim();
+    c.status.as_mut().unwrap().reserved_for = None;
+    assert!(device_info(&c, &[pod()]).is_empty());
+    let mut c = claim();
+    c.status.as_mut().unwrap().devices = None;
+    assert!(device_info(&c, &[pod()]).is_empty());
+    let mut other_ns = pod();
+    other_ns.metadata.namespace = Some("elsewhere".into());
+    assert!(device_info(&claim(), &[other_ns]).is_empty());
+}
+
+#[test]
+fn a_pod_whose_containers_name_no_claim_still_shows_its_devices() {
+    let mut p = pod();
+    let spec = p.spec.as_mut().unwrap();
+    spec.init_containers = None;
+    spec.containers.retain(|c| c.name == "other");
+    let got = rows(&claim(), &[p]);
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|(c, _, _)| c.is_empty()));
+}
+
+#[test]
+fn a_claim_named_in_the_pod_spec_is_found_and_old_data_has_empty_ids() {
+    let mut p = pod();
+    p.status = None;
+    p.spec.as_mut().unwrap().resource_claims.as_mut().unwrap()[0].resource_claim_name =
+        Some("p-gpu-x".into());
+    let mut c = claim();
+    for d in c.status.as_mut().unwrap().devices.as_mut().unwrap() {
+        let data = &mut d.data.as_mut().unwrap().0;
+        data.as_object_mut().unwrap().remove("gpuInstanceId");
+    }
+    let got = rows(&c, &[p]);
+    assert_eq!(got.len(), 4);
+    assert!(got.iter().all(|(_, _, gi)| gi.is_empty()));
+}

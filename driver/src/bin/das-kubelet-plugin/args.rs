@@ -1,0 +1,183 @@
+//! The plugin's flags ([`Args`], parsed by clap from the command line and the environment) and
+//! what they turn into: the orphan rule and the health policy.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use das_driver::claims::checkpoint;
+use das_driver::claims::cri::CriRuntime;
+use das_driver::claims::{OrphanPolicy, PodContainers};
+use das_driver::gpu::nvml::procfs;
+use das_driver::health::{self, HealthPolicy, TaintEffect};
+use das_runtime::client::KubeArgs;
+use das_runtime::logging::LogArgs;
+use das_runtime::metrics_auth::MetricsAuthArgs;
+
+/// The flags of `das-kubelet-plugin`; each also reads the environment variable named in its
+/// `env`.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "DAS node plugin: MIG instances on demand through Kubernetes DRA"
+)]
+pub(crate) struct Args {
+    /// Name of this node (the ResourceSlice pool is named after it).
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        required_unless_present_any = ["print_inventory", "print_resource_slices"],
+        default_value = ""
+    )]
+    pub(crate) node_name: String,
+    /// The kubelet's plugin registration directory.
+    #[arg(
+        long,
+        env = "KUBELET_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub(crate) kubelet_registry_dir: PathBuf,
+    /// The kubelet's plugins directory; the DRA socket goes in `<dir>/mig.das.com/`.
+    #[arg(
+        long,
+        env = "KUBELET_PLUGINS_DIR",
+        default_value = "/var/lib/kubelet/plugins"
+    )]
+    pub(crate) kubelet_plugins_dir: PathBuf,
+    /// Where CDI spec files are written (the container runtime must read it).
+    #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi")]
+    pub(crate) cdi_dir: PathBuf,
+    /// Put the instances' device nodes (`/dev/nvidia<N>`, `nvidiactl`, `nvidia-uvm*`, the MIG
+    /// capability nodes) into CDI specs. Turn it off only for emulated GPUs on nodes without
+    /// NVIDIA devices, where a container runtime refuses to start a container whose CDI device
+    /// names a missing node.
+    #[arg(long, env = "DAS_CDI_DEVICE_NODES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) cdi_device_nodes: bool,
+    /// Plugin state: checkpoint, and the emulated GPUs' state.
+    #[arg(long, env = "DAS_STATE_DIR", default_value = "/var/lib/das")]
+    pub(crate) state_dir: PathBuf,
+    /// Emulate GPUs instead of using NVML, e.g. `A100-SXM4-40GB:2,H100-80GB:2`.
+    #[arg(long, env = "DAS_EMULATED_GPUS")]
+    pub(crate) emulated_gpus: Option<String>,
+    /// With --emulated-gpus: make stand-in character devices for the emulated GPUs (`nvidia<N>`,
+    /// `nvidiactl`, `nvidia-uvm*`, `nvidia-caps/nvidia-cap<M>`, with the driver's numbers) in
+    /// this directory, and point the CDI specs' device nodes at them, so a container runtime
+    /// injects device nodes as on a GPU node. Needs root (mknod).
+    #[arg(long, env = "DAS_EMULATED_DEVICE_DIR", requires = "emulated_gpus")]
+    pub(crate) emulated_device_dir: Option<PathBuf>,
+    /// Where the NVIDIA driver's files are, as this process sees them (the chart mounts the
+    /// host's driver root at `/driver-root`). The driver's compute and utility libraries and
+    /// tools found there go into every claim's CDI spec, mounted at `/usr/local/nvidia/lib64`
+    /// and `/usr/local/nvidia/bin` (docs/nvml.md). Unset: none, except with
+    /// --emulated-device-dir, whose stand-in driver install is used.
+    #[arg(long, env = "DAS_DRIVER_ROOT")]
+    pub(crate) driver_root: Option<PathBuf>,
+    /// The same directory as a path on the host (`/`, or `/run/nvidia/driver` with the GPU
+    /// Operator's driver container): the container runtime resolves the CDI mounts there.
+    /// Default: --driver-root.
+    #[arg(long, env = "DAS_HOST_DRIVER_ROOT", requires = "driver_root")]
+    pub(crate) host_driver_root: Option<PathBuf>,
+    /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
+    /// during a rolling update.
+    #[arg(long, env = "POD_UID")]
+    pub(crate) pod_uid: Option<String>,
+    #[command(flatten)]
+    pub(crate) kube: KubeArgs,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "DAS_METRICS_ADDRESS", default_value = "0.0.0.0:9402")]
+    pub(crate) metrics_address: SocketAddr,
+    #[command(flatten)]
+    pub(crate) metrics_auth: MetricsAuthArgs,
+    #[command(flatten)]
+    pub(crate) log: LogArgs,
+    /// Also destroy MIG instances at start-up that DAS did not create and no claim holds.
+    #[arg(long, env = "DAS_RECLAIM_FOREIGN_SLICES")]
+    pub(crate) reclaim_foreign_slices: bool,
+    /// The node's container runtime (CRI) endpoint, e.g. `unix:///run/containerd/containerd.sock`
+    /// or `unix:///var/run/crio/crio.sock`. The orphan rule asks it whether any sandbox or
+    /// container of a pod is left before releasing the slices of a claim that the API server no
+    /// longer allocates and the kubelet never unprepared. Unset: such slices are kept (with a
+    /// Warning event on the Node) until the kubelet unprepares the claim.
+    #[arg(long, env = "DAS_CONTAINER_RUNTIME_ENDPOINT", value_parser = parse_cri_endpoint)]
+    pub(crate) container_runtime_endpoint: Option<CriRuntime>,
+    /// How long a prepared claim must have been no longer allocated to this node before the
+    /// orphan rule asks the container runtime about its pods, in seconds.
+    #[arg(long, env = "DAS_ORPHAN_RELEASE_DELAY_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(60..))]
+    pub(crate) orphan_release_delay_seconds: u64,
+    /// Boot ID file: a different boot ID resets the checkpoint (MIG instances do not survive a reboot).
+    #[arg(long, default_value = checkpoint::BOOT_ID_PATH)]
+    pub(crate) boot_id_file: PathBuf,
+    /// Print the GPUs NVML reports (MIG mode, GI profiles, placements, existing instances) and
+    /// exit. Read-only: never changes MIG mode, never creates or destroys instances. With
+    /// --emulated-gpus, prints the emulated inventory instead.
+    #[arg(long)]
+    pub(crate) print_inventory: bool,
+    /// Print the ResourceSlices this node would publish (a JSON `List`, slices without
+    /// `metadata.name`, in the layout of Kubernetes 1.35 and later: counter sets in slices of
+    /// their own) and exit. Only with --emulated-gpus; read-only, no API server needed. The
+    /// scheduler benchmark (`make bench-scheduler`) takes DAS's slices from it.
+    #[arg(long, requires = "emulated_gpus")]
+    pub(crate) print_resource_slices: bool,
+    /// Let DAS switch MIG mode on for Hopper and newer GPUs that have it off (the GPU must be
+    /// idle). Off by default: DAS then never changes MIG mode. Ampere GPUs are never switched
+    /// (they need a GPU reset).
+    #[arg(long, env = "DAS_ENABLE_MIG_MODE")]
+    pub(crate) enable_mig_mode: bool,
+    /// How long an unhealthy GPU must answer without a fatal XID or ECC error before the taints
+    /// on its devices are removed, in seconds.
+    #[arg(long, env = "DAS_HEALTH_QUIET_PERIOD_SECONDS", default_value_t = 300)]
+    pub(crate) health_quiet_period_seconds: u64,
+    /// Taint the devices of an unhealthy GPU `NoExecute` instead of `NoSchedule`: the taint
+    /// eviction controller then evicts running pods whose claims do not tolerate the taint.
+    #[arg(long, env = "DAS_HEALTH_EVICT_ON_FATAL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub(crate) health_evict_on_fatal: bool,
+    /// XIDs not to treat as fatal, besides the application errors 13, 31, 43, 45 and 68
+    /// (comma-separated, e.g. `109,119`).
+    #[arg(long, env = "DAS_HEALTH_IGNORED_XIDS", default_value = "", value_parser = parse_ignored_xids)]
+    pub(crate) health_ignored_xids: BTreeSet<u32>,
+    /// procfs root for `devices` (the `nvidia-caps` major) and the MIG capability minors.
+    #[arg(long, env = "DAS_PROC_ROOT", default_value = procfs::PROC_ROOT)]
+    pub(crate) proc_root: PathBuf,
+}
+
+fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, String> {
+    CriRuntime::new(endpoint)
+}
+
+fn parse_ignored_xids(list: &str) -> Result<BTreeSet<u32>, String> {
+    health::xid::parse_ignored(list)
+}
+
+/// The orphan rule of the flags.
+pub(crate) fn orphan_policy(args: &Args) -> OrphanPolicy {
+    let runtime = args.container_runtime_endpoint.clone();
+    match &runtime {
+        Some(cri) => {
+            tracing::info!(socket = %cri.socket().display(), delay_s = args.orphan_release_delay_seconds,
+            "orphaned claims are released once the container runtime has no container of their pods")
+        }
+        None => tracing::info!(
+            "no container runtime endpoint: orphaned claims keep their slices until the kubelet unprepares them"
+        ),
+    }
+    OrphanPolicy {
+        delay: Duration::from_secs(args.orphan_release_delay_seconds),
+        runtime: runtime.map(|r| Arc::new(r) as Arc<dyn PodContainers>),
+    }
+}
+
+/// The health policy of the flags.
+pub(crate) fn health_policy(args: &Args) -> HealthPolicy {
+    HealthPolicy {
+        quiet_period: Duration::from_secs(args.health_quiet_period_seconds),
+        ignored_xids: args.health_ignored_xids.clone(),
+        effect: if args.health_evict_on_fatal {
+            TaintEffect::NoExecute
+        } else {
+            TaintEffect::NoSchedule
+        },
+    }
+}

@@ -1,0 +1,215 @@
+//! What the plugin reads and opens on the node: the check before taking over ([`check_node`]:
+//! the GPUs, the driver's files, the node set-up, the boot ID), the GPU backends (NVML or
+//! emulated), the CDI specs' device nodes and driver mounts, and the checkpoint.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use das_driver::claims::cdi::{DeviceNodes, Mount};
+use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
+use das_driver::claims::driver_files::{self, DriverRoot};
+use das_driver::gpu::emulated::EMULATED_DRIVER_VERSION;
+use das_driver::gpu::emulated::device_nodes;
+use das_driver::gpu::emulated::driver_files::create_stand_in_driver;
+use das_driver::gpu::nvml::procfs;
+use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml};
+use das_driver::node_checks::{self, HostView, NodeChecks};
+
+use crate::args::Args;
+
+/// `nvidia-caps` major reported for emulated GPUs (a real node reads `/proc/devices`).
+pub(crate) const EMULATED_CAPS_MAJOR: u32 = 509;
+
+/// What this instance reads from the node before it asks the active instance to hand over:
+/// whatever can fail without touching the node's shared state (the state dir, the MIG
+/// instances). A bad image or a broken driver fails here, while the active instance still serves.
+pub(crate) struct NodeCheck {
+    pub(crate) gpus: Gpus,
+    /// The GPUs: NVML's inventory, or the emulated spec's GPUs (read again from the emulated
+    /// backend once it is open).
+    pub(crate) inventory: Vec<GpuInfo>,
+    /// CDI mounts of the driver's files under --driver-root; `None` without it (the emulated
+    /// stand-in install, if any, is made after taking over).
+    pub(crate) driver_mounts: Option<Vec<Mount>>,
+    /// What the checks of the node set-up found (real GPUs only; reported after taking over,
+    /// when the API client exists).
+    pub(crate) setup: Option<NodeChecks>,
+    pub(crate) boot_id: String,
+}
+
+/// The GPU backend as far as it is opened before taking over.
+pub(crate) enum Gpus {
+    /// NVML, initialised and its GPUs read, with the `nvidia-caps` major.
+    Nvml {
+        backend: Arc<dyn GpuBackend>,
+        caps_major: u32,
+    },
+    /// Emulated GPUs with a valid spec. Their state lives in the state dir, which belongs to the
+    /// active instance, so the backend is opened after taking over.
+    Emulated,
+}
+
+/// [`NodeCheck`]: blocks (NVML calls); run it on the blocking pool.
+pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
+    let (gpus, inventory) = match &args.emulated_gpus {
+        Some(spec) => {
+            // Read-only: the emulated GPUs' state is not opened.
+            let inventory = das_driver::gpu::emulated::emulated_inventory(spec, &args.node_name)
+                .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            (Gpus::Emulated, inventory)
+        }
+        None => {
+            let (backend, caps_major) = open_nvml(args)?;
+            let inventory = backend.inventory().context("read the GPUs through NVML")?;
+            (
+                Gpus::Nvml {
+                    backend,
+                    caps_major,
+                },
+                inventory,
+            )
+        }
+    };
+    let driver_mounts = match &args.driver_root {
+        Some(path) => {
+            let root = DriverRoot {
+                path: path.clone(),
+                host_path: args
+                    .host_driver_root
+                    .clone()
+                    .unwrap_or_else(|| path.clone()),
+            };
+            Some(find_driver_files(&root, &inventory)?)
+        }
+        None => None,
+    };
+    // The toolkit's config and the unified-memory nodes: problems are reported, never fatal.
+    let setup = match &gpus {
+        Gpus::Nvml { .. } => Some(node_checks::run(&HostView::new(
+            args.driver_root.as_deref(),
+            args.host_driver_root.as_deref(),
+            args.cdi_device_nodes,
+        ))),
+        Gpus::Emulated => None,
+    };
+    let boot_id = checkpoint::read_boot_id_from(&args.boot_id_file)?;
+    Ok(NodeCheck {
+        gpus,
+        inventory,
+        driver_mounts,
+        setup,
+        boot_id,
+    })
+}
+
+/// The NVML backend and the `nvidia-caps` major (NVML loads `libnvidia-ml.so.1` only here, so
+/// emulated mode runs without the NVIDIA driver).
+fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
+    let api = init_nvml()?;
+    let options = NvmlOptions {
+        proc_root: args.proc_root.clone(),
+        enable_mig_mode: args.enable_mig_mode,
+    };
+    let b = NvmlBackend::new(api, options).context("read the GPUs through NVML")?;
+    let major = procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
+    Ok((Arc::new(b), major))
+}
+
+/// The emulated backend over its state in the state dir (only once this instance is active).
+pub(crate) fn open_emulated(args: &Args, spec: &str) -> Result<(Arc<dyn GpuBackend>, u32)> {
+    let (b, reset) =
+        EmulatedBackend::open_or_reset(spec, &args.node_name, &args.state_dir.join("emulated"))
+            .with_context(|| format!("emulated GPUs {spec:?}"))?;
+    if let Some((aside, why)) = reset {
+        tracing::error!(moved_to = %aside.display(), reason = %why,
+            "the emulated GPUs' state cannot be used: moved aside, the GPUs start empty");
+    }
+    Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
+}
+
+pub(crate) fn init_nvml() -> Result<RealNvml> {
+    RealNvml::init().context(
+        "initialise NVML (libnvidia-ml.so.1): run on a node with the NVIDIA driver and make the driver libraries visible in the container (docs/nvml.md), or use --emulated-gpus",
+    )
+}
+
+/// The CDI mounts of the driver's files under `root` ([`driver_files`]); read-only.
+fn find_driver_files(root: &DriverRoot, inventory: &[GpuInfo]) -> Result<Vec<Mount>> {
+    let version = inventory.first().map(|g| g.driver_version.clone());
+    let files = driver_files::discover(root, version.as_deref())
+        .context("find the NVIDIA driver's files for the containers")?;
+    tracing::info!(root = %root.path.display(), host_root = %root.host_path.display(),
+        version = %files.version, files = files.files.len(),
+        "driver files for the containers found: every claim's CDI spec mounts them");
+    Ok(files.mounts())
+}
+
+/// Without --driver-root: the CDI mounts of the emulated GPUs' stand-in driver install next to
+/// their stand-in device nodes (`<--emulated-device-dir>/driver`, made here), else none.
+pub(crate) fn stand_in_driver_mounts(args: &Args, inventory: &[GpuInfo]) -> Result<Vec<Mount>> {
+    let (None, Some(dir), true) = (
+        &args.driver_root,
+        &args.emulated_device_dir,
+        args.cdi_device_nodes,
+    ) else {
+        return Ok(Vec::new());
+    };
+    let path = dir.join("driver");
+    let version = inventory
+        .first()
+        .map_or(EMULATED_DRIVER_VERSION, |g| g.driver_version.as_str());
+    create_stand_in_driver(&path, version)
+        .with_context(|| format!("stand-in driver install in {}", path.display()))?;
+    find_driver_files(
+        &DriverRoot {
+            host_path: path.clone(),
+            path,
+        },
+        inventory,
+    )
+}
+
+/// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins
+/// are made here, before any spec names them.
+pub(crate) fn device_nodes(
+    args: &Args,
+    inventory: &[GpuInfo],
+    caps_major: u32,
+) -> Result<DeviceNodes> {
+    if !args.cdi_device_nodes {
+        return Ok(DeviceNodes::Omitted);
+    }
+    let Some(dir) = &args.emulated_device_dir else {
+        return Ok(DeviceNodes::Host);
+    };
+    let minors: Vec<u32> = inventory.iter().map(|g| g.minor).collect();
+    let nodes = device_nodes::stand_in_nodes(&minors, caps_major);
+    device_nodes::create_stand_in_nodes(dir, &nodes)
+        .with_context(|| format!("--emulated-device-dir {}", dir.display()))?;
+    tracing::info!(dir = %dir.display(), nodes = nodes.len(), "stand-in device nodes of the emulated GPUs ready");
+    Ok(DeviceNodes::StandIn(dir.clone()))
+}
+
+/// Loads the checkpoint; returns it and whether it must be rebuilt from the backend and the API.
+pub(crate) fn load_checkpoint(path: &std::path::Path, boot_id: &str) -> Result<(Checkpoint, bool)> {
+    Ok(match Checkpoint::load(path, boot_id)? {
+        LoadOutcome::Loaded(cp) => (cp, false),
+        LoadOutcome::Upgraded { checkpoint, from } => {
+            tracing::info!(
+                from,
+                to = checkpoint::CHECKPOINT_VERSION,
+                "checkpoint upgraded"
+            );
+            (checkpoint, false)
+        }
+        LoadOutcome::Fresh => (Checkpoint::new(boot_id), true),
+        LoadOutcome::NewBoot { previous } => {
+            tracing::info!(previous = %previous.boot_id, current = boot_id, "new boot: the checkpoint of the previous boot is discarded");
+            (Checkpoint::new(boot_id), false)
+        }
+        LoadOutcome::Corrupt { moved_to, reason } => {
+            tracing::error!(moved_to = %moved_to.display(), %reason, "corrupt checkpoint moved aside; rebuilding from the GPUs and the API server");
+            (Checkpoint::new(boot_id), true)
+        }
+    })
+}

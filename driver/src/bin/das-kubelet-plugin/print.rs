@@ -1,0 +1,54 @@
+//! The read-only modes that print and exit: `--print-inventory` and `--print-resource-slices`.
+
+use anyhow::{Context, Result};
+use das_driver::gpu::nvml;
+use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
+
+use crate::args::Args;
+use crate::node::init_nvml;
+
+/// `--print-inventory`: read-only listing of the GPUs, then exit.
+pub(crate) fn print_inventory(args: &Args) -> Result<()> {
+    match &args.emulated_gpus {
+        Some(spec) => {
+            // Read-only: the emulated GPUs' state is not opened.
+            let gpus = das_driver::gpu::emulated::emulated_inventory(spec, &args.node_name)
+                .with_context(|| format!("emulated GPUs {spec:?}"))?;
+            for g in gpus {
+                println!(
+                    "GPU {}: {} {} minor {} MIG {} model {} profiles {}",
+                    g.index,
+                    g.product_name,
+                    g.uuid,
+                    g.minor,
+                    if g.mig_enabled { "on" } else { "off" },
+                    g.model.name,
+                    g.model.profile_names()
+                );
+            }
+        }
+        None => print!("{}", nvml::inventory_report(&init_nvml()?)),
+    }
+    Ok(())
+}
+
+/// `--print-resource-slices`: the emulated GPUs' desired slices as a JSON `List`, then exit.
+pub(crate) fn print_resource_slices(args: &Args) -> Result<()> {
+    let spec = args.emulated_gpus.as_deref().unwrap_or_default();
+    let node = if args.node_name.is_empty() {
+        "node"
+    } else {
+        &args.node_name
+    };
+    let gpus = das_driver::gpu::emulated::emulated_inventory(spec, node)
+        .with_context(|| format!("emulated GPUs {spec:?}"))?;
+    let slices = resource_slices::desired_resource_slices(
+        node,
+        &gpus,
+        ResourceSliceLayout::SeparateCounterSlices,
+    )?;
+    let items: Vec<_> = slices.into_iter().map(|s| s.slice).collect();
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+    println!("{}", serde_json::to_string_pretty(&list)?);
+    Ok(())
+}

@@ -1,0 +1,371 @@
+//! The checkpoint document (version 3; see [`super`] for the JSON): the record types, the
+//! checksum, encoding and decoding with the upgrades of versions 1 and 2, and the in-memory
+//! changes the request path makes. Pure: the file is [`super::store`]'s.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub(super) mod v1;
+
+/// Version of the document this module writes. It also reads versions 1 and 2 (see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 3;
+
+/// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
+/// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PrepareState {
+    /// Recorded before any instance was created: instances may or may not exist, the CDI spec may or
+    /// may not be written. Seen outside a running prepare only after a crash; it is rolled back.
+    PrepareStarted,
+    /// Slices exist and the CDI spec is written; the CDI device IDs were (or can be) returned.
+    PrepareCompleted,
+    /// The claim's instances must go (its unprepare, or the roll-back of a failed prepare, could
+    /// not destroy them all): `devices` are the ones not yet confirmed destroyed. The reaper
+    /// retries until they are gone; only then is the record dropped.
+    Releasing,
+}
+
+/// The identity of one MIG instance (a GPU instance with its compute instance) on the GPU named
+/// by the device's `gpuUUID`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceId {
+    /// GPU-instance ID, assigned by the driver (NVML reuses it after a destroy).
+    pub gi_id: u32,
+    /// Compute-instance ID inside the GPU instance.
+    pub ci_id: u32,
+    /// MIG device UUID, `MIG-…`: new on every creation.
+    #[serde(rename = "migUUID")]
+    pub mig_uuid: String,
+}
+
+/// One allocated device of a claim, as prepared on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RecordedDevice {
+    /// Request name from the allocation result (`<request>` or `<request>/<subrequest>`).
+    pub request: String,
+    /// Pool of the allocated device (the node name).
+    pub pool: String,
+    /// Published device name, e.g. `gpu-0-mig-1g-10gb-6`.
+    pub device: String,
+    /// Index of the parent GPU.
+    pub gpu_index: u32,
+    /// UUID of the parent GPU, `GPU-…`.
+    #[serde(rename = "gpuUUID")]
+    pub gpu_uuid: String,
+    /// MIG profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// First memory slice of the placement.
+    pub placement_start: u32,
+    /// Number of memory slices of the placement.
+    pub placement_size: u32,
+    /// The MIG instance created for the device, once created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceId>,
+}
+
+impl RecordedDevice {
+    /// The MIG UUID of the device's instance, once created.
+    pub fn mig_uuid(&self) -> Option<&str> {
+        self.instance.as_ref().map(|i| i.mig_uuid.as_str())
+    }
+}
+
+/// What the checkpoint knows about one claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClaimRecord {
+    /// Namespace of the ResourceClaim.
+    pub namespace: String,
+    /// Name of the ResourceClaim.
+    pub name: String,
+    /// How far prepare got.
+    pub state: PrepareState,
+    /// The claim's devices on this node.
+    pub devices: Vec<RecordedDevice>,
+    /// Fully-qualified CDI device IDs per device name (version 1: per request name), as
+    /// returned to the kubelet; empty until [`PrepareState::PrepareCompleted`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cdi_device_ids: BTreeMap<String, Vec<String>>,
+    /// UIDs of the pods the claim was reserved for at its prepares (`status.reservedFor`),
+    /// kept while the record lives: the orphan rule releases the record's slices only when the
+    /// container runtime has no sandbox or container of any of them. Empty in records of
+    /// version 2 and in records rebuilt after a lost checkpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<String>,
+    /// Last change, seconds since the Unix epoch.
+    pub updated_at: u64,
+}
+
+impl ClaimRecord {
+    /// The record's devices whose instance is known.
+    pub fn instances(&self) -> impl Iterator<Item = (&RecordedDevice, &InstanceId)> {
+        self.devices
+            .iter()
+            .filter_map(|d| d.instance.as_ref().map(|i| (d, i)))
+    }
+}
+
+/// The in-memory checkpoint. Change it with the `set_*`/[`Checkpoint::remove`] methods, then
+/// [`Checkpoint::save`] it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Boot ID the records belong to (see [`super::read_boot_id`]).
+    pub boot_id: String,
+    /// Records by claim UID.
+    pub claims: BTreeMap<String, ClaimRecord>,
+}
+
+/// Why a checkpoint file was judged corrupt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CorruptReason {
+    /// The file is not JSON (truncated, garbage); the parser's message.
+    InvalidJson(String),
+    /// `version` is missing or not [`CHECKPOINT_VERSION`]; the value found, as JSON.
+    UnknownVersion(String),
+    /// Version 1 JSON of the wrong shape (missing or unknown field, wrong type); the message.
+    BadShape(String),
+    /// The content does not match `checksum` (or `checksum` is missing).
+    ChecksumMismatch {
+        /// The checksum in the file (empty when missing).
+        stored: String,
+        /// The checksum of the content.
+        computed: String,
+    },
+}
+
+impl fmt::Display for CorruptReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CorruptReason::InvalidJson(e) => write!(f, "not valid JSON: {e}"),
+            CorruptReason::UnknownVersion(v) => {
+                write!(f, "unknown version {v} (expected {CHECKPOINT_VERSION})")
+            }
+            CorruptReason::BadShape(e) => write!(f, "unexpected content: {e}"),
+            CorruptReason::ChecksumMismatch { stored, computed } => {
+                write!(
+                    f,
+                    "checksum mismatch: file says {stored:?}, content gives {computed:?}"
+                )
+            }
+        }
+    }
+}
+
+/// The on-disk document. Field order is the serialization order.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub(super) struct Document {
+    pub(super) version: u64,
+    pub(super) boot_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) checksum: Option<String>,
+    pub(super) claims: BTreeMap<String, ClaimRecord>,
+}
+
+impl Document {
+    /// `crc32:<8 hex digits>` of the compact serialization without the checksum field.
+    pub(super) fn compute_checksum(&self) -> Result<String, serde_json::Error> {
+        let unsummed = Document {
+            version: self.version,
+            boot_id: self.boot_id.clone(),
+            checksum: None,
+            claims: self.claims.clone(),
+        };
+        let bytes = serde_json::to_vec(&unsummed)?;
+        Ok(format!("crc32:{:08x}", crc32fast::hash(&bytes)))
+    }
+}
+
+impl Checkpoint {
+    /// An empty checkpoint for the given boot.
+    pub fn new(boot_id: impl Into<String>) -> Self {
+        Checkpoint {
+            boot_id: boot_id.into(),
+            claims: BTreeMap::new(),
+        }
+    }
+
+    /// The file content: pretty JSON with the checksum, ending in a newline.
+    pub(super) fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
+        let mut doc = Document {
+            version: CHECKPOINT_VERSION,
+            boot_id: self.boot_id.clone(),
+            checksum: None,
+            claims: self.claims.clone(),
+        };
+        doc.checksum = Some(doc.compute_checksum()?);
+        let mut bytes = serde_json::to_vec_pretty(&doc)?;
+        bytes.push(b'\n');
+        Ok(bytes)
+    }
+
+    /// The record of a claim, if any.
+    pub fn get(&self, claim_uid: &str) -> Option<&ClaimRecord> {
+        self.claims.get(claim_uid)
+    }
+
+    /// Records that prepare of a claim started, replacing any earlier record; `devices` are the
+    /// allocated devices, with their instances where already known. Callers check
+    /// [`Checkpoint::get`] first so a retried prepare of a completed claim does not downgrade it.
+    pub fn set_started(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<RecordedDevice>,
+    ) {
+        self.upsert(
+            claim_uid,
+            namespace,
+            name,
+            PrepareState::PrepareStarted,
+            devices,
+            BTreeMap::new(),
+        );
+    }
+
+    /// Records that prepare of a claim completed: its devices (instances filled in) and the CDI
+    /// device IDs per device name. Replaces any earlier record, so it also works
+    /// when the claim was never recorded as started (state rebuilt after a corrupt file).
+    pub fn set_completed(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<RecordedDevice>,
+        cdi_device_ids: BTreeMap<String, Vec<String>>,
+    ) {
+        self.upsert(
+            claim_uid,
+            namespace,
+            name,
+            PrepareState::PrepareCompleted,
+            devices,
+            cdi_device_ids,
+        );
+    }
+
+    fn upsert(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        state: PrepareState,
+        devices: Vec<RecordedDevice>,
+        cdi_device_ids: BTreeMap<String, Vec<String>>,
+    ) {
+        // The pods a claim was prepared for stay known across its states: a container of any of
+        // them may use its slices until the kubelet unprepares it.
+        let pods = self
+            .claims
+            .get(claim_uid)
+            .map(|r| r.pods.clone())
+            .unwrap_or_default();
+        let record = ClaimRecord {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            state,
+            devices,
+            cdi_device_ids,
+            pods,
+            updated_at: unix_now(),
+        };
+        self.claims.insert(claim_uid.to_string(), record);
+    }
+
+    /// Sets the pods the claim's record knows (see [`ClaimRecord::pods`]); returns whether that
+    /// changed anything. No-op without a record.
+    pub fn set_pods(&mut self, claim_uid: &str, pods: Vec<String>) -> bool {
+        match self.claims.get_mut(claim_uid) {
+            Some(r) if r.pods != pods => {
+                r.pods = pods;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records that the claim's instances in `devices` must still be destroyed
+    /// ([`PrepareState::Releasing`]); keeps the claim's namespace and name.
+    pub fn set_releasing(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<RecordedDevice>,
+    ) {
+        self.upsert(
+            claim_uid,
+            namespace,
+            name,
+            PrepareState::Releasing,
+            devices,
+            BTreeMap::new(),
+        );
+    }
+
+    /// Forgets a claim (after unprepare). Idempotent: returns the removed record, `None` when
+    /// there was none.
+    pub fn remove(&mut self, claim_uid: &str) -> Option<ClaimRecord> {
+        self.claims.remove(claim_uid)
+    }
+}
+
+/// Parses and verifies file content; returns the checkpoint (upgraded to the current version)
+/// and the version the file had, or why it is corrupt.
+pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
+    let value: serde_json::Value =
+        serde_json::from_slice(bytes).map_err(|e| CorruptReason::InvalidJson(e.to_string()))?;
+    let version = value.get("version");
+    match version.and_then(serde_json::Value::as_u64) {
+        // Version 2 is version 3 without `pods`: the same document type reads both, and its
+        // checksum covers the version the file has.
+        Some(v @ (2 | CHECKPOINT_VERSION)) => {
+            let doc: Document = serde_json::from_value(value)
+                .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
+            verify(&doc.checksum, doc.compute_checksum())?;
+            Ok((
+                Checkpoint {
+                    boot_id: doc.boot_id,
+                    claims: doc.claims,
+                },
+                v,
+            ))
+        }
+        Some(1) => {
+            let doc: v1::Document = serde_json::from_value(value)
+                .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
+            verify(&doc.checksum, doc.compute_checksum())?;
+            Ok((doc.upgrade(), 1))
+        }
+        _ => {
+            let found = version.map_or_else(|| "(missing)".to_string(), |v| v.to_string());
+            Err(CorruptReason::UnknownVersion(found))
+        }
+    }
+}
+
+/// Compares a stored checksum with the computed one.
+fn verify(
+    stored: &Option<String>,
+    computed: Result<String, serde_json::Error>,
+) -> Result<(), CorruptReason> {
+    let computed = computed.map_err(|e| CorruptReason::BadShape(e.to_string()))?;
+    let stored = stored.clone().unwrap_or_default();
+    if stored != computed {
+        return Err(CorruptReason::ChecksumMismatch { stored, computed });
+    }
+    Ok(())
+}
+
+/// Seconds since the Unix epoch (0 before it).
+pub(super) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,81 @@
+//! The node plugin's checkpoint: the claims it prepared and the exact MIG instances it created
+//! for them, kept on disk so unprepare works after a plugin restart, a half-done prepare can be
+//! rolled back, and an instance is only ever destroyed by the claim that owns it
+//! (docs/architecture.md, "Prepare and unprepare").
+//!
+//! The file is a versioned JSON document, rewritten whole and atomically on every change (temp
+//! file, rename); fine for the few hundred claims a node holds. It is not fsynced: only a
+//! kernel crash or a power loss can lose a write that a reader has seen, and both reboot the
+//! node, which destroys every MIG instance the file describes and makes [`Checkpoint::load`]
+//! discard it (new boot ID). A restarted plugin process always reads the last write. After a
+//! power loss the file may also be found incomplete; it is then moved aside as corrupt (below),
+//! which loses nothing, since none of the instances it described survived. (Fsyncs of the file
+//! and its directory were a fifth of the plugin's CPU per prepare and the tail of its latency;
+//! docs/benchmarks.md.)
+//!
+//! ```json
+//! {
+//!   "version": 3,
+//!   "bootId": "0b7e…",
+//!   "checksum": "crc32:1a2b3c4d",
+//!   "claims": {
+//!     "<claimUID>": {
+//!       "namespace": "ns", "name": "claim",
+//!       "state": "PrepareStarted" | "PrepareCompleted" | "Releasing",
+//!       "devices": [{"request": "gpu", "pool": "node-a", "device": "gpu-0-mig-1g-10gb-6",
+//!                    "gpuIndex": 0, "gpuUUID": "GPU-…", "profile": "1g.10gb",
+//!                    "placementStart": 6, "placementSize": 2,
+//!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"}}],
+//!       "cdiDeviceIds": {"gpu-0-mig-1g-10gb-6": ["das.com/mig=<claimUID>-gpu-0-mig-1g-10gb-6"]},
+//!       "pods": ["<podUID>"],
+//!       "updatedAt": 1767225600
+//!     }
+//!   }
+//! }
+//! ```
+//!
+//! A device's `instance` is the identity of the MIG instance created for it: GPU UUID (the
+//! device's `gpuUUID`), GPU-instance ID, compute-instance ID and MIG UUID. NVML reuses GI IDs
+//! after a destroy and a MIG UUID is new on every creation, so together they name one instance
+//! and never its successor at the same placement. `instance` is absent only while a prepare is
+//! creating the instance (and in a record left by a crash in that window).
+//!
+//! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
+//! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
+//! ([`LoadOutcome::Upgraded`]), never treated as corrupt. Version 2 lacked `pods` (the UIDs of
+//! the pods the claim was reserved for when it was prepared, which the orphan rule asks the
+//! container runtime about); it is read as version 3 with no pods known. An older binary moves a
+//! newer file aside as corrupt and rebuilds from the GPUs and the API server (a downgrade loses
+//! no instance the API server still allocates; see docs/design.md for what it costs).
+//!
+//! `checksum` is CRC-32 (IEEE, the `crc32fast` crate) of the compact JSON serialization of the
+//! same document without the `checksum` field; map keys are sorted, so the serialization is
+//! canonical and the checksum does not depend on the file's whitespace or on the Rust version.
+//!
+//! [`Checkpoint::load`] never panics and never fails on bad content: a new boot ID (MIG instances
+//! do not survive a reboot) is reported as [`LoadOutcome::NewBoot`]; a file with unknown version,
+//! bad JSON, unexpected fields or a wrong checksum is moved aside to `<name>.corrupt-<unix time>`
+//! and reported as [`LoadOutcome::Corrupt`], so the caller rebuilds state from the GPU backend and
+//! the API server instead of crash-looping.
+//!
+//! - [`format`](mod@format): the document: the record types, the checksum, encoding and
+//!   decoding, and the in-memory changes ([`Checkpoint`]'s `set_*`). Pure. Its `v1` holds the
+//!   first release's document, read only to upgrade it.
+//! - [`store`]: the file: [`Checkpoint::load`] and [`Checkpoint::save`] (atomic, moving a
+//!   corrupt file aside), the boot ID, and [`CheckpointStore`], the checkpoint the request path
+//!   changes and persists with group commit.
+
+pub mod format;
+pub mod store;
+
+pub use format::{
+    CHECKPOINT_VERSION, Checkpoint, ClaimRecord, CorruptReason, InstanceId, PrepareState,
+    RecordedDevice,
+};
+pub use store::{
+    BOOT_ID_PATH, CHECKPOINT_FILE_NAME, CheckpointError, CheckpointStore, LoadOutcome,
+    read_boot_id, read_boot_id_from,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,265 @@
+//! [`Preparer`]: carries out the request path's decisions ([`super::plan`]) against the GPU
+//! backend, the checkpoint, the CDI directory and the API server. Its methods, by what they
+//! serve:
+//!
+//! - [`prepare`]: NodePrepareResources of one claim, and the claim's CDI spec.
+//! - [`release`]: NodeUnprepareResources, and the release of a claim's instances that it, the
+//!   roll-back of a failed prepare, the reaper and the orphan rule share.
+//! - [`startup`]: the start-up reconciliation of checkpoint, GPUs and API server.
+//! - [`reaper`]: the passes of the reaper ([`super::reaper`] keeps its schedule).
+//! - [`orphans`]: the checks of the orphan rule ([`super::orphans`] states it).
+//! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
+//!
+//! Prepare of one claim, under the claim's lock: read the claim → resolve its allocation →
+//! settle what the checkpoint has for it (reuse a completed record after checking that its
+//! instances and CDI spec still exist, or release a half-done or stale one) → checkpoint
+//! `PrepareStarted` → create each instance at exactly the allocated placement (GPUs in parallel,
+//! one GPU's calls in turn), noting each instance in the record as soon as it exists → write the
+//! CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
+//!
+//! A placement that overlaps a slice another claim's record still holds is never taken from it:
+//! the prepare waits a little for the kubelet's unprepare of that claim (the force-delete race)
+//! and otherwise fails with [`PrepareError::PlacementHeld`], which the kubelet retries. Only the
+//! kubelet's unprepare, or the orphan rule with the container runtime's evidence
+//! ([`super::orphans`]), ever releases a prepared claim.
+//!
+//! Unprepare, and the roll-back of a failed prepare, release the claim: destroy exactly the
+//! recorded instances, delete the CDI spec, and drop the record only when every instance is
+//! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::join_all;
+use tokio::sync::Notify;
+
+use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
+use super::orphans::{OrphanPolicy, OrphanWatch};
+use super::plan::{self, DeviceRef};
+use super::reaper::ReaperState;
+use super::status::StatusWriters;
+use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
+pub use crate::blocking::BlockingCalls;
+use crate::claims::cdi::{self, CdiWriter};
+use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
+use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
+use crate::metrics::Metrics;
+
+pub mod gauges;
+pub mod orphans;
+pub mod prepare;
+pub mod reaper;
+pub mod release;
+pub mod startup;
+
+pub use prepare::PLACEMENT_WAIT;
+
+/// What a [`Preparer`] is built from.
+pub struct PreparerConfig {
+    /// The API-server calls.
+    pub api: Arc<dyn ClaimApi>,
+    /// This node's name (the pool).
+    pub node: String,
+    /// The GPUs.
+    pub backend: Arc<dyn GpuBackend>,
+    /// The GPUs at start-up: what the plugin publishes.
+    pub inventory: Vec<GpuInfo>,
+    /// Where CDI specs go.
+    pub cdi_dir: PathBuf,
+    /// Major of the `nvidia-caps` char device (from `/proc/devices`; a fixed value when
+    /// emulated).
+    pub caps_major: u32,
+    /// Where the CDI specs' device nodes are on the host: the driver's `/dev` nodes, none
+    /// (emulated GPUs on a node without NVIDIA devices), or the emulated GPUs' stand-ins.
+    pub device_nodes: cdi::DeviceNodes,
+    /// The driver's files every claim's spec mounts ([`super::driver_files`]); empty when the
+    /// plugin has no driver root (emulated GPUs without stand-in devices).
+    pub driver_mounts: Vec<cdi::Mount>,
+    /// The checkpoint.
+    pub checkpoint: CheckpointStore,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Where backend calls run.
+    pub blocking: BlockingCalls,
+    /// When the plugin may release a prepared claim the kubelet never unprepares.
+    pub orphans: OrphanPolicy,
+}
+
+/// Prepares and unprepares claims for this node; see the module docs.
+pub struct Preparer {
+    /// This node and the devices it publishes.
+    pub(crate) node: NodeDevices,
+    /// The GPU backend, where its calls run, and one lock per GPU.
+    pub(crate) gpus: GpuCalls,
+    /// What is prepared (the checkpoint) and the per-claim locks.
+    pub(crate) records: Records,
+    /// The claims' CDI specs.
+    pub(crate) cdi: CdiWriter,
+    /// The API server: claim reads, events and the claims' status writes.
+    pub(crate) api: ApiSide,
+    /// What outlives a call: the reaper's schedule and the orphan rule's suspects.
+    pub(crate) lifecycle: Lifecycle,
+    /// Metrics.
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+/// This node as the request path sees it.
+pub(crate) struct NodeDevices {
+    /// The node's name: the pool of every device it publishes.
+    pub(crate) name: String,
+    /// Every device the node publishes, by device name ([`plan::device_index`]).
+    pub(crate) devices: HashMap<String, DeviceRef>,
+    /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
+    pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
+}
+
+/// The records of what is prepared, and who may change a claim's record now.
+pub(crate) struct Records {
+    /// The checkpoint: a record per claim with the exact instances it holds.
+    pub(crate) checkpoint: CheckpointStore,
+    /// One lock per claim UID: calls for one claim run one after another.
+    pub(crate) locks: ClaimLocks,
+    /// Woken whenever a record is dropped (placement waits).
+    pub(crate) released: Notify,
+}
+
+impl Records {
+    /// A copy of claim `uid`'s record, if it has one.
+    pub(crate) fn get(&self, uid: &str) -> Option<ClaimRecord> {
+        self.checkpoint.read(|cp| cp.get(uid).cloned())
+    }
+}
+
+/// The API server as the request path uses it.
+pub(crate) struct ApiSide {
+    /// Claim reads and lists, status writes and events.
+    pub(crate) client: Arc<dyn ClaimApi>,
+    /// The running writers of prepared claims' `status.devices`.
+    pub(crate) status: StatusWriters,
+}
+
+/// The state of what runs beside the calls: the reaper and the orphan rule.
+pub(crate) struct Lifecycle {
+    /// When each releasing claim is due for the reaper's next attempt.
+    pub(crate) reaper: ReaperState,
+    /// The orphan rule's suspects ([`super::orphans`]).
+    pub(crate) orphans: OrphanWatch,
+    /// When the plugin may release a prepared claim the kubelet never unprepares.
+    pub(crate) orphan_policy: OrphanPolicy,
+}
+
+impl Preparer {
+    /// A preparer over `config`.
+    pub fn new(config: PreparerConfig) -> Self {
+        Self {
+            node: NodeDevices {
+                name: config.node,
+                devices: plan::device_index(&config.inventory),
+                models: config
+                    .inventory
+                    .iter()
+                    .filter(|g| g.offers_mig())
+                    .map(|g| (g.index, g.model.clone()))
+                    .collect(),
+            },
+            gpus: GpuCalls::new(config.backend, config.blocking),
+            records: Records {
+                checkpoint: config.checkpoint,
+                locks: ClaimLocks::default(),
+                released: Notify::new(),
+            },
+            cdi: CdiWriter::new(
+                config.cdi_dir,
+                config.caps_major,
+                config.device_nodes,
+                config.driver_mounts,
+            ),
+            api: ApiSide {
+                client: config.api,
+                status: StatusWriters::default(),
+            },
+            lifecycle: Lifecycle {
+                reaper: ReaperState::default(),
+                orphans: OrphanWatch::default(),
+                orphan_policy: config.orphans,
+            },
+            metrics: config.metrics,
+        }
+    }
+
+    /// The checkpoint (read-only use: tests and start-up reports).
+    pub fn checkpoint(&self) -> &CheckpointStore {
+        &self.records.checkpoint
+    }
+
+    /// The GPU calls, shared with whatever else calls the backend (one lock per GPU for all).
+    pub fn gpu_calls(&self) -> &GpuCalls {
+        &self.gpus
+    }
+
+    /// A copy of claim `uid`'s record, if it has one.
+    pub(crate) fn record_of(&self, uid: &str) -> Option<ClaimRecord> {
+        self.records.get(uid)
+    }
+
+    /// Posts a Warning event about `about` (best effort).
+    pub(crate) async fn warn(&self, about: EventTarget, reason: &str, note: String) {
+        self.api.client.warn(&about, reason, note).await;
+    }
+
+    /// Starts writing `claim`'s `status.devices` for `record` (retried until it lands).
+    fn start_status(&self, claim: &ClaimRef, record: &ClaimRecord) {
+        self.api.status.start(
+            self.api.client.clone(),
+            claim.clone(),
+            record.devices.clone(),
+            self.metrics.clone(),
+        );
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimHandler for Preparer {
+    async fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
+        let done = join_all(claims.iter().map(|c| async move {
+            let t0 = Instant::now();
+            let r = self.prepare_claim(c).await;
+            self.metrics.observe_call(
+                "prepare",
+                r.as_ref().err().map(PrepareError::metric_label),
+                t0.elapsed(),
+            );
+            match &r {
+                Ok(d) => tracing::info!(claim = %c, devices = d.len(), ms = t0.elapsed().as_millis() as u64, "prepared"),
+                Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "prepare failed"),
+            }
+            (c.uid.clone(), r)
+        }))
+        .await;
+        done.into_iter().collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
+        let done = join_all(claims.iter().map(|c| async move {
+            let t0 = Instant::now();
+            let r = self.unprepare_claim(c).await;
+            self.metrics.observe_call(
+                "unprepare",
+                r.as_ref().err().map(PrepareError::metric_label),
+                t0.elapsed(),
+            );
+            match &r {
+                Ok(()) => tracing::info!(claim = %c, "unprepared"),
+                Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "unprepare failed"),
+            }
+            (c.uid.clone(), r)
+        }))
+        .await;
+        done.into_iter().collect()
+    }
+}

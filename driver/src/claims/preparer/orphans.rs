@@ -1,0 +1,133 @@
+//! The orphan rule's checks ([`crate::claims::orphans`] states the rule and keeps the
+//! suspects): each due suspect is released on the container runtime's evidence, or kept.
+
+use tokio::time::Instant;
+
+use super::Preparer;
+use crate::claims::EventTarget;
+use crate::claims::checkpoint::{ClaimRecord, PrepareState};
+use crate::claims::handler::ClaimRef;
+use crate::claims::orphans::{OrphanReport, RECHECK};
+use crate::claims::plan::{self, OrphanVerdict};
+
+impl Preparer {
+    /// Notes every holder of a placement a prepare waits for as a suspect (see
+    /// [`crate::claims::orphans`]).
+    pub(crate) fn suspect_holders<'a>(&self, holders: impl Iterator<Item = &'a String>) {
+        let at = Instant::now() + self.lifecycle.orphan_policy.delay;
+        for uid in holders {
+            self.lifecycle.orphans.suspect(uid, at);
+        }
+    }
+
+    /// Checks every suspect that is due and not busy with a call: releases it under the orphan
+    /// rule, or keeps it and checks again after [`RECHECK`].
+    pub async fn check_orphans(&self) -> OrphanReport {
+        let now = Instant::now();
+        let mut report = OrphanReport::default();
+        for uid in self.lifecycle.orphans.take_due(now) {
+            let Some(_held) = self.records.locks.try_lock(&uid) else {
+                self.lifecycle.orphans.later(&uid, now + RECHECK);
+                continue;
+            };
+            // Read under the lock: the kubelet may have unprepared it meanwhile.
+            let Some(record) = self
+                .record_of(&uid)
+                .filter(|r| r.state == PrepareState::PrepareCompleted)
+            else {
+                self.lifecycle.orphans.clear(&uid);
+                continue;
+            };
+            let claim = ClaimRef {
+                namespace: record.namespace.clone(),
+                name: record.name.clone(),
+                uid: uid.clone(),
+            };
+            match self.orphan_verdict(&claim, &record).await {
+                OrphanVerdict::Allocated => {
+                    self.lifecycle.orphans.clear(&uid);
+                    report.allocated.push(uid);
+                }
+                OrphanVerdict::Keep(why) => {
+                    self.keep_orphan(&claim, &why).await;
+                    self.lifecycle.orphans.later(&uid, now + RECHECK);
+                    report.kept.push((uid, why));
+                }
+                OrphanVerdict::Release => {
+                    if self.release_orphan(&claim, record).await {
+                        report.released.push(uid);
+                    } else {
+                        self.lifecycle.orphans.later(&uid, now + RECHECK);
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    /// The API server's answer, then the runtime's, for one suspect.
+    async fn orphan_verdict(&self, claim: &ClaimRef, record: &ClaimRecord) -> OrphanVerdict {
+        let allocated = match self
+            .api
+            .client
+            .get_claim(&claim.namespace, &claim.name)
+            .await
+        {
+            Ok(rc) => plan::still_allocated(claim, record, rc.as_ref(), &self.node.name),
+            Err(e) => {
+                return OrphanVerdict::Keep(format!("the claim could not be read: {}", e.message));
+            }
+        };
+        let evidence = match (&self.lifecycle.orphan_policy.runtime, allocated) {
+            (Some(runtime), false) => {
+                let mut answers = Vec::new();
+                for pod in &record.pods {
+                    answers.push((pod.clone(), runtime.pod_has_containers(pod).await));
+                }
+                Some(answers)
+            }
+            _ => None,
+        };
+        plan::orphan_verdict(allocated, &record.pods, evidence.as_deref())
+    }
+
+    async fn keep_orphan(&self, claim: &ClaimRef, why: &str) {
+        tracing::warn!(claim = %claim, reason = %why,
+            "a prepared claim the API server no longer allocates keeps its slices: the kubelet has not unprepared it");
+        if self.lifecycle.orphans.first_report(&claim.uid, why) {
+            self.warn(
+                EventTarget::Node,
+                "OrphanedSliceKept",
+                format!(
+                    "claim {claim} is no longer allocated to this node but the kubelet has not unprepared it; DAS keeps its MIG slices because {why}. They are destroyed when the kubelet unprepares the claim, or once the container runtime confirms that no container of its pods is left."
+                ),
+            )
+            .await;
+        }
+    }
+
+    /// Releases an orphan; `false` when something is left (the reaper takes it over).
+    async fn release_orphan(&self, claim: &ClaimRef, record: ClaimRecord) -> bool {
+        tracing::warn!(claim = %claim, pods = ?record.pods,
+            "releasing an orphaned claim: no longer allocated, never unprepared, and the container runtime has no sandbox or container of its pods");
+        self.api.status.stop(&claim.uid).await;
+        let pods = record.pods.join(", ");
+        let r = self.release(claim, record.devices).await;
+        self.metrics.orphan_released(r.is_ok());
+        self.update_prepared_gauge();
+        self.warn(
+            EventTarget::Node,
+            "OrphanedSliceReleased",
+            format!(
+                "released the MIG slices of claim {claim}: it has not been allocated to this node for at least {}s, the kubelet never unprepared it, and the container runtime has no sandbox or container of its pods ({pods}){}",
+                self.lifecycle.orphan_policy.delay.as_secs(),
+                match &r {
+                    Ok(()) => String::new(),
+                    Err(e) => format!("; some slices are left for the reaper: {e}"),
+                }
+            ),
+        )
+        .await;
+        r.is_ok()
+    }
+}

@@ -1,0 +1,99 @@
+//! The reaper's passes over the claims its schedule ([`crate::claims::reaper`]) says are due.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::Preparer;
+use crate::claims::checkpoint::PrepareState;
+use crate::claims::handler::ClaimRef;
+use crate::claims::reaper::{MAX_DELAY, ReapReport};
+use crate::claims::{EventTarget, PrepareError};
+
+impl Preparer {
+    /// One pass: for every `Releasing` record that is due (a record found after a restart is
+    /// due at once) and not busy with a call, try its destroys again.
+    pub async fn reap_due(&self) -> ReapReport {
+        let now = Instant::now();
+        let releasing: Vec<(ClaimRef, Vec<_>)> = self.records.checkpoint.read(|cp| {
+            cp.claims
+                .iter()
+                .filter(|(_, r)| r.state == PrepareState::Releasing)
+                .map(|(uid, r)| {
+                    let claim = ClaimRef {
+                        namespace: r.namespace.clone(),
+                        name: r.name.clone(),
+                        uid: uid.clone(),
+                    };
+                    (claim, r.devices.clone())
+                })
+                .collect()
+        });
+        let mut report = ReapReport::default();
+        for (claim, _) in releasing {
+            if !self.lifecycle.reaper.is_due(&claim.uid, now) {
+                continue;
+            }
+            let Some(_held) = self.records.locks.try_lock(&claim.uid) else {
+                report.busy.push(claim.uid);
+                continue;
+            };
+            // Read again under the lock: a call may have finished it meanwhile.
+            let Some(record) = self
+                .record_of(&claim.uid)
+                .filter(|r| r.state == PrepareState::Releasing)
+            else {
+                continue;
+            };
+            match self.release(&claim, record.devices).await {
+                Ok(()) => {
+                    self.metrics.reaper_attempt(true);
+                    tracing::info!(claim = %claim, "reaper: the claim's remaining slices are destroyed");
+                    report.finished.push(claim.uid);
+                }
+                Err(e) => {
+                    self.metrics.reaper_attempt(false);
+                    let retry = self.lifecycle.reaper.failed(&claim.uid);
+                    tracing::warn!(claim = %claim, error = %e, retry_in = ?retry, "reaper: destroying the claim's slices failed again");
+                    self.warn(
+                        EventTarget::from(&claim),
+                        "SliceDestroyFailed",
+                        note(&e, retry),
+                    )
+                    .await;
+                    report.failed.push(claim.uid);
+                }
+            }
+        }
+        report
+    }
+
+    /// Runs [`Self::reap_due`] whenever an attempt is due, and the orphan rule's checks
+    /// ([`Self::check_orphans`]) whenever a suspect is due, until `stop`.
+    pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            self.reap_due().await;
+            self.check_orphans().await;
+            let next = [
+                self.lifecycle.reaper.next_due(),
+                self.lifecycle.orphans.next_due(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or_else(|| Instant::now() + MAX_DELAY);
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.lifecycle.reaper.wake.notified() => {}
+                _ = tokio::time::sleep_until(next) => {}
+            }
+        }
+    }
+}
+
+/// The note of a `SliceDestroyFailed` event: what failed, and when the next attempt is.
+fn note(e: &PrepareError, retry: Duration) -> String {
+    format!("{e}; next attempt in {}s", retry.as_secs())
+}

@@ -1,0 +1,276 @@
+//! NodeUnprepareResources, and the release of a claim's instances it shares with the roll-back
+//! of a failed prepare, the reaper and the orphan rule: destroy exactly the recorded instances
+//! (GPUs in parallel, each under its lock), delete the CDI spec, and drop the record only once
+//! every instance is confirmed gone; what is left stays recorded as `Releasing`.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+
+use super::Preparer;
+use crate::claims::PrepareError;
+use crate::claims::checkpoint::{PrepareState, RecordedDevice};
+use crate::claims::handler::ClaimRef;
+use crate::claims::plan;
+use crate::gpu::{BackendError, MigInstance};
+
+/// Retries of a destroy that NVML answers with `IN_USE` (processes still exiting). A release
+/// pauses without the GPU's lock, so other claims' calls on that GPU go on meanwhile.
+const DESTROY_RETRIES: [Duration; 4] = [
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+];
+
+/// A device whose instance is still there after a release, and why.
+#[derive(Debug, Clone)]
+struct Remaining {
+    /// The device, with its instance where one was matched.
+    device: RecordedDevice,
+    /// What the destroy (or the listing of its GPU) answered, naming the instance.
+    failure: String,
+    /// The GPU is lost: the instance goes when the GPU answers again.
+    gpu_lost: bool,
+    /// [`BackendError::kind`] of the failure, the metric label.
+    cause: &'static str,
+}
+
+impl Preparer {
+    /// Unprepares one claim: stops its status write, releases its instances. Idempotent; a claim
+    /// without a record only has its CDI spec removed (if any).
+    ///
+    /// Slices left on a lost GPU do not fail the call: the claim stays recorded and the reaper
+    /// destroys them when the GPU answers again, while the kubelet can finish the pod.
+    ///
+    /// # Errors
+    /// Slices that could not be destroyed (the kubelet retries; the reaper does too).
+    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
+        let _held = self.records.locks.lock(&claim.uid).await;
+        self.api.status.stop(&claim.uid).await;
+        let Some(record) = self.record_of(&claim.uid) else {
+            self.cdi.delete(&claim.uid)?;
+            return Ok(());
+        };
+        let r = self.release(claim, record.devices).await;
+        self.update_prepared_gauge();
+        match r {
+            Err(PrepareError::Destroy {
+                only_lost_gpus: true,
+                failures,
+            }) => {
+                tracing::warn!(claim = %claim, failures = ?failures,
+                    "unprepared; slices on a lost GPU stay recorded until it answers again");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Destroys exactly the recorded instances of `devices` (and, for devices recorded without
+    /// an instance, the instance at their placement that nobody else records), deletes the CDI
+    /// spec, and drops the record once every instance is confirmed gone. Otherwise the record
+    /// becomes `Releasing` with what is left, and the reaper takes it over. The caller holds
+    /// the claim's lock.
+    ///
+    /// # Errors
+    /// [`PrepareError::Destroy`] naming every instance left; [`PrepareError::Cdi`] when only the
+    /// spec could not be deleted.
+    pub(crate) async fn release(
+        &self,
+        claim: &ClaimRef,
+        devices: Vec<RecordedDevice>,
+    ) -> Result<(), PrepareError> {
+        // A completed record always holds live instances: mark it releasing before the first
+        // destroy, so a crash half-way leaves a record start-up finishes, not a completed one
+        // with instances missing.
+        let completed = self.records.checkpoint.read(|cp| {
+            cp.get(&claim.uid)
+                .is_some_and(|r| r.state == PrepareState::PrepareCompleted)
+        });
+        if completed {
+            let marked = devices.clone();
+            self.records
+                .checkpoint
+                .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, marked))
+                .await?;
+        }
+        let remaining = self.destroy_devices(&claim.uid, devices).await;
+        let spec = self.cdi.delete(&claim.uid);
+        if remaining.is_empty() && spec.is_ok() {
+            self.forget(claim).await;
+            return Ok(());
+        }
+        let left: Vec<RecordedDevice> = remaining.iter().map(|r| r.device.clone()).collect();
+        if let Err(e) = self
+            .records
+            .checkpoint
+            .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, left))
+            .await
+        {
+            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+        }
+        self.lifecycle.reaper.schedule(&claim.uid);
+        self.update_pending_gauge();
+        for r in &remaining {
+            self.metrics.destroy_failed(r.cause);
+        }
+        if let Err(e) = spec
+            && remaining.is_empty()
+        {
+            return Err(e.into());
+        }
+        Err(PrepareError::Destroy {
+            only_lost_gpus: remaining.iter().all(|r| r.gpu_lost),
+            failures: remaining.into_iter().map(|r| r.failure).collect(),
+        })
+    }
+
+    /// Destroys the instances of `devices`, GPUs in parallel, each under its GPU's lock; returns
+    /// the devices whose instance is still there.
+    async fn destroy_devices(&self, uid: &str, devices: Vec<RecordedDevice>) -> Vec<Remaining> {
+        let mut by_gpu: BTreeMap<u32, Vec<RecordedDevice>> = BTreeMap::new();
+        for d in devices {
+            by_gpu.entry(d.gpu_index).or_default().push(d);
+        }
+        join_all(
+            by_gpu
+                .into_iter()
+                .map(|(gpu, devs)| self.destroy_on_gpu(uid, gpu, devs)),
+        )
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Destroys `devices` on GPU `gpu`: one pass under the GPU's lock, then, for instances NVML
+    /// answers `IN_USE` (processes still exiting), more passes after the pauses of
+    /// [`DESTROY_RETRIES`], each paused without the lock so the GPU's other calls go on.
+    async fn destroy_on_gpu(
+        &self,
+        uid: &str,
+        gpu: u32,
+        devices: Vec<RecordedDevice>,
+    ) -> Vec<Remaining> {
+        let mut pauses = DESTROY_RETRIES.iter();
+        let mut pending = devices;
+        let mut failed = Vec::new();
+        loop {
+            let (in_use, other) = self.destroy_pass(uid, gpu, pending).await;
+            failed.extend(other);
+            match pauses.next() {
+                Some(pause) if !in_use.is_empty() => {
+                    tokio::time::sleep(*pause).await;
+                    pending = in_use.into_iter().map(|r| r.device).collect();
+                }
+                _ => {
+                    failed.extend(in_use);
+                    return failed;
+                }
+            }
+        }
+    }
+
+    /// One attempt at each of `devices`, under GPU `gpu`'s lock: list its instances, match the
+    /// recorded ones (exact identity, re-read on every pass), destroy each once. Returns the
+    /// devices whose instance answered `IN_USE`, then those that failed otherwise.
+    async fn destroy_pass(
+        &self,
+        uid: &str,
+        gpu: u32,
+        devices: Vec<RecordedDevice>,
+    ) -> (Vec<Remaining>, Vec<Remaining>) {
+        let _held = self.gpus.lock(gpu).await;
+        let live = match self.gpus.instances_on(gpu).await {
+            Ok(live) => live,
+            Err(e) => {
+                let failed = devices
+                    .into_iter()
+                    .map(|d| Remaining {
+                        failure: format!("device {} ({} on GPU {gpu}): {e}", d.device, d.profile),
+                        gpu_lost: matches!(e, BackendError::GpuLost { .. }),
+                        cause: e.kind(),
+                        device: d,
+                    })
+                    .collect();
+                return (Vec::new(), failed);
+            }
+        };
+        let matched = plan::match_devices(&devices, &live, |s| {
+            self.records
+                .checkpoint
+                .read(|cp| plan::recorded_elsewhere(cp, uid, s))
+        });
+        let (mut in_use, mut failed) = (Vec::new(), Vec::new());
+        for (d, found) in devices.iter().zip(matched) {
+            let Some(s) = found else {
+                continue; // confirmed gone: the GPU answered and it is not there
+            };
+            let Err(e) = self.destroy_once(&s).await else {
+                continue;
+            };
+            let left = Remaining {
+                failure: format!(
+                    "slice {} ({} at memory slice {} on GPU {gpu}): {e}",
+                    s.mig_uuid, s.profile, s.placement.start
+                ),
+                gpu_lost: matches!(e, BackendError::GpuLost { .. }),
+                cause: e.kind(),
+                device: plan::with_instance(d, &s),
+            };
+            if matches!(e, BackendError::InUse { .. }) {
+                in_use.push(left);
+            } else {
+                failed.push(left);
+            }
+        }
+        (in_use, failed)
+    }
+
+    /// Destroys one instance, retrying `IN_USE` after the pauses of [`DESTROY_RETRIES`]. The
+    /// caller holds the GPU's lock throughout: for start-up only, before the plugin serves.
+    pub(crate) async fn destroy_one(&self, s: &MigInstance) -> Result<(), BackendError> {
+        let mut pauses = DESTROY_RETRIES.iter();
+        loop {
+            match self.destroy_once(s).await {
+                Err(e @ BackendError::InUse { .. }) => match pauses.next() {
+                    Some(pause) => tokio::time::sleep(*pause).await,
+                    None => return Err(e),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    /// One destroy of one instance; `NOT_FOUND` counts as destroyed. The caller holds the GPU's
+    /// lock.
+    async fn destroy_once(&self, s: &MigInstance) -> Result<(), BackendError> {
+        let (gpu, gi) = (s.gpu_index, s.gi_id);
+        let t0 = Instant::now();
+        let r = self
+            .gpus
+            .call(gpu, move |b| b.destroy_instance(gpu, gi))
+            .await;
+        self.metrics.observe_backend("destroy", t0.elapsed());
+        match r {
+            Ok(()) | Err(BackendError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Drops the claim's record (its instances are all gone) and everything kept about it, and
+    /// wakes the prepares waiting for its placements.
+    async fn forget(&self, claim: &ClaimRef) {
+        let checkpoint = &self.records.checkpoint;
+        let (removed, version) = checkpoint.change(|cp| cp.remove(&claim.uid).is_some());
+        if removed && let Err(e) = checkpoint.persist(version).await {
+            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+        }
+        self.lifecycle.reaper.done(&claim.uid);
+        self.lifecycle.orphans.clear(&claim.uid);
+        self.update_pending_gauge();
+        self.records.released.notify_waiters();
+    }
+}

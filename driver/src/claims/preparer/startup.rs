@@ -1,0 +1,284 @@
+//! Start-up reconciliation of checkpoint, GPUs and API server: the steps of
+//! [`crate::claims::startup`], in that order, before the plugin serves; and the reads of every
+//! GPU's instances it and the plugin's start make.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::Preparer;
+use crate::claims::EventTarget;
+use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
+use crate::claims::handler::ClaimRef;
+use crate::claims::plan;
+use crate::claims::startup::{Report, StartupError};
+use crate::gpu::{BackendError, MigInstance};
+
+/// Every managed GPU's instances, or why that GPU could not be read.
+type LivePerGpu = BTreeMap<u32, Result<Vec<MigInstance>, BackendError>>;
+
+impl Preparer {
+    /// Reconciles checkpoint, GPUs and API server; see [`crate::claims::startup`]. `rebuild`
+    /// asks for step 4 (the checkpoint was missing or corrupt); `reclaim_foreign` has step 5
+    /// destroy unrecorded instances DAS did not create too.
+    ///
+    /// # Errors
+    /// [`StartupError::ListClaims`]: the API server could not be listed (rebuild only);
+    /// [`StartupError::Cdi`] or [`StartupError::Checkpoint`]: a rebuilt claim's spec or record
+    /// could not be written, or the CDI directory could not be cleaned.
+    pub async fn reconcile_at_startup(
+        &self,
+        rebuild: bool,
+        reclaim_foreign: bool,
+    ) -> Result<Report, StartupError> {
+        let mut report = Report::default();
+        let live = self.live_per_gpu().await;
+        for (gpu, r) in &live {
+            if let Err(e) = r {
+                tracing::error!(gpu, error = %e, "GPU does not answer: skipping it; claims with slices on it are kept until it does");
+                self.warn(EventTarget::Node, "GpuUnavailable", format!("GPU {gpu}: {e}. DAS keeps the claims with slices on it and destroys them once it answers again."))
+                    .await;
+                report.unavailable_gpus.push(*gpu);
+            }
+        }
+        for (claim, record) in self.recorded_claims() {
+            self.settle(&claim, record, &live, &mut report).await;
+        }
+        if rebuild {
+            self.rebuild_from_api(&live, &mut report).await?;
+        }
+        self.destroy_orphans(reclaim_foreign, &mut report).await;
+        self.remove_stale_cdi_specs(&mut report)?;
+        self.update_gauges();
+        Ok(report)
+    }
+
+    /// Every record, with the claim it is of.
+    fn recorded_claims(&self) -> Vec<(ClaimRef, ClaimRecord)> {
+        self.records.checkpoint.read(|cp| {
+            cp.claims
+                .iter()
+                .map(|(uid, r)| {
+                    let claim = ClaimRef {
+                        namespace: r.namespace.clone(),
+                        name: r.name.clone(),
+                        uid: uid.clone(),
+                    };
+                    (claim, r.clone())
+                })
+                .collect()
+        })
+    }
+
+    /// Steps 2 and 3 for one record.
+    async fn settle(
+        &self,
+        claim: &ClaimRef,
+        record: ClaimRecord,
+        live: &LivePerGpu,
+        report: &mut Report,
+    ) {
+        let what = match record.state {
+            PrepareState::PrepareCompleted => {
+                self.suspect_holders(std::iter::once(&claim.uid));
+                report.kept.push(claim.to_string());
+                self.check_kept(claim, &record, live, report);
+                return;
+            }
+            PrepareState::PrepareStarted => "rolling back a prepare that did not complete",
+            PrepareState::Releasing => "destroying the slices a release left",
+        };
+        tracing::info!(claim = %claim, "{what}");
+        match self.release(claim, record.devices).await {
+            Ok(()) if record.state == PrepareState::PrepareStarted => {
+                report.rolled_back.push(claim.to_string())
+            }
+            Ok(()) => report.released.push(claim.to_string()),
+            Err(e) => {
+                tracing::warn!(claim = %claim, error = %e, "slices left for the reaper");
+                report.pending_destroy.push(claim.to_string());
+            }
+        }
+    }
+
+    /// A kept claim: its instances should exist; its CDI spec is written again if needed.
+    fn check_kept(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+        live: &LivePerGpu,
+        report: &mut Report,
+    ) {
+        let on_gpus: Option<Vec<MigInstance>> = record
+            .devices
+            .iter()
+            .map(|d| d.gpu_index)
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|g| live.get(&g).and_then(|r| r.as_ref().ok()).cloned())
+            .collect::<Option<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect());
+        let Some(on_gpus) = on_gpus else {
+            return; // a GPU of the claim does not answer: nothing to check now
+        };
+        let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
+        if matched.iter().any(Option::is_none) {
+            tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists; the claim's next prepare creates it again");
+            report.missing_instances.push(claim.to_string());
+            return;
+        }
+        let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
+        match self.ensure_cdi_spec(claim, record, &instances) {
+            Ok(true) => report.cdi_specs_rewritten += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(claim = %claim, error = %e, "writing the claim's CDI spec failed")
+            }
+        }
+    }
+
+    /// Step 4: records for live instances that claims on this node are allocated to.
+    async fn rebuild_from_api(
+        &self,
+        live: &LivePerGpu,
+        report: &mut Report,
+    ) -> Result<(), StartupError> {
+        let live: Vec<MigInstance> = live
+            .values()
+            .filter_map(|r| r.as_ref().ok())
+            .flatten()
+            .cloned()
+            .collect();
+        let claims = self
+            .api
+            .client
+            .list_claims()
+            .await
+            .map_err(StartupError::ListClaims)?;
+        for rc in claims {
+            let (Some(namespace), Some(name), Some(uid)) = (
+                rc.metadata.namespace.clone(),
+                rc.metadata.name.clone(),
+                rc.metadata.uid.clone(),
+            ) else {
+                continue;
+            };
+            let claim = ClaimRef {
+                namespace,
+                name,
+                uid,
+            };
+            if self.record_of(&claim.uid).is_some() {
+                continue;
+            }
+            let Ok(planned) =
+                plan::resolve_allocation(&claim, Some(&rc), &self.node.name, &self.node.devices)
+            else {
+                continue;
+            };
+            let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
+            let matched = plan::match_devices(&started, &live, |s| {
+                self.records
+                    .checkpoint
+                    .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
+            });
+            if matched.iter().any(Option::is_none) {
+                continue; // not (fully) prepared here: the kubelet will prepare it
+            }
+            let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
+            let devices: Vec<RecordedDevice> = started
+                .iter()
+                .zip(&instances)
+                .map(|(d, s)| plan::with_instance(d, s))
+                .collect();
+            let built = self.build_spec(&claim, &devices, &instances, &[])?;
+            self.cdi.write(&claim.uid, &built.spec)?;
+            let ids: BTreeMap<String, Vec<String>> = built
+                .device_ids
+                .into_iter()
+                .map(|(k, id)| (k, vec![id]))
+                .collect();
+            self.records
+                .checkpoint
+                .commit(|cp| {
+                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, devices, ids)
+                })
+                .await?;
+            tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
+            report.rebuilt.push(claim.to_string());
+        }
+        Ok(())
+    }
+
+    /// Step 5, on the GPUs that answer (listed again: steps 2–4 changed them).
+    async fn destroy_orphans(&self, reclaim_foreign: bool, report: &mut Report) {
+        for gpu in self.gpus.gpu_indices() {
+            let Ok(live) = self.gpus.instances_on(gpu).await else {
+                continue;
+            };
+            let found = self
+                .records
+                .checkpoint
+                .read(|cp| plan::orphans(&live, cp, reclaim_foreign));
+            for s in found.foreign {
+                tracing::warn!(gpu = s.gpu_index, profile = %s.profile, start = s.placement.start, mig = %s.mig_uuid,
+                    "leaving a MIG instance DAS did not create; its placement stays unavailable (--reclaim-foreign-slices destroys it)");
+                report.foreign_kept.push(s.mig_uuid);
+            }
+            for s in found.destroy {
+                let _held = self.gpus.lock(gpu).await;
+                match self.destroy_one(&s).await {
+                    Ok(()) => {
+                        tracing::info!(gpu = s.gpu_index, profile = %s.profile, start = s.placement.start, mig = %s.mig_uuid, "destroyed an orphaned slice");
+                        report.orphans_destroyed.push(s.mig_uuid);
+                    }
+                    Err(e) => {
+                        tracing::error!(mig = %s.mig_uuid, error = %e, "destroying an orphaned slice failed; retried at the next start");
+                        self.metrics.destroy_failed(e.kind());
+                        report.orphans_left.push(s.mig_uuid);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Step 6.
+    fn remove_stale_cdi_specs(&self, report: &mut Report) -> Result<(), StartupError> {
+        let held: HashSet<String> = self
+            .records
+            .checkpoint
+            .read(|cp| cp.claims.keys().cloned().collect());
+        self.cdi.remove_temp_files()?;
+        for f in self.cdi.list()? {
+            if !held.contains(&f.claim_uid) {
+                self.cdi.delete(&f.claim_uid)?;
+                report.stale_cdi_specs += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every managed GPU's instances, or why that GPU could not be read.
+    pub(crate) async fn live_per_gpu(&self) -> LivePerGpu {
+        let mut out = BTreeMap::new();
+        for gpu in self.gpus.gpu_indices() {
+            out.insert(gpu, self.gpus.instances_on(gpu).await);
+        }
+        out
+    }
+
+    /// The MIG instances on the GPUs that answer that no claim holds ([`plan::unclaimed`]),
+    /// read from the GPUs now: at the plugin's start, before it serves.
+    pub async fn unclaimed_instances(&self) -> Vec<MigInstance> {
+        let mut out = Vec::new();
+        for gpu in self.gpus.gpu_indices() {
+            let Ok(live) = self.gpus.instances_on(gpu).await else {
+                continue;
+            };
+            out.extend(
+                self.records
+                    .checkpoint
+                    .read(|cp| plan::unclaimed(&live, cp)),
+            );
+        }
+        out
+    }
+}

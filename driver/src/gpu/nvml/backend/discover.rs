@@ -1,0 +1,253 @@
+//! The inventory read at start-up: which GPUs DAS can offer MIG instances on (MIG mode on, or
+//! switched on for Hopper+ with `--enable-mig-mode`), and each GPU's model: the data file for its
+//! PCI device ID, cross-checked against NVML, or one built from NVML's own tables.
+
+use std::sync::Arc;
+
+use super::NvmlOptions;
+use super::is_absent_profile;
+use crate::gpu::GpuInfo;
+use crate::gpu::catalog::{find_model_by_pci_id, parse_model};
+use crate::gpu::layout::Placement;
+use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
+use crate::gpu::nvml::{
+    ARCH_HOPPER, CI_ENUMS, DeviceIdentity, GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo,
+    MigModeState, NvmlApi, code, full_ci_enum,
+};
+
+/// One GPU of the inventory, or `None` (logged) when DAS cannot offer MIG instances on it.
+pub(super) fn discover<A: NvmlApi>(
+    api: &A,
+    options: &NvmlOptions,
+    dev: u32,
+    driver_version: &str,
+) -> Option<GpuInfo> {
+    let id = match api.device_identity(dev) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(gpu = dev, error = %e, "cannot read the GPU; skipped");
+            return None;
+        }
+    };
+    let mode = match api.mig_mode(dev) {
+        Ok(m) => m,
+        Err(e) if e.code == code::NOT_SUPPORTED => {
+            tracing::info!(gpu = dev, name = %id.name, "GPU is not MIG-capable; skipped");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(gpu = dev, name = %id.name, error = %e, "cannot read the MIG mode; skipped");
+            return None;
+        }
+    };
+    let model = resolve_model(api, dev, &id)?;
+    let id = ensure_mig_mode(api, options, dev, id, mode, &model)?;
+    Some(GpuInfo {
+        index: dev,
+        uuid: id.uuid,
+        model,
+        product_name: id.name,
+        minor: id.minor,
+        pci_bus_id: Some(id.pci_bus_id),
+        driver_version: driver_version.to_string(),
+        mig_enabled: true,
+    })
+}
+
+/// Returns the (re-read) identity when MIG mode is on, switching it on for Hopper+ only with
+/// [`NvmlOptions::enable_mig_mode`]; `None` (logged) otherwise.
+fn ensure_mig_mode<A: NvmlApi>(
+    api: &A,
+    options: &NvmlOptions,
+    dev: u32,
+    id: DeviceIdentity,
+    mode: MigModeState,
+    model: &GpuModel,
+) -> Option<DeviceIdentity> {
+    if mode.current {
+        return Some(id);
+    }
+    if model.mig_mode_change_requires_reset || id.architecture < ARCH_HOPPER {
+        tracing::warn!(gpu = dev, name = %id.name, pending = mode.pending,
+            "MIG mode is off on this {} GPU; DAS never toggles it there (it needs a GPU reset): run `nvidia-smi -i {dev} -mig 1` and reset the GPU; skipped",
+            model.architecture);
+        return None;
+    }
+    if !options.enable_mig_mode {
+        tracing::warn!(gpu = dev, name = %id.name,
+            "MIG mode is off; pass --enable-mig-mode to let DAS switch it on (Hopper and newer, GPU must be idle) or run `nvidia-smi -i {dev} -mig 1`; skipped");
+        return None;
+    }
+    if let Err(e) = api.set_mig_mode(dev, true) {
+        tracing::warn!(gpu = dev, name = %id.name, error = %e, "switching MIG mode on failed (GPU busy?); skipped");
+        return None;
+    }
+    tracing::info!(gpu = dev, name = %id.name, "MIG mode switched on");
+    // Enabling MIG mode may re-bind the GPU and change its minor number (docs/reference/mig.md, "MIG mode").
+    match (api.device_identity(dev), api.mig_mode(dev)) {
+        (Ok(id), Ok(m)) if m.current => Some(id),
+        (id, m) => {
+            tracing::warn!(gpu = dev, identity = ?id.err(), mode = ?m, "MIG mode not on after switching it on; skipped");
+            None
+        }
+    }
+}
+
+/// The data-file model for the GPU's PCI device ID (profile IDs and placements cross-checked
+/// against NVML, mismatches logged), else a model built from NVML's tables.
+fn resolve_model<A: NvmlApi>(api: &A, dev: u32, id: &DeviceIdentity) -> Option<Arc<GpuModel>> {
+    match find_model_by_pci_id(id.pci_device_id) {
+        Ok(Some(model)) => {
+            cross_check(api, dev, &model);
+            Some(model)
+        }
+        Ok(None) => match model_from_nvml(api, dev, id) {
+            Ok(model) => {
+                tracing::warn!(gpu = dev, name = %id.name, pci_device_id = format_args!("{:#010x}", id.pci_device_id),
+                    "no data file for this GPU; using the profile and placement tables NVML reports");
+                Some(Arc::new(model))
+            }
+            Err(reason) => {
+                tracing::warn!(gpu = dev, name = %id.name, pci_device_id = format_args!("{:#010x}", id.pci_device_id), %reason,
+                    "no data file for this GPU and NVML's tables do not make a usable model; skipped");
+                None
+            }
+        },
+        Err(e) => {
+            tracing::error!(error = %e, "the embedded GPU model data is invalid; GPU skipped");
+            None
+        }
+    }
+}
+
+/// Logs every data-file profile whose real ID or placements differ from what NVML reports.
+fn cross_check<A: NvmlApi>(api: &A, dev: u32, model: &GpuModel) {
+    for p in &model.profiles {
+        let checked = api
+            .gi_profile_info(dev, p.nvml_enum_value())
+            .and_then(|info| {
+                let placements = api.gi_possible_placements(dev, info.id)?;
+                Ok((info, placements))
+            });
+        match checked {
+            Ok((info, placements)) => {
+                let starts: Vec<u32> = placements.iter().map(|pl| pl.start).collect();
+                let sizes_ok = placements.iter().all(|pl| pl.size == p.placement_size);
+                if info.id != p.id || starts != p.placement_starts || !sizes_ok {
+                    tracing::warn!(gpu = dev, profile = %p.name, file = %model.source_file, data_id = p.id, nvml_id = info.id,
+                        data_starts = ?p.placement_starts, nvml_placements = ?placements,
+                        "the GPU model data file disagrees with NVML");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(gpu = dev, profile = %p.name, file = %model.source_file, error = %e,
+                    "NVML does not report a profile of the GPU model data file")
+            }
+        }
+    }
+}
+
+/// A [`GpuModel`] from NVML's own tables: every GI profile enum the GPU supports
+/// (`…GetGpuInstanceProfileInfoV`, enum → real ID), its possible placements, and the full-size CI
+/// by instance count; validated by the same rules as the data files.
+pub fn model_from_nvml<A: NvmlApi>(
+    api: &A,
+    dev: u32,
+    id: &DeviceIdentity,
+) -> Result<GpuModel, String> {
+    let mut profiles = Vec::new();
+    for e in 0..GI_PROFILE_ENUM_COUNT {
+        let info = match api.gi_profile_info(dev, e) {
+            Ok(info) => info,
+            Err(err) if is_absent_profile(&err) => continue,
+            Err(err) => return Err(err.to_string()),
+        };
+        let placements = api
+            .gi_possible_placements(dev, info.id)
+            .map_err(|err| err.to_string())?;
+        profiles.push(profile_from_nvml(e, &info, &placements)?);
+    }
+    let memory_slices = profiles
+        .iter()
+        .flat_map(|p| p.placement_starts.iter().map(|s| s + p.placement_size))
+        .max()
+        .ok_or("NVML reports no GPU instance profiles")?;
+    let model = GpuModel {
+        name: id
+            .name
+            .trim_start_matches("NVIDIA ")
+            .replace(char::is_whitespace, "-"),
+        aliases: Vec::new(),
+        product_name: id.name.clone(),
+        pci_device_ids: vec![id.pci_device_id],
+        architecture: architecture_name(id.architecture).to_string(),
+        cuda_compute_capability: format!(
+            "{}.{}",
+            id.cuda_compute_capability.0, id.cuda_compute_capability.1
+        ),
+        memory_mib: id.memory_mib,
+        memory_slices,
+        compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0),
+        max_gpu_instances: profiles.iter().map(|p| p.max_instances).max().unwrap_or(0),
+        mig_mode_change_requires_reset: id.architecture < ARCH_HOPPER,
+        profiles,
+        source_file: String::new(),
+        counter_totals: Default::default(),
+        published_counters: Vec::new(),
+    };
+    let text = toml::to_string(&model).map_err(|e| e.to_string())?;
+    parse_model(&format!("nvml:{}", id.name), &text).map_err(|e| e.problem)
+}
+
+fn profile_from_nvml(
+    e: u32,
+    info: &GiProfileInfo,
+    placements: &[Placement],
+) -> Result<GiProfile, String> {
+    let name = info.short_name().to_string();
+    let size = placements
+        .first()
+        .map(|p| p.size)
+        .ok_or_else(|| format!("profile {name}: NVML reports no placements"))?;
+    let mut starts: Vec<u32> = placements.iter().map(|p| p.start).collect();
+    starts.sort_unstable();
+    let ci = full_ci_enum(info.slice_count).ok_or_else(|| {
+        format!(
+            "profile {name}: no CI profile with {} slices",
+            info.slice_count
+        )
+    })?;
+    Ok(GiProfile {
+        id: info.id,
+        nvml_enum: GI_ENUM_NAMES[e as usize].to_string(),
+        media_extension: name.ends_with("+me"),
+        name,
+        compute_slices: info.slice_count,
+        memory_mib: info.memory_mib,
+        multiprocessors: info.multiprocessors,
+        copy_engines: info.copy_engines,
+        decoders: info.decoders,
+        encoders: info.encoders,
+        jpeg_engines: info.jpeg_engines,
+        ofa_engines: info.ofa_engines,
+        max_instances: info.instance_count,
+        placement_size: size,
+        placement_starts: starts,
+        compute_instance: CiProfile {
+            id: ci,
+            nvml_enum: CI_ENUMS[ci as usize].0.to_string(),
+        },
+    })
+}
+
+/// `NVML_DEVICE_ARCH_*` as a name.
+pub(crate) fn architecture_name(arch: u32) -> &'static str {
+    match arch {
+        7 => "Ampere",
+        8 => "Ada",
+        9 => "Hopper",
+        10 => "Blackwell",
+        a if a > 10 => "Newer",
+        _ => "Older",
+    }
+}

@@ -1,0 +1,310 @@
+//! [`NvmlBackend`]: [`GpuBackend`] over an [`NvmlApi`] (docs/reference/mig.md, "Create and destroy").
+//!
+//! - Inventory discovered once at construction: MIG-capable GPUs with MIG mode on; non-MIG GPUs,
+//!   Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped. Every
+//!   later [`GpuBackend::inventory`] asks NVML again whether each of those GPUs still answers
+//!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
+//!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
+//!   lets Hopper+ GPUs be switched on (no reset needed, docs/reference/mig.md, "MIG mode"); Ampere never is.
+//! - Models come from the data files by PCI device ID, cross-checked against NVML; an unknown
+//!   GPU gets a model built from NVML's own profile and placement tables ([`model_from_nvml`]).
+//! - Create: GI at the exact placement, then the full-size CI, then the MIG UUID by walking the
+//!   MIG device handles, then the capability minors from procfs. On failure nothing is left.
+//! - Destroy: every CI of the GI, then the GI (docs/reference/mig.md, "Create and destroy").
+//! - Instance lists: [`GpuBackend::instances_on`] always reads NVML (15 NVML calls plus 23 per
+//!   instance on an H100, docs/benchmarks.md); [`GpuBackend::cached_instances_on`] serves each
+//!   GPU's list as DAS's own creates and destroys left it, and reads NVML again only every
+//!   [`INSTANCE_REFRESH`] or after something that may have made the list stale (the rules, and
+//!   why the cached list equals NVML's, are in `backend/cache.rs`).
+//!
+//! Files: this one holds the backend and its [`GpuBackend`] face, with the NVML error mapping;
+//! `backend/discover.rs` the inventory and models read at start-up; `backend/instances.rs`
+//! create, destroy and list on one GPU; `backend/cache.rs` the instance cache;
+//! `backend/events.rs` the health events.
+
+mod cache;
+mod discover;
+mod events;
+mod instances;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cache::KnownInstances;
+pub use cache::{Clock, INSTANCE_REFRESH};
+pub(crate) use discover::architecture_name;
+use discover::discover;
+pub use discover::model_from_nvml;
+use events::register_health_events;
+
+use super::procfs;
+use super::{NvmlApi, NvmlCallError, code};
+use crate::gpu::layout::Placement;
+use crate::gpu::{BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, Target};
+
+/// How the NVML backend treats the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvmlOptions {
+    /// procfs root for the capability minors (normally `/proc`).
+    pub proc_root: PathBuf,
+    /// Switch MIG mode on for Hopper and newer GPUs that have it off (`--enable-mig-mode`).
+    /// Off by default: DAS then never changes MIG mode. Ampere is never switched (it needs a GPU
+    /// reset, docs/reference/mig.md, "MIG mode").
+    pub enable_mig_mode: bool,
+}
+
+impl Default for NvmlOptions {
+    fn default() -> Self {
+        Self {
+            proc_root: PathBuf::from(procfs::PROC_ROOT),
+            enable_mig_mode: false,
+        }
+    }
+}
+
+/// The NVML backend for real GPUs.
+pub struct NvmlBackend<A: NvmlApi> {
+    api: A,
+    options: NvmlOptions,
+    gpus: Vec<GpuInfo>,
+    /// Per GPU index (the instance cache, `backend/cache.rs`); locked only between NVML calls.
+    known: Mutex<BTreeMap<u32, KnownInstances>>,
+    /// [`INSTANCE_REFRESH`] unless set otherwise ([`Self::with_instance_refresh`]).
+    refresh: Duration,
+    clock: Clock,
+}
+
+impl<A: NvmlApi> NvmlBackend<A> {
+    /// Reads the inventory (and, with [`NvmlOptions::enable_mig_mode`], switches MIG mode on for
+    /// idle Hopper+ GPUs). Fails only when NVML cannot count the GPUs or read the driver version.
+    pub fn new(api: A, options: NvmlOptions) -> Result<Self, BackendError> {
+        let whole = |e: NvmlCallError| other(Target::gpu(0), &e, "cannot read the GPUs");
+        let count = api.device_count().map_err(whole)?;
+        let driver_version = api.driver_version().map_err(whole)?;
+        let gpus: Vec<GpuInfo> = (0..count)
+            .filter_map(|dev| discover(&api, &options, dev, &driver_version))
+            .collect();
+        for g in &gpus {
+            register_health_events(&api, g.index);
+        }
+        Ok(Self {
+            api,
+            options,
+            gpus,
+            known: Mutex::default(),
+            refresh: INSTANCE_REFRESH,
+            clock: Arc::new(Instant::now),
+        })
+    }
+
+    /// Serves cached instance lists for at most `period` ([`INSTANCE_REFRESH`] by default);
+    /// `Duration::ZERO` reads NVML on every call, as before the cache (the benchmark's baseline).
+    pub fn with_instance_refresh(mut self, period: Duration) -> Self {
+        self.refresh = period;
+        self
+    }
+
+    /// Reads the time from `clock` instead of [`Instant::now`] (simulated time in tests and
+    /// benchmarks).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The function table.
+    pub fn api(&self) -> &A {
+        &self.api
+    }
+
+    fn gpu(&self, target: &Target) -> Result<&GpuInfo, BackendError> {
+        self.gpus
+            .iter()
+            .find(|g| g.index == target.gpu)
+            .ok_or_else(|| BackendError::NotFound {
+                target: target.clone(),
+                reason: "no such GPU with MIG mode on in this node's inventory".into(),
+            })
+    }
+}
+
+impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
+    fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
+        Ok(self
+            .gpus
+            .iter()
+            .filter(|g| match self.api.device_identity(g.index) {
+                Ok(id) if id.uuid == g.uuid => true,
+                Ok(id) => {
+                    tracing::warn!(gpu = g.index, expected = %g.uuid, found = %id.uuid,
+                        "GPU index now answers with another UUID; treating the GPU as gone");
+                    self.invalidate(g.index, &"the GPU answers with another UUID");
+                    false
+                }
+                Err(e) => {
+                    tracing::debug!(gpu = g.index, error = %e, "GPU does not answer");
+                    // Its instance list is read again (and fails) rather than served while lost.
+                    self.invalidate(g.index, &e);
+                    false
+                }
+            })
+            .cloned()
+            .collect())
+    }
+
+    /// `nvmlEventSetWait_v2` for the first event (at most `timeout`), then whatever else is
+    /// already queued (`backend/events.rs`).
+    fn wait_health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, BackendError> {
+        self.wait_events(timeout)
+    }
+
+    fn gpu_indices(&self) -> Vec<u32> {
+        self.gpus.iter().map(|g| g.index).collect()
+    }
+
+    fn create_instance(
+        &self,
+        gpu_index: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        let target = Target::at(gpu_index, profile, Placement { start, size: 0 });
+        let gpu = self.gpu(&target)?;
+        let (_, p) = gpu
+            .model
+            .profile(profile)
+            .ok_or_else(|| BackendError::InvalidArgument {
+                target: target.clone(),
+                reason: format!(
+                    "{} has no MIG profile {profile:?} (profiles: {})",
+                    gpu.model.name,
+                    gpu.model.profile_names()
+                ),
+            })?;
+        let target = Target::at(
+            gpu_index,
+            profile,
+            Placement {
+                start,
+                size: p.placement_size,
+            },
+        );
+        if !p.allows_start(start) {
+            return Err(BackendError::InvalidArgument {
+                target,
+                reason: format!(
+                    "placement start not in the profile's list {:?}",
+                    p.placement_starts
+                ),
+            });
+        }
+        match self.create_at(gpu, p, target) {
+            Ok(s) => {
+                self.note_change(gpu_index, s.gi_id, Some(&s));
+                Ok(s)
+            }
+            Err(e) => {
+                // INSUFFICIENT_RESOURCES: someone holds the placement DAS thought free; other
+                // failures may have left a GI behind (a failed roll-back).
+                self.invalidate(gpu_index, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn destroy_instance(&self, gpu_index: u32, gi_id: u32) -> Result<(), BackendError> {
+        let target = Target {
+            gi_id: Some(gi_id),
+            ..Target::gpu(gpu_index)
+        };
+        let gpu = self.gpu(&target)?;
+        match self.destroy_gi_and_cis(gpu, gi_id, target) {
+            Ok(()) => {
+                self.note_change(gpu_index, gi_id, None);
+                Ok(())
+            }
+            Err(e) => {
+                // NOT_FOUND: the list had a GI NVML no longer has; any other failure may have
+                // destroyed some of its compute instances.
+                self.invalidate(gpu_index, &e);
+                Err(e)
+            }
+        }
+    }
+
+    fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
+        let gpu = self.gpu(&Target::gpu(gpu_index))?;
+        self.read_instances(gpu)
+    }
+
+    fn cached_instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
+        let gpu = self.gpu(&Target::gpu(gpu_index))?;
+        match self.fresh_known(gpu_index) {
+            Some(list) => Ok(list),
+            None => self.read_instances(gpu),
+        }
+    }
+}
+
+/// Profiles a GPU or GI does not have answer `NOT_SUPPORTED` or `INVALID_ARGUMENT`.
+pub(super) fn is_absent_profile(e: &NvmlCallError) -> bool {
+    matches!(e.code, code::NOT_SUPPORTED | code::INVALID_ARGUMENT)
+}
+
+pub(super) fn with_ci(e: BackendError, ci: u32) -> BackendError {
+    match e {
+        BackendError::InUse { target, reason } => BackendError::InUse {
+            target,
+            reason: format!("compute instance {ci}: {reason}"),
+        },
+        e => e,
+    }
+}
+
+/// An NVML error as a [`BackendError`] that says what it means for a MIG instance.
+pub fn map_error(target: Target, e: &NvmlCallError) -> BackendError {
+    match e.code {
+        code::INSUFFICIENT_RESOURCES => BackendError::InsufficientResources {
+            target,
+            reason: format!(
+                "placement taken (memory slices occupied), or the profile's instance limit or the single `+me` reached ({e})"
+            ),
+        },
+        code::IN_USE => BackendError::InUse {
+            target,
+            reason: format!("processes or compute instances still use it; retry later ({e})"),
+        },
+        code::NOT_SUPPORTED => BackendError::NotSupported {
+            target,
+            reason: format!("MIG mode is off or the GPU does not support this ({e})"),
+        },
+        code::NOT_FOUND => BackendError::NotFound {
+            target,
+            reason: e.to_string(),
+        },
+        code::INVALID_ARGUMENT => BackendError::InvalidArgument {
+            target,
+            reason: format!("profile or placement not valid on this GPU ({e})"),
+        },
+        code::GPU_IS_LOST => BackendError::GpuLost {
+            target,
+            reason: format!(
+                "the GPU fell off the bus or needs a reset; its slices are unusable until it is repaired ({e})"
+            ),
+        },
+        code::NO_PERMISSION => other(
+            target,
+            e,
+            "no permission: MIG management needs root or CAP_SYS_ADMIN",
+        ),
+        _ => other(target, e, "NVML call failed"),
+    }
+}
+
+pub(super) fn other(target: Target, e: &NvmlCallError, what: &str) -> BackendError {
+    BackendError::Other {
+        target,
+        reason: format!("{what} ({e})"),
+    }
+}

@@ -1,0 +1,176 @@
+//! Unit tests of [`super`] (`desired.rs`).
+
+use std::sync::Arc;
+
+use super::*;
+use crate::gpu::{GpuInfo, GpuModel, find_model};
+use crate::publish::devices::device_index;
+use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
+
+fn gpu(index: u32, model: &str) -> GpuInfo {
+    let model: Arc<GpuModel> = find_model(model).unwrap().unwrap();
+    GpuInfo {
+        index,
+        uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
+        product_name: model.product_name.clone(),
+        model,
+        minor: index,
+        pci_bus_id: None,
+        driver_version: "580.95.05".into(),
+        mig_enabled: true,
+    }
+}
+
+/// The inventory-built specs of two A30s on `n0`.
+fn base() -> (Vec<GpuInfo>, Vec<ResourceSliceSpec>) {
+    let gpus = vec![gpu(0, "A30"), gpu(1, "A30")];
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    (gpus, desired.into_iter().map(|d| d.slice.spec).collect())
+}
+
+fn devices(specs: &[ResourceSliceSpec]) -> Vec<&Device> {
+    specs
+        .iter()
+        .flat_map(|s| s.devices.iter().flatten())
+        .collect()
+}
+
+fn xid_taint(xid: &str) -> DeviceTaint {
+    DeviceTaint {
+        key: das_api::health_taints::XID.into(),
+        value: Some(xid.into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }
+}
+
+#[test]
+fn no_facts_publish_the_inventory_as_it_is() {
+    let (_, base) = base();
+    assert_eq!(desired_slices(&base, &HealthFacts::default()), base);
+}
+
+#[test]
+fn taints_go_on_the_devices_at_their_placement_only() {
+    let (gpus, base) = base();
+    let at = Placement { start: 0, size: 1 };
+    let facts = HealthFacts {
+        taints: BTreeMap::from([((1, at), vec![xid_taint("94")])]),
+        ..HealthFacts::default()
+    };
+    let specs = desired_slices(&base, &facts);
+    let index = device_index(&gpus);
+    let mut tainted = 0;
+    for d in devices(&specs) {
+        let r = &index[&d.name];
+        let here = r.gpu_index == 1 && (r.start, r.size) == (at.start, at.size);
+        assert_eq!(d.taints, here.then(|| vec![xid_taint("94")]), "{}", d.name);
+        tainted += usize::from(here);
+    }
+    assert!(tainted > 0);
+    assert_eq!(
+        devices(&specs).len(),
+        devices(&base).len(),
+        "nothing withdrawn"
+    );
+    assert_eq!(
+        specs.iter().map(|s| &s.shared_counters).collect::<Vec<_>>(),
+        base.iter().map(|s| &s.shared_counters).collect::<Vec<_>>(),
+        "counters untouched"
+    );
+}
+
+#[test]
+fn withdrawn_devices_are_removed_tainted_or_not() {
+    let (_, base) = base();
+    let facts = HealthFacts {
+        taints: BTreeMap::from([((1, Placement { start: 0, size: 1 }), vec![xid_taint("94")])]),
+        withdrawn: BTreeMap::from([(1, vec![Placement { start: 0, size: 1 }])]),
+    };
+    let names: Vec<String> = devices(&desired_slices(&base, &facts))
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    assert!(!names.contains(&"gpu-1-mig-1g-6gb-0".to_string()));
+    assert!(
+        !names.contains(&"gpu-1-mig-4g-24gb-0".to_string()),
+        "covers slice 0"
+    );
+    assert!(names.contains(&"gpu-1-mig-1g-6gb-1".to_string()));
+    assert!(names.contains(&"gpu-0-mig-1g-6gb-0".to_string()));
+}
+
+#[test]
+fn taints_go_on_every_device_of_their_gpu_and_nowhere_else() {
+    let gpus = [gpu(0, "A30"), gpu(1, "A30")];
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    let mut specs: Vec<ResourceSliceSpec> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let taint = DeviceTaint {
+        key: das_api::health_taints::XID.into(),
+        value: Some("79".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    set_device_taints(&mut specs, |gpu, _| {
+        if gpu == 1 {
+            vec![taint.clone()]
+        } else {
+            Vec::new()
+        }
+    });
+    let devices: Vec<&Device> = specs
+        .iter()
+        .flat_map(|s| s.devices.iter().flatten())
+        .collect();
+    assert!(!devices.is_empty());
+    for d in &devices {
+        let want = d.name.starts_with("gpu-1-").then(|| vec![taint.clone()]);
+        assert_eq!(d.taints, want, "{}", d.name);
+    }
+    // Recovery: no taints clears them again.
+    set_device_taints(&mut specs, |_, _| Vec::new());
+    assert!(
+        specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .all(|d| d.taints.is_none())
+    );
+}
+
+#[test]
+fn devices_overlapping_an_unclaimed_instance_are_withdrawn() {
+    let gpus = [gpu(0, "A30"), gpu(1, "A30")];
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    let mut specs: Vec<ResourceSliceSpec> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let names = |specs: &[ResourceSliceSpec]| -> Vec<String> {
+        specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .map(|d| d.name.clone())
+            .collect()
+    };
+    let all = names(&specs);
+    // A 1g.6gb at memory slice 0 of GPU 1 (A30: 4 memory slices).
+    let held = BTreeMap::from([(1, vec![crate::gpu::Placement { start: 0, size: 1 }])]);
+    let removed = withdraw_overlapping(&mut specs, &held);
+    let left = names(&specs);
+    assert_eq!(removed, all.len() - left.len());
+    assert!(removed > 0);
+    assert!(!left.contains(&"gpu-1-mig-1g-6gb-0".to_string()));
+    assert!(
+        !left.contains(&"gpu-1-mig-4g-24gb-0".to_string()),
+        "covers slice 0"
+    );
+    assert!(left.contains(&"gpu-1-mig-1g-6gb-1".to_string()));
+    assert!(
+        left.contains(&"gpu-0-mig-1g-6gb-0".to_string()),
+        "other GPU untouched"
+    );
+    assert!(
+        left.iter().all(|n| all.contains(n)),
+        "only removals, nothing else changes"
+    );
+}

@@ -1,0 +1,63 @@
+//! Unit tests of [`super`] (`optimum.rs`).
+
+use super::*;
+use crate::gpu::find_model;
+
+#[test]
+fn single_h100() {
+    let m = find_model("H100-80GB").unwrap().unwrap();
+    let o = Optimum::new(&[GpuView {
+        index: 0,
+        model: &m,
+    }]);
+    assert!(o.feasible(&["1g.10gb"; 7]));
+    assert!(!o.feasible(&["1g.10gb"; 8]));
+    assert!(o.feasible(&["3g.40gb", "4g.40gb"]));
+    assert!(!o.feasible(&["4g.40gb", "4g.40gb"]));
+    assert!(o.feasible(&["4g.40gb", "2g.20gb", "1g.20gb"]));
+    assert!(!o.feasible(&["4g.40gb", "2g.20gb", "2g.20gb"]));
+    assert!(!o.feasible(&["1g.10gb+me", "1g.10gb+me"]));
+    assert!(!o.feasible(&["unknown"]));
+    assert_eq!(
+        o.longest_feasible_prefix(&["7g.80gb", "1g.10gb", "1g.10gb"]),
+        1
+    );
+}
+
+#[test]
+fn mixed_node_shares_profile_names() {
+    // "1g.10gb" is the 2x-memory 1g on A100-40GB and the plain 1g on H100.
+    let a = find_model("A100-SXM4-40GB").unwrap().unwrap();
+    let h = find_model("H100-80GB").unwrap().unwrap();
+    let gpus = [
+        GpuView {
+            index: 0,
+            model: &a,
+        },
+        GpuView {
+            index: 1,
+            model: &h,
+        },
+    ];
+    let o = Optimum::new(&gpus);
+    assert!(o.feasible(&["1g.10gb"; 11]));
+    assert!(!o.feasible(&["1g.10gb"; 12]));
+}
+
+#[test]
+fn eight_gpus_are_fast() {
+    let m = find_model("H100-80GB").unwrap().unwrap();
+    let gpus: Vec<GpuView<'_>> = (0..8)
+        .map(|i| GpuView {
+            index: i,
+            model: &m,
+        })
+        .collect();
+    let o = Optimum::new(&gpus);
+    // 16 half-GPU slots: 4g only in the lower half, 3g in either.
+    let mut reqs = vec!["3g.40gb"; 10];
+    reqs.extend(["4g.40gb"; 7]);
+    assert!(!o.feasible(&reqs));
+    reqs.pop();
+    assert!(o.feasible(&reqs));
+}

@@ -1,0 +1,90 @@
+//! The chaos task: SIGKILL and restart of node plugins, the controller, the webhook and hollow
+//! kubelets, and emulated-GPU faults through the plugins' control files.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+
+use super::{Run, SoakConfig};
+use crate::cluster::{Cluster, NodeInfo};
+use crate::das::write_control;
+
+/// The chaos task: one action every interval, until the phase's cycles end (dropped then).
+pub(super) async fn chaos(
+    run: &Arc<Run>,
+    cfg: &SoakConfig,
+    cluster: &mut Cluster,
+    nodes: &[NodeInfo],
+    seed: u64,
+    last: &std::sync::Mutex<Instant>,
+) -> Result<()> {
+    let Some((lo, hi)) = cfg.chaos else {
+        std::future::pending::<()>().await;
+        return Ok(());
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    loop {
+        let wait = rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let node = &nodes[rng.random_range(0..nodes.len())];
+        let action = rng.random_range(0..10);
+        let what: String = match action {
+            0 | 1 => {
+                let name = format!("das-plugin-{}", node.name);
+                cluster.crash_and_restart(&name)?;
+                name
+            }
+            2 => {
+                cluster.crash_and_restart("das-controller")?;
+                "das-controller".into()
+            }
+            3 => {
+                cluster.crash_and_restart("das-webhook")?;
+                "das-webhook".into()
+            }
+            4 => {
+                let name = format!("kubelet-{}", node.name);
+                cluster.crash_and_restart(&name)?;
+                name
+            }
+            _ => {
+                let gpu = rng.random_range(0..2);
+                let (kind, control): (&'static str, Value) = match action {
+                    5 => (
+                        "IN_USE on destroy",
+                        json!({"destroyFaults": [{"gpu": gpu, "count": rng.random_range(1..6), "kind": "InUse"}]}),
+                    ),
+                    6 => (
+                        "create failure",
+                        json!({"createFaults": [{"gpu": gpu, "count": 1, "kind": "Other"}]}),
+                    ),
+                    7 => (
+                        "destroy failure",
+                        json!({"destroyFaults": [{"gpu": gpu, "count": 1, "kind": "Other"}]}),
+                    ),
+                    8 => (
+                        "latency",
+                        json!({"latencyMs": {"create": 1500, "destroy": 500}}),
+                    ),
+                    _ => ("GPU lost and back", json!({"lostGpus": [gpu]})),
+                };
+                write_control(node, &control)?;
+                *run.report.lock().await.faults.entry(kind).or_default() += 1;
+                if matches!(action, 8 | 9) {
+                    // Latency and a lost GPU last a few seconds, then the GPU is back.
+                    tokio::time::sleep(Duration::from_secs(rng.random_range(2..6))).await;
+                    write_control(node, &json!({}))?;
+                }
+                *last.lock().expect("last chaos") = Instant::now();
+                continue;
+            }
+        };
+        tracing::info!(component = %what, "soak: SIGKILL and restart");
+        *run.report.lock().await.kills.entry(what).or_default() += 1;
+        *last.lock().expect("last chaos") = Instant::now();
+    }
+}

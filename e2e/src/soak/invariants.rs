@@ -1,0 +1,277 @@
+//! The invariants of a converged cluster ([`check_invariants`]), checked against the emulated
+//! GPUs' state, the plugins' checkpoints and CDI specs, and the API server.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use das_api::allocation::AllocationClaim;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::Client;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+
+use crate::cluster::NodeInfo;
+use crate::das::{PluginDirs, emulated_state, load_specs};
+use crate::workload::NS;
+
+/// Polls [`check_invariants`] until they hold or `limit` passes; the violations of the last
+/// check on failure.
+pub async fn converge(
+    client: &Client,
+    nodes: &[NodeInfo],
+    limit: Duration,
+) -> Result<(), Vec<String>> {
+    let t0 = Instant::now();
+    loop {
+        let v = match check_invariants(client, nodes).await {
+            Ok(v) => v,
+            Err(e) => vec![format!("checking failed: {e:#}")],
+        };
+        if v.is_empty() {
+            return Ok(());
+        }
+        if t0.elapsed() > limit {
+            return Err(v);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A published device: node, GPU index, placement start and size.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Placed {
+    node: String,
+    gpu: i64,
+    start: i64,
+    size: i64,
+}
+
+fn int_attr(d: &k8s_openapi::api::resource::v1::Device, name: &str) -> Option<i64> {
+    d.attributes.as_ref()?.get(name)?.int
+}
+
+/// Every published device of our driver: (node, device name) → where it is.
+async fn published(client: &Client) -> Result<BTreeMap<(String, String), Placed>> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let lp = ListParams::default().fields(&format!("spec.driver={}", das_api::DRIVER_NAME));
+    let mut out = BTreeMap::new();
+    for s in api.list(&lp).await?.items {
+        let node = s.spec.node_name.clone().unwrap_or_default();
+        for d in s.spec.devices.iter().flatten() {
+            let (Some(gpu), Some(start), Some(size)) = (
+                int_attr(d, "gpuIndex"),
+                int_attr(d, "placementStart"),
+                int_attr(d, "placementSize"),
+            ) else {
+                continue;
+            };
+            out.insert(
+                (node.clone(), d.name.clone()),
+                Placed {
+                    node: node.clone(),
+                    gpu,
+                    start,
+                    size,
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// The invariants of a converged cluster (empty when they all hold):
+/// 1. no live slice without an allocated claim (a DAS-created slice whose placement no
+///    allocated claim on that node holds);
+/// 2. no allocated claim reserved by a running pod without its slice;
+/// 3. no overlapping slices on a GPU;
+/// 4. no AllocationClaim without its claim and device allocated;
+/// 5. every pod Running, or Pending with the scheduler's reason (none stuck after scheduling);
+/// 6. no CDI spec of a claim that is gone or not allocated on that node;
+/// 7. plugin checkpoints consistent: no half-done or releasing record, every prepared device's
+///    slice live.
+pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec<String>> {
+    let mut v = Vec::new();
+    let devices = published(client).await?;
+    let claims: Vec<ResourceClaim> = Api::<ResourceClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let pods: Vec<Pod> = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    let allocs: Vec<AllocationClaim> = Api::<AllocationClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+        .items;
+    // Allocated devices of our driver: (node, device) → claim UID.
+    let mut allocated: BTreeMap<(String, String), String> = BTreeMap::new();
+    for c in &claims {
+        let uid = c.metadata.uid.clone().unwrap_or_default();
+        for r in das_api::claim_status::our_results(c) {
+            allocated.insert((r.pool.clone(), r.device.clone()), uid.clone());
+        }
+    }
+    let running: BTreeSet<String> = pods
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    for node in nodes {
+        let state = emulated_state(node)?;
+        let mut live: Vec<(Placed, String, bool)> = Vec::new();
+        for g in state["gpus"].as_array().into_iter().flatten() {
+            let gpu = g["index"].as_i64().unwrap_or_default();
+            for i in g["instances"].as_array().into_iter().flatten() {
+                let start = i["start"].as_i64().unwrap_or_default();
+                let profile = i["profile"].as_str().unwrap_or_default();
+                // The device of that placement, as the plugin names and publishes it.
+                let device = format!("gpu-{gpu}-mig-{}-{start}", profile.replace(['.', '+'], "-"));
+                let dev = devices.get_key_value(&(node.name.clone(), device));
+                let Some(((_, name), placed)) = dev else {
+                    v.push(format!(
+                        "{}: slice {profile} at {start} on GPU {gpu} is no published device",
+                        node.name
+                    ));
+                    continue;
+                };
+                let mig = i["migUuid"].as_str().unwrap_or_default().to_string();
+                let ours = i["createdByDas"].as_bool().unwrap_or(true);
+                if ours && !allocated.contains_key(&(node.name.clone(), name.clone())) {
+                    v.push(format!(
+                        "1: {}: live slice {mig} ({name}) without an allocated claim",
+                        node.name
+                    ));
+                }
+                live.push((placed.clone(), mig, ours));
+            }
+        }
+        // 3.
+        for (i, (a, ma, _)) in live.iter().enumerate() {
+            for (b, mb, _) in &live[i + 1..] {
+                if a.gpu == b.gpu && a.start < b.start + b.size && b.start < a.start + a.size {
+                    v.push(format!(
+                        "3: {}: slices {ma} and {mb} overlap on GPU {}",
+                        node.name, a.gpu
+                    ));
+                }
+            }
+        }
+        // 2.
+        for c in &claims {
+            let reserved_running = c
+                .status
+                .as_ref()
+                .and_then(|s| s.reserved_for.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|r| running.contains(&r.uid));
+            if !reserved_running {
+                continue;
+            }
+            for ((n, d), uid) in &allocated {
+                if n != &node.name || Some(uid) != c.metadata.uid.as_ref() {
+                    continue;
+                }
+                let Some(p) = devices.get(&(n.clone(), d.clone())) else {
+                    continue;
+                };
+                if !live
+                    .iter()
+                    .any(|(l, _, _)| l.gpu == p.gpu && l.start == p.start)
+                {
+                    v.push(format!(
+                        "2: {}: claim {} runs without its slice {d}",
+                        node.name,
+                        c.metadata.name.clone().unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        // 6.
+        let dirs = PluginDirs::of(node);
+        let on_node: BTreeSet<&String> = allocated
+            .iter()
+            .filter(|((n, _), _)| n == &node.name)
+            .map(|(_, uid)| uid)
+            .collect();
+        for spec in load_specs(&dirs.cdi)? {
+            let name = spec["devices"][0]["name"].as_str().unwrap_or_default();
+            let uid: String = name.chars().take(36).collect();
+            if !on_node.contains(&uid) {
+                v.push(format!(
+                    "6: {}: CDI spec of claim {uid}, which is not allocated here",
+                    node.name
+                ));
+            }
+        }
+        // 7.
+        let cp: Value = match std::fs::read(dirs.state.join("checkpoint.json")) {
+            Ok(b) => serde_json::from_slice(&b).context("checkpoint")?,
+            Err(_) => json!({"claims": {}}),
+        };
+        let migs: BTreeSet<&str> = live.iter().map(|(_, m, _)| m.as_str()).collect();
+        for (uid, r) in cp["claims"].as_object().into_iter().flatten() {
+            match r["state"].as_str() {
+                Some("PrepareCompleted") => {
+                    for d in r["devices"].as_array().into_iter().flatten() {
+                        // Version 2 records the instance; version 1 had the fields flat.
+                        let m = d["instance"]["migUUID"]
+                            .as_str()
+                            .or_else(|| d["migUUID"].as_str())
+                            .unwrap_or_default();
+                        if !migs.contains(m) {
+                            v.push(format!(
+                                "7: {}: claim {uid} records {m}, which is not live",
+                                node.name
+                            ));
+                        }
+                    }
+                }
+                other => v.push(format!(
+                    "7: {}: claim {uid} is {other:?} with nothing in flight",
+                    node.name
+                )),
+            }
+        }
+    }
+    // 4.
+    for a in &allocs {
+        let r = &a.spec.resource_claim_ref;
+        let ok = allocated
+            .get(&(a.spec.pool.clone(), a.spec.device.clone()))
+            .is_some_and(|uid| uid == &r.uid);
+        if !ok {
+            v.push(format!(
+                "4: AllocationClaim {} without a live allocation of {}",
+                a.metadata.name.clone().unwrap_or_default(),
+                a.spec.device
+            ));
+        }
+    }
+    // 5.
+    for p in &pods {
+        if p.metadata.deletion_timestamp.is_some() || p.metadata.namespace.as_deref() != Some(NS) {
+            continue;
+        }
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let status = p.status.clone().unwrap_or_default();
+        let phase = status.phase.as_deref().unwrap_or("");
+        if phase == "Running" {
+            continue;
+        }
+        let stated = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.message.is_some());
+        if !stated {
+            v.push(format!(
+                "5: pod {name} is {phase:?} without a scheduler reason"
+            ));
+        }
+    }
+    Ok(v)
+}

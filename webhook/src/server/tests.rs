@@ -1,0 +1,170 @@
+use super::*;
+use base64::Engine;
+use serde_json::json;
+
+#[test]
+fn the_patch_goes_on_the_wire_as_base64() {
+    let req: AdmissionReview<Pod> = serde_json::from_value(json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE", "userInfo": {}, "dryRun": false}
+    }))
+    .unwrap();
+    let req: AdmissionRequest<Pod> = req.try_into().unwrap();
+    let patch: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "remove", "path": "/a"}])).unwrap();
+    let review = AdmissionResponse::from(&req)
+        .with_patch(patch)
+        .unwrap()
+        .into_review();
+    let v = wire_review(review);
+    let b64 = v["response"]["patch"].as_str().expect("a string");
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .unwrap();
+    let back: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(back, json!([{"op": "remove", "path": "/a"}]));
+    assert_eq!(v["response"]["uid"], "u1");
+    assert_eq!(v["response"]["patchType"], "JSONPatch");
+}
+
+/// Knows one token, of a user who may read /metrics.
+struct OneReader;
+
+impl das_runtime::metrics_auth::Reviewer for OneReader {
+    fn authenticate<'a>(
+        &'a self,
+        token: &'a str,
+    ) -> das_runtime::metrics_auth::Review<'a, Option<k8s_openapi::api::authentication::v1::UserInfo>>
+    {
+        Box::pin(async move {
+            Ok(
+                (token == "good").then(|| k8s_openapi::api::authentication::v1::UserInfo {
+                    username: Some("prometheus".into()),
+                    ..Default::default()
+                }),
+            )
+        })
+    }
+
+    fn authorize<'a>(
+        &'a self,
+        user: &'a k8s_openapi::api::authentication::v1::UserInfo,
+        verb: &'a str,
+        path: &'a str,
+    ) -> das_runtime::metrics_auth::Review<'a, bool> {
+        Box::pin(async move {
+            Ok(user.username.as_deref() == Some("prometheus")
+                && verb == "get"
+                && path == "/metrics")
+        })
+    }
+}
+
+#[tokio::test]
+async fn metrics_ask_for_a_reviewed_token_and_health_stays_open() {
+    use tower::ServiceExt;
+    // An API server that is never reached: /healthz and /metrics do not call it.
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let app = Arc::new(App {
+        profiles: Arc::new(Profiles::new(client.clone(), Duration::from_secs(30))),
+        templates: Templates::watch(&das_runtime::client::Clients {
+            calls: client.clone(),
+            watches: client,
+        }),
+        metrics: Metrics::default(),
+        metrics_access: MetricsAccess::reviewed(Arc::new(OneReader)),
+    });
+    let routes = router(app, Limits::default());
+    let get = |path: &'static str, token: Option<&'static str>| {
+        let routes = routes.clone();
+        async move {
+            let mut req = axum::http::Request::get(path);
+            if let Some(t) = token {
+                req = req.header("authorization", format!("Bearer {t}"));
+            }
+            let resp = routes
+                .oneshot(req.body(axum::body::Body::empty()).unwrap())
+                .await
+                .unwrap();
+            resp.status().as_u16()
+        }
+    };
+    assert_eq!(get("/metrics", None).await, 401);
+    assert_eq!(get("/metrics", Some("forged")).await, 401);
+    assert_eq!(get("/metrics", Some("good")).await, 200);
+    assert_eq!(get("/healthz", None).await, 200);
+}
+
+/// An app whose API server is never reached (nothing listens on port 9).
+fn unreachable_app() -> Arc<App> {
+    let client =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    Arc::new(App {
+        profiles: Arc::new(Profiles::new(client.clone(), Duration::from_secs(30))),
+        templates: Templates::watch(&das_runtime::client::Clients {
+            calls: client.clone(),
+            watches: client,
+        }),
+        metrics: Metrics::default(),
+        metrics_access: Default::default(),
+    })
+}
+
+/// Posts `review` to `/mutate-pods`; the answer's `response`.
+async fn mutate(app: &Arc<App>, review: Value) -> Value {
+    use tower::ServiceExt;
+    let req = axum::http::Request::post("/mutate-pods")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(serde_json::to_vec(&review).unwrap()))
+        .unwrap();
+    let resp = router(app.clone(), Limits::default())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice::<Value>(&body).unwrap()["response"].clone()
+}
+
+#[tokio::test]
+async fn a_failed_listing_denies_the_pod_and_is_counted_by_its_cause() {
+    let app = unreachable_app();
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ns", "operation": "CREATE", "userInfo": {},
+            "object": {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [
+                {"name": "app", "image": "i",
+                    "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}}}});
+    let response = mutate(&app, review).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("das-webhook: list DeviceClasses: "),
+        "{message}"
+    );
+    let text = app.metrics.encode();
+    let want = "das_webhook_admission_requests_total{outcome=\"error\",cause=\"list_classes\"} 1";
+    assert!(text.contains(want), "{want} missing in\n{text}");
+}
+
+#[tokio::test]
+async fn a_review_without_a_request_is_invalid_and_counted_as_bad_review() {
+    let app = unreachable_app();
+    let response = mutate(
+        &app,
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(message.starts_with("bad AdmissionReview: "), "{message}");
+    let text = app.metrics.encode();
+    let want = "das_webhook_admission_requests_total{outcome=\"error\",cause=\"bad_review\"} 1";
+    assert!(text.contains(want), "{want} missing in\n{text}");
+}
