@@ -4,6 +4,12 @@
 
 use std::sync::Arc;
 
+/// A blocking call that did not return: its task on the blocking pool panicked or was
+/// cancelled (the runtime shutting down). Says `blocking task failed: <tokio's reason>`.
+#[derive(Debug, thiserror::Error)]
+#[error("blocking task failed: {0}")]
+pub struct BlockingError(#[from] pub tokio::task::JoinError);
+
 /// How blocking calls are run; see [`BlockingCalls::run`].
 #[derive(Clone)]
 pub enum BlockingCalls {
@@ -28,16 +34,14 @@ impl BlockingCalls {
     /// Runs `f` and returns its result.
     ///
     /// # Errors
-    /// The pool's task panicked or was cancelled; the message says so.
-    pub async fn run<T, F>(&self, f: F) -> Result<T, String>
+    /// [`BlockingError`]: the pool's task panicked or was cancelled.
+    pub async fn run<T, F>(&self, f: F) -> Result<T, BlockingError>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
         match self {
-            BlockingCalls::Threads => tokio::task::spawn_blocking(f)
-                .await
-                .map_err(|e| format!("blocking task failed: {e}")),
+            BlockingCalls::Threads => tokio::task::spawn_blocking(f).await.map_err(BlockingError),
             BlockingCalls::Inline(_) => Ok(self.run_brief(f).await),
         }
     }

@@ -109,10 +109,14 @@ impl KubeEvents {
                 uid: Some(uid.clone()),
                 ..Default::default()
             },
+            // The node's name as its UID, as the kubelet does for its own Node events:
+            // `kubectl describe node` lists the events whose `involvedObject.uid` is the Node's
+            // UID or its name, so an event without a UID would not show there.
             EventTarget::Node => ObjectReference {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
                 name: Some(self.node.clone()),
+                uid: Some(self.node.clone()),
                 ..Default::default()
             },
         }
@@ -140,3 +144,6 @@ impl EventSink for KubeEvents {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

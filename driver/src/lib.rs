@@ -33,10 +33,12 @@
 
 pub mod blocking;
 pub mod claims;
-pub mod events;
+pub(crate) mod events;
 pub mod gpu;
 pub mod health;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api_server;
 pub mod node_checks;
 pub mod plugin;
 pub mod publish;

@@ -154,7 +154,9 @@ pub async fn delete_pods(client: &Client, names: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Waits for an Event with `reason` on Node `node` whose message contains `text`.
+/// Waits for an Event with `reason` on Node `node` whose message contains `text`. Selected as
+/// `kubectl describe node` selects a Node's events (by kind, name and the node's name as UID, the
+/// kubelet's convention), so an event found here also shows there.
 pub async fn wait_node_event(client: &Client, node: &str, reason: &str, text: &str) -> Result<()> {
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::all(client.clone());
     wait::until(
@@ -163,7 +165,7 @@ pub async fn wait_node_event(client: &Client, node: &str, reason: &str, text: &s
         || async {
             let list = events
                 .list(&kube::api::ListParams::default().fields(&format!(
-                    "involvedObject.kind=Node,involvedObject.name={node},reason={reason}"
+                    "involvedObject.kind=Node,involvedObject.name={node},involvedObject.uid={node},reason={reason}"
                 )))
                 .await?;
             Ok(list

@@ -18,7 +18,7 @@ use das_proto::cri::v1::{
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
-use super::orphans::PodContainers;
+use super::orphans::{PodContainers, RuntimeError};
 
 /// Time limit of one CRI call (connect included).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,13 +34,14 @@ impl CriRuntime {
     /// plain socket path. Connects on each check (checks are rare: suspected orphans only).
     ///
     /// # Errors
-    /// The endpoint is not a unix socket (CRI runtimes on Linux serve one).
-    pub fn new(endpoint: &str) -> Result<Self, String> {
+    /// [`RuntimeError::NotUnixSocket`]: the endpoint is not a unix socket (CRI runtimes on
+    /// Linux serve one).
+    pub fn new(endpoint: &str) -> Result<Self, RuntimeError> {
         let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
         if !path.starts_with('/') {
-            return Err(format!(
-                "container runtime endpoint {endpoint:?} is not a unix socket: give unix:///<path> or an absolute path, e.g. unix:///run/containerd/containerd.sock"
-            ));
+            return Err(RuntimeError::NotUnixSocket {
+                endpoint: endpoint.to_string(),
+            });
         }
         Ok(CriRuntime {
             socket: PathBuf::from(path),
@@ -52,7 +53,7 @@ impl CriRuntime {
         &self.socket
     }
 
-    async fn client(&self) -> Result<RuntimeServiceClient<Channel>, String> {
+    async fn client(&self) -> Result<RuntimeServiceClient<Channel>, RuntimeError> {
         let socket = self.socket.clone();
         // The URI is a placeholder: the connector dials the socket.
         let channel = Endpoint::from_static("http://cri.invalid")
@@ -67,14 +68,17 @@ impl CriRuntime {
                 }
             }))
             .await
-            .map_err(|e| format!("connect to {}: {e}", self.socket.display()))?;
+            .map_err(|e| RuntimeError::Connect {
+                socket: self.socket.display().to_string(),
+                reason: e.to_string(),
+            })?;
         Ok(RuntimeServiceClient::new(channel))
     }
 }
 
 #[tonic::async_trait]
 impl PodContainers for CriRuntime {
-    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, String> {
+    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, RuntimeError> {
         let selector = HashMap::from([(POD_UID_LABEL.to_string(), pod_uid.to_string())]);
         let mut client = self.client().await?;
         let sandboxes = client
@@ -85,7 +89,10 @@ impl PodContainers for CriRuntime {
                 }),
             })
             .await
-            .map_err(|s| format!("ListPodSandbox: {}", s.message()))?
+            .map_err(|s| RuntimeError::Call {
+                call: "ListPodSandbox",
+                message: s.message().to_string(),
+            })?
             .into_inner()
             .items;
         if !sandboxes.is_empty() {
@@ -99,7 +106,10 @@ impl PodContainers for CriRuntime {
                 }),
             })
             .await
-            .map_err(|s| format!("ListContainers: {}", s.message()))?
+            .map_err(|s| RuntimeError::Call {
+                call: "ListContainers",
+                message: s.message().to_string(),
+            })?
             .into_inner()
             .containers;
         Ok(!containers.is_empty())

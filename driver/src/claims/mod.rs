@@ -40,22 +40,24 @@
 //!    rule's evidence that no container of its pods is left): never because another claim
 //!    wants the placement, nor because the API server no longer has the claim.
 
-pub mod api;
+pub(crate) mod api;
 pub mod cdi;
 pub mod checkpoint;
 pub mod cri;
 pub mod driver_files;
-pub mod error;
-pub mod handler;
-pub mod locks;
+pub(crate) mod error;
+pub(crate) mod handler;
+pub(crate) mod locks;
 pub mod orphans;
-pub mod plan;
-pub mod preparer;
-pub mod reaper;
-pub mod startup;
-pub mod status;
-pub mod unclaimed;
+pub(crate) mod plan;
+pub(crate) mod preparer;
+pub(crate) mod reaper;
+pub(crate) mod startup;
+pub(crate) mod status;
+pub(crate) mod unclaimed;
 
+#[cfg(test)]
+mod api_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
@@ -68,7 +70,7 @@ pub use api::{ApiError, ClaimApi, KubeClaimApi};
 pub use error::PrepareError;
 pub use handler::{ClaimHandler, ClaimRef, PreparedDevice};
 pub use locks::ClaimLocks;
-pub use orphans::{OrphanPolicy, PodContainers};
+pub use orphans::{OrphanPolicy, PodContainers, RuntimeError};
 pub use plan::{DeviceRef, device_index};
 pub use preparer::{BlockingCalls, Preparer, PreparerConfig};
 pub use startup::{Report, StartupError};

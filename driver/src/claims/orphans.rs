@@ -37,9 +37,42 @@ pub trait PodContainers: Send + Sync {
     /// UID `pod_uid`.
     ///
     /// # Errors
-    /// Why the runtime could not answer (unreachable, timed out, refused); the caller keeps the
-    /// slices.
-    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, String>;
+    /// [`RuntimeError`]: why the runtime could not answer (unreachable, timed out, refused);
+    /// the caller keeps the slices.
+    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, RuntimeError>;
+}
+
+/// Why the container runtime gave no evidence. Defined beside [`PodContainers`] rather than in
+/// its CRI client (`super::cri`) so the client depends on this module and not the other way.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// `--container-runtime-endpoint` is not a unix socket.
+    #[error(
+        "container runtime endpoint {endpoint:?} is not a unix socket: give unix:///<path> or an absolute path, e.g. unix:///run/containerd/containerd.sock"
+    )]
+    NotUnixSocket {
+        /// The endpoint as given.
+        endpoint: String,
+    },
+    /// The socket could not be reached (missing, refused, timed out).
+    #[error("connect to {socket}: {reason}")]
+    Connect {
+        /// The socket's path.
+        socket: String,
+        /// The transport's error.
+        reason: String,
+    },
+    /// A CRI call failed.
+    #[error("{call}: {message}")]
+    Call {
+        /// The CRI method (`ListPodSandbox`, `ListContainers`).
+        call: &'static str,
+        /// The runtime's status message.
+        message: String,
+    },
+    /// A test double's injected failure.
+    #[error("injected: {0}")]
+    Injected(String),
 }
 
 /// How the plugin treats orphaned claims.

@@ -60,6 +60,7 @@ impl StatusWriters {
     }
 
     /// Writers still running (retrying).
+    #[cfg(test)]
     pub fn running(&self) -> usize {
         let writers = self.writers.lock().expect("status writers");
         writers.values().filter(|w| !w.task.is_finished()).count()

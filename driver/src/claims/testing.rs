@@ -15,7 +15,7 @@ use serde_json::json;
 use super::handler::ClaimRef;
 use super::{
     ApiError, ClaimApi, EventKind, EventSink, EventTarget, OrphanPolicy, PodContainers, Preparer,
-    PreparerConfig,
+    PreparerConfig, RuntimeError,
 };
 use crate::blocking::BlockingCalls;
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
@@ -179,9 +179,9 @@ pub struct MemoryRuntime {
 
 #[tonic::async_trait]
 impl PodContainers for MemoryRuntime {
-    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, String> {
+    async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, RuntimeError> {
         if MemoryApi::take(&self.failing) {
-            return Err("injected: the runtime does not answer".into());
+            return Err(RuntimeError::Injected("the runtime does not answer".into()));
         }
         Ok(self.pods.lock().unwrap().contains(pod_uid))
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use super::{BackendError, GpuBackend, MigInstance, Target};
-use crate::blocking::BlockingCalls;
+use crate::blocking::{BlockingCalls, BlockingError};
 
 /// The GPU backend, where its blocking calls run, and one lock per GPU; cheap to clone (clones
 /// share all three).
@@ -82,9 +82,9 @@ impl GpuCalls {
     /// Runs `f` on the backend where blocking calls run, and returns what it returns.
     ///
     /// # Errors
-    /// The executor failed (the blocking pool's task panicked or was cancelled); the message
-    /// says so.
-    pub async fn run<T, F>(&self, f: F) -> Result<T, String>
+    /// [`BlockingError`]: the executor failed (the blocking pool's task panicked or was
+    /// cancelled).
+    pub async fn run<T, F>(&self, f: F) -> Result<T, BlockingError>
     where
         T: Send + 'static,
         F: FnOnce(&dyn GpuBackend) -> T + Send + 'static,
@@ -105,9 +105,9 @@ impl GpuCalls {
     {
         match self.run(f).await {
             Ok(r) => r,
-            Err(reason) => Err(BackendError::Other {
+            Err(e) => Err(BackendError::Other {
                 target: Target::gpu(gpu),
-                reason,
+                reason: e.to_string(),
             }),
         }
     }

@@ -12,11 +12,11 @@
 //!
 //! Facts come from docs/reference/mig.md; the contract from docs/design.md §3 and §7.
 
-pub mod calls;
+pub(crate) mod calls;
 pub mod catalog;
 pub mod emulated;
-pub mod layout;
-pub mod model;
+pub(crate) mod layout;
+pub(crate) mod model;
 pub mod nvml;
 
 use std::fmt;

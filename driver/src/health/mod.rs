@@ -19,10 +19,10 @@
 //! `health` → `publish` (the facts type, the device index), `events`, `gpu`, `metrics`; the
 //! request path depends on `health` (it implements [`UnclaimedInstances`]), never the reverse.
 
-pub mod book;
+pub(crate) mod book;
 pub mod monitor;
-pub mod source;
-pub mod unclaimed;
+pub(crate) mod source;
+pub(crate) mod unclaimed;
 pub mod xid;
 
 pub use book::{

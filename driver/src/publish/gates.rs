@@ -282,6 +282,7 @@ impl CounterGuard {
     }
 
     /// What the server was last seen doing with shared counters.
+    #[cfg(test)]
     pub fn counters(&self) -> Counters {
         self.counters
     }

@@ -26,11 +26,11 @@
 //! `metrics`; nothing else of the crate, so `health` and `claims` may depend on it.
 
 pub mod desired;
-pub mod devices;
-pub mod gates;
+pub(crate) mod devices;
+pub(crate) mod gates;
 pub mod placement;
-pub mod plan;
-pub mod publisher;
+pub(crate) mod plan;
+pub(crate) mod publisher;
 pub mod resource_slices;
 
 pub use publisher::{KubePublishApi, PublishApi, PublishError, PublishStats, Publisher, RunConfig};

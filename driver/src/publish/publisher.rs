@@ -387,4 +387,6 @@ fn with_generation(spec: &ResourceSliceSpec, generation: i64) -> ResourceSliceSp
 }
 
 #[cfg(test)]
+mod api_tests;
+#[cfg(test)]
 mod tests;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Parser;
 use das_driver::claims::checkpoint;
 use das_driver::claims::cri::CriRuntime;
+use das_driver::claims::orphans::RuntimeError;
 use das_driver::claims::{OrphanPolicy, PodContainers};
 use das_driver::gpu::nvml::procfs;
 use das_driver::health::{self, HealthPolicy, TaintEffect};
@@ -143,7 +144,7 @@ pub(crate) struct Args {
     pub(crate) proc_root: PathBuf,
 }
 
-fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, String> {
+fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, RuntimeError> {
     CriRuntime::new(endpoint)
 }
 

@@ -43,9 +43,9 @@
 use std::io;
 use std::path::PathBuf;
 
-pub mod files;
-pub mod schema;
-pub mod spec;
+pub(crate) mod files;
+pub(crate) mod schema;
+pub(crate) mod spec;
 
 pub use files::{
     CdiWriter, DEFAULT_CDI_DIR, SpecFile, delete_spec, list_specs, read_spec, remove_temp_files,

@@ -65,8 +65,8 @@
 //!   corrupt file aside), the boot ID, and [`CheckpointStore`], the checkpoint the request path
 //!   changes and persists with group commit.
 
-pub mod format;
-pub mod store;
+pub(crate) mod format;
+pub(crate) mod store;
 
 pub use format::{
     CHECKPOINT_VERSION, Checkpoint, ClaimRecord, CorruptReason, InstanceId, PrepareState,

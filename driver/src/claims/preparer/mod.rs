@@ -47,14 +47,15 @@ use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
 use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
 use crate::metrics::Metrics;
 
-pub mod gauges;
-pub mod orphans;
-pub mod prepare;
-pub mod reaper;
-pub mod release;
-pub mod startup;
+pub(crate) mod gauges;
+pub(crate) mod orphans;
+pub(crate) mod prepare;
+pub(crate) mod reaper;
+pub(crate) mod release;
+pub(crate) mod startup;
 
-pub use prepare::PLACEMENT_WAIT;
+#[cfg(test)]
+pub(crate) use prepare::PLACEMENT_WAIT;
 
 /// What a [`Preparer`] is built from.
 pub struct PreparerConfig {

@@ -82,7 +82,9 @@ impl Preparer {
             (Some(runtime), false) => {
                 let mut answers = Vec::new();
                 for pod in &record.pods {
-                    answers.push((pod.clone(), runtime.pod_has_containers(pod).await));
+                    // The verdict only quotes why the runtime could not tell (its reason text).
+                    let answer = runtime.pod_has_containers(pod).await;
+                    answers.push((pod.clone(), answer.map_err(|e| e.to_string())));
                 }
                 Some(answers)
             }

@@ -24,7 +24,7 @@
 
 mod backend;
 #[cfg(any(test, feature = "testing"))]
-pub mod fake;
+pub(crate) mod fake;
 pub mod procfs;
 mod real;
 mod report;
