@@ -70,8 +70,9 @@ impl Collector for DeviceInfoCollector {
 pub struct Metrics {
     /// Reconciles of a ResourceClaim, by `result` (`ok`, `error`).
     pub reconciles: Family<Labels, Counter>,
-    /// Failed reconciles (and leader-election rounds), by `cause`: the error's
-    /// `metric_label` (`crate::error::Error::metric_label`).
+    /// Failed reconciles, by `cause`: the error's `metric_label`
+    /// (`crate::error::Error::metric_label`). Leader-election failures are logged, not counted
+    /// here (the elector keeps no metrics).
     pub errors: Family<Labels, Counter>,
     /// Writes to AllocationClaims, by `op` (`apply`, `status`, `delete`).
     pub writes: Family<Labels, Counter>,

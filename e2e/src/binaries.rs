@@ -48,21 +48,33 @@ impl DasBinary {
     /// The binary of cargo profile `profile` (`debug`, `release`) in the workspace's target dir
     /// (`$CARGO_TARGET_DIR` or `target/`). A missing binary is an error that names the cargo
     /// command that builds it: the cluster tests of `das-e2e` run the binaries of other packages,
-    /// which `cargo test -p das-e2e` does not build (`make e2e` builds them first).
+    /// which `cargo test -p das-e2e` does not build (`make e2e` builds them first). A binary
+    /// older than a source file of the workspace's crates is used, with a warning on stderr
+    /// naming the same command: a benchmark must not report a stale build as this one.
     pub fn in_target_dir(self, profile: &str) -> Result<PathBuf> {
         let path = target_dir().join(profile).join(self.name());
-        if !path.exists() {
-            let flag = match profile {
+        let build = format!(
+            "cargo build{} -p {} --bin {}",
+            match profile {
                 "debug" => String::new(),
                 "release" => " --release".into(),
                 p => format!(" --profile {p}"),
-            };
+            },
+            self.package(),
+            self.name()
+        );
+        if !path.exists() {
             bail!(
-                "{} missing: run `cargo build{flag} -p {} --bin {}` (`make e2e` builds every DAS \
-                 binary before the cluster tests)",
+                "{} missing: run `{build}` (`make e2e` builds every DAS binary before the cluster \
+                 tests)",
+                path.display()
+            );
+        }
+        if let Some(newer) = newer_source(&path) {
+            eprintln!(
+                "warning: {} is older than {}: run `{build}` to measure this tree",
                 path.display(),
-                self.package(),
-                self.name()
+                newer.display()
             );
         }
         Ok(path)
@@ -72,6 +84,33 @@ impl DasBinary {
     pub fn debug(self) -> Result<PathBuf> {
         self.in_target_dir("debug")
     }
+}
+
+/// A Rust source file of the DAS crates (every workspace member's `src/`) modified after
+/// `binary` was, if any.
+fn newer_source(binary: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(binary).and_then(|m| m.modified()).ok()?;
+    let root = workspace_root();
+    let mut dirs: Vec<PathBuf> = ["api", "proto", "runtime", "driver", "controller", "webhook"]
+        .iter()
+        .map(|c| root.join(c).join("src"))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|m| m > built)
+            {
+                return Some(path);
+            }
+        }
+    }
+    None
 }
 
 /// The DAS binaries to run.

@@ -39,11 +39,13 @@ fn exported() -> BTreeSet<String> {
     plugin.set_pending_destroy(0);
     let controller = das_controller::metrics::Metrics::new();
     controller.reconciled(false);
+    controller.reconcile_error("apply");
     controller.wrote("apply");
     controller.set_claims(&[]);
     controller.in_use_lag.observe(0.1);
     let webhook = das_webhook::metrics::Metrics::default();
     webhook.count("patched");
+    webhook.count_error("list_classes");
     let texts = [
         plugin.probe.encode(),
         controller.probe.encode(),

@@ -8,10 +8,12 @@
 //! - [`probes`]: the `/metrics`, `/healthz` and `/readyz` HTTP server.
 //! - [`metrics_auth`]: the `--metrics-auth` flag: `/metrics` open, or only to callers the API
 //!   server authenticates (TokenReview) and authorizes (SubjectAccessReview).
+//! - [`errors`]: an error with every cause in its chain, each said once ([`errors::chain`]).
 //! - [`fs`]: atomic file writes (temp file, rename).
 //! - [`hash`]: FNV-1a, stable across Rust releases, for names and emulated UUIDs.
 
 pub mod client;
+pub mod errors;
 pub mod fs;
 pub mod hash;
 pub mod logging;

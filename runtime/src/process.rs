@@ -21,10 +21,12 @@ pub fn start(program: &str, log: &LogArgs) -> Result<(), ExitCode> {
     })
 }
 
-/// The exit status of a run: its own on success, 1 with the error chain logged on failure.
+/// The exit status of a run: its own on success, 1 with the error chain logged on failure
+/// (each cause once: [`crate::errors::chain`]).
 pub fn exit_status(result: Result<ExitCode>) -> ExitCode {
     result.unwrap_or_else(|e| {
-        tracing::error!("{e:#}");
+        let chain: &(dyn std::error::Error + 'static) = e.as_ref();
+        tracing::error!("{}", crate::errors::chain(chain));
         ExitCode::FAILURE
     })
 }

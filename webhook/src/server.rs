@@ -146,7 +146,10 @@ async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, String) {
         Ok(()) => (StatusCode::OK, "ok".into()),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("cannot list the offered profiles: {e}"),
+            format!(
+                "cannot list DeviceClasses: {}",
+                das_runtime::errors::chain(&e)
+            ),
         ),
     }
 }
@@ -173,7 +176,8 @@ async fn mutate_pods(
             }
             Err(e) => {
                 app.metrics.count_error(e.metric_label());
-                AdmissionResponse::from(&req).deny(format!("das-webhook: {e}"))
+                let why = das_runtime::errors::chain(&e);
+                AdmissionResponse::from(&req).deny(format!("das-webhook: {why}"))
             }
         },
         Err(e) => {

@@ -129,7 +129,7 @@ async fn run(args: Args) -> Result<()> {
     let layout = slice_layout(&client).await?;
     // Then the node's GPUs and driver files, still before asking: a bad image or a broken
     // driver fails here while the active instance keeps serving. Only the node's active
-    // instance touches the state dir and the GPUs' MIG instances (see handover.rs).
+    // instance touches the state dir and the GPUs' MIG instances (see plugin/handover/).
     let check = {
         let args = args.clone();
         move || check_node(&args)
