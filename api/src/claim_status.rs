@@ -24,6 +24,8 @@ pub const CONDITION_READY: &str = "Ready";
 /// Reason of [`CONDITION_READY`]. The value predates the `MigInstance` naming and stays, since
 /// clusters and scripts match on it.
 pub const REASON_READY: &str = "SliceCreated";
+/// Reason of the `Ready` condition of a prepared whole GPU (docs/design.md §7, "Whole GPUs").
+pub const REASON_WHOLE_GPU_READY: &str = "GpuPrepared";
 
 /// The `data` of our entry in `status.devices`: the carved MIG instance.
 ///

@@ -13,8 +13,18 @@ pub mod claim_status;
 /// The DRA driver name: `ResourceSlice.spec.driver`, `DeviceClass` selectors, allocation results.
 pub const DRIVER_NAME: &str = "mig.das.com";
 
-/// The DeviceClass that selects every MIG slice DAS publishes.
+/// The DeviceClass that selects every MIG slice DAS publishes (devices whose `type` is
+/// [`attributes::TYPE_MIG`]).
 pub const DEVICE_CLASS_ALL: &str = DRIVER_NAME;
+/// The DeviceClass that selects whole GPUs (devices whose `type` is
+/// [`attributes::TYPE_GPU`]; docs/design.md §7, "Whole GPUs").
+pub const DEVICE_CLASS_WHOLE_GPU: &str = "gpu.das.com";
+/// The `profile` an AllocationClaim, a checkpoint record and `kubectl das` show for a whole GPU
+/// (never a MIG profile name: those look like `1g.10gb`).
+pub const WHOLE_GPU_PROFILE: &str = "gpu";
+/// The legacy device-plugin resource of whole GPUs the webhook may translate
+/// (`webhook.translateWholeGpus`).
+pub const LEGACY_WHOLE_GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// Namespace of a Helm install.
 pub const INSTALL_NAMESPACE: &str = "das-system";
@@ -63,6 +73,12 @@ pub fn profile_dns_label(profile: &str) -> String {
     out
 }
 
+/// Name of the published whole-GPU device of GPU `gpu_index`: `gpu-<index>`, e.g. `gpu-3`
+/// (never the prefix of a MIG device's name followed by a digit: those continue `-mig-`).
+pub fn whole_gpu_device_name(gpu_index: u32) -> String {
+    format!("gpu-{gpu_index}")
+}
+
 /// Name of the published device for `profile` at memory slice `start` of GPU `gpu_index`:
 /// `gpu-<index>-mig-<profile as DNS label>-<start>`, e.g. `gpu-3-mig-1g-10gb-me-6`. The
 /// AllocationClaim `spec.device` and the plugin's checkpoint carry it.
@@ -73,10 +89,16 @@ pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
 /// Device attribute names DAS publishes on every MIG device (docs/design.md §3). Names without a domain
 /// are in the driver's domain ([`DRIVER_NAME`]): in CEL, `device.attributes["mig.das.com"].profile`.
 pub mod attributes {
-    /// `type` (string): always [`TYPE_MIG`].
+    /// `type` (string): [`TYPE_MIG`] on a MIG device, [`TYPE_GPU`] on a whole GPU (the values
+    /// NVIDIA's DRA driver uses for the same two kinds).
     pub const TYPE: &str = "type";
     /// Value of [`TYPE`] on every MIG device.
     pub const TYPE_MIG: &str = "mig";
+    /// Value of [`TYPE`] on a whole-GPU device.
+    pub const TYPE_GPU: &str = "gpu";
+    /// `uuid` (string): on a whole GPU, its UUID `GPU-xxxxxxxx-...` (NVIDIA's DRA driver's name
+    /// for it; a MIG device carries its GPU's as [`PARENT_UUID`]).
+    pub const UUID: &str = "uuid";
     /// `profile` (string): the GPU-instance profile name as NVML prints it, e.g. `1g.10gb+me`.
     pub const PROFILE: &str = "profile";
     /// `parentUUID` (string): UUID of the physical GPU, `GPU-xxxxxxxx-...`.

@@ -17,7 +17,7 @@ use crate::claims::checkpoint::{
 use crate::gpu::MigInstance;
 
 // The published devices' index lives with what is published; re-exported for the request path.
-pub use crate::publish::devices::{DeviceRef, device_index};
+pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
 
 /// A device of a claim's allocation, resolved against what this node publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]

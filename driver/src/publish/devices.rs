@@ -8,9 +8,24 @@ use das_api::device_name;
 
 use crate::gpu::GpuInfo;
 
+/// What a published device is (docs/design.md §7, "Whole GPUs").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceKind {
+    /// A MIG placement (`gpu-<index>-mig-<profile>-<start>`): preparing it creates a MIG
+    /// instance.
+    #[default]
+    Mig,
+    /// A whole GPU with MIG mode off (`gpu-<index>`): preparing it creates nothing. Its
+    /// profile is `das_api::WHOLE_GPU_PROFILE` and its placement every memory slice of the GPU
+    /// (start 0), so it overlaps every MIG placement of the GPU.
+    WholeGpu,
+}
+
 /// Where a published device lives: GPU, profile and placement (in memory slices).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceRef {
+    /// A MIG placement or a whole GPU.
+    pub kind: DeviceKind,
     /// GPU index on the node.
     pub gpu_index: u32,
     /// GPU UUID, `GPU-…`.
@@ -35,6 +50,7 @@ pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
                 map.insert(
                     device_name(gpu.index, &p.name, start),
                     DeviceRef {
+                        kind: DeviceKind::Mig,
                         gpu_index: gpu.index,
                         gpu_uuid: gpu.uuid.clone(),
                         gpu_minor: gpu.minor,

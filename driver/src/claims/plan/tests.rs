@@ -7,6 +7,7 @@ use serde_json::json;
 
 fn at(gpu: u32, start: u32) -> DeviceRef {
     DeviceRef {
+        kind: Default::default(),
         gpu_index: gpu,
         gpu_uuid: format!("GPU-{gpu}"),
         gpu_minor: gpu,
