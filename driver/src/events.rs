@@ -23,8 +23,25 @@ pub const REPORTER: &str = "das-kubelet-plugin";
 /// Longest an event post may take before it is given up (logged) by default.
 pub const POST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Longest note the Events API accepts, in characters (it caps notes at 1 kB).
+/// Longest note DAS posts, in characters.
 pub const MAX_NOTE_CHARS: usize = 1000;
+/// Longest note the Events API accepts, in bytes of UTF-8 (`events.k8s.io/v1` validation:
+/// `len(note) <= 1024`, a Go byte length).
+pub const MAX_NOTE_BYTES: usize = 1024;
+
+/// `note` cut to at most [`MAX_NOTE_CHARS`] characters and [`MAX_NOTE_BYTES`] bytes, at a
+/// character boundary: an NVML or API error text with many multi-byte characters would
+/// otherwise make the API server refuse the event.
+pub fn cut_note(note: &str) -> String {
+    let mut bytes = 0;
+    note.chars()
+        .take(MAX_NOTE_CHARS)
+        .take_while(|c| {
+            bytes += c.len_utf8();
+            bytes <= MAX_NOTE_BYTES
+        })
+        .collect()
+}
 
 /// The type of an event (`events.k8s.io/v1` `Event.type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +73,7 @@ pub enum EventTarget {
 #[tonic::async_trait]
 pub trait EventSink: Send + Sync + 'static {
     /// Posts an event of `kind` about `about` with `reason` (CamelCase, also the event's action)
-    /// and `note` (cut to [`MAX_NOTE_CHARS`]). Best effort: a failure is logged, never returned.
+    /// and `note` (cut by [`cut_note`]). Best effort: a failure is logged, never returned.
     async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String);
 
     /// Posts a Warning event (best effort).
@@ -132,7 +149,7 @@ impl EventSink for KubeEvents {
                 EventKind::Warning => EventType::Warning,
             },
             reason: reason.to_string(),
-            note: Some(note.chars().take(MAX_NOTE_CHARS).collect()),
+            note: Some(cut_note(&note)),
             action: reason.to_string(),
             secondary: None,
         };

@@ -203,3 +203,18 @@ async fn a_post_without_an_answer_is_given_up_after_the_timeout() {
     drop(events);
     finished(server).await;
 }
+
+#[test]
+fn a_note_is_cut_to_a_thousand_characters_and_to_what_the_api_server_takes_in_bytes() {
+    let ascii = "x".repeat(1500);
+    assert_eq!(cut_note(&ascii).chars().count(), MAX_NOTE_CHARS);
+    // 'é' is 2 bytes: 1000 of them would be 2000 bytes, which the API server refuses.
+    let wide = "é".repeat(1500);
+    let cut = cut_note(&wide);
+    assert_eq!(cut.len(), MAX_NOTE_BYTES);
+    assert_eq!(cut.chars().count(), MAX_NOTE_BYTES / 2);
+    // A character that would cross the byte limit is left out whole: 1023 bytes, then 'é'.
+    let kept = format!("{}a", "é".repeat(511));
+    assert_eq!(cut_note(&format!("{kept}éé")), kept);
+    assert_eq!(cut_note("short"), "short");
+}
