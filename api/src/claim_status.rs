@@ -1,9 +1,11 @@
 //! The contract between the node plugin and the controller inside a ResourceClaim: which
 //! allocation results are ours, and what the plugin writes into `status.devices` once a MIG
-//! instance exists (docs/design.md, "Device status").
+//! instance exists, or a whole GPU is prepared (docs/design.md, "Device status" and "Whole
+//! GPUs").
 //!
 //! The plugin writes, per prepared device, an `AllocatedDeviceStatus` with condition
-//! [`CONDITION_READY`] (`True`, reason [`REASON_READY`]) and [`DeviceStatusData`] as `data`;
+//! [`CONDITION_READY`] (`True`, reason [`REASON_READY`], or [`REASON_WHOLE_GPU_READY`] for a
+//! whole GPU) and [`DeviceStatusData`] as `data`;
 //! the controller reads both back to mark the AllocationClaim `inUse` and to learn the MIG UUID
 //! (KEP-4817, "Resource Claim Status With Possible Standardized Network Interface Data":
 //! drivers own their entries of `status.devices`; `data` is driver-defined JSON).
@@ -15,8 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use serde::{Deserialize, Serialize};
 
-use crate::DRIVER_NAME;
 use crate::allocation::MigPlacement;
+use crate::{DRIVER_NAME, WHOLE_GPU_PROFILE};
 
 /// Condition type the plugin sets to `True` once the device's MIG instance exists and its CDI
 /// spec is written.
@@ -27,12 +29,14 @@ pub const REASON_READY: &str = "SliceCreated";
 /// Reason of the `Ready` condition of a prepared whole GPU (docs/design.md §7, "Whole GPUs").
 pub const REASON_WHOLE_GPU_READY: &str = "GpuPrepared";
 
-/// The `data` of our entry in `status.devices`: the carved MIG instance.
+/// The `data` of our entry in `status.devices`: the carved MIG instance, or a whole GPU.
 ///
 /// JSON: `{"migUUID": "MIG-…", "gpuUUID": "GPU-…", "profile": "1g.10gb",
 /// "placement": {"start": 0, "size": 1}, "gpuInstanceId": 7, "computeInstanceId": 0,
 /// "readyTime": "2026-11-23T06:30:00.123Z"}` (placement in memory slices; the ids and the time
-/// are absent in data written by plugins before 0.3).
+/// are absent in data written by plugins before 0.3). A whole GPU ([`Self::whole_gpu`]) has the
+/// same shape: `migUUID` empty, `profile` [`WHOLE_GPU_PROFILE`], placement every memory slice
+/// of the GPU (`{"start": 0, "size": <memory slices>}`), no instance ids.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct DeviceStatusData {
     /// UUID of the MIG device (`MIG-…`), as NVML reports it.
@@ -69,6 +73,40 @@ pub struct DeviceStatusData {
 }
 
 impl DeviceStatusData {
+    /// The data of a prepared whole GPU `gpu_uuid` of `memory_slices` memory slices: profile
+    /// [`WHOLE_GPU_PROFILE`], placement `{start: 0, size: memory_slices}` (so readers that draw
+    /// placements show the whole GPU as held), no MIG UUID and no instance ids.
+    pub fn whole_gpu(gpu_uuid: &str, memory_slices: i32, ready_time: Option<String>) -> Self {
+        Self {
+            mig_uuid: String::new(),
+            gpu_uuid: gpu_uuid.to_string(),
+            profile: WHOLE_GPU_PROFILE.to_string(),
+            placement: MigPlacement {
+                start: 0,
+                size: memory_slices,
+            },
+            gpu_instance_id: None,
+            compute_instance_id: None,
+            ready_time,
+        }
+    }
+
+    /// Whether this is the data of a whole GPU (profile [`WHOLE_GPU_PROFILE`]), not of a MIG
+    /// instance.
+    pub fn is_whole_gpu(&self) -> bool {
+        self.profile == WHOLE_GPU_PROFILE
+    }
+
+    /// The reason of the [`CONDITION_READY`] condition that goes with this data:
+    /// [`REASON_WHOLE_GPU_READY`] for a whole GPU, [`REASON_READY`] for a MIG instance.
+    pub fn ready_reason(&self) -> &'static str {
+        if self.is_whole_gpu() {
+            REASON_WHOLE_GPU_READY
+        } else {
+            REASON_READY
+        }
+    }
+
     /// The data of `status`, if it has data in this shape (another writer's or an older
     /// plugin's data reads as `None`).
     pub fn of(status: &AllocatedDeviceStatus) -> Option<Self> {
@@ -76,7 +114,8 @@ impl DeviceStatusData {
     }
 
     /// Our `status.devices` entry for device `device` of pool `pool` with this data and a
-    /// [`CONDITION_READY`] condition (`message`, transition at `now`).
+    /// [`CONDITION_READY`] condition (reason [`Self::ready_reason`], `message`, transition at
+    /// `now`).
     pub fn ready_entry(
         &self,
         pool: &str,
@@ -91,7 +130,7 @@ impl DeviceStatusData {
             conditions: Some(vec![Condition {
                 type_: CONDITION_READY.to_string(),
                 status: "True".to_string(),
-                reason: REASON_READY.to_string(),
+                reason: self.ready_reason().to_string(),
                 message,
                 last_transition_time: now,
                 observed_generation: None,
@@ -194,6 +233,28 @@ mod tests {
         let read = DeviceStatusData::of(&entry).unwrap();
         assert_eq!(read.gpu_instance_id, None);
         assert_eq!(read.mig_uuid, "MIG-1");
+    }
+
+    /// A whole GPU's entry: the same shape (an older reader still parses it), reason
+    /// `GpuPrepared`, no MIG UUID and no instance ids, placement every memory slice.
+    #[test]
+    fn a_whole_gpu_entry_has_the_slice_shape_and_its_own_reason() {
+        let data = DeviceStatusData::whole_gpu("GPU-1", 8, Some("2023-11-14T22:13:20.125Z".into()));
+        assert!(data.is_whole_gpu() && !self::data().is_whole_gpu());
+        let entry = data.ready_entry("n0", "gpu-0", "m".into(), now());
+        let v = serde_json::to_value(&entry).unwrap();
+        assert_eq!(
+            v["data"],
+            serde_json::json!({"migUUID": "", "gpuUUID": "GPU-1", "profile": "gpu",
+                "placement": {"start": 0, "size": 8}, "readyTime": "2023-11-14T22:13:20.125Z"})
+        );
+        assert_eq!(v["conditions"][0]["reason"], REASON_WHOLE_GPU_READY);
+        assert_eq!(v["conditions"][0]["type"], CONDITION_READY);
+        let back: AllocatedDeviceStatus = serde_json::from_value(v).unwrap();
+        assert!(is_ready(&back));
+        assert_eq!(DeviceStatusData::of(&back), Some(data));
+        let slice = self::data().ready_entry("n0", "d", "m".into(), now());
+        assert_eq!(slice.conditions.unwrap()[0].reason, REASON_READY);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! A row exists once the node plugin reported the device ready with its MIG UUID and instance
 //! ids ([`DeviceStatusData`]), and goes with the allocation. Its labels join with
 //! dcgm-exporter's (`UUID` = GPU UUID, `GPU_I_ID` = GPU-instance id), which cannot name the
-//! pod of a MIG device it did not see created.
+//! pod of a MIG device it did not see created. A prepared whole GPU (docs/design.md §7, "Whole
+//! GPUs") has rows too: profile `gpu`, the GPU's UUID, and empty `mig_uuid` and instance ids.
 
 use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -29,13 +30,13 @@ pub struct DeviceInfo {
     pub claim: String,
     /// Parent GPU UUID, `GPU-…`.
     pub gpu_uuid: String,
-    /// MIG device UUID, `MIG-…`.
+    /// MIG device UUID, `MIG-…`; empty for a whole GPU.
     pub mig_uuid: String,
     /// GPU-instance id (empty when the plugin did not report it).
     pub gpu_instance_id: String,
     /// Compute-instance id (empty when the plugin did not report it).
     pub compute_instance_id: String,
-    /// GPU-instance profile, e.g. `1g.10gb`.
+    /// GPU-instance profile, e.g. `1g.10gb`; `gpu` for a whole GPU.
     pub profile: String,
     /// Node name (DAS pools are named after their node).
     pub node: String,

@@ -12,6 +12,11 @@
 //! (attributes of docs/design.md §3) and, when the slice is gone or not yet seen, from the device status
 //! data the node plugin wrote.
 //!
+//! A whole GPU (device `gpu-<index>`, docs/design.md §7, "Whole GPUs") is mirrored the same way:
+//! profile `gpu`, placement `{0, N}` over every memory slice of the GPU (the plugin's status
+//! data, else the memory-slice counters the published device consumes), no MIG UUID. Its
+//! `Ready` condition has reason `GpuPrepared`; the state reads the condition's status only.
+//!
 //! - [`facts`] (re-exported here): the device facts and their index ([`DeviceIndex`]);
 //! - [`writes`] (re-exported here): what must be written to make a stored AllocationClaim the
 //!   desired one ([`writes_needed`], [`carry_transition_time`], [`object_apply`]).
@@ -19,6 +24,7 @@
 pub mod facts;
 pub mod writes;
 
+use das_api::WHOLE_GPU_PROFILE;
 use das_api::allocation::{
     AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationState,
     CONDITION_DEVICE_HEALTHY, CONDITION_STATE, PodRef, ResourceClaimRef, StateCondition,
@@ -30,7 +36,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::ResourceExt;
 
 use facts::facts_of_status;
-pub use facts::{Attributes, DeviceFacts, DeviceHealth, DeviceIndex, facts_of};
+pub use facts::{Attributes, DeviceFacts, DeviceHealth, DeviceIndex, facts_of, is_memory_slice};
 pub use writes::{Writes, carry_transition_time, object_apply, writes_needed};
 
 /// Label on every AllocationClaim: UID of the ResourceClaim it mirrors (for `-l` selection).
@@ -145,9 +151,11 @@ pub fn desired_allocation_claims(
         .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
     for r in results_to_mirror(claim) {
         let status = our_device_status(claim, &r.pool, &r.device);
+        let data = status.and_then(DeviceStatusData::of);
         let Some(facts) = devices
             .get(&r.pool, &r.device)
             .cloned()
+            .map(|f| reported_placement(f, data.as_ref()))
             .or_else(|| status.and_then(facts_of_status))
         else {
             mirror.unmirrored.push(format!(
@@ -156,18 +164,31 @@ pub fn desired_allocation_claims(
             ));
             continue;
         };
+        // Ready=True whatever its reason (`SliceCreated`, `GpuPrepared` for a whole GPU).
         let ready = status.filter(|s| is_ready(s));
         let state = match (ready, bound) {
             (Some(_), _) => AllocationState::InUse,
             (None, true) => AllocationState::Created,
             (None, false) => AllocationState::Staged,
         };
-        let mig_uuid = status.and_then(DeviceStatusData::of).map(|d| d.mig_uuid);
+        // A whole GPU has no MIG device: its data carries an empty `migUUID`.
+        let mig_uuid = data.map(|d| d.mig_uuid).filter(|u| !u.is_empty());
         mirror
             .claims
             .push(build(claim, pod.copied(), r, facts, state, mig_uuid, now));
     }
     mirror
+}
+
+/// `f` with a whole GPU's placement as the node plugin reported it, when it has: the published
+/// device says it only through the memory-slice counters it consumes.
+fn reported_placement(mut f: DeviceFacts, data: Option<&DeviceStatusData>) -> DeviceFacts {
+    if f.profile == WHOLE_GPU_PROFILE
+        && let Some(d) = data.filter(|d| d.profile == WHOLE_GPU_PROFILE)
+    {
+        f.placement = d.placement;
+    }
+    f
 }
 
 /// One AllocationClaim.
@@ -203,6 +224,11 @@ fn build(
         device: r.device.clone(),
     };
     let health = health_condition(facts.health.as_ref(), now);
+    let what = if facts.profile == WHOLE_GPU_PROFILE {
+        "whole GPU"
+    } else {
+        "slice"
+    };
     let mut a = AllocationClaim::new(&allocation_claim_name(&claim.name_any(), &r.device), spec);
     a.metadata = ObjectMeta {
         namespace: Some(namespace),
@@ -217,7 +243,7 @@ fn build(
             type_: CONDITION_STATE.into(),
             status: "True".into(),
             reason: state.as_str().into(),
-            message: format!("slice is {}", state.as_str()),
+            message: format!("{what} is {}", state.as_str()),
             last_transition_time: now.into(),
         }]
         .into_iter()

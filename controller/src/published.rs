@@ -1,7 +1,8 @@
 //! What the controller keeps of each DAS ResourceSlice: its name, its pool and, of each device,
 //! the facts an AllocationClaim needs ([`crate::mirror::facts_of`]: name, profile, parent GPU
-//! UUID, placement, DAS health taints). Nothing else: no capacities, counter consumptions,
-//! other attributes, other taints, managed fields, labels or annotations.
+//! UUID, placement, DAS health taints). Nothing else: no capacities, counter consumptions (of
+//! which only the number of `memory-slice-<n>` counters is read while decoding, the placement of
+//! a whole GPU), other attributes, other taints, managed fields, labels or annotations.
 //!
 //! A [`PublishedSlice`] is decoded straight from the API server's JSON (list pages and watch
 //! events) into this form, so the full object never sits in the reflector's store: at 1000 nodes
@@ -19,7 +20,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::ClusterResourceScope;
 use serde::Deserialize;
 
-use crate::mirror::{Attributes, DeviceFacts, DeviceHealth, DeviceIndex, facts_of};
+use crate::mirror::{
+    Attributes, DeviceFacts, DeviceHealth, DeviceIndex, facts_of, is_memory_slice,
+};
 
 /// Items per page of the initial list of ResourceSlices (`watcher::Config::page_size`). A DAS
 /// slice of 64 devices is about 50 kB of JSON (more with managed fields); kube-runtime's default
@@ -45,11 +48,13 @@ pub struct PublishedSlice {
 pub struct PublishedDevice {
     /// Device name (`spec.devices[].name`).
     pub name: Box<str>,
-    /// `profile` attribute, e.g. `1g.10gb`; shared by the slice's devices of that profile.
+    /// `profile` attribute, e.g. `1g.10gb` (`gpu` for a whole GPU); shared by the slice's devices
+    /// of that profile.
     pub profile: Arc<str>,
-    /// `parentUUID` attribute; shared by the slice's devices of that GPU.
+    /// `parentUUID` attribute (`uuid` of a whole GPU); shared by the slice's devices of that GPU.
     pub gpu_uuid: Arc<str>,
-    /// `placementStart`, `placementSize` attributes.
+    /// `placementStart`, `placementSize` attributes (`{0, N}` over a whole GPU's N memory
+    /// slices).
     pub placement: MigPlacement,
     /// From the DAS health taints; shared by the slice's devices of the same health.
     pub health: Arc<DeviceHealth>,
@@ -69,19 +74,20 @@ impl PublishedDevice {
 
 impl PublishedSlice {
     /// Builds the kept form from the slice's name fields, driver, pool and each device's name,
-    /// attributes and taints (both decoding paths go through here).
+    /// attributes, taints and number of consumed memory-slice counters (both decoding paths go
+    /// through here).
     fn build<'a>(
         metadata: ObjectMeta,
         driver: &str,
         pool: String,
-        devices: impl IntoIterator<Item = (&'a str, Option<&'a Attributes>, Option<&'a [DeviceTaint]>)>,
+        devices: impl IntoIterator<Item = DeviceParts<'a>>,
     ) -> Self {
         let mut shared = Interner::default();
         let mut devices: Vec<PublishedDevice> = if driver == DRIVER_NAME {
             devices
                 .into_iter()
-                .filter_map(|(name, attrs, taints)| {
-                    let f = facts_of(attrs, taints)?;
+                .filter_map(|(name, attrs, taints, memory_slices)| {
+                    let f = facts_of(attrs, taints, memory_slices)?;
                     Some(PublishedDevice {
                         name: name.into(),
                         profile: shared.string(&f.profile),
@@ -103,6 +109,15 @@ impl PublishedSlice {
     }
 }
 
+/// What [`PublishedSlice::build`] reads of a device: its name, attributes, taints and the number
+/// of `memory-slice-<n>` counters it consumes.
+type DeviceParts<'a> = (
+    &'a str,
+    Option<&'a Attributes>,
+    Option<&'a [DeviceTaint]>,
+    u32,
+);
+
 impl From<&ResourceSlice> for PublishedSlice {
     fn from(s: &ResourceSlice) -> Self {
         let m = &s.metadata;
@@ -110,11 +125,21 @@ impl From<&ResourceSlice> for PublishedSlice {
             kept_metadata(m.name.clone(), m.uid.clone(), m.resource_version.clone()),
             &s.spec.driver,
             s.spec.pool.name.clone(),
-            s.spec
-                .devices
-                .iter()
-                .flatten()
-                .map(|d| (d.name.as_str(), d.attributes.as_ref(), d.taints.as_deref())),
+            s.spec.devices.iter().flatten().map(|d| {
+                let slices = d
+                    .consumes_counters
+                    .iter()
+                    .flatten()
+                    .flat_map(|c| c.counters.keys())
+                    .filter(|k| is_memory_slice(k))
+                    .count();
+                (
+                    d.name.as_str(),
+                    d.attributes.as_ref(),
+                    d.taints.as_deref(),
+                    u32::try_from(slices).unwrap_or(u32::MAX),
+                )
+            }),
         )
     }
 }
@@ -236,12 +261,77 @@ mod wire {
     }
 
     #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
     struct Device {
         name: String,
         #[serde(default)]
         attributes: Option<Attributes>,
         #[serde(default)]
         taints: Option<Vec<DeviceTaint>>,
+        #[serde(default)]
+        consumes_counters: Option<Vec<Consumption>>,
+    }
+
+    /// A device's consumption from one counter set: only how many of its counters are memory
+    /// slices (the placement of a whole GPU).
+    #[derive(Deserialize)]
+    struct Consumption {
+        #[serde(default)]
+        counters: MemorySlices,
+    }
+
+    /// The number of `memory-slice-<n>` keys of a `counters` map; keys are looked at in place
+    /// and values skipped, nothing is kept.
+    #[derive(Default)]
+    struct MemorySlices(u32);
+
+    impl<'de> Deserialize<'de> for MemorySlices {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_map(CountMemorySlices)
+        }
+    }
+
+    struct CountMemorySlices;
+
+    impl<'de> serde::de::Visitor<'de> for CountMemorySlices {
+        type Value = MemorySlices;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a map of counters")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<MemorySlices, A::Error> {
+            let mut n = 0u32;
+            while let Some(IsMemorySlice(yes)) = map.next_key()? {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                n = n.saturating_add(u32::from(yes));
+            }
+            Ok(MemorySlices(n))
+        }
+    }
+
+    /// Whether a counter name is a memory slice's, read without copying the name.
+    struct IsMemorySlice(bool);
+
+    impl<'de> Deserialize<'de> for IsMemorySlice {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Name;
+            impl serde::de::Visitor<'_> for Name {
+                type Value = IsMemorySlice;
+
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a counter name")
+                }
+
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<IsMemorySlice, E> {
+                    Ok(IsMemorySlice(is_memory_slice(v)))
+                }
+            }
+            d.deserialize_str(Name)
+        }
     }
 
     impl From<Slice> for PublishedSlice {
@@ -255,11 +345,19 @@ mod wire {
                 kept_metadata(name, uid, resource_version),
                 &s.spec.driver,
                 s.spec.pool.name,
-                s.spec
-                    .devices
-                    .iter()
-                    .flatten()
-                    .map(|d| (d.name.as_str(), d.attributes.as_ref(), d.taints.as_deref())),
+                s.spec.devices.iter().flatten().map(|d| {
+                    let slices = d
+                        .consumes_counters
+                        .iter()
+                        .flatten()
+                        .fold(0u32, |n, c| n.saturating_add(c.counters.0));
+                    (
+                        d.name.as_str(),
+                        d.attributes.as_ref(),
+                        d.taints.as_deref(),
+                        slices,
+                    )
+                }),
             )
         }
     }

@@ -9,16 +9,25 @@
 //!
 //! against the offline optimum (the longest prefix of the stream the node can hold at once).
 //!
+//! A second table takes mixed streams (whole GPUs and slices) on nodes whose GPUs are part MIG
+//! on, part MIG off (`--whole-gpus`, docs/design.md §7, "Whole GPUs"): MIG mode is static, so a
+//! whole-GPU request can only land on a GPU with MIG off, a slice only on one with MIG on. It
+//! reports requests placed before the first rejection (either kind) against the optimum, which
+//! kind was rejected first, and the slices placed before the first rejected slice (whole-GPU
+//! requests that find no GPU wait without stopping the stream) against the optimum, to show that
+//! slices still pack as tightly beside whole GPUs.
+//!
 //! Run: `cargo bench -p das-driver --features testing --bench packing` (`DAS_BENCH_SEEDS=<n>` streams per row,
-//! default 500). Prints a Markdown table.
+//! default 500; `DAS_BENCH_ROWS=slices` or `mixed` runs one table only). Prints Markdown tables.
 
 use std::time::Instant;
 
+use das_api::WHOLE_GPU_PROFILE;
 use das_driver::gpu::{GpuModel, find_model};
 use das_driver::publish::placement::GpuView;
 use das_driver::publish::placement::optimum::Optimum;
 use das_driver::publish::placement::sim::{
-    FirstFit, Mix, Policy, SplitMix64, profile_weights, request_stream,
+    FirstFit, Mix, Policy, SplitMix64, profile_weights, request_stream, with_whole_gpu_share,
 };
 
 struct Row {
@@ -90,11 +99,105 @@ fn model(name: &str) -> std::sync::Arc<GpuModel> {
         .unwrap_or_else(|| panic!("no GPU model {name}"))
 }
 
+/// Means over the streams of one mixed row.
+struct MixedRow {
+    das: f64,
+    name: f64,
+    opt: f64,
+    das_opt: f64,
+    /// Share of the streams whose first rejection (DAS order) was a whole-GPU request [%].
+    whole_first: f64,
+    /// Whole GPUs placed before the first rejection (DAS order).
+    whole: f64,
+    /// Slices placed before the first rejected slice: DAS order, name order, optimum.
+    slices_das: f64,
+    slices_name: f64,
+    slices_opt: f64,
+}
+
+/// Mixed streams on `mig` (GPUs with MIG on) beside `whole` GPUs with MIG off (indices after
+/// them), whole-GPU requests at `percent` % of the stream.
+fn run_mixed(mig: &[GpuView<'_>], whole: u32, mix: Mix, percent: u64, seeds: u64) -> MixedRow {
+    let weights = with_whole_gpu_share(&profile_weights(mig, mix), percent);
+    let whole_indices: Vec<u32> = (mig.len() as u32..mig.len() as u32 + whole).collect();
+    let slice_optimum = Optimum::new(mig);
+    let optimum = slice_optimum.clone().with_whole_gpus(whole as usize);
+    // Long enough that the slices alone can exceed what the GPUs with MIG on hold.
+    let slots = mig
+        .iter()
+        .map(|g| g.model.max_gpu_instances as usize)
+        .sum::<usize>()
+        + whole as usize
+        + 1;
+    let len = (slots * 100).div_ceil(100 - percent as usize);
+    let ff = |policy| FirstFit::new(mig, policy).with_whole_gpus(&whole_indices);
+    // Sums over the streams, in MixedRow's order.
+    let mut sum = [0usize; 9];
+    for seed in 0..seeds {
+        let mut rng = SplitMix64::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xda5);
+        let stream = request_stream(&weights, &mut rng, len);
+        let mut das = ff(Policy::Das);
+        let d = das.placed_before_first_rejection(&stream);
+        let n = ff(Policy::NameOrder).placed_before_first_rejection(&stream);
+        let o = optimum.longest_feasible_prefix_from(&stream, d.max(n));
+        assert!(optimum.feasible(&stream[..d.max(n)]));
+        assert!(d <= o && n <= o, "seed {seed}: a policy beat the optimum");
+        let rejected_whole = stream.get(d).is_some_and(|r| r == WHOLE_GPU_PROFILE);
+        // The slices alone: whole-GPU requests never touch a GPU with MIG on.
+        let slices: Vec<&String> = stream.iter().filter(|r| *r != WHOLE_GPU_PROFILE).collect();
+        let sd = FirstFit::new(mig, Policy::Das).placed_before_first_rejection(&slices);
+        let sn = FirstFit::new(mig, Policy::NameOrder).placed_before_first_rejection(&slices);
+        let so = slice_optimum.longest_feasible_prefix_from(&slices, sd.max(sn));
+        assert!(
+            sd <= so && sn <= so,
+            "seed {seed}: a policy beat the optimum"
+        );
+        let row = [
+            d,
+            n,
+            o,
+            usize::from(d == o),
+            usize::from(rejected_whole),
+            das.whole_allocated(),
+            sd,
+            sn,
+            so,
+        ];
+        for (total, v) in sum.iter_mut().zip(row) {
+            *total += v;
+        }
+    }
+    let mean = |x: usize| x as f64 / seeds as f64;
+    MixedRow {
+        das: mean(sum[0]),
+        name: mean(sum[1]),
+        opt: mean(sum[2]),
+        das_opt: 100.0 * mean(sum[3]),
+        whole_first: 100.0 * mean(sum[4]),
+        whole: mean(sum[5]),
+        slices_das: mean(sum[6]),
+        slices_name: mean(sum[7]),
+        slices_opt: mean(sum[8]),
+    }
+}
+
 fn main() {
     let seeds: u64 = std::env::var("DAS_BENCH_SEEDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
+    let rows = std::env::var("DAS_BENCH_ROWS").unwrap_or_default();
+    let started = Instant::now();
+    if rows != "mixed" {
+        slices_table(seeds);
+    }
+    if rows != "slices" {
+        mixed_table(seeds);
+    }
+    println!("\n({:.1} s)", started.elapsed().as_secs_f64());
+}
+
+fn slices_table(seeds: u64) {
     let h100 = model("H100-SXM5-80GB");
     let a100 = model("A100-SXM4-40GB");
     let a30 = model("A30-24GB");
@@ -121,7 +224,6 @@ fn main() {
         "| node | mix | DAS order | DAS adaptive | name order | optimum | DAS = opt | name = opt |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
-    let started = Instant::now();
     for (label, models) in &scenarios {
         let gpus = GpuView::of_models(models);
         for (mix, mix_name, seeds) in mixes(models.len(), seeds) {
@@ -132,5 +234,51 @@ fn main() {
             );
         }
     }
-    println!("\n({:.1} s)", started.elapsed().as_secs_f64());
+}
+
+/// Nodes whose GPUs are part MIG on (listed), part MIG off (a count, indices after them), with
+/// the share of whole-GPU requests in the stream [%], chosen so that either kind runs out first
+/// in a fair share of the streams.
+fn mixed_table(seeds: u64) {
+    let h100 = model("H100-SXM5-80GB");
+    let a100 = model("A100-SXM4-40GB");
+    let scenarios: Vec<(&str, Vec<&GpuModel>, u32, u64)> = vec![
+        ("8 × H100-SXM5-80GB: 6 MIG + 2 whole", vec![&h100; 6], 2, 15),
+        ("4 × A100-SXM4-40GB: 2 MIG + 2 whole", vec![&a100; 2], 2, 30),
+        (
+            "2 × A100-40GB + 2 × H100-80GB: 3 MIG (A100, A100, H100) + 1 whole",
+            vec![&a100, &a100, &h100],
+            1,
+            15,
+        ),
+    ];
+    println!(
+        "\nMixed streams (whole GPUs and slices; MIG mode static), mean over {seeds} seeded streams per row:"
+    );
+    println!(
+        "requests placed before the first rejection of either kind, the share of streams whose first"
+    );
+    println!("rejection was a whole GPU, and the slices placed before the first rejected slice.\n");
+    println!(
+        "| node | mix | whole-GPU share | DAS order | name order | optimum | DAS = opt | first rejection a whole GPU | whole GPUs placed | slices: DAS | slices: name | slices: optimum |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, models, whole, percent) in &scenarios {
+        let gpus = GpuView::of_models(models);
+        for (mix, mix_name, seeds) in mixes(models.len(), seeds) {
+            let r = run_mixed(&gpus, *whole, mix, *percent, seeds);
+            println!(
+                "| {label} | {mix_name} | {percent} % | {:.2} | {:.2} | {:.2} | {:.0} % | {:.0} % | {:.2} | {:.2} | {:.2} | {:.2} |",
+                r.das,
+                r.name,
+                r.opt,
+                r.das_opt,
+                r.whole_first,
+                r.whole,
+                r.slices_das,
+                r.slices_name,
+                r.slices_opt
+            );
+        }
+    }
 }

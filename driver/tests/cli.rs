@@ -8,6 +8,7 @@ fn run(args: &[&str]) -> (i32, String) {
         .args(args)
         .env_remove("NODE_NAME")
         .env_remove("DAS_EMULATED_GPUS")
+        .env_remove("DAS_WHOLE_GPUS")
         .output()
         .expect("runs");
     let text =
@@ -71,6 +72,83 @@ fn a_bad_log_filter_is_refused_not_ignored() {
     assert_eq!(code, 2, "{text}");
     assert!(
         text.contains("invalid log filter \"loud\"") && text.contains("levels: error"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_mig_mode_says_the_valid_form() {
+    let (code, text) = run(&["--print-inventory", "--emulated-gpus=A30:1:whole"]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("MIG mode \"whole\" is not mig-on or mig-off")
+            && text.contains("MODEL[:COUNT[:mig-on|mig-off]]"),
+        "{text}"
+    );
+}
+
+/// The devices `--print-resource-slices` prints with `args` and the environment `env`.
+fn printed_devices(args: &[&str], env: &[(&str, &str)]) -> Vec<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_das-kubelet-plugin"))
+        .arg("--print-resource-slices")
+        .args(args)
+        .env_remove("NODE_NAME")
+        .env_remove("DAS_EMULATED_GPUS")
+        .env_remove("DAS_WHOLE_GPUS")
+        .envs(env.iter().copied())
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON List");
+    list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| d["name"].as_str().expect("a name").to_string())
+        .collect()
+}
+
+#[test]
+fn whole_gpus_are_published_only_with_the_flag() {
+    let spec = "--emulated-gpus=A100-SXM4-40GB:1:mig-off,A30:1";
+    let without = printed_devices(&[spec], &[]);
+    assert!(!without.is_empty());
+    assert!(
+        without.iter().all(|n| n.starts_with("gpu-1-mig-")),
+        "{without:?}"
+    );
+    let with = printed_devices(&[spec, "--whole-gpus"], &[]);
+    assert_eq!(with.iter().filter(|n| *n == "gpu-0").count(), 1, "{with:?}");
+    assert_eq!(with.len(), without.len() + 1);
+    // The environment variable does the same.
+    assert_eq!(
+        printed_devices(&[spec], &[("DAS_WHOLE_GPUS", "true")]),
+        with
+    );
+    assert_eq!(
+        printed_devices(&[spec], &[("DAS_WHOLE_GPUS", "false")]),
+        without
+    );
+}
+
+#[test]
+fn the_emulated_inventory_shows_what_each_gpu_serves() {
+    let spec = "--emulated-gpus=A30:1:mig-off,A30:1";
+    let (code, text) = run(&["--print-inventory", spec]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("MIG off") && text.contains("serves nothing (MIG off, no --whole-gpus)"),
+        "{text}"
+    );
+    let (code, text) = run(&["--print-inventory", spec, "--whole-gpus"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("serves whole GPU") && text.contains("serves MIG slices"),
         "{text}"
     );
 }

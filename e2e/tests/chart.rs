@@ -244,6 +244,77 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
     );
 }
 
+/// Whole GPUs (docs/design.md §7, "Whole GPUs"): every MIG class requires `type == 'mig'`
+/// first; `wholeGpus.enabled` adds the class `gpu.das.com` and `DAS_WHOLE_GPUS` on the plugin,
+/// `extendedResourceName: nvidia.com/gpu` only on 1.36+; `webhook.translateWholeGpus` sets the
+/// webhook's flag and sends `nvidia.com/gpu` pods to it, and needs `wholeGpus.enabled`.
+#[test]
+fn whole_gpus_render_their_class_the_plugin_flag_and_the_webhook_option() {
+    let mig = "device.driver == 'mig.das.com' && device.attributes['mig.das.com'].type == 'mig'";
+    let d = Rendered::new(&default_values()).unwrap();
+    for class in d.of_kind("DeviceClass") {
+        let expr = class["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        assert!(expr.starts_with(mig), "{expr}");
+    }
+    assert!(d.find("DeviceClass", "gpu.das.com").is_none());
+    let plugin = d.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(env_of(plugin, "DAS_WHOLE_GPUS"), None);
+
+    let on = |v: &str| {
+        let mut o = default_values()
+            .set("wholeGpus.enabled=true")
+            .set("wholeGpus.extendedResourceName=true");
+        o.kube_version = Some(v.into());
+        Rendered::new(&o).unwrap()
+    };
+    let w = on("v1.36.0");
+    let gpu = w.get("DeviceClass", "gpu.das.com").unwrap();
+    assert_eq!(
+        gpu["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == 'mig.das.com' && device.attributes['mig.das.com'].type == 'gpu'"
+    );
+    assert_eq!(gpu["spec"]["extendedResourceName"], "nvidia.com/gpu");
+    assert_eq!(w.of_kind("DeviceClass").count(), 56);
+    let plugin = w.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(env_of(plugin, "DAS_WHOLE_GPUS").as_deref(), Some("true"));
+    let webhook = w.container("Deployment", "das-webhook").unwrap();
+    assert_eq!(env_of(webhook, "DAS_WEBHOOK_TRANSLATE_WHOLE_GPUS"), None);
+    assert!(
+        on("v1.35.2").get("DeviceClass", "gpu.das.com").unwrap()["spec"]["extendedResourceName"]
+            .is_null()
+    );
+
+    let t = Rendered::new(
+        &default_values()
+            .set("wholeGpus.enabled=true")
+            .set("webhook.translateWholeGpus=true"),
+    )
+    .unwrap();
+    let webhook = t.container("Deployment", "das-webhook").unwrap();
+    assert_eq!(
+        env_of(webhook, "DAS_WEBHOOK_TRANSLATE_WHOLE_GPUS").as_deref(),
+        Some("true")
+    );
+    let sent = |r: &Rendered| {
+        r.get("MutatingWebhookConfiguration", "das-webhook")
+            .unwrap()["webhooks"][0]["matchConditions"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains("k == 'nvidia.com/gpu'")
+    };
+    assert!(sent(&t));
+    assert!(!sent(&d), "nvidia.com/gpu pods are not sent by default");
+    let err = chart::render_yaml(&default_values().set("webhook.translateWholeGpus=true"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("webhook.translateWholeGpus needs wholeGpus.enabled"),
+        "{err}"
+    );
+}
+
 /// Every host path the plugin is told to use (its environment) is mounted at the same path
 /// from the same host path: the kubelet dials the sockets at the paths the plugin reports, and
 /// the harness overrides these variables, so only this test sees the DaemonSet's mounts.

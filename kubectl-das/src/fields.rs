@@ -76,10 +76,15 @@ pub struct DeviceFields {
     pub taints: Option<Vec<TaintFields>>,
 }
 
-/// The six attributes DAS publishes on every MIG device that the picture and the simulation
-/// read (`das_api::attributes`); the others are skipped.
+/// The attributes DAS publishes that the picture and the simulation read
+/// (`das_api::attributes`): six on every MIG device, and `type` and `uuid`, which tell a whole
+/// GPU (docs/design.md §3); the others are skipped.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct AttributeFields {
+    #[serde(default, rename = "type")]
+    pub type_: Option<AttributeValue>,
+    #[serde(default)]
+    pub uuid: Option<AttributeValue>,
     #[serde(default)]
     pub profile: Option<AttributeValue>,
     #[serde(default, rename = "gpuIndex")]

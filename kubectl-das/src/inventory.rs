@@ -1,13 +1,15 @@
 //! What DAS has published and what is allocated, read from API objects: the GPUs of every node
-//! (one counter set each), the devices (one per profile and placement) with the counters they
-//! consume, and the slices held by allocated ResourceClaims. Pure: the objects come in as values,
-//! so the picture and the free-placement simulation are unit-tested without a cluster.
+//! (one counter set each), the devices (one per profile and placement, and a whole GPU as
+//! profile `gpu` over every memory slice of its GPU) with the counters they consume, and the
+//! slices held by allocated ResourceClaims. Pure: the objects come in as values, so the picture
+//! and the free-placement simulation are unit-tested without a cluster.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
-use das_api::DRIVER_NAME;
+use das_api::attributes::TYPE_GPU;
 use das_api::claim_status::{DeviceStatusData, our_device_status, our_results};
+use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube_quantity::ParsedQuantity;
 use serde::Serialize;
@@ -17,7 +19,9 @@ use crate::fields::{AttributeValue, CounterFields, DeviceFields, SliceFields};
 /// Counter name → value (bytes for `memory`, a count for the others).
 pub type Counters = BTreeMap<String, i128>;
 
-/// One published MIG device: `profile` at memory slices `start..start + size` of GPU `gpu`.
+/// One published MIG device: `profile` at memory slices `start..start + size` of GPU `gpu`. A
+/// whole GPU (`gpu-<index>`, docs/design.md §7) is profile [`WHOLE_GPU_PROFILE`] at `0..N`,
+/// N the memory slices of its GPU: it has no placement attributes, and covers every slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishedDevice {
     /// Pool (the node's name for DAS) and device name: what an allocation result names.
@@ -29,7 +33,8 @@ pub struct PublishedDevice {
     pub size: u32,
     /// Counter set → the counters this device consumes from it.
     pub consumes: BTreeMap<String, Counters>,
-    /// The GPU's `productName` and `parentUUID` attributes (empty when unpublished).
+    /// The GPU's `productName` and `parentUUID` (a whole GPU's `uuid`) attributes (empty when
+    /// unpublished).
     pub product: String,
     pub parent_uuid: String,
     /// A taint with effect `NoSchedule` or `NoExecute` is on the device (an unhealthy GPU):
@@ -70,8 +75,16 @@ pub struct Held {
     pub claim: String,
     /// The pod the claim is reserved for, once the scheduler has reserved it.
     pub pod: Option<String>,
-    /// The MIG device's UUID, once the node plugin has carved it (the claim's device status).
+    /// The MIG device's UUID, once the node plugin has carved it (the claim's device status);
+    /// never for a whole GPU.
     pub mig_uuid: Option<String>,
+}
+
+impl Held {
+    /// Whether this is a whole GPU rather than a MIG slice.
+    pub fn is_whole_gpu(&self) -> bool {
+        self.profile == WHOLE_GPU_PROFILE
+    }
 }
 
 /// Everything DAS published (newest generation of every pool) and every slice held.
@@ -188,6 +201,7 @@ impl Inventory {
             inv.devices.extend(s.devices);
         }
         inv.gpus = gpus_of(&inv.devices, &inv.capacity);
+        cover_whole_gpus(&mut inv.devices, &inv.gpus);
         inv.held = held_slices(&inv.devices, claims);
         inv
     }
@@ -225,22 +239,42 @@ pub fn quantity(q: &str) -> Result<i128> {
         .with_context(|| format!("quantity {q:?} out of range"))
 }
 
-/// A device of ours with the attributes DAS publishes on every MIG device; `None` for a
-/// device without them (a future device type the picture does not know).
+/// A device of ours with the attributes DAS publishes on every MIG device, or a whole GPU
+/// (`type: gpu`, profile [`WHOLE_GPU_PROFILE`], placement `0..` the memory slices it consumes
+/// until [`cover_whole_gpus`]); `None` for a device without them (a future device type the
+/// picture does not know).
 fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevice>> {
     let Some(attrs) = d.attributes else {
         return Ok(None);
     };
     let int = |a: &Option<AttributeValue>| a.as_ref().and_then(|v| v.int).map(|v| v as u32);
     let string = |a: Option<AttributeValue>| a.and_then(|v| v.string);
-    let (Some(gpu), Some(start), Some(size), Some(profile)) = (
-        int(&attrs.gpu_index),
-        int(&attrs.placement_start),
-        int(&attrs.placement_size),
-        string(attrs.profile),
-    ) else {
+    let whole = string(attrs.type_).as_deref() == Some(TYPE_GPU);
+    let placement = if whole {
+        let memory_slices = d
+            .consumes_counters
+            .iter()
+            .flatten()
+            .flat_map(|c| c.counters.keys())
+            .filter(|k| k.starts_with(MEMORY_SLICE_PREFIX))
+            .count() as u32;
+        (
+            Some(0),
+            Some(memory_slices),
+            Some(WHOLE_GPU_PROFILE.to_string()),
+        )
+    } else {
+        (
+            int(&attrs.placement_start),
+            int(&attrs.placement_size),
+            string(attrs.profile),
+        )
+    };
+    let (Some(gpu), (Some(start), Some(size), Some(profile))) = (int(&attrs.gpu_index), placement)
+    else {
         return Ok(None);
     };
+    let uuid = if whole { attrs.uuid } else { attrs.parent_uuid };
     let mut consumes = BTreeMap::new();
     for c in d.consumes_counters.into_iter().flatten() {
         let counters = counter_values(&c.counters)
@@ -261,7 +295,7 @@ fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevic
         size,
         consumes,
         product: string(attrs.product_name).unwrap_or_default(),
-        parent_uuid: string(attrs.parent_uuid).unwrap_or_default(),
+        parent_uuid: string(uuid).unwrap_or_default(),
         tainted,
     }))
 }
@@ -278,7 +312,11 @@ fn gpus_of(
             let counter_set = d.consumes.keys().next().cloned().unwrap_or_default();
             let memory_slices = capacity
                 .get(&(d.pool.clone(), counter_set.clone()))
-                .map(|c| c.keys().filter(|k| k.starts_with("memory-slice-")).count() as u32)
+                .map(|c| {
+                    c.keys()
+                        .filter(|k| k.starts_with(MEMORY_SLICE_PREFIX))
+                        .count() as u32
+                })
                 .unwrap_or(0);
             GpuInfo {
                 node: d.pool.clone(),
@@ -291,6 +329,27 @@ fn gpus_of(
         });
     }
     gpus.into_values().collect()
+}
+
+/// Prefix of the per-memory-slice counters, `memory-slice-<n>` (docs/design.md §3).
+const MEMORY_SLICE_PREFIX: &str = "memory-slice-";
+
+/// Every whole GPU in `devices` covers every memory slice of its GPU in `gpus` (what its
+/// counters say where the GPU's counter set is not published).
+fn cover_whole_gpus(devices: &mut [PublishedDevice], gpus: &[GpuInfo]) {
+    let slices: BTreeMap<(&str, u32), u32> = gpus
+        .iter()
+        .map(|g| ((g.node.as_str(), g.index), g.memory_slices))
+        .collect();
+    for d in devices
+        .iter_mut()
+        .filter(|d| d.profile == WHOLE_GPU_PROFILE)
+    {
+        if let Some(&n) = slices.get(&(d.pool.as_str(), d.gpu)).filter(|n| **n > 0) {
+            d.start = 0;
+            d.size = n;
+        }
+    }
 }
 
 /// The slices `claims` hold on published devices, sorted by node, GPU and start.
@@ -310,9 +369,11 @@ fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Hel
             let Some(d) = by_name.get(&(r.pool.as_str(), r.device.as_str())) else {
                 continue;
             };
+            // A whole GPU's data carries an empty `migUUID`.
             let mig_uuid = our_device_status(claim, &r.pool, &r.device)
                 .and_then(DeviceStatusData::of)
-                .map(|data| data.mig_uuid);
+                .map(|data| data.mig_uuid)
+                .filter(|u| !u.is_empty());
             held.push(Held {
                 node: d.pool.clone(),
                 gpu: d.gpu,

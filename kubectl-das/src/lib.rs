@@ -3,9 +3,10 @@
 //! - `kubectl das gpus [--node N]`: every GPU's memory slices, a letter per pod that holds one,
 //!   and a legend (namespace, pod, profile, placement, MIG UUID) — from the published
 //!   ResourceSlices, the allocated ResourceClaims and the pods they are reserved for
-//!   ([`picture`]).
+//!   ([`picture`]). A whole GPU (`--whole-gpus`, profile `gpu`) held by a pod fills its row.
 //! - `kubectl das free [--node N] [--profile P]`: how many slices of each profile each node can
-//!   still take, by the scheduler's first fit on the live occupancy ([`free`]).
+//!   still take, by the scheduler's first fit on the live occupancy ([`free`]); whole GPUs are
+//!   profile `gpu`.
 //! - `kubectl das claims [-n NS | -A]`: the AllocationClaims with their states ([`claims`]).
 //!
 //! kubectl runs the `kubectl-das` binary found on `PATH` for `kubectl das …`
@@ -78,7 +79,7 @@ pub enum Command {
         /// Only this node.
         #[arg(long)]
         node: Option<String>,
-        /// Only this profile (e.g. `1g.10gb`).
+        /// Only this profile (e.g. `1g.10gb`; `gpu` for whole GPUs).
         #[arg(long)]
         profile: Option<String>,
     },

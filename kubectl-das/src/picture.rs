@@ -1,5 +1,6 @@
 //! `kubectl das gpus`: every GPU's memory slices as a row of cells, a letter for each slice a
-//! pod holds, and a legend of who holds what.
+//! pod holds (a whole GPU held by one pod: its letter on every cell), and a legend of who holds
+//! what.
 //!
 //! ```text
 //! NODE   GPU     PRODUCT                  MEMORY SLICES
@@ -178,7 +179,13 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
             h.start.to_string().into(),
             h.mig_uuid
                 .clone()
-                .unwrap_or_else(|| "(not carved yet)".into())
+                .unwrap_or_else(|| {
+                    if h.is_whole_gpu() {
+                        "(whole GPU)".into()
+                    } else {
+                        "(not carved yet)".into()
+                    }
+                })
                 .into(),
         ];
         if opts.wide {

@@ -15,6 +15,8 @@ use crate::free::{FreeProfile, free_profiles};
 use crate::inventory::Inventory;
 use crate::picture::{Options, pictures, render_text};
 
+mod whole_gpus;
+
 /// The slices das-kubelet-plugin publishes on `node` for `gpus` (`H100-80GB:2`).
 fn slices(node: &str, gpus: &str) -> Vec<ResourceSlice> {
     let inv = emulated_inventory(gpus, node).expect("emulated GPUs");

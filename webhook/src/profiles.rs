@@ -1,6 +1,7 @@
 //! What the cluster offers: one DeviceClass `<profile>.mig.das.com` per profile, and the devices
 //! DAS publishes (for how many slices of a profile one node can hold), listed from the API
-//! server and cached for a short time.
+//! server and cached for a short time; with `--translate-whole-gpus` also the DeviceClass
+//! `gpu.das.com` and how many whole GPUs one node publishes.
 //!
 //! Memory: the cache holds only the answer ([`Offered`]: the profile names and one count per
 //! profile). ResourceSlices are listed [`SLICE_PAGE_SIZE`] at a time, each page decoded straight
@@ -8,7 +9,7 @@
 //! next is asked for; no whole ResourceSlice is ever built. The cache's lock is taken only to
 //! read or swap the answer, never across an API call.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use kube::core::{ObjectList, Request};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::translate::{Offered, offered_profile, resolve_profile};
+use crate::translate::{Offered, WholeGpus, offered_profile, offers};
 
 /// ResourceSlices per list page. A DAS slice of 64 devices is about 50 kB of JSON (more with
 /// managed fields): a page is a few MB of text at most, whatever the cluster's size.
@@ -48,6 +49,9 @@ pub trait Source: Send + Sync {
 /// memory); a caller the cached answer serves never waits for a refresh.
 pub struct Profiles<S = ApiSource> {
     source: S,
+    /// Whether `nvidia.com/gpu` is translated (`--translate-whole-gpus`): when not, answers
+    /// carry no [`Offered::whole_gpus`].
+    whole_gpus: bool,
     ttl: Duration,
     min_refresh: Duration,
     /// The last answer. Locked only to read or replace it.
@@ -89,6 +93,7 @@ impl<S: Source + 'static> Profiles<S> {
     pub fn with_source(source: S, ttl: Duration, min_refresh: Duration) -> Self {
         Self {
             source,
+            whole_gpus: false,
             ttl,
             min_refresh,
             cache: Mutex::new(None),
@@ -96,7 +101,29 @@ impl<S: Source + 'static> Profiles<S> {
         }
     }
 
-    /// What is offered, such that every one of `wanted` is known if the cluster offers it.
+    /// The same, translating `nvidia.com/gpu` into whole GPUs when `on`
+    /// (`--translate-whole-gpus`).
+    pub fn translating_whole_gpus(mut self, on: bool) -> Self {
+        self.whole_gpus = on;
+        self
+    }
+
+    /// Whether `nvidia.com/gpu` is translated.
+    pub fn translates_whole_gpus(&self) -> bool {
+        self.whole_gpus
+    }
+
+    /// A fresh answer from the source, without whole GPUs unless they are translated.
+    async fn fetch(&self) -> Result<Offered> {
+        let mut offered = self.source.fetch().await?;
+        if !self.whole_gpus {
+            offered.whole_gpus = None;
+        }
+        Ok(offered)
+    }
+
+    /// What is offered, such that every one of `wanted` ([`crate::translate::wanted`]) is known
+    /// if the cluster offers it.
     pub async fn get(self: &Arc<Self>, wanted: &[String]) -> Result<Arc<Offered>> {
         let asked = Instant::now();
         match self.cached(wanted, None) {
@@ -113,7 +140,7 @@ impl<S: Source + 'static> Profiles<S> {
             return Ok(offered);
         }
         let started = Instant::now();
-        let offered = Arc::new(self.source.fetch().await?);
+        let offered = Arc::new(self.fetch().await?);
         self.swap(started, offered.clone());
         Ok(offered)
     }
@@ -133,7 +160,7 @@ impl<S: Source + 'static> Profiles<S> {
         tokio::spawn(async move {
             let _held = held;
             let started = Instant::now();
-            match this.source.fetch().await {
+            match this.fetch().await {
                 Ok(offered) => this.swap(started, Arc::new(offered)),
                 Err(e) => {
                     tracing::warn!(error = %e, "refreshing the offered profiles failed; the cached answer stays")
@@ -151,11 +178,7 @@ impl<S: Source + 'static> Profiles<S> {
             return Serves::No;
         };
         let age = c.at.elapsed();
-        let covers = || {
-            wanted
-                .iter()
-                .all(|w| resolve_profile(w, &c.offered.profiles).is_some())
-        };
+        let covers = || wanted.iter().all(|w| offers(&c.offered, w));
         let newer_than_the_call = asked.is_some_and(|a| c.started >= a);
         if newer_than_the_call || (age < self.ttl && (age < self.min_refresh || covers())) {
             Serves::Yes(c.offered.clone())
@@ -248,10 +271,18 @@ impl Source for ApiSource {
             .filter_map(|c| offered_profile(c.metadata.name.as_deref()?))
             .collect();
         profiles.sort();
+        let whole_gpu_class = classes
+            .items
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some(das_api::DEVICE_CLASS_WHOLE_GPU));
         drop(classes);
         let placements = self.placements().await?;
         Ok(Offered {
             profiles,
+            whole_gpus: Some(WholeGpus {
+                class: whole_gpu_class,
+                max_per_node: placements.max_whole_gpus_per_node(),
+            }),
             max_per_node: placements.max_per_node(),
         })
     }
@@ -271,8 +302,8 @@ pub fn is_deprecated_alias(class: &DeviceClass) -> bool {
 }
 
 /// The part of a ResourceSlice's JSON that [`max_per_node`] reads: `spec.nodeName` and, of each
-/// device, the attributes `profile`, `gpuIndex`, `placementStart` and `placementSize`. Serde
-/// skips everything else without building it.
+/// device, the attributes `type`, `profile`, `gpuIndex`, `placementStart` and `placementSize`.
+/// Serde skips everything else without building it.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SlicePlacements {
     #[serde(default)]
@@ -296,6 +327,8 @@ struct DevicePlacement {
 
 #[derive(Debug, Clone, Default, Deserialize)]
 struct PlacementAttributes {
+    #[serde(default, rename = "type")]
+    type_: Option<Attribute>,
     #[serde(default)]
     profile: Option<Attribute>,
     #[serde(default, rename = "gpuIndex")]
@@ -316,15 +349,18 @@ struct Attribute {
 }
 
 /// What [`max_per_node`] needs of the published devices: for each GPU of each node, the profile
-/// (as in class names) and placement of each device, about 24 bytes a device. Built from list
-/// pages ([`Self::add_page`]) or decoded slices ([`Self::add_slice`]); the same devices give the
-/// same summary however they are split into pages.
+/// (as in class names) and placement of each device, about 24 bytes a device, and the GPUs
+/// published whole (`type: gpu`, docs/design.md §7). Built from list pages ([`Self::add_page`])
+/// or decoded slices ([`Self::add_slice`]); the same devices give the same summary however they
+/// are split into pages.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PlacementSummary {
     /// Profiles as in class names (NVIDIA's names, `+` → `.`); a device refers to one by index.
     profiles: Vec<String>,
     /// Node → GPU index → each device's placement, in listing order.
     nodes: HashMap<String, BTreeMap<i64, Vec<Placement>>>,
+    /// Node → indices of its GPUs published as whole-GPU devices.
+    whole_gpus: HashMap<String, BTreeSet<i64>>,
 }
 
 /// Where a device sits: memory slices `[start, end)`, and its profile (an index into
@@ -344,6 +380,13 @@ impl PlacementSummary {
             for d in s.spec.devices.into_iter().flatten() {
                 let Some(a) = d.attributes else { continue };
                 let int = |a: Option<Attribute>| a.and_then(|a| a.int);
+                if a.type_.and_then(|t| t.string).as_deref() == Some(das_api::attributes::TYPE_GPU)
+                {
+                    if let Some(gpu) = int(a.gpu_index) {
+                        self.add_whole_gpu(&node, gpu);
+                    }
+                    continue;
+                }
                 if let (Some(profile), Some(gpu), Some(start), Some(size)) = (
                     a.profile.and_then(|a| a.string),
                     int(a.gpu_index),
@@ -364,6 +407,13 @@ impl PlacementSummary {
                 continue;
             };
             let int = |k: &str| attrs.get(k).and_then(|a| a.int);
+            let kind = attrs.get(das_api::attributes::TYPE);
+            if kind.and_then(|a| a.string.as_deref()) == Some(das_api::attributes::TYPE_GPU) {
+                if let Some(gpu) = int("gpuIndex") {
+                    self.add_whole_gpu(node, gpu);
+                }
+                continue;
+            }
             if let (Some(profile), Some(gpu), Some(start), Some(size)) = (
                 attrs.get("profile").and_then(|a| a.string.as_deref()),
                 int("gpuIndex"),
@@ -398,13 +448,36 @@ impl PlacementSummary {
         });
     }
 
-    /// Number of devices summarised.
+    /// Adds whole GPU `gpu` of `node`.
+    fn add_whole_gpu(&mut self, node: &str, gpu: i64) {
+        match self.whole_gpus.get_mut(node) {
+            Some(g) => g.insert(gpu),
+            None => self
+                .whole_gpus
+                .entry(node.to_string())
+                .or_default()
+                .insert(gpu),
+        };
+    }
+
+    /// Number of devices summarised (MIG placements and whole GPUs).
     pub fn devices(&self) -> usize {
-        self.nodes
+        let placements: usize = self
+            .nodes
             .values()
             .flat_map(|g| g.values())
             .map(Vec::len)
-            .sum()
+            .sum();
+        placements + self.whole_gpus.values().map(BTreeSet::len).sum::<usize>()
+    }
+
+    /// The most whole GPUs one node publishes (the largest node); `None` when no node publishes
+    /// one.
+    pub fn max_whole_gpus_per_node(&self) -> Option<u32> {
+        self.whole_gpus
+            .values()
+            .map(|g| u32::try_from(g.len()).unwrap_or(u32::MAX))
+            .max()
     }
 
     /// The most slices of each profile one node can hold at once: per GPU, the most placements

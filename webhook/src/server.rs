@@ -244,10 +244,11 @@ async fn review_pod(
     Ok(("patched", r))
 }
 
-/// The translation of `pod` against the profiles the cluster offers; the outer error is an
+/// The translation of `pod` against the profiles (and, with `--translate-whole-gpus`, the whole
+/// GPUs) the cluster offers; the outer error is an
 /// infrastructure failure (DeviceClasses cannot be listed), the inner one a denial.
 async fn translation(app: &App, pod: &Pod) -> Result<Result<Translation, translate::Denial>> {
-    let wanted = translate::requested_profiles(pod);
+    let wanted = translate::wanted(pod, app.profiles.translates_whole_gpus());
     if wanted.is_empty() {
         return Ok(Ok(Translation::default()));
     }

@@ -1,5 +1,6 @@
-//! The pure part of the webhook: a legacy pod (`nvidia.com/mig-<profile>: N`) becomes a JSON
-//! patch plus the ResourceClaimTemplates it needs (docs/design.md §3 names, §8 behaviour).
+//! The pure part of the webhook: a legacy pod (`nvidia.com/mig-<profile>: N`, and with
+//! `--translate-whole-gpus` `nvidia.com/gpu: N`, [`whole_gpu`]) becomes a JSON patch plus the
+//! ResourceClaimTemplates it needs (docs/design.md §3 names, §8 behaviour).
 //!
 //! Sources: Pod `spec.resourceClaims` / container `resources.claims` (KEP-4381,
 //! <https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/>),
@@ -8,12 +9,19 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use das_api::{DRIVER_NAME, LEGACY_RESOURCE_PREFIX, legacy_class, profile_dns_label};
+use das_api::{DRIVER_NAME, LEGACY_RESOURCE_PREFIX, LEGACY_WHOLE_GPU_RESOURCE, profile_dns_label};
 use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, ResourceClaim};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
-use serde_json::json;
+
+mod names;
+mod template;
+pub mod whole_gpu;
+
+use names::{claim_name, unique_name};
+pub use template::{template, template_mismatch, template_name};
+pub use whole_gpu::{WholeGpus, whole_gpu_template, whole_gpu_template_name};
 
 /// Annotation that records what the webhook translated: a JSON list of [`Translated`].
 pub const TRANSLATION_ANNOTATION: &str = "mig.das.com/legacy-translation";
@@ -26,9 +34,6 @@ pub const REQUEST_NAME: &str = "mig";
 
 /// Prefix of generated template names: `das-mig-<profile as DNS label>-x<count>`.
 const TEMPLATE_PREFIX: &str = "das-mig-";
-
-/// Longest DNS label (RFC 1123).
-const DNS_LABEL_MAX: usize = 63;
 
 /// One legacy request that was translated, as recorded in [`TRANSLATION_ANNOTATION`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -77,11 +82,34 @@ pub struct Denial {
 #[derive(Debug, Clone)]
 struct LegacyRequest {
     container: String,
-    /// The profile as NVIDIA names it (`1g.10gb.me`): the DeviceClass `<this>.mig.das.com`.
+    /// The profile as NVIDIA names it (`1g.10gb.me`): the DeviceClass `<this>.mig.das.com`;
+    /// [`das_api::WHOLE_GPU_PROFILE`] for `nvidia.com/gpu`.
     profile: String,
     /// The resource suffix as the pod spelled it (a deprecated alias differs from `profile`).
     spelled: String,
     count: u32,
+    /// `nvidia.com/gpu` (whole GPUs of `gpu.das.com`), not a MIG profile.
+    whole_gpu: bool,
+}
+
+impl LegacyRequest {
+    /// The legacy resource as the pod named it.
+    fn resource(&self) -> String {
+        if self.whole_gpu {
+            LEGACY_WHOLE_GPU_RESOURCE.to_string()
+        } else {
+            format!("{LEGACY_RESOURCE_PREFIX}{}", self.spelled)
+        }
+    }
+
+    /// Name of the template it is made from.
+    fn template_name(&self) -> String {
+        if self.whole_gpu {
+            whole_gpu_template_name(self.count)
+        } else {
+            template_name(&self.profile, self.count)
+        }
+    }
 }
 
 /// The most devices one ResourceClaim can be allocated: `resource.k8s.io/v1`
@@ -90,21 +118,35 @@ pub const MAX_DEVICES_PER_CLAIM: u32 = 32;
 
 /// What the cluster offers: the profiles with a DeviceClass, as written in the class name
 /// (`1g.10gb`, `1g.10gb-me`, see [`offered_profile`]), and, where DAS publishes devices, the
-/// most slices of each profile one node can hold at once.
+/// most slices of each profile one node can hold at once; whole GPUs when the webhook
+/// translates them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Offered {
     /// Profiles with a DeviceClass.
     pub profiles: Vec<String>,
     /// Most slices of a profile that fit on one node (over all nodes), by class-name profile.
     pub max_per_node: BTreeMap<String, u32>,
+    /// Whole GPUs for `nvidia.com/gpu`; `None` when the webhook does not translate them
+    /// (`--translate-whole-gpus` off): such requests are left alone.
+    pub whole_gpus: Option<WholeGpus>,
 }
 
 impl From<Vec<String>> for Offered {
     fn from(profiles: Vec<String>) -> Self {
         Self {
             profiles,
-            max_per_node: BTreeMap::new(),
+            ..Self::default()
         }
+    }
+}
+
+/// Whether `offered` answers a pod that wants `wanted`, an entry of [`wanted`]: a profile
+/// [`resolve_profile`] finds, or whole GPUs ([`LEGACY_WHOLE_GPU_RESOURCE`]) with their class.
+pub fn offers(offered: &Offered, wanted: &str) -> bool {
+    if wanted == LEGACY_WHOLE_GPU_RESOURCE {
+        offered.whole_gpus.as_ref().is_some_and(|w| w.class)
+    } else {
+        resolve_profile(wanted, &offered.profiles).is_some()
     }
 }
 
@@ -119,19 +161,24 @@ pub fn translate(pod: &Pod, offered: &Offered) -> Result<Translation, Denial> {
     let mut used: BTreeSet<String> = existing_claims(pod).map(|c| c.name.clone()).collect();
     let mut translated = Vec::new();
     for r in &requests {
-        let claim = unique_name(&claim_name(&r.container, &r.profile), &used);
+        let base = if r.whole_gpu {
+            whole_gpu::claim_name(&r.container)
+        } else {
+            claim_name(&r.container, &r.profile)
+        };
+        let claim = unique_name(&base, &used);
         used.insert(claim.clone());
-        let template = template_name(&r.profile, r.count);
+        let template = r.template_name();
         add_claim(&mut out, r, &claim, &template);
         translated.push(Translated {
             container: r.container.clone(),
-            resource: format!("{LEGACY_RESOURCE_PREFIX}{}", r.spelled),
+            resource: r.resource(),
             count: r.count,
             claim,
             template,
         });
     }
-    strip_legacy(&mut out);
+    strip_legacy(&mut out, offered.whole_gpus.is_some());
     annotate(&mut out, &translated);
     let before = serde_json::to_value(pod).expect("a Pod serializes");
     let after = serde_json::to_value(&out).expect("a Pod serializes");
@@ -184,66 +231,6 @@ pub fn offered_profile(class_name: &str) -> Option<String> {
     (!p.is_empty()).then(|| p.to_string())
 }
 
-/// Name of the template that asks for `count` slices of `profile`: `das-mig-1g-10gb-x2`.
-pub fn template_name(profile: &str, count: u32) -> String {
-    format!("{TEMPLATE_PREFIX}{}-x{count}", profile_dns_label(profile))
-}
-
-/// The ResourceClaimTemplate named [`template_name`]: `count` devices of `<profile>.mig.das.com`.
-pub fn template(profile: &str, count: u32) -> ResourceClaimTemplate {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {
-            "name": template_name(profile, count),
-            "labels": {MANAGED_BY_LABEL.0: MANAGED_BY_LABEL.1},
-            "annotations": {"mig.das.com/legacy-resource":
-                format!("{LEGACY_RESOURCE_PREFIX}{profile}")},
-        },
-        "spec": {"spec": {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": {
-            "deviceClassName": legacy_class(profile),
-            "allocationMode": "ExactCount", "count": count}}]}}}
-    }))
-    .expect("a ResourceClaimTemplate deserializes")
-}
-
-/// Why an existing template named like one the webhook makes cannot serve as it: `None` when it
-/// asks for exactly what `desired` asks for (one request `mig` of `count` devices of the
-/// profile's class, nothing else); otherwise what it asks for instead. The API server's defaults
-/// (`allocationMode: ExactCount`, `count: 1`) are taken into account.
-pub fn template_mismatch(
-    existing: &ResourceClaimTemplate,
-    desired: &ResourceClaimTemplate,
-) -> Option<String> {
-    let shape = |t: &ResourceClaimTemplate| -> serde_json::Value {
-        let devices = serde_json::to_value(&t.spec.spec.devices).unwrap_or_default();
-        let requests: Vec<serde_json::Value> = devices["requests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| {
-                let e = &r["exactly"];
-                json!({
-                    "name": r["name"],
-                    "class": e["deviceClassName"],
-                    "mode": e["allocationMode"].as_str().unwrap_or("ExactCount"),
-                    "count": e["count"].as_i64().unwrap_or(1),
-                    "selectors": e["selectors"].as_array().map_or(0, Vec::len),
-                    "adminAccess": e["adminAccess"].as_bool().unwrap_or(false),
-                    "tolerations": e["tolerations"].as_array().map_or(0, Vec::len),
-                    "firstAvailable": r["firstAvailable"].as_array().map_or(0, Vec::len),
-                })
-            })
-            .collect();
-        json!({
-            "requests": requests,
-            "constraints": devices["constraints"].as_array().map_or(0, Vec::len),
-            "config": devices["config"].as_array().map_or(0, Vec::len),
-        })
-    };
-    let (have, want) = (shape(existing), shape(desired));
-    (have != want).then(|| format!("it asks for {have}, not {want}"))
-}
-
 /// Every init and regular container with its legacy requests, validated against the cluster.
 /// All problems are gathered so one denial names them all.
 fn collect_requests(pod: &Pod, offered: &Offered) -> Result<Vec<LegacyRequest>, Denial> {
@@ -257,7 +244,16 @@ fn collect_requests(pod: &Pod, offered: &Offered) -> Result<Vec<LegacyRequest>, 
                     profile,
                     spelled,
                     count,
+                    whole_gpu: false,
                 }),
+                Err(p) => problems.push(p),
+            }
+        }
+        if let Some(whole) = &offered.whole_gpus
+            && whole_gpu::asks(c)
+        {
+            match whole_gpu::check_request(pod, c, whole) {
+                Ok(count) => out.push(whole_gpu::request(c, count)),
                 Err(p) => problems.push(p),
             }
         }
@@ -284,6 +280,17 @@ fn containers(pod: &Pod) -> impl Iterator<Item = &Container> {
 pub fn requested_profiles(pod: &Pod) -> Vec<String> {
     let all: BTreeSet<String> = containers(pod).flat_map(legacy_profiles).collect();
     all.into_iter().collect()
+}
+
+/// What the offered-profile cache must know about to translate `pod` ([`offers`]): its
+/// [`requested_profiles`], and [`LEGACY_WHOLE_GPU_RESOURCE`] when `whole_gpus` (the webhook
+/// translates them) and a container asks for `nvidia.com/gpu`. Empty: nothing to translate.
+pub fn wanted(pod: &Pod, whole_gpus: bool) -> Vec<String> {
+    let mut out = requested_profiles(pod);
+    if whole_gpus && containers(pod).any(whole_gpu::asks) {
+        out.push(LEGACY_WHOLE_GPU_RESOURCE.to_string());
+    }
+    out
 }
 
 /// The distinct profiles named by `nvidia.com/mig-*` keys in a container's limits or requests.
@@ -315,26 +322,7 @@ fn check_request(
         ));
     };
     let profile = profile.as_str();
-    let r = c.resources.as_ref();
-    let limit = r.and_then(|r| r.limits.as_ref()?.get(&key));
-    let request = r.and_then(|r| r.requests.as_ref()?.get(&key));
-    if let (Some(l), Some(q)) = (limit, request)
-        && l.0.trim() != q.0.trim()
-    {
-        return Err(format!(
-            "{who}: requests ({}) and limits ({}) differ; MIG slices cannot be overcommitted, set them equal",
-            q.0, l.0
-        ));
-    }
-    let qty = limit
-        .or(request)
-        .expect("the key came from limits or requests");
-    let count = parse_count(qty).ok_or_else(|| {
-        format!(
-            "{who}: quantity {:?} is not a positive integer; ask for a whole number of slices, e.g. 1 or 2",
-            qty.0
-        )
-    })?;
+    let count = count_of(c, &key, &who, "MIG slices", "slices")?;
     let max = offered
         .max_per_node
         .get(profile)
@@ -353,6 +341,31 @@ fn check_request(
         ));
     }
     Ok((profile.to_string(), count))
+}
+
+/// The count container `c` asks for of resource `key` (limits, else requests; equal if both);
+/// `who` starts the problem, `things` (`MIG slices`) and `unit` (`slices`) name what is asked.
+fn count_of(c: &Container, key: &str, who: &str, things: &str, unit: &str) -> Result<u32, String> {
+    let r = c.resources.as_ref();
+    let limit = r.and_then(|r| r.limits.as_ref()?.get(key));
+    let request = r.and_then(|r| r.requests.as_ref()?.get(key));
+    if let (Some(l), Some(q)) = (limit, request)
+        && l.0.trim() != q.0.trim()
+    {
+        return Err(format!(
+            "{who}: requests ({}) and limits ({}) differ; {things} cannot be overcommitted, set them equal",
+            q.0, l.0
+        ));
+    }
+    let qty = limit
+        .or(request)
+        .ok_or_else(|| format!("{who}: neither limits nor requests name it"))?;
+    parse_count(qty).ok_or_else(|| {
+        format!(
+            "{who}: quantity {:?} is not a positive integer; ask for a whole number of {unit}, e.g. 1 or 2",
+            qty.0
+        )
+    })
 }
 
 /// `"1"`, `"3"`: plain decimal integers ≥ 1. Suffixes, fractions, exponents and zero are refused;
@@ -382,7 +395,15 @@ fn offered_list(offered: &[String]) -> String {
 
 /// The name of a pod claim used by `c` that comes from a DAS template for `profile`, if any.
 fn das_claim_for(pod: &Pod, c: &Container, profile: &str) -> Option<String> {
-    let prefix = format!("{TEMPLATE_PREFIX}{}-x", profile_dns_label(profile));
+    das_claim_from(
+        pod,
+        c,
+        &format!("{TEMPLATE_PREFIX}{}-x", profile_dns_label(profile)),
+    )
+}
+
+/// The name of a pod claim used by `c` whose template's name starts with `prefix`, if any.
+fn das_claim_from(pod: &Pod, c: &Container, prefix: &str) -> Option<String> {
     let used: BTreeSet<&str> = c
         .resources
         .as_ref()
@@ -396,7 +417,7 @@ fn das_claim_for(pod: &Pod, c: &Container, profile: &str) -> Option<String> {
         .find(|pc| {
             pc.resource_claim_template_name
                 .as_deref()
-                .is_some_and(|t| t.starts_with(&prefix))
+                .is_some_and(|t| t.starts_with(prefix))
         })
         .map(|pc| pc.name.clone())
 }
@@ -407,50 +428,6 @@ fn existing_claims(pod: &Pod) -> impl Iterator<Item = &PodResourceClaim> {
         .and_then(|s| s.resource_claims.as_ref())
         .into_iter()
         .flatten()
-}
-
-/// A container name as a DNS label fragment: lower case, every character outside `[a-z0-9]` →
-/// `-` (profiles use [`profile_dns_label`], which keeps `+me` and `-me` apart).
-fn dns_label(s: &str) -> String {
-    s.chars()
-        .map(|c| match c.to_ascii_lowercase() {
-            c @ ('a'..='z' | '0'..='9') => c,
-            _ => '-',
-        })
-        .collect()
-}
-
-/// Pod claim name for `container` and `profile`: `mig-<container>-<profile>`, kept a valid DNS
-/// label (≤ 63, alphanumeric ends) by truncating and appending a hash of the full name.
-fn claim_name(container: &str, profile: &str) -> String {
-    let full = format!(
-        "mig-{}-{}",
-        dns_label(container),
-        profile_dns_label(profile)
-    );
-    fit_label(&full, &full)
-}
-
-/// `base` if it is free in `used`, else `base` with a numeric suffix that is.
-fn unique_name(base: &str, used: &BTreeSet<String>) -> String {
-    if !used.contains(base) {
-        return base.to_string();
-    }
-    (2u32..)
-        .map(|i| fit_label(&format!("{base}-{i}"), &format!("{base}-{i}")))
-        .find(|n| !used.contains(n))
-        .expect("an unbounded range finds a free name")
-}
-
-/// `name` cut to a DNS label; when cut, an 8-hex-digit FNV-1a hash of `seed` keeps it unique.
-fn fit_label(name: &str, seed: &str) -> String {
-    let trimmed = name.trim_matches('-');
-    if trimmed.len() <= DNS_LABEL_MAX {
-        return trimmed.to_string();
-    }
-    let hash = format!("{:08x}", das_runtime::hash::fnv1a32(seed.as_bytes()));
-    let head = trimmed[..DNS_LABEL_MAX - hash.len() - 1].trim_end_matches('-');
-    format!("{head}-{hash}")
 }
 
 /// Adds pod claim `claim` (from `template`) and the container's reference to it.
@@ -479,9 +456,9 @@ fn add_claim(pod: &mut Pod, r: &LegacyRequest, claim: &str, template: &str) {
     }
 }
 
-/// Removes every `nvidia.com/mig-*` entry from every container's requests and limits; a map left
-/// empty is dropped.
-fn strip_legacy(pod: &mut Pod) {
+/// Removes every `nvidia.com/mig-*` entry (and `nvidia.com/gpu` with `whole_gpus`) from every
+/// container's requests and limits; a map left empty is dropped.
+fn strip_legacy(pod: &mut Pod, whole_gpus: bool) {
     let Some(spec) = pod.spec.as_mut() else {
         return;
     };
@@ -492,7 +469,11 @@ fn strip_legacy(pod: &mut Pod) {
         };
         for map in [&mut r.limits, &mut r.requests] {
             if let Some(m) = map.as_mut() {
-                m.retain(|k, _| !k.starts_with(LEGACY_RESOURCE_PREFIX));
+                m.retain(|k, _| {
+                    let legacy = k.starts_with(LEGACY_RESOURCE_PREFIX)
+                        || (whole_gpus && k == LEGACY_WHOLE_GPU_RESOURCE);
+                    !legacy
+                });
                 if m.is_empty() {
                     *map = None;
                 }
@@ -510,13 +491,22 @@ fn annotate(pod: &mut Pod, translated: &[Translated]) {
         .insert(TRANSLATION_ANNOTATION.to_string(), value);
 }
 
-/// One template per distinct (profile, count), in name order.
+/// One template per distinct (profile, count), in name order (whole GPUs last).
 fn templates_for(requests: &[LegacyRequest]) -> Vec<ResourceClaimTemplate> {
-    let distinct: BTreeSet<(String, u32)> = requests
+    let distinct: BTreeSet<(bool, String, u32)> = requests
         .iter()
-        .map(|r| (r.profile.clone(), r.count))
+        .map(|r| (r.whole_gpu, r.profile.clone(), r.count))
         .collect();
-    distinct.iter().map(|(p, n)| template(p, *n)).collect()
+    distinct
+        .iter()
+        .map(|(whole, p, n)| {
+            if *whole {
+                whole_gpu_template(*n)
+            } else {
+                template(p, *n)
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

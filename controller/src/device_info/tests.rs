@@ -130,3 +130,36 @@ fn a_claim_named_in_the_pod_spec_is_found_and_old_data_has_empty_ids() {
     assert_eq!(got.len(), 4);
     assert!(got.iter().all(|(_, _, gi)| gi.is_empty()));
 }
+
+#[test]
+fn a_prepared_whole_gpu_has_rows_with_profile_gpu_and_no_mig_ids() {
+    let c: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "p-gpu-x", "namespace": "ns", "uid": "c1"},
+        "spec": {"devices": {"requests": []}},
+        "status": {
+            "allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER_NAME, "pool": "n0", "device": "gpu-1"}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+            "devices": [{"driver": DRIVER_NAME, "pool": "n0", "device": "gpu-1",
+                "conditions": [{"type": "Ready", "status": "True",
+                    "reason": das_api::claim_status::REASON_WHOLE_GPU_READY,
+                    "message": "", "lastTransitionTime": NOW}],
+                "data": {"migUUID": "", "gpuUUID": "GPU-b", "profile": "gpu",
+                    "placement": {"start": 0, "size": 8}}}]}
+    }))
+    .unwrap();
+    let got = device_info(&c, &[pod()]);
+    let containers: Vec<&str> = got.iter().map(|r| r.container.as_str()).collect();
+    assert_eq!(containers, ["main"], "request gpu: neither `a` nor `b`");
+    let r = &got[0];
+    assert_eq!(
+        (
+            r.profile.as_str(),
+            r.gpu_uuid.as_str(),
+            r.mig_uuid.as_str(),
+            r.gpu_instance_id.as_str(),
+            r.compute_instance_id.as_str()
+        ),
+        ("gpu", "GPU-b", "", "", "")
+    );
+}

@@ -1,14 +1,19 @@
 //! The device facts an AllocationClaim needs (profile, parent GPU, placement, health), read from
-//! the published ResourceSlices' attributes and taints (docs/design.md §3, §7) or from the node
-//! plugin's device status data, and indexed by (pool, device).
+//! the published ResourceSlices' attributes, counters and taints (docs/design.md §3, §7) or from
+//! the node plugin's device status data, and indexed by (pool, device).
+//!
+//! A whole GPU (`type: gpu`, docs/design.md §7, "Whole GPUs") has no profile or placement
+//! attributes: its profile is [`WHOLE_GPU_PROFILE`], its GPU UUID the `uuid` attribute, and its
+//! placement every memory slice of the GPU, `{0, N}`, N being the `memory-slice-<n>` counters it
+//! consumes.
 
 use std::collections::BTreeMap;
 
-use das_api::DRIVER_NAME;
 use das_api::allocation::MigPlacement;
 use das_api::attributes as attr;
 use das_api::claim_status::DeviceStatusData;
 use das_api::health_taints;
+use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE};
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, Device, DeviceAttribute, DeviceTaint, ResourceSlice,
 };
@@ -16,7 +21,7 @@ use k8s_openapi::api::resource::v1::{
 /// Where a published device is: the facts an AllocationClaim needs from the ResourceSlices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceFacts {
-    /// MIG profile, e.g. `1g.10gb`.
+    /// MIG profile, e.g. `1g.10gb`; [`WHOLE_GPU_PROFILE`] for a whole GPU.
     pub profile: String,
     /// UUID of the parent GPU.
     pub gpu_uuid: String,
@@ -147,17 +152,57 @@ fn string_attribute(attrs: &Attributes, name: &str) -> Option<String> {
     attribute(attrs, name)?.string.clone()
 }
 
-/// Facts from a device's attributes (docs/design.md §3); `None` if one is missing.
+/// Facts from a device's attributes, counters and taints (docs/design.md §3); `None` if one is
+/// missing.
 fn facts_of_device(d: &Device) -> Option<DeviceFacts> {
-    facts_of(d.attributes.as_ref(), d.taints.as_deref())
+    let memory_slices = d
+        .consumes_counters
+        .iter()
+        .flatten()
+        .flat_map(|c| c.counters.keys())
+        .filter(|k| is_memory_slice(k))
+        .count();
+    facts_of(
+        d.attributes.as_ref(),
+        d.taints.as_deref(),
+        u32::try_from(memory_slices).unwrap_or(u32::MAX),
+    )
 }
 
-/// Facts from a device's attributes and taints: the attributes `profile`, `parentUUID`,
-/// `placementStart` and `placementSize` (short or qualified names, docs/design.md §3) and the
-/// DAS health taints; `None` if an attribute is missing. Everything the mirror reads of a
-/// published device.
-pub fn facts_of(attrs: Option<&Attributes>, taints: Option<&[DeviceTaint]>) -> Option<DeviceFacts> {
+/// Prefix of the per-memory-slice counters, `memory-slice-<n>` (docs/design.md §3,
+/// [`das_api::counters::memory_slice`]).
+const MEMORY_SLICE_COUNTER_PREFIX: &str = "memory-slice-";
+
+/// Whether counter `name` is a memory slice's.
+pub fn is_memory_slice(name: &str) -> bool {
+    name.starts_with(MEMORY_SLICE_COUNTER_PREFIX)
+}
+
+/// Facts from a device's attributes, taints and the number of `memory-slice-<n>` counters it
+/// consumes (`memory_slices`): of a MIG device the attributes `profile`, `parentUUID`,
+/// `placementStart` and `placementSize` (short or qualified names, docs/design.md §3); of a
+/// whole GPU (`type: gpu`) the attribute `uuid` and `memory_slices` as its placement `{0, N}`;
+/// and the DAS health taints. `None` if an attribute is missing, or a whole GPU consumes no
+/// memory slice (an API server without `DRAPartitionableDevices` drops the counters; the
+/// plugin's status data then says where it is). Everything the mirror reads of a published
+/// device.
+pub fn facts_of(
+    attrs: Option<&Attributes>,
+    taints: Option<&[DeviceTaint]>,
+    memory_slices: u32,
+) -> Option<DeviceFacts> {
     let attrs = attrs?;
+    if string_attribute(attrs, attr::TYPE).as_deref() == Some(attr::TYPE_GPU) {
+        return Some(DeviceFacts {
+            profile: WHOLE_GPU_PROFILE.to_string(),
+            gpu_uuid: string_attribute(attrs, attr::UUID)?,
+            placement: MigPlacement {
+                start: 0,
+                size: i32::try_from(memory_slices).ok().filter(|n| *n > 0)?,
+            },
+            health: Some(DeviceHealth::of_taints(taints.unwrap_or_default())),
+        });
+    }
     Some(DeviceFacts {
         profile: string_attribute(attrs, attr::PROFILE)?,
         gpu_uuid: string_attribute(attrs, attr::PARENT_UUID)?,

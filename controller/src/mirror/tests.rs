@@ -385,3 +385,100 @@ fn long_names_are_shortened_stably() {
     assert_eq!(n, allocation_claim_name(&long, "gpu-0-mig-1g-10gb-6"));
     assert_ne!(n, allocation_claim_name(&long, "gpu-0-mig-1g-10gb-5"));
 }
+
+/// A whole GPU as the node plugin publishes it with `--whole-gpus` (docs/design.md §3): `type:
+/// gpu`, `uuid`, no profile or placement attributes; it consumes every memory slice of its GPU
+/// (`memory_slices` of them).
+fn whole_gpu_slice(memory_slices: i64) -> ResourceSlice {
+    let mut counters = json!({"memory": {"value": "80Gi"}});
+    for s in 0..memory_slices {
+        counters[format!("memory-slice-{s}")] = json!({"value": "1"});
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": "n0-slice"},
+        "spec": {"driver": DRIVER_NAME, "nodeName": "n0",
+            "pool": {"name": "n0", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-1", "attributes": {
+                "type": {"string": "gpu"}, "uuid": {"string": "GPU-b"}, "gpuIndex": {"int": 1},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"}},
+                "consumesCounters": [{"counterSet": "gpu-1-counter-set", "counters": counters}]}]}
+    }))
+    .unwrap()
+}
+
+/// The plugin's `status.devices` entry of a prepared whole GPU (docs/design.md §7): reason
+/// `GpuPrepared`, profile `gpu`, every memory slice, no MIG UUID.
+fn gpu_prepared(status: &str) -> serde_json::Value {
+    json!({"driver": DRIVER_NAME, "pool": "n0", "device": "gpu-1",
+        "conditions": [{"type": "Ready", "status": status,
+            "reason": das_api::claim_status::REASON_WHOLE_GPU_READY,
+            "message": "", "lastTransitionTime": NOW}],
+        "data": {"migUUID": "", "gpuUUID": "GPU-b", "profile": "gpu",
+            "placement": {"start": 0, "size": 8}, "readyTime": "2026-01-01T00:00:00.000Z"}})
+}
+
+#[test]
+fn a_whole_gpu_is_mirrored_with_profile_gpu_over_every_memory_slice() {
+    let index = DeviceIndex::from_slices([&whole_gpu_slice(8)]);
+    let staged = claim(&["gpu-1"], true, json!([]));
+    let m = desired_allocation_claims(&staged, &[pod(None)], &index, NOW);
+    assert!(m.unmirrored.is_empty(), "{:?}", m.unmirrored);
+    let a = &m.claims[0];
+    assert_eq!(a.metadata.name.as_deref(), Some("c-gpu-1"));
+    assert_eq!(a.spec.profile, das_api::WHOLE_GPU_PROFILE);
+    assert_eq!(a.spec.gpu_uuid, "GPU-b");
+    assert_eq!(a.spec.mig_placement, MigPlacement { start: 0, size: 8 });
+    assert_eq!(a.spec.device, "gpu-1");
+    let s = a.status.as_ref().unwrap();
+    assert_eq!(s.state, AllocationState::Staged);
+    assert_eq!(s.conditions[0].message, "whole GPU is staged");
+
+    let bound = desired_allocation_claims(&staged, &[pod(Some("n0"))], &index, NOW);
+    assert_eq!(
+        bound.claims[0].status.as_ref().unwrap().state,
+        AllocationState::Created
+    );
+    let preparing = claim(&["gpu-1"], true, json!([gpu_prepared("False")]));
+    let m = desired_allocation_claims(&preparing, &[pod(Some("n0"))], &index, NOW);
+    assert_eq!(
+        m.claims[0].status.as_ref().unwrap().state,
+        AllocationState::Created
+    );
+
+    // Ready=True with reason GpuPrepared is inUse; no MIG UUID.
+    let prepared = claim(&["gpu-1"], true, json!([gpu_prepared("True")]));
+    let m = desired_allocation_claims(&prepared, &[pod(Some("n0"))], &index, NOW);
+    let a = &m.claims[0];
+    let s = a.status.as_ref().unwrap();
+    assert_eq!(s.state, AllocationState::InUse);
+    assert_eq!(s.mig_uuid, None, "a whole GPU has no MIG device");
+    assert_eq!(a.spec.mig_placement, MigPlacement { start: 0, size: 8 });
+    assert_eq!(
+        health_of(a).map(|h| h.status.as_str()),
+        Some("True"),
+        "published: its health is known"
+    );
+}
+
+#[test]
+fn a_whole_gpu_without_counters_takes_its_placement_from_the_plugin() {
+    // An API server without DRAPartitionableDevices drops consumesCounters: the published
+    // device says nothing of its size, so it is mirrored once the plugin has reported it.
+    let index = DeviceIndex::from_slices([&whole_gpu_slice(0)]);
+    let staged = claim(&["gpu-1"], true, json!([]));
+    let m = desired_allocation_claims(&staged, &[pod(None)], &index, NOW);
+    assert!(m.claims.is_empty() && m.unmirrored.len() == 1, "{m:?}");
+    let prepared = claim(&["gpu-1"], true, json!([gpu_prepared("True")]));
+    let m = desired_allocation_claims(&prepared, &[pod(Some("n0"))], &index, NOW);
+    let a = &m.claims[0];
+    assert_eq!(a.spec.profile, "gpu");
+    assert_eq!(a.spec.gpu_uuid, "GPU-b");
+    assert_eq!(a.spec.mig_placement, MigPlacement { start: 0, size: 8 });
+    // Reported data wins over the counters where both are there.
+    let four = DeviceIndex::from_slices([&whole_gpu_slice(4)]);
+    let m = desired_allocation_claims(&prepared, &[pod(Some("n0"))], &four, NOW);
+    assert_eq!(
+        m.claims[0].spec.mig_placement,
+        MigPlacement { start: 0, size: 8 }
+    );
+}

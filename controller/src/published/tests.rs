@@ -263,3 +263,56 @@ fn it_is_listed_and_watched_as_resource_slices() {
         serde_json::from_value(json!({"type": "MODIFIED", "object": v})).unwrap();
     assert!(matches!(ev, kube::core::WatchEvent::Modified(s) if s.devices.len() == 19));
 }
+
+/// A whole GPU as das-kubelet-plugin publishes it with `--whole-gpus` (docs/design.md §3): no
+/// profile or placement attributes; it consumes every counter of its GPU's counter set.
+fn full_whole_gpu(gpu: u32) -> Value {
+    let mut counters = json!({"memory": {"value": "81559Mi"}, "multiprocessors": {"value": "132"}});
+    for s in 0..8 {
+        counters[format!("memory-slice-{s}")] = json!({"value": "1"});
+    }
+    json!({
+        "name": format!("gpu-{gpu}"),
+        "attributes": {
+            "type": {"string": "gpu"},
+            "uuid": {"string": format!("GPU-{gpu:08x}-284e-d009-31e6-4707a0e9f7ce")},
+            "gpuIndex": {"int": gpu},
+            "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            "architecture": {"string": "Hopper"}},
+        "capacity": {"memory": {"value": "81559Mi"}, "multiprocessors": {"value": "132"}},
+        "consumesCounters": [{"counterSet": format!("gpu-{gpu}-counter-set"), "counters": counters}]
+    })
+}
+
+#[test]
+fn a_whole_gpu_is_kept_with_profile_gpu_over_the_memory_slices_it_consumes() {
+    let mut dropped = full_whole_gpu(3);
+    dropped.as_object_mut().unwrap().remove("consumesCounters");
+    let v = full_slice(
+        DRIVER_NAME,
+        vec![full_device(0, "1g.10gb", 0, 1), full_whole_gpu(2), dropped],
+    );
+    let s = kept(&v);
+    assert_eq!(s, PublishedSlice::from(&full(&v)));
+    let names: Vec<&str> = s.devices.iter().map(|d| &*d.name).collect();
+    assert_eq!(
+        names,
+        ["gpu-0-mig-1g-10gb-0", "gpu-2"],
+        "a whole GPU whose counters were dropped has no known placement"
+    );
+    let g = &s.devices[1];
+    assert_eq!(
+        (&*g.profile, &*g.gpu_uuid, g.placement),
+        (
+            das_api::WHOLE_GPU_PROFILE,
+            "GPU-00000002-284e-d009-31e6-4707a0e9f7ce",
+            MigPlacement { start: 0, size: 8 }
+        )
+    );
+    let full_index = DeviceIndex::from_slices([&full(&v)]);
+    assert_eq!(
+        full_index.get("n0", "gpu-2"),
+        device_index([&s]).get("n0", "gpu-2")
+    );
+    assert_eq!(full_index.get("n0", "gpu-3"), None);
+}

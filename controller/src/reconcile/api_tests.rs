@@ -131,6 +131,16 @@ fn context(
     pods: Vec<Pod>,
     allocs: Vec<AllocationClaim>,
 ) -> (Arc<Context>, Arc<Metrics>) {
+    context_with(client, pods, allocs, slice())
+}
+
+/// [`context`] with `published` as node `n0`'s slice.
+fn context_with(
+    client: Client,
+    pods: Vec<Pod>,
+    allocs: Vec<AllocationClaim>,
+    published: PublishedSlice,
+) -> (Arc<Context>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new());
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
@@ -138,7 +148,7 @@ fn context(
     };
     let caches = Caches {
         pods: store(pods),
-        slices: store(vec![slice()]),
+        slices: store(vec![published]),
         allocs: store(allocs),
     };
     let ctx = Context::new(
@@ -460,6 +470,93 @@ async fn nothing_is_written_before_the_caches_are_synced() {
     ));
     let action = reconcile(Arc::new(claim()), ctx.clone()).await.unwrap();
     assert_eq!(action, Action::requeue(Duration::from_millis(500)));
+    drop(ctx);
+    finished(server).await;
+}
+
+/// A whole GPU (docs/design.md §7, "Whole GPUs") prepared by the plugin (`Ready=True`, reason
+/// `GpuPrepared`) for a bound pod: its AllocationClaim is applied `inUse`, profile `gpu` over
+/// every memory slice, without a MIG UUID.
+#[tokio::test]
+async fn a_prepared_whole_gpu_gets_its_allocation_claim_applied_in_use() {
+    let name = "c-gpu-1";
+    let url = "/apis/inference.redhat.com/v1alpha1/namespaces/ns/allocationclaims/c-gpu-1";
+    let counters: serde_json::Map<String, Value> = (0..8)
+        .map(|s| (format!("memory-slice-{s}"), json!({"value": "1"})))
+        .collect();
+    let published: PublishedSlice = serde_json::from_value(json!({
+        "metadata": {"name": "n0-slice"},
+        "spec": {"driver": DRIVER_NAME, "nodeName": "n0",
+            "pool": {"name": "n0", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-1", "attributes": {
+                "type": {"string": "gpu"}, "uuid": {"string": "GPU-b"}, "gpuIndex": {"int": 1}},
+                "consumesCounters": [{"counterSet": "gpu-1-counter-set", "counters": counters}]}]}
+    }))
+    .unwrap();
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "ns", "uid": "claim-uid"},
+        "spec": {"devices": {"requests": []}},
+        "status": {
+            "allocation": {"devices": {"results": [{"request": "gpu", "driver": DRIVER_NAME,
+                "pool": "n0", "device": "gpu-1"}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pod-uid"}],
+            "devices": [{"driver": DRIVER_NAME, "pool": "n0", "device": "gpu-1",
+                "conditions": [{"type": "Ready", "status": "True", "reason": "GpuPrepared",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "data": {"migUUID": "", "gpuUUID": "GPU-b", "profile": "gpu",
+                    "placement": {"start": 0, "size": 8}}}]}
+    }))
+    .unwrap();
+    let mut bound = pod();
+    bound.spec.as_mut().unwrap().node_name = Some("n0".into());
+    let mut object = object_body();
+    object["metadata"]["name"] = json!(name);
+    object["spec"] = json!({
+        "profile": "gpu",
+        "gpuUUID": "GPU-b",
+        "migPlacement": {"start": 0, "size": 8},
+        "nodename": "n0",
+        "podRef": {"kind": "Pod", "namespace": "ns", "name": "p", "uid": "pod-uid"},
+        "resourceClaimRef": {"name": "c", "uid": "claim-uid"},
+        "request": "gpu",
+        "pool": "n0",
+        "device": "gpu-1"
+    });
+    let status = json!({
+        "state": "inUse",
+        "conditions": [
+            {"type": "State", "status": "True", "reason": "inUse",
+                "message": "whole GPU is inUse", "lastTransitionTime": ANY_TIME},
+            {"type": "DeviceHealthy", "status": "True", "reason": "Healthy",
+                "message": "no health taint on the device", "lastTransitionTime": ANY_TIME}
+        ]
+    });
+    let mut stored_object = object.clone();
+    stored_object["metadata"]["resourceVersion"] = json!("1");
+    let mut stored_status = stored_object.clone();
+    stored_status["status"] = status.clone();
+    let (client, server) = ApiServer::new();
+    let server = server.run(vec![
+        Exchange {
+            method: Method::PATCH,
+            uri: format!("{url}{APPLY_QUERY}"),
+            body: Some(object),
+            answer: (StatusCode::OK, stored_object),
+        },
+        Exchange {
+            method: Method::PATCH,
+            uri: format!("{url}/status{APPLY_QUERY}"),
+            body: Some(json!({
+                "apiVersion": "inference.redhat.com/v1alpha1",
+                "kind": "AllocationClaim",
+                "metadata": {"name": name},
+                "status": status,
+            })),
+            answer: (StatusCode::OK, stored_status),
+        },
+    ]);
+    let (ctx, _metrics) = context_with(client, vec![bound], vec![], published);
+    reconcile(Arc::new(claim), ctx.clone()).await.unwrap();
     drop(ctx);
     finished(server).await;
 }

@@ -160,8 +160,9 @@ impl EventSink for KubeClaimApi {
 
 /// The server-side-apply body of the plugin's `status.devices` entries: per device the
 /// [`das_api::claim_status::CONDITION_READY`] condition and the [`DeviceStatusData`] the AllocationClaim
-/// controller reads. `metadata.uid` makes the API server refuse the write (409) when the name
-/// now belongs to another claim.
+/// controller reads (a whole GPU's: reason `GpuPrepared`, [`DeviceStatusData::whole_gpu`]).
+/// `metadata.uid` makes the API server refuse the write (409) when the name now belongs to
+/// another claim.
 pub fn status_apply_body(
     claim: &ClaimRef,
     devices: &[RecordedDevice],
@@ -170,6 +171,13 @@ pub fn status_apply_body(
     let entries: Vec<_> = devices
         .iter()
         .map(|d| {
+            let ready_time = Some(now.0.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string());
+            if d.is_whole_gpu() {
+                let size = i32::try_from(d.placement_size).unwrap_or(i32::MAX);
+                let data = DeviceStatusData::whole_gpu(&d.gpu_uuid, size, ready_time);
+                let message = format!("whole GPU {} ({})", d.gpu_index, d.gpu_uuid);
+                return data.ready_entry(&d.pool, &d.device, message, now.clone());
+            }
             let data = DeviceStatusData {
                 mig_uuid: d.mig_uuid().unwrap_or_default().to_string(),
                 gpu_uuid: d.gpu_uuid.clone(),
@@ -181,7 +189,7 @@ pub fn status_apply_body(
                 },
                 gpu_instance_id: d.instance.as_ref().map(|i| i.gi_id),
                 compute_instance_id: d.instance.as_ref().map(|i| i.ci_id),
-                ready_time: Some(now.0.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string()),
+                ready_time,
             };
             let message = format!(
                 "MIG {} at memory slice {} on GPU {} ({})",

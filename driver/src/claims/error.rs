@@ -59,6 +59,16 @@ pub enum PrepareError {
         /// Allocated device.
         device: String,
     },
+    /// An allocated whole GPU cannot be prepared here (docs/design.md §7, "Whole GPUs"): this
+    /// node does not publish it, its GPU is not in the inventory (lost, replaced), or the GPU has
+    /// MIG mode on. Nothing was created or recorded for it.
+    #[error("device {device} (a whole GPU) cannot be prepared: {reason}")]
+    WholeGpuUnavailable {
+        /// Allocated device, `gpu-<index>`.
+        device: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// Creating an instance failed.
     #[error("device {device}: {source}{hint}")]
     Create {
@@ -132,6 +142,7 @@ impl PrepareError {
             PrepareError::ForeignPool { .. } => "foreign_pool",
             PrepareError::UnknownDevice { .. } => "unknown_device",
             PrepareError::AdminAccess { .. } => "admin_access",
+            PrepareError::WholeGpuUnavailable { .. } => "whole_gpu_unavailable",
             PrepareError::Create { .. } => "create",
             PrepareError::PlacementHeld { .. } => "placement_held",
             PrepareError::Destroy { .. } => "destroy",

@@ -2,8 +2,8 @@
 //! start-up reconciliation, and the reaper that finishes destroys that failed.
 //!
 //! - [`plan`]: the decisions, as pure functions (which allocation results are ours, which live
-//!   instance is which recorded instance, what a retried prepare may reuse, what start-up
-//!   destroys). Unit-tested without I/O.
+//!   instance is which recorded instance, what a retried prepare may reuse, whether a whole GPU
+//!   can be prepared, what start-up destroys). Unit-tested without I/O.
 //! - [`preparer`]: [`Preparer`], the thin I/O layer that carries the decisions out against the
 //!   GPU backend, the checkpoint, the CDI directory and the API server; every one of its
 //!   methods (prepare, release, start-up, reaper and orphan-rule passes, gauges) is in one of
@@ -39,6 +39,12 @@
 //! 4. A prepared claim's slices go only on the kubelet's unprepare of that claim (or the orphan
 //!    rule's evidence that no container of its pods is left): never because another claim
 //!    wants the placement, nor because the API server no longer has the claim.
+//!
+//! A whole GPU (docs/design.md §7, "Whole GPUs") takes the same path with nothing created: a
+//! prepare checks that its GPU has MIG mode off ([`PrepareError::WholeGpuUnavailable`]), records
+//! it (profile `gpu`, every memory slice of the GPU, no instance: checkpoint version 4) and
+//! writes a CDI spec with the GPU's device node; its release destroys nothing. Its placement
+//! overlaps every placement of its GPU, so rules 3 and 4 hold between it and the GPU's slices.
 
 pub(crate) mod api;
 pub mod cdi;
@@ -64,6 +70,8 @@ mod model_tests;
 mod regression_tests;
 #[cfg(test)]
 pub(crate) mod testing;
+#[cfg(test)]
+mod whole_gpu_tests;
 
 pub use crate::events::{EventKind, EventSink, EventTarget};
 pub use api::{ApiError, ClaimApi, KubeClaimApi};

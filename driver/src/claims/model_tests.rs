@@ -24,7 +24,11 @@
 //!   destroy of an instance while a container of its claim's pod exists, except by that same
 //!   claim's prepare repairing it (the orphan rule needs the runtime's word that none is left);
 //! - I5 every claim the kubelet holds as prepared has its instances live at its allocated
-//!   placements, and its CDI spec names exactly them.
+//!   placements, and its CDI spec names exactly them (and the UUID of each whole GPU it holds);
+//! - I6 (whole GPUs, docs/design.md §7, "Whole GPUs") nothing is created on a GPU served whole,
+//!   and no two claims' records hold overlapping placements of one GPU when no call is in flight
+//!   (a whole GPU's placement is every memory slice of its GPU, so no slice is ever recorded on a
+//!   GPU held whole, nor a whole GPU beside a slice).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -46,8 +50,11 @@ use crate::gpu::{
     BackendError, EmulatedBackend, FaultKind, GpuBackend, GpuInfo, MigInstance, Occupancy,
 };
 
-/// The emulated GPUs: two models, so profiles and placements differ per GPU.
-const GPUS: &str = "A100-SXM4-40GB:1,H100-80GB:1";
+/// The emulated GPUs: two models, so profiles and placements differ per GPU, and a third GPU
+/// with MIG mode off, served whole (`--whole-gpus`) as `gpu-2`.
+const GPUS: &str = "A100-SXM4-40GB:1,H100-80GB:1,A100-SXM4-40GB:1:mig-off";
+/// The GPU served whole.
+const WHOLE: u32 = 2;
 /// Claims that can exist at once (pods on the node).
 const SLOTS: usize = 5;
 /// Seeds and steps per seed: 8 × 2,500 = 20,000 steps in `make test`.
@@ -172,6 +179,11 @@ impl GpuBackend for Checked {
         profile: &str,
         start: u32,
     ) -> Result<MigInstance, BackendError> {
+        if gpu == WHOLE {
+            self.violations.lock().unwrap().push(format!(
+                "I6: a create of {profile} at {start} on GPU {gpu}, which is served whole"
+            ));
+        }
         self.inner.create_instance(gpu, profile, start)
     }
     fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
@@ -226,7 +238,8 @@ impl GpuBackend for Checked {
 #[derive(Clone, Debug)]
 struct Claim {
     claim: ClaimRef,
-    /// (GPU, profile, start) per device, in allocation order.
+    /// (GPU, profile, start) per device, in allocation order; a whole GPU is
+    /// ([`WHOLE`], `gpu`, 0).
     devices: Vec<(u32, String, u32)>,
     /// MIG UUIDs, when the kubelet holds it as prepared.
     held: Option<Vec<String>>,
@@ -252,6 +265,8 @@ struct Stats {
     forgotten: usize,
     orphans_released: usize,
     orphans_kept: usize,
+    /// Prepares that answered for a claim holding the whole GPU.
+    whole_prepared: usize,
 }
 
 struct World {
@@ -276,6 +291,14 @@ struct World {
     next_uid: u64,
 }
 
+/// The emulated GPUs whose state is under `dir`, with the GPU whose MIG mode is off served
+/// whole.
+fn open_gpus(dir: &std::path::Path) -> EmulatedBackend {
+    EmulatedBackend::open(GPUS, NODE, &dir.join("emu"))
+        .unwrap()
+        .with_whole_gpus(true)
+}
+
 fn tmp_root() -> PathBuf {
     // A tmpfs where there is one: thousands of small writes per seed.
     let shm = PathBuf::from("/dev/shm");
@@ -289,7 +312,7 @@ fn tmp_root() -> PathBuf {
 impl World {
     fn new() -> Self {
         let dir = tempfile::tempdir_in(tmp_root()).unwrap();
-        let emu = Arc::new(EmulatedBackend::open(GPUS, NODE, &dir.path().join("emu")).unwrap());
+        let emu = Arc::new(open_gpus(dir.path()));
         let inventory = emu.inventory().unwrap();
         let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(0)));
         let held = Arc::new(Mutex::new(Held::default()));
@@ -417,7 +440,7 @@ impl World {
     fn taken(&self) -> BTreeMap<u32, Occupancy> {
         let mut occ: BTreeMap<u32, Occupancy> = BTreeMap::new();
         for c in self.slots.iter().flatten() {
-            for (gpu, profile, start) in &c.devices {
+            for (gpu, profile, start) in c.devices.iter().filter(|d| d.0 != WHOLE) {
                 let model = &self.inventory[*gpu as usize].model;
                 let (i, _) = model.profile(profile).unwrap();
                 occ.entry(*gpu)
@@ -433,8 +456,21 @@ impl World {
             return;
         }
         let mut occ = self.taken();
+        // The whole GPU is taken while a claim the API server has holds it.
+        let mut whole_taken = self
+            .slots
+            .iter()
+            .flatten()
+            .any(|c| c.devices.iter().any(|d| d.0 == WHOLE));
         let mut devices = Vec::new();
         for pick in picks {
+            if pick % 7 == 6 {
+                if !whole_taken {
+                    whole_taken = true;
+                    devices.push((WHOLE, das_api::WHOLE_GPU_PROFILE.to_string(), 0));
+                }
+                continue;
+            }
             let gpu = pick % 2;
             let model = self.inventory[gpu as usize].model.clone();
             let o = occ.entry(gpu).or_insert_with(|| Occupancy::empty(&model));
@@ -464,10 +500,12 @@ impl World {
             .enumerate()
             .map(|(k, (gpu, profile, start))| {
                 let request = if k % 2 == 0 { "gpu" } else { "extra" };
-                (
-                    request.to_string(),
-                    das_api::device_name(*gpu, profile, *start),
-                )
+                let device = if *gpu == WHOLE {
+                    das_api::whole_gpu_device_name(WHOLE)
+                } else {
+                    das_api::device_name(*gpu, profile, *start)
+                };
+                (request.to_string(), device)
             })
             .collect();
         let pairs: Vec<(&str, &str)> = results
@@ -494,13 +532,18 @@ impl World {
 
     /// The MIG UUIDs of the claim's CDI spec, from its `DAS_MIG_UUID_*` variables.
     fn spec_migs(&self, uid: &str) -> Option<Vec<String>> {
+        self.spec_values(uid, cdi::MIG_UUID_ENV_PREFIX)
+    }
+
+    /// The values of the claim's CDI spec's variables whose name starts with `prefix`.
+    fn spec_values(&self, uid: &str, prefix: &str) -> Option<Vec<String>> {
         let path = cdi::spec_path(&self.dir.path().join("cdi"), uid);
         let spec = cdi::read_spec(&path).ok()?;
         Some(
             spec.devices
                 .iter()
                 .flat_map(|d| d.container_edits.env.iter())
-                .filter_map(|e| e.strip_prefix(cdi::MIG_UUID_ENV_PREFIX))
+                .filter_map(|e| e.strip_prefix(prefix))
                 .filter_map(|e| e.split_once('=').map(|(_, v)| v.to_string()))
                 .collect(),
         )
@@ -546,6 +589,10 @@ impl World {
         };
         for r in &results {
             match r {
+                Ok(_) if c.devices.iter().any(|d| d.0 == WHOLE) => {
+                    self.stats.prepared += 1;
+                    self.stats.whole_prepared += 1;
+                }
                 Ok(_) => self.stats.prepared += 1,
                 Err(e) => {
                     *self
@@ -799,8 +846,7 @@ impl World {
         }
         self.emu.clear_faults();
         // The GPUs' state as a new process reads it from disk.
-        self.emu =
-            Arc::new(EmulatedBackend::open(GPUS, NODE, &self.dir.path().join("emu")).unwrap());
+        self.emu = Arc::new(open_gpus(self.dir.path()));
         self.p = Self::build(
             &self.dir,
             &self.emu,
@@ -856,7 +902,20 @@ impl World {
             if c.devices.iter().any(|(g, _, _)| self.lost.contains(g)) {
                 continue;
             }
+            let gpus = self
+                .spec_values(&c.claim.uid, cdi::GPU_UUID_ENV_PREFIX)
+                .unwrap_or_default();
             for (gpu, profile, start) in &c.devices {
+                if *gpu == WHOLE {
+                    let uuid = &self.inventory[WHOLE as usize].uuid;
+                    if gpus != [uuid.clone()] {
+                        self.violation(format!(
+                            "I5: the CDI spec of {} gives GPUs {gpus:?}, not the whole GPU {uuid}",
+                            c.claim
+                        ));
+                    }
+                    continue;
+                }
                 let at = live.iter().find(|s| {
                     s.gpu_index == *gpu && &s.profile == profile && s.placement.start == *start
                 });
@@ -906,7 +965,7 @@ impl World {
                 }
                 PrepareState::PrepareCompleted if !self.tampered.contains(uid) => {
                     for d in &r.devices {
-                        if self.lost.contains(&d.gpu_index) {
+                        if self.lost.contains(&d.gpu_index) || d.is_whole_gpu() {
                             continue;
                         }
                         if !live.iter().any(|s| super::plan::is_instance(d, s)) {
@@ -918,6 +977,25 @@ impl World {
                     }
                 }
                 _ => {}
+            }
+        }
+        // I6: no two claims' records hold overlapping placements of one GPU.
+        let recorded: Vec<(&String, &crate::claims::checkpoint::RecordedDevice)> = cp
+            .claims
+            .iter()
+            .flat_map(|(uid, r)| r.devices.iter().map(move |d| (uid, d)))
+            .collect();
+        for (i, (a, da)) in recorded.iter().enumerate() {
+            for (b, db) in &recorded[i + 1..] {
+                let overlap = da.gpu_uuid == db.gpu_uuid
+                    && da.placement_start < db.placement_start + db.placement_size
+                    && db.placement_start < da.placement_start + da.placement_size;
+                if a != b && overlap {
+                    self.violation(format!(
+                        "I6: {a} records {} and {b} records {}, which overlap",
+                        da.device, db.device
+                    ));
+                }
             }
         }
         // CDI specs only for recorded claims.
@@ -985,7 +1063,7 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                         kind: FaultKind::Other,
                     },
                     3 => Fault::Lost {
-                        gpu: rng.random_range(0..2),
+                        gpu: rng.random_range(0..3),
                         lost: rng.random_bool(0.3),
                     },
                     4 => Fault::ApiReads(rng.random_range(1..3)),
@@ -1135,6 +1213,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
             total.forgotten += s.forgotten;
             total.orphans_released += s.orphans_released;
             total.orphans_kept += s.orphans_kept;
+            total.whole_prepared += s.whole_prepared;
             for (k, v) in &s.prepare_errors {
                 *total.prepare_errors.entry(k).or_default() += v;
             }
@@ -1174,6 +1253,10 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
     );
     assert!(total.reaped > 0 && total.unprepare_errors > 0, "{total:?}");
     assert!(
+        total.whole_prepared > 100,
+        "whole GPUs are prepared: {total:?}"
+    );
+    assert!(
         total.forgotten > 0 && total.orphans_released > 0 && total.orphans_kept > 0,
         "the orphan rule is exercised both ways: {total:?}"
     );
@@ -1201,5 +1284,44 @@ fn the_invariant_checks_catch_an_unrecorded_slice() {
         w.check(true);
         let v = w.violations.lock().unwrap().clone();
         assert!(v.iter().any(|v| v.starts_with("I1")), "{v:?}");
+    });
+}
+
+/// The model's own checks can fail: two claims recorded on the whole GPU break I6, and a create
+/// on the GPU served whole is caught.
+#[test]
+fn the_invariant_checks_catch_a_gpu_held_twice() {
+    let rt = paused_runtime();
+    rt.block_on(async {
+        let w = World::new();
+        let device = || crate::claims::checkpoint::RecordedDevice {
+            kind: crate::claims::checkpoint::DeviceKind::WholeGpu,
+            request: "gpu".into(),
+            pool: NODE.into(),
+            device: das_api::whole_gpu_device_name(WHOLE),
+            gpu_index: WHOLE,
+            gpu_uuid: w.inventory[WHOLE as usize].uuid.clone(),
+            profile: das_api::WHOLE_GPU_PROFILE.into(),
+            placement_start: 0,
+            placement_size: 8,
+            instance: None,
+        };
+        w.p.checkpoint().change(|cp| {
+            for uid in ["u1", "u2"] {
+                let ids = std::collections::BTreeMap::new();
+                cp.set_completed(uid, "ns", uid, vec![device()], ids);
+            }
+        });
+        w.check(true);
+        let v = w.violations.lock().unwrap().clone();
+        assert!(v.iter().any(|v| v.starts_with("I6: u1")), "{v:?}");
+        let backend = Checked {
+            inner: w.emu.clone(),
+            held: w.held.clone(),
+            violations: w.violations.clone(),
+        };
+        assert!(backend.create_instance(WHOLE, "1g.5gb", 0).is_err());
+        let v = w.violations.lock().unwrap().clone();
+        assert!(v.iter().any(|v| v.contains("served whole")), "{v:?}");
     });
 }

@@ -1,7 +1,13 @@
 //! The decisions of the request path, as pure functions of what the API server, the checkpoint
 //! and the GPUs say: which allocation results are ours, which live instance is which recorded
-//! instance, what a retried prepare may reuse, what the CDI spec of a claim holds, what
-//! start-up releases and destroys. [`super::Preparer`] carries them out.
+//! instance, what a retried prepare may reuse, what the CDI spec of a claim holds ([`spec`]),
+//! whether a whole GPU can be prepared ([`whole_gpu`]), what start-up releases and destroys.
+//! [`super::Preparer`] carries them out.
+//!
+//! A whole GPU (docs/design.md §7, "Whole GPUs") is recorded like a MIG device without an
+//! instance: profile `gpu`, placement every memory slice of its GPU. So it overlaps every
+//! placement of its GPU ([`placement_holders`]), and it is never matched to a live instance
+//! ([`is_instance`], [`match_devices`]): nothing is created, looked for or destroyed for it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -9,15 +15,19 @@ use das_api::claim_status::our_results;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
-use super::handler::{ClaimRef, PreparedDevice};
-use crate::claims::cdi::{PreparedInstance, SpecDevice};
+use super::handler::ClaimRef;
 use crate::claims::checkpoint::{
     Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
 };
 use crate::gpu::MigInstance;
 
+pub(crate) mod spec;
+pub(crate) mod whole_gpu;
+
 // The published devices' index lives with what is published; re-exported for the request path.
 pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
+pub use spec::{Holding, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
+pub use whole_gpu::{is_whole_gpu_name, whole_gpu_unavailable};
 
 /// A device of a claim's allocation, resolved against what this node publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +48,7 @@ pub struct Planned {
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
 /// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
+/// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`].
 pub fn resolve_allocation(
     claim: &ClaimRef,
@@ -76,13 +87,16 @@ pub fn resolve_allocation(
                     node: node.to_string(),
                 });
             }
-            let at =
-                devices
-                    .get(&r.device)
-                    .cloned()
-                    .ok_or_else(|| PrepareError::UnknownDevice {
-                        device: r.device.clone(),
-                    })?;
+            let at = match devices.get(&r.device) {
+                Some(at) => at.clone(),
+                None if is_whole_gpu_name(&r.device) => {
+                    return Err(PrepareError::WholeGpuUnavailable {
+                        reason: whole_gpu::UNPUBLISHED.to_string(),
+                        device: r.device,
+                    });
+                }
+                None => return Err(PrepareError::UnknownDevice { device: r.device }),
+            };
             Ok(Planned {
                 request: r.request,
                 pool: r.pool,
@@ -93,9 +107,11 @@ pub fn resolve_allocation(
         .collect()
 }
 
-/// The checkpoint entry of a planned device, before its instance exists.
+/// The checkpoint entry of a planned device, before its instance exists (a whole GPU never has
+/// one).
 pub fn record(p: &Planned) -> RecordedDevice {
     RecordedDevice {
+        kind: p.at.kind,
         request: p.request.clone(),
         pool: p.pool.clone(),
         device: p.device.clone(),
@@ -122,9 +138,10 @@ pub fn with_instance(d: &RecordedDevice, s: &MigInstance) -> RecordedDevice {
 
 /// Whether live instance `s` is the instance recorded as `d`: same GPU (by UUID), profile,
 /// placement, GI ID, and CI ID and MIG UUID — or no MIG UUID at all, which is how the backend
-/// lists our GI after a destroy removed its compute instance but failed on the GI.
+/// lists our GI after a destroy removed its compute instance but failed on the GI. A whole GPU
+/// is no instance: a live MIG instance on its GPU is never its.
 pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
-    let Some(i) = &d.instance else {
+    let Some(i) = d.instance.as_ref().filter(|_| !d.is_whole_gpu()) else {
         return false;
     };
     s.gpu_uuid == d.gpu_uuid
@@ -145,7 +162,8 @@ pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> boo
 /// For each recorded device, the live instance that is it, if any. A device with its instance
 /// recorded matches only that instance ([`is_instance`]). A device without (a crash between
 /// creating the instance and completing the record) claims the instance at its placement, unless the
-/// backend says DAS did not create it or another claim records it (`elsewhere`).
+/// backend says DAS did not create it or another claim records it (`elsewhere`). A whole GPU
+/// matches nothing (its entry is `None`: callers take it from [`holdings`]).
 pub fn match_devices(
     devices: &[RecordedDevice],
     live: &[MigInstance],
@@ -154,6 +172,9 @@ pub fn match_devices(
     devices
         .iter()
         .map(|d| {
+            if d.is_whole_gpu() {
+                return None;
+            }
             live.iter()
                 .find(|s| match &d.instance {
                     Some(_) => is_instance(d, s),
@@ -171,7 +192,9 @@ pub fn match_devices(
 }
 
 /// The other claims whose records hold an instance overlapping one of `planned`'s placements (same
-/// GPU, shared memory slices): holder's claim UID → the first planned device it blocks. Normally
+/// GPU, shared memory slices; a whole GPU's placement is every memory slice of its GPU, so it
+/// blocks and is blocked by every device of its GPU): holder's claim UID → the first planned
+/// device it blocks. Normally
 /// none: the scheduler never gives one placement to two allocated claims. After a force delete
 /// it does: the old pod's claim is deallocated before the kubelet has unprepared it, and its
 /// containers may still run (the prepare then waits, and fails with
@@ -246,7 +269,8 @@ pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepar
     }
 }
 
-/// Whether a record holds exactly the planned allocation (request, pool, device, in order).
+/// Whether a record holds exactly the planned allocation (request, pool, device and its kind,
+/// in order).
 pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
     r.devices.len() == planned.len()
         && r.devices.iter().zip(planned).all(|(d, p)| {
@@ -254,6 +278,7 @@ pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
                 && d.pool == p.pool
                 && d.device == p.device
                 && d.gpu_uuid == p.at.gpu_uuid
+                && d.kind == p.at.kind
         })
 }
 
@@ -368,14 +393,17 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
 /// Per profile of `model`, how many of its placements a new instance could take right now on a
 /// GPU holding `devices` (one at a time: NVML's rules of
 /// [`crate::gpu::layout::Occupancy::check_hardware`] against the recorded placements). Tells why
-/// a pod waits: 0 for its profile on every GPU.
+/// a pod waits: 0 for its profile on every GPU. A GPU held whole has none.
 pub fn free_placements<'a>(
     model: &crate::gpu::GpuModel,
     devices: impl Iterator<Item = &'a RecordedDevice>,
 ) -> Vec<(String, u64)> {
     let mut occ = crate::gpu::layout::Occupancy::empty(model);
+    let mut whole = false;
     for d in devices {
-        if let Some((i, _)) = model.profile(&d.profile) {
+        if d.is_whole_gpu() {
+            whole = true;
+        } else if let Some((i, _)) = model.profile(&d.profile) {
             occ.add(model, i, d.placement_start);
         }
     }
@@ -387,7 +415,7 @@ pub fn free_placements<'a>(
             let n = p
                 .placement_starts
                 .iter()
-                .filter(|&&start| occ.check_hardware(model, i, start).is_ok())
+                .filter(|&&start| !whole && occ.check_hardware(model, i, start).is_ok())
                 .count();
             (p.name.clone(), n as u64)
         })
@@ -398,8 +426,14 @@ pub fn free_placements<'a>(
 /// placement some record holds (a prepare records the placement before it creates the
 /// instance, so an instance being created is not listed). Such an instance, foreign or left
 /// over, makes every overlapping device impossible to prepare; the publisher withdraws them.
+/// A whole GPU's record claims no instance, even on its own GPU: nothing is ever created for it.
 pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
-    let devices: Vec<&RecordedDevice> = cp.claims.values().flat_map(|r| &r.devices).collect();
+    let devices: Vec<&RecordedDevice> = cp
+        .claims
+        .values()
+        .flat_map(|r| &r.devices)
+        .filter(|d| !d.is_whole_gpu())
+        .collect();
     live.iter()
         .filter(|s| {
             !devices.iter().any(|d| {
@@ -418,106 +452,12 @@ pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
         .collect()
 }
 
-/// The request name the kubelet expects: without `/<subrequest>`.
-pub fn base_request(request: &str) -> &str {
-    request.split('/').next().unwrap_or(request)
-}
-
-/// The kubelet's view of a record: each device serves its base request and carries its CDI
-/// device (records upgraded from the first release name one CDI device per request).
-pub fn kubelet_devices(record: &ClaimRecord) -> Vec<PreparedDevice> {
-    record
-        .devices
-        .iter()
-        .map(|d| {
-            let request = base_request(&d.request).to_string();
-            let ids = record
-                .cdi_device_ids
-                .get(&d.device)
-                .or_else(|| record.cdi_device_ids.get(&request))
-                .cloned()
-                .unwrap_or_default();
-            PreparedDevice {
-                cdi_device_ids: ids,
-                requests: vec![request],
-                pool: d.pool.clone(),
-                device: d.device.clone(),
-            }
-        })
-        .collect()
-}
-
-/// The CDI devices of a claim whose devices are `devices`, created as `instances` (same order):
-/// one per device, keyed by its name — or, for a record of the first release whose CDI device
-/// IDs were per request (`legacy_keys`), one per request holding all of the request's instances,
-/// so the IDs the kubelet already has keep resolving.
-pub fn spec_devices(
-    devices: &[RecordedDevice],
-    instances: &[MigInstance],
-    caps_major: u32,
-    legacy_keys: &[String],
-) -> Vec<SpecDevice> {
-    let mut position: BTreeMap<&str, usize> = BTreeMap::new();
-    let prepared: Vec<(&RecordedDevice, PreparedInstance)> = devices
-        .iter()
-        .zip(instances)
-        .map(|(d, s)| {
-            let request = base_request(&d.request);
-            let index = position.entry(request).or_default();
-            let instance = PreparedInstance {
-                mig_uuid: s.mig_uuid.clone(),
-                parent_minor: s.gpu_minor,
-                gi_cap_minor: s.gi_cap_minor,
-                ci_cap_minor: s.ci_cap_minor,
-                caps_major,
-                caps_file_mode: Some(0o444),
-                request: request.to_string(),
-                index: *index,
-            };
-            *index += 1;
-            (d, instance)
-        })
-        .collect();
-    if legacy_keys.is_empty() {
-        return prepared
-            .into_iter()
-            .map(|(d, s)| SpecDevice {
-                key: d.device.clone(),
-                instances: vec![s],
-            })
-            .collect();
-    }
-    legacy_keys
-        .iter()
-        .map(|key| SpecDevice {
-            key: key.clone(),
-            instances: prepared
-                .iter()
-                .filter(|(d, _)| base_request(&d.request) == key)
-                .map(|(_, s)| s.clone())
-                .collect(),
-        })
-        .filter(|d| !d.instances.is_empty())
-        .collect()
-}
-
-/// The keys of a record's CDI device IDs that are request names, not device names: present only
-/// in records upgraded from the first release.
-pub fn legacy_cdi_keys(record: &ClaimRecord) -> Vec<String> {
-    record
-        .cdi_device_ids
-        .keys()
-        .filter(|k| !record.devices.iter().any(|d| &d.device == *k))
-        .cloned()
-        .collect()
-}
-
-/// What the prepared instances of one GPU take.
+/// What the prepared devices of one GPU take.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuUse {
-    /// MIG instances.
+    /// MIG instances (a whole GPU is none).
     pub instances: u64,
-    /// Memory slices their placements cover.
+    /// Memory slices their placements cover (a whole GPU: all of its GPU's).
     pub memory_slices: u64,
 }
 
@@ -526,7 +466,7 @@ pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMa
     let mut m: BTreeMap<u32, GpuUse> = BTreeMap::new();
     for d in devices {
         let u = m.entry(d.gpu_index).or_default();
-        u.instances += 1;
+        u.instances += u64::from(!d.is_whole_gpu());
         u.memory_slices += u64::from(d.placement_size);
     }
     m
@@ -534,3 +474,5 @@ pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMa
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod whole_gpu_tests;

@@ -1,9 +1,10 @@
 //! Test doubles for the request path's unit tests: an in-memory [`ClaimApi`] (the API server's
-//! ResourceClaims as a map, with injectable failures) and a [`Preparer`] over the emulated
-//! backend in a temp dir. The request path's behaviour against a real API server is covered by
+//! ResourceClaims as a map, with injectable failures), a [`Preparer`] over the emulated
+//! backend in a temp dir, and GPUs with MIG mode off serving whole GPUs ([`MigOff`],
+//! [`serve_whole`]). The request path's behaviour against a real API server is covered by
 //! the e2e tests; these drive its decisions through interleavings no cluster can reproduce.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,8 @@ use super::{
 };
 use crate::blocking::BlockingCalls;
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
-use crate::gpu::GpuBackend;
+use crate::claims::plan::{DeviceKind, DeviceRef};
+use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigInstance, Placement, Target};
 use crate::metrics::Metrics;
 
 /// Node name the test preparers serve.
@@ -226,4 +228,105 @@ pub fn preparer_with(
         blocking,
         orphans,
     })
+}
+
+/// A backend whose GPUs in `off` have MIG mode off, as whole GPUs need (the emulated GPUs all
+/// have it on): its inventory says so, and a create on such a GPU fails as on a GPU without
+/// MIG mode; everything else is `inner`'s.
+pub struct MigOff {
+    /// The GPUs.
+    pub inner: Arc<dyn GpuBackend>,
+    /// Indices of the GPUs with MIG mode off now.
+    pub off: Mutex<BTreeSet<u32>>,
+    /// Creates asked for on a GPU with MIG mode off.
+    pub creates_refused: AtomicUsize,
+}
+
+impl MigOff {
+    /// `inner` with MIG mode off on `off`.
+    pub fn new(inner: Arc<dyn GpuBackend>, off: &[u32]) -> Self {
+        Self {
+            inner,
+            off: Mutex::new(off.iter().copied().collect()),
+            creates_refused: AtomicUsize::new(0),
+        }
+    }
+
+    /// Switches GPU `gpu`'s MIG mode on (`true`) or off.
+    pub fn set_mig(&self, gpu: u32, on: bool) {
+        let mut off = self.off.lock().unwrap();
+        if on {
+            off.remove(&gpu);
+        } else {
+            off.insert(gpu);
+        }
+    }
+}
+
+impl GpuBackend for MigOff {
+    fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
+        let off = self.off.lock().unwrap().clone();
+        let mut gpus = self.inner.inventory()?;
+        for g in &mut gpus {
+            g.mig_enabled = !off.contains(&g.index);
+        }
+        Ok(gpus)
+    }
+    fn gpu_indices(&self) -> Vec<u32> {
+        self.inner.gpu_indices()
+    }
+    fn create_instance(
+        &self,
+        gpu: u32,
+        profile: &str,
+        start: u32,
+    ) -> Result<MigInstance, BackendError> {
+        if self.off.lock().unwrap().contains(&gpu) {
+            self.creates_refused.fetch_add(1, Ordering::SeqCst);
+            return Err(BackendError::Other {
+                target: Target::at(gpu, profile, Placement { start, size: 0 }),
+                reason: "MIG mode is off on this GPU".into(),
+            });
+        }
+        self.inner.create_instance(gpu, profile, start)
+    }
+    fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
+        self.inner.destroy_instance(gpu, gi_id)
+    }
+    fn instances_on(&self, gpu: u32) -> Result<Vec<MigInstance>, BackendError> {
+        self.inner.instances_on(gpu)
+    }
+}
+
+/// The published device of `gpu` whole (as `device_index` makes it for a GPU with MIG mode
+/// off under `--whole-gpus`): `gpu-<index>`, profile `gpu`, every memory slice.
+pub fn whole_gpu_ref(gpu: &GpuInfo) -> (String, DeviceRef) {
+    let at = DeviceRef {
+        kind: DeviceKind::WholeGpu,
+        gpu_index: gpu.index,
+        gpu_uuid: gpu.uuid.clone(),
+        gpu_minor: gpu.minor,
+        profile: das_api::WHOLE_GPU_PROFILE.into(),
+        start: 0,
+        size: gpu.model.memory_slices,
+    };
+    (das_api::whole_gpu_device_name(gpu.index), at)
+}
+
+/// Has `p` publish `gpu` whole; `keep_slices`: its MIG devices stay published too (a device map
+/// no node publishes, for the isolation rule's tests), else they go.
+pub fn serve_whole(p: &mut Preparer, gpu: &GpuInfo, keep_slices: bool) {
+    let devices = &mut p.node.devices;
+    devices.retain(|_, d| d.gpu_index != gpu.index);
+    if keep_slices {
+        let on = GpuInfo {
+            mig_enabled: true,
+            ..gpu.clone()
+        };
+        devices.extend(crate::claims::plan::device_index(&[on]));
+    } else {
+        p.node.models.remove(&gpu.index);
+    }
+    let (name, at) = whole_gpu_ref(gpu);
+    devices.insert(name, at);
 }

@@ -1,7 +1,11 @@
 //! The emulated GPU backend (docs/design.md §7 "Emulated mode"): GPUs described by a spec string such as
-//! `A100-SXM4-40GB:2,H100-80GB:2`, real profile and placement tables from the model data files,
-//! NVML-like rules and errors, and the "hardware" state (which GPU and compute instances exist)
-//! kept on disk so a restarted plugin sees the instances that exist.
+//! `A100-SXM4-40GB:2,H100-80GB:2:mig-off`, real profile and placement tables from the model data
+//! files, NVML-like rules and errors, and the "hardware" state (which GPU and compute instances
+//! exist, each GPU's MIG mode) kept on disk so a restarted plugin sees the instances that exist.
+//!
+//! - MIG mode is static, as the spec gives it. A GPU with MIG mode off takes no MIG instance
+//!   ([`BackendError::NotSupported`], as NVML answers `NOT_SUPPORTED`), and is in the inventory
+//!   only with `--whole-gpus` ([`EmulatedBackend::with_whole_gpus`]), to be served whole.
 //!
 //! - GPU UUIDs are derived from the node name and the GPU index, so they are stable across
 //!   restarts; MIG UUIDs are derived from the GPU UUID and a serial number kept in the state, so
@@ -59,7 +63,7 @@ pub const MAX_EMULATED_GPUS: u32 = 32;
 pub enum EmulatedError {
     /// The `--emulated-gpus` spec does not parse.
     #[error(
-        "invalid emulated GPU spec {spec:?}: {problem} (expected MODEL[:COUNT][,MODEL[:COUNT]...]; models: {models})"
+        "invalid emulated GPU spec {spec:?}: {problem} (expected MODEL[:COUNT[:mig-on|mig-off]][,...]; models: {models})"
     )]
     Spec {
         /// The spec as given.
@@ -104,12 +108,16 @@ struct EmuGpu {
     index: u32,
     uuid: String,
     model: Arc<GpuModel>,
+    /// MIG mode, as the spec gives it (static).
+    mig_enabled: bool,
 }
 
 /// The emulated backend. Thread-safe; see the module docs.
 #[derive(Debug)]
 pub struct EmulatedBackend {
     gpus: Vec<EmuGpu>,
+    /// `--whole-gpus`: GPUs with MIG mode off are served (whole) rather than skipped.
+    whole_gpus: bool,
     state_path: PathBuf,
     state: Mutex<StateFile>,
     faults: Mutex<HashMap<(Op, u32), VecDeque<FaultKind>>>,
@@ -159,6 +167,7 @@ impl EmulatedBackend {
         };
         Ok(Self {
             gpus,
+            whole_gpus: false,
             state_path,
             state: Mutex::new(state),
             faults: Mutex::new(HashMap::new()),
@@ -197,9 +206,23 @@ impl EmulatedBackend {
         }
     }
 
+    /// Serves the GPUs whose MIG mode is off as whole GPUs (`--whole-gpus`): they are in the
+    /// inventory with `GpuInfo::mig_enabled` false. Without it (the default) they are skipped, as
+    /// the NVML backend skips them: not in the inventory, and calls naming them answer
+    /// [`BackendError::NotFound`].
+    pub fn with_whole_gpus(mut self, whole_gpus: bool) -> Self {
+        self.whole_gpus = whole_gpus;
+        self
+    }
+
     /// Path of the state file.
     pub fn state_path(&self) -> &Path {
         &self.state_path
+    }
+
+    /// Whether the backend serves GPU `g` ([`GpuInfo::served`]).
+    fn serves(&self, g: &EmuGpu) -> bool {
+        g.mig_enabled || self.whole_gpus
     }
 
     /// The GPU, unless it is lost.
@@ -215,16 +238,20 @@ impl EmulatedBackend {
     }
 
     fn gpu(&self, index: u32, target: Target) -> Result<&EmuGpu, BackendError> {
-        self.gpus
-            .iter()
-            .find(|g| g.index == index)
-            .ok_or_else(|| BackendError::NotFound {
+        match self.gpus.iter().find(|g| g.index == index) {
+            Some(g) if self.serves(g) => Ok(g),
+            Some(_) => Err(BackendError::NotFound {
+                target,
+                reason: "the GPU has MIG mode off and is not served (no --whole-gpus)".into(),
+            }),
+            None => Err(BackendError::NotFound {
                 target,
                 reason: format!(
                     "no GPU with index {index} (the node has {})",
                     self.gpus.len()
                 ),
-            })
+            }),
+        }
     }
 }
 
@@ -234,7 +261,7 @@ impl GpuBackend for EmulatedBackend {
         Ok(self
             .gpus
             .iter()
-            .filter(|g| !self.is_lost(g.index))
+            .filter(|g| self.serves(g) && !self.is_lost(g.index))
             .map(gpu_info)
             .collect())
     }
@@ -286,7 +313,11 @@ impl GpuBackend for EmulatedBackend {
     }
 
     fn gpu_indices(&self) -> Vec<u32> {
-        self.gpus.iter().map(|g| g.index).collect()
+        self.gpus
+            .iter()
+            .filter(|g| self.serves(g))
+            .map(|g| g.index)
+            .collect()
     }
 
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
@@ -321,7 +352,9 @@ use control::{ControlSeen, Op};
 pub use identity::emulated_inventory;
 use identity::{build_gpus, gpu_info};
 use instances::to_instance;
-pub use spec::{EmulatedGpuSpec, emulated_model_help, parse_emulated_spec};
+pub use spec::{
+    EmulatedGpuSpec, MODE_MIG_OFF, MODE_MIG_ON, emulated_model_help, parse_emulated_spec,
+};
 pub use state::move_state_aside;
 use state::{StateFile, fresh_state, gpu_state, load_state, write_atomically};
 

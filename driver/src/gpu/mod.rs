@@ -53,15 +53,31 @@ pub struct GpuInfo {
     pub pci_bus_id: Option<String>,
     /// NVIDIA driver version as NVML reports it, e.g. `580.95.05`.
     pub driver_version: String,
-    /// Whether MIG mode is currently enabled.
+    /// Whether MIG mode is on, as read at start-up (after `--enable-mig-mode` switched it on
+    /// where it could). A GPU with MIG mode off is in the inventory only with `--whole-gpus`
+    /// ([`Self::served`]).
     pub mig_enabled: bool,
 }
 
 impl GpuInfo {
-    /// Whether DAS can offer MIG instances on this GPU: MIG mode is on, or it can be switched on
-    /// without a GPU reset (Hopper and later; docs/reference/mig.md, "MIG mode").
+    /// Whether DAS offers MIG instances on this GPU: MIG mode is on. DAS does not switch MIG mode
+    /// to follow demand yet (docs/design.md §7, "Whole GPUs"), so a GPU with MIG mode off offers
+    /// none, even where it could be switched on without a reset (Hopper and newer: that is
+    /// `--enable-mig-mode`, at start-up).
     pub fn offers_mig(&self) -> bool {
-        self.mig_enabled || !self.model.mig_mode_change_requires_reset
+        self.mig_enabled
+    }
+
+    /// Whether DAS offers this GPU whole (one device `gpu-<index>`, docs/design.md §7, "Whole
+    /// GPUs"): MIG mode is off. Such a GPU is in the inventory only with `--whole-gpus`.
+    pub fn offers_whole_gpu(&self) -> bool {
+        !self.mig_enabled
+    }
+
+    /// Whether a backend keeps this GPU in its inventory: MIG mode on, or off with `whole_gpus`
+    /// (`--whole-gpus`); a GPU with MIG mode off is skipped without it.
+    pub fn served(&self, whole_gpus: bool) -> bool {
+        self.mig_enabled || whole_gpus
     }
 }
 

@@ -4,7 +4,9 @@
 //! - device taints of unhealthy GPUs and GPU instances ([`set_device_taints`]; docs/design.md
 //!   §7, "Health"), so the scheduler stops allocating them (and, with `NoExecute`, evicts);
 //! - no device overlapping a MIG instance that no claim holds ([`withdraw_overlapping`]), so no
-//!   pod is allocated a placement no prepare can create.
+//!   pod is allocated a placement no prepare can create. A whole GPU overlaps every MIG
+//!   instance of its GPU (none can exist while its MIG mode is off; should one appear, the
+//!   whole GPU is withdrawn).
 //!
 //! [`desired_slices`] is the one place that combines them. `crate::health` only reports the
 //! facts; the publisher ([`super::Publisher::run_with_facts`]) applies this function to each
@@ -48,9 +50,9 @@ pub fn desired_slices(base: &[ResourceSliceSpec], facts: &HealthFacts) -> Vec<Re
 }
 
 /// Sets the taints of every device in `specs` to `taints_of(gpu, placement)`, from the device's
-/// `gpuIndex`, `placementStart` and `placementSize` attributes (none when it returns none): a
-/// GPU-wide fault taints every device of the GPU, a GPU instance's fault the devices overlapping
-/// its placement. Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server
+/// `gpuIndex`, `placementStart` and `placementSize` attributes, or for a whole GPU every memory
+/// slice of its GPU (none when it returns none): a GPU-wide fault taints every device of the GPU,
+/// its whole-GPU device included, a GPU instance's fault the devices overlapping its placement. Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server
 /// without it drops them, which the publisher reports (docs/design.md §7, "Health").
 pub fn set_device_taints(
     specs: &mut [ResourceSliceSpec],
@@ -66,7 +68,12 @@ pub fn set_device_taints(
     }
 }
 
-/// A published device's GPU index and placement, from its attributes.
+/// A published device's GPU index and placement: a MIG device's from its `gpuIndex`,
+/// `placementStart` and `placementSize` attributes; a whole GPU's (type `gpu`, no placement
+/// attributes) is every memory slice of its GPU, read from the `memory-slice-<n>` counters it
+/// consumes (all of them, docs/design.md §7, "Whole GPUs"). So a GPU-wide taint, keyed by that
+/// placement as `crate::publish::devices::device_index` gives it (start 0, size the model's
+/// memory slices), reaches it, and any MIG instance of its GPU overlaps it.
 fn device_placement(d: &Device) -> Option<(u32, Placement)> {
     let int = |name: &str| {
         d.attributes
@@ -75,11 +82,39 @@ fn device_placement(d: &Device) -> Option<(u32, Placement)> {
             .and_then(|a| a.int)
             .and_then(|i| u32::try_from(i).ok())
     };
-    let placement = Placement {
-        start: int(attr::PLACEMENT_START)?,
-        size: int(attr::PLACEMENT_SIZE)?,
-    };
-    Some((int(attr::GPU_INDEX)?, placement))
+    let gpu = int(attr::GPU_INDEX)?;
+    if let (Some(start), Some(size)) = (int(attr::PLACEMENT_START), int(attr::PLACEMENT_SIZE)) {
+        return Some((gpu, Placement { start, size }));
+    }
+    let is_whole_gpu = d
+        .attributes
+        .as_ref()
+        .and_then(|a| a.get(attr::TYPE))
+        .and_then(|a| a.string.as_deref())
+        == Some(attr::TYPE_GPU);
+    if !is_whole_gpu {
+        return None;
+    }
+    Some((gpu, consumed_memory_slices(d)))
+}
+
+/// The memory slices whose `memory-slice-<n>` counters a device consumes, as a placement from
+/// the lowest to the highest (size 0 when it consumes none).
+fn consumed_memory_slices(d: &Device) -> Placement {
+    // `memory-slice-<n>` (das_api::counters::memory_slice).
+    let slices: Vec<u32> = d
+        .consumes_counters
+        .iter()
+        .flatten()
+        .flat_map(|c| c.counters.keys())
+        .filter_map(|k| k.strip_prefix("memory-slice-")?.parse().ok())
+        .collect();
+    let start = slices.iter().copied().min().unwrap_or(0);
+    let end = slices.iter().copied().max().map_or(start, |m| m + 1);
+    Placement {
+        start,
+        size: end - start,
+    }
 }
 
 /// Removes from `specs` every device whose placement overlaps an instance in `held` (GPU index →

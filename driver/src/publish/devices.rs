@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use das_api::device_name;
+use das_api::{WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
 
 use crate::gpu::GpuInfo;
 
@@ -32,35 +32,54 @@ pub struct DeviceRef {
     pub gpu_uuid: String,
     /// Minor of `/dev/nvidia<minor>`.
     pub gpu_minor: u32,
-    /// MIG profile, e.g. `1g.10gb`.
+    /// MIG profile, e.g. `1g.10gb`; [`WHOLE_GPU_PROFILE`] (`gpu`) for a whole GPU.
     pub profile: String,
-    /// First memory slice of the placement.
+    /// First memory slice of the placement (0 for a whole GPU).
     pub start: u32,
-    /// Memory instances of the placement.
+    /// Memory slices of the placement (every memory slice of the GPU for a whole GPU).
     pub size: u32,
 }
 
-/// Every device the plugin publishes, by device name (`gpu-0-mig-1g-10gb-6`): one per
-/// (MIG-capable GPU, profile, placement start), as in [`super::resource_slices`].
+/// Every device the plugin publishes, by device name, as in [`super::resource_slices`]: one per
+/// (GPU that offers MIG, profile, placement start), `gpu-0-mig-1g-10gb-6`, and one per GPU
+/// offered whole, `gpu-3` ([`DeviceKind::WholeGpu`], profile [`WHOLE_GPU_PROFILE`], start 0, size
+/// the model's memory slices).
 pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
     let mut map = HashMap::new();
-    for gpu in inventory.iter().filter(|g| g.offers_mig()) {
-        for p in &gpu.model.profiles {
-            for &start in &p.placement_starts {
-                map.insert(
-                    device_name(gpu.index, &p.name, start),
-                    DeviceRef {
-                        kind: DeviceKind::Mig,
-                        gpu_index: gpu.index,
-                        gpu_uuid: gpu.uuid.clone(),
-                        gpu_minor: gpu.minor,
-                        profile: p.name.clone(),
-                        start,
-                        size: p.placement_size,
-                    },
-                );
+    for gpu in inventory {
+        let at = |kind, profile: &str, start, size| DeviceRef {
+            kind,
+            gpu_index: gpu.index,
+            gpu_uuid: gpu.uuid.clone(),
+            gpu_minor: gpu.minor,
+            profile: profile.to_string(),
+            start,
+            size,
+        };
+        if gpu.offers_mig() {
+            for p in &gpu.model.profiles {
+                for &start in &p.placement_starts {
+                    map.insert(
+                        device_name(gpu.index, &p.name, start),
+                        at(DeviceKind::Mig, &p.name, start, p.placement_size),
+                    );
+                }
             }
+        }
+        if gpu.offers_whole_gpu() {
+            map.insert(
+                whole_gpu_device_name(gpu.index),
+                at(
+                    DeviceKind::WholeGpu,
+                    WHOLE_GPU_PROFILE,
+                    0,
+                    gpu.model.memory_slices,
+                ),
+            );
         }
     }
     map
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,10 +2,11 @@
 //! ResourceSlices: others (the health monitor) only report facts to it.
 //!
 //! - [`resource_slices`]: the desired ResourceSlices of the node, built from its GPU inventory
-//!   (pure): one device per (GPU, profile, placement), counter sets with one counter per memory
-//!   slice, the layout by server version.
-//! - [`devices`]: the published devices by name, with their GPU and placement (pure; the request
-//!   path and the health monitor resolve device names with it).
+//!   (pure): one device per (GPU with MIG on, profile, placement), one whole-GPU device per GPU
+//!   with MIG off (`--whole-gpus`), counter sets with one counter per memory slice, the layout by
+//!   server version.
+//! - [`devices`]: the published devices by name, with their kind, GPU and placement (pure; the
+//!   request path and the health monitor resolve device names with it).
 //! - [`desired`]: what is published now (pure): the inventory's slices with the facts the health
 //!   monitor reports ([`desired::HealthFacts`]: device taints, devices withdrawn because an
 //!   unclaimed MIG instance overlaps them), by [`desired::desired_slices`].

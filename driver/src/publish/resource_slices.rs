@@ -1,13 +1,18 @@
 //! The desired ResourceSlices of a node, built from its GPU inventory (pure; docs/design.md §3, §4).
 //!
-//! - One device per `(GPU, profile, placement start)`, named `gpu-<index>-mig-<profile>-<start>`,
-//!   with the attributes and capacities of docs/design.md §3, consuming its resources and the memory-slice
-//!   counters `[start, start + size)` from its GPU's counter set.
+//! - One device per `(GPU, profile, placement start)` of a GPU with MIG mode on, named
+//!   `gpu-<index>-mig-<profile>-<start>`, with the attributes and capacities of docs/design.md §3,
+//!   consuming its resources and the memory-slice counters `[start, start + size)` from its GPU's
+//!   counter set.
+//! - One whole-GPU device `gpu-<index>` per GPU with MIG mode off (in the inventory only with
+//!   `--whole-gpus`; docs/design.md §7, "Whole GPUs"), consuming every counter of its GPU's
+//!   counter set at its full value. Devices are built in `resource_slices/device.rs`.
 //! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` (bytes), `multiprocessors`, the
 //!   engine counters, and `memory-slice-<n>` = 1 per memory slice. Overlapping placements consume
 //!   the same memory-slice counter, which stops the allocator from picking both.
-//! - Devices are listed in the placement policy's order ([`crate::publish::placement::publish_order`]);
-//!   slices carry an index whose zero-padded hex form sorts like the index, so the allocator (which
+//! - Devices are listed in the placement policy's order ([`crate::publish::placement::publish_order`],
+//!   whole GPUs placed by [`crate::publish::placement::with_whole_gpus`]: after the MIG devices
+//!   of their GPU and of every GPU with a lower index); slices carry an index whose zero-padded hex form sorts like the index, so the allocator (which
 //!   sorts slices by name from 1.36) walks devices in that order.
 //! - Layout by server version (docs/reference/dra.md, "ResourceSlice limits"): 1.34 keeps a GPU's counter set
 //!   and its devices in one slice (several GPUs per slice while the limits allow); 1.35+ puts
@@ -16,18 +21,18 @@
 //! Slices have no `metadata.name` and pool generation 0: naming, generations and owner references
 //! are the publisher's job.
 
-use std::collections::BTreeMap;
+mod device;
 
 use k8s_openapi::api::resource::v1::{
-    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CounterSet, Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use das_api::{DRIVER_NAME, attributes as attr, capacities as cap, counters, device_name};
+use das_api::DRIVER_NAME;
 
-use crate::gpu::{GiProfile, GpuInfo, GpuModel};
-use crate::publish::placement::{GpuView, publish_order};
+use crate::gpu::GpuInfo;
+use crate::publish::placement::{GpuView, Listed, publish_order, with_whole_gpus};
+use device::{counter_set, device, whole_gpu_device};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
 pub const MAX_DEVICES_PER_SLICE: usize = 64;
@@ -71,7 +76,7 @@ pub enum ResourceSliceKind {
     Devices,
     /// Counter sets and the devices that consume them (1.34).
     Combined,
-    /// Nothing: a node without MIG-capable GPUs still publishes one empty slice so its pool exists.
+    /// Nothing: a node without GPUs to serve still publishes one empty slice so its pool exists.
     Empty,
 }
 
@@ -163,27 +168,51 @@ fn canonical(mut n: u64, base: u64, suffixes: &[&str]) -> Quantity {
     Quantity(format!("{n}{}", suffixes[exp]))
 }
 
-/// Builds the node's desired slices from its inventory: every GPU that offers MIG
-/// ([`GpuInfo::offers_mig`]), in the policy's order, laid out for `layout`.
+/// Builds the node's desired slices from its inventory, in the policy's order, laid out for
+/// `layout`: the MIG placements of every GPU that offers MIG ([`GpuInfo::offers_mig`]) and the
+/// whole-GPU device of every GPU offered whole ([`GpuInfo::offers_whole_gpu`]), each GPU with
+/// its counter set.
 pub fn desired_resource_slices(
     node_name: &str,
     gpus: &[GpuInfo],
     layout: ResourceSliceLayout,
 ) -> Result<Vec<DesiredResourceSlice>, ResourceSliceError> {
-    let offered: Vec<&GpuInfo> = gpus.iter().filter(|g| g.offers_mig()).collect();
+    let offered: Vec<&GpuInfo> = gpus
+        .iter()
+        .filter(|g| g.offers_mig() || g.offers_whole_gpu())
+        .collect();
     for g in &offered {
         check_counter_set_size(g)?;
     }
-    let views: Vec<GpuView<'_>> = offered
+    // Positions in `offered` of the GPUs that offer MIG, as the policy's views see them.
+    let mig: Vec<usize> = (0..offered.len())
+        .filter(|&i| offered[i].offers_mig())
+        .collect();
+    let views: Vec<GpuView<'_>> = mig
         .iter()
-        .map(|g| GpuView {
-            index: g.index,
-            model: &g.model,
+        .map(|&i| GpuView {
+            index: offered[i].index,
+            model: &offered[i].model,
         })
         .collect();
-    let devices: Vec<(usize, Device)> = publish_order(&views)
+    let whole: Vec<u32> = offered
+        .iter()
+        .filter(|g| g.offers_whole_gpu())
+        .map(|g| g.index)
+        .collect();
+    let position = |index: u32| offered.iter().position(|g| g.index == index);
+    let devices: Vec<(usize, Device)> = with_whole_gpus(publish_order(&views), &whole)
         .into_iter()
-        .map(|c| (c.gpu, device(offered[c.gpu], c.profile_of(&views), c.start)))
+        .filter_map(|listed| match listed {
+            Listed::Mig(c) => {
+                let pos = mig[c.gpu];
+                Some((pos, device(offered[pos], c.profile_of(&views), c.start)))
+            }
+            Listed::WholeGpu { gpu_index } => {
+                let pos = position(gpu_index)?;
+                Some((pos, whole_gpu_device(offered[pos])))
+            }
+        })
         .collect();
     let contents = match layout {
         ResourceSliceLayout::SeparateCounterSlices => separate(&offered, devices),
@@ -358,137 +387,6 @@ fn finish(node_name: &str, mut contents: Vec<Contents>) -> Vec<DesiredResourceSl
             },
         )
         .collect()
-}
-
-/// The counter set of a GPU: its model's counter totals and one `memory-slice-<n>` per slice.
-fn counter_set(g: &GpuInfo) -> CounterSet {
-    let mut c: BTreeMap<String, Counter> = g
-        .model
-        .counter_totals
-        .counters()
-        .into_iter()
-        .filter(|(name, _)| g.model.publishes_counter(name))
-        .map(|(name, v)| (name.to_string(), counter(name, v)))
-        .collect();
-    for n in 0..g.model.memory_slices {
-        c.insert(counters::memory_slice(n), counter("", 1));
-    }
-    CounterSet {
-        name: counters::counter_set_name(g.index),
-        counters: c,
-    }
-}
-
-fn counter(name: &str, value: u64) -> Counter {
-    let value = if name == counters::MEMORY {
-        bytes_quantity(value)
-    } else {
-        count_quantity(value)
-    };
-    Counter { value }
-}
-
-/// One device: `profile` at `start` on `g`.
-fn device(g: &GpuInfo, p: &GiProfile, start: u32) -> Device {
-    Device {
-        name: device_name(g.index, &p.name, start),
-        attributes: Some(attributes(g, p, start)),
-        capacity: Some(capacity(p)),
-        consumes_counters: Some(vec![DeviceCounterConsumption {
-            counter_set: counters::counter_set_name(g.index),
-            counters: consumption(&g.model, p, start),
-        }]),
-        ..Default::default()
-    }
-}
-
-/// The counters a device consumes: its non-zero published resources and its memory slices.
-fn consumption(model: &GpuModel, p: &GiProfile, start: u32) -> BTreeMap<String, Counter> {
-    let mut c: BTreeMap<String, Counter> = p
-        .resources()
-        .counters()
-        .into_iter()
-        .filter(|(name, v)| *v > 0 && model.publishes_counter(name))
-        .map(|(name, v)| (name.to_string(), counter(name, v)))
-        .collect();
-    for n in start..start + p.placement_size {
-        c.insert(counters::memory_slice(n), counter("", 1));
-    }
-    c
-}
-
-fn capacity(p: &GiProfile) -> BTreeMap<String, DeviceCapacity> {
-    let r = p.resources();
-    let entries = [
-        (cap::MEMORY, bytes_quantity(r.memory_bytes())),
-        (cap::MULTIPROCESSORS, count_quantity(r.multiprocessors)),
-        (cap::COPY_ENGINES, count_quantity(r.copy_engines)),
-        (cap::DECODERS, count_quantity(r.decoders)),
-        (cap::ENCODERS, count_quantity(r.encoders)),
-        (cap::JPEG_ENGINES, count_quantity(r.jpeg_engines)),
-        (cap::OFA_ENGINES, count_quantity(r.ofa_engines)),
-    ];
-    entries
-        .into_iter()
-        .map(|(name, value)| {
-            (
-                name.to_string(),
-                DeviceCapacity {
-                    value,
-                    request_policy: None,
-                },
-            )
-        })
-        .collect()
-}
-
-fn attributes(g: &GpuInfo, p: &GiProfile, start: u32) -> BTreeMap<String, DeviceAttribute> {
-    let model: &GpuModel = &g.model;
-    let mut a = BTreeMap::new();
-    let mut put = |k: &str, v: DeviceAttribute| {
-        a.insert(k.to_string(), v);
-    };
-    put(attr::TYPE, string(attr::TYPE_MIG));
-    put(attr::PROFILE, string(&p.name));
-    put(attr::PARENT_UUID, string(&g.uuid));
-    put(attr::GPU_INDEX, int(i64::from(g.index)));
-    put(attr::PLACEMENT_START, int(i64::from(start)));
-    put(attr::PLACEMENT_SIZE, int(i64::from(p.placement_size)));
-    put(attr::PRODUCT_NAME, string(&g.product_name));
-    put(attr::ARCHITECTURE, string(&model.architecture));
-    if let Some(v) = semver(&model.cuda_compute_capability) {
-        put(attr::CUDA_COMPUTE_CAPABILITY, version(v));
-    }
-    if let Some(v) = semver(&g.driver_version) {
-        put(attr::DRIVER_VERSION, version(v));
-    }
-    if let Some(bus) = &g.pci_bus_id {
-        put(attr::PCI_BUS_ID, string(bus));
-    }
-    a
-}
-
-/// A string attribute, cut to the API's 64 characters.
-fn string(s: &str) -> DeviceAttribute {
-    let cut: String = s.chars().take(MAX_ATTRIBUTE_STRING).collect();
-    DeviceAttribute {
-        string: Some(cut),
-        ..Default::default()
-    }
-}
-
-fn int(i: i64) -> DeviceAttribute {
-    DeviceAttribute {
-        int: Some(i),
-        ..Default::default()
-    }
-}
-
-fn version(v: String) -> DeviceAttribute {
-    DeviceAttribute {
-        version: Some(v),
-        ..Default::default()
-    }
 }
 
 #[cfg(test)]

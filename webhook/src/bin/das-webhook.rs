@@ -24,7 +24,7 @@ use das_webhook::tls::ReloadingCert;
 #[derive(Parser, Debug)]
 #[command(
     version,
-    about = "DAS webhook: legacy nvidia.com/mig-* pods -> ResourceClaims"
+    about = "DAS webhook: legacy nvidia.com/mig-* (and, optionally, nvidia.com/gpu) pods -> ResourceClaims"
 )]
 struct Args {
     #[command(flatten)]
@@ -52,6 +52,10 @@ struct Args {
     /// How long the list of offered profiles (DeviceClasses) is cached, in seconds.
     #[arg(long, default_value_t = 30)]
     profiles_ttl_seconds: u64,
+    /// Also translate `nvidia.com/gpu: N` into a claim for N whole GPUs (DeviceClass
+    /// gpu.das.com, template das-gpu-x<N>); off: such pods are left alone.
+    #[arg(long, env = "DAS_WEBHOOK_TRANSLATE_WHOLE_GPUS")]
+    translate_whole_gpus: bool,
     #[command(flatten)]
     metrics_auth: MetricsAuthArgs,
     #[command(flatten)]
@@ -76,10 +80,13 @@ async fn run(args: Args) -> Result<()> {
     )));
     let clients = client::clients(&args.kube, Timeouts::default()).await?;
     let app = Arc::new(App {
-        profiles: Arc::new(Profiles::new(
-            clients.calls.clone(),
-            Duration::from_secs(args.profiles_ttl_seconds),
-        )),
+        profiles: Arc::new(
+            Profiles::new(
+                clients.calls.clone(),
+                Duration::from_secs(args.profiles_ttl_seconds),
+            )
+            .translating_whole_gpus(args.translate_whole_gpus),
+        ),
         templates: Templates::watch(&clients),
         metrics: Metrics::default(),
         metrics_access: args.metrics_auth.access(&clients.calls),

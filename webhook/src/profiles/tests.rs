@@ -506,3 +506,75 @@ async fn a_stale_answer_serves_at_once_while_it_is_refreshed_in_the_background()
     waiting.await.unwrap().unwrap();
     assert_eq!(profiles.source.fetches.load(Ordering::SeqCst), 3);
 }
+
+/// A whole-GPU device as the node plugin publishes it with `--whole-gpus`: `type: gpu`, no
+/// profile and no placement attributes.
+fn whole_gpu(gpu: i64) -> Value {
+    json!({"name": format!("gpu-{gpu}"), "attributes": {
+        "type": {"string": "gpu"}, "gpuIndex": {"int": gpu}, "uuid": {"string": "GPU-x"}}})
+}
+
+#[test]
+fn whole_gpus_are_counted_per_node_beside_the_placements() {
+    let mig = |gpu, start| {
+        let mut d = device(gpu, "1g.10gb", start, 1);
+        d["attributes"]["type"] = json!({"string": "mig"});
+        d
+    };
+    let slices = vec![
+        serde_json::to_value(slice("n0", vec![whole_gpu(0), whole_gpu(1), mig(2, 0)])).unwrap(),
+        serde_json::to_value(slice("n1", vec![whole_gpu(0)])).unwrap(),
+        serde_json::to_value(slice("n2", vec![mig(0, 0), mig(0, 1)])).unwrap(),
+    ];
+    let mut paged = PlacementSummary::default();
+    paged.add_page(decode_page(&page_body(&slices, None)).items);
+    let mut from_typed = PlacementSummary::default();
+    for s in typed(&slices) {
+        from_typed.add_slice(&s);
+    }
+    assert_eq!(paged, from_typed);
+    assert_eq!(paged.devices(), 6);
+    assert_eq!(paged.max_whole_gpus_per_node(), Some(2), "n0 has two");
+    assert_eq!(
+        paged.max_per_node()["1g.10gb"],
+        2,
+        "whole GPUs are no profile"
+    );
+    assert_eq!(PlacementSummary::default().max_whole_gpus_per_node(), None);
+}
+
+#[tokio::test]
+async fn whole_gpus_are_offered_only_when_translated() {
+    struct WithGpus;
+    impl Source for WithGpus {
+        async fn fetch(&self) -> Result<Offered> {
+            Ok(Offered {
+                whole_gpus: Some(crate::translate::WholeGpus {
+                    class: true,
+                    max_per_node: Some(4),
+                }),
+                ..Offered::from(vec!["1g.10gb".to_string()])
+            })
+        }
+    }
+    let gpu = vec![das_api::LEGACY_WHOLE_GPU_RESOURCE.to_string()];
+    let off = Arc::new(Profiles::with_source(
+        WithGpus,
+        Duration::from_secs(60),
+        Duration::ZERO,
+    ));
+    assert!(!off.translates_whole_gpus());
+    assert_eq!(off.get(&gpu).await.unwrap().whole_gpus, None);
+    let on = Arc::new(
+        Profiles::with_source(WithGpus, Duration::from_secs(60), Duration::ZERO)
+            .translating_whole_gpus(true),
+    );
+    let first = on.get(&gpu).await.unwrap();
+    assert_eq!(first.whole_gpus.as_ref().unwrap().max_per_node, Some(4));
+    let cached = on
+        .get(&gpu)
+        .now_or_never()
+        .expect("the cached answer covers whole GPUs")
+        .unwrap();
+    assert!(Arc::ptr_eq(&first, &cached));
+}

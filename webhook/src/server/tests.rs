@@ -100,10 +100,18 @@ async fn metrics_ask_for_a_reviewed_token_and_health_stays_open() {
 
 /// An app whose API server is never reached (nothing listens on port 9).
 fn unreachable_app() -> Arc<App> {
+    unreachable_app_translating(false)
+}
+
+/// [`unreachable_app`], translating `nvidia.com/gpu` when `whole_gpus`.
+fn unreachable_app_translating(whole_gpus: bool) -> Arc<App> {
     let client =
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     Arc::new(App {
-        profiles: Arc::new(Profiles::new(client.clone(), Duration::from_secs(30))),
+        profiles: Arc::new(
+            Profiles::new(client.clone(), Duration::from_secs(30))
+                .translating_whole_gpus(whole_gpus),
+        ),
         templates: Templates::watch(&das_runtime::client::Clients {
             calls: client.clone(),
             watches: client,
@@ -167,4 +175,29 @@ async fn a_review_without_a_request_is_invalid_and_counted_as_bad_review() {
     let text = app.metrics.encode();
     let want = "das_webhook_admission_requests_total{outcome=\"error\",cause=\"bad_review\"} 1";
     assert!(text.contains(want), "{want} missing in\n{text}");
+}
+
+/// `nvidia.com/gpu` is the webhook's only with `--translate-whole-gpus`: without it such a pod is
+/// admitted unchanged without asking the API server; with it, what the cluster offers is listed.
+#[tokio::test]
+async fn nvidia_com_gpu_is_translated_only_with_the_flag() {
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "ns", "operation": "CREATE", "userInfo": {},
+            "object": {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": [
+                {"name": "app", "image": "i",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}});
+    let off = unreachable_app();
+    let response = mutate(&off, review.clone()).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    let on = unreachable_app_translating(true);
+    let response = mutate(&on, review).await;
+    assert_eq!(response["allowed"], false, "{response}");
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("das-webhook: list DeviceClasses: "),
+        "{message}"
+    );
 }

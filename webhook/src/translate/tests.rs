@@ -2,7 +2,7 @@
 //! every denial.
 
 use super::*;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn offered() -> Offered {
     profiles().into()
@@ -422,4 +422,171 @@ fn a_template_that_asks_for_something_else_is_a_mismatch() {
     selector["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] =
         json!([{"cel": {"expression": "true"}}]);
     assert!(template_mismatch(&serde_json::from_value(selector).unwrap(), &want).is_some());
+}
+
+/// What a cluster with `gpu.das.com` and nodes of up to 8 whole GPUs offers, with
+/// `--translate-whole-gpus`.
+fn with_whole_gpus() -> Offered {
+    Offered {
+        whole_gpus: Some(WholeGpus {
+            class: true,
+            max_per_node: Some(8),
+        }),
+        ..offered()
+    }
+}
+
+fn whole(raw: &Value) -> (Translation, Value) {
+    let t = translate(&pod(raw.clone()), &with_whole_gpus()).expect("translated");
+    let after = apply(raw, &t);
+    (t, after)
+}
+
+fn whole_denied(raw: Value, offered: &Offered) -> String {
+    translate(&pod(raw), offered)
+        .expect_err("denied")
+        .to_string()
+}
+
+#[test]
+fn whole_gpus_are_left_alone_unless_translated() {
+    let raw = one(json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/mig-1g.10gb": "1"}}));
+    let (t, after) = ok(&raw);
+    assert_eq!(t.translated.len(), 1, "{:?}", t.translated);
+    assert_eq!(
+        after["spec"]["containers"][0]["resources"]["limits"],
+        json!({"nvidia.com/gpu": "1"}),
+        "nvidia.com/gpu stays for NVIDIA's device plugin"
+    );
+    let only = pod(one(json!({"limits": {"nvidia.com/gpu": "1"}})));
+    assert!(translate(&only, &offered()).unwrap().is_empty());
+    assert!(wanted(&only, false).is_empty());
+    assert_eq!(wanted(&only, true), ["nvidia.com/gpu"]);
+}
+
+#[test]
+fn whole_gpus_become_a_claim_for_gpu_das_com() {
+    let raw = one(json!({"limits": {"nvidia.com/gpu": "2", "cpu": "2"},
+        "requests": {"nvidia.com/gpu": "2"}}));
+    let (t, after) = whole(&raw);
+    assert_eq!(
+        after["spec"]["resourceClaims"],
+        json!([{"name": "gpu-app", "resourceClaimTemplateName": "das-gpu-x2"}])
+    );
+    let res = &after["spec"]["containers"][0]["resources"];
+    assert_eq!(res["claims"], json!([{"name": "gpu-app"}]));
+    assert_eq!(res["limits"], json!({"cpu": "2"}));
+    assert!(res.get("requests").is_none(), "{res}");
+    assert_eq!(
+        t.translated,
+        [Translated {
+            container: "app".into(),
+            resource: "nvidia.com/gpu".into(),
+            count: 2,
+            claim: "gpu-app".into(),
+            template: "das-gpu-x2".into(),
+        }]
+    );
+    assert!(t.warnings.is_empty());
+    let tv = serde_json::to_value(&t.templates[0]).unwrap();
+    assert_eq!(tv["metadata"]["name"], "das-gpu-x2");
+    assert_eq!(
+        tv["metadata"]["annotations"]["mig.das.com/legacy-resource"],
+        "nvidia.com/gpu"
+    );
+    assert_eq!(
+        tv["spec"]["spec"]["devices"]["requests"],
+        json!([{"name": "gpu", "exactly": {"deviceClassName": "gpu.das.com",
+            "allocationMode": "ExactCount", "count": 2}}])
+    );
+    assert_eq!(
+        template_mismatch(&t.templates[0], &whole_gpu_template(2)),
+        None
+    );
+    assert!(template_mismatch(&t.templates[0], &whole_gpu_template(1)).is_some());
+    let again = translate(&pod(after), &with_whole_gpus()).expect("still valid");
+    assert!(again.is_empty(), "translating twice changes nothing");
+}
+
+#[test]
+fn whole_gpus_and_slices_in_one_pod_get_a_claim_each() {
+    let raw = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": [
+            {"name": "a", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1",
+                "nvidia.com/mig-1g.10gb": "1"}}},
+            {"name": "b", "image": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}});
+    let (t, after) = whole(&raw);
+    let names: Vec<&str> = after["spec"]["resourceClaims"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mig-a-1g-10gb", "gpu-a", "gpu-b"]);
+    let tnames: Vec<String> = t
+        .templates
+        .iter()
+        .map(|t| t.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(tnames, ["das-mig-1g-10gb-x1", "das-gpu-x1"]);
+    for c in 0..2 {
+        assert!(
+            after["spec"]["containers"][c]["resources"]
+                .get("limits")
+                .is_none()
+        );
+    }
+}
+
+#[test]
+fn whole_gpu_requests_are_denied_as_slices_are() {
+    let o = with_whole_gpus();
+    for q in ["0", "1.5", "500m"] {
+        let m = whole_denied(one(json!({"limits": {"nvidia.com/gpu": q}})), &o);
+        assert!(
+            m.contains("container \"app\": nvidia.com/gpu: quantity")
+                && m.contains("ask for a whole number of GPUs"),
+            "{q}: {m}"
+        );
+    }
+    let m = whole_denied(
+        one(json!({"limits": {"nvidia.com/gpu": "2"}, "requests": {"nvidia.com/gpu": "1"}})),
+        &o,
+    );
+    assert!(
+        m.contains("requests (1) and limits (2) differ; whole GPUs cannot be overcommitted"),
+        "{m}"
+    );
+    let m = whole_denied(one(json!({"limits": {"nvidia.com/gpu": "9"}})), &o);
+    assert!(
+        m.contains("9 GPUs cannot be allocated to one pod; at most 8 whole GPUs fit on one node"),
+        "{m}"
+    );
+    assert!(translate(&pod(one(json!({"limits": {"nvidia.com/gpu": "8"}}))), &o).is_ok());
+    let unknown = Offered {
+        whole_gpus: Some(WholeGpus {
+            class: true,
+            max_per_node: None,
+        }),
+        ..offered()
+    };
+    let m = whole_denied(one(json!({"limits": {"nvidia.com/gpu": "33"}})), &unknown);
+    assert!(m.contains("at most 32"), "{m}");
+    let no_class = Offered {
+        whole_gpus: Some(WholeGpus::default()),
+        ..offered()
+    };
+    let m = whole_denied(one(json!({"limits": {"nvidia.com/gpu": "1"}})), &no_class);
+    assert!(m.contains("no DeviceClass gpu.das.com"), "{m}");
+    assert!(!offers(&no_class, "nvidia.com/gpu") && offers(&o, "nvidia.com/gpu"));
+    assert!(offers(&o, "1g.10gb") && !offers(&o, "9g.99gb"));
+    let held = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"resourceClaims": [{"name": "mine", "resourceClaimTemplateName": "das-gpu-x1"}],
+            "containers": [{"name": "app", "image": "i", "resources": {
+                "claims": [{"name": "mine"}], "limits": {"nvidia.com/gpu": "1"}}}]}});
+    let m = whole_denied(held, &o);
+    assert!(
+        m.contains("already holds DAS claim \"mine\" for whole GPUs"),
+        "{m}"
+    );
 }

@@ -127,6 +127,14 @@ pub(crate) struct Args {
     /// (they need a GPU reset).
     #[arg(long, env = "DAS_ENABLE_MIG_MODE")]
     pub(crate) enable_mig_mode: bool,
+    /// Also serve the GPUs whose MIG mode is off, each as one whole-GPU device `gpu-<index>`
+    /// (DeviceClass `gpu.das.com`) that holds every counter of its GPU. Off by default: such GPUs
+    /// are skipped. DAS does not switch MIG mode to follow demand: GPUs with MIG on serve slices
+    /// only, and with --enable-mig-mode Hopper and newer GPUs are switched on at start-up, so this
+    /// serves those still off (Ampere with MIG off, or any GPU without --enable-mig-mode). With
+    /// --emulated-gpus: the entries marked `:mig-off`.
+    #[arg(long, env = "DAS_WHOLE_GPUS")]
+    pub(crate) whole_gpus: bool,
     /// How long an unhealthy GPU must answer without a fatal XID or ECC error before the taints
     /// on its devices are removed, in seconds.
     #[arg(long, env = "DAS_HEALTH_QUIET_PERIOD_SECONDS", default_value_t = 300)]

@@ -1,5 +1,5 @@
-//! `das-kubelet-plugin`: the DAS node plugin. Publishes this node's MIG placements as
-//! ResourceSlices, registers with the kubelet as DRA driver `mig.das.com`, and carves and destroys
+//! `das-kubelet-plugin`: the DAS node plugin. Publishes this node's MIG placements (and, with
+//! `--whole-gpus`, its GPUs with MIG mode off as whole GPUs) as ResourceSlices, registers with the kubelet as DRA driver `mig.das.com`, and carves and destroys
 //! MIG instances on NodePrepareResources / NodeUnprepareResources.
 //!
 //! - `args`: the flags (clap) and the policies they make.

@@ -54,9 +54,10 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
     let (gpus, inventory) = match &args.emulated_gpus {
         Some(spec) => {
             // Read-only: the emulated GPUs' state is not opened.
-            let inventory = das_driver::gpu::emulated::emulated_inventory(spec, &args.node_name)
-                .with_context(|| format!("emulated GPUs {spec:?}"))?;
-            (Gpus::Emulated, inventory)
+            (
+                Gpus::Emulated,
+                emulated_inventory(args, spec, &args.node_name)?,
+            )
         }
         None => {
             let (backend, caps_major) = open_nvml(args)?;
@@ -110,7 +111,8 @@ fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
         proc_root: args.proc_root.clone(),
         enable_mig_mode: args.enable_mig_mode,
     };
-    let b = NvmlBackend::new(api, options).context("read the GPUs through NVML")?;
+    let b = NvmlBackend::with_whole_gpus(api, options, args.whole_gpus)
+        .context("read the GPUs through NVML")?;
     let major = procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
     Ok((Arc::new(b), major))
 }
@@ -124,7 +126,28 @@ pub(crate) fn open_emulated(args: &Args, spec: &str) -> Result<(Arc<dyn GpuBacke
         tracing::error!(moved_to = %aside.display(), reason = %why,
             "the emulated GPUs' state cannot be used: moved aside, the GPUs start empty");
     }
-    Ok((Arc::new(b), EMULATED_CAPS_MAJOR))
+    Ok((
+        Arc::new(b.with_whole_gpus(args.whole_gpus)),
+        EMULATED_CAPS_MAJOR,
+    ))
+}
+
+/// The emulated GPUs of `spec` the backend serves, without opening its state: those with MIG
+/// mode off only with --whole-gpus (logged and skipped otherwise, as on real GPUs).
+pub(crate) fn emulated_inventory(args: &Args, spec: &str, node: &str) -> Result<Vec<GpuInfo>> {
+    let all = das_driver::gpu::emulated::emulated_inventory(spec, node)
+        .with_context(|| format!("emulated GPUs {spec:?}"))?;
+    Ok(all
+        .into_iter()
+        .filter(|g| {
+            let served = g.served(args.whole_gpus);
+            if !served {
+                tracing::warn!(gpu = g.index, model = %g.model.name,
+                    "MIG mode is off (mig-off); pass --whole-gpus to serve it as a whole GPU; skipped");
+            }
+            served
+        })
+        .collect())
 }
 
 pub(crate) fn init_nvml() -> Result<RealNvml> {

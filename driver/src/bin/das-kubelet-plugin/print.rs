@@ -5,7 +5,7 @@ use das_driver::gpu::nvml;
 use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
 
 use crate::args::Args;
-use crate::node::init_nvml;
+use crate::node::{emulated_inventory, init_nvml};
 
 /// `--print-inventory`: read-only listing of the GPUs, then exit.
 pub(crate) fn print_inventory(args: &Args) -> Result<()> {
@@ -15,8 +15,13 @@ pub(crate) fn print_inventory(args: &Args) -> Result<()> {
             let gpus = das_driver::gpu::emulated::emulated_inventory(spec, &args.node_name)
                 .with_context(|| format!("emulated GPUs {spec:?}"))?;
             for g in gpus {
+                let serves = match (g.mig_enabled, args.whole_gpus) {
+                    (true, _) => "MIG slices",
+                    (false, true) => "whole GPU",
+                    (false, false) => "nothing (MIG off, no --whole-gpus)",
+                };
                 println!(
-                    "GPU {}: {} {} minor {} MIG {} model {} profiles {}",
+                    "GPU {}: {} {} minor {} MIG {} model {} profiles {} serves {serves}",
                     g.index,
                     g.product_name,
                     g.uuid,
@@ -40,8 +45,7 @@ pub(crate) fn print_resource_slices(args: &Args) -> Result<()> {
     } else {
         &args.node_name
     };
-    let gpus = das_driver::gpu::emulated::emulated_inventory(spec, node)
-        .with_context(|| format!("emulated GPUs {spec:?}"))?;
+    let gpus = emulated_inventory(args, spec, node)?;
     let slices = resource_slices::desired_resource_slices(
         node,
         &gpus,

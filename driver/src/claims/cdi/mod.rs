@@ -19,6 +19,9 @@
 //! - each device sets one variable of its own, [`mig_uuid_env_key`] (claim UID, request and the
 //!   device's position in the request), to its MIG UUID: users and tests read which instances a
 //!   container holds with `env | grep ^DAS_MIG_UUID_`;
+//! - a whole GPU (MIG mode off; docs/design.md §7, "Whole GPUs") carries its GPU's
+//!   `/dev/nvidia<N>` and no capability nodes, and sets [`gpu_uuid_env_key`] (same naming) to the
+//!   GPU's UUID;
 //! - the spec-level edits, the same in every DAS spec, add `/dev/nvidiactl` and the UVM nodes and
 //!   set `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's own CDI generator does (`nvidia-ctk cdi
 //!   generate`), so the NVIDIA container runtime hook adds no GPUs of its own (a CUDA image's
@@ -32,7 +35,7 @@
 //!
 //! - [`schema`]: the CDI spec format (the subset DAS uses) and the checks a CDI runtime makes
 //!   when it loads a spec: version, kind and device-name rules. Pure.
-//! - [`spec`]: DAS's per-claim spec built from the claim's MIG instances, and where its device
+//! - [`spec`]: DAS's per-claim spec built from the claim's MIG instances and whole GPUs, and where its device
 //!   nodes and driver mounts come from on this node. Pure.
 //! - [`files`]: the spec files: [`CdiWriter`] (a node's CDI directory and what every spec of it
 //!   carries), atomic writes, reads, deletes, and the start-up listing and clean-up. All of this
@@ -56,10 +59,10 @@ pub use schema::{
     validate_claim_uid, validate_device_name, validate_kind,
 };
 pub use spec::{
-    ClaimSpec, DeviceNodes, MIG_UUID_ENV_PREFIX, NVIDIA_UVM_PATH, NVIDIA_UVM_TOOLS_PATH,
-    NVIDIA_VISIBLE_DEVICES_VOID, NVIDIACTL_PATH, PreparedInstance, SpecDevice, add_spec_mounts,
-    build_claim_spec, device_name, mig_uuid_env_key, place_device_nodes, rehost_device_nodes,
-    without_device_nodes,
+    ClaimSpec, DeviceNodes, GPU_UUID_ENV_PREFIX, MIG_UUID_ENV_PREFIX, NVIDIA_UVM_PATH,
+    NVIDIA_UVM_TOOLS_PATH, NVIDIA_VISIBLE_DEVICES_VOID, NVIDIACTL_PATH, PreparedGpu,
+    PreparedInstance, SpecDevice, add_spec_mounts, build_claim_spec, device_name, gpu_uuid_env_key,
+    mig_uuid_env_key, place_device_nodes, rehost_device_nodes, without_device_nodes,
 };
 
 /// Errors of this module. Every variant says which name, spec or file is at fault.

@@ -1,7 +1,8 @@
 //! DAS's CDI spec of one claim: one CDI device per allocated device, named
 //! `<claimUID>-<device>`, with its MIG instances' device nodes and one environment variable per
-//! instance, and spec-level edits that are the same in every DAS spec, so specs of several
-//! claims compose in one container (see [`super`]). Also where the device nodes are on this
+//! instance (or, for a whole GPU, the GPU's device node and one variable with its UUID), and
+//! spec-level edits that are the same in every DAS spec, so specs of several claims compose in
+//! one container (see [`super`]). Also where the device nodes are on this
 //! node's host ([`DeviceNodes`]) and the driver's files every spec mounts. Pure: no I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -59,15 +60,34 @@ pub struct PreparedInstance {
     pub index: usize,
 }
 
+/// A whole GPU (MIG mode off) prepared for a container: its device node and its UUID, no
+/// capability nodes (docs/design.md §7, "Whole GPUs").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedGpu {
+    /// GPU UUID, `GPU-…`.
+    pub gpu_uuid: String,
+    /// Minor of its device node `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// Base name of the claim request the GPU serves (without `/<subrequest>`).
+    pub request: String,
+    /// Position of the GPU among its request's devices, in allocation-result order.
+    pub index: usize,
+}
+
 /// One CDI device of a claim's spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpecDevice {
     /// What the device stands for, and the key of its ID in [`ClaimSpec::device_ids`]: the
-    /// allocated device's name (`gpu-0-mig-1g-10gb-6`). The CDI device is `<claimUID>-<key>`.
+    /// allocated device's name (`gpu-0-mig-1g-10gb-6`, `gpu-1`). The CDI device is
+    /// `<claimUID>-<key>`.
     pub key: String,
-    /// The instances it gives a container: one for an allocated device (checkpoints of the first
-    /// release named a CDI device per request, holding all of the request's instances).
+    /// The MIG instances it gives a container: one for an allocated MIG device, none for a whole
+    /// GPU (checkpoints of the first release named a CDI device per request, holding all of the
+    /// request's instances).
     pub instances: Vec<PreparedInstance>,
+    /// The whole GPUs it gives a container: one for an allocated whole GPU, none for a MIG
+    /// device.
+    pub gpus: Vec<PreparedGpu>,
 }
 
 /// A claim's spec and the CDI device IDs to return to the kubelet.
@@ -96,20 +116,32 @@ pub fn mig_uuid_env_key(claim_uid: &str, request: &str, index: usize) -> String 
     )
 }
 
+/// Prefix of the per-GPU environment variables of whole GPUs ([`gpu_uuid_env_key`]).
+pub const GPU_UUID_ENV_PREFIX: &str = "DAS_GPU_UUID_";
+
+/// Name of the variable that holds the UUID of whole GPU `index` of `request` in claim
+/// `claim_uid`: `DAS_GPU_UUID_<claim UID>_<request>_<index>`, with the escaping of
+/// [`mig_uuid_env_key`].
+pub fn gpu_uuid_env_key(claim_uid: &str, request: &str, index: usize) -> String {
+    let mig = mig_uuid_env_key(claim_uid, request, index);
+    format!("{GPU_UUID_ENV_PREFIX}{}", &mig[MIG_UUID_ENV_PREFIX.len()..])
+}
+
 /// What `NVIDIA_VISIBLE_DEVICES` is set to in every DAS spec: the NVIDIA container runtime hook
 /// then leaves device injection to CDI (the value NVIDIA's CDI generator sets).
 pub const NVIDIA_VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 
 /// Builds DAS's spec for a claim: kind [`das_api::CDI_KIND`], one CDI device per
 /// [`SpecDevice`], named `<claimUID>-<key>`, with the instances' device nodes (parent GPU once per
-/// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per instance; the
+/// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per instance, or a
+/// whole GPU's device node and one [`gpu_uuid_env_key`] variable; the
 /// spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
 /// [`NVIDIA_VISIBLE_DEVICES_VOID`] (see [`super`] for why the edits compose).
 /// `cdiVersion` is the minimum the spec needs.
 ///
 /// # Errors
 /// [`CdiError::InvalidName`] for a bad claim UID or key; [`CdiError::InvalidSpec`] for no
-/// devices, a device without instances, a duplicate key, or an empty MIG UUID.
+/// devices, a device without instances or GPUs, a duplicate key, or an empty MIG or GPU UUID.
 pub fn build_claim_spec(claim_uid: &str, devices: &[SpecDevice]) -> Result<ClaimSpec, CdiError> {
     if devices.is_empty() {
         return Err(CdiError::InvalidSpec(format!(
@@ -227,18 +259,27 @@ pub fn without_device_nodes(spec: &mut Spec) {
 
 fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, CdiError> {
     let context = || format!("claim {claim_uid} device {:?}", device.key);
-    if device.instances.is_empty() {
+    if device.instances.is_empty() && device.gpus.is_empty() {
         return Err(CdiError::InvalidSpec(format!("{}: no slices", context())));
     }
-    let mut env = Vec::with_capacity(device.instances.len());
-    for instance in &device.instances {
-        let uuid = &instance.mig_uuid;
+    let checked = |what: &str, uuid: &str| {
         if uuid.is_empty() || uuid.contains(|c: char| c == ',' || c == '=' || c.is_whitespace()) {
             return Err(CdiError::InvalidSpec(format!(
-                "{}: MIG UUID {uuid:?} is empty or has a comma, '=' or blank",
+                "{}: {what} UUID {uuid:?} is empty or has a comma, '=' or blank",
                 context()
             )));
         }
+        Ok(())
+    };
+    let mut env = Vec::with_capacity(device.instances.len() + device.gpus.len());
+    for gpu in &device.gpus {
+        checked("GPU", &gpu.gpu_uuid)?;
+        let key = gpu_uuid_env_key(claim_uid, &gpu.request, gpu.index);
+        env.push(format!("{key}={}", gpu.gpu_uuid));
+    }
+    for instance in &device.instances {
+        let uuid = &instance.mig_uuid;
+        checked("MIG", uuid)?;
         env.push(format!(
             "{}={uuid}",
             mig_uuid_env_key(claim_uid, &instance.request, instance.index)
@@ -246,23 +287,21 @@ fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, 
     }
     Ok(ContainerEdits {
         env,
-        device_nodes: instance_device_nodes(&device.instances),
+        device_nodes: instance_device_nodes(&device.gpus, &device.instances),
         mounts: Vec::new(),
         hooks: Vec::new(),
     })
 }
 
-/// Parent GPU nodes (first appearance order, no duplicates), then the GI and CI capability nodes
-/// of each instance.
-fn instance_device_nodes(instances: &[PreparedInstance]) -> Vec<DeviceNode> {
+/// GPU nodes of the whole GPUs and the instances' parents (first appearance order, no
+/// duplicates), then the GI and CI capability nodes of each instance (a whole GPU has none).
+fn instance_device_nodes(gpus: &[PreparedGpu], instances: &[PreparedInstance]) -> Vec<DeviceNode> {
     let mut nodes = Vec::new();
     let mut parents = BTreeSet::new();
-    for instance in instances {
-        if parents.insert(instance.parent_minor) {
-            nodes.push(DeviceNode::from_host(format!(
-                "/dev/nvidia{}",
-                instance.parent_minor
-            )));
+    let minors = gpus.iter().map(|g| g.minor);
+    for minor in minors.chain(instances.iter().map(|i| i.parent_minor)) {
+        if parents.insert(minor) {
+            nodes.push(DeviceNode::from_host(format!("/dev/nvidia{minor}")));
         }
     }
     for instance in instances {

@@ -28,6 +28,7 @@ fn device(key: &str, instances: Vec<PreparedInstance>) -> SpecDevice {
     SpecDevice {
         key: key.to_string(),
         instances,
+        gpus: Vec::new(),
     }
 }
 
@@ -39,6 +40,54 @@ fn one(request: &str, index: usize, n: u32, parent: u32) -> SpecDevice {
         ..instance(n, parent)
     };
     device(&format!("gpu-{parent}-mig-1g-10gb-{n}"), vec![s])
+}
+
+/// Whole GPU `gpu-<minor>` for position `index` of `request`.
+fn whole(request: &str, index: usize, minor: u32) -> SpecDevice {
+    SpecDevice {
+        key: format!("gpu-{minor}"),
+        instances: Vec::new(),
+        gpus: vec![PreparedGpu {
+            gpu_uuid: format!("GPU-0000000{minor}-aaaa-bbbb-cccc-dddddddddddd"),
+            minor,
+            request: request.into(),
+            index,
+        }],
+    }
+}
+
+/// A whole GPU (docs/design.md §7, "Whole GPUs"): its `/dev/nvidia<N>`, no capability nodes,
+/// `DAS_GPU_UUID_…` named as `DAS_MIG_UUID_…` is, and the spec-level edits of every DAS spec.
+#[test]
+fn a_whole_gpu_has_its_device_node_and_uuid_and_no_capabilities() {
+    let built = build_claim_spec(UID, &[whole("big/full", 0, 3), one("big", 1, 1, 0)]).unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    assert_eq!(
+        value["devices"][0],
+        json!({
+            "name": format!("{UID}-gpu-3"),
+            "containerEdits": {
+                "env": [
+                    "DAS_GPU_UUID_8f2c1a7e_0b1d_4c55_9a0e_3d2f6b7c8d9e_big_full_0=GPU-00000003-aaaa-bbbb-cccc-dddddddddddd"
+                ],
+                "deviceNodes": [{"path": "/dev/nvidia3"}]
+            }
+        })
+    );
+    assert_eq!(
+        value["containerEdits"]["env"],
+        json!(["NVIDIA_VISIBLE_DEVICES=void"])
+    );
+    assert_eq!(
+        gpu_uuid_env_key(UID, "a-b/c.d", 2),
+        "DAS_GPU_UUID_8f2c1a7e_0b1d_4c55_9a0e_3d2f6b7c8d9e_a_b_c_d_2"
+    );
+    assert_eq!(built.device_ids.len(), 2);
+    // A bad GPU UUID is refused like a bad MIG UUID.
+    let mut bad = whole("big", 0, 3);
+    bad.gpus[0].gpu_uuid = "GPU-1,GPU-2".into();
+    let e = build_claim_spec(UID, &[bad]).unwrap_err();
+    assert!(e.to_string().contains("GPU UUID"), "{e}");
 }
 
 #[test]

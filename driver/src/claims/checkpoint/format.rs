@@ -1,5 +1,5 @@
-//! The checkpoint document (version 3; see [`super`] for the JSON): the record types, the
-//! checksum, encoding and decoding with the upgrades of versions 1 and 2, and the in-memory
+//! The checkpoint document (version 4; see [`super`] for the JSON): the record types, the
+//! checksum, encoding and decoding with the upgrades of versions 1 to 3, and the in-memory
 //! changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -8,10 +8,13 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::publish::devices::DeviceKind;
+
+mod kind;
 pub(super) mod v1;
 
-/// Version of the document this module writes. It also reads versions 1 and 2 (see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 3;
+/// Version of the document this module writes. It also reads versions 1 to 3 (see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 4;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -42,10 +45,16 @@ pub struct InstanceId {
     pub mig_uuid: String,
 }
 
-/// One allocated device of a claim, as prepared on this node.
+/// One allocated device of a claim, as prepared on this node: a MIG device, whose instance is
+/// created for it, or a whole GPU, which holds no instance (its profile is
+/// [`das_api::WHOLE_GPU_PROFILE`] and its placement every memory slice of the GPU).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RecordedDevice {
+    /// What the device is: `"kind": "gpu"` for a whole GPU; absent for a MIG device (every
+    /// device of a file before version 4 is one), so a MIG device serializes as in version 3.
+    #[serde(default, with = "kind", skip_serializing_if = "kind::is_mig")]
+    pub kind: DeviceKind,
     /// Request name from the allocation result (`<request>` or `<request>/<subrequest>`).
     pub request: String,
     /// Pool of the allocated device (the node name).
@@ -57,13 +66,13 @@ pub struct RecordedDevice {
     /// UUID of the parent GPU, `GPU-…`.
     #[serde(rename = "gpuUUID")]
     pub gpu_uuid: String,
-    /// MIG profile, e.g. `1g.10gb`.
+    /// MIG profile, e.g. `1g.10gb`; [`das_api::WHOLE_GPU_PROFILE`] for a whole GPU.
     pub profile: String,
-    /// First memory slice of the placement.
+    /// First memory slice of the placement (0 for a whole GPU).
     pub placement_start: u32,
-    /// Number of memory slices of the placement.
+    /// Number of memory slices of the placement (all of the GPU's for a whole GPU).
     pub placement_size: u32,
-    /// The MIG instance created for the device, once created.
+    /// The MIG instance created for the device, once created; always absent for a whole GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceId>,
 }
@@ -72,6 +81,12 @@ impl RecordedDevice {
     /// The MIG UUID of the device's instance, once created.
     pub fn mig_uuid(&self) -> Option<&str> {
         self.instance.as_ref().map(|i| i.mig_uuid.as_str())
+    }
+
+    /// Whether the device is a whole GPU ([`DeviceKind::WholeGpu`]): preparing it created no
+    /// MIG instance and releasing it destroys none.
+    pub fn is_whole_gpu(&self) -> bool {
+        self.kind == DeviceKind::WholeGpu
     }
 }
 
@@ -323,9 +338,10 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
         serde_json::from_slice(bytes).map_err(|e| CorruptReason::InvalidJson(e.to_string()))?;
     let version = value.get("version");
     match version.and_then(serde_json::Value::as_u64) {
-        // Version 2 is version 3 without `pods`: the same document type reads both, and its
-        // checksum covers the version the file has.
-        Some(v @ (2 | CHECKPOINT_VERSION)) => {
+        // Version 2 is version 3 without `pods`, version 3 is version 4 without a device's
+        // `kind` (every device a MIG one): the same document type reads all three, and its
+        // checksum covers the version the file has (a MIG device serializes as it did).
+        Some(v @ (2 | 3 | CHECKPOINT_VERSION)) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;

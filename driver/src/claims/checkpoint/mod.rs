@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 3,
+//!   "version": 4,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
@@ -25,7 +25,10 @@
 //!       "devices": [{"request": "gpu", "pool": "node-a", "device": "gpu-0-mig-1g-10gb-6",
 //!                    "gpuIndex": 0, "gpuUUID": "GPU-…", "profile": "1g.10gb",
 //!                    "placementStart": 6, "placementSize": 2,
-//!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"}}],
+//!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"}},
+//!                   {"kind": "gpu", "request": "whole", "pool": "node-a", "device": "gpu-1",
+//!                    "gpuIndex": 1, "gpuUUID": "GPU-…", "profile": "gpu",
+//!                    "placementStart": 0, "placementSize": 8}],
 //!       "cdiDeviceIds": {"gpu-0-mig-1g-10gb-6": ["das.com/mig=<claimUID>-gpu-0-mig-1g-10gb-6"]},
 //!       "pods": ["<podUID>"],
 //!       "updatedAt": 1767225600
@@ -40,13 +43,21 @@
 //! and never its successor at the same placement. `instance` is absent only while a prepare is
 //! creating the instance (and in a record left by a crash in that window).
 //!
+//! A device with `"kind": "gpu"` is a whole GPU (docs/design.md §7, "Whole GPUs"): no instance is
+//! created for it, so it never has `instance`; its profile is `gpu` and its placement every
+//! memory slice of the GPU, so it overlaps every placement of its GPU. `kind` is left out for a
+//! MIG device (`"mig"`, the default).
+//!
 //! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
 //! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
 //! ([`LoadOutcome::Upgraded`]), never treated as corrupt. Version 2 lacked `pods` (the UIDs of
 //! the pods the claim was reserved for when it was prepared, which the orphan rule asks the
-//! container runtime about); it is read as version 3 with no pods known. An older binary moves a
-//! newer file aside as corrupt and rebuilds from the GPUs and the API server (a downgrade loses
-//! no instance the API server still allocates; see docs/design.md for what it costs).
+//! container runtime about); it is read as version 3 with no pods known. Version 3 lacked a
+//! device's `kind` and had MIG devices only; it is read as version 4 with every device a MIG
+//! device (a version-3 file's bytes are a valid version-4 document but for `version`). An older
+//! binary moves a newer file aside as corrupt and rebuilds from the GPUs and the API server (a
+//! downgrade loses no instance the API server still allocates; see docs/design.md for what it
+//! costs).
 //!
 //! `checksum` is CRC-32 (IEEE, the `crc32fast` crate) of the compact JSON serialization of the
 //! same document without the `checksum` field; map keys are sorted, so the serialization is
@@ -69,8 +80,8 @@ pub(crate) mod format;
 pub(crate) mod store;
 
 pub use format::{
-    CHECKPOINT_VERSION, Checkpoint, ClaimRecord, CorruptReason, InstanceId, PrepareState,
-    RecordedDevice,
+    CHECKPOINT_VERSION, Checkpoint, ClaimRecord, CorruptReason, DeviceKind, InstanceId,
+    PrepareState, RecordedDevice,
 };
 pub use store::{
     BOOT_ID_PATH, CHECKPOINT_FILE_NAME, CheckpointError, CheckpointStore, LoadOutcome,

@@ -11,6 +11,7 @@ const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
 
 fn device(request: &str, start: u32) -> RecordedDevice {
     RecordedDevice {
+        kind: DeviceKind::Mig,
         request: request.to_string(),
         pool: "node-a".into(),
         device: format!("gpu-0-mig-1g-10gb-{start}"),
@@ -94,7 +95,7 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 3",
+        "\"version\": 4",
         "\"pods\"",
         "\"instance\"",
         "\"giId\"",
@@ -183,10 +184,145 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 3", "\"version\": 4")).unwrap();
+    fs::write(&path, text.replace("\"version\": 4", "\"version\": 5")).unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("4".into())
+        CorruptReason::UnknownVersion("5".into())
+    );
+}
+
+/// A whole GPU's device: profile `gpu`, every memory slice, no instance.
+fn whole_gpu(request: &str) -> RecordedDevice {
+    RecordedDevice {
+        kind: DeviceKind::WholeGpu,
+        request: request.to_string(),
+        pool: "node-a".into(),
+        device: "gpu-1".into(),
+        gpu_index: 1,
+        gpu_uuid: "GPU-11111111-bbbb-cccc-dddd-eeeeeeeeeeee".into(),
+        profile: das_api::WHOLE_GPU_PROFILE.into(),
+        placement_start: 0,
+        placement_size: 8,
+        instance: None,
+    }
+}
+
+/// Version 4: a whole GPU's device is written with `"kind": "gpu"` and reads back as one; a MIG
+/// device is written without `kind`, as in version 3.
+#[test]
+fn a_whole_gpu_device_round_trips_with_its_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let mut cp = sample();
+    let mut mig = device("slice", 6);
+    mig.instance = Some(InstanceId {
+        gi_id: 9,
+        ci_id: 0,
+        mig_uuid: "MIG-33333333-aaaa-bbbb-cccc-dddddddddddd".into(),
+    });
+    cp.set_completed(
+        "uid-4",
+        "ns",
+        "claim-4",
+        vec![whole_gpu("whole"), mig],
+        BTreeMap::new(),
+    );
+    cp.save(&path).unwrap();
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(cp.clone())
+    );
+    let text = fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches("\"kind\"").count(), 1, "{text}");
+    assert!(text.contains("\"kind\": \"gpu\""), "{text}");
+    let devices = &cp.get("uid-4").unwrap().devices;
+    assert!(devices[0].is_whole_gpu() && !devices[1].is_whole_gpu());
+    // An unknown kind is not guessed at.
+    fs::write(
+        &path,
+        text.replace("\"kind\": \"gpu\"", "\"kind\": \"vgpu\""),
+    )
+    .unwrap();
+    let CorruptReason::BadShape(e) = expect_corrupt(&path) else {
+        panic!("expected a bad shape");
+    };
+    assert!(e.contains("vgpu"), "{e}");
+}
+
+/// A file written by version 3 (before whole GPUs), as its binary wrote it: no `kind`.
+const V3_FILE: &str = r#"{
+  "version": 3,
+  "bootId": "3f1b2c4d-1111-2222-3333-444455556666",
+  "checksum": "CHECKSUM",
+  "claims": {
+    "uid-2": {
+      "namespace": "ns",
+      "name": "claim-2",
+      "state": "PrepareCompleted",
+      "devices": [
+        {
+          "request": "gpu",
+          "pool": "node-a",
+          "device": "gpu-0-mig-1g-10gb-4",
+          "gpuIndex": 0,
+          "gpuUUID": "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee",
+          "profile": "1g.10gb",
+          "placementStart": 4,
+          "placementSize": 2,
+          "instance": {
+            "giId": 5,
+            "ciId": 0,
+            "migUUID": "MIG-12345678-aaaa-bbbb-cccc-dddddddddddd"
+          }
+        }
+      ],
+      "cdiDeviceIds": {
+        "gpu-0-mig-1g-10gb-4": [
+          "das.com/mig=uid-2-gpu-0-mig-1g-10gb-4"
+        ]
+      },
+      "pods": [
+        "pod-a"
+      ],
+      "updatedAt": 1767225600
+    }
+  }
+}
+"#;
+
+/// A version-3 file is read as version 4 with every device a MIG device, never moved aside;
+/// saved again, it is a version-4 file that loads as such.
+#[test]
+fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let doc: Document = serde_json::from_str(V3_FILE).unwrap();
+    fs::write(
+        &path,
+        V3_FILE.replace("CHECKSUM", &doc.compute_checksum().unwrap()),
+    )
+    .unwrap();
+    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected an upgrade");
+    };
+    assert_eq!(from, 3);
+    let record = checkpoint.get("uid-2").unwrap();
+    assert_eq!(record.state, PrepareState::PrepareCompleted);
+    assert_eq!(record.pods, ["pod-a"]);
+    assert_eq!(record.devices[0].kind, DeviceKind::Mig);
+    assert_eq!(
+        record.devices[0].mig_uuid(),
+        Some("MIG-12345678-aaaa-bbbb-cccc-dddddddddddd")
+    );
+    checkpoint.save(&path).unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("\"version\": 4") && !text.contains("\"kind\""),
+        "{text}"
+    );
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(checkpoint)
     );
 }
 

@@ -302,7 +302,8 @@ fn spec_devices_number_slices_per_request() {
         .zip(&instances)
         .map(|(p, s)| with_instance(&record(p), s))
         .collect();
-    let specs = spec_devices(&devices, &instances, 508, &[]);
+    let held: Vec<Holding> = instances.iter().cloned().map(Holding::Instance).collect();
+    let specs = spec_devices(&devices, &held, 508, &[]);
     let shape: Vec<(String, String, usize)> = specs
         .iter()
         .map(|d| {
@@ -322,7 +323,7 @@ fn spec_devices_number_slices_per_request() {
         ]
     );
     // A record of the first release keeps one CDI device per request.
-    let legacy = spec_devices(&devices, &instances, 508, &["a".into(), "b".into()]);
+    let legacy = spec_devices(&devices, &held, 508, &["a".into(), "b".into()]);
     assert_eq!(legacy.len(), 2);
     assert_eq!(legacy[0].instances.len(), 2);
 }

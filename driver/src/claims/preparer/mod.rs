@@ -9,6 +9,11 @@
 //! - [`reaper`]: the passes of the reaper ([`super::reaper`] keeps its schedule).
 //! - [`orphans`]: the checks of the orphan rule ([`super::orphans`] states it).
 //! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
+//! - [`whole_gpu`]: the check a prepare makes of a whole GPU (docs/design.md §7, "Whole GPUs"),
+//!   and the device node its CDI spec gives.
+//!
+//! A whole GPU goes through the same steps with nothing created: its record holds no instance,
+//! its CDI spec gives its GPU's device node, and its release destroys nothing.
 //!
 //! Prepare of one claim, under the claim's lock: read the claim → resolve its allocation →
 //! settle what the checkpoint has for it (reuse a completed record after checking that its
@@ -53,6 +58,7 @@ pub(crate) mod prepare;
 pub(crate) mod reaper;
 pub(crate) mod release;
 pub(crate) mod startup;
+pub(crate) mod whole_gpu;
 
 #[cfg(test)]
 pub(crate) use prepare::PLACEMENT_WAIT;

@@ -11,7 +11,7 @@ use crate::claims::PrepareError;
 use crate::claims::cdi::ClaimSpec;
 use crate::claims::checkpoint::{ClaimRecord, InstanceId, RecordedDevice};
 use crate::claims::handler::{ClaimRef, PreparedDevice};
-use crate::claims::plan::{self, OnPrepare, Planned};
+use crate::claims::plan::{self, DeviceKind, Holding, OnPrepare, Planned};
 use crate::gpu::{BackendError, MigInstance};
 
 /// Longest a prepare waits for another claim's instances at its placements to go: after a force
@@ -62,6 +62,8 @@ impl Preparer {
             }
             _ => {}
         }
+        // A whole GPU whose GPU cannot serve it fails at once, not after a wait for its holders.
+        self.check_whole_gpus(&planned).await?;
         self.wait_for_placements(claim, &planned).await?;
         let known = self
             .record_of(&claim.uid)
@@ -152,7 +154,8 @@ impl Preparer {
 
     /// A retried prepare of a completed claim: answers with the record if its instances still
     /// exist (writing its CDI spec again where it is missing or differs); `None` after
-    /// releasing a record whose instances are gone.
+    /// releasing a record whose instances are gone. A whole GPU has nothing to look for on its
+    /// GPU: it is answered from the record as long as this node publishes it.
     async fn serve_completed(
         &self,
         claim: &ClaimRef,
@@ -175,14 +178,19 @@ impl Preparer {
         // A GPU instance whose compute instance is gone (an administrator's `nvidia-smi mig
         // -dci`) is listed without a MIG UUID: no container can use it, so it is repaired like
         // a missing one (released and created again), never answered with.
-        let usable = |m: &Option<MigInstance>| m.as_ref().is_some_and(|s| !s.mig_uuid.is_empty());
-        if !matched.iter().all(usable) {
-            tracing::warn!(claim = %claim, "slices recorded for this claim are gone or have lost their compute instance; preparing it again");
+        let usable = |h: &Option<Holding>| match h {
+            Some(Holding::Instance(s)) => !s.mig_uuid.is_empty(),
+            Some(Holding::WholeGpu { .. }) => true,
+            None => false,
+        };
+        let held = self.holdings(&record.devices, &matched);
+        if !held.iter().all(usable) {
+            tracing::warn!(claim = %claim, "slices recorded for this claim are gone or have lost their compute instance (or its whole GPU is no longer published); preparing it again");
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
         }
-        let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
-        self.ensure_cdi_spec(claim, record, &instances)?;
+        let held: Vec<Holding> = held.into_iter().flatten().collect();
+        self.ensure_cdi_spec(claim, record, &held)?;
         self.start_status(claim, record);
         Ok(Some(plan::kubelet_devices(record)))
     }
@@ -196,10 +204,10 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         record: &ClaimRecord,
-        instances: &[MigInstance],
+        held: &[Holding],
     ) -> Result<bool, PrepareError> {
         let legacy = plan::legacy_cdi_keys(record);
-        let built = self.build_spec(claim, &record.devices, instances, &legacy)?;
+        let built = self.build_spec(claim, &record.devices, held, &legacy)?;
         let on_disk = self.cdi.read(&claim.uid).ok();
         if on_disk.as_ref() == Some(&built.spec) {
             return Ok(false);
@@ -209,20 +217,20 @@ impl Preparer {
         Ok(true)
     }
 
-    /// The claim's CDI spec on this node for `devices` and their `instances` (in order);
+    /// The claim's CDI spec on this node for `devices` and what they hold (`held`, in order);
     /// `legacy_keys` are the requests a first-release record named its CDI devices after.
     ///
     /// # Errors
-    /// [`crate::claims::cdi::CdiError`]: the spec is not valid (a bad claim UID or MIG UUID).
+    /// [`crate::claims::cdi::CdiError`]: the spec is not valid (a bad claim UID, MIG or GPU
+    /// UUID).
     pub(crate) fn build_spec(
         &self,
         claim: &ClaimRef,
         devices: &[RecordedDevice],
-        instances: &[MigInstance],
+        held: &[Holding],
         legacy_keys: &[String],
     ) -> Result<ClaimSpec, crate::claims::cdi::CdiError> {
-        let spec_devices =
-            plan::spec_devices(devices, instances, self.cdi.caps_major(), legacy_keys);
+        let spec_devices = plan::spec_devices(devices, held, self.cdi.caps_major(), legacy_keys);
         self.cdi.claim_spec(&claim.uid, &spec_devices)
     }
 
@@ -274,14 +282,22 @@ impl Preparer {
             self.roll_back(claim, attempted).await;
             return Err(err);
         }
-        let instances: Vec<MigInstance> = made.into_iter().flatten().collect();
+        // Every MIG device has its instance now; a whole GPU needs only its device node.
+        let held: Vec<Holding> = planned
+            .iter()
+            .zip(made)
+            .filter_map(|(p, m)| match p.at.kind {
+                DeviceKind::WholeGpu => Some(Holding::WholeGpu {
+                    minor: p.at.gpu_minor,
+                }),
+                DeviceKind::Mig => m.map(Holding::Instance),
+            })
+            .collect();
         let t_created = t0.elapsed();
-        let written = self
-            .build_spec(claim, &devices, &instances, &[])
-            .and_then(|b| {
-                self.cdi.write(&claim.uid, &b.spec)?;
-                Ok(b)
-            });
+        let written = self.build_spec(claim, &devices, &held, &[]).and_then(|b| {
+            self.cdi.write(&claim.uid, &b.spec)?;
+            Ok(b)
+        });
         let built = match written {
             Ok(b) => b,
             Err(e) => {
@@ -333,7 +349,8 @@ impl Preparer {
     }
 
     /// Creates every planned instance, GPUs in parallel. Returns the instance made for each planned
-    /// device (in order) and the first failure, if any (a GPU stops at its first failure).
+    /// device (in order; `None` for a whole GPU, for which nothing is created) and the first
+    /// failure, if any (a GPU stops at its first failure).
     async fn create_all(
         &self,
         uid: &str,
@@ -341,7 +358,9 @@ impl Preparer {
     ) -> (Vec<Option<MigInstance>>, Option<(usize, BackendError)>) {
         let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
         for (i, p) in planned.iter().enumerate() {
-            by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
+            if p.at.kind == DeviceKind::Mig {
+                by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
+            }
         }
         let per_gpu = join_all(
             by_gpu
@@ -397,9 +416,14 @@ fn unreachable_record() -> ClaimRecord {
     panic!("the completed record is missing right after it was written")
 }
 
-/// The GPU indices `devices` live on, each once.
+/// The GPU indices the MIG devices of `devices` live on, each once (a whole GPU has no
+/// instance to look for).
 fn gpus_of(devices: &[RecordedDevice]) -> Vec<u32> {
-    let mut gpus: Vec<u32> = devices.iter().map(|d| d.gpu_index).collect();
+    let mut gpus: Vec<u32> = devices
+        .iter()
+        .filter(|d| !d.is_whole_gpu())
+        .map(|d| d.gpu_index)
+        .collect();
     gpus.sort_unstable();
     gpus.dedup();
     gpus

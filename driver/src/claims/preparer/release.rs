@@ -1,7 +1,8 @@
 //! NodeUnprepareResources, and the release of a claim's instances it shares with the roll-back
 //! of a failed prepare, the reaper and the orphan rule: destroy exactly the recorded instances
 //! (GPUs in parallel, each under its lock), delete the CDI spec, and drop the record only once
-//! every instance is confirmed gone; what is left stays recorded as `Releasing`.
+//! every instance is confirmed gone; what is left stays recorded as `Releasing`. A whole GPU has
+//! no instance: its release is its spec's and its record's, and never touches the GPU.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -128,10 +129,11 @@ impl Preparer {
     }
 
     /// Destroys the instances of `devices`, GPUs in parallel, each under its GPU's lock; returns
-    /// the devices whose instance is still there.
+    /// the devices whose instance is still there. Whole GPUs are skipped: nothing was created
+    /// for them, so their "destroy" is done.
     async fn destroy_devices(&self, uid: &str, devices: Vec<RecordedDevice>) -> Vec<Remaining> {
         let mut by_gpu: BTreeMap<u32, Vec<RecordedDevice>> = BTreeMap::new();
-        for d in devices {
+        for d in devices.into_iter().filter(|d| !d.is_whole_gpu()) {
             by_gpu.entry(d.gpu_index).or_default().push(d);
         }
         join_all(

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::Preparer;
 use crate::claims::EventTarget;
+use crate::claims::cdi;
 use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
 use crate::claims::handler::ClaimRef;
-use crate::claims::plan;
+use crate::claims::plan::{self, Holding};
 use crate::claims::startup::{Report, StartupError};
 use crate::gpu::{BackendError, MigInstance};
 
@@ -99,7 +100,8 @@ impl Preparer {
         }
     }
 
-    /// A kept claim: its instances should exist; its CDI spec is written again if needed.
+    /// A kept claim: its instances should exist (a whole GPU, that this node still publishes
+    /// it); its CDI spec is written again if needed.
     fn check_kept(
         &self,
         claim: &ClaimRef,
@@ -120,13 +122,14 @@ impl Preparer {
             return; // a GPU of the claim does not answer: nothing to check now
         };
         let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
-        if matched.iter().any(Option::is_none) {
-            tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists; the claim's next prepare creates it again");
+        let held = self.holdings(&record.devices, &matched);
+        if held.iter().any(Option::is_none) {
+            tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists (or its whole GPU is no longer published here); the claim's next prepare creates it again");
             report.missing_instances.push(claim.to_string());
             return;
         }
-        let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
-        match self.ensure_cdi_spec(claim, record, &instances) {
+        let held: Vec<Holding> = held.into_iter().flatten().collect();
+        match self.ensure_cdi_spec(claim, record, &held) {
             Ok(true) => report.cdi_specs_rewritten += 1,
             Ok(false) => {}
             Err(e) => {
@@ -135,7 +138,9 @@ impl Preparer {
         }
     }
 
-    /// Step 4: records for live instances that claims on this node are allocated to.
+    /// Step 4: records for live instances that claims on this node are allocated to. A whole GPU
+    /// leaves nothing on its GPU: the claim's CDI spec, still on disk, is the evidence that the
+    /// kubelet prepared it (its unprepare deletes the spec).
     async fn rebuild_from_api(
         &self,
         live: &LivePerGpu,
@@ -180,16 +185,23 @@ impl Preparer {
                     .checkpoint
                     .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
             });
-            if matched.iter().any(Option::is_none) {
+            let held = self.holdings(&started, &matched);
+            let spec_on_disk = || cdi::spec_path(self.cdi.dir(), &claim.uid).exists();
+            if held.iter().any(Option::is_none)
+                || (started.iter().any(RecordedDevice::is_whole_gpu) && !spec_on_disk())
+            {
                 continue; // not (fully) prepared here: the kubelet will prepare it
             }
-            let instances: Vec<MigInstance> = matched.into_iter().flatten().collect();
+            let held: Vec<Holding> = held.into_iter().flatten().collect();
             let devices: Vec<RecordedDevice> = started
                 .iter()
-                .zip(&instances)
-                .map(|(d, s)| plan::with_instance(d, s))
+                .zip(&held)
+                .map(|(d, h)| match h {
+                    Holding::Instance(s) => plan::with_instance(d, s),
+                    Holding::WholeGpu { .. } => d.clone(),
+                })
                 .collect();
-            let built = self.build_spec(&claim, &devices, &instances, &[])?;
+            let built = self.build_spec(&claim, &devices, &held, &[])?;
             self.cdi.write(&claim.uid, &built.spec)?;
             let ids: BTreeMap<String, Vec<String>> = built
                 .device_ids

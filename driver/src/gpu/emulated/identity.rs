@@ -8,8 +8,10 @@ use super::spec::{EmulatedGpuSpec, parse_emulated_spec};
 use super::{EMULATED_DRIVER_VERSION, EmuGpu, EmulatedError};
 use crate::gpu::GpuInfo;
 
-/// The GPUs of `spec` on node `node_name` as the emulated backend reports them, without opening
-/// (or creating) any state: what `das-kubelet-plugin --print-inventory` shows.
+/// The GPUs of `spec` on node `node_name` as the emulated hardware has them, without opening (or
+/// creating) any state: what `das-kubelet-plugin --print-inventory` shows. GPUs with MIG mode
+/// off (`mig-off`) are included, with `GpuInfo::mig_enabled` false; the backend reports those
+/// only with `--whole-gpus`, so keep `GpuInfo::served(whole_gpus)` for what it reports.
 ///
 /// # Errors
 /// A bad spec.
@@ -29,22 +31,23 @@ pub(super) fn gpu_info(g: &EmuGpu) -> GpuInfo {
         minor: g.index,
         pci_bus_id: None,
         driver_version: EMULATED_DRIVER_VERSION.to_string(),
-        mig_enabled: true,
+        mig_enabled: g.mig_enabled,
     }
 }
 
 pub(super) fn build_gpus(specs: &[EmulatedGpuSpec], node_name: &str) -> Vec<EmuGpu> {
     let models = specs
         .iter()
-        .flat_map(|s| std::iter::repeat_n(&s.model, s.count as usize));
+        .flat_map(|s| std::iter::repeat_n(s, s.count as usize));
     models
         .enumerate()
-        .map(|(i, model)| {
+        .map(|(i, spec)| {
             let index = i as u32;
             EmuGpu {
                 index,
                 uuid: format_uuid("GPU-", &[node_name.as_bytes(), &index.to_le_bytes()]),
-                model: model.clone(),
+                model: spec.model.clone(),
+                mig_enabled: spec.mig_enabled,
             }
         })
         .collect()

@@ -1,4 +1,5 @@
-//! The `--emulated-gpus` spec: `<model>:<count>,…`, e.g. `A100-SXM4-40GB:2,H100-80GB:2`.
+//! The `--emulated-gpus` spec: `<model>[:<count>[:<mode>]],…`, e.g.
+//! `A100-SXM4-40GB:1:mig-off,H100-80GB:2` (mode `mig-on`, the default, or `mig-off`).
 
 use std::sync::Arc;
 
@@ -6,16 +7,26 @@ use super::{EmulatedError, MAX_EMULATED_GPUS};
 use crate::gpu::catalog::{ModelError, builtin_models, find_model, model_names};
 use crate::gpu::model::GpuModel;
 
-/// One entry of the spec: `count` GPUs of `model`.
+/// The MIG mode word of a spec entry for GPUs with MIG mode on (the default).
+pub const MODE_MIG_ON: &str = "mig-on";
+/// The MIG mode word of a spec entry for GPUs with MIG mode off (served whole with
+/// `--whole-gpus`, skipped without it; docs/design.md §7, "Whole GPUs").
+pub const MODE_MIG_OFF: &str = "mig-off";
+
+/// One entry of the spec: `count` GPUs of `model`, with MIG mode on or off.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmulatedGpuSpec {
     /// The model.
     pub model: Arc<GpuModel>,
     /// How many GPUs of it.
     pub count: u32,
+    /// Whether their MIG mode is on (`mig-on`, the default) or off (`mig-off`). Static: the
+    /// emulated GPUs keep the mode the spec gives them.
+    pub mig_enabled: bool,
 }
 
-/// Parses `MODEL[:COUNT][,MODEL[:COUNT]...]` (count defaults to 1; model names and aliases are
+/// Parses `MODEL[:COUNT[:MODE]][,MODEL[:COUNT[:MODE]]...]` (count defaults to 1, mode to
+/// [`MODE_MIG_ON`], the other mode is [`MODE_MIG_OFF`]; model names, aliases and modes are
 /// case-insensitive). GPUs get indices in spec order.
 pub fn parse_emulated_spec(spec: &str) -> Result<Vec<EmulatedGpuSpec>, EmulatedError> {
     let models = model_names()?;
@@ -29,15 +40,27 @@ pub fn parse_emulated_spec(spec: &str) -> Result<Vec<EmulatedGpuSpec>, EmulatedE
         if entry.is_empty() {
             return Err(bad("empty entry".into()));
         }
-        let (name, count) = match entry.split_once(':') {
-            Some((n, c)) => (
-                n.trim(),
-                parse_count(c.trim()).map_err(|p| bad(format!("{entry}: {p}")))?,
-            ),
-            None => (entry, 1),
+        let mut fields = entry.split(':').map(str::trim);
+        let name = fields.next().unwrap_or_default();
+        let count = match fields.next() {
+            Some(c) => parse_count(c).map_err(|p| bad(format!("{entry}: {p}")))?,
+            None => 1,
         };
+        let mig_enabled = match fields.next() {
+            Some(m) => parse_mode(m).map_err(|p| bad(format!("{entry}: {p}")))?,
+            None => true,
+        };
+        if fields.next().is_some() {
+            return Err(bad(format!(
+                "{entry}: too many fields, an entry is MODEL[:COUNT[:{MODE_MIG_ON}|{MODE_MIG_OFF}]]"
+            )));
+        }
         let model = find_model(name)?.ok_or_else(|| bad(format!("unknown GPU model {name}")))?;
-        out.push(EmulatedGpuSpec { model, count });
+        out.push(EmulatedGpuSpec {
+            model,
+            count,
+            mig_enabled,
+        });
     }
     let total: u32 = out.iter().map(|s| s.count).sum();
     if total > MAX_EMULATED_GPUS {
@@ -52,6 +75,18 @@ fn parse_count(c: &str) -> Result<u32, String> {
         _ => Err(format!(
             "count {c:?} is not an integer in 1..={MAX_EMULATED_GPUS}"
         )),
+    }
+}
+
+fn parse_mode(m: &str) -> Result<bool, String> {
+    if m.eq_ignore_ascii_case(MODE_MIG_ON) {
+        Ok(true)
+    } else if m.eq_ignore_ascii_case(MODE_MIG_OFF) {
+        Ok(false)
+    } else {
+        Err(format!(
+            "MIG mode {m:?} is not {MODE_MIG_ON} or {MODE_MIG_OFF} (an entry is MODEL[:COUNT[:{MODE_MIG_ON}|{MODE_MIG_OFF}]])"
+        ))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The emulated GPUs' "hardware" state on disk ([`super::STATE_FILE`]): which GPU and compute
-//! instances exist on which GPU, written atomically after every change and checked against the
-//! spec and node name when loaded.
+//! instances exist on which GPU, and each GPU's MIG mode, written atomically after every change
+//! and checked against the spec and node name when loaded.
 
 use std::fs;
 use std::io;
@@ -29,7 +29,19 @@ pub(super) struct GpuState {
     pub(super) index: u32,
     pub(super) model: String,
     pub(super) uuid: String,
+    /// MIG mode. Written only when off (`"migEnabled": false`), so the file of GPUs with MIG on
+    /// is what a plugin before `mig-off` wrote and reads; a file without it reads as MIG on.
+    #[serde(default = "mig_on", skip_serializing_if = "is_on")]
+    pub(super) mig_enabled: bool,
     pub(super) instances: Vec<InstanceState>,
+}
+
+fn mig_on() -> bool {
+    true
+}
+
+fn is_on(mig_enabled: &bool) -> bool {
+    *mig_enabled
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,6 +83,7 @@ pub(super) fn fresh_state(gpus: &[EmuGpu], node_name: &str) -> StateFile {
                 index: g.index,
                 model: g.model.name.clone(),
                 uuid: g.uuid.clone(),
+                mig_enabled: g.mig_enabled,
                 instances: Vec::new(),
             })
             .collect(),
@@ -99,16 +112,18 @@ pub(super) fn load_state(
         let gpus: Vec<String> = s
             .gpus
             .iter()
-            .map(|g| format!("{}:{}", g.index, g.model))
+            .map(|g| {
+                let mode = if g.mig_enabled { "" } else { ":mig-off" };
+                format!("{}:{}{mode}", g.index, g.model)
+            })
             .collect();
         format!("node {}, GPUs [{}]", s.node_name, gpus.join(", "))
     };
     let same_gpus = state.gpus.len() == expected.gpus.len()
-        && state
-            .gpus
-            .iter()
-            .zip(&expected.gpus)
-            .all(|(a, b)| (a.index, &a.model, &a.uuid) == (b.index, &b.model, &b.uuid));
+        && state.gpus.iter().zip(&expected.gpus).all(|(a, b)| {
+            (a.index, &a.model, &a.uuid, a.mig_enabled)
+                == (b.index, &b.model, &b.uuid, b.mig_enabled)
+        });
     if state.node_name != node_name || !same_gpus {
         return Err(EmulatedError::StateMismatch {
             path: path.to_path_buf(),
@@ -125,8 +140,16 @@ pub(super) fn load_state(
     Ok(state)
 }
 
-/// Checks that a GPU's recorded instances are a layout the hardware accepts, with unique IDs.
+/// Checks that a GPU's recorded instances are a layout the hardware accepts, with unique IDs
+/// (none with MIG mode off).
 pub(super) fn replay_instances(gpu: &EmuGpu, gs: &GpuState) -> Result<(), String> {
+    if !gs.mig_enabled && !gs.instances.is_empty() {
+        return Err(format!(
+            "GPU {}: MIG mode is off, yet {} MIG instances are recorded",
+            gpu.index,
+            gs.instances.len()
+        ));
+    }
     let mut occ = Occupancy::empty(&gpu.model);
     let mut gi_ids = Vec::new();
     for inst in &gs.instances {

@@ -367,3 +367,6 @@ fn health_events_come_from_code_and_from_the_control_file_once_per_content() {
             .unwrap();
     assert_eq!(parsed.xid_events, control.xid_events[1..]);
 }
+
+/// GPUs with MIG mode off (`:mig-off`) and `--whole-gpus`.
+mod whole_gpus;

@@ -865,3 +865,6 @@ fn a_read_overlapped_by_a_create_is_not_kept() {
     assert_eq!(gi_ids(&list), [y.gi_id, x.gi_id], "Y is not lost");
     assert_eq!(list, b.instances_on(0).unwrap());
 }
+
+/// GPUs with MIG mode off kept with `--whole-gpus`.
+mod whole_gpus;

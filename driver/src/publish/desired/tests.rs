@@ -174,3 +174,88 @@ fn devices_overlapping_an_unclaimed_instance_are_withdrawn() {
         "only removals, nothing else changes"
     );
 }
+
+/// GPU 0 an A30 with MIG on, GPU 1 an A30 with MIG off (a whole GPU, `gpu-1`).
+fn with_a_whole_gpu() -> (Vec<GpuInfo>, Vec<ResourceSliceSpec>) {
+    let mut whole = gpu(1, "A30");
+    whole.mig_enabled = false;
+    let gpus = vec![gpu(0, "A30"), whole];
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    (gpus, desired.into_iter().map(|d| d.slice.spec).collect())
+}
+
+#[test]
+fn gpu_wide_taints_reach_the_whole_gpu_device() {
+    let (gpus, base) = with_a_whole_gpu();
+    // What the health monitor reports for a GPU-wide fault: every device of the GPU, by the
+    // placement `device_index` gives it (a whole GPU: start 0, every memory slice).
+    let index = device_index(&gpus);
+    let taints: BTreeMap<(u32, Placement), Vec<DeviceTaint>> = index
+        .values()
+        .filter(|r| r.gpu_index == 1)
+        .map(|r| {
+            let at = Placement {
+                start: r.start,
+                size: r.size,
+            };
+            ((1, at), vec![xid_taint("79")])
+        })
+        .collect();
+    assert_eq!(
+        taints.keys().collect::<Vec<_>>(),
+        [&(1, Placement { start: 0, size: 4 })]
+    );
+    let facts = HealthFacts {
+        taints,
+        ..HealthFacts::default()
+    };
+    let specs = desired_slices(&base, &facts);
+    for d in devices(&specs) {
+        let want = (d.name == "gpu-1").then(|| vec![xid_taint("79")]);
+        assert_eq!(d.taints, want, "{}", d.name);
+    }
+    // The same through set_device_taints keyed by GPU only.
+    let mut specs = base.clone();
+    set_device_taints(&mut specs, |gpu, placement| {
+        assert!(gpu != 1 || placement == Placement { start: 0, size: 4 });
+        if gpu == 1 {
+            vec![xid_taint("48")]
+        } else {
+            Vec::new()
+        }
+    });
+    let tainted: Vec<&str> = devices(&specs)
+        .into_iter()
+        .filter(|d| d.taints.is_some())
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(tainted, ["gpu-1"]);
+}
+
+#[test]
+fn a_mig_instance_on_a_whole_gpu_withdraws_it() {
+    let (_, base) = with_a_whole_gpu();
+    // Cannot happen while its MIG mode is off; if someone switched it on and made one, the
+    // whole GPU overlaps it.
+    let facts = HealthFacts {
+        withdrawn: BTreeMap::from([(1, vec![Placement { start: 3, size: 1 }])]),
+        ..HealthFacts::default()
+    };
+    let names: Vec<String> = devices(&desired_slices(&base, &facts))
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    assert!(!names.contains(&"gpu-1".to_string()));
+    assert_eq!(names.len(), devices(&base).len() - 1, "GPU 0 untouched");
+    // An instance on GPU 0 leaves the whole GPU 1 published.
+    let facts = HealthFacts {
+        withdrawn: BTreeMap::from([(0, vec![Placement { start: 0, size: 4 }])]),
+        ..HealthFacts::default()
+    };
+    let names: Vec<String> = devices(&desired_slices(&base, &facts))
+        .iter()
+        .map(|d| d.name.clone())
+        .collect();
+    assert_eq!(names, ["gpu-1"]);
+}

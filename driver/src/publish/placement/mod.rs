@@ -25,6 +25,12 @@
 //! - Across profiles (this matters only to claims that select by attributes, e.g. "any device
 //!   with ≥ 20 GB") smaller profiles come first, so such a claim gets the smallest that fits.
 //!
+//! - Whole GPUs (MIG mode off, with `--whole-gpus`; docs/design.md §7, "Whole GPUs") come in
+//!   index order, each after the MIG placements of its GPU and of every GPU with a lower index
+//!   ([`with_whole_gpus`]). A GPU's MIG mode is static for now, so a whole GPU never competes
+//!   with MIG placements for its GPU's counters: whole-GPU requests land on GPUs with MIG off,
+//!   slices on GPUs with MIG on, each packed as above (the packing benchmark's mixed rows).
+//!
 //! [`order_for_occupancy`] recomputes the damage on the current occupancy (an optional
 //! refinement that needs republishing after every allocation); [`name_order`] is the baseline
 //! of plain first-fit over device names. `sim` simulates the allocator over an order and
@@ -94,6 +100,50 @@ impl Candidate {
     pub fn profile_of<'m>(&self, gpus: &[GpuView<'m>]) -> &'m GiProfile {
         &gpus[self.gpu].model.profiles[self.profile]
     }
+}
+
+/// A device in the published order: a MIG placement, or a whole GPU (MIG mode off; docs/design.md
+/// §7, "Whole GPUs").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Listed {
+    /// A MIG placement of the policy's order.
+    Mig(Candidate),
+    /// The whole-GPU device `gpu-<index>` of the GPU with index `gpu_index`.
+    WholeGpu {
+        /// GPU index on the node.
+        gpu_index: u32,
+    },
+}
+
+impl Listed {
+    /// The GPU index of the device.
+    pub fn gpu_index(&self) -> u32 {
+        match self {
+            Listed::Mig(c) => c.gpu_index,
+            Listed::WholeGpu { gpu_index } => *gpu_index,
+        }
+    }
+}
+
+/// The MIG order `mig` (e.g. [`publish_order`]) with the whole GPUs `whole` (GPU indices) put in:
+/// each right after the last device of every GPU with an index up to its own, so after its own
+/// GPU's MIG placements, and the whole GPUs in index order. A whole-GPU request only sees whole
+/// GPUs (its DeviceClass selects `type == "gpu"`), so what matters is that they come in index
+/// order: the first free GPU is taken, the rest stay free; and a MIG request never sees them, so
+/// the MIG devices keep their order.
+pub fn with_whole_gpus(mig: Vec<Candidate>, whole: &[u32]) -> Vec<Listed> {
+    let mut out: Vec<Listed> = mig.into_iter().map(Listed::Mig).collect();
+    let mut whole = whole.to_vec();
+    whole.sort_unstable();
+    whole.dedup();
+    for gpu_index in whole {
+        let at = out
+            .iter()
+            .rposition(|l| l.gpu_index() <= gpu_index)
+            .map_or(0, |i| i + 1);
+        out.insert(at, Listed::WholeGpu { gpu_index });
+    }
+    out
 }
 
 /// DAS's default publishing order for an inventory (no occupancy): see the module docs.

@@ -8,8 +8,15 @@
 //! of demands still open after GPUs `0..i`, where an open demand that is component-wise at least
 //! another one is dropped (it cannot do better). Feasibility is monotone in the prefix length, so
 //! the longest feasible prefix is found by binary search.
+//!
+//! Whole GPUs (MIG mode off, [`Optimum::with_whole_gpus`]) hold one [`WHOLE_GPU_PROFILE`] request
+//! each and nothing else, and the GPUs with MIG on hold no whole-GPU request (MIG mode is static
+//! for now): a stream fits iff its whole-GPU requests are at most the whole GPUs and its slices
+//! fit the GPUs with MIG on.
 
 use std::collections::HashSet;
+
+use das_api::WHOLE_GPU_PROFILE;
 
 use crate::gpu::layout::maximal_count_vectors;
 
@@ -20,6 +27,8 @@ use super::GpuView;
 pub struct Optimum {
     names: Vec<String>,
     gpus: Vec<GpuChoices>,
+    /// Whole GPUs (MIG mode off) beside `gpus`.
+    whole: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -64,18 +73,33 @@ impl Optimum {
             cache.push(choices.clone());
             out.push(choices);
         }
-        Self { names, gpus: out }
+        Self {
+            names,
+            gpus: out,
+            whole: 0,
+        }
     }
 
-    /// Whether the node can hold all of `requests` (profile names) at once. Unknown names never
-    /// fit.
+    /// The same node with `count` whole GPUs (MIG mode off) besides the GPUs with MIG on.
+    pub fn with_whole_gpus(mut self, count: usize) -> Self {
+        self.whole = count;
+        self
+    }
+
+    /// Whether the node can hold all of `requests` (profile names, [`WHOLE_GPU_PROFILE`] for a
+    /// whole GPU) at once. Unknown names never fit.
     pub fn feasible<S: AsRef<str>>(&self, requests: &[S]) -> bool {
         let mut demand = vec![0u32; self.names.len()];
+        let mut whole = 0;
         for r in requests {
             match self.names.iter().position(|n| n == r.as_ref()) {
                 Some(i) => demand[i] += 1,
+                None if r.as_ref() == WHOLE_GPU_PROFILE => whole += 1,
                 None => return false,
             }
+        }
+        if whole > self.whole {
+            return false;
         }
         let mut open = vec![demand];
         for gpu in &self.gpus {

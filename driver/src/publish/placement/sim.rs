@@ -6,6 +6,13 @@
 //! (value 1 each) and its resource counters. That is [`Occupancy::check_counters`]; a unit test in
 //! `gpu::layout` shows the counters accept exactly what the hardware accepts, including the
 //! per-profile maximum counts and the single `+me`.
+//!
+//! Whole GPUs (MIG mode off, [`FirstFit::with_whole_gpus`]) take requests for
+//! [`das_api::WHOLE_GPU_PROFILE`]: the first free one in listed order (index order,
+//! [`super::with_whole_gpus`]), as the allocator walks the devices of the whole-GPU class. Each
+//! consumes its whole GPU's counter set, which nothing else uses while MIG mode stays off.
+
+use das_api::WHOLE_GPU_PROFILE;
 
 use crate::gpu::layout::Occupancy;
 
@@ -30,6 +37,8 @@ pub struct FirstFit<'a> {
     occ: Vec<Occupancy>,
     policy: Policy,
     order: Vec<Candidate>,
+    /// Whole GPUs by index, in listed order, with whether one is allocated.
+    whole: Vec<(u32, bool)>,
 }
 
 impl<'a> FirstFit<'a> {
@@ -44,7 +53,36 @@ impl<'a> FirstFit<'a> {
             occ: gpus.iter().map(|g| Occupancy::empty(g.model)).collect(),
             policy,
             order,
+            whole: Vec::new(),
         }
+    }
+
+    /// Adds whole GPUs (MIG mode off) with indices `indices`, none of which may be the index of a
+    /// GPU of the views: they take [`WHOLE_GPU_PROFILE`] requests.
+    pub fn with_whole_gpus(mut self, indices: &[u32]) -> Self {
+        let mut whole: Vec<u32> = indices.to_vec();
+        whole.sort_unstable();
+        whole.dedup();
+        assert!(
+            whole
+                .iter()
+                .all(|i| self.gpus.iter().all(|g| g.index != *i)),
+            "a whole GPU is also a GPU with MIG on"
+        );
+        self.whole = whole.into_iter().map(|i| (i, false)).collect();
+        self
+    }
+
+    /// Allocates the first free whole GPU; its index, or `None` when all are taken.
+    pub fn allocate_whole(&mut self) -> Option<u32> {
+        let (index, taken) = self.whole.iter_mut().find(|(_, taken)| !*taken)?;
+        *taken = true;
+        Some(*index)
+    }
+
+    /// Whole GPUs allocated so far.
+    pub fn whole_allocated(&self) -> usize {
+        self.whole.iter().filter(|(_, taken)| *taken).count()
     }
 
     /// Allocates the first fitting device of `profile` (a profile name); `None` if none fits.
@@ -63,12 +101,16 @@ impl<'a> FirstFit<'a> {
         Some(found)
     }
 
-    /// Allocates `requests` in order and returns how many were placed before the first one that
-    /// did not fit (all of them if none failed).
+    /// Allocates `requests` in order (profile names, or [`WHOLE_GPU_PROFILE`] for a whole GPU)
+    /// and returns how many were placed before the first one that did not fit (all of them if
+    /// none failed).
     pub fn placed_before_first_rejection<S: AsRef<str>>(&mut self, requests: &[S]) -> usize {
         requests
             .iter()
-            .take_while(|r| self.allocate(r.as_ref()).is_some())
+            .take_while(|r| match r.as_ref() {
+                WHOLE_GPU_PROFILE => self.allocate_whole().is_some(),
+                profile => self.allocate(profile).is_some(),
+            })
             .count()
     }
 
@@ -146,6 +188,20 @@ pub fn profile_weights(gpus: &[GpuView<'_>], mix: Mix) -> Vec<(String, u64)> {
             (name.clone(), w)
         })
         .collect()
+}
+
+/// `weights` with whole-GPU requests ([`WHOLE_GPU_PROFILE`]) added at `percent` % of the
+/// requests (0 < `percent` < 100): the mixed streams of a node whose GPUs are part MIG on, part
+/// MIG off.
+pub fn with_whole_gpu_share(weights: &[(String, u64)], percent: u64) -> Vec<(String, u64)> {
+    assert!(0 < percent && percent < 100, "a share in 1..100 %");
+    let slices: u64 = weights.iter().map(|(_, w)| w).sum();
+    let mut out: Vec<(String, u64)> = weights
+        .iter()
+        .map(|(n, w)| (n.clone(), w * (100 - percent)))
+        .collect();
+    out.push((WHOLE_GPU_PROFILE.to_string(), slices * percent));
+    out
 }
 
 /// `len` profile names drawn from `weights`.

@@ -248,3 +248,48 @@ fn occupancy_order_puts_fitting_placements_first() {
     assert_eq!(starts_of(&order, &gpus, 0, "1g.10gb")[0], 3);
     assert_eq!(starts_of(&order, &gpus, 0, "3g.40gb"), vec![0, 4]);
 }
+
+#[test]
+fn whole_gpus_follow_the_devices_of_their_gpu_and_the_lower_ones() {
+    let h = model("H100-80GB");
+    let gpus = [
+        GpuView {
+            index: 1,
+            model: &h,
+        },
+        GpuView {
+            index: 3,
+            model: &h,
+        },
+    ];
+    let mig = publish_order(&gpus);
+    let listed = with_whole_gpus(mig.clone(), &[4, 0, 2]);
+    assert_eq!(listed.len(), mig.len() + 3);
+    assert_eq!(listed[0], Listed::WholeGpu { gpu_index: 0 });
+    let at = |i: u32| {
+        listed
+            .iter()
+            .position(|l| *l == Listed::WholeGpu { gpu_index: i })
+            .unwrap()
+    };
+    let last_of = |i: u32| listed.iter().rposition(|l| l.gpu_index() == i).unwrap();
+    assert_eq!(at(2), last_of(1) + 1);
+    assert_eq!(listed[at(2) + 1].gpu_index(), 3);
+    assert_eq!(at(4), listed.len() - 1);
+    // The MIG devices keep their order.
+    let kept: Vec<Candidate> = listed
+        .iter()
+        .filter_map(|l| match l {
+            Listed::Mig(c) => Some(*c),
+            Listed::WholeGpu { .. } => None,
+        })
+        .collect();
+    assert_eq!(kept, mig);
+    assert_eq!(
+        with_whole_gpus(Vec::new(), &[1, 0]),
+        [
+            Listed::WholeGpu { gpu_index: 0 },
+            Listed::WholeGpu { gpu_index: 1 }
+        ]
+    );
+}

@@ -3,6 +3,7 @@
 use super::*;
 use crate::gpu::catalog::parse_model;
 use crate::gpu::{GpuModel, find_model};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 fn gpu(index: u32, model: &str) -> GpuInfo {
@@ -276,26 +277,26 @@ fn device_order_is_the_placement_order() {
 }
 
 #[test]
-fn gpus_without_mig_and_empty_nodes() {
+fn gpus_with_mig_off_offer_no_placements_and_empty_nodes() {
     let mut ampere_off = gpu(0, "A100-SXM4-40GB");
     ampere_off.mig_enabled = false;
     let mut hopper_off = gpu(1, "H100-80GB");
     hopper_off.mig_enabled = false;
     let slices = desired_resource_slices(
         "n",
-        &[ampere_off.clone(), hopper_off],
+        &[ampere_off, hopper_off],
         ResourceSliceLayout::SeparateCounterSlices,
     )
     .unwrap();
-    // Ampere cannot switch MIG on without a reset; Hopper can, so it is offered.
-    assert!(
-        all_devices(&slices)
-            .iter()
-            .all(|d| d.name.starts_with("gpu-1-"))
-    );
+    // MIG mode is static: a Hopper with MIG off offers no placements even though it could be
+    // switched on without a reset; each GPU is offered whole instead (tests/whole_gpus.rs).
+    let names: Vec<&str> = all_devices(&slices)
+        .iter()
+        .map(|d| d.name.as_str())
+        .collect();
+    assert_eq!(names, ["gpu-0", "gpu-1"]);
     let empty =
-        desired_resource_slices("n", &[ampere_off], ResourceSliceLayout::CountersWithDevices)
-            .unwrap();
+        desired_resource_slices("n", &[], ResourceSliceLayout::CountersWithDevices).unwrap();
     assert_eq!(empty.len(), 1);
     assert_eq!(empty[0].kind, ResourceSliceKind::Empty);
     assert!(empty[0].slice.spec.devices.is_none() && empty[0].slice.spec.shared_counters.is_none());
@@ -333,3 +334,6 @@ fn gpu_too_large_for_1_34() {
         desired_resource_slices("n", &[g], ResourceSliceLayout::SeparateCounterSlices).unwrap();
     assert_eq!(ok.len(), 1 + 2);
 }
+
+/// Whole GPUs (MIG mode off, `--whole-gpus`) beside MIG placements.
+mod whole_gpus;

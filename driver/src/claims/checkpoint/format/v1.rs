@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice};
+use super::{Checkpoint, ClaimRecord, DeviceKind, InstanceId, PrepareState, RecordedDevice};
 
 /// A version-1 device: the instance fields are flat and each optional.
 #[derive(Serialize, Deserialize, Clone)]
@@ -86,6 +86,8 @@ impl Document {
                     .devices
                     .into_iter()
                     .map(|d| RecordedDevice {
+                        // The first release knew MIG devices only.
+                        kind: DeviceKind::Mig,
                         instance: match (d.gi_id, d.ci_id, d.mig_uuid) {
                             (Some(gi_id), Some(ci_id), Some(mig_uuid)) => Some(InstanceId {
                                 gi_id,

@@ -1,6 +1,8 @@
-//! The inventory read at start-up: which GPUs DAS can offer MIG instances on (MIG mode on, or
-//! switched on for Hopper+ with `--enable-mig-mode`), and each GPU's model: the data file for its
-//! PCI device ID, cross-checked against NVML, or one built from NVML's own tables.
+//! The inventory read at start-up: which GPUs DAS serves (MIG mode on, or switched on for Hopper+
+//! with `--enable-mig-mode`; with `--whole-gpus` also those whose MIG mode is still off, served
+//! whole), and each GPU's model: the data file for its PCI device ID, cross-checked against
+//! NVML, or one built from NVML's own tables (a GPU with MIG mode off still needs one: DAS reads
+//! a GPU's shape, its memory slices and counters, from its MIG tables).
 
 use std::sync::Arc;
 
@@ -15,10 +17,12 @@ use crate::gpu::nvml::{
     MigModeState, NvmlApi, code, full_ci_enum,
 };
 
-/// One GPU of the inventory, or `None` (logged) when DAS cannot offer MIG instances on it.
+/// One GPU of the inventory, or `None` (logged) when DAS does not serve it: not MIG-capable, no
+/// usable model, or MIG mode off without `whole_gpus` (`--whole-gpus`).
 pub(super) fn discover<A: NvmlApi>(
     api: &A,
     options: &NvmlOptions,
+    whole_gpus: bool,
     dev: u32,
     driver_version: &str,
 ) -> Option<GpuInfo> {
@@ -41,7 +45,19 @@ pub(super) fn discover<A: NvmlApi>(
         }
     };
     let model = resolve_model(api, dev, &id)?;
-    let id = ensure_mig_mode(api, options, dev, id, mode, &model)?;
+    let (id, mig_enabled) = match ensure_mig_mode(api, options, dev, id, mode, &model)? {
+        MigMode::On(id) => (id, true),
+        MigMode::Off(id, why) if whole_gpus => {
+            tracing::info!(gpu = dev, name = %id.name, reason = %why,
+                "MIG mode is off: served as a whole GPU (--whole-gpus)");
+            (id, false)
+        }
+        MigMode::Off(id, why) => {
+            tracing::warn!(gpu = dev, name = %id.name,
+                "MIG mode is off: {why}; or pass --whole-gpus to serve it as a whole GPU; skipped");
+            return None;
+        }
+    };
     Some(GpuInfo {
         index: dev,
         uuid: id.uuid,
@@ -50,12 +66,20 @@ pub(super) fn discover<A: NvmlApi>(
         minor: id.minor,
         pci_bus_id: Some(id.pci_bus_id),
         driver_version: driver_version.to_string(),
-        mig_enabled: true,
+        mig_enabled,
     })
 }
 
-/// Returns the (re-read) identity when MIG mode is on, switching it on for Hopper+ only with
-/// [`NvmlOptions::enable_mig_mode`]; `None` (logged) otherwise.
+/// A GPU's MIG mode once start-up is done with it, with its (re-read) identity.
+enum MigMode {
+    /// On, as found or switched on.
+    On(DeviceIdentity),
+    /// Still off, with what would turn it on (for the log).
+    Off(DeviceIdentity, String),
+}
+
+/// MIG mode as found, switching it on for Hopper+ only with [`NvmlOptions::enable_mig_mode`];
+/// `None` (logged) when the GPU cannot be read after switching.
 fn ensure_mig_mode<A: NvmlApi>(
     api: &A,
     options: &NvmlOptions,
@@ -63,31 +87,37 @@ fn ensure_mig_mode<A: NvmlApi>(
     id: DeviceIdentity,
     mode: MigModeState,
     model: &GpuModel,
-) -> Option<DeviceIdentity> {
+) -> Option<MigMode> {
     if mode.current {
-        return Some(id);
+        return Some(MigMode::On(id));
     }
     if model.mig_mode_change_requires_reset || id.architecture < ARCH_HOPPER {
-        tracing::warn!(gpu = dev, name = %id.name, pending = mode.pending,
-            "MIG mode is off on this {} GPU; DAS never toggles it there (it needs a GPU reset): run `nvidia-smi -i {dev} -mig 1` and reset the GPU; skipped",
-            model.architecture);
-        return None;
+        let why = format!(
+            "DAS never toggles it on this {} GPU (it needs a GPU reset; pending {}): run `nvidia-smi -i {dev} -mig 1` and reset the GPU",
+            model.architecture, mode.pending
+        );
+        return Some(MigMode::Off(id, why));
     }
     if !options.enable_mig_mode {
-        tracing::warn!(gpu = dev, name = %id.name,
-            "MIG mode is off; pass --enable-mig-mode to let DAS switch it on (Hopper and newer, GPU must be idle) or run `nvidia-smi -i {dev} -mig 1`; skipped");
-        return None;
+        let why = format!(
+            "pass --enable-mig-mode to let DAS switch it on (Hopper and newer, GPU must be idle) or run `nvidia-smi -i {dev} -mig 1`"
+        );
+        return Some(MigMode::Off(id, why));
     }
     if let Err(e) = api.set_mig_mode(dev, true) {
-        tracing::warn!(gpu = dev, name = %id.name, error = %e, "switching MIG mode on failed (GPU busy?); skipped");
-        return None;
+        let why = format!("switching MIG mode on failed (GPU busy?): {e}");
+        return Some(MigMode::Off(id, why));
     }
     tracing::info!(gpu = dev, name = %id.name, "MIG mode switched on");
     // Enabling MIG mode may re-bind the GPU and change its minor number (docs/reference/mig.md, "MIG mode").
     match (api.device_identity(dev), api.mig_mode(dev)) {
-        (Ok(id), Ok(m)) if m.current => Some(id),
+        (Ok(id), Ok(m)) if m.current => Some(MigMode::On(id)),
+        (Ok(id), Ok(m)) => {
+            let why = format!("still off after switching it on (pending {})", m.pending);
+            Some(MigMode::Off(id, why))
+        }
         (id, m) => {
-            tracing::warn!(gpu = dev, identity = ?id.err(), mode = ?m, "MIG mode not on after switching it on; skipped");
+            tracing::warn!(gpu = dev, identity = ?id.err(), mode = ?m, "the GPU cannot be read after switching MIG mode on; skipped");
             None
         }
     }

@@ -152,9 +152,14 @@ impl<A: NvmlApi> NvmlBackend<A> {
 
     /// The instances of one GPU: every GI of the model's profiles with its first CI. A GI without a
     /// CI (a create interrupted between the two steps) is listed with CI 0 and an empty MIG UUID
-    /// so orphan reconciliation can destroy it.
+    /// so orphan reconciliation can destroy it. A GPU served whole (MIG mode off at start-up) has
+    /// none while its MIG mode is still off (one `nvmlDeviceGetMigMode`); should someone switch
+    /// it on behind DAS's back, its instances are listed as on any GPU.
     pub(super) fn instances_of(&self, gpu: &GpuInfo) -> Result<Vec<MigInstance>, BackendError> {
         let fail = |e: NvmlCallError| map_error(Target::gpu(gpu.index), &e);
+        if !gpu.mig_enabled && !self.api.mig_mode(gpu.index).map_err(fail)?.current {
+            return Ok(Vec::new());
+        }
         let migs = self.mig_devices(gpu.index).map_err(fail)?;
         let mut out = Vec::new();
         for profile in &gpu.model.profiles {

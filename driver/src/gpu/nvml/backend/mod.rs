@@ -1,7 +1,10 @@
 //! [`NvmlBackend`]: [`GpuBackend`] over an [`NvmlApi`] (docs/reference/mig.md, "Create and destroy").
 //!
 //! - Inventory discovered once at construction: MIG-capable GPUs with MIG mode on; non-MIG GPUs,
-//!   Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped. Every
+//!   Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped, unless
+//!   `--whole-gpus` ([`NvmlBackend::with_whole_gpus`]) keeps those with MIG mode off as whole
+//!   GPUs (`GpuInfo::mig_enabled` false: no instance can be created there, NVML answers
+//!   `NOT_SUPPORTED`, and their instance lists are empty while MIG mode stays off). Every
 //!   later [`GpuBackend::inventory`] asks NVML again whether each of those GPUs still answers
 //!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
 //!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
@@ -78,13 +81,25 @@ pub struct NvmlBackend<A: NvmlApi> {
 
 impl<A: NvmlApi> NvmlBackend<A> {
     /// Reads the inventory (and, with [`NvmlOptions::enable_mig_mode`], switches MIG mode on for
-    /// idle Hopper+ GPUs). Fails only when NVML cannot count the GPUs or read the driver version.
+    /// idle Hopper+ GPUs); GPUs whose MIG mode is off are skipped. Fails only when NVML cannot
+    /// count the GPUs or read the driver version.
     pub fn new(api: A, options: NvmlOptions) -> Result<Self, BackendError> {
+        Self::with_whole_gpus(api, options, false)
+    }
+
+    /// [`Self::new`], except that with `whole_gpus` (`--whole-gpus`, docs/design.md §7, "Whole
+    /// GPUs") a GPU whose MIG mode is still off after [`NvmlOptions::enable_mig_mode`] had its
+    /// say is kept, with `GpuInfo::mig_enabled` false, to be served whole.
+    pub fn with_whole_gpus(
+        api: A,
+        options: NvmlOptions,
+        whole_gpus: bool,
+    ) -> Result<Self, BackendError> {
         let whole = |e: NvmlCallError| other(Target::gpu(0), &e, "cannot read the GPUs");
         let count = api.device_count().map_err(whole)?;
         let driver_version = api.driver_version().map_err(whole)?;
         let gpus: Vec<GpuInfo> = (0..count)
-            .filter_map(|dev| discover(&api, &options, dev, &driver_version))
+            .filter_map(|dev| discover(&api, &options, whole_gpus, dev, &driver_version))
             .collect();
         for g in &gpus {
             register_health_events(&api, g.index);
@@ -124,7 +139,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
             .find(|g| g.index == target.gpu)
             .ok_or_else(|| BackendError::NotFound {
                 target: target.clone(),
-                reason: "no such GPU with MIG mode on in this node's inventory".into(),
+                reason: "no such GPU in this node's inventory".into(),
             })
     }
 }

@@ -61,3 +61,27 @@ fn eight_gpus_are_fast() {
     reqs.pop();
     assert!(o.feasible(&reqs));
 }
+
+#[test]
+fn whole_gpus_hold_one_whole_gpu_request_each_and_no_slice() {
+    let m = find_model("A30").unwrap().unwrap();
+    let o = Optimum::new(&[GpuView {
+        index: 0,
+        model: &m,
+    }])
+    .with_whole_gpus(2);
+    assert!(o.feasible(&["gpu", "4g.24gb", "gpu"]));
+    assert!(!o.feasible(&["gpu", "gpu", "gpu"]));
+    // The whole GPUs take no slice.
+    assert!(!o.feasible(&["4g.24gb", "4g.24gb"]));
+    assert_eq!(
+        o.longest_feasible_prefix(&["gpu", "1g.6gb", "gpu", "2g.12gb", "gpu", "1g.6gb"]),
+        4
+    );
+    // Without whole GPUs, a whole-GPU request never fits.
+    let none = Optimum::new(&[GpuView {
+        index: 0,
+        model: &m,
+    }]);
+    assert!(!none.feasible(&["gpu"]));
+}

@@ -58,3 +58,44 @@ fn allocator_respects_counters_and_order() {
     assert!(ff.allocate("1g.5gb+me").is_none());
     assert_eq!(ff.occupancy()[0].instances(), 1);
 }
+
+#[test]
+fn whole_gpus_take_whole_gpu_requests_in_index_order() {
+    let m = find_model("A100-SXM4-40GB").unwrap().unwrap();
+    let gpus = [GpuView {
+        index: 1,
+        model: &m,
+    }];
+    let mut ff = FirstFit::new(&gpus, Policy::Das).with_whole_gpus(&[3, 0]);
+    assert_eq!(ff.allocate_whole(), Some(0));
+    // A slice never lands on a whole GPU, a whole-GPU request never on the GPU with MIG on.
+    assert_eq!(ff.allocate("7g.40gb").unwrap().gpu_index, 1);
+    assert!(ff.allocate("1g.5gb").is_none());
+    assert_eq!(ff.allocate_whole(), Some(3));
+    assert_eq!(ff.allocate_whole(), None);
+    assert_eq!(ff.whole_allocated(), 2);
+    // The second whole-GPU request is the first rejection.
+    let mut ff = FirstFit::new(&gpus, Policy::Das).with_whole_gpus(&[0]);
+    assert_eq!(
+        ff.placed_before_first_rejection(&["gpu", "3g.20gb", "4g.20gb", "gpu", "1g.5gb"]),
+        3
+    );
+}
+
+#[test]
+fn the_whole_gpu_share_of_a_stream() {
+    let w = vec![("1g.5gb".to_string(), 3), ("7g.40gb".to_string(), 1)];
+    let mixed = with_whole_gpu_share(&w, 25);
+    assert_eq!(
+        mixed,
+        [
+            ("1g.5gb".to_string(), 225),
+            ("7g.40gb".to_string(), 75),
+            ("gpu".to_string(), 100)
+        ]
+    );
+    let mut rng = SplitMix64::new(3);
+    let s = request_stream(&mixed, &mut rng, 400);
+    let whole = s.iter().filter(|r| *r == "gpu").count();
+    assert!((60..140).contains(&whole), "{whole}");
+}

@@ -1,0 +1,170 @@
+//! What the kubelet and the container runtime get for a prepared claim (pure): the kubelet's
+//! view of a record, and the CDI devices of a claim from what each of its devices holds — a live
+//! MIG instance, or a whole GPU ([`Holding`]).
+
+use std::collections::BTreeMap;
+
+use crate::claims::cdi::{PreparedGpu, PreparedInstance, SpecDevice};
+use crate::claims::checkpoint::{ClaimRecord, RecordedDevice};
+use crate::claims::handler::PreparedDevice;
+use crate::gpu::MigInstance;
+
+/// What a prepared device gives a container on its GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Holding {
+    /// A MIG device: the live MIG instance created for it.
+    Instance(MigInstance),
+    /// A whole GPU: the minor of its device node `/dev/nvidia<minor>` (its UUID is the
+    /// device's).
+    WholeGpu {
+        /// Minor of `/dev/nvidia<minor>`.
+        minor: u32,
+    },
+}
+
+/// What each of `devices` holds, from the live instances matched to them (same order,
+/// [`super::match_devices`]): its instance for a MIG device (`None` when it has none), its GPU's
+/// device node for a whole GPU (`None` when `minor` does not know the GPU: it is no longer
+/// published here). Nothing is looked for on a whole GPU's GPU.
+pub fn holdings(
+    devices: &[RecordedDevice],
+    matched: &[Option<MigInstance>],
+    minor: impl Fn(&RecordedDevice) -> Option<u32>,
+) -> Vec<Option<Holding>> {
+    devices
+        .iter()
+        .zip(matched)
+        .map(|(d, m)| {
+            if d.is_whole_gpu() {
+                minor(d).map(|minor| Holding::WholeGpu { minor })
+            } else {
+                m.clone().map(Holding::Instance)
+            }
+        })
+        .collect()
+}
+
+/// The request name the kubelet expects: without `/<subrequest>`.
+pub fn base_request(request: &str) -> &str {
+    request.split('/').next().unwrap_or(request)
+}
+
+/// The kubelet's view of a record: each device serves its base request and carries its CDI
+/// device (records upgraded from the first release name one CDI device per request).
+pub fn kubelet_devices(record: &ClaimRecord) -> Vec<PreparedDevice> {
+    record
+        .devices
+        .iter()
+        .map(|d| {
+            let request = base_request(&d.request).to_string();
+            let ids = record
+                .cdi_device_ids
+                .get(&d.device)
+                .or_else(|| record.cdi_device_ids.get(&request))
+                .cloned()
+                .unwrap_or_default();
+            PreparedDevice {
+                cdi_device_ids: ids,
+                requests: vec![request],
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+            }
+        })
+        .collect()
+}
+
+/// What one device gives its CDI device.
+#[derive(Clone)]
+enum Prepared {
+    Instance(PreparedInstance),
+    Gpu(PreparedGpu),
+}
+
+impl Prepared {
+    fn spec_device(key: String, all: Vec<Prepared>) -> SpecDevice {
+        let mut device = SpecDevice {
+            key,
+            instances: Vec::new(),
+            gpus: Vec::new(),
+        };
+        for p in all {
+            match p {
+                Prepared::Instance(s) => device.instances.push(s),
+                Prepared::Gpu(g) => device.gpus.push(g),
+            }
+        }
+        device
+    }
+}
+
+/// The CDI devices of a claim whose devices are `devices`, holding `held` (same order): one per
+/// device, keyed by its name — or, for a record of the first release whose CDI device IDs were
+/// per request (`legacy_keys`), one per request holding all of the request's instances, so the
+/// IDs the kubelet already has keep resolving. A device's position in its request (which names
+/// its `DAS_MIG_UUID_…` or `DAS_GPU_UUID_…` variable) counts MIG devices and whole GPUs alike,
+/// in allocation order.
+pub fn spec_devices(
+    devices: &[RecordedDevice],
+    held: &[Holding],
+    caps_major: u32,
+    legacy_keys: &[String],
+) -> Vec<SpecDevice> {
+    let mut position: BTreeMap<&str, usize> = BTreeMap::new();
+    let prepared: Vec<(&RecordedDevice, Prepared)> = devices
+        .iter()
+        .zip(held)
+        .map(|(d, h)| {
+            let request = base_request(&d.request);
+            let index = position.entry(request).or_default();
+            let p = match h {
+                Holding::Instance(s) => Prepared::Instance(PreparedInstance {
+                    mig_uuid: s.mig_uuid.clone(),
+                    parent_minor: s.gpu_minor,
+                    gi_cap_minor: s.gi_cap_minor,
+                    ci_cap_minor: s.ci_cap_minor,
+                    caps_major,
+                    caps_file_mode: Some(0o444),
+                    request: request.to_string(),
+                    index: *index,
+                }),
+                Holding::WholeGpu { minor } => Prepared::Gpu(PreparedGpu {
+                    gpu_uuid: d.gpu_uuid.clone(),
+                    minor: *minor,
+                    request: request.to_string(),
+                    index: *index,
+                }),
+            };
+            *index += 1;
+            (d, p)
+        })
+        .collect();
+    if legacy_keys.is_empty() {
+        return prepared
+            .into_iter()
+            .map(|(d, p)| Prepared::spec_device(d.device.clone(), vec![p]))
+            .collect();
+    }
+    legacy_keys
+        .iter()
+        .map(|key| {
+            let of_request = prepared
+                .iter()
+                .filter(|(d, _)| base_request(&d.request) == key)
+                .map(|(_, p)| p.clone())
+                .collect();
+            Prepared::spec_device(key.clone(), of_request)
+        })
+        .filter(|d| !d.instances.is_empty() || !d.gpus.is_empty())
+        .collect()
+}
+
+/// The keys of a record's CDI device IDs that are request names, not device names: present only
+/// in records upgraded from the first release.
+pub fn legacy_cdi_keys(record: &ClaimRecord) -> Vec<String> {
+    record
+        .cdi_device_ids
+        .keys()
+        .filter(|k| !record.devices.iter().any(|d| &d.device == *k))
+        .cloned()
+        .collect()
+}

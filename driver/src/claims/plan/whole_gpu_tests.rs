@@ -1,0 +1,230 @@
+//! Unit tests of the request path's decisions about whole GPUs ([`super`], [`super::whole_gpu`],
+//! [`super::spec`]): a whole GPU overlaps every placement of its GPU, is never matched to a
+//! live instance, takes every free placement and no instance count, and is checked against the
+//! inventory before it is prepared.
+
+use std::collections::{BTreeMap, HashMap};
+
+use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde_json::json;
+
+use super::*;
+use crate::gpu::{GpuInfo, Placement, find_model};
+
+/// A device published on GPU `gpu` (UUID `GPU-<gpu>`, minor `gpu`): `1g.5gb` at `start`, or the
+/// whole GPU (8 memory slices) for `None`.
+fn planned(gpu: u32, start: Option<u32>, request: &str) -> Planned {
+    let (kind, device, profile, start, size) = match start {
+        Some(s) => (
+            DeviceKind::Mig,
+            device_name(gpu, "1g.5gb", s),
+            "1g.5gb",
+            s,
+            1,
+        ),
+        None => (
+            DeviceKind::WholeGpu,
+            whole_gpu_device_name(gpu),
+            WHOLE_GPU_PROFILE,
+            0,
+            8,
+        ),
+    };
+    Planned {
+        request: request.into(),
+        pool: "n0".into(),
+        device,
+        at: DeviceRef {
+            kind,
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            gpu_minor: gpu,
+            profile: profile.into(),
+            start,
+            size,
+        },
+    }
+}
+
+fn live(gpu: u32, profile: &str, start: u32, size: u32, gi: u32) -> MigInstance {
+    MigInstance {
+        gpu_index: gpu,
+        gpu_uuid: format!("GPU-{gpu}"),
+        gpu_minor: gpu,
+        profile: profile.into(),
+        profile_id: 19,
+        placement: Placement { start, size },
+        gi_id: gi,
+        ci_id: 0,
+        mig_uuid: format!("MIG-{gi}"),
+        gi_cap_minor: 3 + 9 * gi,
+        ci_cap_minor: 4 + 9 * gi,
+        created_by_das: Some(true),
+    }
+}
+
+fn holding(uid: &str, devices: Vec<RecordedDevice>) -> Checkpoint {
+    let mut cp = Checkpoint::new("boot");
+    cp.set_completed(uid, "ns", uid, devices, BTreeMap::new());
+    cp
+}
+
+/// The isolation rule, both ways: a whole GPU blocks every slice of its GPU and is blocked by
+/// any of them; other GPUs are not concerned.
+#[test]
+fn a_whole_gpu_and_every_slice_of_its_gpu_hold_each_other() {
+    let cp = holding("uid-whole", vec![record(&planned(0, None, "gpu"))]);
+    for start in [0, 3, 6] {
+        let slice = planned(0, Some(start), "gpu");
+        assert_eq!(
+            placement_holders(&cp, "uid-new", std::slice::from_ref(&slice)),
+            BTreeMap::from([("uid-whole".to_string(), slice.device.clone())])
+        );
+    }
+    assert!(placement_holders(&cp, "uid-new", &[planned(1, Some(6), "gpu")]).is_empty());
+    let cp = holding("uid-slice", vec![record(&planned(0, Some(6), "gpu"))]);
+    assert_eq!(
+        placement_holders(&cp, "uid-new", &[planned(0, None, "gpu")]),
+        BTreeMap::from([("uid-slice".to_string(), "gpu-0".to_string())])
+    );
+    assert!(placement_holders(&cp, "uid-new", &[planned(1, None, "gpu")]).is_empty());
+}
+
+/// A whole GPU's record holds no instance: it never matches a live one (not even one at start
+/// 0 covering the GPU), so the instance is unclaimed, an orphan if DAS made it, and the
+/// record's entry is taken from the published device's minor.
+#[test]
+fn a_whole_gpu_is_never_matched_to_a_live_instance() {
+    let d = record(&planned(0, None, "gpu"));
+    assert_eq!((d.kind, d.instance.clone()), (DeviceKind::WholeGpu, None));
+    let mut full = live(0, WHOLE_GPU_PROFILE, 0, 8, 1);
+    assert!(!is_instance(&d, &full));
+    full.profile = "7g.40gb".into();
+    assert_eq!(
+        match_devices(std::slice::from_ref(&d), &[full.clone()], |_| false),
+        [None]
+    );
+    let cp = holding("uid-whole", vec![d.clone()]);
+    assert_eq!(unclaimed(&[full.clone()], &cp), [full.clone()]);
+    assert_eq!(orphans(&[full.clone()], &cp, false).destroy, [full.clone()]);
+    assert_eq!(
+        holdings(std::slice::from_ref(&d), &[Some(full)], |_| Some(4)),
+        [Some(Holding::WholeGpu { minor: 4 })]
+    );
+    assert_eq!(holdings(&[d], &[None], |_| None), [None]);
+}
+
+/// A GPU held whole has no free placement and no MIG instance; its memory slices are all in use.
+#[test]
+fn a_gpu_held_whole_has_no_free_placement_and_no_instance() {
+    let model = find_model("A100-SXM4-40GB").unwrap().unwrap();
+    let whole = record(&planned(0, None, "gpu"));
+    let free = free_placements(&model, std::iter::once(&whole));
+    assert!(free.iter().all(|(_, n)| *n == 0), "{free:?}");
+    assert_eq!(free.len(), model.profiles.len());
+    let use_ = per_gpu(std::iter::once(&whole));
+    assert_eq!(
+        use_[&0],
+        GpuUse {
+            instances: 0,
+            memory_slices: 8
+        }
+    );
+}
+
+/// A device named like a whole GPU that this node does not publish gets the whole-GPU error,
+/// with what to do; a record of the same name but another kind is another allocation.
+#[test]
+fn an_unpublished_whole_gpu_is_refused_as_such() {
+    let devices: HashMap<_, _> = [("gpu-0".to_string(), planned(0, None, "gpu").at)].into();
+    let rc = |device: &str| -> ResourceClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER_NAME, "pool": "n0", "device": device}
+            ]}}}
+        }))
+        .unwrap()
+    };
+    let claim = ClaimRef {
+        namespace: "ns".into(),
+        name: "c".into(),
+        uid: "uid-1".into(),
+    };
+    let p = resolve_allocation(&claim, Some(&rc("gpu-0")), "n0", &devices).unwrap();
+    assert_eq!(p, [planned(0, None, "gpu")]);
+    let e = resolve_allocation(&claim, Some(&rc("gpu-1")), "n0", &devices).unwrap_err();
+    assert_eq!(e.metric_label(), "whole_gpu_unavailable");
+    assert!(e.to_string().contains("--whole-gpus"), "{e}");
+    for name in ["gpu-", "gpu-1x", "gpu-1-mig-1g-5gb-0"] {
+        assert!(!is_whole_gpu_name(name), "{name}");
+    }
+    let mut other_kind = record(&p[0]);
+    other_kind.kind = DeviceKind::Mig;
+    let mut r = holding("uid-1", vec![other_kind])
+        .claims
+        .remove("uid-1")
+        .unwrap();
+    assert!(!same_devices(&r, &p));
+    r.devices[0].kind = DeviceKind::WholeGpu;
+    assert!(same_devices(&r, &p));
+}
+
+/// Before a whole GPU is prepared: its GPU answers, with the UUID it was published with, and
+/// MIG mode off; each refusal says what is wrong and what to do.
+#[test]
+fn a_whole_gpu_is_prepared_only_on_its_gpu_with_mig_mode_off() {
+    let gpu = |uuid: &str, mig_enabled: bool| GpuInfo {
+        index: 0,
+        uuid: uuid.into(),
+        model: find_model("A100-SXM4-40GB").unwrap().unwrap(),
+        product_name: "NVIDIA A100-SXM4-40GB".into(),
+        minor: 0,
+        pci_bus_id: None,
+        driver_version: "580.95.05".into(),
+        mig_enabled,
+    };
+    let p = planned(0, None, "gpu");
+    assert_eq!(whole_gpu_unavailable(&p, &[gpu("GPU-0", false)]), None);
+    let why = |inventory: &[GpuInfo]| whole_gpu_unavailable(&p, inventory).unwrap();
+    assert!(why(&[]).contains("not in this node's inventory"));
+    assert!(why(&[gpu("GPU-9", false)]).contains("now has UUID GPU-9"));
+    let on = why(&[gpu("GPU-0", true)]);
+    assert!(
+        on.contains("MIG mode on") && on.contains("nvidia-smi -i 0 -mig 0"),
+        "{on}"
+    );
+}
+
+/// A claim with a whole GPU and a slice in one request: each gets its CDI device, numbered in
+/// allocation order across both kinds.
+#[test]
+fn spec_devices_number_whole_gpus_and_slices_alike() {
+    let p = [planned(1, None, "a"), planned(0, Some(6), "a/x")];
+    let s = live(0, "1g.5gb", 6, 1, 2);
+    let devices = [record(&p[0]), with_instance(&record(&p[1]), &s)];
+    let held = [Holding::WholeGpu { minor: 1 }, Holding::Instance(s)];
+    let specs = spec_devices(&devices, &held, 508, &[]);
+    assert_eq!(specs.len(), 2);
+    assert_eq!(specs[0].key, "gpu-1");
+    assert!(specs[0].instances.is_empty());
+    assert_eq!(
+        (
+            specs[0].gpus[0].gpu_uuid.as_str(),
+            specs[0].gpus[0].minor,
+            specs[0].gpus[0].index
+        ),
+        ("GPU-1", 1, 0)
+    );
+    assert!(specs[1].gpus.is_empty());
+    assert_eq!(
+        (
+            specs[1].instances[0].request.as_str(),
+            specs[1].instances[0].index
+        ),
+        ("a", 1)
+    );
+}

@@ -1,0 +1,76 @@
+//! Unit tests of [`super`] (`devices.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::*;
+use crate::gpu::{GpuModel, find_model};
+use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
+
+fn gpu(index: u32, model: &str, mig_enabled: bool) -> GpuInfo {
+    let model: Arc<GpuModel> = find_model(model).unwrap().unwrap();
+    GpuInfo {
+        index,
+        uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
+        product_name: model.product_name.clone(),
+        model,
+        minor: 10 + index,
+        pci_bus_id: None,
+        driver_version: "580.95.05".into(),
+        mig_enabled,
+    }
+}
+
+#[test]
+fn a_gpu_with_mig_off_is_one_whole_gpu_device() {
+    let inv = [gpu(0, "A30", true), gpu(1, "A100-SXM4-40GB", false)];
+    let map = device_index(&inv);
+    assert_eq!(
+        map["gpu-1"],
+        DeviceRef {
+            kind: DeviceKind::WholeGpu,
+            gpu_index: 1,
+            gpu_uuid: inv[1].uuid.clone(),
+            gpu_minor: 11,
+            profile: "gpu".into(),
+            start: 0,
+            size: 8,
+        }
+    );
+    assert!(
+        map.keys()
+            .all(|n| n == "gpu-1" || n.starts_with("gpu-0-mig-"))
+    );
+    let a30_placements: usize = inv[0]
+        .model
+        .profiles
+        .iter()
+        .map(|p| p.placement_starts.len())
+        .sum();
+    assert_eq!(map.len(), a30_placements + 1);
+    let r = &map["gpu-0-mig-1g-6gb-3"];
+    assert_eq!(
+        (r.kind, r.profile.as_str(), r.start, r.size),
+        (DeviceKind::Mig, "1g.6gb", 3, 1)
+    );
+    assert!(!map.contains_key("gpu-0"));
+}
+
+#[test]
+fn the_index_names_exactly_the_published_devices() {
+    let inv = [
+        gpu(0, "H100-80GB", false),
+        gpu(1, "H100-80GB", true),
+        gpu(2, "A30", false),
+    ];
+    let slices =
+        desired_resource_slices("n", &inv, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    let published: BTreeSet<String> = slices
+        .iter()
+        .flat_map(|s| s.slice.spec.devices.iter().flatten())
+        .map(|d| d.name.clone())
+        .collect();
+    let indexed: BTreeSet<String> = device_index(&inv).into_keys().collect();
+    assert_eq!(published, indexed);
+    assert!(indexed.contains("gpu-0") && indexed.contains("gpu-2"));
+}

@@ -1,0 +1,179 @@
+//! One published device and the counter set it consumes from (pure; docs/design.md §3):
+//!
+//! - a MIG placement ([`device`]): `gpu-<index>-mig-<profile>-<start>`, type `mig`, the
+//!   profile's capacities, consuming its resources and the memory slices `[start, start + size)`;
+//! - a whole GPU with MIG mode off ([`whole_gpu_device`]; docs/design.md §7, "Whole GPUs"):
+//!   `gpu-<index>`, type `gpu`, the GPU's capacities, consuming every counter of its GPU's set at
+//!   its full value, so that nothing else of the GPU can be allocated beside it;
+//! - the GPU's counter set ([`counter_set`]), the same whatever the GPU's MIG mode.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{
+    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use das_api::{
+    attributes as attr, capacities as cap, counters, device_name, whole_gpu_device_name,
+};
+
+use super::{MAX_ATTRIBUTE_STRING, bytes_quantity, count_quantity, semver};
+use crate::gpu::{GiProfile, GpuInfo, GpuModel, ResourceAmounts};
+
+/// The counter set of a GPU: its model's counter totals and one `memory-slice-<n>` per slice.
+pub(super) fn counter_set(g: &GpuInfo) -> CounterSet {
+    let mut c: BTreeMap<String, Counter> = g
+        .model
+        .counter_totals
+        .counters()
+        .into_iter()
+        .filter(|(name, _)| g.model.publishes_counter(name))
+        .map(|(name, v)| (name.to_string(), counter(name, v)))
+        .collect();
+    for n in 0..g.model.memory_slices {
+        c.insert(counters::memory_slice(n), counter("", 1));
+    }
+    CounterSet {
+        name: counters::counter_set_name(g.index),
+        counters: c,
+    }
+}
+
+fn counter(name: &str, value: u64) -> Counter {
+    let value = if name == counters::MEMORY {
+        bytes_quantity(value)
+    } else {
+        count_quantity(value)
+    };
+    Counter { value }
+}
+
+/// One MIG device: `profile` at `start` on `g`.
+pub(super) fn device(g: &GpuInfo, p: &GiProfile, start: u32) -> Device {
+    Device {
+        name: device_name(g.index, &p.name, start),
+        attributes: Some(attributes(g, Some((p, start)))),
+        capacity: Some(capacity(p.resources().memory_bytes(), &p.resources())),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counters::counter_set_name(g.index),
+            counters: consumption(&g.model, p, start),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The whole-GPU device of `g` (`gpu-<index>`): attributes without profile or placement;
+/// capacity `memory` = the model's total memory, `multiprocessors` and the engines = the most a
+/// MIG layout of the model holds ([`GpuModel::counter_totals`]: the data files list no non-MIG
+/// totals); it consumes every counter of the GPU's counter set at its full value.
+pub(super) fn whole_gpu_device(g: &GpuInfo) -> Device {
+    Device {
+        name: whole_gpu_device_name(g.index),
+        attributes: Some(attributes(g, None)),
+        capacity: Some(capacity(g.model.memory_bytes(), &g.model.counter_totals)),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counters::counter_set_name(g.index),
+            counters: counter_set(g).counters,
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The counters a MIG device consumes: its non-zero published resources and its memory slices.
+fn consumption(model: &GpuModel, p: &GiProfile, start: u32) -> BTreeMap<String, Counter> {
+    let mut c: BTreeMap<String, Counter> = p
+        .resources()
+        .counters()
+        .into_iter()
+        .filter(|(name, v)| *v > 0 && model.publishes_counter(name))
+        .map(|(name, v)| (name.to_string(), counter(name, v)))
+        .collect();
+    for n in start..start + p.placement_size {
+        c.insert(counters::memory_slice(n), counter("", 1));
+    }
+    c
+}
+
+/// Capacities: `memory` (bytes) and the counts of `r`.
+fn capacity(memory_bytes: u64, r: &ResourceAmounts) -> BTreeMap<String, DeviceCapacity> {
+    let entries = [
+        (cap::MEMORY, bytes_quantity(memory_bytes)),
+        (cap::MULTIPROCESSORS, count_quantity(r.multiprocessors)),
+        (cap::COPY_ENGINES, count_quantity(r.copy_engines)),
+        (cap::DECODERS, count_quantity(r.decoders)),
+        (cap::ENCODERS, count_quantity(r.encoders)),
+        (cap::JPEG_ENGINES, count_quantity(r.jpeg_engines)),
+        (cap::OFA_ENGINES, count_quantity(r.ofa_engines)),
+    ];
+    entries
+        .into_iter()
+        .map(|(name, value): (&str, Quantity)| {
+            (
+                name.to_string(),
+                DeviceCapacity {
+                    value,
+                    request_policy: None,
+                },
+            )
+        })
+        .collect()
+}
+
+/// The attributes of a MIG device (`mig` = its profile and start) or of a whole GPU (`None`).
+fn attributes(g: &GpuInfo, mig: Option<(&GiProfile, u32)>) -> BTreeMap<String, DeviceAttribute> {
+    let model: &GpuModel = &g.model;
+    let mut a = BTreeMap::new();
+    let mut put = |k: &str, v: DeviceAttribute| {
+        a.insert(k.to_string(), v);
+    };
+    match mig {
+        Some((p, start)) => {
+            put(attr::TYPE, string(attr::TYPE_MIG));
+            put(attr::PROFILE, string(&p.name));
+            put(attr::PARENT_UUID, string(&g.uuid));
+            put(attr::PLACEMENT_START, int(i64::from(start)));
+            put(attr::PLACEMENT_SIZE, int(i64::from(p.placement_size)));
+        }
+        None => {
+            put(attr::TYPE, string(attr::TYPE_GPU));
+            put(attr::UUID, string(&g.uuid));
+        }
+    }
+    put(attr::GPU_INDEX, int(i64::from(g.index)));
+    put(attr::PRODUCT_NAME, string(&g.product_name));
+    put(attr::ARCHITECTURE, string(&model.architecture));
+    if let Some(v) = semver(&model.cuda_compute_capability) {
+        put(attr::CUDA_COMPUTE_CAPABILITY, version(v));
+    }
+    if let Some(v) = semver(&g.driver_version) {
+        put(attr::DRIVER_VERSION, version(v));
+    }
+    if let Some(bus) = &g.pci_bus_id {
+        put(attr::PCI_BUS_ID, string(bus));
+    }
+    a
+}
+
+/// A string attribute, cut to the API's 64 characters.
+fn string(s: &str) -> DeviceAttribute {
+    let cut: String = s.chars().take(MAX_ATTRIBUTE_STRING).collect();
+    DeviceAttribute {
+        string: Some(cut),
+        ..Default::default()
+    }
+}
+
+fn int(i: i64) -> DeviceAttribute {
+    DeviceAttribute {
+        int: Some(i),
+        ..Default::default()
+    }
+}
+
+fn version(v: String) -> DeviceAttribute {
+    DeviceAttribute {
+        version: Some(v),
+        ..Default::default()
+    }
+}
