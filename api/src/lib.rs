@@ -86,8 +86,12 @@ pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
     format!("gpu-{gpu_index}-mig-{}-{start}", profile_dns_label(profile))
 }
 
-/// Device attribute names DAS publishes on every MIG device (docs/design.md §3). Names without a domain
+/// Device attribute names DAS publishes on its devices (docs/design.md §3). Names without a domain
 /// are in the driver's domain ([`DRIVER_NAME`]): in CEL, `device.attributes["mig.das.com"].profile`.
+/// Where NVIDIA's DRA driver publishes the same fact, DAS uses its unqualified name (`uuid`,
+/// `parentUUID`, `profile`, `productName`, `brand`, `architecture`, `cudaComputeCapability`,
+/// `driverVersion`, `cudaDriverVersion`), so a selector written against those names keeps
+/// working once the driver name in it is changed.
 pub mod attributes {
     /// `type` (string): [`TYPE_MIG`] on a MIG device, [`TYPE_GPU`] on a whole GPU (the values
     /// NVIDIA's DRA driver uses for the same two kinds).
@@ -96,8 +100,9 @@ pub mod attributes {
     pub const TYPE_MIG: &str = "mig";
     /// Value of [`TYPE`] on a whole-GPU device.
     pub const TYPE_GPU: &str = "gpu";
-    /// `uuid` (string): on a whole GPU, its UUID `GPU-xxxxxxxx-...` (NVIDIA's DRA driver's name
-    /// for it; a MIG device carries its GPU's as [`PARENT_UUID`]).
+    /// `uuid` (string): on a whole GPU, its UUID `GPU-xxxxxxxx-...` (`nvmlDeviceGetUUID`; NVIDIA's
+    /// DRA driver's name for it; a MIG device carries its GPU's as [`PARENT_UUID`], and no
+    /// `uuid` of its own: a placement has no MIG UUID before it is prepared).
     pub const UUID: &str = "uuid";
     /// `profile` (string): the GPU-instance profile name as NVML prints it, e.g. `1g.10gb+me`.
     pub const PROFILE: &str = "profile";
@@ -109,16 +114,38 @@ pub mod attributes {
     pub const PLACEMENT_START: &str = "placementStart";
     /// `placementSize` (int): number of memory slices of the placement.
     pub const PLACEMENT_SIZE: &str = "placementSize";
-    /// `productName` (string): the GPU's product name as NVML reports it.
+    /// `productName` (string): the GPU's product name as NVML reports it (`nvmlDeviceGetName`),
+    /// e.g. `NVIDIA H100 80GB HBM3`.
     pub const PRODUCT_NAME: &str = "productName";
-    /// `architecture` (string): `Ampere`, `Hopper`, `Blackwell`, ...
+    /// `architecture` (string): `Ampere`, `Hopper`, `Blackwell`, ... (the model data file's, or
+    /// `nvmlDeviceGetArchitecture` for a GPU without one; NVIDIA's DRA driver's spelling).
     pub const ARCHITECTURE: &str = "architecture";
-    /// `cudaComputeCapability` (version, semver), e.g. `9.0.0`.
+    /// `cudaComputeCapability` (version, semver), e.g. `9.0.0` (the model data file's, or
+    /// `nvmlDeviceGetCudaComputeCapability` for a GPU without one).
     pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
-    /// `driverVersion` (version, semver), e.g. `580.95.5` for driver `580.95.05`.
+    /// `driverVersion` (version, semver), e.g. `580.95.5` for driver `580.95.05`
+    /// (`nvmlSystemGetDriverVersion`).
     pub const DRIVER_VERSION: &str = "driverVersion";
-    /// The standard PCI bus ID attribute (string), published only where the bus ID is known.
+    /// `brand` (string): the GPU's brand (`nvmlDeviceGetBrand`) named as NVIDIA's DRA driver
+    /// names it (go-nvlib `GetBrandAsString`): `Nvidia` on current data-center GPUs, else
+    /// `Tesla`, `Quadro`, `GeForce`, `NvidiaRTX`, ...; omitted when NVML cannot say.
+    pub const BRAND: &str = "brand";
+    /// `cudaDriverVersion` (version, semver): the newest CUDA version the driver supports
+    /// (`nvmlSystemGetCudaDriverVersion_v2`, `12090` → `12.9.0`, as NVIDIA's DRA driver
+    /// formats it: major and minor, patch 0); omitted when NVML cannot say.
+    pub const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
+    /// The standard PCI bus ID attribute (string, `<domain>:<bus>:<device>.<function>` in lower
+    /// case with a 4-digit domain, e.g. `0000:3b:00.0`; NVML's `00000000:3B:00.0` normalised as
+    /// Kubernetes' `deviceattribute.GetPCIBusIDAttribute` requires), published only where the
+    /// bus ID is known and of that form.
     pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+    /// The standard PCIe root attribute (string, `pci<domain>:<bus>`, e.g. `pci0000:00`): the
+    /// PCIe root complex the GPU hangs off, the first directory under `/sys/devices` of the
+    /// GPU's sysfs path (`/sys/bus/pci/devices/<bus id>` resolved), as Kubernetes'
+    /// `deviceattribute.GetPCIeRootAttributeByPCIBusID` (KEP-5491) computes it. Devices of
+    /// different drivers with equal values share a root complex: a claim aligns a GPU with a NIC
+    /// by `matchAttribute: resource.kubernetes.io/pcieRoot`. Published only where sysfs tells.
+    pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 }
 
 /// Device capacity names DAS publishes on every MIG device (docs/design.md §3).

@@ -52,6 +52,15 @@ pub const STATE_VERSION: u32 = 1;
 /// Driver version the emulated GPUs report.
 pub const EMULATED_DRIVER_VERSION: &str = "580.95.05";
 
+/// CUDA driver version the emulated GPUs report (`cudaDriverVersion` `13.0.0`): the version
+/// NVML reports with driver [`EMULATED_DRIVER_VERSION`] (`13000`, "CUDA Version: 13.0" in
+/// `nvidia-smi`).
+pub const EMULATED_CUDA_DRIVER_VERSION: &str = "13.0";
+
+/// Brand the emulated GPUs report: `NVML_BRAND_NVIDIA` by NVIDIA's DRA driver's name, what
+/// data-center GPUs (A100, H100, H200, B200) report.
+pub const EMULATED_BRAND: &str = "Nvidia";
+
 /// GI IDs are `0..GI_ID_SPACE` (docs/reference/mig.md, "Create and destroy": GI ID space 0–14).
 const GI_ID_SPACE: u32 = 15;
 

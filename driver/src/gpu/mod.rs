@@ -8,6 +8,7 @@
 //! - [`emulated`]: the emulated backend (GPUs from the data files, state on disk, faults from a
 //!   control file);
 //! - [`nvml`]: the NVML backend for real GPUs;
+//! - [`pci`]: a GPU's standard PCI bus ID and its PCIe root complex (from sysfs);
 //! - [`calls`]: [`GpuCalls`], the backend with where its blocking calls run and a lock per GPU.
 //!
 //! Facts come from docs/reference/mig.md; the contract from docs/design.md §3 and §7.
@@ -18,6 +19,7 @@ pub mod emulated;
 pub(crate) mod layout;
 pub(crate) mod model;
 pub mod nvml;
+pub mod pci;
 
 use std::fmt;
 use std::sync::Arc;
@@ -49,10 +51,20 @@ pub struct GpuInfo {
     pub product_name: String,
     /// Device minor number: `/dev/nvidia<minor>`, and `N` in the capability minors formula.
     pub minor: u32,
-    /// PCI bus ID (`0000:3b:00.0`) where known.
+    /// PCI bus ID in the standard form (`0000:3b:00.0`, [`pci::standard_bus_id`]) where known;
+    /// published as `resource.kubernetes.io/pciBusID`.
     pub pci_bus_id: Option<String>,
+    /// PCIe root complex (`pci0000:3a`, [`pci::pcie_root`]) where known; published as
+    /// `resource.kubernetes.io/pcieRoot`.
+    pub pcie_root: Option<String>,
+    /// Brand as NVIDIA's DRA driver names it (`Nvidia`, `Tesla`, …, [`nvml::brand_name`]) where
+    /// known; published as `brand`.
+    pub brand: Option<String>,
     /// NVIDIA driver version as NVML reports it, e.g. `580.95.05`.
     pub driver_version: String,
+    /// Newest CUDA version the driver supports, `<major>.<minor>` (`13.0`,
+    /// [`nvml::cuda_version`]) where known; published as `cudaDriverVersion`.
+    pub cuda_driver_version: Option<String>,
     /// Whether MIG mode is on, as read at start-up (after `--enable-mig-mode` switched it on
     /// where it could). A GPU with MIG mode off is in the inventory only with `--whole-gpus`
     /// ([`Self::served`]).

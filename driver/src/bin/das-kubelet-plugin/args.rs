@@ -13,6 +13,7 @@ use das_driver::claims::cri::CriRuntime;
 use das_driver::claims::orphans::RuntimeError;
 use das_driver::claims::{OrphanPolicy, PodContainers};
 use das_driver::gpu::nvml::procfs;
+use das_driver::gpu::pci;
 use das_driver::health::{self, HealthPolicy, TaintEffect};
 use das_runtime::client::KubeArgs;
 use das_runtime::logging::LogArgs;
@@ -150,6 +151,11 @@ pub(crate) struct Args {
     /// procfs root for `devices` (the `nvidia-caps` major) and the MIG capability minors.
     #[arg(long, env = "DAS_PROC_ROOT", default_value = procfs::PROC_ROOT)]
     pub(crate) proc_root: PathBuf,
+    /// sysfs root the GPUs' PCIe root complexes are read from (`bus/pci/devices/<bus id>`,
+    /// published as `resource.kubernetes.io/pcieRoot`); a GPU it does not place gets none. Real
+    /// GPUs only.
+    #[arg(long, env = "DAS_SYS_ROOT", default_value = pci::SYS_ROOT)]
+    pub(crate) sys_root: PathBuf,
 }
 
 fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, RuntimeError> {

@@ -112,7 +112,8 @@ fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
         enable_mig_mode: args.enable_mig_mode,
     };
     let b = NvmlBackend::with_whole_gpus(api, options, args.whole_gpus)
-        .context("read the GPUs through NVML")?;
+        .context("read the GPUs through NVML")?
+        .with_sys_root(&args.sys_root);
     let major = procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
     Ok((Arc::new(b), major))
 }

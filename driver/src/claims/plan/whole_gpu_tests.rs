@@ -184,7 +184,10 @@ fn a_whole_gpu_is_prepared_only_on_its_gpu_with_mig_mode_off() {
         product_name: "NVIDIA A100-SXM4-40GB".into(),
         minor: 0,
         pci_bus_id: None,
+        pcie_root: None,
+        brand: None,
         driver_version: "580.95.05".into(),
+        cuda_driver_version: None,
         mig_enabled,
     };
     let p = planned(0, None, "gpu");

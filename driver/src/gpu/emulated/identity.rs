@@ -1,12 +1,15 @@
 //! The emulated GPUs' identities: GPU UUIDs from the node name and index (stable across
 //! restarts), MIG UUIDs from the GPU UUID and a serial, both in NVML's format, and the
-//! [`GpuInfo`] the inventory reports.
+//! [`GpuInfo`] the inventory reports (with synthetic PCI bus IDs and PCIe roots from the index,
+//! `pci::emulated_bus_id`, and fixed brand and versions).
 
 use das_runtime::hash::fnv1a64_from;
 
 use super::spec::{EmulatedGpuSpec, parse_emulated_spec};
-use super::{EMULATED_DRIVER_VERSION, EmuGpu, EmulatedError};
-use crate::gpu::GpuInfo;
+use super::{
+    EMULATED_BRAND, EMULATED_CUDA_DRIVER_VERSION, EMULATED_DRIVER_VERSION, EmuGpu, EmulatedError,
+};
+use crate::gpu::{GpuInfo, pci};
 
 /// The GPUs of `spec` on node `node_name` as the emulated hardware has them, without opening (or
 /// creating) any state: what `das-kubelet-plugin --print-inventory` shows. GPUs with MIG mode
@@ -29,8 +32,11 @@ pub(super) fn gpu_info(g: &EmuGpu) -> GpuInfo {
         model: g.model.clone(),
         product_name: g.model.product_name.clone(),
         minor: g.index,
-        pci_bus_id: None,
+        pci_bus_id: Some(pci::emulated_bus_id(g.index)),
+        pcie_root: Some(pci::emulated_pcie_root(g.index)),
+        brand: Some(EMULATED_BRAND.to_string()),
         driver_version: EMULATED_DRIVER_VERSION.to_string(),
+        cuda_driver_version: Some(EMULATED_CUDA_DRIVER_VERSION.to_string()),
         mig_enabled: g.mig_enabled,
     }
 }

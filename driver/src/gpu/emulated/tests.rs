@@ -52,7 +52,22 @@ fn uuids_are_deterministic_and_well_formed() {
         format_uuid("GPU-", &[b"node-a", &1u32.to_le_bytes()])
     );
     assert_eq!(inv[1].model.name, "A30-24GB");
-    assert!(inv.iter().all(|g| g.mig_enabled && g.pci_bus_id.is_none()));
+    assert!(inv.iter().all(|g| g.mig_enabled));
+    // Synthetic but well-formed PCI addresses (docs/emulated-mode.md), one root per GPU pair,
+    // and fixed brand and CUDA driver version.
+    let pci: Vec<(Option<&str>, Option<&str>)> = inv
+        .iter()
+        .map(|g| (g.pci_bus_id.as_deref(), g.pcie_root.as_deref()))
+        .collect();
+    assert_eq!(
+        pci,
+        [
+            (Some("0000:10:00.0"), Some("pci0000:10")),
+            (Some("0000:11:00.0"), Some("pci0000:10"))
+        ]
+    );
+    assert!(inv.iter().all(|g| g.brand.as_deref() == Some("Nvidia")
+        && g.cuda_driver_version.as_deref() == Some("13.0")));
 }
 
 #[test]

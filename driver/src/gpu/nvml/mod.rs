@@ -133,6 +133,38 @@ pub const GI_PROFILE_ENUM_COUNT: u32 = 17;
 /// CI profile enums `0..CI_PROFILE_ENUM_COUNT` (`1_SLICE` … `7_SLICE_NVL`, docs/reference/mig.md, "Compute instances").
 pub const CI_PROFILE_ENUM_COUNT: u32 = 9;
 
+/// The name NVIDIA's DRA driver publishes as `brand` for an `nvmlBrandType_t` value (go-nvlib
+/// `GetBrandAsString`, whose names are the `NVML_BRAND_*` enum's in camel case; `nvml.h` 13.3
+/// values); `None` for a value it has no name for.
+pub fn brand_name(brand: u32) -> Option<&'static str> {
+    const NAMES: [&str; 17] = [
+        "Unknown",           // NVML_BRAND_UNKNOWN
+        "Quadro",            // NVML_BRAND_QUADRO
+        "Tesla",             // NVML_BRAND_TESLA
+        "NVS",               // NVML_BRAND_NVS
+        "Grid",              // NVML_BRAND_GRID
+        "GeForce",           // NVML_BRAND_GEFORCE
+        "Titan",             // NVML_BRAND_TITAN
+        "NvidiaVApps",       // NVML_BRAND_NVIDIA_VAPPS
+        "NvidiaVPC",         // NVML_BRAND_NVIDIA_VPC
+        "NvidiaVCS",         // NVML_BRAND_NVIDIA_VCS
+        "NvidiaVWS",         // NVML_BRAND_NVIDIA_VWS
+        "NvidiaCloudGaming", // NVML_BRAND_NVIDIA_CLOUD_GAMING (= the old VGAMING)
+        "QuadroRTX",         // NVML_BRAND_QUADRO_RTX
+        "NvidiaRTX",         // NVML_BRAND_NVIDIA_RTX
+        "Nvidia",            // NVML_BRAND_NVIDIA: what data-center GPUs report
+        "GeForceRTX",        // NVML_BRAND_GEFORCE_RTX
+        "TitanRTX",          // NVML_BRAND_TITAN_RTX
+    ];
+    NAMES.get(brand as usize).copied()
+}
+
+/// `nvmlSystemGetCudaDriverVersion_v2`'s number as NVIDIA's DRA driver writes it before making
+/// it a semantic version: `<major>.<minor>` (`12090` → `12.9`, `13000` → `13.0`).
+pub fn cuda_version(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
 /// What identifies a GPU: `nvmlDeviceGetName`, `…GetUUID`, `…GetMinorNumber`, `…GetPciInfo`,
 /// `…GetMemoryInfo`, `…GetArchitecture`, `…GetCudaComputeCapability`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,8 +284,13 @@ pub trait NvmlApi: Send + Sync {
     fn device_count(&self) -> NvmlResult<u32>;
     /// `nvmlSystemGetDriverVersion`.
     fn driver_version(&self) -> NvmlResult<String>;
+    /// `nvmlSystemGetCudaDriverVersion_v2`: the newest CUDA version the driver supports as
+    /// `1000 × major + 10 × minor` (`12090` for 12.9; [`cuda_version`]).
+    fn cuda_driver_version(&self) -> NvmlResult<i32>;
     /// Name, UUID, minor, PCI info, memory, architecture and compute capability of GPU `dev`.
     fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity>;
+    /// `nvmlDeviceGetBrand`: the `nvmlBrandType_t` value ([`brand_name`]).
+    fn brand(&self, dev: u32) -> NvmlResult<u32>;
     /// `nvmlDeviceGetMigMode`; `NOT_SUPPORTED` on GPUs without MIG.
     fn mig_mode(&self, dev: u32) -> NvmlResult<MigModeState>;
     /// `nvmlDeviceSetMigMode`. Only called behind `--enable-mig-mode`, on Hopper and newer.

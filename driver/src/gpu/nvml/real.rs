@@ -220,6 +220,19 @@ impl NvmlApi for RealNvml {
             .map_err(|e| wrapper_error("nvmlSystemGetDriverVersion", e))
     }
 
+    fn cuda_driver_version(&self) -> NvmlResult<i32> {
+        self.nvml
+            .sys_cuda_driver_version()
+            .map_err(|e| wrapper_error("nvmlSystemGetCudaDriverVersion_v2", e))
+    }
+
+    fn brand(&self, dev: u32) -> NvmlResult<u32> {
+        self.device(dev)?
+            .brand()
+            .map(|b| b.as_c())
+            .map_err(|e| wrapper_error("nvmlDeviceGetBrand", e))
+    }
+
     fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity> {
         let d = self.device(dev)?;
         let pci = d

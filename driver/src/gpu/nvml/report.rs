@@ -1,12 +1,16 @@
-//! The read-only inventory report of `das-kubelet-plugin --print-inventory`:
-//! every GPU, its MIG mode, the data-file model it matches, every GI profile NVML reports (enum →
-//! real ID, name, memory, SMs, count, placements) and the GPU instances that exist. It only
-//! reads: it never changes MIG mode and never creates or destroys instances.
+//! The read-only inventory report of `das-kubelet-plugin --print-inventory`: the driver and
+//! CUDA versions; every GPU, its brand and MIG mode, the data-file model it matches, every GI
+//! profile NVML reports (enum → real ID, name, memory, SMs, count, placements) and the GPU
+//! instances that exist. It only reads: it never changes MIG mode and never creates or destroys
+//! instances.
 
 use std::fmt::Write;
 
 use super::backend::architecture_name;
-use super::{GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo, NvmlApi, NvmlResult, code};
+use super::{
+    GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo, NvmlApi, NvmlResult, brand_name, code,
+    cuda_version,
+};
 use crate::gpu::catalog::find_model_by_pci_id;
 use crate::gpu::layout::Placement;
 
@@ -18,7 +22,10 @@ pub fn inventory_report<A: NvmlApi>(api: &A) -> String {
         Err(e) => return format!("cannot count GPUs: {e}\n"),
     };
     let driver = api.driver_version().unwrap_or_else(|e| e.to_string());
-    let _ = writeln!(out, "NVIDIA driver {driver}, {count} GPU(s)");
+    let cuda = api
+        .cuda_driver_version()
+        .map_or_else(|e| e.to_string(), cuda_version);
+    let _ = writeln!(out, "NVIDIA driver {driver} (CUDA {cuda}), {count} GPU(s)");
     for dev in 0..count {
         gpu_block(api, dev, &mut out);
     }
@@ -49,6 +56,11 @@ fn gpu_block<A: NvmlApi>(api: &A, dev: u32, out: &mut String) {
         Ok(None) => "none (profiles would be built from NVML's tables)".into(),
         Err(e) => format!("invalid embedded data: {e}"),
     };
+    let brand = match api.brand(dev) {
+        Ok(b) => brand_name(b).map_or_else(|| format!("unnamed ({b})"), str::to_string),
+        Err(e) => e.to_string(),
+    };
+    let _ = writeln!(out, "  brand: {brand}");
     let _ = writeln!(out, "  DAS model: {model}");
     match api.mig_mode(dev) {
         Ok(m) => {

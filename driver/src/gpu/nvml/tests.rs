@@ -441,7 +441,11 @@ fn print_inventory_report_is_read_only() {
         calls_before,
         "the report must not change anything"
     );
-    assert!(text.contains("3 GPU(s)"), "{text}");
+    assert!(
+        text.contains("NVIDIA driver 580.95.05 (CUDA 13.0), 3 GPU(s)"),
+        "{text}"
+    );
+    assert!(text.contains("  brand: Nvidia"), "{text}");
     assert!(
         text.contains("DAS model: A100-SXM4-40GB (a100-sxm4-40gb.toml)"),
         "{text}"
@@ -760,6 +764,12 @@ impl NvmlApi for HookedNvml {
     fn driver_version(&self) -> NvmlResult<String> {
         self.fake.driver_version()
     }
+    fn cuda_driver_version(&self) -> NvmlResult<i32> {
+        self.fake.cuda_driver_version()
+    }
+    fn brand(&self, dev: u32) -> NvmlResult<u32> {
+        self.fake.brand(dev)
+    }
     fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity> {
         self.fake.device_identity(dev)
     }
@@ -866,5 +876,7 @@ fn a_read_overlapped_by_a_create_is_not_kept() {
     assert_eq!(list, b.instances_on(0).unwrap());
 }
 
+/// The GPU facts read for the published attributes (brand, CUDA version, PCI bus and root).
+mod attributes;
 /// GPUs with MIG mode off kept with `--whole-gpus`.
 mod whole_gpus;

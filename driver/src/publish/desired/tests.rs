@@ -16,7 +16,10 @@ fn gpu(index: u32, model: &str) -> GpuInfo {
         model,
         minor: index,
         pci_bus_id: None,
+        pcie_root: None,
+        brand: None,
         driver_version: "580.95.05".into(),
+        cuda_driver_version: None,
         mig_enabled: true,
     }
 }

@@ -274,7 +274,10 @@ fn desired(layout: ResourceSliceLayout, taint: bool) -> Vec<ResourceSliceSpec> {
         model,
         minor: 0,
         pci_bus_id: None,
+        pcie_root: None,
+        brand: None,
         driver_version: "580.95.05".into(),
+        cuda_driver_version: None,
         mig_enabled: true,
     };
     let mut specs: Vec<ResourceSliceSpec> = desired_resource_slices("n0", &[gpu], layout)

@@ -120,7 +120,10 @@ fn capacity(memory_bytes: u64, r: &ResourceAmounts) -> BTreeMap<String, DeviceCa
         .collect()
 }
 
-/// The attributes of a MIG device (`mig` = its profile and start) or of a whole GPU (`None`).
+/// The attributes of a MIG device (`mig` = its profile and start) or of a whole GPU (`None`):
+/// those of docs/design.md §3, the GPU's facts on every device of it. Facts the GPU does not
+/// know (`None`: brand, CUDA driver version, PCI bus ID, PCIe root) are left out, as is a
+/// version that is not a semantic one.
 fn attributes(g: &GpuInfo, mig: Option<(&GiProfile, u32)>) -> BTreeMap<String, DeviceAttribute> {
     let model: &GpuModel = &g.model;
     let mut a = BTreeMap::new();
@@ -142,6 +145,9 @@ fn attributes(g: &GpuInfo, mig: Option<(&GiProfile, u32)>) -> BTreeMap<String, D
     }
     put(attr::GPU_INDEX, int(i64::from(g.index)));
     put(attr::PRODUCT_NAME, string(&g.product_name));
+    if let Some(brand) = &g.brand {
+        put(attr::BRAND, string(brand));
+    }
     put(attr::ARCHITECTURE, string(&model.architecture));
     if let Some(v) = semver(&model.cuda_compute_capability) {
         put(attr::CUDA_COMPUTE_CAPABILITY, version(v));
@@ -149,8 +155,14 @@ fn attributes(g: &GpuInfo, mig: Option<(&GiProfile, u32)>) -> BTreeMap<String, D
     if let Some(v) = semver(&g.driver_version) {
         put(attr::DRIVER_VERSION, version(v));
     }
+    if let Some(v) = g.cuda_driver_version.as_deref().and_then(semver) {
+        put(attr::CUDA_DRIVER_VERSION, version(v));
+    }
     if let Some(bus) = &g.pci_bus_id {
         put(attr::PCI_BUS_ID, string(bus));
+    }
+    if let Some(root) = &g.pcie_root {
+        put(attr::PCIE_ROOT, string(root));
     }
     a
 }

@@ -18,7 +18,10 @@ fn gpu_of(index: u32, model: Arc<GpuModel>) -> GpuInfo {
         model,
         minor: index,
         pci_bus_id: None,
+        pcie_root: None,
+        brand: None,
         driver_version: "580.95.05".into(),
+        cuda_driver_version: None,
         mig_enabled: true,
     }
 }
@@ -70,24 +73,58 @@ fn names_and_helpers() {
 
 #[test]
 fn device_attributes_and_capacity_follow_design() {
-    let mut g = gpu(0, "A100-SXM4-40GB");
-    g.pci_bus_id = Some("0000:3b:00.0".into());
+    let g = located(gpu(0, "A100-SXM4-40GB"));
     let slices =
         desired_resource_slices("node-a", &[g], ResourceSliceLayout::SeparateCounterSlices)
             .unwrap();
     let d = find(&slices, "gpu-0-mig-1g-10gb-6");
+    println!("{}", serde_json::to_string_pretty(d).unwrap());
     let a = d.attributes.as_ref().unwrap();
+    let keys: Vec<&str> = a.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "architecture",
+            "brand",
+            "cudaComputeCapability",
+            "cudaDriverVersion",
+            "driverVersion",
+            "gpuIndex",
+            "parentUUID",
+            "placementSize",
+            "placementStart",
+            "productName",
+            "profile",
+            "resource.kubernetes.io/pciBusID",
+            "resource.kubernetes.io/pcieRoot",
+            "type"
+        ]
+    );
     assert_eq!(a["type"].string.as_deref(), Some("mig"));
     assert_eq!(a["profile"].string.as_deref(), Some("1g.10gb"));
+    assert_eq!(
+        a["parentUUID"].string.as_deref(),
+        Some("GPU-00000000-0000-0000-0000-000000000000")
+    );
     assert_eq!(a["gpuIndex"].int, Some(0));
     assert_eq!(a["placementStart"].int, Some(6));
     assert_eq!(a["placementSize"].int, Some(2));
+    assert_eq!(
+        a["productName"].string.as_deref(),
+        Some("NVIDIA A100-SXM4-40GB")
+    );
+    assert_eq!(a["brand"].string.as_deref(), Some("Nvidia"));
     assert_eq!(a["cudaComputeCapability"].version.as_deref(), Some("8.0.0"));
     assert_eq!(a["driverVersion"].version.as_deref(), Some("580.95.5"));
+    assert_eq!(a["cudaDriverVersion"].version.as_deref(), Some("13.0.0"));
     assert_eq!(a["architecture"].string.as_deref(), Some("Ampere"));
     assert_eq!(
         a["resource.kubernetes.io/pciBusID"].string.as_deref(),
         Some("0000:3b:00.0")
+    );
+    assert_eq!(
+        a["resource.kubernetes.io/pcieRoot"].string.as_deref(),
+        Some("pci0000:3a")
     );
     let c = d.capacity.as_ref().unwrap();
     assert_eq!(c["memory"].value.0, "9984Mi");
@@ -106,7 +143,25 @@ fn device_attributes_and_capacity_follow_design() {
         .attributes
         .clone()
         .unwrap();
-    assert!(!a.contains_key("resource.kubernetes.io/pciBusID"));
+    // Facts the GPU does not know are left out, not published empty.
+    for unknown in [
+        "resource.kubernetes.io/pciBusID",
+        "resource.kubernetes.io/pcieRoot",
+        "brand",
+        "cudaDriverVersion",
+    ] {
+        assert!(!a.contains_key(unknown), "{unknown}");
+    }
+}
+
+/// `g` with every fact the plugin may know about it (docs/design.md §3): PCI bus ID and PCIe
+/// root, brand and CUDA driver version.
+fn located(mut g: GpuInfo) -> GpuInfo {
+    g.pci_bus_id = Some("0000:3b:00.0".into());
+    g.pcie_root = Some("pci0000:3a".into());
+    g.brand = Some("Nvidia".into());
+    g.cuda_driver_version = Some("13.0".into());
+    g
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! NVML, or one built from NVML's own tables (a GPU with MIG mode off still needs one: DAS reads
 //! a GPU's shape, its memory slices and counters, from its MIG tables).
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::NvmlOptions;
@@ -14,17 +15,44 @@ use crate::gpu::layout::Placement;
 use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
 use crate::gpu::nvml::{
     ARCH_HOPPER, CI_ENUMS, DeviceIdentity, GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo,
-    MigModeState, NvmlApi, code, full_ci_enum,
+    MigModeState, NvmlApi, brand_name, code, cuda_version, full_ci_enum,
 };
+use crate::gpu::pci;
+
+/// What NVML says of the whole node, read once at start-up.
+pub(super) struct System {
+    /// `nvmlSystemGetDriverVersion`.
+    pub(super) driver_version: String,
+    /// `nvmlSystemGetCudaDriverVersion_v2` as `<major>.<minor>`; `None` (logged) when it fails.
+    pub(super) cuda_driver_version: Option<String>,
+}
+
+impl System {
+    /// The CUDA driver version beside `driver_version`, which the caller has read.
+    pub(super) fn read<A: NvmlApi>(api: &A, driver_version: String) -> Self {
+        let cuda_driver_version = match api.cuda_driver_version() {
+            Ok(v) => Some(cuda_version(v)),
+            Err(e) => {
+                tracing::debug!(error = %e, "no CUDA driver version: the cudaDriverVersion attribute is left out");
+                None
+            }
+        };
+        Self {
+            driver_version,
+            cuda_driver_version,
+        }
+    }
+}
 
 /// One GPU of the inventory, or `None` (logged) when DAS does not serve it: not MIG-capable, no
-/// usable model, or MIG mode off without `whole_gpus` (`--whole-gpus`).
+/// usable model, or MIG mode off without `whole_gpus` (`--whole-gpus`). Its PCIe root is read
+/// later, from sysfs ([`pcie_root`]).
 pub(super) fn discover<A: NvmlApi>(
     api: &A,
     options: &NvmlOptions,
     whole_gpus: bool,
     dev: u32,
-    driver_version: &str,
+    system: &System,
 ) -> Option<GpuInfo> {
     let id = match api.device_identity(dev) {
         Ok(id) => id,
@@ -58,16 +86,52 @@ pub(super) fn discover<A: NvmlApi>(
             return None;
         }
     };
+    let pci_bus_id = pci::standard_bus_id(&id.pci_bus_id);
+    if pci_bus_id.is_none() {
+        tracing::debug!(gpu = dev, bus_id = %id.pci_bus_id,
+            "PCI bus ID not of the form 0000:3b:00.0: the pciBusID and pcieRoot attributes are left out");
+    }
     Some(GpuInfo {
         index: dev,
         uuid: id.uuid,
         model,
         product_name: id.name,
         minor: id.minor,
-        pci_bus_id: Some(id.pci_bus_id),
-        driver_version: driver_version.to_string(),
+        pci_bus_id,
+        pcie_root: None,
+        brand: brand(api, dev),
+        driver_version: system.driver_version.clone(),
+        cuda_driver_version: system.cuda_driver_version.clone(),
         mig_enabled,
     })
+}
+
+/// `nvmlDeviceGetBrand` by NVIDIA's DRA driver's name; `None` (logged) when NVML fails or
+/// reports a value without a name.
+fn brand<A: NvmlApi>(api: &A, dev: u32) -> Option<String> {
+    let name = api.brand(dev).map_err(|e| e.to_string()).and_then(|b| {
+        brand_name(b)
+            .map(str::to_string)
+            .ok_or_else(|| format!("nvmlDeviceGetBrand returned {b}, a brand without a name"))
+    });
+    name.map_err(
+        |e| tracing::debug!(gpu = dev, error = %e, "no brand: the brand attribute is left out"),
+    )
+    .ok()
+}
+
+/// The PCIe root complex of `g` read under `sys_root` ([`pci::pcie_root`]); `None` (logged) when
+/// its bus ID is unknown or sysfs does not tell.
+pub(super) fn pcie_root(sys_root: &Path, g: &GpuInfo) -> Option<String> {
+    let bus_id = g.pci_bus_id.as_deref()?;
+    match pci::pcie_root(sys_root, bus_id) {
+        Ok(root) => Some(root),
+        Err(e) => {
+            tracing::debug!(gpu = g.index, error = %e,
+                "no PCIe root: the resource.kubernetes.io/pcieRoot attribute is left out");
+            None
+        }
+    }
 }
 
 /// A GPU's MIG mode once start-up is done with it, with its (re-read) identity.

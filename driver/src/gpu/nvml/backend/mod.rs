@@ -9,6 +9,10 @@
 //!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
 //!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
 //!   lets Hopper+ GPUs be switched on (no reset needed, docs/reference/mig.md, "MIG mode"); Ampere never is.
+//! - Each GPU's published facts are read once with the inventory: brand
+//!   (`nvmlDeviceGetBrand`), CUDA driver version (`nvmlSystemGetCudaDriverVersion_v2`), the PCI
+//!   bus ID in its standard form, and, with [`NvmlBackend::with_sys_root`], the PCIe root complex
+//!   from sysfs; one that cannot be read is left out, never fatal.
 //! - Models come from the data files by PCI device ID, cross-checked against NVML; an unknown
 //!   GPU gets a model built from NVML's own profile and placement tables ([`model_from_nvml`]).
 //! - Create: GI at the exact placement, then the full-size CI, then the MIG UUID by walking the
@@ -31,15 +35,15 @@ mod events;
 mod instances;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cache::KnownInstances;
 pub use cache::{Clock, INSTANCE_REFRESH};
 pub(crate) use discover::architecture_name;
-use discover::discover;
 pub use discover::model_from_nvml;
+use discover::{System, discover, pcie_root};
 use events::register_health_events;
 
 use super::procfs;
@@ -97,9 +101,9 @@ impl<A: NvmlApi> NvmlBackend<A> {
     ) -> Result<Self, BackendError> {
         let whole = |e: NvmlCallError| other(Target::gpu(0), &e, "cannot read the GPUs");
         let count = api.device_count().map_err(whole)?;
-        let driver_version = api.driver_version().map_err(whole)?;
+        let system = System::read(&api, api.driver_version().map_err(whole)?);
         let gpus: Vec<GpuInfo> = (0..count)
-            .filter_map(|dev| discover(&api, &options, whole_gpus, dev, &driver_version))
+            .filter_map(|dev| discover(&api, &options, whole_gpus, dev, &system))
             .collect();
         for g in &gpus {
             register_health_events(&api, g.index);
@@ -112,6 +116,18 @@ impl<A: NvmlApi> NvmlBackend<A> {
             refresh: INSTANCE_REFRESH,
             clock: Arc::new(Instant::now),
         })
+    }
+
+    /// Reads each GPU's PCIe root complex (`GpuInfo::pcie_root`, published as
+    /// `resource.kubernetes.io/pcieRoot`) from the sysfs mounted at `sys_root` (`--sys-root`,
+    /// normally [`pci::SYS_ROOT`](crate::gpu::pci::SYS_ROOT)); a GPU sysfs does not place keeps
+    /// none (logged). Without this call no GPU has one (the unit tests' fake GPUs are not in
+    /// the test machine's sysfs).
+    pub fn with_sys_root(mut self, sys_root: &Path) -> Self {
+        for g in &mut self.gpus {
+            g.pcie_root = pcie_root(sys_root, g);
+        }
+        self
     }
 
     /// Serves cached instance lists for at most `period` ([`INSTANCE_REFRESH`] by default);

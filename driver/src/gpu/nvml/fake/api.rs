@@ -22,6 +22,17 @@ impl NvmlApi for FakeNvml {
         })
     }
 
+    fn cuda_driver_version(&self) -> NvmlResult<i32> {
+        const CALL: &str = "nvmlSystemGetCudaDriverVersion_v2";
+        let r = self.system_call(CALL, super::CUDA_DRIVER_VERSION);
+        self.count(r, |_| vec![(CALL, 1)])
+    }
+
+    fn brand(&self, dev: u32) -> NvmlResult<u32> {
+        let r = self.with_gpu("nvmlDeviceGetBrand", dev, |g, _| Ok(g.spec.brand));
+        self.count(r, |_| vec![("nvmlDeviceGetBrand", 1)])
+    }
+
     fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity> {
         let r = self.with_gpu("nvmlDeviceGetUUID", dev, |g, _| {
             let memory_mib = g.spec.model.as_ref().map_or(16384, |m| m.memory_mib);

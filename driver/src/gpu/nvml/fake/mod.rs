@@ -44,7 +44,16 @@ pub struct FakeGpuSpec {
     pub architecture: u32,
     /// PCI device ID reported (the model's first by default).
     pub pci_device_id: u32,
+    /// `nvmlBrandType_t` reported ([`BRAND_NVIDIA`] by default, as data-center GPUs report).
+    pub brand: u32,
 }
+
+/// `NVML_BRAND_NVIDIA`: the brand the fake GPUs report unless their spec says otherwise.
+pub const BRAND_NVIDIA: u32 = 14;
+
+/// What the fake's `nvmlSystemGetCudaDriverVersion_v2` reports: CUDA 13.0, the version of the
+/// driver `580.95.05` its `nvmlSystemGetDriverVersion` reports.
+pub const CUDA_DRIVER_VERSION: i32 = 13000;
 
 impl FakeGpuSpec {
     /// A MIG-capable GPU of `model` with MIG mode `mig_enabled`.
@@ -60,6 +69,7 @@ impl FakeGpuSpec {
             model: Some(model),
             mig_enabled,
             architecture,
+            brand: BRAND_NVIDIA,
         }
     }
 
@@ -71,6 +81,7 @@ impl FakeGpuSpec {
             mig_enabled: false,
             architecture: 6,
             pci_device_id: 0x1EB8_10DE,
+            brand: BRAND_NVIDIA,
         }
     }
 }
@@ -250,6 +261,15 @@ impl FakeNvml {
 
     fn lock(&self) -> MutexGuard<'_, FakeState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Fault injection for a call on no GPU (`nvmlSystem…`): `value`, or the injected error.
+    fn system_call<T>(&self, call: &'static str, value: T) -> NvmlResult<T> {
+        let mut state = self.lock();
+        match state.faults.iter().position(|(c, _)| *c == call) {
+            Some(i) => Err(NvmlCallError::new(call, state.faults.remove(i).1)),
+            None => Ok(value),
+        }
     }
 
     /// Fault injection, the GPU lookup and the lost check shared by every call on a GPU.

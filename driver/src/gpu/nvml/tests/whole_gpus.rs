@@ -40,7 +40,8 @@ fn mig_off_gpus_are_kept_only_with_whole_gpus() {
     let inv = with.inventory().unwrap();
     assert!(inv[2].offers_whole_gpu() && !inv[2].offers_mig());
     assert_eq!(inv[1].model.name, "A100-SXM4-40GB");
-    assert_eq!(inv[1].pci_bus_id.as_deref(), Some("00000000:12:00.0"));
+    // NVML's `00000000:12:00.0` in the standard form of `resource.kubernetes.io/pciBusID`.
+    assert_eq!(inv[1].pci_bus_id.as_deref(), Some("0000:12:00.0"));
     assert_eq!(with.gpu_indices(), [0, 2, 3]);
     assert!(
         with.api()

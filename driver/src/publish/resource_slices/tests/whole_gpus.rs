@@ -24,8 +24,7 @@ fn set_of<'a>(slices: &'a [DesiredResourceSlice], name: &str) -> &'a CounterSet 
 
 #[test]
 fn a_whole_gpu_device_has_the_designed_shape() {
-    let mut g = off(3, "H100-80GB");
-    g.pci_bus_id = Some("0000:3b:00.0".into());
+    let g = located(off(3, "H100-80GB"));
     let slices = desired_resource_slices(
         "node-a",
         std::slice::from_ref(&g),
@@ -41,11 +40,14 @@ fn a_whole_gpu_device_has_the_designed_shape() {
         keys,
         [
             "architecture",
+            "brand",
             "cudaComputeCapability",
+            "cudaDriverVersion",
             "driverVersion",
             "gpuIndex",
             "productName",
             "resource.kubernetes.io/pciBusID",
+            "resource.kubernetes.io/pcieRoot",
             "type",
             "uuid"
         ]
@@ -60,6 +62,16 @@ fn a_whole_gpu_device_has_the_designed_shape() {
     assert_eq!(a["architecture"].string.as_deref(), Some("Hopper"));
     assert_eq!(a["cudaComputeCapability"].version.as_deref(), Some("9.0.0"));
     assert_eq!(a["driverVersion"].version.as_deref(), Some("580.95.5"));
+    assert_eq!(a["brand"].string.as_deref(), Some("Nvidia"));
+    assert_eq!(a["cudaDriverVersion"].version.as_deref(), Some("13.0.0"));
+    assert_eq!(
+        a["resource.kubernetes.io/pciBusID"].string.as_deref(),
+        Some("0000:3b:00.0")
+    );
+    assert_eq!(
+        a["resource.kubernetes.io/pcieRoot"].string.as_deref(),
+        Some("pci0000:3a")
+    );
     let c = d.capacity.as_ref().unwrap();
     // The model's total memory (81559 MiB), not the counter set's 81152 MiB of MIG memory.
     assert_eq!(c["memory"].value.0, "81559Mi");
