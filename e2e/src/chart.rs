@@ -117,10 +117,22 @@ pub fn render_yaml(opts: &RenderOptions) -> Result<String> {
 
 /// The chart rendered as the local cluster uses it: `ci/emulated-values.yaml`.
 pub fn render() -> Result<Rendered> {
-    Rendered::new(&RenderOptions::with_values(ci_values(
-        "emulated-values.yaml",
-    )))
+    render_with(&[])
 }
+
+/// [`render`] with `--set` overrides `sets`, e.g. [`WHOLE_GPUS`].
+pub fn render_with(sets: &[&str]) -> Result<Rendered> {
+    let opts = sets.iter().fold(
+        RenderOptions::with_values(ci_values("emulated-values.yaml")),
+        |opts, s| opts.set(s),
+    );
+    Rendered::new(&opts)
+}
+
+/// The values that serve whole GPUs beside MIG slices (docs/design.md §7, "Whole GPUs"): the
+/// DeviceClass `gpu.das.com`, `DAS_WHOLE_GPUS` on the plugin, and the webhook translating
+/// `nvidia.com/gpu` (its flag, and such pods sent to it).
+pub const WHOLE_GPUS: &[&str] = &["wholeGpus.enabled=true", "webhook.translateWholeGpus=true"];
 
 /// Where the plain manifests for users without Helm live, relative to the workspace root.
 pub const MANIFESTS: &str = "deploy/manifests/das.yaml";

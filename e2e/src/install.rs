@@ -188,21 +188,30 @@ pub async fn install(
     gpus: &[(String, String)],
     bins: &Binaries,
 ) -> Result<Installed> {
-    let rendered = render()?;
-    apply_access(cluster, &rendered).await?;
+    install_rendered(cluster, &render()?, gpus, bins).await
+}
+
+/// [`install`] from the chart as `rendered` (e.g. [`chart::render_with`] other values).
+pub async fn install_rendered(
+    cluster: &mut Cluster,
+    rendered: &Rendered,
+    gpus: &[(String, String)],
+    bins: &Binaries,
+) -> Result<Installed> {
+    apply_access(cluster, rendered).await?;
     let mut installed = Installed::default();
     for (node, models) in gpus {
-        let port = start_plugin(cluster, &rendered, &bins.plugin, node, models).await?;
+        let port = start_plugin(cluster, rendered, &bins.plugin, node, models).await?;
         installed.plugin_metrics.insert(node.clone(), port);
     }
     if let Some(bin) = &bins.controller {
-        installed.controller_metrics = Some(start_controller(cluster, &rendered, bin).await?);
+        installed.controller_metrics = Some(start_controller(cluster, rendered, bin).await?);
     }
     let client = cluster.client();
     let nodes: Vec<&str> = gpus.iter().map(|(n, _)| n.as_str()).collect();
     das::wait_nodes_published(&client, &nodes).await?;
     if let Some(bin) = &bins.webhook {
-        installed.webhook_port = Some(start_webhook(cluster, &rendered, bin).await?);
+        installed.webhook_port = Some(start_webhook(cluster, rendered, bin).await?);
     }
     Ok(installed)
 }

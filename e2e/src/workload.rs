@@ -60,12 +60,24 @@ pub async fn http_get_with_token(
 /// Creates ResourceClaimTemplate `name` in [`NS`] asking for `count` slices of `profile`
 /// (DeviceClass `<profile>.mig.das.com`), as request `mig`.
 pub async fn create_template(client: &Client, name: &str, profile: &str, count: u32) -> Result<()> {
+    create_class_template(client, name, &das_api::profile_device_class(profile), count).await
+}
+
+/// Creates ResourceClaimTemplate `name` in [`NS`] asking for `count` devices of DeviceClass
+/// `class` (e.g. `gpu.das.com` for whole GPUs, `mig.das.com` for a slice of any profile), as
+/// request `mig`.
+pub async fn create_class_template(
+    client: &Client,
+    name: &str,
+    class: &str,
+    count: u32,
+) -> Result<()> {
     let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
     let t: ResourceClaimTemplate = serde_json::from_value(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": name},
         "spec": {"spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-            "deviceClassName": das_api::profile_device_class(profile),
+            "deviceClassName": class,
             "allocationMode": "ExactCount", "count": count}}]}}}
     }))?;
     api.create(&PostParams::default(), &t)
@@ -187,4 +199,34 @@ pub async fn phase(client: &Client, name: &str) -> Result<String> {
         .status
         .and_then(|s| s.phase)
         .unwrap_or_default())
+}
+
+/// Waits until the scheduler reports pod `name` in [`NS`] unschedulable (condition
+/// `PodScheduled=False`, reason `Unschedulable`); returns the scheduler's message. Fails at once
+/// when the pod is bound to a node instead.
+pub async fn wait_unschedulable(client: &Client, name: &str) -> Result<String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let outcome = wait::until(
+        &format!("pod {name} to be unschedulable"),
+        wait::TIMEOUT,
+        || async {
+            let p = api.get(name).await?;
+            if let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                return Ok(Some(Err(node)));
+            }
+            Ok(p.status
+                .and_then(|s| s.conditions)
+                .into_iter()
+                .flatten()
+                .find(|c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
+                .map(|c| Ok(c.message.unwrap_or_default())))
+        },
+    )
+    .await?;
+    outcome
+        .map_err(|node| anyhow::anyhow!("pod {name} was bound to {node}, not left unschedulable"))
 }

@@ -17,7 +17,7 @@ use das_e2e::runtime_pods::{
     check_container, create, one_slice_pod, pod_claims, probe, wait_pod, wait_ready,
 };
 use das_e2e::wait::{self, TIMEOUT};
-use das_e2e::workload::{NS, create_template, delete_pod, delete_pods};
+use das_e2e::workload::{NS, create_class_template, create_template, delete_pod, delete_pods};
 use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -27,7 +27,8 @@ use serde_json::json;
 use std::time::Duration;
 
 const NODE: &str = "r0";
-const GPUS: &str = "H100-80GB:2";
+/// Two GPUs with MIG mode on and, served whole (`wholeGpus.enabled`), GPU 2 with MIG mode off.
+const GPUS: &str = "H100-80GB:2,H100-80GB:1:mig-off";
 
 #[tokio::test]
 async fn containers_on_a_real_runtime_get_exactly_their_slices() {
@@ -36,12 +37,20 @@ async fn containers_on_a_real_runtime_get_exactly_their_slices() {
     let mut cluster = Cluster::start(config).await.expect("cluster starts");
     let setup = async {
         let bins = Binaries::in_target_dir("debug", true)?;
-        install::install(&mut cluster, &[(NODE.into(), GPUS.into())], &bins).await?;
+        let rendered = das_e2e::chart::render_with(&["wholeGpus.enabled=true"])?;
+        install::install_rendered(
+            &mut cluster,
+            &rendered,
+            &[(NODE.into(), GPUS.into())],
+            &bins,
+        )
+        .await?;
         das::wait_pool_complete(&cluster.client(), NODE).await?;
         let c = cluster.client();
         create_template(&c, "one-1g", "1g.10gb", 1).await?;
         create_template(&c, "one-7g", "7g.80gb", 1).await?;
-        create_template(&c, "one-2g", "2g.20gb", 1).await
+        create_template(&c, "one-2g", "2g.20gb", 1).await?;
+        create_class_template(&c, "one-gpu", das_api::DEVICE_CLASS_WHOLE_GPU, 1).await
     };
     if let Err(e) = setup.await {
         return cluster.check(Err(e));
@@ -51,6 +60,7 @@ async fn containers_on_a_real_runtime_get_exactly_their_slices() {
 
 async fn scenarios(cluster: &Cluster) -> Result<()> {
     one_slice(cluster).await?;
+    a_whole_gpu_container_sees_only_its_gpu(cluster).await?;
     two_claims_and_two_requests_in_one_container(cluster).await?;
     two_containers_see_only_their_own(cluster).await?;
     init_container_then_main_container(cluster).await?;
@@ -99,6 +109,66 @@ async fn one_slice(cluster: &Cluster) -> Result<()> {
         "container {id} still runs after its pod was deleted"
     );
     Ok(())
+}
+
+/// A pod asking for a whole GPU (`gpu.das.com`): its container holds exactly GPU 2's device
+/// node (no other GPU's, no MIG capability node) with the control and UVM nodes, and GPU 2's
+/// UUID in its `DAS_GPU_UUID_*` variable; no MIG instance is made; deleting the pod removes the
+/// CDI spec.
+async fn a_whole_gpu_container_sees_only_its_gpu(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create(
+        &c,
+        NODE,
+        "whole",
+        json!({
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+            "containers": [probe("app", &["gpu"])],
+        }),
+    )
+    .await?;
+    let pod = wait_ready(&c, "whole").await?;
+    let seen = check_container(cluster, NODE, &pod, "app", 0).await?;
+    let mut nodes: Vec<&str> = seen
+        .device_nodes
+        .iter()
+        .map(String::as_str)
+        .filter(|p| p.starts_with("/dev/nvidia"))
+        .collect();
+    nodes.sort();
+    ensure!(
+        nodes
+            == [
+                "/dev/nvidia-uvm",
+                "/dev/nvidia-uvm-tools",
+                "/dev/nvidia2",
+                "/dev/nvidiactl"
+            ],
+        "the whole-GPU container has device nodes {nodes:?}"
+    );
+    let state = das::emulated_state(cluster.node(NODE))?;
+    let gpu2 = state["gpus"][2]["uuid"].as_str().context("GPU 2's UUID")?;
+    let gpu_vars: Vec<&String> = seen
+        .env
+        .iter()
+        .filter(|(k, _)| k.starts_with("DAS_GPU_UUID_"))
+        .map(|(_, v)| v)
+        .collect();
+    ensure!(
+        gpu_vars == [gpu2],
+        "the container's DAS_GPU_UUID_* are {gpu_vars:?}, GPU 2 is {gpu2}"
+    );
+    ensure!(
+        live_uuids(cluster)?.is_empty(),
+        "a MIG instance was made for a whole GPU"
+    );
+    let claim = pod_claims(&c, &pod).await?.remove(0);
+    let spec = spec_file(cluster, &claim);
+    delete_pod(&c, "whole").await?;
+    wait::until("the whole GPU's CDI spec removed", TIMEOUT, || async {
+        Ok((!spec.exists()).then_some(()))
+    })
+    .await
 }
 
 /// Two legacy profiles (two claims made by the webhook) in one container, and a claim of two

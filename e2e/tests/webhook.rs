@@ -57,6 +57,7 @@ async fn legacy_mig_pods_are_translated_and_run() {
 async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
     let c = cluster.client();
     pod_without_mig_never_reaches_the_webhook(&c, hook).await?;
+    whole_gpu_pods_are_left_alone_without_the_flag(&c, hook).await?;
     one_slice(cluster).await?;
     me_profile_by_nvidias_name(cluster).await?;
     three_slices_in_one_container(cluster).await?;
@@ -274,6 +275,54 @@ async fn pod_without_mig_never_reaches_the_webhook(c: &Client, hook: &Webhook) -
         after - before
     );
     delete_pod(c, "plain").await
+}
+
+/// Without `--translate-whole-gpus` (and the chart's `webhook.translateWholeGpus`), a pod asking
+/// for `nvidia.com/gpu` is not sent to the webhook and is admitted as it is; sent anyway, the
+/// webhook allows it without a patch.
+async fn whole_gpu_pods_are_left_alone_without_the_flag(c: &Client, hook: &Webhook) -> Result<()> {
+    let before = reviews_seen(hook).await?;
+    let pod = create(
+        c,
+        pod_json("gpu-plain", &[("app", "nvidia.com/gpu", "1")], None),
+    )
+    .await?;
+    let spec = pod.spec.context("spec")?;
+    ensure!(
+        spec.resource_claims.is_none(),
+        "claims added: {:?}",
+        spec.resource_claims
+    );
+    let limits = spec.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap_or_default();
+    ensure!(
+        limits.contains_key("nvidia.com/gpu"),
+        "nvidia.com/gpu removed: {limits:?}"
+    );
+    let after = reviews_seen(hook).await?;
+    ensure!(
+        after == before,
+        "webhook saw {} reviews for an nvidia.com/gpu pod",
+        after - before
+    );
+    delete_pod(c, "gpu-plain").await?;
+
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "whole-gpu-off", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": NS, "operation": "CREATE", "userInfo": {},
+            "object": pod_json("gpu-sent", &[("app", "nvidia.com/gpu", "1")], None)}});
+    let (code, body) = https(hook, "POST", "/mutate-pods", &review.to_string()).await?;
+    ensure!(code == 200, "/mutate-pods answered {code}: {body}");
+    let response = &serde_json::from_str::<Value>(&body)?["response"];
+    ensure!(
+        response["allowed"] == true && response["patch"].is_null(),
+        "an nvidia.com/gpu pod was changed or refused: {response}"
+    );
+    Ok(())
 }
 
 async fn one_slice(cluster: &Cluster) -> Result<()> {

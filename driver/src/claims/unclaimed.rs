@@ -6,7 +6,6 @@ use crate::gpu::MigInstance;
 use crate::health::unclaimed::UnclaimedInstances;
 
 use super::Preparer;
-use super::plan;
 
 /// The preparer's unclaimed instances, from each GPU's instance list as the backend last knew it
 /// ([`crate::gpu::GpuBackend::cached_instances_on`]): on real GPUs NVML is read again only every
@@ -16,18 +15,7 @@ use super::plan;
 #[tonic::async_trait]
 impl UnclaimedInstances for Preparer {
     async fn unclaimed_instances(&self) -> Vec<MigInstance> {
-        let mut out = Vec::new();
-        for gpu in self.gpus.gpu_indices() {
-            let Ok(Ok(live)) = self.gpus.run(move |b| b.cached_instances_on(gpu)).await else {
-                continue;
-            };
-            out.extend(
-                self.records
-                    .checkpoint
-                    .read(|cp| plan::unclaimed(&live, cp)),
-            );
-        }
-        out
+        self.unclaimed_in(true).await
     }
 }
 

@@ -280,9 +280,23 @@ impl Preparer {
     /// The MIG instances on the GPUs that answer that no claim holds ([`plan::unclaimed`]),
     /// read from the GPUs now: at the plugin's start, before it serves.
     pub async fn unclaimed_instances(&self) -> Vec<MigInstance> {
+        self.unclaimed_in(false).await
+    }
+
+    /// The instances no claim holds on the GPUs that answer, from each GPU's instance list read
+    /// now, or, with `cached`, as the backend last knew it
+    /// ([`crate::gpu::GpuBackend::cached_instances_on`]).
+    pub(crate) async fn unclaimed_in(&self, cached: bool) -> Vec<MigInstance> {
         let mut out = Vec::new();
         for gpu in self.gpus.gpu_indices() {
-            let Ok(live) = self.gpus.instances_on(gpu).await else {
+            let live = if cached {
+                self.gpus
+                    .call(gpu, move |b| b.cached_instances_on(gpu))
+                    .await
+            } else {
+                self.gpus.instances_on(gpu).await
+            };
+            let Ok(live) = live else {
                 continue;
             };
             out.extend(
