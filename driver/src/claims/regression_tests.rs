@@ -3,12 +3,14 @@
 //! while it exists, CDI that composes, per-GPU fault isolation, fresh answers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::handler::{ClaimHandler, ClaimRef};
 use super::orphans::{DEFAULT_ORPHAN_DELAY, OrphanPolicy, OrphanReport, RECHECK};
-use super::testing::{MemoryApi, MemoryRuntime, NODE, pod_of, preparer, preparer_with};
+use super::testing::{
+    MemoryApi, MemoryRuntime, NODE, UID_A, UID_B, inline, pod_of, preparer, preparer_with,
+};
 use super::{ClaimApi, PrepareError, Preparer};
 use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
@@ -17,15 +19,6 @@ use crate::gpu::nvml::{FakeGpuSpec, FakeNvml, code};
 use crate::gpu::{
     EmulatedBackend, FaultKind, GpuBackend, Latency, NvmlBackend, NvmlOptions, find_model,
 };
-
-const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
-const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
-
-/// Backend calls inline with a few yields around each: the same interleaving every run.
-fn inline() -> BlockingCalls {
-    let n = Arc::new(AtomicU32::new(0));
-    BlockingCalls::Inline(Arc::new(move || n.fetch_add(1, Ordering::Relaxed) % 3))
-}
 
 struct Setup {
     dir: tempfile::TempDir,

@@ -330,3 +330,16 @@ pub fn serve_whole(p: &mut Preparer, gpu: &GpuInfo, keep_slices: bool) {
     let (name, at) = whole_gpu_ref(gpu);
     devices.insert(name, at);
 }
+
+/// Claim UIDs the request-path tests use.
+pub const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+/// A second claim's UID.
+pub const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+
+/// Backend calls inline with a few yields around each: the same interleaving every run.
+pub fn inline() -> BlockingCalls {
+    let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    BlockingCalls::Inline(Arc::new(move || {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3
+    }))
+}

@@ -7,28 +7,20 @@
 //! does under `--whole-gpus`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::handler::ClaimRef;
 use super::orphans::{DEFAULT_ORPHAN_DELAY, OrphanPolicy};
-use super::testing::{MemoryApi, MemoryRuntime, MigOff, NODE, preparer_with, serve_whole};
+use super::testing::{
+    MemoryApi, MemoryRuntime, MigOff, NODE, UID_A, UID_B, inline, preparer_with, serve_whole,
+};
 use super::{PrepareError, Preparer};
-use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
 use crate::claims::checkpoint::{DeviceKind, PrepareState};
 use crate::gpu::{EmulatedBackend, GpuBackend, GpuInfo};
-
-const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
-const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
-
-/// Backend calls inline with a few yields around each: the same interleaving every run.
-fn inline() -> BlockingCalls {
-    let n = Arc::new(AtomicU32::new(0));
-    BlockingCalls::Inline(Arc::new(move || n.fetch_add(1, Ordering::Relaxed) % 3))
-}
 
 struct Setup {
     dir: tempfile::TempDir,

@@ -72,6 +72,27 @@ pub struct GpuInfo {
 }
 
 impl GpuInfo {
+    /// A GPU of built-in `model` at `index` for unit tests: UUID
+    /// `GPU-0000000<index>-0000-0000-0000-000000000000`, minor `index`, MIG mode on, driver
+    /// `580.95.05`, no PCI facts. Tests change fields with struct update syntax.
+    #[cfg(test)]
+    pub(crate) fn for_tests(index: u32, model: &str) -> Self {
+        let model = catalog::find_model(model).unwrap().unwrap();
+        GpuInfo {
+            index,
+            uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
+            product_name: model.product_name.clone(),
+            model,
+            minor: index,
+            pci_bus_id: None,
+            pcie_root: None,
+            brand: None,
+            driver_version: "580.95.05".into(),
+            cuda_driver_version: None,
+            mig_enabled: true,
+        }
+    }
+
     /// Whether DAS offers MIG instances on this GPU: MIG mode is on. DAS does not switch MIG mode
     /// to follow demand yet (docs/design.md §7, "Whole GPUs"), so a GPU with MIG mode off offers
     /// none, even where it could be switched on without a reset (Hopper and newer: that is

@@ -178,17 +178,9 @@ fn an_unpublished_whole_gpu_is_refused_as_such() {
 #[test]
 fn a_whole_gpu_is_prepared_only_on_its_gpu_with_mig_mode_off() {
     let gpu = |uuid: &str, mig_enabled: bool| GpuInfo {
-        index: 0,
         uuid: uuid.into(),
-        model: find_model("A100-SXM4-40GB").unwrap().unwrap(),
-        product_name: "NVIDIA A100-SXM4-40GB".into(),
-        minor: 0,
-        pci_bus_id: None,
-        pcie_root: None,
-        brand: None,
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: None,
         mig_enabled,
+        ..GpuInfo::for_tests(0, "A100-SXM4-40GB")
     };
     let p = planned(0, None, "gpu");
     assert_eq!(whole_gpu_unavailable(&p, &[gpu("GPU-0", false)]), None);

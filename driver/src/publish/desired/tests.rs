@@ -1,27 +1,12 @@
 //! Unit tests of [`super`] (`desired.rs`).
 
-use std::sync::Arc;
-
 use super::*;
-use crate::gpu::{GpuInfo, GpuModel, find_model};
+use crate::gpu::GpuInfo;
 use crate::publish::devices::device_index;
 use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
 
 fn gpu(index: u32, model: &str) -> GpuInfo {
-    let model: Arc<GpuModel> = find_model(model).unwrap().unwrap();
-    GpuInfo {
-        index,
-        uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
-        product_name: model.product_name.clone(),
-        model,
-        minor: index,
-        pci_bus_id: None,
-        pcie_root: None,
-        brand: None,
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: None,
-        mig_enabled: true,
-    }
+    GpuInfo::for_tests(index, model)
 }
 
 /// The inventory-built specs of two A30s on `n0`.

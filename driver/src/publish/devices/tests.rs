@@ -1,26 +1,15 @@
 //! Unit tests of [`super`] (`devices.rs`).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use super::*;
-use crate::gpu::{GpuModel, find_model};
 use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
 
 fn gpu(index: u32, model: &str, mig_enabled: bool) -> GpuInfo {
-    let model: Arc<GpuModel> = find_model(model).unwrap().unwrap();
     GpuInfo {
-        index,
-        uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
-        product_name: model.product_name.clone(),
-        model,
         minor: 10 + index,
-        pci_bus_id: None,
-        pcie_root: None,
-        brand: None,
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: None,
         mig_enabled,
+        ..GpuInfo::for_tests(index, model)
     }
 }
 

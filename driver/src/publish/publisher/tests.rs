@@ -87,7 +87,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::events::EventSink;
-use crate::gpu::{GpuInfo, find_model};
+use crate::gpu::GpuInfo;
 use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
 
 #[derive(Default)]
@@ -266,20 +266,7 @@ impl EventSink for FakeApi {
 
 /// The desired specs of one A100-40GB on `n0` in `layout`, with `taint` on its first device.
 fn desired(layout: ResourceSliceLayout, taint: bool) -> Vec<ResourceSliceSpec> {
-    let model = find_model("A100-SXM4-40GB").unwrap().unwrap();
-    let gpu = GpuInfo {
-        index: 0,
-        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
-        product_name: model.product_name.clone(),
-        model,
-        minor: 0,
-        pci_bus_id: None,
-        pcie_root: None,
-        brand: None,
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: None,
-        mig_enabled: true,
-    };
+    let gpu = GpuInfo::for_tests(0, "A100-SXM4-40GB");
     let mut specs: Vec<ResourceSliceSpec> = desired_resource_slices("n0", &[gpu], layout)
         .unwrap()
         .into_iter()

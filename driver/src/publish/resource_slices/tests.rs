@@ -12,17 +12,9 @@ fn gpu(index: u32, model: &str) -> GpuInfo {
 
 fn gpu_of(index: u32, model: Arc<GpuModel>) -> GpuInfo {
     GpuInfo {
-        index,
-        uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
         product_name: model.product_name.clone(),
         model,
-        minor: index,
-        pci_bus_id: None,
-        pcie_root: None,
-        brand: None,
-        driver_version: "580.95.05".into(),
-        cuda_driver_version: None,
-        mig_enabled: true,
+        ..GpuInfo::for_tests(index, "A30")
     }
 }
 
