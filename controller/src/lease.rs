@@ -83,16 +83,38 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
     }
 }
 
+/// What a failed election round is reported to: the error's metric label.
+type ErrorCounter = Box<dyn Fn(&'static str) + Send + Sync>;
+
 /// A candidate for leadership.
 pub struct Elector {
     api: Api<Lease>,
     cfg: LeaseConfig,
+    count_error: Option<ErrorCounter>,
 }
 
 impl Elector {
     /// An elector for lease `cfg.name` through `api` (namespaced).
     pub fn new(api: Api<Lease>, cfg: LeaseConfig) -> Self {
-        Self { api, cfg }
+        Self {
+            api,
+            cfg,
+            count_error: None,
+        }
+    }
+
+    /// Reports each failed round (acquire, renew, release) to `count` with the error's
+    /// [`Error::metric_label`] (`lease`, `lease_timeout`), as well as logging it: the binary
+    /// counts them in `das_controller_errors_total{cause}`.
+    pub fn counting_errors(mut self, count: impl Fn(&'static str) + Send + Sync + 'static) -> Self {
+        self.count_error = Some(Box::new(count));
+        self
+    }
+
+    fn failed(&self, e: &Error) {
+        if let Some(count) = &self.count_error {
+            count(e.metric_label());
+        }
     }
 
     /// The settings.
@@ -163,7 +185,11 @@ impl Elector {
             .await
         {
             Ok(_) => tracing::info!(lease = %self.cfg.name, "released the leader lease"),
-            Err(e) => tracing::warn!(error = %e, "could not release the leader lease"),
+            Err(e) => {
+                let e = Error::Lease(e);
+                self.failed(&e);
+                tracing::warn!(error = %e, "could not release the leader lease");
+            }
         }
     }
 
@@ -184,7 +210,10 @@ impl Elector {
                     return;
                 }
                 Ok(false) => tracing::debug!("lease held by another replica"),
-                Err(e) => tracing::warn!(error = %e, "leader election"),
+                Err(e) => {
+                    self.failed(&e);
+                    tracing::warn!(error = %e, "leader election");
+                }
             }
             tokio::time::sleep(self.cfg.renew_every).await;
         }
@@ -203,7 +232,10 @@ impl Elector {
                     tracing::error!("leader lease taken by another replica");
                     return;
                 }
-                Err(e) => tracing::warn!(error = %e, "renewing the leader lease"),
+                Err(e) => {
+                    self.failed(&e);
+                    tracing::warn!(error = %e, "renewing the leader lease");
+                }
             }
             if last_ok.elapsed() >= self.cfg.renew_deadline {
                 tracing::error!(deadline = ?self.cfg.renew_deadline,

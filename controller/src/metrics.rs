@@ -70,9 +70,8 @@ impl Collector for DeviceInfoCollector {
 pub struct Metrics {
     /// Reconciles of a ResourceClaim, by `result` (`ok`, `error`).
     pub reconciles: Family<Labels, Counter>,
-    /// Failed reconciles, by `cause`: the error's `metric_label`
-    /// (`crate::error::Error::metric_label`). Leader-election failures are logged, not counted
-    /// here (the elector keeps no metrics).
+    /// Failed reconciles and leader-election rounds, by `cause`: the error's `metric_label`
+    /// (`crate::error::Error::metric_label`).
     pub errors: Family<Labels, Counter>,
     /// Writes to AllocationClaims, by `op` (`apply`, `status`, `delete`).
     pub writes: Family<Labels, Counter>,
@@ -173,6 +172,12 @@ impl Metrics {
     /// Counts one error by `cause` (an error's `metric_label`).
     pub fn reconcile_error(&self, cause: &'static str) {
         self.errors.get_or_create(&label("cause", cause)).inc();
+    }
+
+    /// Counts one failed leader-election round by `cause` (`lease`, `lease_timeout`), in the
+    /// same `das_controller_errors_total` family.
+    pub fn lease_error(&self, cause: &'static str) {
+        self.reconcile_error(cause);
     }
 
     /// Counts one write (`apply`, `status`, `delete`).

@@ -40,6 +40,7 @@ fn exported() -> BTreeSet<String> {
     let controller = das_controller::metrics::Metrics::new();
     controller.reconciled(false);
     controller.reconcile_error("apply");
+    controller.lease_error("lease");
     controller.wrote("apply");
     controller.set_claims(&[]);
     controller.in_use_lag.observe(0.1);

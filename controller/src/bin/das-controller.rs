@@ -130,7 +130,10 @@ where
     let duration = Duration::from_secs(args.lease_duration_seconds.max(3));
     let cfg = LeaseConfig::for_duration("das-controller", &id, duration);
     let api = kube::Api::namespaced(clients.calls.clone(), &args.leader_elect_namespace);
-    let elector = Elector::new(api, cfg);
+    let elector = Elector::new(api, cfg).counting_errors({
+        let metrics = metrics.clone();
+        move |cause| metrics.lease_error(cause)
+    });
     // A standby is ready: it serves as soon as it leads.
     metrics.probe.set_ready(true);
     tokio::select! {

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::*;
 
 fn spec(holder: &str, renewed_secs_ago: i64) -> LeaseSpec {
@@ -30,12 +32,20 @@ async fn a_stalled_leader_steps_down_before_its_lease_expires() {
         renew_deadline: Duration::from_millis(400),
         ..LeaseConfig::for_duration("l", "me", Duration::from_secs(5))
     };
-    let elector = Elector::new(Api::namespaced(client, "ns"), cfg);
+    let counted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let elector = Elector::new(Api::namespaced(client, "ns"), cfg).counting_errors({
+        let counted = counted.clone();
+        move |cause| counted.lock().unwrap().push(cause)
+    });
     let t0 = std::time::Instant::now();
     tokio::time::timeout(Duration::from_secs(3), elector.keep())
         .await
         .expect("keep() returned");
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Every stalled renewal is counted by its cause, as das_controller_errors_total counts it.
+    let counted = counted.lock().unwrap();
+    assert!(!counted.is_empty());
+    assert!(counted.iter().all(|c| *c == "lease_timeout"), "{counted:?}");
 }
 
 #[test]
