@@ -13,8 +13,9 @@
 //! Run: `cargo bench -p das-e2e --bench admission` (prints a table; figures go into
 //! docs/benchmarks.md by hand).
 
-use std::path::Path;
-use std::sync::Arc;
+#[path = "common/tls.rs"]
+mod tls;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -25,11 +26,9 @@ use das_e2e::{Cluster, ClusterConfig, process, wait};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
-use tokio_rustls::rustls;
 
 const PACE: Duration = Duration::from_millis(10);
 const KEEPALIVE_REQUESTS: usize = 1000;
@@ -64,7 +63,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
     let bin = DasBinary::Webhook.in_target_dir("release")?;
     cluster.spawn_program("das-webhook", &bin, args)?;
     let webhook = *cluster.pids().last().context("webhook pid")?;
-    let tls = connector(&pki.ca.cert)?;
+    let tls = tls::connector(&pki.ca.cert)?;
     let body = Bytes::from(serde_json::to_vec(&review())?);
     wait::until("webhook up", Duration::from_secs(30), || async {
         Ok(connect(&tls, port).await.ok())
@@ -147,19 +146,6 @@ fn row(what: &str, mut v: Vec<Duration>) {
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-fn connector(ca: &Path) -> Result<TlsConnector> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pki_types::CertificateDer::pem_file_iter(ca)? {
-        roots.add(c?)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(cfg)))
-}
 
 /// A new TLS connection (HTTP/1.1, kept alive) to the webhook.
 async fn connect(tls: &TlsConnector, port: u16) -> Result<Sender> {

@@ -31,8 +31,10 @@
 //! slice_scale`). Prints three tables; figures go into docs/benchmarks.md by hand.
 //! `DAS_BENCH_NODES=250,1000` sets the sizes (ascending; each adds nodes to the last).
 
+#[path = "common/tls.rs"]
+mod tls;
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -50,10 +52,8 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::Client;
 use kube::api::PostParams;
-use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls;
 
 const GPUS: &str = "H100-80GB:8";
 const TEMPLATE_NODE: &str = "das-bench-template-node";
@@ -112,7 +112,7 @@ async fn run(cluster: &mut Cluster) -> Result<()> {
             sans: vec!["127.0.0.1".into()],
         },
     )?;
-    let tls = connector(&pki.ca.cert)?;
+    let tls = tls::connector(&pki.ca.cert)?;
     let pods: usize = std::env::var("DAS_BENCH_PODS")
         .unwrap_or_else(|_| "100".into())
         .parse()
@@ -637,19 +637,6 @@ fn run_with_rusage(
 fn mib(pid: u32) -> (f64, f64) {
     let (rss, peak) = process::memory_kib(pid as i32).unwrap_or((0, 0));
     (rss as f64 / 1024.0, peak as f64 / 1024.0)
-}
-
-fn connector(ca: &std::path::Path) -> Result<TlsConnector> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pki_types::CertificateDer::pem_file_iter(ca)? {
-        roots.add(c?)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cfg = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
 /// The status code of `GET path` on the webhook (HTTPS, one connection, closed after).
