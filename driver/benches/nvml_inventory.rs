@@ -90,7 +90,7 @@ impl Node {
         let now = offset.clone();
         let options = NvmlOptions {
             proc_root: "/nonexistent-proc".into(),
-            enable_mig_mode: false,
+            ..NvmlOptions::default()
         };
         let backend = NvmlBackend::new(fake, options)
             .expect("the fake node")

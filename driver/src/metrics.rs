@@ -50,6 +50,12 @@ struct CheckLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SwitchLabels {
+    to: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     gpu: String,
 }
@@ -93,6 +99,8 @@ pub struct Metrics {
     placement_waits: Family<ResultLabels, Histogram, fn() -> Histogram>,
     feature_gate_off: Family<GateLabels, Gauge>,
     node_setup_warning: Family<CheckLabels, Gauge>,
+    mig_mode_switches: Family<SwitchLabels, Counter>,
+    mig_mode_switchable: Family<GpuLabels, Gauge>,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
 }
@@ -130,6 +138,18 @@ impl Metrics {
         let pending_destroy = Gauge::default();
         let feature_gate_off = Family::<GateLabels, Gauge>::default();
         let node_setup_warning = Family::<CheckLabels, Gauge>::default();
+        let mig_mode_switches = Family::<SwitchLabels, Counter>::default();
+        let mig_mode_switchable = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "mig_mode_switches",
+            "MIG mode switches a prepare made (docs/design.md, \"MIG mode follows demand\"), by the mode switched to (on, off) and result: ok, or the backend error's kind (reset_required, in_use, …; the GPU then keeps its mode and serves only what it serves)",
+            mig_mode_switches.clone(),
+        );
+        registry.register(
+            "gpu_mig_mode_switchable",
+            "1 while DAS may switch the GPU's MIG mode to follow demand (--mig-mode-switching, Hopper or newer, no failed switch since the plugin started), 0 otherwise; per GPU index",
+            mig_mode_switchable.clone(),
+        );
         registry.register(
             "node_setup_warning",
             "1 when the start-up check found a problem in the node set-up DAS relies on, 0 when it passed (real GPUs; checked at each start): visible_devices_envvar (the NVIDIA container toolkit lets unprivileged pods ask for every GPU with NVIDIA_VISIBLE_DEVICES, or its config cannot be read), nvidia_uvm (/dev/nvidia-uvm or /dev/nvidia-uvm-tools missing: pods with DAS claims cannot start)",
@@ -186,7 +206,7 @@ impl Metrics {
         );
         registry.register(
             "backend_duration_seconds",
-            "Time of GPU backend operations (create, destroy)",
+            "Time of GPU backend operations (create, destroy, set_mig_mode)",
             backend_seconds.clone(),
         );
         registry.register(
@@ -238,6 +258,8 @@ impl Metrics {
             placement_waits,
             feature_gate_off,
             node_setup_warning,
+            mig_mode_switches,
+            mig_mode_switchable,
         }
     }
 
@@ -308,6 +330,27 @@ impl Metrics {
                 gpu: gpu.to_string(),
             })
             .set(i64::from(healthy));
+    }
+
+    /// Counts one MIG mode switch to `mig_enabled`, by `result` (`ok` or the backend error's
+    /// kind).
+    pub fn mig_mode_switched(&self, mig_enabled: bool, result: &str) {
+        let to = if mig_enabled { "on" } else { "off" };
+        self.mig_mode_switches
+            .get_or_create(&SwitchLabels {
+                to: to.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Sets whether DAS may switch GPU `gpu`'s MIG mode.
+    pub fn set_mig_mode_switchable(&self, gpu: u32, allowed: bool) {
+        self.mig_mode_switchable
+            .get_or_create(&GpuLabels {
+                gpu: gpu.to_string(),
+            })
+            .set(i64::from(allowed));
     }
 
     /// Counts one XID error on GPU `gpu`.

@@ -250,7 +250,7 @@ async fn a_pod_deleted_during_a_slow_prepare_leaves_nothing(cluster: &Cluster) -
     Control {
         latency_ms: LatencyMs {
             create: 3000,
-            destroy: 0,
+            ..LatencyMs::default()
         },
         ..Default::default()
     }

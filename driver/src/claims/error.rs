@@ -69,6 +69,22 @@ pub enum PrepareError {
         /// What is wrong, and what to do.
         reason: String,
     },
+    /// The GPU of an allocated device is not in the MIG mode the device needs and could not be
+    /// switched (docs/design.md §7, "MIG mode follows demand"): switching is off or refused for
+    /// it, another claim or a MIG instance still holds it, or `nvmlDeviceSetMigMode` failed.
+    /// Nothing was created; the GPU keeps its mode.
+    #[error("device {device}: GPU {gpu} cannot be switched to MIG mode {}: {reason}", if *.mig_enabled { "on" } else { "off" })]
+    MigModeSwitch {
+        /// Allocated device.
+        device: String,
+        /// The GPU's index.
+        gpu: u32,
+        /// The mode the device needs: `true` for MIG mode on (a slice), `false` for off (a
+        /// whole GPU).
+        mig_enabled: bool,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// Creating an instance failed.
     #[error("device {device}: {source}{hint}")]
     Create {
@@ -143,6 +159,7 @@ impl PrepareError {
             PrepareError::UnknownDevice { .. } => "unknown_device",
             PrepareError::AdminAccess { .. } => "admin_access",
             PrepareError::WholeGpuUnavailable { .. } => "whole_gpu_unavailable",
+            PrepareError::MigModeSwitch { .. } => "mig_mode_switch",
             PrepareError::Create { .. } => "create",
             PrepareError::PlacementHeld { .. } => "placement_held",
             PrepareError::Destroy { .. } => "destroy",

@@ -47,7 +47,8 @@ use crate::blocking::BlockingCalls;
 use crate::claims::cdi;
 use crate::claims::checkpoint::PrepareState;
 use crate::gpu::{
-    BackendError, EmulatedBackend, FaultKind, GpuBackend, GpuInfo, MigInstance, Occupancy,
+    BackendError, EmulatedBackend, FaultKind, GpuBackend, GpuInfo, MigInstance, MigModeState,
+    Occupancy,
 };
 
 /// The emulated GPUs: two models, so profiles and placements differ per GPU, and a third GPU
@@ -169,6 +170,12 @@ struct Checked {
 impl GpuBackend for Checked {
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
         self.inner.inventory()
+    }
+    fn mig_mode(&self, gpu: u32) -> Result<MigModeState, BackendError> {
+        self.inner.mig_mode(gpu)
+    }
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<(), BackendError> {
+        self.inner.set_mig_mode(gpu, enabled)
     }
     fn gpu_indices(&self) -> Vec<u32> {
         self.inner.gpu_indices()

@@ -21,6 +21,7 @@ use crate::claims::checkpoint::{
 };
 use crate::gpu::MigInstance;
 
+pub(crate) mod mig_mode;
 pub(crate) mod spec;
 pub(crate) mod whole_gpu;
 

@@ -41,6 +41,7 @@ impl Setup {
         self.emu.set_latency(Latency {
             create: Duration::from_millis(ms),
             destroy: Duration::ZERO,
+            ..Latency::default()
         });
     }
 
@@ -210,6 +211,7 @@ async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
             NvmlOptions {
                 proc_root: "/nonexistent".into(),
                 enable_mig_mode: false,
+                ..NvmlOptions::default()
             },
         )
         .unwrap(),
@@ -260,6 +262,7 @@ async fn a_gpu_instance_without_its_compute_instance_is_created_again() {
     let options = NvmlOptions {
         proc_root: "/nonexistent".into(),
         enable_mig_mode: false,
+        ..NvmlOptions::default()
     };
     let nvml = Arc::new(NvmlBackend::new(fake, options).unwrap());
     let api = Arc::new(MemoryApi::default());

@@ -1,5 +1,9 @@
 //! Start-up reconciliation of the three records of what is prepared: the checkpoint, the GPUs
 //! (instances that exist) and the API server (claims that still hold devices). In order:
+//! 0. a MIG mode switch the checkpoint records as under way (the plugin stopped in its middle)
+//!    is finished: kept where it took effect, set back where it was left pending a reset (DAS
+//!    then no longer switches that GPU), forgotten where it never started (docs/design.md §7,
+//!    "MIG mode follows demand");
 //! 1. GPUs that do not answer are skipped, with a log line and a Warning event on the Node; the
 //!    records of claims with instances on them are kept for when they answer again;
 //! 2. prepares that started but never completed are rolled back (the kubelet retries them), and
@@ -68,7 +72,8 @@ pub enum StartupError {
     /// could not be cleaned (step 6).
     #[error(transparent)]
     Cdi(#[from] CdiError),
-    /// A rebuilt claim's record could not be saved (step 4).
+    /// A rebuilt claim's record, or the end of an interrupted MIG mode switch (step 0), could
+    /// not be saved.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
 }

@@ -21,7 +21,7 @@ use super::{
 use crate::blocking::BlockingCalls;
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
 use crate::claims::plan::{DeviceKind, DeviceRef};
-use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigInstance, Placement, Target};
+use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigInstance, MigModeState, Placement, Target};
 use crate::metrics::Metrics;
 
 /// Node name the test preparers serve.
@@ -295,6 +295,25 @@ impl GpuBackend for MigOff {
     }
     fn instances_on(&self, gpu: u32) -> Result<Vec<MigInstance>, BackendError> {
         self.inner.instances_on(gpu)
+    }
+    fn mig_mode(&self, gpu: u32) -> Result<MigModeState, BackendError> {
+        let on = !self.off.lock().unwrap().contains(&gpu);
+        Ok(MigModeState {
+            current: on,
+            pending: on,
+        })
+    }
+    /// Switches at once (Hopper's rule); `InUse` while the GPU has instances.
+    fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<(), BackendError> {
+        let n = self.inner.instances_on(gpu)?.len();
+        if n > 0 && !enabled {
+            return Err(BackendError::InUse {
+                target: Target::gpu(gpu),
+                reason: format!("{n} MIG instances exist"),
+            });
+        }
+        self.set_mig(gpu, enabled);
+        Ok(())
     }
 }
 

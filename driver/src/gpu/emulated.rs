@@ -3,9 +3,14 @@
 //! files, NVML-like rules and errors, and the "hardware" state (which GPU and compute instances
 //! exist, each GPU's MIG mode) kept on disk so a restarted plugin sees the instances that exist.
 //!
-//! - MIG mode is static, as the spec gives it. A GPU with MIG mode off takes no MIG instance
-//!   ([`BackendError::NotSupported`], as NVML answers `NOT_SUPPORTED`), and is in the inventory
-//!   only with `--whole-gpus` ([`EmulatedBackend::with_whole_gpus`]), to be served whole.
+//! - MIG mode starts as the spec gives it (in a fresh state) and is kept in the state file. A
+//!   GPU with MIG mode off takes no MIG instance ([`BackendError::NotSupported`], as NVML
+//!   answers `NOT_SUPPORTED`), and is in the inventory only with `--whole-gpus`
+//!   ([`EmulatedBackend::with_whole_gpus`]), to be served whole. [`GpuBackend::set_mig_mode`]
+//!   switches it as NVML would: at once on Hopper and newer, pending a GPU reset on Ampere
+//!   ([`BackendError::ResetRequired`]), refused while MIG instances exist
+//!   ([`BackendError::InUse`]); the inventory reports whether DAS may switch it
+//!   ([`EmulatedBackend::with_mig_mode_switching`], `emulated/mig_mode.rs`).
 //!
 //! - GPU UUIDs are derived from the node name and the GPU index, so they are stable across
 //!   restarts; MIG UUIDs are derived from the GPU UUID and a serial number kept in the state, so
@@ -15,15 +20,16 @@
 //! - The state file is written atomically (temp file, rename; no fsync: MIG instances do not
 //!   survive a reboot, so neither need their records).
 //!   A corrupt or mismatching file is an error; the caller decides (see [`move_state_aside`]).
-//! - Faults (fail the next N creates or destroys on a GPU with a given error), latency (a sleep
-//!   per create and destroy) and lost GPUs (every call on the GPU fails with
-//!   [`BackendError::GpuLost`], the inventory leaves it out; its instances are kept for when it
-//!   comes back) can be injected from code for unit tests, and through a control file
-//!   ([`CONTROL_FILE`], [`Control`]) for tests that drive a running plugin.
+//! - Faults (fail the next N creates, destroys or MIG mode switches on a GPU with a given
+//!   error), latency (a sleep per create, destroy and MIG mode switch) and lost GPUs (every call
+//!   on the GPU fails with [`BackendError::GpuLost`], the inventory leaves it out; its instances
+//!   are kept for when it comes back) can be injected from code for unit tests, and through a
+//!   control file ([`CONTROL_FILE`], [`Control`]) for tests that drive a running plugin.
 //!
 //! Files: this one holds the backend, its [`GpuBackend`] face and its errors;
 //! `emulated/spec.rs` the `--emulated-gpus` spec; `emulated/identity.rs` GPU and MIG UUIDs and
 //! the inventory; `emulated/instances.rs` instance create, destroy and records;
+//! `emulated/mig_mode.rs` MIG mode switches and whether DAS may make them;
 //! `emulated/control.rs` faults, latency, lost GPUs and the control file; `emulated/state.rs`
 //! the state on disk; `emulated/device_nodes.rs` and `emulated/driver_files.rs` the stand-in
 //! device nodes and driver files.
@@ -38,7 +44,7 @@ use std::time::Duration;
 use super::catalog::ModelError;
 use super::layout::Placement;
 use super::model::GpuModel;
-use super::{BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, Target};
+use super::{BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, MigModeState, Target};
 
 /// File name of the emulated hardware state inside the state directory.
 pub const STATE_FILE: &str = "emulated-gpus.json";
@@ -117,7 +123,9 @@ struct EmuGpu {
     index: u32,
     uuid: String,
     model: Arc<GpuModel>,
-    /// MIG mode, as the spec gives it (static).
+    /// MIG mode when the backend opened: the spec's for a fresh state, else the state file's.
+    /// Decides whether the GPU is served without `--whole-gpus` ([`EmulatedBackend::serves`]);
+    /// the mode now is in the state ([`state::GpuState::mode`]).
     mig_enabled: bool,
 }
 
@@ -127,6 +135,8 @@ pub struct EmulatedBackend {
     gpus: Vec<EmuGpu>,
     /// `--whole-gpus`: GPUs with MIG mode off are served (whole) rather than skipped.
     whole_gpus: bool,
+    /// `--mig-mode-switching`: the inventory allows switches where the model needs no reset.
+    mig_mode_switching: bool,
     state_path: PathBuf,
     state: Mutex<StateFile>,
     faults: Mutex<HashMap<(Op, u32), VecDeque<FaultKind>>>,
@@ -151,7 +161,7 @@ impl EmulatedBackend {
         node_name: &str,
         state_dir: &Path,
     ) -> Result<Self, EmulatedError> {
-        let gpus = build_gpus(specs, node_name);
+        let mut gpus = build_gpus(specs, node_name);
         fs::create_dir_all(state_dir).map_err(|source| EmulatedError::Io {
             path: state_dir.to_path_buf(),
             source,
@@ -174,9 +184,13 @@ impl EmulatedBackend {
                 });
             }
         };
+        for (g, gs) in gpus.iter_mut().zip(&state.gpus) {
+            g.mig_enabled = gs.mig_enabled;
+        }
         Ok(Self {
             gpus,
             whole_gpus: false,
+            mig_mode_switching: false,
             state_path,
             state: Mutex::new(state),
             faults: Mutex::new(HashMap::new()),
@@ -224,6 +238,16 @@ impl EmulatedBackend {
         self
     }
 
+    /// Lets DAS switch MIG mode to follow demand (`--mig-mode-switching`): the inventory reports
+    /// [`MigSwitch::Allowed`](super::MigSwitch::Allowed) for GPUs whose model switches without a
+    /// reset and that have no change pending; without it (the default) every GPU reports
+    /// [`MigSwitch::off`](super::MigSwitch::off). [`GpuBackend::set_mig_mode`] works either way
+    /// (it is the "hardware").
+    pub fn with_mig_mode_switching(mut self, mig_mode_switching: bool) -> Self {
+        self.mig_mode_switching = mig_mode_switching;
+        self
+    }
+
     /// Path of the state file.
     pub fn state_path(&self) -> &Path {
         &self.state_path
@@ -265,13 +289,22 @@ impl EmulatedBackend {
 }
 
 impl GpuBackend for EmulatedBackend {
+    /// The served GPUs that are not lost, each with its MIG mode now (from the state) and
+    /// whether DAS may switch it (`emulated/mig_mode.rs`).
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
         self.apply_control_file();
-        Ok(self
+        let live: Vec<&EmuGpu> = self
             .gpus
             .iter()
             .filter(|g| self.serves(g) && !self.is_lost(g.index))
-            .map(gpu_info)
+            .collect();
+        let state = lock(&self.state);
+        Ok(live
+            .into_iter()
+            .map(|g| {
+                let mode = gpu_state(&state, g.index).mode();
+                gpu_info(g, mode.current, self.mig_switch(g, mode))
+            })
             .collect())
     }
 
@@ -329,6 +362,23 @@ impl GpuBackend for EmulatedBackend {
             .collect()
     }
 
+    fn mig_mode(&self, gpu_index: u32) -> Result<MigModeState, BackendError> {
+        self.apply_control_file();
+        let gpu = self.live_gpu(gpu_index, Target::gpu(gpu_index))?;
+        Ok(gpu_state(&lock(&self.state), gpu.index).mode())
+    }
+
+    /// See `emulated/mig_mode.rs`.
+    fn set_mig_mode(&self, gpu_index: u32, enabled: bool) -> Result<(), BackendError> {
+        self.apply_control_file();
+        let target = Target::gpu(gpu_index);
+        let gpu = self.live_gpu(gpu_index, target.clone())?;
+        if let Some(kind) = self.take_fault(Op::SetMigMode, gpu_index) {
+            return self.injected_mig_mode_fault(gpu, enabled, kind, target);
+        }
+        self.switch_mig_mode(gpu, enabled)
+    }
+
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
         self.apply_control_file();
         let gpu = self.live_gpu(gpu_index, Target::gpu(gpu_index))?;
@@ -353,6 +403,7 @@ pub mod device_nodes;
 pub mod driver_files;
 mod identity;
 mod instances;
+mod mig_mode;
 mod spec;
 mod state;
 

@@ -65,10 +65,51 @@ pub struct GpuInfo {
     /// Newest CUDA version the driver supports, `<major>.<minor>` (`13.0`,
     /// [`nvml::cuda_version`]) where known; published as `cudaDriverVersion`.
     pub cuda_driver_version: Option<String>,
-    /// Whether MIG mode is on, as read at start-up (after `--enable-mig-mode` switched it on
-    /// where it could). A GPU with MIG mode off is in the inventory only with `--whole-gpus`
-    /// ([`Self::served`]).
+    /// Whether MIG mode is on now (as read when the inventory was taken; at start-up after
+    /// `--enable-mig-mode` switched it on where it could). A GPU with MIG mode off is in the
+    /// inventory only with `--whole-gpus` ([`Self::served`]).
     pub mig_enabled: bool,
+    /// Whether DAS may switch this GPU's MIG mode to follow demand ([`MigSwitch`]).
+    pub mig_switch: MigSwitch,
+}
+
+/// Whether DAS may switch a GPU's MIG mode to follow demand (docs/design.md §7, "MIG mode
+/// follows demand"): on before the GPU's first MIG slice, off for a whole-GPU claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigSwitch {
+    /// `--mig-mode-switching` is on and the GPU switches without a reset: Hopper or newer
+    /// (NVIDIA's DRA driver's `supportsMIGModeToggle`), its model not known to need a reset, not
+    /// a vGPU guest (`nvmlDeviceGetVirtualizationMode`), and no mode change pending a reset
+    /// (`nvmlDeviceGetMigMode`'s pending equals its current mode).
+    Allowed,
+    /// The GPU keeps the mode it has; why, for logs and errors (e.g. "Ampere: a MIG mode change
+    /// needs a GPU reset", "--mig-mode-switching is off").
+    Refused(String),
+}
+
+impl MigSwitch {
+    /// Refused because `--mig-mode-switching` is off (the default).
+    pub fn off() -> Self {
+        MigSwitch::Refused(
+            "MIG mode switching is off (--mig-mode-switching, chart wholeGpus.switchMigMode)"
+                .into(),
+        )
+    }
+
+    /// Whether switching is allowed.
+    pub fn allowed(&self) -> bool {
+        matches!(self, MigSwitch::Allowed)
+    }
+}
+
+/// A GPU's MIG mode (`nvmlDeviceGetMigMode`): now and after the next GPU reset. They differ when
+/// a change waits for a reset (Ampere, a GPU in a VM that cannot be reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigModeState {
+    /// MIG mode is on now.
+    pub current: bool,
+    /// MIG mode after the next GPU reset.
+    pub pending: bool,
 }
 
 impl GpuInfo {
@@ -90,21 +131,21 @@ impl GpuInfo {
             driver_version: "580.95.05".into(),
             cuda_driver_version: None,
             mig_enabled: true,
+            mig_switch: MigSwitch::off(),
         }
     }
 
-    /// Whether DAS offers MIG instances on this GPU: MIG mode is on. DAS does not switch MIG mode
-    /// to follow demand yet (docs/design.md §7, "Whole GPUs"), so a GPU with MIG mode off offers
-    /// none, even where it could be switched on without a reset (Hopper and newer: that is
-    /// `--enable-mig-mode`, at start-up).
+    /// Whether DAS offers MIG instances on this GPU: MIG mode is on, or DAS may switch it on
+    /// ([`MigSwitch::Allowed`], docs/design.md §7, "MIG mode follows demand").
     pub fn offers_mig(&self) -> bool {
-        self.mig_enabled
+        self.mig_enabled || self.mig_switch.allowed()
     }
 
     /// Whether DAS offers this GPU whole (one device `gpu-<index>`, docs/design.md §7, "Whole
-    /// GPUs"): MIG mode is off. Such a GPU is in the inventory only with `--whole-gpus`.
+    /// GPUs"): MIG mode is off, or DAS may switch it off. Such a GPU is in the inventory only
+    /// with `--whole-gpus`.
     pub fn offers_whole_gpu(&self) -> bool {
-        !self.mig_enabled
+        !self.mig_enabled || self.mig_switch.allowed()
     }
 
     /// Whether a backend keeps this GPU in its inventory: MIG mode on, or off with `whole_gpus`
@@ -293,6 +334,16 @@ pub enum BackendError {
         /// Who uses it.
         reason: String,
     },
+    /// A MIG mode change that takes effect only after a GPU reset (`nvmlDeviceSetMigMode`'s
+    /// activation status `NVML_ERROR_RESET_REQUIRED`: Ampere, or a VM that cannot reset its GPU):
+    /// the mode now is unchanged and the change is pending.
+    #[error("{target}: reset required: {reason}")]
+    ResetRequired {
+        /// What was asked for.
+        target: Target,
+        /// What NVML said.
+        reason: String,
+    },
     /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or needs a reset. Only calls on that
     /// GPU fail; its instances are unusable until it is back (a reset destroys them).
     #[error("{target}: GPU is lost: {reason}")]
@@ -321,6 +372,7 @@ impl BackendError {
             | BackendError::NotSupported { target, .. }
             | BackendError::NotFound { target, .. }
             | BackendError::InUse { target, .. }
+            | BackendError::ResetRequired { target, .. }
             | BackendError::GpuLost { target, .. }
             | BackendError::Other { target, .. } => target,
         }
@@ -334,6 +386,7 @@ impl BackendError {
             BackendError::NotSupported { .. } => "not_supported",
             BackendError::NotFound { .. } => "not_found",
             BackendError::InUse { .. } => "in_use",
+            BackendError::ResetRequired { .. } => "reset_required",
             BackendError::GpuLost { .. } => "gpu_lost",
             BackendError::Other { .. } => "other",
         }
@@ -374,6 +427,21 @@ pub trait GpuBackend: Send + Sync {
     /// Every MIG instance on GPU `gpu_index`, whoever created it, by placement start, read from
     /// the GPU now. What the request path and start-up reconciliation match records against.
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError>;
+
+    /// GPU `gpu_index`'s MIG mode now and after a reset (`nvmlDeviceGetMigMode`), read from the
+    /// GPU.
+    fn mig_mode(&self, gpu_index: u32) -> Result<MigModeState, BackendError>;
+
+    /// Switches GPU `gpu_index`'s MIG mode (`nvmlDeviceSetMigMode`) and returns once the new mode
+    /// is active. Callers switch only a GPU with no MIG instance and no process, and only where
+    /// [`GpuInfo::mig_switch`] allows it.
+    ///
+    /// # Errors
+    /// [`BackendError::ResetRequired`]: the change waits for a GPU reset (the mode now is
+    /// unchanged, the pending mode is `enabled`: the caller sets it back);
+    /// [`BackendError::InUse`]: the GPU is busy (`NVML_ERROR_IN_USE`; nothing changed);
+    /// [`BackendError::NotSupported`]: the GPU has no MIG.
+    fn set_mig_mode(&self, gpu_index: u32, enabled: bool) -> Result<(), BackendError>;
 
     /// [`Self::instances_on`] as the backend last knew it, for periodic checks that can wait
     /// (the health monitor's unclaimed-instance check). Equal to what the GPU has whenever only

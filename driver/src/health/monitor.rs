@@ -248,12 +248,18 @@ impl HealthMonitor {
 
     /// Sends the current facts ([`Self::facts`]) to the publisher.
     pub fn send_facts(&self) {
-        self.facts.send_replace(self.facts());
+        let now = self.facts();
+        // `serves_only` is the request path's (GPUs whose MIG mode switch failed): kept.
+        self.facts.send_modify(|f| {
+            f.taints = now.taints;
+            f.withdrawn = now.withdrawn;
+        });
     }
 
     /// What publication needs to know now: the taints of every device on an unhealthy GPU or
     /// overlapping an unhealthy GPU instance (by GPU and placement), and the placements of the
-    /// unclaimed instances whose overlapping devices are withdrawn.
+    /// unclaimed instances whose overlapping devices are withdrawn (`serves_only` is left empty:
+    /// the request path reports it).
     pub fn facts(&self) -> HealthFacts {
         let mut taints = BTreeMap::new();
         {
@@ -274,6 +280,7 @@ impl HealthMonitor {
         HealthFacts {
             taints,
             withdrawn: self.unclaimed().withdrawn_placements(),
+            serves_only: BTreeMap::new(),
         }
     }
 }

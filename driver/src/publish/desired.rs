@@ -6,7 +6,10 @@
 //! - no device overlapping a MIG instance that no claim holds ([`withdraw_overlapping`]), so no
 //!   pod is allocated a placement no prepare can create. A whole GPU overlaps every MIG
 //!   instance of its GPU (none can exist while its MIG mode is off; should one appear, the
-//!   whole GPU is withdrawn).
+//!   whole GPU is withdrawn);
+//! - only the devices of its current MIG mode for a GPU whose mode switch failed
+//!   ([`serve_only`]; docs/design.md §7, "MIG mode follows demand"): its whole GPU while MIG
+//!   mode is off, its MIG placements while it is on.
 //!
 //! [`desired_slices`] is the one place that combines them. `crate::health` only reports the
 //! facts; the publisher ([`super::Publisher::run_with_facts`]) applies this function to each
@@ -18,6 +21,7 @@ use das_api::attributes as attr;
 use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSliceSpec};
 
 use crate::gpu::Placement;
+use crate::publish::devices::DeviceKind;
 
 /// What publication needs to know beyond the inventory, as the health monitor reports it. The
 /// default (no taints, nothing withdrawn) publishes the inventory's slices as they are.
@@ -31,6 +35,11 @@ pub struct HealthFacts {
     /// Placements of the MIG instances no claim holds, by GPU index: every device whose
     /// placement overlaps one is withdrawn (not published) until the instance is gone.
     pub withdrawn: BTreeMap<u32, Vec<Placement>>,
+    /// GPUs that serve one kind of device only, by GPU index: a GPU published with both (DAS
+    /// may switch its MIG mode) whose switch failed keeps its mode and serves only what that
+    /// mode serves ([`DeviceKind::Mig`] with MIG mode on, [`DeviceKind::WholeGpu`] with it
+    /// off). Reported by the request path, not the health monitor.
+    pub serves_only: BTreeMap<u32, DeviceKind>,
 }
 
 /// The specs to publish: `base` (the inventory's slices, without taints) with the taints of
@@ -46,7 +55,42 @@ pub fn desired_slices(base: &[ResourceSliceSpec], facts: &HealthFacts) -> Vec<Re
             .unwrap_or_default()
     });
     withdraw_overlapping(&mut specs, &facts.withdrawn);
+    serve_only(&mut specs, &facts.serves_only);
     specs
+}
+
+/// Removes from `specs` every device of a GPU in `only` that is not of the kind given for it
+/// (by the device's `gpuIndex` and `type` attributes); returns how many were removed. Counter
+/// sets stay.
+pub fn serve_only(specs: &mut [ResourceSliceSpec], only: &BTreeMap<u32, DeviceKind>) -> usize {
+    if only.is_empty() {
+        return 0;
+    }
+    let other_kind = |d: &Device| {
+        let Some((gpu, _)) = device_placement(d) else {
+            return false;
+        };
+        only.get(&gpu)
+            .is_some_and(|kind| (*kind == DeviceKind::WholeGpu) != is_whole_gpu(d))
+    };
+    let mut removed = 0;
+    for spec in specs.iter_mut() {
+        if let Some(devices) = spec.devices.as_mut() {
+            let before = devices.len();
+            devices.retain(|d| !other_kind(d));
+            removed += before - devices.len();
+        }
+    }
+    removed
+}
+
+/// Whether a published device is a whole GPU (its `type` attribute is `gpu`).
+fn is_whole_gpu(d: &Device) -> bool {
+    d.attributes
+        .as_ref()
+        .and_then(|a| a.get(attr::TYPE))
+        .and_then(|a| a.string.as_deref())
+        == Some(attr::TYPE_GPU)
 }
 
 /// Sets the taints of every device in `specs` to `taints_of(gpu, placement)`, from the device's
@@ -86,13 +130,7 @@ fn device_placement(d: &Device) -> Option<(u32, Placement)> {
     if let (Some(start), Some(size)) = (int(attr::PLACEMENT_START), int(attr::PLACEMENT_SIZE)) {
         return Some((gpu, Placement { start, size }));
     }
-    let is_whole_gpu = d
-        .attributes
-        .as_ref()
-        .and_then(|a| a.get(attr::TYPE))
-        .and_then(|a| a.string.as_deref())
-        == Some(attr::TYPE_GPU);
-    if !is_whole_gpu {
+    if !is_whole_gpu(d) {
         return None;
     }
     Some((gpu, consumed_memory_slices(d)))

@@ -130,12 +130,19 @@ pub(crate) struct Args {
     pub(crate) enable_mig_mode: bool,
     /// Also serve the GPUs whose MIG mode is off, each as one whole-GPU device `gpu-<index>`
     /// (DeviceClass `gpu.das.com`) that holds every counter of its GPU. Off by default: such GPUs
-    /// are skipped. DAS does not switch MIG mode to follow demand: GPUs with MIG on serve slices
-    /// only, and with --enable-mig-mode Hopper and newer GPUs are switched on at start-up, so this
-    /// serves those still off (Ampere with MIG off, or any GPU without --enable-mig-mode). With
-    /// --emulated-gpus: the entries marked `:mig-off`.
+    /// are skipped. Without --mig-mode-switching a GPU keeps its mode: GPUs with MIG on serve
+    /// slices only, those with it off the whole GPU only. With --emulated-gpus: the entries
+    /// marked `:mig-off`.
     #[arg(long, env = "DAS_WHOLE_GPUS")]
     pub(crate) whole_gpus: bool,
+    /// Let MIG mode follow demand on GPUs that switch without a reset (Hopper and newer, not a
+    /// vGPU guest): each is published whole and with every MIG placement, its MIG mode is
+    /// switched on before its first slice is created and off before it is served whole (only
+    /// while no slice and no claim holds it). A switch that fails stops DAS switching that GPU
+    /// until the plugin restarts; it then serves only what its mode serves. Never switches at
+    /// start-up. Needs --whole-gpus.
+    #[arg(long, env = "DAS_MIG_MODE_SWITCHING", requires = "whole_gpus")]
+    pub(crate) mig_mode_switching: bool,
     /// How long an unhealthy GPU must answer without a fatal XID or ECC error before the taints
     /// on its devices are removed, in seconds.
     #[arg(long, env = "DAS_HEALTH_QUIET_PERIOD_SECONDS", default_value_t = 300)]

@@ -200,6 +200,8 @@ async fn run(args: Args) -> Result<()> {
             "a MIG instance no claim holds: the devices overlapping it are withdrawn until it is gone");
     }
     let (facts_tx, facts_rx) = watch::channel(HealthFacts::default());
+    // GPUs whose MIG mode switch failed (at start-up recovery, or later) serve one kind only.
+    preparer.report_mig_modes_to(facts_tx.clone());
     let monitor = Arc::new(
         HealthMonitor::new(
             HealthBook::new(health_policy(&args), inventory.iter().map(|g| g.index)),
@@ -217,11 +219,10 @@ async fn run(args: Args) -> Result<()> {
     let mut publisher = Publisher::new(client.clone(), &args.node_name, None)
         .with_watch_client(watch_client)
         .with_metrics(metrics.clone());
-    let stats = publisher
-        .publish(desired_slices(&base, &monitor.facts()))
-        .await?;
-    tracing::info!(?stats, "ResourceSlices published");
     monitor.send_facts();
+    let first = desired_slices(&base, &facts_rx.borrow());
+    let stats = publisher.publish(first).await?;
+    tracing::info!(?stats, "ResourceSlices published");
     let mut background = Background::default();
     let publish_stop = stop.child_token();
     background.spawn(

@@ -110,6 +110,7 @@ fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
     let options = NvmlOptions {
         proc_root: args.proc_root.clone(),
         enable_mig_mode: args.enable_mig_mode,
+        mig_mode_switching: args.mig_mode_switching,
     };
     let b = NvmlBackend::with_whole_gpus(api, options, args.whole_gpus)
         .context("read the GPUs through NVML")?
@@ -128,7 +129,10 @@ pub(crate) fn open_emulated(args: &Args, spec: &str) -> Result<(Arc<dyn GpuBacke
             "the emulated GPUs' state cannot be used: moved aside, the GPUs start empty");
     }
     Ok((
-        Arc::new(b.with_whole_gpus(args.whole_gpus)),
+        Arc::new(
+            b.with_whole_gpus(args.whole_gpus)
+                .with_mig_mode_switching(args.mig_mode_switching),
+        ),
         EMULATED_CAPS_MAJOR,
     ))
 }

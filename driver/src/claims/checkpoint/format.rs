@@ -1,5 +1,5 @@
-//! The checkpoint document (version 4; see [`super`] for the JSON): the record types, the
-//! checksum, encoding and decoding with the upgrades of versions 1 to 3, and the in-memory
+//! The checkpoint document (version 5; see [`super`] for the JSON): the record types, the
+//! checksum, encoding and decoding with the upgrades of versions 1 to 4, and the in-memory
 //! changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ pub use crate::publish::devices::DeviceKind;
 mod kind;
 pub(super) mod v1;
 
-/// Version of the document this module writes. It also reads versions 1 to 3 (see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 4;
+/// Version of the document this module writes. It also reads versions 1 to 4 (see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 5;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -125,6 +125,24 @@ impl ClaimRecord {
     }
 }
 
+/// A MIG mode switch the plugin started on one GPU and has not seen finish (docs/design.md §7,
+/// "MIG mode follows demand"): written before `nvmlDeviceSetMigMode`, removed once the mode is
+/// known. Found at start-up, it means the plugin stopped mid-switch; start-up reads the GPU's
+/// mode and recovers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigModeSwitch {
+    /// UUID of the GPU, `GPU-…` (the index alone could name another GPU after a change).
+    #[serde(rename = "gpuUUID")]
+    pub gpu_uuid: String,
+    /// The mode being switched to: `true` for MIG mode on.
+    pub mig_enabled: bool,
+    /// UID of the claim whose prepare asked for the switch.
+    pub claim: String,
+    /// When the switch started, seconds since the Unix epoch.
+    pub started_at: u64,
+}
+
 /// The in-memory checkpoint. Change it with the `set_*`/[`Checkpoint::remove`] methods, then
 /// [`Checkpoint::save`] it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +151,9 @@ pub struct Checkpoint {
     pub boot_id: String,
     /// Records by claim UID.
     pub claims: BTreeMap<String, ClaimRecord>,
+    /// MIG mode switches under way, by GPU index (at most one per GPU: switches run under the
+    /// GPU's lock).
+    pub mig_mode_switches: BTreeMap<u32, MigModeSwitch>,
 }
 
 /// Why a checkpoint file was judged corrupt.
@@ -180,6 +201,8 @@ pub(super) struct Document {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) checksum: Option<String>,
     pub(super) claims: BTreeMap<String, ClaimRecord>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) mig_mode_switches: BTreeMap<u32, MigModeSwitch>,
 }
 
 impl Document {
@@ -190,6 +213,7 @@ impl Document {
             boot_id: self.boot_id.clone(),
             checksum: None,
             claims: self.claims.clone(),
+            mig_mode_switches: self.mig_mode_switches.clone(),
         };
         let bytes = serde_json::to_vec(&unsummed)?;
         Ok(format!("crc32:{:08x}", crc32fast::hash(&bytes)))
@@ -202,6 +226,7 @@ impl Checkpoint {
         Checkpoint {
             boot_id: boot_id.into(),
             claims: BTreeMap::new(),
+            mig_mode_switches: BTreeMap::new(),
         }
     }
 
@@ -212,6 +237,7 @@ impl Checkpoint {
             boot_id: self.boot_id.clone(),
             checksum: None,
             claims: self.claims.clone(),
+            mig_mode_switches: self.mig_mode_switches.clone(),
         };
         doc.checksum = Some(doc.compute_checksum()?);
         let mut bytes = serde_json::to_vec_pretty(&doc)?;
@@ -324,6 +350,30 @@ impl Checkpoint {
         );
     }
 
+    /// Records that a switch of GPU `gpu_index` (`gpu_uuid`) to MIG mode `mig_enabled` starts
+    /// for claim `claim`, replacing any earlier one on that GPU.
+    pub fn set_mig_mode_switch(
+        &mut self,
+        gpu_index: u32,
+        gpu_uuid: &str,
+        mig_enabled: bool,
+        claim: &str,
+    ) {
+        let switch = MigModeSwitch {
+            gpu_uuid: gpu_uuid.to_string(),
+            mig_enabled,
+            claim: claim.to_string(),
+            started_at: unix_now(),
+        };
+        self.mig_mode_switches.insert(gpu_index, switch);
+    }
+
+    /// Forgets the switch under way on GPU `gpu_index` (it finished or was recovered); returns
+    /// it, `None` when there was none.
+    pub fn clear_mig_mode_switch(&mut self, gpu_index: u32) -> Option<MigModeSwitch> {
+        self.mig_mode_switches.remove(&gpu_index)
+    }
+
     /// Forgets a claim (after unprepare). Idempotent: returns the removed record, `None` when
     /// there was none.
     pub fn remove(&mut self, claim_uid: &str) -> Option<ClaimRecord> {
@@ -339,9 +389,10 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
     let version = value.get("version");
     match version.and_then(serde_json::Value::as_u64) {
         // Version 2 is version 3 without `pods`, version 3 is version 4 without a device's
-        // `kind` (every device a MIG one): the same document type reads all three, and its
-        // checksum covers the version the file has (a MIG device serializes as it did).
-        Some(v @ (2 | 3 | CHECKPOINT_VERSION)) => {
+        // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`:
+        // the same document type reads all four, and its checksum covers the version the file
+        // has (a MIG device serializes as it did, and no switch is left out).
+        Some(v @ (2..=4 | CHECKPOINT_VERSION)) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;
@@ -349,6 +400,7 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
                 Checkpoint {
                     boot_id: doc.boot_id,
                     claims: doc.claims,
+                    mig_mode_switches: doc.mig_mode_switches,
                 },
                 v,
             ))

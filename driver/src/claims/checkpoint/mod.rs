@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 4,
+//!   "version": 5,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
@@ -33,6 +33,9 @@
 //!       "pods": ["<podUID>"],
 //!       "updatedAt": 1767225600
 //!     }
+//!   },
+//!   "migModeSwitches": {
+//!     "1": {"gpuUUID": "GPU-…", "migEnabled": false, "claim": "<claimUID>", "startedAt": 1767225600}
 //!   }
 //! }
 //! ```
@@ -54,7 +57,9 @@
 //! the pods the claim was reserved for when it was prepared, which the orphan rule asks the
 //! container runtime about); it is read as version 3 with no pods known. Version 3 lacked a
 //! device's `kind` and had MIG devices only; it is read as version 4 with every device a MIG
-//! device (a version-3 file's bytes are a valid version-4 document but for `version`). An older
+//! device (a version-3 file's bytes are a valid version-4 document but for `version`). Version 4
+//! lacked `migModeSwitches` (the MIG mode switches under way, by GPU index, docs/design.md §7, "MIG
+//! mode follows demand"; left out when none); it is read as version 5 with none. An older
 //! binary moves a newer file aside as corrupt and rebuilds from the GPUs and the API server (a
 //! downgrade loses no instance the API server still allocates; see docs/design.md for what it
 //! costs).
@@ -81,7 +86,7 @@ pub(crate) mod store;
 
 pub use format::{
     CHECKPOINT_VERSION, Checkpoint, ClaimRecord, CorruptReason, DeviceKind, InstanceId,
-    PrepareState, RecordedDevice,
+    MigModeSwitch, PrepareState, RecordedDevice,
 };
 pub use store::{
     BOOT_ID_PATH, CHECKPOINT_FILE_NAME, CheckpointError, CheckpointStore, LoadOutcome,

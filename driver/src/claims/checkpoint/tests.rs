@@ -95,7 +95,7 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 4",
+        "\"version\": 5",
         "\"pods\"",
         "\"instance\"",
         "\"giId\"",
@@ -184,10 +184,10 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 4", "\"version\": 5")).unwrap();
+    fs::write(&path, text.replace("\"version\": 5", "\"version\": 6")).unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("5".into())
+        CorruptReason::UnknownVersion("6".into())
     );
 }
 
@@ -317,7 +317,7 @@ fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
     checkpoint.save(&path).unwrap();
     let text = fs::read_to_string(&path).unwrap();
     assert!(
-        text.contains("\"version\": 4") && !text.contains("\"kind\""),
+        text.contains("\"version\": 5") && !text.contains("\"kind\""),
         "{text}"
     );
     assert_eq!(
@@ -339,6 +339,7 @@ fn a_version_2_file_is_upgraded_with_no_pods_known() {
         boot_id: v2.boot_id.clone(),
         checksum: None,
         claims: v2.claims.clone(),
+        mig_mode_switches: Default::default(),
     };
     doc.checksum = Some(doc.compute_checksum().unwrap());
     let text = serde_json::to_string_pretty(&doc).unwrap();
@@ -508,4 +509,28 @@ fn boot_id_is_read_and_trimmed() {
     fs::write(&path, "\n").unwrap();
     assert!(read_boot_id_from(&path).is_err());
     assert!(read_boot_id_from(&dir.path().join("none")).is_err());
+}
+
+/// A version-4 file (no `migModeSwitches`) is read as version 5 with no switch under way, and
+/// saved as version 5.
+#[test]
+fn a_version_4_file_is_upgraded_with_no_switch_under_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let v4 = sample();
+    let mut doc = Document {
+        version: 4,
+        boot_id: v4.boot_id.clone(),
+        checksum: None,
+        claims: v4.claims.clone(),
+        mig_mode_switches: Default::default(),
+    };
+    doc.checksum = Some(doc.compute_checksum().unwrap());
+    fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected an upgrade");
+    };
+    assert_eq!(from, 4);
+    assert_eq!(checkpoint, v4);
+    assert!(checkpoint.mig_mode_switches.is_empty());
 }

@@ -1,13 +1,13 @@
 //! Whether a whole GPU can be prepared (pure; docs/design.md §7, "Whole GPUs"): it must be a GPU
-//! of this node's inventory, the one it was published as, with MIG mode off. DAS creates nothing
-//! for it, so this check is all a prepare does on the GPU.
+//! of this node's inventory, the one it was published as, with MIG mode off or one DAS may
+//! switch off ([`super::mig_mode`] decides the switch). DAS creates no instance for it.
 
 use super::Planned;
-use crate::gpu::GpuInfo;
+use crate::gpu::{GpuInfo, MigSwitch};
 
 /// Why a device named like a whole GPU (`gpu-<index>`) that this node does not publish cannot be
 /// prepared, and what to do.
-pub(crate) const UNPUBLISHED: &str = "this node does not publish it: the plugin serves whole GPUs only with --whole-gpus (chart wholeGpus.enabled), and only GPUs whose MIG mode was off when it started; check `kubectl get resourceslices` for this node, then delete the pod so that its claim is allocated again";
+pub(crate) const UNPUBLISHED: &str = "this node does not publish it: the plugin serves whole GPUs only with --whole-gpus (chart wholeGpus.enabled), and only GPUs whose MIG mode was off when it started or that it may switch (--mig-mode-switching, chart wholeGpus.switchMigMode); check `kubectl get resourceslices` for this node, then delete the pod so that its claim is allocated again";
 
 /// Whether `device` is a whole GPU's name, `gpu-<index>` (das_api::whole_gpu_device_name).
 pub fn is_whole_gpu_name(device: &str) -> bool {
@@ -17,7 +17,8 @@ pub fn is_whole_gpu_name(device: &str) -> bool {
 }
 
 /// Why the whole GPU `p` cannot be prepared, given the GPUs as the backend lists them now;
-/// `None` when it can (the GPU answers, has the UUID it was published with, and MIG mode off).
+/// `None` when it can (the GPU answers, has the UUID it was published with, and MIG mode off or
+/// [`MigSwitch::Allowed`]).
 pub fn whole_gpu_unavailable(p: &Planned, inventory: &[GpuInfo]) -> Option<String> {
     let (index, uuid) = (p.at.gpu_index, &p.at.gpu_uuid);
     let Some(gpu) = inventory.iter().find(|g| g.index == index) else {
@@ -31,9 +32,9 @@ pub fn whole_gpu_unavailable(p: &Planned, inventory: &[GpuInfo]) -> Option<Strin
             gpu.uuid
         ));
     }
-    if gpu.mig_enabled {
+    if let (true, MigSwitch::Refused(why)) = (gpu.mig_enabled, &gpu.mig_switch) {
         return Some(format!(
-            "GPU {index} ({uuid}) has MIG mode on, and a whole GPU is served only with MIG mode off; switch it off (`nvidia-smi -i {index} -mig 0`, then reset the GPU where needed) and restart the plugin, or ask for a MIG slice (DeviceClass {})",
+            "GPU {index} ({uuid}) has MIG mode on, and a whole GPU is served only with MIG mode off; DAS does not switch it ({why}): switch it off (`nvidia-smi -i {index} -mig 0`, then reset the GPU where needed) and restart the plugin, or ask for a MIG slice (DeviceClass {})",
             das_api::DEVICE_CLASS_ALL
         ));
     }

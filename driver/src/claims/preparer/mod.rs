@@ -11,6 +11,8 @@
 //! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
 //! - [`whole_gpu`]: the check a prepare makes of a whole GPU (docs/design.md §7, "Whole GPUs"),
 //!   and the device node its CDI spec gives.
+//! - [`mig_mode`]: the switch of a GPU's MIG mode a prepare needs (docs/design.md §7, "MIG mode
+//!   follows demand"), and its recovery at start-up.
 //!
 //! A whole GPU goes through the same steps with nothing created: its record holds no instance,
 //! its CDI spec gives its GPU's device node, and its release destroys nothing.
@@ -53,6 +55,7 @@ use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
 use crate::metrics::Metrics;
 
 pub(crate) mod gauges;
+pub(crate) mod mig_mode;
 pub(crate) mod orphans;
 pub(crate) mod prepare;
 pub(crate) mod reaper;
@@ -108,6 +111,8 @@ pub struct Preparer {
     pub(crate) api: ApiSide,
     /// What outlives a call: the reaper's schedule and the orphan rule's suspects.
     pub(crate) lifecycle: Lifecycle,
+    /// Whether each GPU's MIG mode may be switched.
+    pub(crate) modes: mig_mode::MigModes,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -192,6 +197,7 @@ impl Preparer {
                 orphans: OrphanWatch::default(),
                 orphan_policy: config.orphans,
             },
+            modes: mig_mode::MigModes::new(&config.inventory, &config.metrics),
             metrics: config.metrics,
         }
     }

@@ -25,7 +25,15 @@ const PLACEMENT_POLL: Duration = Duration::from_millis(100);
 
 /// What the instances of one GPU's creates came to: the instances made, by position in the
 /// plan, and the first failure with its position, if any.
-type Created = (Vec<(usize, MigInstance)>, Option<(usize, BackendError)>);
+type Created = (Vec<(usize, MigInstance)>, Option<(usize, Failed)>);
+
+/// Why the work of a prepare on one GPU stopped.
+enum Failed {
+    /// The GPU could not be put in the MIG mode its devices need; nothing was created on it.
+    MigMode(PrepareError),
+    /// A create failed.
+    Create(BackendError),
+}
 
 impl Preparer {
     /// Prepares one claim; see the module docs of [`super`].
@@ -259,7 +267,7 @@ impl Preparer {
                 "the claim's record vanished while its lock was held".into(),
             ));
         };
-        if let Some((i, e)) = failed {
+        if let Some((i, failure)) = failed {
             // The instances made, and the GPU instance a failed create names: NVML's create leaves
             // one behind when the compute instance fails and so does the clean-up.
             let mut attempted: Vec<RecordedDevice> = devices
@@ -268,6 +276,13 @@ impl Preparer {
                 .filter(|(_, m)| m.is_some())
                 .map(|(d, _)| d.clone())
                 .collect();
+            let e = match failure {
+                Failed::Create(e) => e,
+                Failed::MigMode(err) => {
+                    self.roll_back(claim, attempted).await;
+                    return Err(err);
+                }
+            };
             if let Some(gi_id) = e.target().gi_id {
                 attempted.push(RecordedDevice {
                     instance: Some(InstanceId {
@@ -348,19 +363,18 @@ impl Preparer {
         }
     }
 
-    /// Creates every planned instance, GPUs in parallel. Returns the instance made for each planned
-    /// device (in order; `None` for a whole GPU, for which nothing is created) and the first
-    /// failure, if any (a GPU stops at its first failure).
+    /// Puts each GPU in the MIG mode its planned devices need and creates every planned
+    /// instance, GPUs in parallel. Returns the instance made for each planned device (in order;
+    /// `None` for a whole GPU, for which nothing is created) and the first failure, if any (a
+    /// GPU stops at its first failure).
     async fn create_all(
         &self,
         uid: &str,
         planned: &[Planned],
-    ) -> (Vec<Option<MigInstance>>, Option<(usize, BackendError)>) {
+    ) -> (Vec<Option<MigInstance>>, Option<(usize, Failed)>) {
         let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
         for (i, p) in planned.iter().enumerate() {
-            if p.at.kind == DeviceKind::Mig {
-                by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
-            }
+            by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
         }
         let per_gpu = join_all(
             by_gpu
@@ -381,13 +395,36 @@ impl Preparer {
         (made, failed)
     }
 
-    /// Creates `items` on one GPU in turn, under its lock; notes each instance in the claim's
-    /// record while still holding the lock, so a concurrent release on this GPU sees it as
-    /// recorded.
+    /// Under GPU `gpu`'s lock: puts the GPU in the MIG mode `items` need (on for MIG devices, off
+    /// for a whole GPU; [`Self::ensure_mig_mode`]), then creates the MIG devices' instances in
+    /// turn, noting each in the claim's record while still holding the lock, so a concurrent
+    /// release on this GPU sees it as recorded.
     async fn create_on_gpu(&self, uid: &str, gpu: u32, items: Vec<(usize, &Planned)>) -> Created {
         let _held = self.gpus.lock(gpu).await;
+        let Some(&(first, p)) = items.first() else {
+            return (Vec::new(), None);
+        };
+        let want_mig = p.at.kind == DeviceKind::Mig;
+        if let Some(&(i, other)) = items.iter().find(|(_, q)| q.at.kind != p.at.kind) {
+            let err = PrepareError::MigModeSwitch {
+                device: other.device.clone(),
+                gpu,
+                mig_enabled: !want_mig,
+                reason: format!(
+                    "the claim also has {} on this GPU, which needs the other mode",
+                    p.device
+                ),
+            };
+            return (Vec::new(), Some((i, Failed::MigMode(err))));
+        }
+        if let Err(e) = self.ensure_mig_mode(uid, gpu, want_mig, &p.device).await {
+            return (Vec::new(), Some((first, Failed::MigMode(e))));
+        }
         let mut made = Vec::new();
-        for (i, p) in items {
+        for (i, p) in items
+            .into_iter()
+            .filter(|(_, p)| p.at.kind == DeviceKind::Mig)
+        {
             let (profile, start) = (p.at.profile.clone(), p.at.start);
             let t0 = Instant::now();
             let r = self
@@ -404,7 +441,7 @@ impl Preparer {
                     });
                     made.push((i, instance));
                 }
-                Err(e) => return (made, Some((i, e))),
+                Err(e) => return (made, Some((i, Failed::Create(e)))),
             }
         }
         (made, None)

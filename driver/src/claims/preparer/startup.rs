@@ -31,6 +31,7 @@ impl Preparer {
         reclaim_foreign: bool,
     ) -> Result<Report, StartupError> {
         let mut report = Report::default();
+        self.recover_mig_mode_switches().await?;
         let live = self.live_per_gpu().await;
         for (gpu, r) in &live {
             if let Err(e) = r {

@@ -1,5 +1,6 @@
 //! What the preparer does for whole GPUs (docs/design.md §7, "Whole GPUs"): before a prepare
-//! records one, it checks that the GPU is in the backend's inventory with MIG mode off; after,
+//! records one, it checks that the GPU is in the backend's inventory with MIG mode off, or one
+//! DAS may switch off (the switch itself comes later, under the GPU's lock); after,
 //! a whole GPU's CDI spec needs only its GPU's device node, taken from what this node publishes.
 //! Nothing is created, looked for or destroyed on the GPU.
 
@@ -11,7 +12,8 @@ use crate::gpu::MigInstance;
 
 impl Preparer {
     /// Checks every planned whole GPU against the backend's inventory, read now: the GPU
-    /// answers, has the UUID it was published with, and MIG mode off. No-op (no backend call)
+    /// answers, has the UUID it was published with, and MIG mode off or switchable. No-op (no
+    /// backend call)
     /// for a claim without whole GPUs.
     ///
     /// # Errors
@@ -25,12 +27,16 @@ impl Preparer {
             return Ok(());
         };
         let gpu = first.at.gpu_index;
-        let inventory = self.gpus.call(gpu, |b| b.inventory()).await.map_err(|e| {
+        let mut inventory = self.gpus.call(gpu, |b| b.inventory()).await.map_err(|e| {
             PrepareError::WholeGpuUnavailable {
                 device: first.device.clone(),
                 reason: format!("the node's GPUs cannot be read ({e}); the kubelet retries"),
             }
         })?;
+        // Whether a GPU may be switched is the request path's to say since start-up.
+        for g in &mut inventory {
+            g.mig_switch = self.modes.switch_of(g.index);
+        }
         for p in whole {
             if let Some(reason) = plan::whole_gpu_unavailable(p, &inventory) {
                 return Err(PrepareError::WholeGpuUnavailable {

@@ -31,6 +31,7 @@ async fn on_nvml_the_unclaimed_check_reads_the_instances_once_per_refresh_period
             NvmlOptions {
                 proc_root: "/nonexistent-proc".into(),
                 enable_mig_mode: false,
+                ..NvmlOptions::default()
             },
         )
         .unwrap()

@@ -28,6 +28,10 @@ pub enum FaultKind {
     NotFound,
     /// [`BackendError::InUse`].
     InUse,
+    /// [`BackendError::ResetRequired`]. For a MIG mode switch it is emulated faithfully: the
+    /// requested mode becomes the pending one, the mode now stays (as `nvmlDeviceSetMigMode`
+    /// leaves a GPU that cannot be reset).
+    ResetRequired,
     /// [`BackendError::GpuLost`] (for one call; see [`super::EmulatedBackend::set_gpu_lost`] for a GPU
     /// that stays lost).
     GpuLost,
@@ -46,27 +50,35 @@ impl FaultKind {
             FaultKind::NotSupported => BackendError::NotSupported { target, reason },
             FaultKind::NotFound => BackendError::NotFound { target, reason },
             FaultKind::InUse => BackendError::InUse { target, reason },
+            FaultKind::ResetRequired => BackendError::ResetRequired { target, reason },
             FaultKind::GpuLost => BackendError::GpuLost { target, reason },
             FaultKind::Other => BackendError::Other { target, reason },
         }
     }
 }
 
-/// Injected latency: a sleep before every create and destroy (outside any lock, so GPUs stay
-/// independent). No public per-call figures exist (docs/reference/mig.md, "Timing"); a few hundred
-/// milliseconds per create and about a second per destroy are plausible for realism.
+/// Injected latency: a sleep before every create and destroy, and in every MIG mode switch that
+/// changes the mode (outside any lock, so GPUs stay independent). No public per-call figures
+/// exist for creates and destroys (docs/reference/mig.md, "Timing"); a few hundred milliseconds
+/// per create and about a second per destroy are plausible for realism.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Latency {
     /// Sleep per `create_instance`.
     pub create: Duration,
     /// Sleep per `destroy_instance`.
     pub destroy: Duration,
+    /// Sleep per `set_mig_mode` that switches the mode now (not one that is a no-op, reverts a
+    /// pending change, or leaves the change pending a reset). For realism: about 1 ms on an H100
+    /// (as NVIDIA's DRA driver measured its toggle); 4–5 s per GPU on an A100-80GB, whose switch
+    /// goes through a GPU reset (docs/reference/mig.md, "Timing").
+    pub mig_mode_switch: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Op {
     Create,
     Destroy,
+    SetMigMode,
 }
 
 /// The fault-injection control file, `<state dir>/control.json`, for tests that drive a running
@@ -76,17 +88,21 @@ pub(super) enum Op {
 /// per new content (write new content, e.g. another event, to raise the same event again).
 /// Write it atomically (temp file and rename). A file that does not parse is logged and ignored.
 ///
+/// Fault kinds: `InsufficientResources`, `InvalidArgument`, `NotSupported`, `NotFound`, `InUse`,
+/// `ResetRequired`, `GpuLost`, `Other` ([`FaultKind`]).
+///
 /// ```json
-/// {"latencyMs": {"create": 2000, "destroy": 0}, "lostGpus": [1],
+/// {"latencyMs": {"create": 2000, "destroy": 0, "migModeSwitch": 1}, "lostGpus": [1],
 ///  "createFaults": [{"gpu": 0, "count": 1, "kind": "Other"}],
 ///  "destroyFaults": [{"gpu": 1, "count": 3, "kind": "InUse"}],
+///  "setMigModeFaults": [{"gpu": 2, "count": 1, "kind": "ResetRequired"}],
 ///  "xidEvents": [{"gpu": 0, "xid": 79}, {"gpu": 1, "xid": 94, "gpuInstance": 2}],
 ///  "uncorrectableEccGpus": [1]}
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Control {
-    /// Sleep per create and destroy, in milliseconds.
+    /// Sleep per create, destroy and MIG mode switch, in milliseconds.
     #[serde(default)]
     pub latency_ms: LatencyMs,
     /// GPUs that are lost (fell off the bus) until the file says otherwise.
@@ -98,6 +114,10 @@ pub struct Control {
     /// Faults for the next destroys.
     #[serde(default)]
     pub destroy_faults: Vec<ControlFault>,
+    /// Faults for the next MIG mode switches (`set_mig_mode`), e.g. `InUse` (the GPU is busy)
+    /// or `ResetRequired` (the change stays pending a reset).
+    #[serde(default)]
+    pub set_mig_mode_faults: Vec<ControlFault>,
     /// XID events to raise (as NVML's `nvmlEventTypeXidCriticalError`).
     #[serde(default)]
     pub xid_events: Vec<ControlXid>,
@@ -149,9 +169,9 @@ pub struct ControlXid {
     pub gpu_instance: Option<u32>,
 }
 
-/// [`Latency`] in the control file, in milliseconds.
+/// [`Latency`] in the control file, in milliseconds: `create`, `destroy`, `migModeSwitch`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LatencyMs {
     /// Milliseconds per create.
     #[serde(default)]
@@ -159,6 +179,9 @@ pub struct LatencyMs {
     /// Milliseconds per destroy.
     #[serde(default)]
     pub destroy: u64,
+    /// Milliseconds per MIG mode switch ([`Latency::mig_mode_switch`]).
+    #[serde(default)]
+    pub mig_mode_switch: u64,
 }
 
 /// `count` faults of `kind` on GPU `gpu`, in the control file.
@@ -202,6 +225,13 @@ impl EmulatedBackend {
     /// Makes the next `count` destroys on GPU `gpu_index` fail with `kind` (before any check).
     pub fn inject_destroy_faults(&self, gpu_index: u32, count: usize, kind: FaultKind) {
         self.inject(Op::Destroy, gpu_index, count, kind);
+    }
+
+    /// Makes the next `count` MIG mode switches (`set_mig_mode`) on GPU `gpu_index` fail with
+    /// `kind` (before any check; [`FaultKind::ResetRequired`] leaves the requested mode
+    /// pending).
+    pub fn inject_set_mig_mode_faults(&self, gpu_index: u32, count: usize, kind: FaultKind) {
+        self.inject(Op::SetMigMode, gpu_index, count, kind);
     }
 
     /// Injected faults not yet used up.
@@ -266,6 +296,7 @@ impl EmulatedBackend {
         self.set_latency(Latency {
             create: Duration::from_millis(control.latency_ms.create),
             destroy: Duration::from_millis(control.latency_ms.destroy),
+            mig_mode_switch: Duration::from_millis(control.latency_ms.mig_mode_switch),
         });
         *lock(&self.lost) = control.lost_gpus.iter().copied().collect();
         for f in &control.create_faults {
@@ -273,6 +304,9 @@ impl EmulatedBackend {
         }
         for f in &control.destroy_faults {
             self.inject(Op::Destroy, f.gpu, f.count, f.kind);
+        }
+        for f in &control.set_mig_mode_faults {
+            self.inject(Op::SetMigMode, f.gpu, f.count, f.kind);
         }
         for x in &control.xid_events {
             self.raise_health_event(HealthEvent::Xid {
@@ -323,6 +357,7 @@ impl EmulatedBackend {
         let d = match op {
             Op::Create => latency.create,
             Op::Destroy => latency.destroy,
+            Op::SetMigMode => latency.mig_mode_switch,
         };
         if !d.is_zero() {
             std::thread::sleep(d);

@@ -9,23 +9,26 @@ use super::spec::{EmulatedGpuSpec, parse_emulated_spec};
 use super::{
     EMULATED_BRAND, EMULATED_CUDA_DRIVER_VERSION, EMULATED_DRIVER_VERSION, EmuGpu, EmulatedError,
 };
-use crate::gpu::{GpuInfo, pci};
+use crate::gpu::{GpuInfo, MigSwitch, pci};
 
 /// The GPUs of `spec` on node `node_name` as the emulated hardware has them, without opening (or
 /// creating) any state: what `das-kubelet-plugin --print-inventory` shows. GPUs with MIG mode
 /// off (`mig-off`) are included, with `GpuInfo::mig_enabled` false; the backend reports those
-/// only with `--whole-gpus`, so keep `GpuInfo::served(whole_gpus)` for what it reports.
+/// only with `--whole-gpus`, so keep `GpuInfo::served(whole_gpus)` for what it reports. The MIG
+/// mode is the spec's (a state file may hold another, switched by a plugin), and no GPU allows a
+/// switch ([`MigSwitch::off`]).
 ///
 /// # Errors
 /// A bad spec.
 pub fn emulated_inventory(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, EmulatedError> {
     Ok(build_gpus(&parse_emulated_spec(spec)?, node_name)
         .iter()
-        .map(gpu_info)
+        .map(|g| gpu_info(g, g.mig_enabled, MigSwitch::off()))
         .collect())
 }
 
-pub(super) fn gpu_info(g: &EmuGpu) -> GpuInfo {
+/// What the inventory reports of GPU `g` with MIG mode `mig_enabled` now.
+pub(super) fn gpu_info(g: &EmuGpu, mig_enabled: bool, mig_switch: MigSwitch) -> GpuInfo {
     GpuInfo {
         index: g.index,
         uuid: g.uuid.clone(),
@@ -37,7 +40,8 @@ pub(super) fn gpu_info(g: &EmuGpu) -> GpuInfo {
         brand: Some(EMULATED_BRAND.to_string()),
         driver_version: EMULATED_DRIVER_VERSION.to_string(),
         cuda_driver_version: Some(EMULATED_CUDA_DRIVER_VERSION.to_string()),
-        mig_enabled: g.mig_enabled,
+        mig_enabled,
+        mig_switch,
     }
 }
 

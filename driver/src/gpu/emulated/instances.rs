@@ -65,15 +65,15 @@ impl EmulatedBackend {
             }
         };
         let target = Target::at(gpu.index, profile, Placement { start, size });
-        if !gpu.mig_enabled {
+        let mut state = lock(&self.state);
+        let gs = gpu_state(&state, gpu.index);
+        if !gs.mig_enabled {
             // NVML's answer to a GPU-instance create with MIG mode off.
             return Err(BackendError::NotSupported {
                 target,
                 reason: "MIG mode is off on this GPU (it is served whole)".into(),
             });
         }
-        let mut state = lock(&self.state);
-        let gs = gpu_state(&state, gpu.index);
         check_create(gpu, gs, profile_idx, start, &target)?;
         let gi_id = lowest_free_gi(gs).ok_or_else(|| BackendError::InsufficientResources {
             target: target.clone(),

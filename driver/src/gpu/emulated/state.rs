@@ -1,6 +1,8 @@
 //! The emulated GPUs' "hardware" state on disk ([`super::STATE_FILE`]): which GPU and compute
-//! instances exist on which GPU, and each GPU's MIG mode, written atomically after every change
-//! and checked against the spec and node name when loaded.
+//! instances exist on which GPU, and each GPU's MIG mode (now and pending a reset), written
+//! atomically after every change and checked against the spec and node name when loaded (the
+//! GPUs' index, model and UUID; their MIG mode is the file's, the spec's only seeds a fresh
+//! state).
 
 use std::fs;
 use std::io;
@@ -10,6 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::{EmuGpu, EmulatedError, GI_ID_SPACE, STATE_FILE, STATE_VERSION};
+use crate::gpu::MigModeState;
 use crate::gpu::layout::Occupancy;
 
 /// On-disk state.
@@ -29,11 +32,35 @@ pub(super) struct GpuState {
     pub(super) index: u32,
     pub(super) model: String,
     pub(super) uuid: String,
-    /// MIG mode. Written only when off (`"migEnabled": false`), so the file of GPUs with MIG on
-    /// is what a plugin before `mig-off` wrote and reads; a file without it reads as MIG on.
+    /// MIG mode now: the spec's mode (`:mig-on|mig-off`) in a fresh state, then whatever the
+    /// plugin switched it to (`GpuBackend::set_mig_mode`). Written only when off
+    /// (`"migEnabled": false`), so the file of GPUs with MIG on is what a plugin before `mig-off`
+    /// wrote and reads; a file without it reads as MIG on.
     #[serde(default = "mig_on", skip_serializing_if = "is_on")]
     pub(super) mig_enabled: bool,
+    /// MIG mode after the next GPU reset (`"migPending"`), written only while it differs from
+    /// [`Self::mig_enabled`] (a change waiting for a reset, Ampere); absent, it equals the mode
+    /// now, so files written before it existed read fine. Read it with [`Self::mode`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) mig_pending: Option<bool>,
     pub(super) instances: Vec<InstanceState>,
+}
+
+impl GpuState {
+    /// MIG mode now and after the next reset.
+    pub(super) fn mode(&self) -> MigModeState {
+        MigModeState {
+            current: self.mig_enabled,
+            pending: self.mig_pending.unwrap_or(self.mig_enabled),
+        }
+    }
+
+    /// Sets MIG mode now and after the next reset (the pending mode is kept only while it
+    /// differs).
+    pub(super) fn set_mode(&mut self, mode: MigModeState) {
+        self.mig_enabled = mode.current;
+        self.mig_pending = (mode.pending != mode.current).then_some(mode.pending);
+    }
 }
 
 fn mig_on() -> bool {
@@ -84,6 +111,7 @@ pub(super) fn fresh_state(gpus: &[EmuGpu], node_name: &str) -> StateFile {
                 model: g.model.name.clone(),
                 uuid: g.uuid.clone(),
                 mig_enabled: g.mig_enabled,
+                mig_pending: None,
                 instances: Vec::new(),
             })
             .collect(),
@@ -112,18 +140,18 @@ pub(super) fn load_state(
         let gpus: Vec<String> = s
             .gpus
             .iter()
-            .map(|g| {
-                let mode = if g.mig_enabled { "" } else { ":mig-off" };
-                format!("{}:{}{mode}", g.index, g.model)
-            })
+            .map(|g| format!("{}:{}", g.index, g.model))
             .collect();
         format!("node {}, GPUs [{}]", s.node_name, gpus.join(", "))
     };
+    // The MIG mode is not compared: the spec's mode is only the initial mode of a fresh state;
+    // once the plugin switched a GPU's mode (MIG mode follows demand), the file's is the truth.
     let same_gpus = state.gpus.len() == expected.gpus.len()
-        && state.gpus.iter().zip(&expected.gpus).all(|(a, b)| {
-            (a.index, &a.model, &a.uuid, a.mig_enabled)
-                == (b.index, &b.model, &b.uuid, b.mig_enabled)
-        });
+        && state
+            .gpus
+            .iter()
+            .zip(&expected.gpus)
+            .all(|(a, b)| (a.index, &a.model, &a.uuid) == (b.index, &b.model, &b.uuid));
     if state.node_name != node_name || !same_gpus {
         return Err(EmulatedError::StateMismatch {
             path: path.to_path_buf(),
@@ -172,7 +200,7 @@ pub(super) fn replay_instances(gpu: &EmuGpu, gs: &GpuState) -> Result<(), String
 }
 
 pub(super) fn gpu_state(state: &StateFile, index: u32) -> &GpuState {
-    // The state was checked against the GPUs on load, and only ever gains or loses instances.
+    // The state was checked against the GPUs on load; only instances and MIG modes change.
     &state.gpus[index as usize]
 }
 

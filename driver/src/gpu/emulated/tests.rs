@@ -164,7 +164,7 @@ fn faults_and_latency() {
     b.destroy_instance(0, 0).unwrap();
     b.set_latency(Latency {
         create: Duration::from_millis(20),
-        destroy: Duration::ZERO,
+        ..Latency::default()
     });
     let t = std::time::Instant::now();
     b.create_instance(0, "1g.6gb", 1).unwrap();
@@ -203,7 +203,7 @@ fn the_control_file_injects_latency_lost_gpus_and_faults_once_per_content() {
     let control = Control {
         latency_ms: LatencyMs {
             create: 30,
-            destroy: 0,
+            ..LatencyMs::default()
         },
         lost_gpus: vec![1],
         create_faults: vec![ControlFault {
@@ -385,3 +385,6 @@ fn health_events_come_from_code_and_from_the_control_file_once_per_content() {
 
 /// GPUs with MIG mode off (`:mig-off`) and `--whole-gpus`.
 mod whole_gpus;
+
+/// MIG mode switches (`set_mig_mode`) and whether DAS may make them.
+mod mig_mode;

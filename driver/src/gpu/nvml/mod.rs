@@ -30,6 +30,8 @@ mod real;
 mod report;
 
 #[cfg(test)]
+mod switch_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;
@@ -187,14 +189,8 @@ pub struct DeviceIdentity {
     pub cuda_compute_capability: (u32, u32),
 }
 
-/// `nvmlDeviceGetMigMode`: current and pending mode (pending differs on Ampere until a reset).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MigModeState {
-    /// MIG mode is on now.
-    pub current: bool,
-    /// MIG mode after the next GPU reset.
-    pub pending: bool,
-}
+/// `nvmlDeviceGetMigMode`'s answer: current and pending mode.
+pub use crate::gpu::MigModeState;
 
 /// `nvmlGpuInstanceProfileInfo_v2_t` (from `nvmlDeviceGetGpuInstanceProfileInfoV`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,8 +289,16 @@ pub trait NvmlApi: Send + Sync {
     fn brand(&self, dev: u32) -> NvmlResult<u32>;
     /// `nvmlDeviceGetMigMode`; `NOT_SUPPORTED` on GPUs without MIG.
     fn mig_mode(&self, dev: u32) -> NvmlResult<MigModeState>;
-    /// `nvmlDeviceSetMigMode`. Only called behind `--enable-mig-mode`, on Hopper and newer.
+    /// `nvmlDeviceSetMigMode`: called behind `--enable-mig-mode` at start-up and
+    /// `--mig-mode-switching` at prepare time, on Hopper and newer only. A call NVML accepts
+    /// whose activation status is not `NVML_SUCCESS` (`RESET_REQUIRED`, or `IN_USE` when the
+    /// driver could not reset the GPU) fails with that status as its code: the change is then
+    /// pending (read [`Self::mig_mode`]).
     fn set_mig_mode(&self, dev: u32, enable: bool) -> NvmlResult<()>;
+    /// `nvmlDeviceGetVirtualizationMode`: the `nvmlGpuVirtualizationMode_t` value
+    /// ([`virtualization`]); DAS switches no MIG mode in a vGPU guest
+    /// ([`virtualization::VGPU`]).
+    fn virtualization_mode(&self, dev: u32) -> NvmlResult<u32>;
     /// `nvmlDeviceGetGpuInstanceProfileInfoV` (v2) for the enum `profile_enum`
     /// (`NVML_GPU_INSTANCE_PROFILE_*`); `NOT_SUPPORTED` for profiles the GPU lacks,
     /// `INVALID_ARGUMENT` past the last enum.
@@ -328,6 +332,34 @@ pub trait NvmlApi: Send + Sync {
     fn register_events(&self, dev: u32, mask: u64) -> NvmlResult<()>;
     /// `nvmlEventSetWait_v2` for at most `timeout_ms`; `TIMEOUT` when no event came.
     fn wait_event(&self, timeout_ms: u32) -> NvmlResult<RawEvent>;
+}
+
+/// `nvmlGpuVirtualizationMode_t` values (`nvml.h` 13.3), what
+/// `nvmlDeviceGetVirtualizationMode` reports.
+pub mod virtualization {
+    /// `NVML_GPU_VIRTUALIZATION_MODE_NONE`: bare metal.
+    pub const NONE: u32 = 0;
+    /// `NVML_GPU_VIRTUALIZATION_MODE_PASSTHROUGH`: a GPU passed through to a VM.
+    pub const PASSTHROUGH: u32 = 1;
+    /// `NVML_GPU_VIRTUALIZATION_MODE_VGPU`: a vGPU inside a VM (a guest); its MIG mode is the
+    /// host's business (NVIDIA's DRA driver switches none there).
+    pub const VGPU: u32 = 2;
+    /// `NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU`: a vGPU host.
+    pub const HOST_VGPU: u32 = 3;
+    /// `NVML_GPU_VIRTUALIZATION_MODE_HOST_VSGA`: a vSGA host.
+    pub const HOST_VSGA: u32 = 4;
+
+    /// The `NVML_GPU_VIRTUALIZATION_MODE_*` name of a value, for messages.
+    pub fn name(mode: u32) -> &'static str {
+        match mode {
+            NONE => "NONE",
+            PASSTHROUGH => "PASSTHROUGH",
+            VGPU => "VGPU",
+            HOST_VGPU => "HOST_VGPU",
+            HOST_VSGA => "HOST_VSGA",
+            _ => "unknown",
+        }
+    }
 }
 
 /// NVML event types (`nvmlEventType*` in `nvml.h`) the health monitor registers.

@@ -275,10 +275,24 @@ impl NvmlApi for RealNvml {
     }
 
     fn set_mig_mode(&self, dev: u32, enable: bool) -> NvmlResult<()> {
-        self.device(dev)?
+        const CALL: &str = "nvmlDeviceSetMigMode";
+        let status = self
+            .device(dev)?
             .set_mig_mode(enable)
-            .map(drop)
-            .map_err(|e| wrapper_error("nvmlDeviceSetMigMode", e))
+            .map_err(|e| wrapper_error(CALL, e))?;
+        // The activation status: NVML_SUCCESS once the mode is active, else why it is pending.
+        check(CALL, status)
+    }
+
+    fn virtualization_mode(&self, dev: u32) -> NvmlResult<u32> {
+        let d = self.raw(dev)?;
+        let mut mode = 0;
+        // SAFETY: valid device handle and out-pointer (`nvmlGpuVirtualizationMode_t` is a C
+        // enum, a `c_uint`).
+        check("nvmlDeviceGetVirtualizationMode", unsafe {
+            self.lib().nvmlDeviceGetVirtualizationMode(d, &mut mode)
+        })?;
+        Ok(mode)
     }
 
     fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo> {

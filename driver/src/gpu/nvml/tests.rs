@@ -26,7 +26,7 @@ fn h100(mig: bool) -> FakeGpuSpec {
 fn options(proc_root: &Path) -> NvmlOptions {
     NvmlOptions {
         proc_root: proc_root.to_path_buf(),
-        enable_mig_mode: false,
+        ..NvmlOptions::default()
     }
 }
 
@@ -778,6 +778,9 @@ impl NvmlApi for HookedNvml {
     }
     fn set_mig_mode(&self, dev: u32, enable: bool) -> NvmlResult<()> {
         self.fake.set_mig_mode(dev, enable)
+    }
+    fn virtualization_mode(&self, dev: u32) -> NvmlResult<u32> {
+        self.fake.virtualization_mode(dev)
     }
     fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo> {
         self.fake.gi_profile_info(dev, profile_enum)

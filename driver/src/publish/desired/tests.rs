@@ -75,6 +75,7 @@ fn withdrawn_devices_are_removed_tainted_or_not() {
     let facts = HealthFacts {
         taints: BTreeMap::from([((1, Placement { start: 0, size: 1 }), vec![xid_taint("94")])]),
         withdrawn: BTreeMap::from([(1, vec![Placement { start: 0, size: 1 }])]),
+        ..HealthFacts::default()
     };
     let names: Vec<String> = devices(&desired_slices(&base, &facts))
         .iter()
@@ -246,4 +247,47 @@ fn a_mig_instance_on_a_whole_gpu_withdraws_it() {
         .map(|d| d.name.clone())
         .collect();
     assert_eq!(names, ["gpu-1"]);
+}
+
+#[test]
+fn a_gpu_that_serves_one_kind_loses_the_other_kinds_devices_only() {
+    // Two H100s DAS may switch: each is published whole and with every MIG placement.
+    let gpus: Vec<GpuInfo> = (0..2)
+        .map(|i| GpuInfo {
+            mig_switch: crate::gpu::MigSwitch::Allowed,
+            ..gpu(i, "H100-SXM5-80GB")
+        })
+        .collect();
+    let desired =
+        desired_resource_slices("n0", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
+    let base: Vec<ResourceSliceSpec> = desired.into_iter().map(|d| d.slice.spec).collect();
+    let index = device_index(&gpus);
+    let kinds = |specs: &[ResourceSliceSpec], gpu: u32| {
+        let mut k: Vec<DeviceKind> = devices(specs)
+            .iter()
+            .map(|d| &index[&d.name])
+            .filter(|r| r.gpu_index == gpu)
+            .map(|r| r.kind)
+            .collect();
+        k.dedup();
+        k
+    };
+    assert_eq!(kinds(&base, 0), vec![DeviceKind::Mig, DeviceKind::WholeGpu]);
+    let facts = HealthFacts {
+        serves_only: BTreeMap::from([(0, DeviceKind::WholeGpu), (1, DeviceKind::Mig)]),
+        ..HealthFacts::default()
+    };
+    let specs = desired_slices(&base, &facts);
+    assert_eq!(kinds(&specs, 0), vec![DeviceKind::WholeGpu]);
+    assert_eq!(kinds(&specs, 1), vec![DeviceKind::Mig]);
+    let mig_before = devices(&base)
+        .iter()
+        .filter(|d| index[&d.name].gpu_index == 1 && index[&d.name].kind == DeviceKind::Mig)
+        .count();
+    assert_eq!(devices(&specs).len(), 1 + mig_before);
+    assert_eq!(
+        specs.iter().map(|s| &s.shared_counters).collect::<Vec<_>>(),
+        base.iter().map(|s| &s.shared_counters).collect::<Vec<_>>(),
+        "counters untouched"
+    );
 }

@@ -125,6 +125,7 @@ impl Document {
         Checkpoint {
             boot_id: self.boot_id,
             claims,
+            mig_mode_switches: BTreeMap::new(),
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::NvmlOptions;
 use super::is_absent_profile;
-use crate::gpu::GpuInfo;
+use super::mig_mode::{switch_base, with_pending};
 use crate::gpu::catalog::{find_model_by_pci_id, parse_model};
 use crate::gpu::layout::Placement;
 use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
@@ -18,6 +18,7 @@ use crate::gpu::nvml::{
     MigModeState, NvmlApi, brand_name, code, cuda_version, full_ci_enum,
 };
 use crate::gpu::pci;
+use crate::gpu::{GpuInfo, MigSwitch};
 
 /// What NVML says of the whole node, read once at start-up.
 pub(super) struct System {
@@ -44,7 +45,8 @@ impl System {
     }
 }
 
-/// One GPU of the inventory, or `None` (logged) when DAS does not serve it: not MIG-capable, no
+/// One GPU of the inventory, with whether DAS may switch its MIG mode but for a pending change
+/// (`mig_mode::switch_base`), or `None` (logged) when DAS does not serve it: not MIG-capable, no
 /// usable model, or MIG mode off without `whole_gpus` (`--whole-gpus`). Its PCIe root is read
 /// later, from sysfs ([`pcie_root`]).
 pub(super) fn discover<A: NvmlApi>(
@@ -53,7 +55,7 @@ pub(super) fn discover<A: NvmlApi>(
     whole_gpus: bool,
     dev: u32,
     system: &System,
-) -> Option<GpuInfo> {
+) -> Option<(GpuInfo, MigSwitch)> {
     let id = match api.device_identity(dev) {
         Ok(id) => id,
         Err(e) => {
@@ -86,12 +88,27 @@ pub(super) fn discover<A: NvmlApi>(
             return None;
         }
     };
+    let switch = switch_base(api, options, dev, &id, &model);
+    let mig_switch = if switch.allowed() {
+        // Read again: `--enable-mig-mode` may have switched it since.
+        match api.mig_mode(dev) {
+            Ok(m) => with_pending(&switch, m),
+            Err(e) => MigSwitch::Refused(format!("cannot read the MIG mode: {e}")),
+        }
+    } else {
+        switch.clone()
+    };
+    if let MigSwitch::Refused(why) = &mig_switch
+        && options.mig_mode_switching
+    {
+        tracing::info!(gpu = dev, name = %id.name, reason = %why, "DAS does not switch this GPU's MIG mode");
+    }
     let pci_bus_id = pci::standard_bus_id(&id.pci_bus_id);
     if pci_bus_id.is_none() {
         tracing::debug!(gpu = dev, bus_id = %id.pci_bus_id,
             "PCI bus ID not of the form 0000:3b:00.0: the pciBusID and pcieRoot attributes are left out");
     }
-    Some(GpuInfo {
+    let info = GpuInfo {
         index: dev,
         uuid: id.uuid,
         model,
@@ -103,7 +120,9 @@ pub(super) fn discover<A: NvmlApi>(
         driver_version: system.driver_version.clone(),
         cuda_driver_version: system.cuda_driver_version.clone(),
         mig_enabled,
-    })
+        mig_switch,
+    };
+    Some((info, switch))
 }
 
 /// `nvmlDeviceGetBrand` by NVIDIA's DRA driver's name; `None` (logged) when NVML fails or

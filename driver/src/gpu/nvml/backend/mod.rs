@@ -9,6 +9,9 @@
 //!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
 //!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
 //!   lets Hopper+ GPUs be switched on (no reset needed, docs/reference/mig.md, "MIG mode"); Ampere never is.
+//! - With `--mig-mode-switching` ([`NvmlOptions::mig_mode_switching`]) DAS switches a Hopper+
+//!   GPU's MIG mode to follow demand ([`GpuBackend::set_mig_mode`], `backend/mig_mode.rs`); the
+//!   backend's copy of each GPU follows the mode it switched.
 //! - Each GPU's published facts are read once with the inventory: brand
 //!   (`nvmlDeviceGetBrand`), CUDA driver version (`nvmlSystemGetCudaDriverVersion_v2`), the PCI
 //!   bus ID in its standard form, and, with [`NvmlBackend::with_sys_root`], the PCIe root complex
@@ -27,16 +30,17 @@
 //! Files: this one holds the backend and its [`GpuBackend`] face, with the NVML error mapping;
 //! `backend/discover.rs` the inventory and models read at start-up; `backend/instances.rs`
 //! create, destroy and list on one GPU; `backend/cache.rs` the instance cache;
-//! `backend/events.rs` the health events.
+//! `backend/events.rs` the health events; `backend/mig_mode.rs` MIG mode switches.
 
 mod cache;
 mod discover;
 mod events;
 mod instances;
+mod mig_mode;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use cache::KnownInstances;
@@ -49,7 +53,9 @@ use events::register_health_events;
 use super::procfs;
 use super::{NvmlApi, NvmlCallError, code};
 use crate::gpu::layout::Placement;
-use crate::gpu::{BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, Target};
+use crate::gpu::{
+    BackendError, GpuBackend, GpuInfo, HealthEvent, MigInstance, MigModeState, MigSwitch, Target,
+};
 
 /// How the NVML backend treats the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +66,11 @@ pub struct NvmlOptions {
     /// Off by default: DAS then never changes MIG mode. Ampere is never switched (it needs a GPU
     /// reset, docs/reference/mig.md, "MIG mode").
     pub enable_mig_mode: bool,
+    /// Let DAS switch MIG mode to follow demand (`--mig-mode-switching`, docs/design.md §7,
+    /// "MIG mode follows demand"): each GPU's [`GpuInfo::mig_switch`] is
+    /// [`MigSwitch::Allowed`] where it switches without a reset (`backend/mig_mode.rs`). Off by
+    /// default: every GPU reports [`MigSwitch::off`].
+    pub mig_mode_switching: bool,
 }
 
 impl Default for NvmlOptions {
@@ -67,15 +78,27 @@ impl Default for NvmlOptions {
         Self {
             proc_root: PathBuf::from(procfs::PROC_ROOT),
             enable_mig_mode: false,
+            mig_mode_switching: false,
         }
     }
+}
+
+/// One GPU the backend serves.
+#[derive(Debug, Clone)]
+struct ServedGpu {
+    /// As the inventory reports it; its MIG mode and switch decision follow DAS's switches.
+    info: GpuInfo,
+    /// Whether DAS may switch its MIG mode, pending changes aside (`mig_mode::switch_base`,
+    /// read at discovery).
+    switch: MigSwitch,
 }
 
 /// The NVML backend for real GPUs.
 pub struct NvmlBackend<A: NvmlApi> {
     api: A,
     options: NvmlOptions,
-    gpus: Vec<GpuInfo>,
+    /// Read at discovery; written only by MIG mode switches and [`Self::with_sys_root`].
+    gpus: RwLock<Vec<ServedGpu>>,
     /// Per GPU index (the instance cache, `backend/cache.rs`); locked only between NVML calls.
     known: Mutex<BTreeMap<u32, KnownInstances>>,
     /// [`INSTANCE_REFRESH`] unless set otherwise ([`Self::with_instance_refresh`]).
@@ -102,16 +125,17 @@ impl<A: NvmlApi> NvmlBackend<A> {
         let whole = |e: NvmlCallError| other(Target::gpu(0), &e, "cannot read the GPUs");
         let count = api.device_count().map_err(whole)?;
         let system = System::read(&api, api.driver_version().map_err(whole)?);
-        let gpus: Vec<GpuInfo> = (0..count)
+        let gpus: Vec<ServedGpu> = (0..count)
             .filter_map(|dev| discover(&api, &options, whole_gpus, dev, &system))
+            .map(|(info, switch)| ServedGpu { info, switch })
             .collect();
         for g in &gpus {
-            register_health_events(&api, g.index);
+            register_health_events(&api, g.info.index);
         }
         Ok(Self {
             api,
             options,
-            gpus,
+            gpus: RwLock::new(gpus),
             known: Mutex::default(),
             refresh: INSTANCE_REFRESH,
             clock: Arc::new(Instant::now),
@@ -124,8 +148,8 @@ impl<A: NvmlApi> NvmlBackend<A> {
     /// none (logged). Without this call no GPU has one (the unit tests' fake GPUs are not in
     /// the test machine's sysfs).
     pub fn with_sys_root(mut self, sys_root: &Path) -> Self {
-        for g in &mut self.gpus {
-            g.pcie_root = pcie_root(sys_root, g);
+        for g in self.gpus.get_mut().unwrap_or_else(|p| p.into_inner()) {
+            g.info.pcie_root = pcie_root(sys_root, &g.info);
         }
         self
     }
@@ -149,10 +173,12 @@ impl<A: NvmlApi> NvmlBackend<A> {
         &self.api
     }
 
-    fn gpu(&self, target: &Target) -> Result<&GpuInfo, BackendError> {
-        self.gpus
+    /// GPU `target.gpu` as the backend knows it now (its MIG mode as DAS last switched it).
+    fn gpu(&self, target: &Target) -> Result<GpuInfo, BackendError> {
+        read(&self.gpus)
             .iter()
-            .find(|g| g.index == target.gpu)
+            .find(|g| g.info.index == target.gpu)
+            .map(|g| g.info.clone())
             .ok_or_else(|| BackendError::NotFound {
                 target: target.clone(),
                 reason: "no such GPU in this node's inventory".into(),
@@ -162,9 +188,9 @@ impl<A: NvmlApi> NvmlBackend<A> {
 
 impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
-        Ok(self
-            .gpus
-            .iter()
+        let gpus: Vec<GpuInfo> = read(&self.gpus).iter().map(|g| g.info.clone()).collect();
+        Ok(gpus
+            .into_iter()
             .filter(|g| match self.api.device_identity(g.index) {
                 Ok(id) if id.uuid == g.uuid => true,
                 Ok(id) => {
@@ -180,7 +206,6 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
                     false
                 }
             })
-            .cloned()
             .collect())
     }
 
@@ -191,7 +216,7 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
     }
 
     fn gpu_indices(&self) -> Vec<u32> {
-        self.gpus.iter().map(|g| g.index).collect()
+        read(&self.gpus).iter().map(|g| g.info.index).collect()
     }
 
     fn create_instance(
@@ -202,6 +227,7 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
     ) -> Result<MigInstance, BackendError> {
         let target = Target::at(gpu_index, profile, Placement { start, size: 0 });
         let gpu = self.gpu(&target)?;
+        let gpu = &gpu;
         let (_, p) = gpu
             .model
             .profile(profile)
@@ -250,7 +276,7 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
             ..Target::gpu(gpu_index)
         };
         let gpu = self.gpu(&target)?;
-        match self.destroy_gi_and_cis(gpu, gi_id, target) {
+        match self.destroy_gi_and_cis(&gpu, gi_id, target) {
             Ok(()) => {
                 self.note_change(gpu_index, gi_id, None);
                 Ok(())
@@ -266,16 +292,35 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
 
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
         let gpu = self.gpu(&Target::gpu(gpu_index))?;
-        self.read_instances(gpu)
+        self.read_instances(&gpu)
+    }
+
+    fn mig_mode(&self, gpu_index: u32) -> Result<MigModeState, BackendError> {
+        self.read_mig_mode(gpu_index)
+    }
+
+    /// `nvmlDeviceSetMigMode`, then the mode read back (`backend/mig_mode.rs`).
+    fn set_mig_mode(&self, gpu_index: u32, enabled: bool) -> Result<(), BackendError> {
+        self.switch_mig_mode(gpu_index, enabled)
     }
 
     fn cached_instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
         let gpu = self.gpu(&Target::gpu(gpu_index))?;
         match self.fresh_known(gpu_index) {
             Some(list) => Ok(list),
-            None => self.read_instances(gpu),
+            None => self.read_instances(&gpu),
         }
     }
+}
+
+/// Read access to the GPUs (a panic while writing leaves whole values behind).
+fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Write access to the GPUs.
+fn write<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Profiles a GPU or GI does not have answer `NOT_SUPPORTED` or `INVALID_ARGUMENT`.

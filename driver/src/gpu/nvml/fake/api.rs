@@ -78,12 +78,24 @@ impl NvmlApi for FakeNvml {
                 return Err(code::IN_USE);
             }
             g.mig.pending = enable;
-            if g.spec.architecture >= ARCH_HOPPER {
-                g.mig.current = enable;
+            if g.mig.current == enable {
+                // Nothing to activate (a pending change, if any, is dropped).
+                return Ok(());
             }
+            if g.spec.architecture < ARCH_HOPPER || g.needs_reset {
+                // Pending until a reset: the activation status `RealNvml` reports as the error.
+                return Err(code::RESET_REQUIRED);
+            }
+            g.mig.current = enable;
             Ok(())
         });
         self.count(r, |_| vec![("nvmlDeviceSetMigMode", 1)])
+    }
+
+    fn virtualization_mode(&self, dev: u32) -> NvmlResult<u32> {
+        const CALL: &str = "nvmlDeviceGetVirtualizationMode";
+        let r = self.with_gpu(CALL, dev, |g, _| Ok(g.spec.virtualization_mode));
+        self.count(r, |_| vec![(CALL, 1)])
     }
 
     fn gi_profile_info(&self, dev: u32, profile_enum: u32) -> NvmlResult<GiProfileInfo> {

@@ -50,6 +50,9 @@ pub(super) struct FakeGpu {
     pub(super) mig: MigModeState,
     /// Fell off the bus: every call on it returns `GPU_IS_LOST`.
     pub(super) lost: bool,
+    /// A MIG mode change waits for a reset even on Hopper and newer
+    /// ([`super::FakeNvml::set_needs_reset`]).
+    pub(super) needs_reset: bool,
     /// Memory slices and counters its GIs take (`None` without a model).
     pub(super) occupancy: Option<Occupancy>,
     /// Its GPU instances by GI ID.

@@ -9,6 +9,9 @@
 //!   never from the placement; every CI takes a MIG device slot and a fresh `MIG-` UUID.
 //! - Destroying a GI that still has CIs, or a CI marked busy, → `IN_USE`; MIG mode off →
 //!   `NOT_SUPPORTED` for instance calls; a lost GPU → `GPU_IS_LOST` for every call on it.
+//! - `nvmlDeviceSetMigMode`: `IN_USE` while GIs exist; on Hopper and newer the mode changes at
+//!   once; on Ampere (or a GPU marked [`FakeNvml::set_needs_reset`]) it goes pending and the
+//!   call answers `RESET_REQUIRED` (the activation status, as `RealNvml` reports it).
 //! - Every mutating call is logged ([`FakeNvml::calls`]) and a fault can be injected for the
 //!   next call of a given name ([`FakeNvml::fail_next`]).
 //! - Every NVML library call is counted by function name ([`FakeNvml::call_counts`]), as
@@ -46,6 +49,9 @@ pub struct FakeGpuSpec {
     pub pci_device_id: u32,
     /// `nvmlBrandType_t` reported ([`BRAND_NVIDIA`] by default, as data-center GPUs report).
     pub brand: u32,
+    /// `nvmlGpuVirtualizationMode_t` reported (0, `NONE`, by default; 2, `VGPU`, for a vGPU
+    /// guest; [`crate::gpu::nvml::virtualization`]).
+    pub virtualization_mode: u32,
 }
 
 /// `NVML_BRAND_NVIDIA`: the brand the fake GPUs report unless their spec says otherwise.
@@ -70,6 +76,7 @@ impl FakeGpuSpec {
             mig_enabled,
             architecture,
             brand: BRAND_NVIDIA,
+            virtualization_mode: 0,
         }
     }
 
@@ -82,6 +89,7 @@ impl FakeGpuSpec {
             architecture: 6,
             pci_device_id: 0x1EB8_10DE,
             brand: BRAND_NVIDIA,
+            virtualization_mode: 0,
         }
     }
 }
@@ -121,6 +129,7 @@ impl FakeNvml {
                     pending: spec.mig_enabled,
                 },
                 lost: false,
+                needs_reset: false,
                 occupancy: spec.model.as_deref().map(Occupancy::empty),
                 gis: BTreeMap::new(),
                 spec,
@@ -142,6 +151,19 @@ impl FakeNvml {
     /// GPU `dev` falls off the bus: every call on it returns `GPU_IS_LOST`.
     pub fn lose_gpu(&self, dev: u32) {
         self.lock().gpus[dev as usize].lost = true;
+    }
+
+    /// Makes GPU `dev` need a reset for a MIG mode change even on Hopper and newer (a GPU in a
+    /// VM that cannot reset it): `set_mig_mode` then leaves the change pending and returns
+    /// `RESET_REQUIRED`, as on Ampere.
+    pub fn set_needs_reset(&self, dev: u32, needs_reset: bool) {
+        self.lock().gpus[dev as usize].needs_reset = needs_reset;
+    }
+
+    /// GPU `dev` answers with minor `minor` from now on (a re-bind, as enabling MIG mode may
+    /// cause).
+    pub fn set_minor(&self, dev: u32, minor: u32) {
+        self.lock().gpus[dev as usize].minor = minor;
     }
 
     /// Marks CI `ci` of GI `gi` as used by a process (its destroy returns `IN_USE`).

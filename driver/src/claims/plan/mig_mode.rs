@@ -1,0 +1,93 @@
+//! Whether a prepare must switch its GPU's MIG mode before it can serve a device, and whether it
+//! may (pure; docs/design.md §7, "MIG mode follows demand"). A MIG slice needs MIG mode on, a
+//! whole GPU needs it off. A GPU is switched only when switching is allowed for it
+//! ([`MigSwitch::Allowed`]), no other claim's record holds any device of it, and, to switch it
+//! off, no MIG instance exists on it: the caller reads all of this under the GPU's lock, so no
+//! create, destroy or other switch on that GPU runs in between.
+
+use crate::claims::checkpoint::Checkpoint;
+use crate::gpu::{MigModeState, MigSwitch};
+
+/// What the GPU looks like to a prepare that needs a mode on it, read under the GPU's lock.
+#[derive(Debug, Clone)]
+pub struct GpuNow<'a> {
+    /// The GPU's index.
+    pub gpu: u32,
+    /// Its MIG mode now (`nvmlDeviceGetMigMode`).
+    pub mode: MigModeState,
+    /// Whether DAS may switch it (at start-up from the backend; refused after a failed switch).
+    pub switch: &'a MigSwitch,
+    /// The other claims whose records hold a device on it ([`holders_on_gpu`]).
+    pub holders: Vec<String>,
+    /// How many MIG instances exist on it now (read only when switching off).
+    pub instances: usize,
+}
+
+/// What to do before serving a device that needs MIG mode `want_mig` on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModeStep {
+    /// The GPU is in that mode: go on.
+    Ready,
+    /// Switch the GPU, then go on.
+    Switch,
+    /// Do not switch; fail the prepare with this reason (what is wrong and what to do).
+    Refuse(String),
+}
+
+/// The step for a device needing MIG mode `want_mig` on the GPU `now` describes. A change
+/// pending a reset (`pending` differs from `current`) does not matter when the mode now is
+/// right: the device is served in the mode the GPU has.
+pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
+    if now.mode.current == want_mig {
+        return ModeStep::Ready;
+    }
+    let gpu = now.gpu;
+    let have = on_off(now.mode.current);
+    if let MigSwitch::Refused(why) = now.switch {
+        let ask = if want_mig {
+            format!(
+                "ask for a whole GPU (DeviceClass {}) or switch MIG mode on by hand (`nvidia-smi -i {gpu} -mig 1`, then a GPU reset where needed) and restart the plugin",
+                das_api::DEVICE_CLASS_WHOLE_GPU
+            )
+        } else {
+            format!(
+                "ask for a MIG slice (DeviceClass {}) or switch MIG mode off by hand (`nvidia-smi -i {gpu} -mig 0`, then a GPU reset where needed) and restart the plugin",
+                das_api::DEVICE_CLASS_ALL
+            )
+        };
+        return ModeStep::Refuse(format!(
+            "it has MIG mode {have} and DAS does not switch it ({why}); {ask}"
+        ));
+    }
+    if !now.holders.is_empty() {
+        return ModeStep::Refuse(format!(
+            "it has MIG mode {have} and {} still hold devices on it; the kubelet retries once they are unprepared",
+            now.holders.join(", ")
+        ));
+    }
+    if !want_mig && now.instances > 0 {
+        return ModeStep::Refuse(format!(
+            "{} MIG instance(s) exist on it that no claim holds (made outside DAS, or not yet destroyed); MIG mode can be switched off only once they are gone",
+            now.instances
+        ));
+    }
+    ModeStep::Switch
+}
+
+/// The other claims (not `uid`) whose records hold any device on GPU `gpu`, as
+/// `<namespace>/<name> (<uid>)`, in UID order.
+pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32) -> Vec<String> {
+    cp.claims
+        .iter()
+        .filter(|(u, r)| *u != uid && r.devices.iter().any(|d| d.gpu_index == gpu))
+        .map(|(u, r)| format!("claim {}/{} ({u})", r.namespace, r.name))
+        .collect()
+}
+
+/// `on` or `off`, as messages and metric labels say a MIG mode.
+pub fn on_off(mig_enabled: bool) -> &'static str {
+    if mig_enabled { "on" } else { "off" }
+}
+
+#[cfg(test)]
+mod tests;
