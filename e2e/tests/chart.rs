@@ -313,6 +313,31 @@ fn whole_gpus_render_their_class_the_plugin_flag_and_the_webhook_option() {
         err.contains("webhook.translateWholeGpus needs wholeGpus.enabled"),
         "{err}"
     );
+
+    // MIG mode follows demand: only with whole GPUs, and then the plugin gets the flag.
+    assert_eq!(
+        env_of(plugin, "DAS_MIG_MODE_SWITCHING"),
+        None,
+        "not without switchMigMode"
+    );
+    let s = Rendered::new(
+        &default_values()
+            .set("wholeGpus.enabled=true")
+            .set("wholeGpus.switchMigMode=true"),
+    )
+    .unwrap();
+    let plugin = s.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(
+        env_of(plugin, "DAS_MIG_MODE_SWITCHING").as_deref(),
+        Some("true")
+    );
+    let err = chart::render_yaml(&default_values().set("wholeGpus.switchMigMode=true"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("wholeGpus.switchMigMode needs wholeGpus.enabled"),
+        "{err}"
+    );
 }
 
 /// Every host path the plugin is told to use (its environment) is mounted at the same path

@@ -150,7 +150,7 @@ async fn a_failed_switch_fails_the_prepare_keeps_the_mode_and_the_gpu_serves_its
     assert!(
         msg.contains("GPU 0 cannot be switched to MIG mode off")
             && msg.contains("reset required")
-            && msg.contains("keeps MIG mode on"),
+            && msg.contains("has MIG mode on"),
         "{msg}"
     );
     // The pending change the fault left is set back; nothing is recorded.
@@ -322,4 +322,27 @@ fn a_recorded_switch_survives_the_file() {
         path,
     );
     store.read(|back| assert_eq!(back, &cp));
+}
+
+/// Two slices prepared at once on a GPU with MIG mode off both need it on: neither stands in
+/// the other's way (one switches, the other finds it on), whatever order the calls interleave in.
+#[tokio::test(start_paused = true)]
+async fn two_slices_prepared_at_once_on_a_gpu_with_mig_mode_off_both_get_it_on() {
+    let s = setup("H100-80GB:1:mig-off");
+    let a = s
+        .api
+        .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-0")]);
+    let b = s
+        .api
+        .allocate("ns", "b", UID_B, &[("gpu", "gpu-0-mig-1g-10gb-1")]);
+    let (ra, rb) = tokio::join!(s.p.prepare_claim(&a), s.p.prepare_claim(&b));
+    ra.unwrap();
+    rb.unwrap();
+    assert_eq!(s.mode(0), ON);
+    assert_eq!(s.emu.instances_on(0).unwrap().len(), 2);
+    assert!(
+        s.metrics()
+            .contains(r#"das_kubelet_plugin_mig_mode_switches_total{to="on",result="ok"} 1"#),
+        "one switch"
+    );
 }

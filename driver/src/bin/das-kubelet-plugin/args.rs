@@ -203,3 +203,24 @@ pub(crate) fn health_policy(args: &Args) -> HealthPolicy {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
+        let mut argv = vec!["das-kubelet-plugin", "--node-name", "n0"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv)
+    }
+
+    #[test]
+    fn mig_mode_switching_needs_whole_gpus() {
+        let err = parse(&["--mig-mode-switching"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+        assert!(err.to_string().contains("--whole-gpus"), "{err}");
+        let args = parse(&["--mig-mode-switching", "--whole-gpus"]).unwrap();
+        assert!(args.mig_mode_switching && args.whole_gpus);
+        assert!(!parse(&[]).unwrap().mig_mode_switching, "off by default");
+    }
+}

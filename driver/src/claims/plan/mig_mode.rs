@@ -1,11 +1,11 @@
 //! Whether a prepare must switch its GPU's MIG mode before it can serve a device, and whether it
 //! may (pure; docs/design.md §7, "MIG mode follows demand"). A MIG slice needs MIG mode on, a
 //! whole GPU needs it off. A GPU is switched only when switching is allowed for it
-//! ([`MigSwitch::Allowed`]), no other claim's record holds any device of it, and, to switch it
-//! off, no MIG instance exists on it: the caller reads all of this under the GPU's lock, so no
+//! ([`MigSwitch::Allowed`]), no other claim's record holds a device of it that needs the other
+//! mode, and, to switch it off, no MIG instance exists on it: the caller reads all of this under the GPU's lock, so no
 //! create, destroy or other switch on that GPU runs in between.
 
-use crate::claims::checkpoint::Checkpoint;
+use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
 use crate::gpu::{MigModeState, MigSwitch};
 
 /// What the GPU looks like to a prepare that needs a mode on it, read under the GPU's lock.
@@ -17,7 +17,8 @@ pub struct GpuNow<'a> {
     pub mode: MigModeState,
     /// Whether DAS may switch it (at start-up from the backend; refused after a failed switch).
     pub switch: &'a MigSwitch,
-    /// The other claims whose records hold a device on it ([`holders_on_gpu`]).
+    /// The other claims whose records hold a device on it that needs the other mode
+    /// ([`holders_on_gpu`]).
     pub holders: Vec<String>,
     /// How many MIG instances exist on it now (read only when switching off).
     pub instances: usize,
@@ -74,12 +75,16 @@ pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
     ModeStep::Switch
 }
 
-/// The other claims (not `uid`) whose records hold any device on GPU `gpu`, as
-/// `<namespace>/<name> (<uid>)`, in UID order.
-pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32) -> Vec<String> {
+/// The other claims (not `uid`) whose records hold a device on GPU `gpu` that needs the mode
+/// other than `want_mig` (a whole GPU when MIG mode is wanted on, a MIG device when it is wanted
+/// off), in any state, as `claim <namespace>/<name> (<uid>)`, in UID order. Claims with devices
+/// of the wanted kind do not stand in the way: two slices prepared at once on a GPU with MIG
+/// mode off both need it on.
+pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32, want_mig: bool) -> Vec<String> {
+    let other_kind = |d: &RecordedDevice| d.gpu_index == gpu && d.is_whole_gpu() == want_mig;
     cp.claims
         .iter()
-        .filter(|(u, r)| *u != uid && r.devices.iter().any(|d| d.gpu_index == gpu))
+        .filter(|(u, r)| *u != uid && r.devices.iter().any(other_kind))
         .map(|(u, r)| format!("claim {}/{} ({u})", r.namespace, r.name))
         .collect()
 }

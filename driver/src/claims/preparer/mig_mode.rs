@@ -142,7 +142,7 @@ impl Preparer {
         let holders = self
             .records
             .checkpoint
-            .read(|cp| mig_mode::holders_on_gpu(cp, uid, gpu));
+            .read(|cp| mig_mode::holders_on_gpu(cp, uid, gpu, want_mig));
         let instances = if want_mig || !switch.allowed() {
             0
         } else {
@@ -220,9 +220,11 @@ impl Preparer {
         result
     }
 
-    /// After a failed switch of GPU `gpu` to `want_mig`: sets a pending change back (a
-    /// `RESET_REQUIRED` switch left one), stops switching the GPU, tells the publisher and the
-    /// Node's events. Returns the prepare's reason.
+    /// After a failed switch of GPU `gpu` to `want_mig`: reads the mode the GPU has now (a
+    /// switch that took effect but failed a later check, such as a changed minor number, left
+    /// it switched), sets a pending change back (a `RESET_REQUIRED` switch left one), stops
+    /// switching the GPU, tells the publisher and the Node's events. Returns the prepare's
+    /// reason.
     async fn switch_failed(
         &self,
         gpu: u32,
@@ -230,44 +232,50 @@ impl Preparer {
         want_mig: bool,
         e: &BackendError,
     ) -> String {
-        let (to, have) = (on_off(want_mig), on_off(mode.current));
-        let reverted = self.revert_pending(gpu, mode.current).await;
+        let (now, reverted) = self.settle_mode(gpu, mode.current).await;
+        let (to, have) = (on_off(want_mig), on_off(now));
         tracing::error!(gpu, to, error = %e, reverted = %reverted, "switching MIG mode failed; DAS stops switching this GPU");
         let why = format!("a switch to MIG mode {to} failed: {e}");
-        if self.modes.refuse(gpu, mode.current, why, &self.metrics) {
+        if self.modes.refuse(gpu, now, why, &self.metrics) {
             self.warn(
                 EventTarget::Node,
                 "MigModeSwitchFailed",
                 format!(
-                    "GPU {gpu} ({}): switching MIG mode {to} failed: {e}. {reverted} The GPU keeps MIG mode {have}; DAS no longer switches it (until the plugin restarts) and publishes only what MIG mode {have} serves.",
+                    "GPU {gpu} ({}): switching MIG mode {to} failed: {e}. {reverted}The GPU has MIG mode {have}; DAS no longer switches it (until the plugin restarts) and publishes only what MIG mode {have} serves.",
                     self.modes.uuids.get(&gpu).map_or("", String::as_str)
                 ),
             )
             .await;
         }
         format!(
-            "switching failed ({e}); the GPU keeps MIG mode {have}, DAS no longer switches it and publishes only what that mode serves, so delete the pod to have its claim allocated elsewhere"
+            "switching failed ({e}); the GPU has MIG mode {have}, DAS no longer switches it and publishes only what that mode serves, so delete the pod to have its claim allocated elsewhere"
         )
     }
 
-    /// Sets GPU `gpu`'s pending MIG mode back to `current` when a failed switch left another
-    /// one pending (so a later reset does not change the mode under DAS). Says what it did.
-    pub(crate) async fn revert_pending(&self, gpu: u32, current: bool) -> String {
-        match self.gpus.call(gpu, move |b| b.mig_mode(gpu)).await {
-            Ok(m) if m.pending == current => String::new(),
-            Ok(_) => match self
-                .gpus
-                .call(gpu, move |b| b.set_mig_mode(gpu, current))
-                .await
-            {
-                Ok(()) => "The pending change was set back.".to_string(),
-                Err(e) => format!(
-                    "Setting the pending change back failed ({e}): the next GPU reset switches MIG mode; run `nvidia-smi -i {gpu} -mig {}`.",
-                    u8::from(current)
-                ),
-            },
-            Err(e) => format!("The mode could not be read again ({e})."),
+    /// GPU `gpu`'s MIG mode now (`assumed` when it cannot be read), after setting back a change
+    /// left pending a reset (so a later reset does not change the mode under DAS); with what it
+    /// did, as a sentence for events (empty when nothing was pending).
+    pub(crate) async fn settle_mode(&self, gpu: u32, assumed: bool) -> (bool, String) {
+        let m = match self.gpus.call(gpu, move |b| b.mig_mode(gpu)).await {
+            Ok(m) => m,
+            Err(e) => return (assumed, format!("The mode could not be read again ({e}). ")),
+        };
+        if m.pending == m.current {
+            return (m.current, String::new());
         }
+        let current = m.current;
+        let did = match self
+            .gpus
+            .call(gpu, move |b| b.set_mig_mode(gpu, current))
+            .await
+        {
+            Ok(()) => "The pending change was set back. ".to_string(),
+            Err(e) => format!(
+                "Setting the pending change back failed ({e}): the next GPU reset switches MIG mode; run `nvidia-smi -i {gpu} -mig {}`. ",
+                u8::from(current)
+            ),
+        };
+        (current, did)
     }
 
     /// Start-up: finishes what the checkpoint says a stopped plugin was switching. A switch that
@@ -294,7 +302,7 @@ impl Preparer {
                     );
                 }
                 Ok(m) if m.pending == s.mig_enabled => {
-                    let reverted = self.revert_pending(gpu, m.current).await;
+                    let (_, reverted) = self.settle_mode(gpu, m.current).await;
                     let why = format!(
                         "a switch to MIG mode {to} interrupted by a restart was left pending a reset"
                     );

@@ -82,7 +82,7 @@ fn mig_mode_goes_off_only_when_no_instance_is_left() {
 }
 
 #[test]
-fn holders_are_the_other_claims_with_any_device_on_the_gpu() {
+fn holders_are_the_other_claims_with_a_device_of_the_other_kind_on_the_gpu() {
     let device = |gpu: u32, kind: DeviceKind| RecordedDevice {
         kind,
         request: "r".into(),
@@ -105,10 +105,12 @@ fn holders_are_the_other_claims_with_any_device_on_the_gpu() {
         vec![device(1, DeviceKind::Mig)],
         Default::default(),
     );
-    assert_eq!(holders_on_gpu(&cp, "c", 1), vec!["claim ns/b (b)"]);
-    assert_eq!(
-        holders_on_gpu(&cp, "x", 1),
-        vec!["claim ns/b (b)", "claim ns/c (c)"]
-    );
-    assert!(holders_on_gpu(&cp, "a", 0).is_empty());
+    // MIG mode wanted on: whole GPUs stand in the way, slices do not.
+    assert_eq!(holders_on_gpu(&cp, "x", 1, true), vec!["claim ns/b (b)"]);
+    assert!(holders_on_gpu(&cp, "x", 0, true).is_empty());
+    // Wanted off: slices stand in the way, in any state.
+    assert_eq!(holders_on_gpu(&cp, "x", 1, false), vec!["claim ns/c (c)"]);
+    assert_eq!(holders_on_gpu(&cp, "x", 0, false), vec!["claim ns/a (a)"]);
+    // A claim never stands in its own way.
+    assert!(holders_on_gpu(&cp, "a", 0, false).is_empty());
 }
