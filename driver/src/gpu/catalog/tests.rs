@@ -85,7 +85,7 @@ fn supported_gpus_table() -> String {
             if m.mig_mode_change_requires_reset {
                 "needs a GPU reset"
             } else {
-                "DAS can switch it (`enableMigMode`)"
+                "DAS can switch it (`enableMigMode`, `wholeGpus.switchMigMode`)"
             },
             profiles.join(", ")
         ));
