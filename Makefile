@@ -234,21 +234,31 @@ soak: k8s helm fuzz ## the long fuzz run, then the chaos soak: >= 500 pod cycles
 # The real-runtime node of the local cluster (kubelet + containerd + runc; needs root):
 # `make cluster-up RUNTIME_NODE=` starts the cluster without it.
 RUNTIME_NODE ?= r0=H100-80GB:1
+# Whole GPUs beside MIG slices, MIG mode following demand (`das-cluster up --whole-gpus`: the
+# chart values wholeGpus.enabled, wholeGpus.switchMigMode, webhook.translateWholeGpus);
+# `make cluster-up WHOLE_GPUS=` installs DAS with ci/emulated-values.yaml alone, as the e2e tests
+# do (the demo's whole-gpu pod then stays Pending).
+WHOLE_GPUS ?= 1
 
 .PHONY: cluster-up
-cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off; KUEUE=count|memory adds Kueue, docs/kueue.md)
+cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off; WHOLE_GPUS= turns whole GPUs off; KUEUE=count|memory adds Kueue, docs/kueue.md)
 	$(CARGO) build -q $(DAS_BINS)
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
 	  --controller-bin target/debug/das-controller --webhook-bin target/debug/das-webhook \
-	  $(if $(NODES),--nodes $(NODES)) $(if $(KUEUE),--kueue $(KUEUE)) --runtime-node '$(RUNTIME_NODE)'
+	  $(if $(NODES),--nodes $(NODES)) $(if $(KUEUE),--kueue $(KUEUE)) $(if $(WHOLE_GPUS),--whole-gpus) \
+	  --runtime-node '$(RUNTIME_NODE)'
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- down
 
+# Without WHOLE_GPUS the cluster has no DeviceClass gpu.das.com: the demo leaves the whole-GPU
+# example out.
+DEMO_EXAMPLES = $(if $(WHOLE_GPUS),docs/examples/,$(filter-out %/05-whole-gpu.yaml,$(sort $(wildcard docs/examples/*.yaml))))
+
 .PHONY: demo
-demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods get MIG slices
-	$(KUBECTL) apply -f docs/examples/ $(if $(RUNTIME_NODE),-f docs/examples/real-runtime/)
+demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods get MIG slices, one pod a whole GPU
+	$(KUBECTL) apply $(addprefix -f ,$(DEMO_EXAMPLES)) $(if $(RUNTIME_NODE),-f docs/examples/real-runtime/)
 	@echo "waiting for the example pods to run..."
 	$(KUBECTL) wait --for=condition=Ready pod --all --timeout=120s
 	@echo
@@ -265,6 +275,11 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo "kubectl das gpus: every GPU's memory slices and who holds them (kubectl runs the kubectl-das plugin from PATH):"
 	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das gpus
 	@echo
+	@if [ -n "$(WHOLE_GPUS)" ]; then \
+	  echo "whole-gpu holds a whole H100 (profile gpu over every memory slice: one letter on its row above); DAS switched that GPU's MIG mode off for it, as its plugin logged:"; \
+	  $(KUBECTL) get allocationclaims | grep -E '^NAME|whole-gpu'; \
+	  grep -H 'MIG mode switched .*claim=' $(LOCAL)/cluster/logs/das-plugin-*.log | \
+	    sed -E 's|^.*/(das-plugin-[^/]+)\.log:.*: (MIG mode switched .*)|  \1: \2|'; echo; fi
 	@echo "kubectl das free: what each node can still take, per profile:"
 	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das free
 	@echo

@@ -134,6 +134,15 @@ pub fn render_with(sets: &[&str]) -> Result<Rendered> {
 /// `nvidia.com/gpu` (its flag, and such pods sent to it).
 pub const WHOLE_GPUS: &[&str] = &["wholeGpus.enabled=true", "webhook.translateWholeGpus=true"];
 
+/// [`WHOLE_GPUS`] and MIG mode following demand (docs/design.md §7, "MIG mode follows demand":
+/// `--mig-mode-switching` on the plugin): Hopper GPUs are published whole and as every MIG
+/// placement. What `make demo` installs (`das-cluster up --whole-gpus`).
+pub const WHOLE_GPUS_SWITCHING: &[&str] = &[
+    "wholeGpus.enabled=true",
+    "wholeGpus.switchMigMode=true",
+    "webhook.translateWholeGpus=true",
+];
+
 /// Where the plain manifests for users without Helm live, relative to the workspace root.
 pub const MANIFESTS: &str = "deploy/manifests/das.yaml";
 

@@ -1,11 +1,14 @@
 //! docs/examples on a cluster with DAS installed from the chart ([`crate::install::install`] with
 //! the webhook and the controller): every example pod runs with exactly its slices, the legacy
-//! pod through the webhook, and no component was refused by the chart's RBAC. The chart's test
-//! and the compatibility subset (`e2e/tests/compat.rs`, every supported Kubernetes) share it.
+//! pod through the webhook, the whole-GPU pod (when the chart serves whole GPUs, as `make demo`
+//! installs it) with a whole H100 whose MIG mode DAS switched off, and no component was refused
+//! by the chart's RBAC. The chart's test (the demo's cluster) and the compatibility subset
+//! (`e2e/tests/compat.rs`, every supported Kubernetes, without whole GPUs) share it.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use das_api::allocation::{AllocationClaim, AllocationState};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -17,28 +20,66 @@ use crate::{Cluster, chart, wait};
 /// once, the webhook's translation and the controller's AllocationClaims.
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
-/// The example pods (`kubectl apply -f docs/examples`): one-slice, multi-slice, the inference
-/// Deployment's two replicas and legacy-slice.
+/// The example pods with MIG slices (`kubectl apply -f docs/examples`): one-slice,
+/// multi-slice, the inference Deployment's two replicas and legacy-slice.
 pub const PODS: usize = 5;
 
-/// Applies docs/examples, waits for the pods, and checks what each got.
-pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
+/// Their MIG slices: one-slice (1) + multi-slice (3) + inference Deployment (2 × 1) +
+/// legacy-slice (1).
+const SLICES: usize = 7;
+
+/// The example that needs the chart's whole GPUs (`wholeGpus.enabled`, the DeviceClass
+/// `gpu.das.com`): pod [`WHOLE_GPU_POD`] gets a whole GPU.
+pub const WHOLE_GPU_EXAMPLE: &str = "05-whole-gpu.yaml";
+pub const WHOLE_GPU_POD: &str = "whole-gpu";
+
+/// The files `kubectl apply -f docs/examples/` applies (the folder's YAML files, not its
+/// subfolders), in name order; without [`WHOLE_GPU_EXAMPLE`] unless `whole_gpus`.
+pub fn files(whole_gpus: bool) -> Result<Vec<PathBuf>> {
     let dir = crate::paths::workspace_root().join("docs/examples");
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &["apply", "-f", &dir.display().to_string()],
-        None,
-    )?;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if p.is_file() && name.ends_with(".yaml") && (whole_gpus || name != WHOLE_GPU_EXAMPLE) {
+            out.push(p);
+        }
+    }
+    out.sort();
+    if whole_gpus && !out.iter().any(|p| p.ends_with(WHOLE_GPU_EXAMPLE)) {
+        bail!("docs/examples/{WHOLE_GPU_EXAMPLE} is missing");
+    }
+    Ok(out)
+}
+
+/// `-f <file>` for each of [`files`], for `kubectl apply` or `delete`.
+pub fn file_args(whole_gpus: bool) -> Result<Vec<String>> {
+    Ok(files(whole_gpus)?
+        .iter()
+        .flat_map(|p| ["-f".to_string(), p.display().to_string()])
+        .collect())
+}
+
+/// Applies docs/examples, waits for the pods, and checks what each got. With `whole_gpus` (DAS
+/// installed with [`chart::WHOLE_GPUS_SWITCHING`] on nodes n0 with A100s and n1 with H100s, as
+/// `make demo` runs it) the whole-GPU example too: its pod holds a whole GPU of n1, beside the
+/// slices, and that GPU's MIG mode is off.
+pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> {
+    let mut apply = vec!["apply".to_string()];
+    apply.extend(file_args(whole_gpus)?);
+    let apply: Vec<&str> = apply.iter().map(String::as_str).collect();
+    chart::kubectl(&cluster.kubeconfig, &apply, None)?;
     let client = cluster.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    // one-slice (1) + multi-slice (3) + inference Deployment (2 × 1) + legacy-slice (1).
+    let whole = usize::from(whole_gpus);
+    let (all_pods, devices) = (PODS + whole, SLICES + whole);
     let running = wait::until("every example pod to run", TIMEOUT, || async {
         let list = pods.list(&Default::default()).await?.items;
         let running = list
             .iter()
             .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             .count();
-        Ok((list.len() == PODS && running == PODS).then_some(list))
+        Ok((list.len() == all_pods && running == all_pods).then_some(list))
     })
     .await?;
 
@@ -67,7 +108,7 @@ pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
         TIMEOUT,
         || async {
             let list = all_claims.list(&Default::default()).await?.items;
-            let devices: usize = list
+            let reported: usize = list
                 .iter()
                 .map(|c| {
                     c.status
@@ -76,12 +117,12 @@ pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
                         .map_or(0, Vec::len)
                 })
                 .sum();
-            Ok((list.len() == PODS && devices == 7).then_some(()))
+            Ok((list.len() == all_pods && reported == devices).then_some(()))
         },
     )
     .await?;
-    let allocs: Api<AllocationClaim> = Api::namespaced(client, "default");
-    wait::until("7 AllocationClaims inUse", TIMEOUT, || async {
+    let allocs: Api<AllocationClaim> = Api::namespaced(client.clone(), "default");
+    wait::until("an AllocationClaim inUse per device", TIMEOUT, || async {
         let list = allocs.list(&Default::default()).await?.items;
         let in_use = list
             .iter()
@@ -91,9 +132,12 @@ pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
                     .is_some_and(|s| s.state == AllocationState::InUse)
             })
             .count();
-        Ok((list.len() == 7 && in_use == 7).then_some(()))
+        Ok((list.len() == devices && in_use == devices).then_some(()))
     })
     .await?;
+    if whole_gpus {
+        whole_gpu_beside_the_slices(cluster, &allocs).await?;
+    }
 
     // Emulated GPUs from the chart: CDI specs carry the MIG UUIDs but no device nodes, so a
     // real runtime on a node without NVIDIA devices would start the containers.
@@ -104,8 +148,8 @@ pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
         )?);
     }
     ensure!(
-        specs.len() == PODS,
-        "{} CDI specs for {PODS} claims",
+        specs.len() == all_pods,
+        "{} CDI specs for {all_pods} claims",
         specs.len()
     );
     for spec in &specs {
@@ -116,9 +160,10 @@ pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
         for device in spec["devices"].as_array().into_iter().flatten() {
             let edits = &device["containerEdits"];
             ensure!(edits["deviceNodes"].is_null(), "device nodes in {spec}");
+            let env = edits["env"].to_string();
             ensure!(
-                edits["env"].to_string().contains("=MIG-"),
-                "no MIG UUID in {spec}"
+                env.contains("=MIG-") || (whole_gpus && env.contains("DAS_GPU_UUID_")),
+                "no MIG UUID (nor a whole GPU's UUID) in {spec}"
             );
         }
     }
@@ -138,5 +183,41 @@ pub async fn apply_and_check(cluster: &Cluster) -> Result<()> {
             .collect();
         ensure!(refused.is_empty(), "{name} was refused: {refused:#?}");
     }
+    Ok(())
+}
+
+/// The whole-GPU pod holds a whole H100 of n1 (its AllocationClaim: profile `gpu`, every memory
+/// slice), and the emulated GPU's MIG mode is off: DAS switched it for the pod.
+async fn whole_gpu_beside_the_slices(
+    cluster: &Cluster,
+    allocs: &Api<AllocationClaim>,
+) -> Result<()> {
+    let list = allocs.list(&Default::default()).await?.items;
+    let held: Vec<&AllocationClaim> = list
+        .iter()
+        .filter(|a| a.spec.pod_ref.as_ref().map(|p| p.name.as_str()) == Some(WHOLE_GPU_POD))
+        .collect();
+    let [a] = held.as_slice() else {
+        bail!("{WHOLE_GPU_POD} has {} AllocationClaims", held.len());
+    };
+    let spec = &a.spec;
+    ensure!(
+        spec.profile == das_api::WHOLE_GPU_PROFILE
+            && spec.nodename == "n1"
+            && spec.mig_placement.start == 0
+            && spec.mig_placement.size == 8,
+        "{WHOLE_GPU_POD} does not hold a whole H100 of n1: {spec:?}"
+    );
+    let state = crate::das::emulated_state(cluster.node("n1"))?;
+    let gpu = state["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|g| g["uuid"] == spec.gpu_uuid.as_str())
+        .with_context(|| format!("no GPU {} in n1's emulated state {state}", spec.gpu_uuid))?;
+    ensure!(
+        gpu["migEnabled"] == false,
+        "DAS did not switch MIG mode off for {WHOLE_GPU_POD}: {gpu}"
+    );
     Ok(())
 }

@@ -221,18 +221,20 @@ pub async fn install_rendered(
 /// chart, whose DaemonSet, controller and webhook run there as pods
 /// ([`crate::real_install`]); the plugins of the hollow nodes in `hollow` (which run no
 /// containers) as processes beside it, as [`start_plugin`] starts them, their stand-in pods
-/// labelled [`STAND_IN_NAME`]. Needs a cluster with a Service network. Returns once every node
-/// has published.
+/// labelled [`STAND_IN_NAME`]. `sets` (`KEY=VALUE`) go to `helm install` as `--set`s and into
+/// the chart the hollow nodes' plugins are rendered from. Needs a cluster with a Service
+/// network. Returns once every node has published.
 pub async fn install_with_helm(
     cluster: &mut Cluster,
     runtime: &(String, String),
     hollow: &[(String, String)],
     plugin: &Path,
+    sets: &[&str],
 ) -> Result<Installed> {
     const TAG: &str = "local";
     real_install::import_image(cluster, &[TAG])?;
-    real_install::install(cluster, &runtime.0, &runtime.1, TAG)?;
-    let rendered = render()?;
+    real_install::install_with(cluster, &runtime.0, &runtime.1, TAG, sets)?;
+    let rendered = chart::render_with(sets)?;
     let mut installed = Installed::default();
     for (node, models) in hollow {
         let port = start_plugin_process(cluster, &rendered, plugin, node, models, true).await?;

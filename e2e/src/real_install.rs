@@ -89,17 +89,28 @@ pub fn write_values(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Res
 /// `helm install` of the chart on `node` with image tag `tag` (imported with
 /// [`import_image`]), then waits until every workload rolled out ([`wait_rolled_out`]).
 pub fn install(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Result<()> {
+    install_with(cluster, node, gpus, tag, &[])
+}
+
+/// [`install`] with `--set` overrides `sets` (`KEY=VALUE`, e.g. [`chart::WHOLE_GPUS`]) on top
+/// of the values files, as a user adds them to `helm install`.
+pub fn install_with(
+    cluster: &Cluster,
+    node: &str,
+    gpus: &str,
+    tag: &str,
+    sets: &[&str],
+) -> Result<()> {
     let values = write_values(cluster, node, gpus, tag)?;
     let emulated = chart::ci_values("emulated-values.yaml");
-    helm_release(
-        cluster,
-        "install",
-        &[
-            "--create-namespace",
-            &format!("--values={}", emulated.display()),
-            &format!("--values={}", values.display()),
-        ],
-    )
+    let mut args = vec![
+        "--create-namespace".to_string(),
+        format!("--values={}", emulated.display()),
+        format!("--values={}", values.display()),
+    ];
+    args.extend(sets.iter().map(|s| format!("--set={s}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helm_release(cluster, "install", &args)
 }
 
 /// `helm upgrade` to image tag `tag`, other values kept; waits for the rollout.

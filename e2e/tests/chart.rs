@@ -2,7 +2,8 @@
 //! values; the local API server accepts every rendered object (server-side dry run: schema
 //! validation and admission); the plain manifests are current; the ResourceSlice policy keeps a
 //! node plugin to its own node's slices; DAS installed from the chart (its RBAC identities,
-//! environment and arguments) serves every example in docs/examples, legacy pod included; and
+//! environment and arguments) serves every example in docs/examples, legacy pod included, and
+//! with whole GPUs on (as `make demo` installs it) the whole-GPU pod beside the slices; and
 //! the scheduler configuration docs/examples/scheduler/packing.yaml packs slices onto one node.
 
 use std::time::Duration;
@@ -805,9 +806,14 @@ async fn das_installed_from_the_chart_serves_every_example() {
         ("n0".to_string(), "A100-SXM4-40GB:2".to_string()),
         ("n1".to_string(), "H100-80GB:2".to_string()),
     ];
-    let r = install::install(&mut cluster, &gpus, &bins).await;
+    // As `make demo` installs it: whole GPUs beside the slices, MIG mode following demand.
+    let r = async {
+        let rendered = chart::render_with(chart::WHOLE_GPUS_SWITCHING)?;
+        install::install_rendered(&mut cluster, &rendered, &gpus, &bins).await
+    }
+    .await;
     cluster.check(r.map(|_| ()));
-    cluster.check(das_e2e::examples::apply_and_check(&cluster).await);
+    cluster.check(das_e2e::examples::apply_and_check(&cluster, true).await);
     cluster.check(docs_hold(&cluster).await);
 }
 

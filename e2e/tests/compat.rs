@@ -36,7 +36,8 @@ async fn das_serves_the_examples_on_this_kubernetes_version() {
     let r = install::install(&mut cluster, &gpus, &bins).await;
     cluster.check(r.map(|_| ()));
     cluster.check(slices_in_the_servers_layout(&cluster).await);
-    cluster.check(examples::apply_and_check(&cluster).await);
+    // The chart's defaults (no whole GPUs): the whole-GPU example is left out.
+    cluster.check(examples::apply_and_check(&cluster, false).await);
     cluster.check(deleting_the_examples_destroys_every_slice(&cluster).await);
 }
 
@@ -91,12 +92,10 @@ async fn slices_in_the_servers_layout(cluster: &Cluster) -> Result<()> {
 }
 
 async fn deleting_the_examples_destroys_every_slice(cluster: &Cluster) -> Result<()> {
-    let dir = das_e2e::cluster::workspace_root().join("docs/examples");
-    chart::kubectl(
-        &cluster.kubeconfig,
-        &["delete", "--wait=false", "-f", &dir.display().to_string()],
-        None,
-    )?;
+    let mut delete = vec!["delete".to_string(), "--wait=false".into()];
+    delete.extend(examples::file_args(false)?);
+    let delete: Vec<&str> = delete.iter().map(String::as_str).collect();
+    chart::kubectl(&cluster.kubeconfig, &delete, None)?;
     for (node, _) in NODES {
         wait::until(
             &format!("every MIG instance on {node} to be destroyed"),

@@ -59,6 +59,16 @@ enum Cmd {
         /// team-a (docs/kueue.md).
         #[arg(long, requires = "plugin_bin", value_parser = das_e2e::kueue::EXAMPLES)]
         kueue: Option<String>,
+        /// Serve whole GPUs beside MIG slices, with MIG mode following demand (docs/design.md
+        /// §7): the chart values `wholeGpus.enabled`, `wholeGpus.switchMigMode` and
+        /// `webhook.translateWholeGpus` set to true. What `make demo` runs.
+        #[arg(long, requires = "plugin_bin")]
+        whole_gpus: bool,
+        /// A chart value, `KEY=VALUE` as `helm install --set` takes it (repeatable), on top of
+        /// `ci/emulated-values.yaml`: for the chart rendered for the local processes and for
+        /// `helm install` on the real-runtime node alike.
+        #[arg(long = "set", value_name = "KEY=VALUE", requires = "plugin_bin", value_parser = chart_value)]
+        set: Vec<String>,
     },
     /// Write the plain manifests rendered from the Helm chart (for users without Helm).
     Manifests {
@@ -127,13 +137,24 @@ async fn main() -> Result<()> {
             controller_bin,
             webhook_bin,
             kueue,
+            whole_gpus,
+            set,
         } => {
             let bins = plugin_bin.map(|plugin| Binaries {
                 plugin,
                 controller: controller_bin,
                 webhook: webhook_bin,
             });
-            up(&state_dir, nodes, &runtime_node, bins, kueue.as_deref()).await
+            let sets = chart_sets(whole_gpus, set);
+            up(
+                &state_dir,
+                nodes,
+                &runtime_node,
+                bins,
+                kueue.as_deref(),
+                &sets,
+            )
+            .await
         }
         Cmd::Manifests { out } => {
             let out = cluster::workspace_root().join(out);
@@ -169,7 +190,26 @@ async fn main() -> Result<()> {
     }
 }
 
-/// `node=MODEL:COUNT` → (node, gpus); a bare `node` has no GPUs.
+/// A `--set` value: `KEY=VALUE` with a key.
+fn chart_value(s: &str) -> Result<String, String> {
+    match s.split_once('=') {
+        Some((key, _)) if !key.trim().is_empty() => Ok(s.to_string()),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+/// The chart values `up` sets: [`das_e2e::chart::WHOLE_GPUS_SWITCHING`] with `--whole-gpus`,
+/// then every `--set` (a later one wins in Helm).
+fn chart_sets(whole_gpus: bool, set: Vec<String>) -> Vec<String> {
+    let whole = whole_gpus.then_some(das_e2e::chart::WHOLE_GPUS_SWITCHING);
+    whole
+        .into_iter()
+        .flatten()
+        .map(|s| s.to_string())
+        .chain(set)
+        .collect()
+}
+
 /// `count` nodes `n0`, `n1`, … with 2 emulated GPUs each, A100-SXM4-40GB and H100-80GB nodes
 /// alternating (the default pair, repeated): `make cluster-up NODES=8`.
 fn numbered_nodes(count: usize) -> Vec<(String, Option<String>)> {
@@ -179,6 +219,7 @@ fn numbered_nodes(count: usize) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
+/// `node=MODEL:COUNT` → (node, gpus); a bare `node` has no GPUs.
 fn parse_node(spec: &str) -> (String, Option<String>) {
     match spec.split_once('=') {
         Some((n, g)) => (n.to_string(), Some(g.to_string())),
@@ -192,6 +233,7 @@ async fn up(
     runtime_spec: &str,
     bins: Option<Binaries>,
     kueue: Option<&str>,
+    sets: &[String],
 ) -> Result<()> {
     let mut parsed: Vec<(String, Option<String>)> = match node_specs.as_slice() {
         [count] if count.parse::<usize>().is_ok() => numbered_nodes(count.parse()?),
@@ -236,7 +278,7 @@ async fn up(
     let t0 = std::time::Instant::now();
     let mut cluster = Cluster::start(cfg).await?;
     if let Some(bins) = bins
-        && let Err(e) = start_das(&mut cluster, bins, &parsed, helm_on).await
+        && let Err(e) = start_das(&mut cluster, bins, &parsed, helm_on, sets).await
     {
         cluster.print_log_tails(30);
         return Err(e);
@@ -278,19 +320,26 @@ async fn up(
     println!("  export KUBECONFIG={}", kubeconfig.display());
     println!("  {} get nodes", kubectl.display());
     println!();
-    println!("Component logs: {}", state.dir.join("logs").display());
+    // The logs at a fixed path beside the kubeconfig (the run dir may be a temporary one):
+    // `make demo` reads the plugins' logs there.
+    let logs = state_dir.join("logs");
+    let _ = std::fs::remove_file(&logs);
+    std::os::unix::fs::symlink(state.dir.join("logs"), &logs)?;
+    println!("Component logs: {}", logs.display());
     println!("Stop it with:   make cluster-down");
     Ok(())
 }
 
 /// Installs DAS from the Helm chart and starts its components (see `das_e2e::install`): with a
 /// real-runtime node `helm_on`, `helm install` there and the hollow nodes' plugins beside it
-/// (`install::install_with_helm`), else every component as a local process.
+/// (`install::install_with_helm`), else every component as a local process. `sets` are chart
+/// values (`KEY=VALUE`) on top of `ci/emulated-values.yaml`, for both.
 async fn start_das(
     cluster: &mut Cluster,
     bins: Binaries,
     nodes: &[(String, Option<String>)],
     helm_on: Option<(String, Option<String>)>,
+    sets: &[String],
 ) -> Result<()> {
     let canonical = |p: &Path| {
         p.canonicalize()
@@ -305,9 +354,10 @@ async fn start_das(
         .iter()
         .filter_map(|(n, g)| Some((n.clone(), g.clone()?)))
         .collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     if let Some((node, models)) = helm_on {
         let runtime = (node.clone(), models.unwrap_or_default());
-        install::install_with_helm(cluster, &runtime, &gpus, &bins.plugin).await?;
+        install::install_with_helm(cluster, &runtime, &gpus, &bins.plugin, &sets).await?;
         println!(
             "DAS installed with helm install on {node} ({}): the DAS image's DaemonSet, das-controller and das-webhook run there as pods under containerd",
             runtime.1
@@ -319,9 +369,11 @@ async fn start_das(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        print_sets(&sets);
         return Ok(());
     }
-    install::install(cluster, &gpus, &bins).await?;
+    let rendered = das_e2e::chart::render_with(&sets)?;
+    install::install_rendered(cluster, &rendered, &gpus, &bins).await?;
     println!(
         "DAS installed from deploy/helm/das: node plugins on {}{}{}",
         gpus.iter()
@@ -339,7 +391,17 @@ async fn start_das(
             ""
         },
     );
+    print_sets(&sets);
     Ok(())
+}
+
+fn print_sets(sets: &[&str]) {
+    if !sets.is_empty() {
+        println!(
+            "chart values set on top of ci/emulated-values.yaml: {}",
+            sets.join(" ")
+        );
+    }
 }
 
 fn status(state_dir: &Path) -> Result<()> {
@@ -395,7 +457,59 @@ fn down(state_dir: &Path) -> Result<()> {
     }
     let _ = std::fs::remove_dir_all(&state.dir);
     let _ = std::fs::remove_file(state_dir.join("kubeconfig"));
+    let _ = std::fs::remove_file(state_dir.join("logs"));
     std::fs::remove_file(state_file(state_dir))?;
     println!("cluster stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up_sets(args: &[&str]) -> Result<Vec<String>, clap::Error> {
+        let cli = Cli::try_parse_from(
+            ["das-cluster", "up", "--plugin-bin", "p"]
+                .iter()
+                .chain(args),
+        )?;
+        let Cmd::Up {
+            whole_gpus, set, ..
+        } = cli.cmd
+        else {
+            unreachable!("parsed `up`")
+        };
+        Ok(chart_sets(whole_gpus, set))
+    }
+
+    #[test]
+    fn whole_gpus_and_sets_become_chart_values_in_order() {
+        assert!(up_sets(&[]).unwrap().is_empty());
+        let sets = up_sets(&[
+            "--set",
+            "a.b=1",
+            "--whole-gpus",
+            "--set",
+            "wholeGpus.enabled=false",
+        ])
+        .unwrap();
+        assert_eq!(
+            sets,
+            [
+                "wholeGpus.enabled=true",
+                "wholeGpus.switchMigMode=true",
+                "webhook.translateWholeGpus=true",
+                "a.b=1",
+                "wholeGpus.enabled=false",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_set_needs_a_key_and_the_plugin() {
+        assert!(up_sets(&["--set", "novalue"]).is_err());
+        assert!(up_sets(&["--set", "=1"]).is_err());
+        assert!(Cli::try_parse_from(["das-cluster", "up", "--whole-gpus"]).is_err());
+        assert!(Cli::try_parse_from(["das-cluster", "up", "--set", "a=1"]).is_err());
+    }
 }

@@ -425,3 +425,15 @@ pub(crate) fn full_ci_enum(slices: u32) -> Option<u32> {
         .position(|(_, s)| *s == slices)
         .map(|i| i as u32)
 }
+
+/// `NVML_DEVICE_ARCH_*` as a name.
+pub(crate) fn architecture_name(arch: u32) -> &'static str {
+    match arch {
+        7 => "Ampere",
+        8 => "Ada",
+        9 => "Hopper",
+        10 => "Blackwell",
+        a if a > 10 => "Newer",
+        _ => "Older",
+    }
+}

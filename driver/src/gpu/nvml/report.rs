@@ -6,7 +6,7 @@
 
 use std::fmt::Write;
 
-use super::backend::architecture_name;
+use super::architecture_name;
 use super::{
     GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo, NvmlApi, NvmlResult, brand_name, code,
     cuda_version,

@@ -15,7 +15,7 @@ use crate::gpu::layout::Placement;
 use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
 use crate::gpu::nvml::{
     ARCH_HOPPER, CI_ENUMS, DeviceIdentity, GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo,
-    MigModeState, NvmlApi, brand_name, code, cuda_version, full_ci_enum,
+    MigModeState, NvmlApi, architecture_name, brand_name, code, cuda_version, full_ci_enum,
 };
 use crate::gpu::pci;
 use crate::gpu::{GpuInfo, MigSwitch};
@@ -351,16 +351,4 @@ fn profile_from_nvml(
             nvml_enum: CI_ENUMS[ci as usize].0.to_string(),
         },
     })
-}
-
-/// `NVML_DEVICE_ARCH_*` as a name.
-pub(crate) fn architecture_name(arch: u32) -> &'static str {
-    match arch {
-        7 => "Ampere",
-        8 => "Ada",
-        9 => "Hopper",
-        10 => "Blackwell",
-        a if a > 10 => "Newer",
-        _ => "Older",
-    }
 }

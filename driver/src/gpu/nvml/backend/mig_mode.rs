@@ -26,7 +26,7 @@ use crate::gpu::nvml::{
 };
 use crate::gpu::{BackendError, MigSwitch, Target};
 
-use super::discover::architecture_name;
+use crate::gpu::nvml::architecture_name;
 
 /// `on` or `off`, for messages.
 fn on_off(enabled: bool) -> &'static str {

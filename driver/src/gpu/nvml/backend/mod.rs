@@ -45,7 +45,6 @@ use std::time::{Duration, Instant};
 
 use cache::KnownInstances;
 pub use cache::{Clock, INSTANCE_REFRESH};
-pub(crate) use discover::architecture_name;
 pub use discover::model_from_nvml;
 use discover::{System, discover, pcie_root};
 use events::register_health_events;
