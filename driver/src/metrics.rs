@@ -335,7 +335,7 @@ impl Metrics {
     /// Counts one MIG mode switch to `mig_enabled`, by `result` (`ok` or the backend error's
     /// kind).
     pub fn mig_mode_switched(&self, mig_enabled: bool, result: &str) {
-        let to = if mig_enabled { "on" } else { "off" };
+        let to = crate::gpu::on_off(mig_enabled);
         self.mig_mode_switches
             .get_or_create(&SwitchLabels {
                 to: to.into(),

@@ -346,3 +346,20 @@ async fn two_slices_prepared_at_once_on_a_gpu_with_mig_mode_off_both_get_it_on()
         "one switch"
     );
 }
+
+/// A recorded switch of a GPU that is no longer at its index (the boards changed) is forgotten
+/// without touching the GPU there.
+#[tokio::test(start_paused = true)]
+async fn start_up_forgets_a_switch_of_another_gpu() {
+    let s = setup("H100-80GB:1");
+    let path = s.dir.path().join("checkpoint.json");
+    let mut cp = Checkpoint::new("boot");
+    cp.set_mig_mode_switch(0, "GPU-not-this-one", false, UID_A);
+    cp.save(&path).unwrap();
+    let p = preparer(s.dir.path(), s.emu.clone(), s.api.clone(), inline());
+    p.reconcile_at_startup(false, false).await.unwrap();
+    p.checkpoint()
+        .read(|cp| assert!(cp.mig_mode_switches.is_empty()));
+    assert_eq!(s.mode(0), ON);
+    assert_eq!(p.modes.switch_of(0), MigSwitch::Allowed);
+}

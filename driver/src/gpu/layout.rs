@@ -10,7 +10,6 @@
 //! The counter totals are the most any hardware-valid layout consumes, so the counter rules never
 //! reject a valid layout; a unit test checks that they never accept an invalid one either.
 
-use std::collections::HashSet;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -365,9 +364,11 @@ fn counters_exact(model: &GpuModel, kept: &[&'static str]) -> Option<bool> {
 
 /// The instance-count vectors (indexed like [`GpuModel::profiles`]) of hardware-valid layouts
 /// that no other valid layout dominates: every multiset of profiles one GPU can hold is below one
-/// of them.
+/// of them. Only the packing optimum (`publish::placement::optimum`, tests and benchmarks)
+/// needs it.
+#[cfg(any(test, feature = "testing"))]
 pub fn maximal_count_vectors(model: &GpuModel) -> Vec<Vec<u32>> {
-    let mut all = HashSet::new();
+    let mut all = std::collections::HashSet::new();
     for_each_layout(model, |occ| {
         all.insert(occ.counts().to_vec());
         true
@@ -382,6 +383,7 @@ pub fn maximal_count_vectors(model: &GpuModel) -> Vec<Vec<u32>> {
     maximal
 }
 
+#[cfg(any(test, feature = "testing"))]
 fn dominates(w: &[u32], v: &[u32]) -> bool {
     w.iter().zip(v).all(|(a, b)| a >= b)
 }

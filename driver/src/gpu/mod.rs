@@ -102,6 +102,11 @@ impl MigSwitch {
     }
 }
 
+/// `on` or `off`: a MIG mode as messages, logs and metric labels say it.
+pub fn on_off(mig_enabled: bool) -> &'static str {
+    if mig_enabled { "on" } else { "off" }
+}
+
 /// A GPU's MIG mode (`nvmlDeviceGetMigMode`): now and after the next GPU reset. They differ when
 /// a change waits for a reset (Ampere, a GPU in a VM that cannot be reset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -433,8 +438,8 @@ pub trait GpuBackend: Send + Sync {
     fn mig_mode(&self, gpu_index: u32) -> Result<MigModeState, BackendError>;
 
     /// Switches GPU `gpu_index`'s MIG mode (`nvmlDeviceSetMigMode`) and returns once the new mode
-    /// is active. Callers switch only a GPU with no MIG instance and no process, and only where
-    /// [`GpuInfo::mig_switch`] allows it.
+    /// is active. Callers switch only a GPU with no MIG instance, and only where
+    /// [`GpuInfo::mig_switch`] allows it; processes using the GPU are NVML's to find (`IN_USE`).
     ///
     /// # Errors
     /// [`BackendError::ResetRequired`]: the change waits for a GPU reset (the mode now is

@@ -6,7 +6,7 @@
 //! create, destroy or other switch on that GPU runs in between.
 
 use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
-use crate::gpu::{MigModeState, MigSwitch};
+use crate::gpu::{MigModeState, MigSwitch, on_off};
 
 /// What the GPU looks like to a prepare that needs a mode on it, read under the GPU's lock.
 #[derive(Debug, Clone)]
@@ -62,14 +62,15 @@ pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
     }
     if !now.holders.is_empty() {
         return ModeStep::Refuse(format!(
-            "it has MIG mode {have} and {} still hold devices on it; the kubelet retries once they are unprepared",
+            "it has MIG mode {have} and devices on it that need that mode are still prepared for {}; the kubelet retries, and the switch happens once they are unprepared",
             now.holders.join(", ")
         ));
     }
     if !want_mig && now.instances > 0 {
         return ModeStep::Refuse(format!(
-            "{} MIG instance(s) exist on it that no claim holds (made outside DAS, or not yet destroyed); MIG mode can be switched off only once they are gone",
-            now.instances
+            "{} MIG instance(s) exist on it that no claim holds (made outside DAS, or not yet destroyed); MIG mode can be switched off only once they are gone: list them with `nvidia-smi mig -i {gpu} -lgi`, destroy those nobody uses (`nvidia-smi mig -i {gpu} -dci -gi <id>`, then `-dgi -gi <id>`), and the kubelet's retry switches; or delete the pod and ask for a MIG slice (DeviceClass {})",
+            now.instances,
+            das_api::DEVICE_CLASS_ALL
         ));
     }
     ModeStep::Switch
@@ -87,11 +88,6 @@ pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32, want_mig: bool) -> V
         .filter(|(u, r)| *u != uid && r.devices.iter().any(other_kind))
         .map(|(u, r)| format!("claim {}/{} ({u})", r.namespace, r.name))
         .collect()
-}
-
-/// `on` or `off`, as messages and metric labels say a MIG mode.
-pub fn on_off(mig_enabled: bool) -> &'static str {
-    if mig_enabled { "on" } else { "off" }
 }
 
 #[cfg(test)]

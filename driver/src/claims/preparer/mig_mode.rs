@@ -15,9 +15,9 @@ use tokio::sync::watch;
 
 use super::Preparer;
 use crate::claims::checkpoint::CheckpointError;
-use crate::claims::plan::mig_mode::{self, GpuNow, ModeStep, on_off};
+use crate::claims::plan::mig_mode::{self, GpuNow, ModeStep};
 use crate::claims::{EventTarget, PrepareError};
-use crate::gpu::{BackendError, GpuInfo, MigModeState, MigSwitch};
+use crate::gpu::{BackendError, GpuInfo, MigModeState, MigSwitch, on_off};
 use crate::metrics::Metrics;
 use crate::publish::desired::HealthFacts;
 use crate::publish::devices::DeviceKind;
@@ -134,7 +134,11 @@ impl Preparer {
             .gpus
             .call(gpu, move |b| b.mig_mode(gpu))
             .await
-            .map_err(|e| fail(format!("its MIG mode cannot be read: {e}")))?;
+            .map_err(|e| {
+                fail(format!(
+                    "its MIG mode cannot be read ({e}); the kubelet retries, and if the GPU stays unreadable its health taint keeps new pods off it"
+                ))
+            })?;
         if mode.current == want_mig {
             return Ok(());
         }
@@ -149,7 +153,11 @@ impl Preparer {
             self.gpus
                 .instances_on(gpu)
                 .await
-                .map_err(|e| fail(format!("its MIG instances cannot be listed: {e}")))?
+                .map_err(|e| {
+                    fail(format!(
+                        "its MIG instances cannot be listed ({e}); the kubelet retries"
+                    ))
+                })?
                 .len()
         };
         let now = GpuNow {
@@ -172,8 +180,8 @@ impl Preparer {
         }
     }
 
-    /// Records the switch, switches, forgets the record. On a failure the GPU keeps (or gets
-    /// back) MIG mode `mode.current` and DAS stops switching it.
+    /// Records the switch (saved before the call), switches, forgets the record (saved with the
+    /// prepare's next write). On a failure DAS stops switching the GPU ([`Self::switch_failed`]).
     async fn switch_mig_mode(
         &self,
         uid: &str,
@@ -182,11 +190,18 @@ impl Preparer {
         want_mig: bool,
     ) -> Result<(), Switched> {
         let uuid = self.modes.uuids.get(&gpu).cloned().unwrap_or_default();
-        self.records
+        let recorded = self
+            .records
             .checkpoint
             .commit(|cp| cp.set_mig_mode_switch(gpu, &uuid, want_mig, uid))
-            .await
-            .map_err(|e| Switched::Checkpoint(e.into()))?;
+            .await;
+        if let Err(e) = recorded {
+            // Nothing was switched: the record must not reach the file with a later write.
+            self.records
+                .checkpoint
+                .change(|cp| cp.clear_mig_mode_switch(gpu));
+            return Err(Switched::Checkpoint(e.into()));
+        }
         let t0 = Instant::now();
         let r = self
             .gpus
@@ -212,11 +227,12 @@ impl Preparer {
                 ))
             }
         };
+        // Saved with the prepare's next write (its completion or its roll-back): a record left
+        // on disk by a crash before that is one start-up finds switched and forgets, and a
+        // failed write must not fail a prepare whose switch worked.
         self.records
             .checkpoint
-            .commit(|cp| cp.clear_mig_mode_switch(gpu))
-            .await
-            .map_err(|e| Switched::Checkpoint(e.into()))?;
+            .change(|cp| cp.clear_mig_mode_switch(gpu));
         result
     }
 
@@ -293,37 +309,16 @@ impl Preparer {
         for (gpu, s) in switches {
             let _held = self.gpus.lock(gpu).await;
             let to = on_off(s.mig_enabled);
-            match self.gpus.call(gpu, move |b| b.mig_mode(gpu)).await {
-                Ok(m) if m.current == s.mig_enabled => {
-                    tracing::info!(
-                        gpu,
-                        to,
-                        "a MIG mode switch interrupted by a restart took effect"
-                    );
-                }
-                Ok(m) if m.pending == s.mig_enabled => {
-                    let (_, reverted) = self.settle_mode(gpu, m.current).await;
-                    let why = format!(
-                        "a switch to MIG mode {to} interrupted by a restart was left pending a reset"
-                    );
-                    tracing::warn!(gpu, to, %reverted, "{why}");
-                    self.modes.refuse(gpu, m.current, why, &self.metrics);
-                }
-                Ok(_) => {
-                    tracing::info!(
-                        gpu,
-                        to,
-                        "a MIG mode switch interrupted by a restart never started"
-                    );
-                }
-                Err(e) => {
-                    let why = format!(
-                        "its MIG mode cannot be read after a switch to {to} was interrupted ({e})"
-                    );
-                    tracing::warn!(gpu, "{why}");
-                    let on = self.modes.started_on.get(&gpu).copied().unwrap_or(true);
-                    self.modes.refuse(gpu, on, why, &self.metrics);
-                }
+            tracing::info!(gpu, to, claim = %s.claim, started_at = s.started_at,
+                "finishing a MIG mode switch the checkpoint records as under way");
+            let now = self.modes.uuids.get(&gpu);
+            if now != Some(&s.gpu_uuid) {
+                // The GPUs changed since (another board at this index): the switch was not of
+                // this GPU, whose mode is as found.
+                tracing::warn!(gpu, recorded = %s.gpu_uuid, now = ?now,
+                    "the GPU at this index is not the one the switch was of; forgetting it");
+            } else {
+                self.recover_switch(gpu, s.mig_enabled).await;
             }
             self.records
                 .checkpoint
@@ -331,6 +326,44 @@ impl Preparer {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Finishes one interrupted switch of GPU `gpu` to `mig_enabled` (see
+    /// [`Self::recover_mig_mode_switches`]). The caller holds the GPU's lock.
+    async fn recover_switch(&self, gpu: u32, mig_enabled: bool) {
+        let to = on_off(mig_enabled);
+        match self.gpus.call(gpu, move |b| b.mig_mode(gpu)).await {
+            Ok(m) if m.current == mig_enabled => {
+                tracing::info!(
+                    gpu,
+                    to,
+                    "a MIG mode switch interrupted by a restart took effect"
+                );
+            }
+            Ok(m) if m.pending == mig_enabled => {
+                let (_, reverted) = self.settle_mode(gpu, m.current).await;
+                let why = format!(
+                    "a switch to MIG mode {to} interrupted by a restart was left pending a reset"
+                );
+                tracing::warn!(gpu, to, %reverted, "{why}");
+                self.modes.refuse(gpu, m.current, why, &self.metrics);
+            }
+            Ok(_) => {
+                tracing::info!(
+                    gpu,
+                    to,
+                    "a MIG mode switch interrupted by a restart never started"
+                );
+            }
+            Err(e) => {
+                let why = format!(
+                    "its MIG mode cannot be read after a switch to {to} was interrupted ({e})"
+                );
+                tracing::warn!(gpu, "{why}");
+                let on = self.modes.started_on.get(&gpu).copied().unwrap_or(true);
+                self.modes.refuse(gpu, on, why, &self.metrics);
+            }
+        }
     }
 }
 

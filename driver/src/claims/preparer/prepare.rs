@@ -267,33 +267,7 @@ impl Preparer {
                 "the claim's record vanished while its lock was held".into(),
             ));
         };
-        if let Some((i, failure)) = failed {
-            // The instances made, and the GPU instance a failed create names: NVML's create leaves
-            // one behind when the compute instance fails and so does the clean-up.
-            let mut attempted: Vec<RecordedDevice> = devices
-                .iter()
-                .zip(&made)
-                .filter(|(_, m)| m.is_some())
-                .map(|(d, _)| d.clone())
-                .collect();
-            let e = match failure {
-                Failed::Create(e) => e,
-                Failed::MigMode(err) => {
-                    self.roll_back(claim, attempted).await;
-                    return Err(err);
-                }
-            };
-            if let Some(gi_id) = e.target().gi_id {
-                attempted.push(RecordedDevice {
-                    instance: Some(InstanceId {
-                        gi_id,
-                        ci_id: 0,
-                        mig_uuid: String::new(),
-                    }),
-                    ..devices[i].clone()
-                });
-            }
-            let err = PrepareError::create(&planned[i].device, e);
+        if let Some((attempted, err)) = failed_creates(planned, &devices, &made, failed) {
             self.roll_back(claim, attempted).await;
             return Err(err);
         }
@@ -371,7 +345,7 @@ impl Preparer {
         &self,
         uid: &str,
         planned: &[Planned],
-    ) -> (Vec<Option<MigInstance>>, Option<(usize, Failed)>) {
+    ) -> (Vec<Option<MigInstance>>, Vec<(usize, Failed)>) {
         let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
         for (i, p) in planned.iter().enumerate() {
             by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
@@ -383,14 +357,12 @@ impl Preparer {
         )
         .await;
         let mut made = vec![None; planned.len()];
-        let mut failed = None;
+        let mut failed = Vec::new();
         for (instances, err) in per_gpu {
             for (i, s) in instances {
                 made[i] = Some(s);
             }
-            if failed.is_none() {
-                failed = err;
-            }
+            failed.extend(err);
         }
         (made, failed)
     }
@@ -411,7 +383,7 @@ impl Preparer {
                 gpu,
                 mig_enabled: !want_mig,
                 reason: format!(
-                    "the claim also has {} on this GPU, which needs the other mode",
+                    "the claim was also allocated {} on this GPU, which needs the other mode; a whole GPU and a slice of one GPU are never allocated together while the counters are published (check `kubectl get resourceslices` for this node's counter sets), so delete the pod to have its claim allocated again",
                     p.device
                 ),
             };
@@ -446,6 +418,45 @@ impl Preparer {
         }
         (made, None)
     }
+}
+
+/// After creates of which some GPUs' `failed`: what the roll-back must release (the
+/// instances made, and every GPU instance a failed create names: NVML's create leaves one
+/// behind when the compute instance fails and so does its clean-up) and the prepare's error
+/// (the first GPU's failure). `None` when nothing failed.
+fn failed_creates(
+    planned: &[Planned],
+    devices: &[RecordedDevice],
+    made: &[Option<MigInstance>],
+    failed: Vec<(usize, Failed)>,
+) -> Option<(Vec<RecordedDevice>, PrepareError)> {
+    let mut attempted: Vec<RecordedDevice> = devices
+        .iter()
+        .zip(made)
+        .filter(|(_, m)| m.is_some())
+        .map(|(d, _)| d.clone())
+        .collect();
+    let mut first = None;
+    for (i, failure) in failed {
+        let err = match failure {
+            Failed::MigMode(err) => err,
+            Failed::Create(e) => {
+                if let Some(gi_id) = e.target().gi_id {
+                    attempted.push(RecordedDevice {
+                        instance: Some(InstanceId {
+                            gi_id,
+                            ci_id: 0,
+                            mig_uuid: String::new(),
+                        }),
+                        ..devices[i].clone()
+                    });
+                }
+                PrepareError::create(&planned[i].device, e)
+            }
+        };
+        first.get_or_insert(err);
+    }
+    first.map(|err| (attempted, err))
 }
 
 fn unreachable_record() -> ClaimRecord {

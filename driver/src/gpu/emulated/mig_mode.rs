@@ -20,18 +20,13 @@ use super::control::Op;
 use super::state::{GpuState, StateFile, gpu_state, gpu_state_mut};
 use super::{EmuGpu, EmulatedBackend, FaultKind, lock};
 use crate::gpu::model::GpuModel;
-use crate::gpu::{BackendError, MigModeState, MigSwitch, Target};
+use crate::gpu::{BackendError, MigModeState, MigSwitch, Target, on_off};
 
 /// Whether a MIG mode change on `model` waits for a GPU reset: its data file says so
 /// (`mig_mode_change_requires_reset`), or it is an Ampere GPU (only Hopper and newer toggle
 /// without a reset, NVIDIA's DRA driver's `supportsMIGModeToggle`).
 pub(super) fn needs_reset(model: &GpuModel) -> bool {
     model.mig_mode_change_requires_reset || model.architecture.eq_ignore_ascii_case("Ampere")
-}
-
-/// `on` or `off`, for messages.
-fn on_off(enabled: bool) -> &'static str {
-    if enabled { "on" } else { "off" }
 }
 
 impl EmulatedBackend {

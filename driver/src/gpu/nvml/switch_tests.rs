@@ -211,17 +211,33 @@ fn reset_required_is_mapped_and_leaves_the_change_pending() {
 }
 
 #[test]
-fn a_gpu_that_re_binds_with_another_minor_is_an_error_and_refuses_further_switches() {
+fn a_gpu_that_re_binds_with_another_minor_is_treated_as_lost_until_a_restart() {
     let b = backend(FakeNvml::new(vec![h100(false)]), true);
     b.api().set_minor(0, 5);
     let e = b.set_mig_mode(0, true).unwrap_err();
-    assert!(matches!(e, BackendError::Other { .. }), "{e}");
+    assert!(matches!(e, BackendError::GpuLost { .. }), "{e}");
     assert!(
         e.to_string().contains("re-bound with minor 5 (was 0)"),
         "{e}"
     );
     assert!(e.to_string().contains("restart the plugin"), "{e}");
-    let inv = b.inventory().unwrap();
-    assert!(inv[0].mig_enabled, "the switch happened");
-    assert!(refused(&inv[0]).contains("re-bound"), "{:?}", inv[0]);
+    // Its device node is wrong everywhere DAS would use it: no inventory entry (the health
+    // monitor sees it lost), and every call on it fails the same way.
+    assert!(
+        b.inventory().unwrap().is_empty(),
+        "a re-bound GPU is served"
+    );
+    let create = b.create_instance(0, "1g.10gb", 0).unwrap_err();
+    assert!(
+        matches!(create, BackendError::GpuLost { .. }) && create.to_string().contains("re-bound"),
+        "{create}"
+    );
+    assert!(matches!(
+        b.instances_on(0).unwrap_err(),
+        BackendError::GpuLost { .. }
+    ));
+    assert!(matches!(
+        b.set_mig_mode(0, false).unwrap_err(),
+        BackendError::GpuLost { .. }
+    ));
 }

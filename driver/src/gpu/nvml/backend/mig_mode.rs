@@ -24,14 +24,9 @@ use crate::gpu::model::GpuModel;
 use crate::gpu::nvml::{
     ARCH_HOPPER, DeviceIdentity, MigModeState, NvmlApi, NvmlCallError, code, virtualization,
 };
-use crate::gpu::{BackendError, MigSwitch, Target};
+use crate::gpu::{BackendError, MigSwitch, Target, on_off};
 
 use crate::gpu::nvml::architecture_name;
-
-/// `on` or `off`, for messages.
-fn on_off(enabled: bool) -> &'static str {
-    if enabled { "on" } else { "off" }
-}
 
 /// Whether DAS may switch GPU `dev`'s MIG mode, but for a pending change ([`with_pending`]
 /// adds that): the option, the architecture, the model and the virtualization mode
@@ -143,7 +138,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
             .map_err(|e| map_error(target.clone(), &e))?;
         if id.minor != gpu.minor {
             let why = format!(
-                "the GPU re-bound with minor {} (was {}) when its MIG mode changed: its published device node is wrong; restart the plugin",
+                "the GPU re-bound with minor {} (was {}) when its MIG mode changed: its published device node is wrong, so DAS treats it as lost; restart the plugin so that it reads the GPU again",
                 id.minor, gpu.minor
             );
             tracing::warn!(
@@ -153,7 +148,13 @@ impl<A: NvmlApi> NvmlBackend<A> {
                 "the GPU re-bound with another minor after a MIG mode switch; restart the plugin"
             );
             self.note_mode(gpu_index, mode, Some(MigSwitch::Refused(why.clone())));
-            return Err(BackendError::Other {
+            if let Some(g) = write(&self.gpus)
+                .iter_mut()
+                .find(|g| g.info.index == gpu_index)
+            {
+                g.rebound = Some(why.clone());
+            }
+            return Err(BackendError::GpuLost {
                 target,
                 reason: why,
             });

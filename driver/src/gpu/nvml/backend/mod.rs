@@ -90,6 +90,11 @@ struct ServedGpu {
     /// Whether DAS may switch its MIG mode, pending changes aside (`mig_mode::switch_base`,
     /// read at discovery).
     switch: MigSwitch,
+    /// Why the GPU may no longer be addressed: it re-bound with another minor number after a
+    /// MIG mode switch (`backend/mig_mode.rs`), so the device nodes published and written into
+    /// CDI specs are wrong. Such a GPU is treated as lost (left out of the inventory, every call
+    /// on it [`BackendError::GpuLost`]) until the plugin restarts and reads it again.
+    rebound: Option<String>,
 }
 
 /// The NVML backend for real GPUs.
@@ -126,7 +131,11 @@ impl<A: NvmlApi> NvmlBackend<A> {
         let system = System::read(&api, api.driver_version().map_err(whole)?);
         let gpus: Vec<ServedGpu> = (0..count)
             .filter_map(|dev| discover(&api, &options, whole_gpus, dev, &system))
-            .map(|(info, switch)| ServedGpu { info, switch })
+            .map(|(info, switch)| ServedGpu {
+                info,
+                switch,
+                rebound: None,
+            })
             .collect();
         for g in &gpus {
             register_health_events(&api, g.info.index);
@@ -173,21 +182,33 @@ impl<A: NvmlApi> NvmlBackend<A> {
     }
 
     /// GPU `target.gpu` as the backend knows it now (its MIG mode as DAS last switched it).
+    /// [`BackendError::GpuLost`] for a GPU that re-bound with another minor number.
     fn gpu(&self, target: &Target) -> Result<GpuInfo, BackendError> {
-        read(&self.gpus)
+        let gpus = read(&self.gpus);
+        let g = gpus
             .iter()
             .find(|g| g.info.index == target.gpu)
-            .map(|g| g.info.clone())
             .ok_or_else(|| BackendError::NotFound {
                 target: target.clone(),
                 reason: "no such GPU in this node's inventory".into(),
-            })
+            })?;
+        match &g.rebound {
+            Some(why) => Err(BackendError::GpuLost {
+                target: target.clone(),
+                reason: why.clone(),
+            }),
+            None => Ok(g.info.clone()),
+        }
     }
 }
 
 impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
     fn inventory(&self) -> Result<Vec<GpuInfo>, BackendError> {
-        let gpus: Vec<GpuInfo> = read(&self.gpus).iter().map(|g| g.info.clone()).collect();
+        let gpus: Vec<GpuInfo> = read(&self.gpus)
+            .iter()
+            .filter(|g| g.rebound.is_none())
+            .map(|g| g.info.clone())
+            .collect();
         Ok(gpus
             .into_iter()
             .filter(|g| match self.api.device_identity(g.index) {
