@@ -17,8 +17,17 @@
 //! requests that find no GPU wait without stopping the stream) against the optimum, to show that
 //! slices still pack as tightly beside whole GPUs.
 //!
+//! A third table takes the same kind of streams on nodes whose GPUs are all switchable
+//! (`--mig-mode-switching`, docs/design.md §7, "MIG mode follows demand"): each GPU is published
+//! whole and as its MIG placements, the counters let one GPU hold a whole-GPU request or slices,
+//! never both. It reports requests placed before the first rejection under DAS's order (whole
+//! GPUs in index order), under the alternative of whole GPUs from the highest index down, and the
+//! optimum (the best split of the GPUs into whole and MIG for the prefix), against the best
+//! static split of the same GPUs on the same streams.
+//!
 //! Run: `cargo bench -p das-driver --features testing --bench packing` (`DAS_BENCH_SEEDS=<n>` streams per row,
-//! default 500; `DAS_BENCH_ROWS=slices` or `mixed` runs one table only). Prints Markdown tables.
+//! default 500; `DAS_BENCH_ROWS=slices`, `mixed` or `switching` runs one table only). Prints Markdown
+//! tables.
 
 use std::time::Instant;
 
@@ -27,7 +36,8 @@ use das_driver::gpu::{GpuModel, find_model};
 use das_driver::publish::placement::GpuView;
 use das_driver::publish::placement::optimum::Optimum;
 use das_driver::publish::placement::sim::{
-    FirstFit, Mix, Policy, SplitMix64, profile_weights, request_stream, with_whole_gpu_share,
+    FirstFit, Mix, Policy, SplitMix64, WholeOrder, profile_weights, request_stream,
+    with_whole_gpu_share,
 };
 
 struct Row {
@@ -188,11 +198,15 @@ fn main() {
         .unwrap_or(500);
     let rows = std::env::var("DAS_BENCH_ROWS").unwrap_or_default();
     let started = Instant::now();
-    if rows != "mixed" {
+    let all = !["slices", "mixed", "switching"].contains(&rows.as_str());
+    if all || rows == "slices" {
         slices_table(seeds);
     }
-    if rows != "slices" {
+    if all || rows == "mixed" {
         mixed_table(seeds);
+    }
+    if all || rows == "switching" {
+        switching_table(seeds);
     }
     println!("\n({:.1} s)", started.elapsed().as_secs_f64());
 }
@@ -279,6 +293,158 @@ fn mixed_table(seeds: u64) {
                 r.slices_name,
                 r.slices_opt
             );
+        }
+    }
+}
+
+/// Means over the streams of one row of switchable GPUs.
+struct SwitchRow {
+    /// Whole GPUs (MIG mode off, the last ones) of the static split that placed the most.
+    split: usize,
+    /// That split: DAS order, optimum.
+    static_das: f64,
+    static_opt: f64,
+    /// All switchable: DAS order, whole GPUs from the highest index down, optimum.
+    das: f64,
+    reversed: f64,
+    opt: f64,
+    das_opt: f64,
+    /// Whole GPUs and slices placed before the first rejection (DAS order).
+    whole: f64,
+    slices: f64,
+}
+
+/// Mixed streams, whole-GPU requests at `percent` %, on `gpus` all switchable, and on every
+/// static split of them (the first `n - k` MIG on, the last `k` MIG off) over the same streams.
+fn run_switchable(gpus: &[GpuView<'_>], mix: Mix, percent: u64, seeds: u64) -> SwitchRow {
+    let n = gpus.len();
+    let weights = with_whole_gpu_share(&profile_weights(gpus, mix), percent);
+    let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+    let optimum = Optimum::new(gpus).with_switchable_gpus(&indices);
+    let static_optimum: Vec<Optimum> = (0..=n)
+        .map(|k| Optimum::new(&gpus[..n - k]).with_whole_gpus(k))
+        .collect();
+    // Alike GPUs: switching then places at least what any static split places, stream by stream
+    // (the slices meet their GPUs in the same order, and a GPU is left for every whole GPU).
+    let alike = gpus.iter().all(|g| g.model.name == gpus[0].model.name);
+    let slots = gpus
+        .iter()
+        .map(|g| g.model.max_gpu_instances as usize)
+        .sum::<usize>()
+        + 1;
+    let len = (slots * 100).div_ceil(100 - percent as usize);
+    let switchable = |order| {
+        FirstFit::new(gpus, Policy::Das)
+            .with_switchable_gpus(&indices)
+            .with_whole_order(order)
+    };
+    // Sums over the streams: das, reversed, opt, das = opt, whole, slices; per split: das, opt.
+    let mut sum = [0usize; 6];
+    let mut split_sum = vec![(0usize, 0usize); n + 1];
+    for seed in 0..seeds {
+        let mut rng = SplitMix64::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xda5);
+        let stream = request_stream(&weights, &mut rng, len);
+        let mut das = switchable(WholeOrder::Index);
+        let d = das.placed_before_first_rejection(&stream);
+        let r = switchable(WholeOrder::Reversed).placed_before_first_rejection(&stream);
+        let o = optimum.longest_feasible_prefix_from(&stream, d.max(r));
+        assert!(optimum.feasible(&stream[..d.max(r)]));
+        assert!(d <= o && r <= o, "seed {seed}: a policy beat the optimum");
+        for (k, total) in split_sum.iter_mut().enumerate() {
+            let s = FirstFit::new(&gpus[..n - k], Policy::Das)
+                .with_whole_gpus(&indices[n - k..])
+                .placed_before_first_rejection(&stream);
+            let so = static_optimum[k].longest_feasible_prefix_from(&stream, s);
+            assert!(
+                so <= o,
+                "seed {seed}: a static split beat switching's optimum"
+            );
+            assert!(
+                !alike || s <= d,
+                "seed {seed}: a static split beat switching"
+            );
+            total.0 += s;
+            total.1 += so;
+        }
+        let row = [
+            d,
+            r,
+            o,
+            usize::from(d == o),
+            das.whole_allocated(),
+            das.slices_allocated(),
+        ];
+        for (total, v) in sum.iter_mut().zip(row) {
+            *total += v;
+        }
+    }
+    let mean = |x: usize| x as f64 / seeds as f64;
+    let (split, (static_das, static_opt)) = split_sum
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by_key(|(k, (das, _))| (*das, std::cmp::Reverse(*k)))
+        .expect("at least the split with no whole GPU");
+    SwitchRow {
+        split,
+        static_das: mean(static_das),
+        static_opt: mean(static_opt),
+        das: mean(sum[0]),
+        reversed: mean(sum[1]),
+        opt: mean(sum[2]),
+        das_opt: 100.0 * mean(sum[3]),
+        whole: mean(sum[4]),
+        slices: mean(sum[5]),
+    }
+}
+
+/// Nodes whose GPUs are all switchable, at two whole-GPU shares, against the best static split.
+fn switching_table(seeds: u64) {
+    let h100 = model("H100-SXM5-80GB");
+    let h200 = model("H200-141GB");
+    let scenarios: Vec<(&str, Vec<&GpuModel>, Vec<u64>)> = vec![
+        ("8 × H100-SXM5-80GB", vec![&h100; 8], vec![15, 30]),
+        ("4 × H100-SXM5-80GB", vec![&h100; 4], vec![15, 30]),
+        // Two models: the only kind of node where the whole GPUs' order can matter.
+        (
+            "2 × H100-SXM5-80GB + 2 × H200-141GB",
+            vec![&h100, &h100, &h200, &h200],
+            vec![15],
+        ),
+    ];
+    println!(
+        "\nMixed streams on switchable GPUs (MIG mode follows demand), mean over {seeds} seeded streams"
+    );
+    println!(
+        "per row: requests placed before the first rejection, for the static split (MIG on + MIG off)"
+    );
+    println!(
+        "that placed the most and for all GPUs switchable (DAS order, whole GPUs from the highest index"
+    );
+    println!("down, optimum), with the whole GPUs and slices DAS placed.\n");
+    println!(
+        "| node | mix | whole-GPU share | best static split | static: DAS | static: optimum | switchable: DAS | switchable: whole GPUs high → low | switchable: optimum | DAS = opt | whole GPUs placed | slices placed |"
+    );
+    println!("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, models, percents) in &scenarios {
+        let gpus = GpuView::of_models(models);
+        for percent in percents {
+            for (mix, mix_name, seeds) in mixes(models.len(), seeds) {
+                let r = run_switchable(&gpus, mix, *percent, seeds);
+                println!(
+                    "| {label} | {mix_name} | {percent} % | {} + {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} % | {:.2} | {:.2} |",
+                    models.len() - r.split,
+                    r.split,
+                    r.static_das,
+                    r.static_opt,
+                    r.das,
+                    r.reversed,
+                    r.opt,
+                    r.das_opt,
+                    r.whole,
+                    r.slices
+                );
+            }
         }
     }
 }

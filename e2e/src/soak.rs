@@ -1,10 +1,17 @@
 //! The chaos soak: DAS installed from the chart on a 2-node local cluster (n0: 2 × emulated
 //! A100-40GB, n1: 2 × emulated H100-80GB) runs a seeded stream of pod cycles — pods from
-//! ResourceClaimTemplates (1–3 slices, mixed profiles), legacy `nvidia.com/mig-*` pods through
-//! the webhook, a ResourceClaim shared by two pods, a Deployment scaled up and down — while a
-//! chaos task SIGKILLs and restarts node plugins, the controller, the webhook and hollow
-//! kubelets, force-deletes pods during their prepare, and injects emulated-GPU faults (IN_USE on
-//! destroy, create failures, latency, a GPU lost and back) through the plugins' control files.
+//! ResourceClaimTemplates (1–3 slices, mixed profiles), whole-GPU pods, legacy `nvidia.com/mig-*`
+//! pods through the webhook, a ResourceClaim shared by two pods, a Deployment scaled up and down
+//! — while a chaos task SIGKILLs and restarts node plugins, the controller, the webhook and
+//! hollow kubelets, force-deletes pods during their prepare, and injects emulated-GPU faults
+//! (IN_USE on destroy, create failures, latency, a GPU lost and back, a MIG mode switch that
+//! fails) through the plugins' control files.
+//!
+//! DAS serves whole GPUs with MIG mode following demand (chart `wholeGpus.enabled` and
+//! `wholeGpus.switchMigMode`, docs/design.md §7): n1's H100s switch without a reset, so they are
+//! published whole (`gpu-<i>`, DeviceClass `gpu.das.com`) and as every slice, and whole-GPU pods
+//! and slice pods take turns on them, each prepare switching MIG mode as it needs; n0's A100s
+//! (Ampere) keep MIG mode on and serve slices only.
 //!
 //! The run is split in phases; after each, chaos stops and the soak waits until the cluster
 //! converges, then checks the invariants ([`check_invariants`]) against the emulated GPUs'
@@ -22,6 +29,7 @@ use kube::Client;
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use crate::chart;
 use crate::cluster::{Cluster, ClusterConfig, NodeInfo};
 use crate::das::write_control;
 use crate::install::{self, Binaries};
@@ -33,11 +41,19 @@ mod report;
 
 use chaos::chaos;
 use cycles::{cycle, setup_workloads};
-pub use invariants::{check_invariants, converge};
+pub use invariants::{check_invariants, converge, mig_mode_violations};
 pub use report::SoakReport;
 
 /// Nodes and their emulated GPUs.
 pub const NODES: [(&str, &str); 2] = [("n0", "A100-SXM4-40GB:2"), ("n1", "H100-80GB:2")];
+
+/// The node whose GPUs switch MIG mode (Hopper): whole-GPU pods run there, and MIG mode switch
+/// faults are injected there.
+pub const SWITCHING_NODE: &str = "n1";
+
+/// The chart values of the soak: whole GPUs served, MIG mode following demand, and the webhook
+/// translating `nvidia.com/gpu` (as `make demo` installs it).
+pub const CHART_VALUES: &[&str] = chart::WHOLE_GPUS_SWITCHING;
 
 /// How a soak runs.
 #[derive(Clone, Debug)]
@@ -64,6 +80,9 @@ struct Run {
     report: Mutex<SoakReport>,
     next: AtomicUsize,
     seed: u64,
+    /// A MIG mode switch fault was injected in this phase (a GPU whose switch failed is switched
+    /// again only once its plugin restarts).
+    switch_faults: std::sync::atomic::AtomicBool,
 }
 
 /// Runs a soak: starts the cluster, installs DAS, runs the phases, checks the invariants.
@@ -79,6 +98,7 @@ pub async fn run(cfg: &SoakConfig) -> Result<SoakReport> {
         report: Mutex::new(SoakReport::default()),
         next: AtomicUsize::new(0),
         seed: cfg.seed,
+        switch_faults: std::sync::atomic::AtomicBool::new(false),
     });
     let per_phase = cfg.cycles.div_ceil(cfg.phases.max(1));
     for phase in 0..cfg.phases.max(1) {
@@ -103,8 +123,8 @@ pub async fn run(cfg: &SoakConfig) -> Result<SoakReport> {
     Ok(report)
 }
 
-/// The soak's cluster: [`NODES`], DAS installed from the chart (plugins, controller, webhook),
-/// the soak's ResourceClaimTemplates and Deployment (0 replicas).
+/// The soak's cluster: [`NODES`], DAS installed from the chart with [`CHART_VALUES`] (plugins,
+/// controller, webhook), the soak's ResourceClaimTemplates and Deployment (0 replicas).
 ///
 /// # Errors
 /// The cluster or DAS could not be started.
@@ -115,7 +135,8 @@ pub async fn start(binaries: &Binaries) -> Result<(Cluster, Vec<NodeInfo>)> {
         .iter()
         .map(|(n, g)| (n.to_string(), g.to_string()))
         .collect();
-    install::install(&mut cluster, &gpus, binaries).await?;
+    let rendered = chart::render_with(CHART_VALUES)?;
+    install::install_rendered(&mut cluster, &rendered, &gpus, binaries).await?;
     setup_workloads(&cluster.client()).await?;
     let nodes = names.iter().map(|n| cluster.node(n).clone()).collect();
     Ok((cluster, nodes))
@@ -158,11 +179,19 @@ async fn run_phase(
             r = &mut chaos => { r?; all.await; }
         }
     }
-    // The chaos future is gone: put every fault back.
+    // The chaos future is gone: put every fault back. A GPU whose MIG mode switch failed is
+    // switched again (and serves both ways) only once its plugin restarts, and a switch fault
+    // not yet used stays queued in the plugin: restart it (pods allocated a device the GPU no
+    // longer served then prepare).
     for n in nodes {
         write_control(n, &json!({}))?;
     }
-    Ok(*last.lock().expect("last chaos"))
+    let mut last = *last.lock().expect("last chaos");
+    if run.switch_faults.swap(false, Ordering::SeqCst) {
+        cluster.crash_and_restart(&format!("das-plugin-{SWITCHING_NODE}"))?;
+        last = Instant::now();
+    }
+    Ok(last)
 }
 
 /// The DAS binaries of `profile` (`debug` or `release`) in the workspace's target dir.

@@ -28,8 +28,8 @@ async fn a_short_soak_with_kills_and_faults_keeps_every_invariant() {
     assert!(!report.create_to_running.is_empty(), "pods ran: {report:?}");
 }
 
-/// The invariant checks can fail: a slice DAS created that no claim holds (a leak), and a CDI
-/// spec of a claim that is gone, are both reported.
+/// The invariant checks can fail: a slice DAS created that no claim holds (a leak), a CDI spec of
+/// a claim that is gone, and a slice on a GPU whose MIG mode is off are all reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_invariant_checks_catch_a_leaked_slice_and_a_stale_cdi_spec() {
     let (mut cluster, nodes) = soak::start(&soak::binaries("debug").expect("DAS binaries"))
@@ -48,6 +48,7 @@ async fn the_invariant_checks_catch_a_leaked_slice_and_a_stale_cdi_spec() {
         "giId": 1, "ciId": 0, "profile": "1g.10gb", "start": 3,
         "migUuid": "MIG-00000000-0000-0000-0000-00000000beef", "createdByDas": true
     }]);
+    state["gpus"][0]["migEnabled"] = serde_json::json!(false);
     std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
     std::fs::write(
         dirs.cdi.join("das.com-mig_0badc0de-0000-4000-8000-000000000000.json"),
@@ -65,6 +66,12 @@ async fn the_invariant_checks_catch_a_leaked_slice_and_a_stale_cdi_spec() {
         found
             .iter()
             .any(|v| v.starts_with("6: n1: CDI spec of claim 0badc0de")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|v| v.starts_with("9: n1: GPU 0 has MIG mode off with 1 slice(s)")),
         "{found:?}"
     );
 }

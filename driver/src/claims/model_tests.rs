@@ -29,6 +29,16 @@
 //!   and no two claims' records hold overlapping placements of one GPU when no call is in flight
 //!   (a whole GPU's placement is every memory slice of its GPU, so no slice is ever recorded on a
 //!   GPU held whole, nor a whole GPU beside a slice).
+//!
+//! MIG mode follows demand (docs/design.md §7, [`mig_modes`]): a fourth GPU, an H100 that
+//! switches MIG mode, is allocated whole and as slices; switches to it fail now and then; and
+//! - M1 no MIG instance exists on a GPU while a claim's completed record holds it whole;
+//! - M2 a GPU's MIG mode matches what is prepared on it: on while an instance exists on it or a
+//!   record holds a created slice of it, off while a completed record holds it whole;
+//! - M3 only a prepare switches a GPU's MIG mode, only one DAS still switches (none whose switch
+//!   failed since start-up), never off while an instance exists on it, nor while another
+//!   claim's record holds a created slice or the completed whole GPU;
+//! - M4 nothing is created on a GPU with MIG mode off or held whole by a completed record.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -51,11 +61,19 @@ use crate::gpu::{
     Occupancy,
 };
 
-/// The emulated GPUs: two models, so profiles and placements differ per GPU, and a third GPU
-/// with MIG mode off, served whole (`--whole-gpus`) as `gpu-2`.
-const GPUS: &str = "A100-SXM4-40GB:1,H100-80GB:1,A100-SXM4-40GB:1:mig-off";
-/// The GPU served whole.
+mod mig_modes;
+
+/// The emulated GPUs: two models, so profiles and placements differ per GPU, a third GPU with
+/// MIG mode off, served whole (`--whole-gpus`) as `gpu-2`, and a fourth that switches MIG mode
+/// (`--mig-mode-switching`, an H100 starting with MIG mode off), served whole as `gpu-3` and as
+/// every slice. (GPU 1, an H100, is switchable too, but only its slices are ever allocated.)
+const GPUS: &str = "A100-SXM4-40GB:1,H100-80GB:1,A100-SXM4-40GB:1:mig-off,H100-80GB:1:mig-off";
+/// The GPU served whole only (an Ampere GPU is never switched).
 const WHOLE: u32 = 2;
+/// The GPU served whole and as slices, switched as demand asks.
+const SWITCHABLE: u32 = 3;
+/// The GPUs whose slices the scheduler allocates.
+const SLICED: [u32; 3] = [0, 1, SWITCHABLE];
 /// Claims that can exist at once (pods on the node).
 const SLOTS: usize = 5;
 /// Seeds and steps per seed: 8 × 2,500 = 20,000 steps in `make test`.
@@ -93,6 +111,12 @@ enum Step {
     /// `broken`: a claim whose instance someone destroyed is picked first (users delete the pods
     /// whose GPU broke).
     ForceDelete { slot: usize, broken: bool },
+    /// The force-delete race on the switchable GPU: the kubelet starts preparing the slot's claim
+    /// (if it has a device there and is not prepared) and gives up after `after` yields, the
+    /// claim is force-deleted, the scheduler allocates the GPU to a new claim in the other mode
+    /// (a slice, `pick`: which, or the whole GPU) and the kubelet prepares it while the old
+    /// prepare runs on ([`mig_modes`]).
+    Race { slot: usize, after: u32, pick: u32 },
     /// A backend or API fault.
     Fault(Fault),
     /// Time passes by `secs` and the reaper runs.
@@ -106,7 +130,9 @@ enum Step {
     /// claim's CDI spec (`spec`): the plugin must notice on the claim's next prepare.
     Tamper { pick: usize, spec: bool },
     /// An administrator creates a MIG instance of their own at a free placement (`pick`): DAS must
-    /// never destroy it.
+    /// never destroy it, nor switch its GPU's MIG mode off under it. On the switchable GPU only
+    /// while no call is in flight (M3 cannot tell an administrator's create racing a switch from
+    /// a switch that ignored the instance) and only while its MIG mode is on.
     Foreign { pick: u32 },
     /// The plugin crashes (calls in flight stop where they are) and restarts.
     Restart,
@@ -135,6 +161,11 @@ enum Fault {
     },
     ApiReads(usize),
     StatusWrites(usize),
+    /// The next MIG mode switch of the switchable GPU fails (`InUse`: the GPU is busy;
+    /// `ResetRequired`: the change stays pending a reset the GPU cannot get).
+    MigMode {
+        kind: FaultKind,
+    },
 }
 
 /// Who is calling the backend, for I4.
@@ -160,11 +191,13 @@ struct Held {
     running: HashMap<String, String>,
 }
 
-/// The emulated backend with I4 checked on every destroy.
+/// The emulated backend with I4 checked on every destroy, M3 on every switch and I6 and M4 on
+/// every create.
 struct Checked {
     inner: Arc<EmulatedBackend>,
     held: Arc<Mutex<Held>>,
     violations: Arc<Mutex<Vec<String>>>,
+    modes: Arc<mig_modes::ModeWatch>,
 }
 
 impl GpuBackend for Checked {
@@ -175,7 +208,7 @@ impl GpuBackend for Checked {
         self.inner.mig_mode(gpu)
     }
     fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<(), BackendError> {
-        self.inner.set_mig_mode(gpu, enabled)
+        self.checked_set_mig_mode(gpu, enabled)
     }
     fn gpu_indices(&self) -> Vec<u32> {
         self.inner.gpu_indices()
@@ -191,6 +224,7 @@ impl GpuBackend for Checked {
                 "I6: a create of {profile} at {start} on GPU {gpu}, which is served whole"
             ));
         }
+        self.check_create(gpu, profile, start);
         self.inner.create_instance(gpu, profile, start)
     }
     fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
@@ -246,7 +280,7 @@ impl GpuBackend for Checked {
 struct Claim {
     claim: ClaimRef,
     /// (GPU, profile, start) per device, in allocation order; a whole GPU is
-    /// ([`WHOLE`], `gpu`, 0).
+    /// (its index, `gpu`, 0) ([`is_whole`]).
     devices: Vec<(u32, String, u32)>,
     /// MIG UUIDs, when the kubelet holds it as prepared.
     held: Option<Vec<String>>,
@@ -272,8 +306,25 @@ struct Stats {
     forgotten: usize,
     orphans_released: usize,
     orphans_kept: usize,
-    /// Prepares that answered for a claim holding the whole GPU.
+    /// Prepares that answered for a claim holding a whole GPU.
     whole_prepared: usize,
+    /// Prepares that answered for a claim holding the switchable GPU whole, or slices of it.
+    switchable_whole_prepared: usize,
+    switchable_slices_prepared: usize,
+    /// MIG mode switches of any GPU that took effect, to on and to off, and that failed.
+    switches_on: usize,
+    switches_off: usize,
+    failed_switches: usize,
+    /// Prepares that found the switchable GPU refused or failed switching it (`mig_mode_switch`
+    /// and `whole_gpu_unavailable` on that GPU).
+    refused_on_switchable: usize,
+    /// [`Step::Race`]s that ran.
+    races: usize,
+}
+
+/// Whether a model device is a whole GPU.
+fn is_whole(d: &(u32, String, u32)) -> bool {
+    d.1 == das_api::WHOLE_GPU_PROFILE
 }
 
 struct World {
@@ -296,14 +347,17 @@ struct World {
     tampered: BTreeSet<String>,
     inventory: Vec<GpuInfo>,
     next_uid: u64,
+    /// What M3 reads (the preparer now) and counts (the switches).
+    modes: Arc<mig_modes::ModeWatch>,
 }
 
 /// The emulated GPUs whose state is under `dir`, with the GPU whose MIG mode is off served
-/// whole.
+/// whole and the H100s switchable.
 fn open_gpus(dir: &std::path::Path) -> EmulatedBackend {
     EmulatedBackend::open(GPUS, NODE, &dir.join("emu"))
         .unwrap()
         .with_whole_gpus(true)
+        .with_mig_mode_switching(true)
 }
 
 fn tmp_root() -> PathBuf {
@@ -326,7 +380,14 @@ impl World {
         let violations = Arc::new(Mutex::new(Vec::new()));
         let api = Arc::new(MemoryApi::default());
         let runtime = Arc::new(MemoryRuntime::default());
-        let p = Self::build(&dir, &emu, &api, &runtime, &held, &violations, &rng);
+        let modes = Arc::new(mig_modes::ModeWatch::default());
+        let checked = Checked {
+            inner: emu.clone(),
+            held: held.clone(),
+            violations: violations.clone(),
+            modes: modes.clone(),
+        };
+        let p = Self::build(&dir, checked, &api, &runtime, &rng);
         World {
             stats: Stats::default(),
             dir,
@@ -345,37 +406,35 @@ impl World {
             tampered: BTreeSet::new(),
             inventory,
             next_uid: 0,
+            modes,
         }
     }
 
+    /// A preparer over `backend` with its state under `dir`; M3 reads its checkpoint.
     fn build(
         dir: &tempfile::TempDir,
-        emu: &Arc<EmulatedBackend>,
+        backend: Checked,
         api: &Arc<MemoryApi>,
         runtime: &Arc<MemoryRuntime>,
-        held: &Arc<Mutex<Held>>,
-        violations: &Arc<Mutex<Vec<String>>>,
         rng: &Arc<Mutex<StdRng>>,
     ) -> Arc<Preparer> {
         let r = rng.clone();
         let blocking =
             BlockingCalls::Inline(Arc::new(move || r.lock().unwrap().random_range(0..3)));
-        let backend = Arc::new(Checked {
-            inner: emu.clone(),
-            held: held.clone(),
-            violations: violations.clone(),
-        });
+        let modes = backend.modes.clone();
         let orphans = OrphanPolicy {
             delay: ORPHAN_DELAY,
             runtime: Some(runtime.clone()),
         };
-        Arc::new(preparer_with(
+        let p = Arc::new(preparer_with(
             dir.path(),
-            backend,
+            Arc::new(backend),
             api.clone(),
             blocking,
             orphans,
-        ))
+        ));
+        modes.watch(&p);
+        p
     }
 
     fn violation(&self, v: String) {
@@ -407,13 +466,9 @@ impl World {
                                 .is_some_and(|c| self.tampered.contains(&c.claim.uid))
                     })
                     .unwrap_or(slot);
-                if let Some(c) = self.slots[slot].take() {
-                    self.stats.force_deleted += 1;
-                    self.api.delete(&c.claim);
-                    self.hold(&c, c.held.clone(), false);
-                    self.zombies.push(c);
-                }
+                self.force_delete(slot);
             }
+            Step::Race { slot, after, pick } => self.race(slot, after, pick).await,
             Step::Fault(f) => {
                 self.stats.faults += 1;
                 self.fault(f)
@@ -447,7 +502,7 @@ impl World {
     fn taken(&self) -> BTreeMap<u32, Occupancy> {
         let mut occ: BTreeMap<u32, Occupancy> = BTreeMap::new();
         for c in self.slots.iter().flatten() {
-            for (gpu, profile, start) in c.devices.iter().filter(|d| d.0 != WHOLE) {
+            for (gpu, profile, start) in c.devices.iter().filter(|d| !is_whole(d)) {
                 let model = &self.inventory[*gpu as usize].model;
                 let (i, _) = model.profile(profile).unwrap();
                 occ.entry(*gpu)
@@ -458,27 +513,56 @@ impl World {
         occ
     }
 
+    /// [`Step::Allocate`]: what the scheduler would allocate, from the devices this node
+    /// publishes and the counters of the claims the API server has (a whole GPU consumes every
+    /// memory slice of its GPU, so never a whole GPU and a slice of one GPU at once).
     fn allocate(&mut self, slot: usize, picks: &[u32]) {
+        let choices: Vec<(u32, bool, u32)> = picks
+            .iter()
+            .map(|pick| {
+                // 1 in 7 the GPU served whole only; of the rest, half the switchable GPU (whole
+                // 2 in 3 times), else a slice of GPU 0 or 1.
+                let (gpu, whole) = if pick % 7 == 6 {
+                    (WHOLE, true)
+                } else if (pick / 7) % 2 == 0 {
+                    (SWITCHABLE, (pick / 21) % 3 != 0)
+                } else {
+                    (pick % 2, false)
+                };
+                (gpu, whole, *pick / 2)
+            })
+            .collect();
+        self.allocate_choices(slot, &choices);
+    }
+
+    /// Allocates a claim in `slot` for the devices of `choices` that are free: (GPU, whole,
+    /// which of the free slices); see [`Self::allocate`].
+    fn allocate_choices(&mut self, slot: usize, choices: &[(u32, bool, u32)]) {
         if self.slots[slot].is_some() {
             return;
         }
         let mut occ = self.taken();
-        // The whole GPU is taken while a claim the API server has holds it.
-        let mut whole_taken = self
+        // The GPUs a claim the API server has holds whole.
+        let mut whole_taken: BTreeSet<u32> = self
             .slots
             .iter()
             .flatten()
-            .any(|c| c.devices.iter().any(|d| d.0 == WHOLE));
+            .flat_map(|c| c.devices.iter().filter(|d| is_whole(d)).map(|d| d.0))
+            .collect();
+        let serves = self.serves(SWITCHABLE);
         let mut devices = Vec::new();
-        for pick in picks {
-            if pick % 7 == 6 {
-                if !whole_taken {
-                    whole_taken = true;
-                    devices.push((WHOLE, das_api::WHOLE_GPU_PROFILE.to_string(), 0));
+        for &(gpu, whole, pick) in choices {
+            if whole {
+                let sliced = occ.get(&gpu).is_some_and(|o| o.instances() > 0);
+                let published = gpu == WHOLE || serves.whole;
+                if published && !sliced && whole_taken.insert(gpu) {
+                    devices.push((gpu, das_api::WHOLE_GPU_PROFILE.to_string(), 0));
                 }
                 continue;
             }
-            let gpu = pick % 2;
+            if whole_taken.contains(&gpu) || (gpu == SWITCHABLE && !serves.mig) {
+                continue;
+            }
             let model = self.inventory[gpu as usize].model.clone();
             let o = occ.entry(gpu).or_insert_with(|| Occupancy::empty(&model));
             // The profiles that still fit somewhere, and their free starts.
@@ -493,7 +577,7 @@ impl World {
             if options.is_empty() {
                 continue;
             }
-            let (i, name, start) = options[(*pick as usize / 2) % options.len()].clone();
+            let (i, name, start) = options[pick as usize % options.len()].clone();
             o.add(&model, i, start);
             devices.push((gpu, name, start));
         }
@@ -507,8 +591,8 @@ impl World {
             .enumerate()
             .map(|(k, (gpu, profile, start))| {
                 let request = if k % 2 == 0 { "gpu" } else { "extra" };
-                let device = if *gpu == WHOLE {
-                    das_api::whole_gpu_device_name(WHOLE)
+                let device = if profile == das_api::WHOLE_GPU_PROFILE {
+                    das_api::whole_gpu_device_name(*gpu)
                 } else {
                     das_api::device_name(*gpu, profile, *start)
                 };
@@ -526,6 +610,16 @@ impl World {
             held: None,
             terminating: false,
         });
+    }
+
+    /// [`Step::ForceDelete`] of the claim in `slot`.
+    fn force_delete(&mut self, slot: usize) {
+        if let Some(c) = self.slots[slot].take() {
+            self.stats.force_deleted += 1;
+            self.api.delete(&c.claim);
+            self.hold(&c, c.held.clone(), false);
+            self.zombies.push(c);
+        }
     }
 
     /// Records what the kubelet holds for `c` (None: nothing).
@@ -596,17 +690,32 @@ impl World {
         };
         for r in &results {
             match r {
-                Ok(_) if c.devices.iter().any(|d| d.0 == WHOLE) => {
+                Ok(_) => {
                     self.stats.prepared += 1;
-                    self.stats.whole_prepared += 1;
+                    let on = |whole: bool| {
+                        c.devices
+                            .iter()
+                            .any(|d| d.0 == SWITCHABLE && is_whole(d) == whole)
+                    };
+                    if c.devices.iter().any(is_whole) {
+                        self.stats.whole_prepared += 1;
+                    }
+                    if on(true) {
+                        self.stats.switchable_whole_prepared += 1;
+                    }
+                    if on(false) {
+                        self.stats.switchable_slices_prepared += 1;
+                    }
                 }
-                Ok(_) => self.stats.prepared += 1,
                 Err(e) => {
                     *self
                         .stats
                         .prepare_errors
                         .entry(e.metric_label())
-                        .or_default() += 1
+                        .or_default() += 1;
+                    if mig_modes::refused_on(e, SWITCHABLE) {
+                        self.stats.refused_on_switchable += 1;
+                    }
                 }
             }
         }
@@ -639,6 +748,13 @@ impl World {
         if let Some(s) = self.slots[slot].as_mut().filter(|_| !zombie) {
             s.held = None;
             s.terminating = true;
+        }
+        for z in self
+            .zombies
+            .iter_mut()
+            .filter(|z| z.claim.uid == c.claim.uid)
+        {
+            z.held = None;
         }
         let caller = Caller::Unprepare(c.claim.uid.clone());
         let p = self.p.clone();
@@ -767,8 +883,9 @@ impl World {
     }
 
     fn foreign(&mut self, pick: u32) {
-        let gpu = pick % 2;
-        if self.lost.contains(&gpu) {
+        let gpu = if pick % 5 == 4 { SWITCHABLE } else { pick % 2 };
+        let quiet = self.background.iter().all(JoinHandle::is_finished);
+        if self.lost.contains(&gpu) || (gpu == SWITCHABLE && !quiet) {
             return;
         }
         let model = self.inventory[gpu as usize].model.clone();
@@ -831,6 +948,7 @@ impl World {
                 .api
                 .failing_reads
                 .store(n, std::sync::atomic::Ordering::SeqCst),
+            Fault::MigMode { kind } => self.emu.inject_set_mig_mode_faults(SWITCHABLE, 1, kind),
             Fault::StatusWrites(n) => self
                 .api
                 .failing_status_writes
@@ -854,15 +972,13 @@ impl World {
         self.emu.clear_faults();
         // The GPUs' state as a new process reads it from disk.
         self.emu = Arc::new(open_gpus(self.dir.path()));
-        self.p = Self::build(
-            &self.dir,
-            &self.emu,
-            &self.api,
-            &self.runtime,
-            &self.held,
-            &self.violations,
-            &self.rng,
-        );
+        let checked = Checked {
+            inner: self.emu.clone(),
+            held: self.held.clone(),
+            violations: self.violations.clone(),
+            modes: self.modes.clone(),
+        };
+        self.p = Self::build(&self.dir, checked, &self.api, &self.runtime, &self.rng);
         for gpu in &self.lost {
             self.emu.set_gpu_lost(*gpu, true);
         }
@@ -890,6 +1006,7 @@ impl World {
 
     fn check(&self, quiet: bool) {
         let live = self.live();
+        self.check_mig_modes(&live);
         // I3.
         for gpu in self.emu.gpu_indices() {
             let model = &self.inventory[gpu as usize].model;
@@ -909,18 +1026,25 @@ impl World {
             if c.devices.iter().any(|(g, _, _)| self.lost.contains(g)) {
                 continue;
             }
-            let gpus = self
+            let mut gpus = self
                 .spec_values(&c.claim.uid, cdi::GPU_UUID_ENV_PREFIX)
                 .unwrap_or_default();
+            let mut whole: Vec<String> = c
+                .devices
+                .iter()
+                .filter(|d| is_whole(d))
+                .map(|d| self.inventory[d.0 as usize].uuid.clone())
+                .collect();
+            gpus.sort();
+            whole.sort();
+            if gpus != whole {
+                self.violation(format!(
+                    "I5: the CDI spec of {} gives GPUs {gpus:?}, not the whole GPUs {whole:?}",
+                    c.claim
+                ));
+            }
             for (gpu, profile, start) in &c.devices {
-                if *gpu == WHOLE {
-                    let uuid = &self.inventory[WHOLE as usize].uuid;
-                    if gpus != [uuid.clone()] {
-                        self.violation(format!(
-                            "I5: the CDI spec of {} gives GPUs {gpus:?}, not the whole GPU {uuid}",
-                            c.claim
-                        ));
-                    }
+                if profile == das_api::WHOLE_GPU_PROFILE {
                     continue;
                 }
                 let at = live.iter().find(|s| {
@@ -1038,11 +1162,16 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                     slot,
                     picks: (0..rng.random_range(1..=3)).map(|_| rng.random()).collect(),
                 },
-                20..52 => Step::Prepare {
+                20..50 => Step::Prepare {
                     slot,
                     cancel: rng.random_bool(0.15),
                     twice: rng.random_bool(0.15),
                     after: rng.random_range(1..12),
+                },
+                50..52 => Step::Race {
+                    slot,
+                    after: rng.random_range(0..12),
+                    pick: rng.random(),
                 },
                 52..72 => Step::Unprepare {
                     slot,
@@ -1054,28 +1183,42 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                     slot,
                     broken: rng.random_bool(0.5),
                 },
-                75..84 => Step::Fault(match rng.random_range(0..7) {
+                75..84 => Step::Fault(match rng.random_range(0..8) {
                     0 => Fault::Create {
-                        gpu: rng.random_range(0..2),
+                        gpu: SLICED[rng.random_range(0..3)],
                         kind: FaultKind::Other,
                     },
                     1 => Fault::Destroy {
-                        gpu: rng.random_range(0..2),
+                        gpu: SLICED[rng.random_range(0..3)],
                         count: rng.random_range(1..7),
                         kind: FaultKind::InUse,
                     },
                     2 => Fault::Destroy {
-                        gpu: rng.random_range(0..2),
+                        gpu: SLICED[rng.random_range(0..3)],
                         count: 1,
                         kind: FaultKind::Other,
                     },
                     3 => Fault::Lost {
-                        gpu: rng.random_range(0..3),
+                        // The switchable GPU less often: lost, it is neither switched nor served.
+                        gpu: if rng.random_bool(0.1) {
+                            SWITCHABLE
+                        } else {
+                            rng.random_range(0..3)
+                        },
                         lost: rng.random_bool(0.3),
                     },
                     4 => Fault::ApiReads(rng.random_range(1..3)),
                     5 => Fault::Reset {
-                        gpu: rng.random_range(0..2),
+                        gpu: SLICED[rng.random_range(0..3)],
+                    },
+                    // Rarer than a switch: a GPU whose switch failed is not switched again
+                    // until the plugin restarts.
+                    6 if rng.random_bool(0.5) => Fault::MigMode {
+                        kind: if rng.random_bool(0.5) {
+                            FaultKind::InUse
+                        } else {
+                            FaultKind::ResetRequired
+                        },
                     },
                     _ => Fault::StatusWrites(rng.random_range(1..4)),
                 }),
@@ -1151,7 +1294,7 @@ fn run(steps: &[(Step, u64)]) -> Result<Stats, Failure> {
                 });
             }
         }
-        Ok(w.stats)
+        Ok(w.modes.add_counts(w.stats))
     })
 }
 
@@ -1221,6 +1364,13 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
             total.orphans_released += s.orphans_released;
             total.orphans_kept += s.orphans_kept;
             total.whole_prepared += s.whole_prepared;
+            total.switchable_whole_prepared += s.switchable_whole_prepared;
+            total.switchable_slices_prepared += s.switchable_slices_prepared;
+            total.switches_on += s.switches_on;
+            total.switches_off += s.switches_off;
+            total.failed_switches += s.failed_switches;
+            total.refused_on_switchable += s.refused_on_switchable;
+            total.races += s.races;
             for (k, v) in &s.prepare_errors {
                 *total.prepare_errors.entry(k).or_default() += v;
             }
@@ -1263,6 +1413,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
         total.whole_prepared > 100,
         "whole GPUs are prepared: {total:?}"
     );
+    mig_modes::assert_exercised(&total);
     assert!(
         total.forgotten > 0 && total.orphans_released > 0 && total.orphans_kept > 0,
         "the orphan rule is exercised both ways: {total:?}"
@@ -1326,6 +1477,7 @@ fn the_invariant_checks_catch_a_gpu_held_twice() {
             inner: w.emu.clone(),
             held: w.held.clone(),
             violations: w.violations.clone(),
+            modes: w.modes.clone(),
         };
         assert!(backend.create_instance(WHOLE, "1g.5gb", 0).is_err());
         let v = w.violations.lock().unwrap().clone();

@@ -1,5 +1,6 @@
 //! The chaos task: SIGKILL and restart of node plugins, the controller, the webhook and hollow
-//! kubelets, and emulated-GPU faults through the plugins' control files.
+//! kubelets, and emulated-GPU faults through the plugins' control files (a failed MIG mode
+//! switch on the node whose GPUs switch, [`super::SWITCHING_NODE`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ pub(super) async fn chaos(
         let wait = rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64);
         tokio::time::sleep(Duration::from_millis(wait)).await;
         let node = &nodes[rng.random_range(0..nodes.len())];
-        let action = rng.random_range(0..10);
+        let action = rng.random_range(0..11);
         let what: String = match action {
             0 | 1 => {
                 let name = format!("das-plugin-{}", node.name);
@@ -50,6 +51,31 @@ pub(super) async fn chaos(
                 let name = format!("kubelet-{}", node.name);
                 cluster.crash_and_restart(&name)?;
                 name
+            }
+            10 => {
+                // The next switch of one of its GPUs fails: the prepare that needed it fails and
+                // the GPU serves its current mode only until the plugin restarts.
+                let Some(node) = nodes.iter().find(|n| n.name == super::SWITCHING_NODE) else {
+                    continue;
+                };
+                let kind = if rng.random_bool(0.5) {
+                    "InUse"
+                } else {
+                    "ResetRequired"
+                };
+                let gpu = rng.random_range(0..2);
+                let control = json!({"setMigModeFaults": [{"gpu": gpu, "count": 1, "kind": kind}]});
+                write_control(node, &control)?;
+                run.switch_faults
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                *run.report
+                    .lock()
+                    .await
+                    .faults
+                    .entry("MIG mode switch failure")
+                    .or_default() += 1;
+                *last.lock().expect("last chaos") = Instant::now();
+                continue;
             }
             _ => {
                 let gpu = rng.random_range(0..2);

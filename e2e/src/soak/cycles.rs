@@ -1,6 +1,6 @@
 //! The soak's workload: its ResourceClaimTemplates and Deployment, and the pod cycles drawn from
-//! each cycle's seed (template pods, legacy pods through the webhook, a shared claim, the
-//! Deployment scaled).
+//! each cycle's seed (template pods, whole-GPU pods, legacy pods through the webhook, a shared
+//! claim, the Deployment scaled).
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,10 @@ const TEMPLATES: &[(&str, Requests)] = &[
     ),
 ];
 
+/// The ResourceClaimTemplate of whole-GPU pods: one GPU of DeviceClass `gpu.das.com`, which
+/// only the node whose GPUs switch MIG mode ([`super::SWITCHING_NODE`]) publishes.
+const WHOLE_GPU_TEMPLATE: &str = "soak-whole-gpu";
+
 /// Legacy pods' requests: (resource, count).
 const LEGACY: &[&[(&str, u32)]] = &[
     &[("nvidia.com/mig-1g.10gb", 1)],
@@ -65,6 +69,14 @@ pub(super) async fn setup_workloads(client: &Client) -> Result<()> {
         }))?;
         api.create(&PostParams::default(), &t).await?;
     }
+    let whole: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": WHOLE_GPU_TEMPLATE},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": das_api::DEVICE_CLASS_WHOLE_GPU,
+            "allocationMode": "ExactCount", "count": 1}}]}}}
+    }))?;
+    api.create(&PostParams::default(), &whole).await?;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let d: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "soak-dep"},
@@ -83,7 +95,8 @@ pub(super) async fn setup_workloads(client: &Client) -> Result<()> {
 pub(super) async fn cycle(run: &Run, n: usize) -> Result<()> {
     let mut rng = StdRng::seed_from_u64(run.seed.wrapping_add(n as u64 * 7919));
     let kind = match rng.random_range(0..100) {
-        0..55 => "template pod",
+        0..47 => "template pod",
+        47..55 => "whole-GPU pod",
         55..80 => "legacy pod",
         80..90 => "shared claim (2 pods)",
         _ => "deployment scale",
@@ -97,6 +110,14 @@ pub(super) async fn cycle(run: &Run, n: usize) -> Result<()> {
                 "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": template}],
                 "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
                     "resources": {"claims": [{"name": "mig"}]}}],
+            });
+            pod_cycle(run, &name, spec, &mut rng).await
+        }
+        "whole-GPU pod" => {
+            let spec = json!({
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": WHOLE_GPU_TEMPLATE}],
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]}}],
             });
             pod_cycle(run, &name, spec, &mut rng).await
         }

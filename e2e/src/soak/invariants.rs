@@ -89,8 +89,12 @@ async fn published(client: &Client) -> Result<BTreeMap<(String, String), Placed>
 /// 4. no AllocationClaim without its claim and device allocated;
 /// 5. every pod Running, or Pending with the scheduler's reason (none stuck after scheduling);
 /// 6. no CDI spec of a claim that is gone or not allocated on that node;
-/// 7. plugin checkpoints consistent: no half-done or releasing record, every prepared device's
-///    slice live.
+/// 7. plugin checkpoints consistent: no half-done or releasing record, every prepared MIG
+///    device's slice live;
+/// 8. no slice on a GPU a prepared claim holds whole;
+/// 9. every GPU's MIG mode is what is prepared on it: on while a slice exists on it or a record
+///    holds one, off while a prepared claim holds it whole, and no change left pending a reset
+///    ([`mig_mode_violations`]).
 pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec<String>> {
     let mut v = Vec::new();
     let devices = published(client).await?;
@@ -216,7 +220,12 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
         for (uid, r) in cp["claims"].as_object().into_iter().flatten() {
             match r["state"].as_str() {
                 Some("PrepareCompleted") => {
-                    for d in r["devices"].as_array().into_iter().flatten() {
+                    for d in r["devices"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|d| !is_whole(d))
+                    {
                         // Version 2 records the instance; version 1 had the fields flat.
                         let m = d["instance"]["migUUID"]
                             .as_str()
@@ -236,6 +245,8 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
                 )),
             }
         }
+        // 8 and 9.
+        v.extend(mig_mode_violations(&node.name, &state, &cp));
     }
     // 4.
     for a in &allocs {
@@ -274,4 +285,113 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
         }
     }
     Ok(v)
+}
+
+/// Whether a checkpoint device is a whole GPU (kind `gpu`, profile `gpu`, no instance).
+fn is_whole(d: &Value) -> bool {
+    d["kind"].as_str() == Some(das_api::attributes::TYPE_GPU)
+        || d["profile"].as_str() == Some(das_api::WHOLE_GPU_PROFILE)
+}
+
+/// Invariants 8 and 9 on node `node`, from its emulated GPUs' `state` (`migEnabled`, absent when
+/// on; `migPending`, present while a change waits for a reset; `instances`) and its plugin's
+/// checkpoint `cp`.
+pub fn mig_mode_violations(node: &str, state: &Value, cp: &Value) -> Vec<String> {
+    let mut v = Vec::new();
+    let records: Vec<(&String, &Value)> = cp["claims"].as_object().into_iter().flatten().collect();
+    for g in state["gpus"].as_array().into_iter().flatten() {
+        let gpu = g["index"].as_u64().unwrap_or_default();
+        let mig_on = g["migEnabled"].as_bool().unwrap_or(true);
+        let slices = g["instances"].as_array().map_or(0, Vec::len);
+        let on_gpu = |d: &&Value| d["gpuIndex"].as_u64() == Some(gpu);
+        let mut whole = Vec::new();
+        let mut recorded = Vec::new();
+        for (uid, r) in &records {
+            for d in r["devices"].as_array().into_iter().flatten().filter(on_gpu) {
+                if is_whole(d) && r["state"].as_str() == Some("PrepareCompleted") {
+                    whole.push(uid.as_str());
+                } else if !is_whole(d) && !d["instance"].is_null() {
+                    recorded.push(uid.as_str());
+                }
+            }
+        }
+        if let Some(uid) = whole.first()
+            && slices > 0
+        {
+            v.push(format!(
+                "8: {node}: {slices} slice(s) on GPU {gpu}, which claim {uid} holds whole"
+            ));
+        }
+        if !mig_on && (slices > 0 || !recorded.is_empty()) {
+            v.push(format!(
+                "9: {node}: GPU {gpu} has MIG mode off with {slices} slice(s) on it, recorded by {recorded:?}"
+            ));
+        }
+        if let Some(uid) = whole.first().filter(|_| mig_on) {
+            v.push(format!(
+                "9: {node}: GPU {gpu} has MIG mode on while claim {uid} holds it whole"
+            ));
+        }
+        if let Some(pending) = g["migPending"].as_bool() {
+            v.push(format!(
+                "9: {node}: GPU {gpu} has a change to MIG mode {} pending a reset",
+                if pending { "on" } else { "off" }
+            ));
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::mig_mode_violations;
+
+    fn whole_record(state: &str) -> serde_json::Value {
+        json!({"state": state, "devices": [{"kind": "gpu", "gpuIndex": 1, "profile": "gpu",
+            "placementStart": 0, "placementSize": 8}]})
+    }
+
+    #[test]
+    fn a_gpu_in_the_mode_of_what_it_holds_is_fine() {
+        let state = json!({"gpus": [
+            {"index": 0, "instances": [{"profile": "1g.10gb", "start": 0}]},
+            {"index": 1, "migEnabled": false, "instances": []},
+        ]});
+        let cp = json!({"claims": {
+            "a": {"state": "PrepareCompleted", "devices": [{"gpuIndex": 0, "profile": "1g.10gb",
+                "instance": {"giId": 1, "ciId": 0, "migUUID": "MIG-a"}}]},
+            "b": whole_record("PrepareCompleted"),
+        }});
+        assert_eq!(mig_mode_violations("n1", &state, &cp), Vec::<String>::new());
+        // Nothing prepared: either mode is fine.
+        assert!(mig_mode_violations("n1", &state, &json!({})).is_empty());
+    }
+
+    #[test]
+    fn a_slice_under_a_whole_gpu_a_wrong_mode_and_a_pending_change_are_caught() {
+        let state = json!({"gpus": [
+            {"index": 0, "migEnabled": false, "instances": []},
+            {"index": 1, "migPending": false, "instances": [{"profile": "1g.10gb", "start": 0}]},
+        ]});
+        let cp = json!({"claims": {
+            "a": {"state": "Releasing", "devices": [{"gpuIndex": 0, "profile": "1g.10gb",
+                "instance": {"giId": 1, "ciId": 0, "migUUID": "MIG-a"}}]},
+            "b": whole_record("PrepareCompleted"),
+        }});
+        let v = mig_mode_violations("n1", &state, &cp);
+        for want in [
+            "8: n1: 1 slice(s) on GPU 1, which claim b holds whole",
+            "9: n1: GPU 0 has MIG mode off with 0 slice(s) on it, recorded by [\"a\"]",
+            "9: n1: GPU 1 has MIG mode on while claim b holds it whole",
+            "9: n1: GPU 1 has a change to MIG mode off pending a reset",
+        ] {
+            assert!(v.iter().any(|x| x == want), "{want} not in {v:#?}");
+        }
+        // A whole GPU not yet prepared holds nothing.
+        let cp = json!({"claims": {"b": whole_record("PrepareStarted")}});
+        let state = json!({"gpus": [{"index": 1, "instances": []}]});
+        assert!(mig_mode_violations("n1", &state, &cp).is_empty());
+    }
 }

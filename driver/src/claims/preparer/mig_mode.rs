@@ -130,15 +130,12 @@ impl Preparer {
             mig_enabled: want_mig,
             reason,
         };
+        // A GPU that does not answer fails as for any call on it (`gpu_unavailable`).
         let mode = self
             .gpus
             .call(gpu, move |b| b.mig_mode(gpu))
             .await
-            .map_err(|e| {
-                fail(format!(
-                    "its MIG mode cannot be read ({e}); the kubelet retries, and if the GPU stays unreadable its health taint keeps new pods off it"
-                ))
-            })?;
+            .map_err(PrepareError::GpuUnavailable)?;
         if mode.current == want_mig {
             return Ok(());
         }

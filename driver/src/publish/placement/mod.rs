@@ -27,9 +27,14 @@
 //!
 //! - Whole GPUs (MIG mode off, with `--whole-gpus`; docs/design.md §7, "Whole GPUs") come in
 //!   index order, each after the MIG placements of its GPU and of every GPU with a lower index
-//!   ([`with_whole_gpus`]). A GPU's MIG mode is static for now, so a whole GPU never competes
-//!   with MIG placements for its GPU's counters: whole-GPU requests land on GPUs with MIG off,
-//!   slices on GPUs with MIG on, each packed as above (the packing benchmark's mixed rows).
+//!   ([`with_whole_gpus`]). On a GPU whose MIG mode is static a whole GPU never competes with
+//!   MIG placements: whole-GPU requests land on GPUs with MIG off, slices on GPUs with MIG on,
+//!   each packed as above. A switchable GPU (`--mig-mode-switching`) is listed both whole and as
+//!   its MIG placements, and its counters let it hold one or the other: a whole-GPU request takes
+//!   the lowest-index GPU that holds nothing, slices first-fit on the GPUs not held whole. On
+//!   alike GPUs which free GPU a whole-GPU request takes changes nothing (free GPUs are
+//!   interchangeable); the packing benchmark's switching rows measured index order against
+//!   the reverse and against the optimum split.
 //!
 //! [`order_for_occupancy`] recomputes the damage on the current occupancy (an optional
 //! refinement that needs republishing after every allocation); [`name_order`] is the baseline

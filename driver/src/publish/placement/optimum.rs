@@ -9,10 +9,13 @@
 //! another one is dropped (it cannot do better). Feasibility is monotone in the prefix length, so
 //! the longest feasible prefix is found by binary search.
 //!
-//! Whole GPUs (MIG mode off, [`Optimum::with_whole_gpus`]) hold one [`WHOLE_GPU_PROFILE`] request
-//! each and nothing else, and the GPUs with MIG on hold no whole-GPU request (MIG mode is static
-//! for now): a stream fits iff its whole-GPU requests are at most the whole GPUs and its slices
-//! fit the GPUs with MIG on.
+//! Whole-GPU requests ([`WHOLE_GPU_PROFILE`]) are one more component of the demand. A GPU with MIG
+//! mode off ([`Optimum::with_whole_gpus`]) holds one of them and nothing else, so those GPUs just
+//! lower that component. A switchable GPU ([`Optimum::with_switchable_gpus`]) holds either one
+//! whole-GPU request or a layout of slices, never both (the counters exclude each other): its
+//! choices are its maximal vectors plus the unit vector of the whole-GPU component, and the same
+//! search finds the best split of the GPUs into whole-held and MIG. A GPU with MIG on that is not
+//! switchable holds no whole-GPU request.
 
 use std::collections::HashSet;
 
@@ -22,7 +25,8 @@ use crate::gpu::layout::maximal_count_vectors;
 
 use super::GpuView;
 
-/// The node's GPUs reduced to their maximal layouts, over the node's distinct profile names.
+/// The node's GPUs reduced to their maximal layouts, over the node's distinct profile names and,
+/// last, [`WHOLE_GPU_PROFILE`].
 #[derive(Debug, Clone)]
 pub struct Optimum {
     names: Vec<String>,
@@ -33,6 +37,8 @@ pub struct Optimum {
 
 #[derive(Debug, Clone)]
 struct GpuChoices {
+    /// GPU index on the node.
+    index: u32,
     model: String,
     /// Instance counts per entry of [`Optimum::names`], one vector per maximal layout.
     vectors: Vec<Vec<u32>>,
@@ -49,11 +55,15 @@ impl Optimum {
                 }
             }
         }
+        names.push(WHOLE_GPU_PROFILE.to_string());
         let mut cache: Vec<GpuChoices> = Vec::new();
         let mut out = Vec::new();
         for g in gpus {
             if let Some(done) = cache.iter().find(|c| c.model == g.model.name) {
-                out.push(done.clone());
+                out.push(GpuChoices {
+                    index: g.index,
+                    ..done.clone()
+                });
                 continue;
             }
             let global = |local: Vec<u32>| -> Vec<u32> {
@@ -64,6 +74,7 @@ impl Optimum {
                 v
             };
             let choices = GpuChoices {
+                index: g.index,
                 model: g.model.name.clone(),
                 vectors: maximal_count_vectors(g.model)
                     .into_iter()
@@ -86,21 +97,35 @@ impl Optimum {
         self
     }
 
+    /// The same node with the GPUs of indices `indices` switchable: each holds one whole-GPU
+    /// request or slices.
+    pub fn with_switchable_gpus(mut self, indices: &[u32]) -> Self {
+        let whole = self.names.len() - 1;
+        for &index in indices {
+            let gpu = self.gpus.iter_mut().find(|g| g.index == index);
+            let gpu = gpu.unwrap_or_else(|| panic!("a switchable GPU {index} that is not a view"));
+            let mut unit = vec![0; self.names.len()];
+            unit[whole] = 1;
+            if !gpu.vectors.contains(&unit) {
+                gpu.vectors.push(unit);
+            }
+        }
+        self
+    }
+
     /// Whether the node can hold all of `requests` (profile names, [`WHOLE_GPU_PROFILE`] for a
     /// whole GPU) at once. Unknown names never fit.
     pub fn feasible<S: AsRef<str>>(&self, requests: &[S]) -> bool {
         let mut demand = vec![0u32; self.names.len()];
-        let mut whole = 0;
         for r in requests {
             match self.names.iter().position(|n| n == r.as_ref()) {
                 Some(i) => demand[i] += 1,
-                None if r.as_ref() == WHOLE_GPU_PROFILE => whole += 1,
                 None => return false,
             }
         }
-        if whole > self.whole {
-            return false;
-        }
+        // The GPUs with MIG mode off take whole-GPU requests first: they can hold nothing else.
+        let whole = self.names.len() - 1;
+        demand[whole] = demand[whole].saturating_sub(self.whole as u32);
         let mut open = vec![demand];
         for gpu in &self.gpus {
             if open.iter().any(|d| d.iter().all(|&x| x == 0)) {

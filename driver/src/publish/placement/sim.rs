@@ -7,10 +7,15 @@
 //! `gpu::layout` shows the counters accept exactly what the hardware accepts, including the
 //! per-profile maximum counts and the single `+me`.
 //!
-//! Whole GPUs (MIG mode off, [`FirstFit::with_whole_gpus`]) take requests for
-//! [`das_api::WHOLE_GPU_PROFILE`]: the first free one in listed order (index order,
-//! [`super::with_whole_gpus`]), as the allocator walks the devices of the whole-GPU class. Each
-//! consumes its whole GPU's counter set, which nothing else uses while MIG mode stays off.
+//! Whole GPUs take requests for [`das_api::WHOLE_GPU_PROFILE`]: the first free one in listed
+//! order (index order, [`super::with_whole_gpus`]), as the allocator walks the devices of the
+//! whole-GPU class. Each consumes every counter of its GPU. A GPU with MIG mode off
+//! ([`FirstFit::with_whole_gpus`]) has no other device; a *switchable* GPU
+//! (`--mig-mode-switching`, [`FirstFit::with_switchable_gpus`]) is listed both whole and as every
+//! MIG placement, so its whole device fits only while none of its slices is allocated, and no
+//! slice fits on it while it is held whole (the counters exclude each other; the plugin switches
+//! the mode on prepare). [`WholeOrder::Reversed`] is an alternative policy for the simulation only:
+//! the free whole GPU with the highest index first.
 
 use das_api::WHOLE_GPU_PROFILE;
 
@@ -30,6 +35,27 @@ pub enum Policy {
     NameOrder,
 }
 
+/// The order in which a whole-GPU request tries the whole GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WholeOrder {
+    /// DAS's published order: GPU index ascending.
+    #[default]
+    Index,
+    /// GPU index descending (not published; the benchmark's alternative).
+    Reversed,
+}
+
+/// A GPU that takes whole-GPU requests.
+#[derive(Debug, Clone, Copy)]
+struct WholeGpu {
+    /// GPU index on the node.
+    index: u32,
+    /// Position among the views of a switchable GPU; `None` for a GPU with MIG mode off.
+    view: Option<usize>,
+    /// Allocated whole.
+    held: bool,
+}
+
 /// The first-fit allocator over one node's devices.
 #[derive(Debug, Clone)]
 pub struct FirstFit<'a> {
@@ -37,8 +63,9 @@ pub struct FirstFit<'a> {
     occ: Vec<Occupancy>,
     policy: Policy,
     order: Vec<Candidate>,
-    /// Whole GPUs by index, in listed order, with whether one is allocated.
-    whole: Vec<(u32, bool)>,
+    /// GPUs that take whole-GPU requests, by index ascending.
+    whole: Vec<WholeGpu>,
+    whole_order: WholeOrder,
 }
 
 impl<'a> FirstFit<'a> {
@@ -54,35 +81,76 @@ impl<'a> FirstFit<'a> {
             policy,
             order,
             whole: Vec::new(),
+            whole_order: WholeOrder::Index,
         }
     }
 
     /// Adds whole GPUs (MIG mode off) with indices `indices`, none of which may be the index of a
     /// GPU of the views: they take [`WHOLE_GPU_PROFILE`] requests.
     pub fn with_whole_gpus(mut self, indices: &[u32]) -> Self {
-        let mut whole: Vec<u32> = indices.to_vec();
-        whole.sort_unstable();
-        whole.dedup();
-        assert!(
-            whole
-                .iter()
-                .all(|i| self.gpus.iter().all(|g| g.index != *i)),
-            "a whole GPU is also a GPU with MIG on"
-        );
-        self.whole = whole.into_iter().map(|i| (i, false)).collect();
+        for &index in indices {
+            assert!(
+                self.gpus.iter().all(|g| g.index != index),
+                "a whole GPU is also a GPU with MIG on"
+            );
+            self.add_whole(index, None);
+        }
         self
     }
 
-    /// Allocates the first free whole GPU; its index, or `None` when all are taken.
+    /// Makes the GPUs of the views with indices `indices` switchable: each also takes
+    /// [`WHOLE_GPU_PROFILE`] requests while none of its slices is allocated, and no slice while
+    /// it is held whole.
+    pub fn with_switchable_gpus(mut self, indices: &[u32]) -> Self {
+        for &index in indices {
+            let view = self.gpus.iter().position(|g| g.index == index);
+            assert!(
+                view.is_some(),
+                "a switchable GPU {index} that is not a view"
+            );
+            self.add_whole(index, view);
+        }
+        self
+    }
+
+    /// Whole-GPU requests try the whole GPUs in `order` (default [`WholeOrder::Index`]).
+    pub fn with_whole_order(mut self, order: WholeOrder) -> Self {
+        self.whole_order = order;
+        self
+    }
+
+    fn add_whole(&mut self, index: u32, view: Option<usize>) {
+        if self.whole.iter().all(|w| w.index != index) {
+            self.whole.push(WholeGpu {
+                index,
+                view,
+                held: false,
+            });
+            self.whole.sort_unstable_by_key(|w| w.index);
+        }
+    }
+
+    /// Allocates the first whole GPU, in the whole order, that is not held and, if switchable,
+    /// holds no slice; its index, or `None` when none is.
     pub fn allocate_whole(&mut self) -> Option<u32> {
-        let (index, taken) = self.whole.iter_mut().find(|(_, taken)| !*taken)?;
-        *taken = true;
-        Some(*index)
+        let occ = &self.occ;
+        let free = |w: &&mut WholeGpu| !w.held && w.view.is_none_or(|v| occ[v].instances() == 0);
+        let found = match self.whole_order {
+            WholeOrder::Index => self.whole.iter_mut().find(free),
+            WholeOrder::Reversed => self.whole.iter_mut().rev().find(free),
+        }?;
+        found.held = true;
+        Some(found.index)
     }
 
     /// Whole GPUs allocated so far.
     pub fn whole_allocated(&self) -> usize {
-        self.whole.iter().filter(|(_, taken)| *taken).count()
+        self.whole.iter().filter(|w| w.held).count()
+    }
+
+    /// Slices allocated so far.
+    pub fn slices_allocated(&self) -> usize {
+        self.occ.iter().map(|o| o.instances() as usize).sum()
     }
 
     /// Allocates the first fitting device of `profile` (a profile name); `None` if none fits.
@@ -92,9 +160,16 @@ impl<'a> FirstFit<'a> {
         }
         let gpus = &self.gpus;
         let occ = &self.occ;
+        let mut held = vec![false; gpus.len()];
+        for w in &self.whole {
+            if let (Some(v), true) = (w.view, w.held) {
+                held[v] = true;
+            }
+        }
         let found = self.order.iter().copied().find(|c| {
             let model = gpus[c.gpu].model;
-            model.profiles[c.profile].name == profile
+            !held[c.gpu]
+                && model.profiles[c.profile].name == profile
                 && occ[c.gpu].check_counters(model, c.profile, c.start).is_ok()
         })?;
         self.occ[found.gpu].add(self.gpus[found.gpu].model, found.profile, found.start);

@@ -293,3 +293,46 @@ fn whole_gpus_follow_the_devices_of_their_gpu_and_the_lower_ones() {
         ]
     );
 }
+
+#[test]
+fn first_fit_on_switchable_gpus_against_the_optimum() {
+    use super::optimum::Optimum;
+    use super::sim::WholeOrder;
+    let h = model("H100-80GB");
+    let gpus = GpuView::of_models(&[&h, &h]);
+    let optimum = Optimum::new(&gpus).with_switchable_gpus(&[0, 1]);
+    let placed = |stream: &[&str], order| {
+        FirstFit::new(&gpus, Policy::Das)
+            .with_switchable_gpus(&[0, 1])
+            .with_whole_order(order)
+            .placed_before_first_rejection(stream)
+    };
+    // Whole GPUs and 7g each need a GPU of their own.
+    let stream = ["gpu", "7g.80gb", "gpu"];
+    assert_eq!(placed(&stream, WholeOrder::Index), 2);
+    assert_eq!(optimum.longest_feasible_prefix(&stream), 2);
+    // First fit puts 2g at 4, then 2 (small profiles from the high slices down), so the 3g finds
+    // neither of its starts (0, 4) free on GPU 0 and takes GPU 1, which the whole GPU needed;
+    // the optimum puts the 2g at 0 and 2 and the 3g at 4. Either whole order, as the GPUs are
+    // alike.
+    let stream = ["2g.20gb", "2g.20gb", "3g.40gb", "gpu"];
+    assert_eq!(placed(&stream, WholeOrder::Index), 3);
+    assert_eq!(placed(&stream, WholeOrder::Reversed), 3);
+    assert_eq!(optimum.longest_feasible_prefix(&stream), 4);
+    // With the whole GPU first, the slices have one GPU and first fit loses the 3g there.
+    let stream = ["gpu", "2g.20gb", "2g.20gb", "3g.40gb"];
+    assert_eq!(placed(&stream, WholeOrder::Index), 3);
+    assert_eq!(optimum.longest_feasible_prefix(&stream), 4);
+    // A static split (GPU 0 MIG on, GPU 1 off) holds one of each kind; switching two of either.
+    let stream = ["gpu", "gpu"];
+    assert_eq!(placed(&stream, WholeOrder::Index), 2);
+    let static_split = |stream: &[&str]| {
+        FirstFit::new(&gpus[..1], Policy::Das)
+            .with_whole_gpus(&[1])
+            .placed_before_first_rejection(stream)
+    };
+    assert_eq!(static_split(&stream), 1);
+    let stream = ["7g.80gb", "7g.80gb"];
+    assert_eq!(placed(&stream, WholeOrder::Index), 2);
+    assert_eq!(static_split(&stream), 1);
+}

@@ -85,3 +85,30 @@ fn whole_gpus_hold_one_whole_gpu_request_each_and_no_slice() {
     }]);
     assert!(!none.feasible(&["gpu"]));
 }
+
+#[test]
+fn switchable_gpus_hold_a_whole_gpu_request_or_slices() {
+    let m = find_model("H100-80GB").unwrap().unwrap();
+    let gpus = GpuView::of_models(&[&m, &m]);
+    let both = Optimum::new(&gpus).with_switchable_gpus(&[0, 1]);
+    assert!(both.feasible(&["gpu", "gpu"]));
+    assert!(!both.feasible(&["gpu", "gpu", "1g.10gb"]));
+    assert!(both.feasible(&["gpu", "7g.80gb"]));
+    assert_eq!(both.longest_feasible_prefix(&["gpu", "7g.80gb", "gpu"]), 2);
+    // The slices of a GPU that is not held whole still pack as on their own.
+    assert!(both.feasible(&["gpu", "4g.40gb", "2g.20gb", "1g.20gb"]));
+    assert!(!both.feasible(&["gpu", "4g.40gb", "4g.40gb"]));
+    assert!(both.feasible(&["4g.40gb", "4g.40gb", "3g.40gb", "3g.40gb"]));
+    // Only GPU 1 switchable: one whole GPU at most.
+    let one = Optimum::new(&gpus).with_switchable_gpus(&[1]);
+    assert!(one.feasible(&["gpu", "7g.80gb"]));
+    assert!(!one.feasible(&["gpu", "gpu"]));
+    // A GPU with MIG mode off beside a switchable one.
+    let mixed = Optimum::new(&gpus[..1])
+        .with_switchable_gpus(&[0])
+        .with_whole_gpus(1);
+    assert!(mixed.feasible(&["gpu", "1g.10gb"]));
+    assert!(mixed.feasible(&["gpu", "gpu"]));
+    assert!(!mixed.feasible(&["gpu", "gpu", "1g.10gb"]));
+    assert!(!mixed.feasible(&["unknown"]));
+}

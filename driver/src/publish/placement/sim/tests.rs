@@ -99,3 +99,58 @@ fn the_whole_gpu_share_of_a_stream() {
     let whole = s.iter().filter(|r| *r == "gpu").count();
     assert!((60..140).contains(&whole), "{whole}");
 }
+
+#[test]
+fn switchable_gpus_take_a_whole_gpu_request_or_slices_never_both() {
+    let m = find_model("H100-80GB").unwrap().unwrap();
+    let gpus = GpuView::of_models(&[&m, &m]);
+    let ff = || FirstFit::new(&gpus, Policy::Das).with_switchable_gpus(&[0, 1]);
+    // The whole GPU takes GPU 0, so the 7g goes to GPU 1 and the second whole GPU finds none.
+    let mut a = ff();
+    assert_eq!(
+        a.placed_before_first_rejection(&["gpu", "7g.80gb", "gpu"]),
+        2
+    );
+    assert_eq!((a.whole_allocated(), a.slices_allocated()), (1, 1));
+    assert_eq!(a.occupancy()[0].instances(), 0);
+    assert_eq!(a.occupancy()[1].instances(), 1);
+    // A GPU holding a slice is not free for a whole GPU; one held whole takes no slice.
+    let mut b = ff();
+    assert_eq!(b.allocate("1g.10gb").unwrap().gpu_index, 0);
+    assert_eq!(b.allocate_whole(), Some(1));
+    assert!(b.allocate("7g.80gb").is_none());
+    assert_eq!(b.allocate("4g.40gb").unwrap().gpu_index, 0);
+    assert_eq!(b.allocate_whole(), None);
+    assert_eq!(b.slices_allocated(), 2);
+    // The alternative order takes the highest free index first.
+    let mut c = ff().with_whole_order(WholeOrder::Reversed);
+    assert_eq!(c.allocate_whole(), Some(1));
+    assert_eq!(c.allocate("1g.10gb").unwrap().gpu_index, 0);
+    assert_eq!(c.allocate_whole(), None);
+}
+
+#[test]
+fn switchable_and_mig_off_gpus_share_the_index_order() {
+    let m = find_model("H100-80GB").unwrap().unwrap();
+    let gpus = [GpuView {
+        index: 2,
+        model: &m,
+    }];
+    // GPU 2 is switchable, GPUs 1 and 3 have MIG mode off.
+    let mut ff = FirstFit::new(&gpus, Policy::Das)
+        .with_whole_gpus(&[3, 1])
+        .with_switchable_gpus(&[2]);
+    assert_eq!(ff.allocate_whole(), Some(1));
+    assert_eq!(ff.allocate_whole(), Some(2));
+    assert!(ff.allocate("1g.10gb").is_none());
+    assert_eq!(ff.allocate_whole(), Some(3));
+    assert_eq!(ff.allocate_whole(), None);
+    // A slice first keeps GPU 2 from being taken whole.
+    let mut ff = FirstFit::new(&gpus, Policy::DasAdaptive)
+        .with_switchable_gpus(&[2])
+        .with_whole_gpus(&[1]);
+    assert_eq!(
+        ff.placed_before_first_rejection(&["1g.10gb", "gpu", "gpu", "1g.10gb"]),
+        2
+    );
+}
