@@ -334,14 +334,7 @@ fn a_version_2_file_is_upgraded_with_no_pods_known() {
     let path = dir.path().join(CHECKPOINT_FILE_NAME);
     let mut v2 = sample();
     v2.set_pods("uid-2", Vec::new());
-    let mut doc = Document {
-        version: 2,
-        boot_id: v2.boot_id.clone(),
-        checksum: None,
-        claims: v2.claims.clone(),
-        mig_mode_switches: Default::default(),
-    };
-    doc.checksum = Some(doc.compute_checksum().unwrap());
+    let doc = older_document(2, &v2);
     let text = serde_json::to_string_pretty(&doc).unwrap();
     assert!(!text.contains("pods"), "{text}");
     fs::write(&path, text).unwrap();
@@ -518,14 +511,7 @@ fn a_version_4_file_is_upgraded_with_no_switch_under_way() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(CHECKPOINT_FILE_NAME);
     let v4 = sample();
-    let mut doc = Document {
-        version: 4,
-        boot_id: v4.boot_id.clone(),
-        checksum: None,
-        claims: v4.claims.clone(),
-        mig_mode_switches: Default::default(),
-    };
-    doc.checksum = Some(doc.compute_checksum().unwrap());
+    let doc = older_document(4, &v4);
     fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
     let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
         panic!("expected an upgrade");
@@ -533,4 +519,17 @@ fn a_version_4_file_is_upgraded_with_no_switch_under_way() {
     assert_eq!(from, 4);
     assert_eq!(checkpoint, v4);
     assert!(checkpoint.mig_mode_switches.is_empty());
+}
+
+/// `cp` as a file of an older `version` would hold it (no switches under way), checksummed.
+fn older_document(version: u64, cp: &Checkpoint) -> Document {
+    let mut doc = Document {
+        version,
+        boot_id: cp.boot_id.clone(),
+        checksum: None,
+        claims: cp.claims.clone(),
+        mig_mode_switches: Default::default(),
+    };
+    doc.checksum = Some(doc.compute_checksum().unwrap());
+    doc
 }
