@@ -9,6 +9,7 @@
 
 pub mod allocation;
 pub mod claim_status;
+pub mod device_config;
 
 /// The DRA driver name: `ResourceSlice.spec.driver`, `DeviceClass` selectors, allocation results.
 pub const DRIVER_NAME: &str = "mig.das.com";

@@ -190,6 +190,26 @@ pub async fn wait_node_event(client: &Client, node: &str, reason: &str, text: &s
     .await
 }
 
+/// Waits for an Event with `reason` on pod `pod` in [`NS`]; returns its message.
+pub async fn wait_pod_event(client: &Client, pod: &str, reason: &str) -> Result<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NS);
+    wait::until(
+        &format!("a {reason} event on {pod}"),
+        wait::TIMEOUT,
+        || async {
+            let lp = kube::api::ListParams::default().fields(&format!("involvedObject.name={pod}"));
+            Ok(events
+                .list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+                .and_then(|e| e.message))
+        },
+    )
+    .await
+}
+
 /// The phase of pod `name` in [`NS`], or "" when it has none yet.
 pub async fn phase(client: &Client, name: &str) -> Result<String> {
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);

@@ -19,13 +19,11 @@ use das_e2e::install;
 use das_e2e::plugin::{live_slices, start_plugin_with};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
-    NS, claim_of, create_class_template, create_pod, create_template, delete_pods, wait_node_event,
-    wait_running, wait_unschedulable,
+    claim_of, create_class_template, create_pod, create_template, delete_pods, wait_node_event,
+    wait_pod_event, wait_running, wait_unschedulable,
 };
 use das_e2e::{Cluster, ClusterConfig, chart};
-use k8s_openapi::api::core::v1::Event;
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::Client;
 use serde_json::{Value, json};
 
 const NODE: &str = "n0";
@@ -218,20 +216,4 @@ fn mig_mode(cluster: &Cluster, gpu: u32) -> Result<(bool, bool)> {
     let now = g["migEnabled"].as_bool().unwrap_or(true);
     let pending = g["migPending"].as_bool().unwrap_or(now);
     Ok((now, pending))
-}
-
-/// Waits for an event with `reason` on pod `pod`; returns its message.
-async fn wait_pod_event(c: &Client, pod: &str, reason: &str) -> Result<String> {
-    let events: Api<Event> = Api::namespaced(c.clone(), NS);
-    wait::until(&format!("a {reason} event on {pod}"), TIMEOUT, || async {
-        let lp = ListParams::default().fields(&format!("involvedObject.name={pod}"));
-        Ok(events
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some(reason))
-            .and_then(|e| e.message))
-    })
-    .await
 }

@@ -59,6 +59,17 @@ pub enum PrepareError {
         /// Allocated device.
         device: String,
     },
+    /// A configuration of the claim or its DeviceClass for DAS's devices is not valid
+    /// (`das_api::device_config`, docs/design.md §3, "Device configuration"). Nothing was
+    /// created or recorded.
+    #[error(
+        "the claim's device configuration for {}: {reason}",
+        das_api::DRIVER_NAME
+    )]
+    InvalidConfig {
+        /// What is wrong and what is valid, with the config's position and source.
+        reason: String,
+    },
     /// An allocated whole GPU cannot be prepared here (docs/design.md §7, "Whole GPUs"): this
     /// node does not publish it, its GPU is not in the inventory (lost, replaced), or the GPU has
     /// MIG mode on. Nothing was created or recorded for it.
@@ -158,6 +169,7 @@ impl PrepareError {
             PrepareError::ForeignPool { .. } => "foreign_pool",
             PrepareError::UnknownDevice { .. } => "unknown_device",
             PrepareError::AdminAccess { .. } => "admin_access",
+            PrepareError::InvalidConfig { .. } => "invalid_config",
             PrepareError::WholeGpuUnavailable { .. } => "whole_gpu_unavailable",
             PrepareError::MigModeSwitch { .. } => "mig_mode_switch",
             PrepareError::Create { .. } => "create",

@@ -48,6 +48,7 @@ pub struct Planned {
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
 /// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
+/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode),
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`].
@@ -76,6 +77,10 @@ pub fn resolve_allocation(
     if ours.is_empty() {
         return Err(PrepareError::NoDeviceOfOurs);
     }
+    // Every config for DAS must decode, though `v1alpha1` changes nothing a prepare does (its
+    // one strategy is the exclusive slice every claim gets): a config DAS does not understand
+    // fails the claim instead of being ignored.
+    das_api::device_config::resolve(rc).map_err(|reason| PrepareError::InvalidConfig { reason })?;
     ours.into_iter()
         .map(|r| {
             if r.admin_access == Some(true) {

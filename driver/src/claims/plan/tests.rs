@@ -123,6 +123,42 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
     assert!(e.to_string().contains("gpu-0-mig-1g-10gb-6"), "{e}");
     let p = resolve_allocation(&claim(), Some(&with_admin(false)), "n0", &devices).unwrap();
     assert_eq!(p, vec![planned(0, 6, "gpu")]);
+    // A config for DAS must decode (das_api::device_config); another driver's is ignored.
+    let with_config = |driver: &str, kind: &str| {
+        let mut c = rc(
+            "uid-1",
+            json!([result("gpu-0-mig-1g-10gb-6", "n0", DRIVER_NAME)]),
+        );
+        let config: k8s_openapi::api::resource::v1::DeviceAllocationConfiguration =
+            serde_json::from_value(json!({"source": "FromClaim", "opaque": {"driver": driver,
+                "parameters": {"apiVersion": "mig.das.com/v1alpha1", "kind": kind}}}))
+            .unwrap();
+        let a = c.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        a.devices.as_mut().unwrap().config = Some(vec![config]);
+        c
+    };
+    let e = resolve_allocation(
+        &claim(),
+        Some(&with_config(DRIVER_NAME, "Nope")),
+        "n0",
+        &devices,
+    )
+    .unwrap_err();
+    assert_eq!(e.metric_label(), "invalid_config");
+    assert!(
+        e.to_string().contains("unknown kind \"Nope\"")
+            && e.to_string().contains("valid: MigDeviceConfig"),
+        "{e}"
+    );
+    for ok in [
+        with_config(DRIVER_NAME, "MigDeviceConfig"),
+        with_config("gpu.nvidia.com", "Nope"),
+    ] {
+        assert_eq!(
+            resolve_allocation(&claim(), Some(&ok), "n0", &devices).unwrap(),
+            vec![planned(0, 6, "gpu")]
+        );
+    }
 }
 
 /// Issue 11 finding 2: GI IDs are reused after a destroy; only the exact instance is ours.

@@ -1,0 +1,181 @@
+use serde_json::json;
+
+use super::*;
+
+fn ok(v: serde_json::Value) -> MigDeviceConfig {
+    decode(&v).unwrap()
+}
+
+fn err(v: serde_json::Value) -> String {
+    decode(&v).unwrap_err()
+}
+
+#[test]
+fn a_config_decodes_with_exclusive_as_the_default() {
+    let base = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG});
+    assert_eq!(ok(base), MigDeviceConfig::default());
+    let explicit = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+        "sharing": {"strategy": "Exclusive"}});
+    assert_eq!(
+        ok(explicit).sharing.unwrap().strategy,
+        SharingStrategy::Exclusive
+    );
+}
+
+#[test]
+fn every_bad_config_says_what_is_wrong_and_what_is_valid() {
+    let cases = [
+        (json!("x"), "not an object"),
+        (
+            json!({"kind": KIND_MIG_DEVICE_CONFIG}),
+            "apiVersion is missing; valid: mig.das.com/v1alpha1",
+        ),
+        (
+            json!({"apiVersion": "mig.das.com/v1", "kind": KIND_MIG_DEVICE_CONFIG}),
+            "unknown apiVersion \"mig.das.com/v1\"; valid: mig.das.com/v1alpha1",
+        ),
+        (
+            json!({"apiVersion": API_VERSION}),
+            "kind is missing; valid: MigDeviceConfig",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}),
+            "unknown kind \"GpuConfig\" in mig.das.com/v1alpha1; valid: MigDeviceConfig",
+        ),
+        (
+            json!({"apiVersion": 1, "kind": KIND_MIG_DEVICE_CONFIG}),
+            "apiVersion and kind must be strings",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG, "shareing": {}}),
+            "unknown field `shareing`, expected `sharing`",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS"}}),
+            "unknown variant `MPS`, expected `Exclusive`",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "Exclusive", "mps": {}}}),
+            "unknown field `mps`, expected `strategy`",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG, "sharing": "yes"}),
+            "MigDeviceConfig: invalid type",
+        ),
+    ];
+    for (input, want) in cases {
+        let e = err(input.clone());
+        assert!(e.contains(want), "{input}: {e:?} lacks {want:?}");
+    }
+}
+
+/// A claim allocated `results` (request, driver), with `config` as the allocation lists it.
+fn claim(results: &[(&str, &str)], config: serde_json::Value) -> ResourceClaim {
+    let results: Vec<_> = results
+        .iter()
+        .enumerate()
+        .map(|(i, (request, driver))| {
+            json!({"request": request, "driver": driver, "pool": "n0", "device": format!("d{i}")})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u"},
+        "spec": {},
+        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+    }))
+    .unwrap()
+}
+
+fn opaque(
+    source: &str,
+    driver: &str,
+    requests: &[&str],
+    parameters: serde_json::Value,
+) -> serde_json::Value {
+    json!({"source": source, "requests": requests, "opaque": {"driver": driver, "parameters": parameters}})
+}
+
+fn exclusive() -> serde_json::Value {
+    json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG, "sharing": {"strategy": "Exclusive"}})
+}
+
+#[test]
+fn configs_resolve_per_request_class_first_and_other_drivers_ignored() {
+    let rc = claim(
+        &[
+            ("a", DRIVER_NAME),
+            ("b/small", DRIVER_NAME),
+            ("nic", "net.example.com"),
+        ],
+        json!([
+            opaque(
+                "FromClass",
+                DRIVER_NAME,
+                &[],
+                json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG})
+            ),
+            opaque("FromClaim", DRIVER_NAME, &["b"], exclusive()),
+            opaque(
+                "FromClaim",
+                "net.example.com",
+                &["nic"],
+                json!({"anything": "goes"})
+            ),
+        ]),
+    );
+    let got = resolve(&rc).unwrap();
+    assert_eq!(got.keys().collect::<Vec<_>>(), ["a", "b/small"]);
+    assert_eq!(got["a"], MigDeviceConfig::default());
+    assert_eq!(
+        got["b/small"].sharing.as_ref().map(|s| s.strategy),
+        Some(SharingStrategy::Exclusive),
+        "the claim's config, naming the main request, reaches its subrequest"
+    );
+}
+
+#[test]
+fn a_bad_config_or_one_for_a_request_das_does_not_serve_fails_with_its_position() {
+    let bad = claim(
+        &[("a", DRIVER_NAME)],
+        json!([opaque(
+            "FromClaim",
+            DRIVER_NAME,
+            &[],
+            json!({"apiVersion": API_VERSION, "kind": "Nope"})
+        )]),
+    );
+    let e = resolve(&bad).unwrap_err();
+    assert!(
+        e.starts_with("config 0 (from FromClaim): unknown kind \"Nope\""),
+        "{e}"
+    );
+    let elsewhere = claim(
+        &[("a", DRIVER_NAME), ("nic", "net.example.com")],
+        json!([opaque("FromClaim", DRIVER_NAME, &["nic"], exclusive())]),
+    );
+    let e = resolve(&elsewhere).unwrap_err();
+    assert!(
+        e.contains("names request \"nic\", but DAS was allocated nothing for it; DAS's requests in this claim: a"),
+        "{e}"
+    );
+    // A prefix is not a request: "a" does not name "ab".
+    let prefix = claim(
+        &[("ab", DRIVER_NAME)],
+        json!([opaque("FromClaim", DRIVER_NAME, &["a"], exclusive())]),
+    );
+    assert!(resolve(&prefix).is_err());
+    // Another driver's config is never decoded, however bad.
+    let other = claim(
+        &[("a", DRIVER_NAME)],
+        json!([opaque(
+            "FromClaim",
+            "gpu.nvidia.com",
+            &["a"],
+            json!("garbage")
+        )]),
+    );
+    assert!(resolve(&other).is_ok());
+}
