@@ -368,7 +368,7 @@ impl Preparer {
 enum Switched {
     /// The switch failed; the prepare's reason.
     Failed(String),
-    /// The checkpoint could not record it (or forget it).
+    /// The checkpoint could not record it before the call (nothing was switched).
     Checkpoint(PrepareError),
 }
 
