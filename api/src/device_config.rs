@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::DRIVER_NAME;
@@ -165,6 +165,27 @@ pub fn resolve(rc: &ResourceClaim) -> Result<BTreeMap<String, MigDeviceConfig>, 
         }
     }
     Ok(out)
+}
+
+/// Checks the configs for DAS in a claim's spec (a ResourceClaim's `spec`, a
+/// ResourceClaimTemplate's `spec.spec`) as admission does, before anything is allocated: each
+/// opaque config for `mig.das.com` must decode ([`decode`]); other drivers' configs are not
+/// looked at. That a config's `requests` name requests of the claim is the API server's own
+/// validation; whether DAS is allocated them is known only at prepare ([`resolve`]).
+///
+/// # Errors
+/// The first config that does not decode, by its field path, with [`decode`]'s message (the same
+/// words a prepare of such a claim fails with).
+pub fn validate_spec(spec: &ResourceClaimSpec) -> Result<(), String> {
+    let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
+    for (i, c) in configs.into_iter().flatten().enumerate() {
+        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == DRIVER_NAME) else {
+            continue;
+        };
+        decode(&opaque.parameters.0)
+            .map_err(|e| format!("spec.devices.config[{i}].opaque.parameters: {e}"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -179,3 +179,31 @@ fn a_bad_config_or_one_for_a_request_das_does_not_serve_fails_with_its_position(
     );
     assert!(resolve(&other).is_ok());
 }
+
+#[test]
+fn admission_checks_only_das_configs_by_their_field_path() {
+    let spec = |config: serde_json::Value| -> ResourceClaimSpec {
+        serde_json::from_value(json!({"devices": {
+            "requests": [{"name": "a", "exactly": {"deviceClassName": "1g.10gb.mig.das.com"}}],
+            "config": config,
+        }}))
+        .unwrap()
+    };
+    let bad = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+        "sharing": {"strategy": "Exclusive", "timeSlice": "1ms"}});
+    let s = spec(json!([
+        {"opaque": {"driver": "gpu.nvidia.com", "parameters": "garbage"}},
+        {"requests": ["a"], "opaque": {"driver": DRIVER_NAME, "parameters": bad}},
+    ]));
+    let e = validate_spec(&s).unwrap_err();
+    assert_eq!(
+        e,
+        "spec.devices.config[1].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`, expected `strategy`"
+    );
+    // The same words as a prepare of that config (decode's message).
+    assert!(e.ends_with(&decode(&bad).unwrap_err()));
+    let good = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG});
+    let s = spec(json!([{"opaque": {"driver": DRIVER_NAME, "parameters": good}}]));
+    assert_eq!(validate_spec(&s), Ok(()));
+    assert_eq!(validate_spec(&ResourceClaimSpec::default()), Ok(()));
+}
