@@ -351,8 +351,8 @@ pub async fn start_controller(
 }
 
 /// Starts das-webhook as the chart's Deployment would, with a serving certificate for
-/// 127.0.0.1 from a CA of its own, and registers the chart's MutatingWebhookConfiguration by
-/// URL with that CA. Returns once a legacy pod is translated (dry run).
+/// 127.0.0.1 from a CA of its own, and registers the chart's Mutating- and
+/// ValidatingWebhookConfiguration by URL with that CA. Returns once a legacy pod is translated (dry run).
 pub async fn start_webhook(cluster: &mut Cluster, rendered: &Rendered, bin: &Path) -> Result<u16> {
     let kubeconfig = identity(cluster, WEBHOOK_SA, None, "0").await?;
     let (pki, serving) = loopback_serving(&cluster.pki_dir.join("webhook"), "das-webhook")?;
@@ -383,10 +383,22 @@ pub async fn start_webhook(cluster: &mut Cluster, rendered: &Rendered, bin: &Pat
 /// The chart's MutatingWebhookConfiguration, its Service reference replaced by the loopback
 /// URL of the local webhook and `ca` (PEM file) as its caBundle.
 pub fn webhook_configuration(rendered: &Rendered, port: u16, ca: &Path) -> Result<Value> {
+    loopback_configuration(rendered, "MutatingWebhookConfiguration", port, ca)
+}
+
+/// The chart's ValidatingWebhookConfiguration (device configs of ResourceClaims and
+/// ResourceClaimTemplates), by loopback URL as [`webhook_configuration`].
+pub fn validating_webhook_configuration(
+    rendered: &Rendered,
+    port: u16,
+    ca: &Path,
+) -> Result<Value> {
+    loopback_configuration(rendered, "ValidatingWebhookConfiguration", port, ca)
+}
+
+fn loopback_configuration(rendered: &Rendered, kind: &str, port: u16, ca: &Path) -> Result<Value> {
     use base64::Engine;
-    let mut cfg = rendered
-        .get("MutatingWebhookConfiguration", "das-webhook")?
-        .clone();
+    let mut cfg = rendered.get(kind, "das-webhook")?.clone();
     let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(ca)?);
     let hooks = cfg["webhooks"]
         .as_array_mut()
@@ -411,7 +423,8 @@ async fn register_webhook(
     ca: &Path,
 ) -> Result<()> {
     let cfg = webhook_configuration(rendered, port, ca)?;
-    chart::apply(&cluster.kubeconfig, [&cfg])?;
+    let validating = validating_webhook_configuration(rendered, port, ca)?;
+    chart::apply(&cluster.kubeconfig, [&cfg, &validating])?;
     let client = cluster.client();
     // The API server picks configurations up from an informer: wait until a legacy pod is
     // translated (dry run, so nothing stays behind).

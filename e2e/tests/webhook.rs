@@ -20,10 +20,12 @@ use das_e2e::pki::loopback_serving;
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, claim_of, delete_pod, delete_pods, free_port, wait_running};
 use das_e2e::{Cluster, ClusterConfig};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -64,6 +66,7 @@ async fn scenarios(cluster: &Cluster, hook: &Webhook) -> Result<()> {
     two_containers_and_an_init_container(cluster).await?;
     two_profiles_in_one_container(cluster).await?;
     bad_pods_are_denied(&c).await?;
+    device_configs_are_checked_at_admission(&c, hook).await?;
     more_than_a_node_holds_is_denied_with_the_maximum(&c).await?;
     a_template_that_asks_for_something_else_is_not_used(&c).await?;
     updates_and_ephemeral_containers_of_a_translated_pod(&c).await?;
@@ -138,6 +141,13 @@ async fn register_webhook(client: &Client, hook: &Webhook) -> Result<()> {
     Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &cfg)
         .await?;
+    let rendered = das_e2e::install::render()?;
+    let validating =
+        das_e2e::install::validating_webhook_configuration(&rendered, hook.port, &hook.ca)?;
+    let validating: ValidatingWebhookConfiguration = serde_json::from_value(validating)?;
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &validating)
+        .await?;
     // The API server picks configurations up from an informer: wait until a legacy pod is
     // translated (dry run, so nothing stays behind).
     wait_translating(client).await
@@ -206,13 +216,101 @@ async fn https(hook: &Webhook, method: &str, path: &str, body: &str) -> Result<(
 
 /// Sum of `das_webhook_admission_requests_total` over outcomes.
 async fn reviews_seen(hook: &Webhook) -> Result<f64> {
+    metric_sum(hook, "das_webhook_admission_requests_total").await
+}
+
+/// Sum of every series of `name` on the webhook's /metrics.
+async fn metric_sum(hook: &Webhook, name: &str) -> Result<f64> {
     let (code, body) = https(hook, "GET", "/metrics", "").await?;
     ensure!(code == 200, "/metrics answered {code}");
     Ok(body
         .lines()
-        .filter(|l| l.starts_with("das_webhook_admission_requests_total"))
+        .filter(|l| l.starts_with(name))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
+}
+
+/// docs/design.md §8, "Device configuration at admission": a claim or template whose config for
+/// mig.das.com does not decode is denied with the decoder's words (the same a prepare fails
+/// with, e2e/tests/plugin_device_config.rs); a valid one is admitted; another driver's config
+/// is never sent to the webhook (the chart's matchConditions).
+async fn device_configs_are_checked_at_admission(c: &Client, hook: &Webhook) -> Result<()> {
+    let devices = |driver: &str, parameters: &Value| {
+        json!({"devices": {
+            "requests": [{"name": "mig", "exactly": {"deviceClassName": "1g.10gb.mig.das.com"}}],
+            "config": [{"requests": ["mig"], "opaque": {"driver": driver, "parameters": parameters}}]
+        }})
+    };
+    let claim = |name: &str, driver: &str, parameters: &Value| -> Result<ResourceClaim> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name}, "spec": devices(driver, parameters)
+        }))?)
+    };
+    let bad = json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "Exclusive", "timeSlice": "1ms"}});
+    let good = json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig"});
+    let claims: Api<ResourceClaim> = Api::namespaced(c.clone(), NS);
+    // The API server reads new configurations from an informer: wait for the first denial.
+    let denied = wait::until("device-config validation active", TIMEOUT, || async {
+        match claims
+            .create(&PostParams::default(), &claim("bad", "mig.das.com", &bad)?)
+            .await
+        {
+            Err(kube::Error::Api(e)) => Ok(Some(e.message)),
+            Err(e) => Err(e.into()),
+            Ok(_) => {
+                claims.delete("bad", &DeleteParams::default()).await?;
+                Ok(None)
+            }
+        }
+    })
+    .await?;
+    ensure!(
+        denied.contains(
+            "the device configuration for mig.das.com: spec.devices.config[0].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`"
+        ),
+        "the claim's denial does not give the field and the decoder's words: {denied}"
+    );
+    let template: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "bad-config"},
+        "spec": {"spec": devices("mig.das.com", &bad)},
+    }))?;
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(c.clone(), NS);
+    let err = templates
+        .create(&PostParams::default(), &template)
+        .await
+        .err()
+        .context("a template with a bad config was admitted")?;
+    ensure!(
+        err.to_string().contains("spec.spec.devices.config[0].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`"),
+        "the template's denial: {err}"
+    );
+    claims
+        .create(
+            &PostParams::default(),
+            &claim("good-config", "mig.das.com", &good)?,
+        )
+        .await
+        .context("a valid MigDeviceConfig was denied")?;
+    let seen = metric_sum(hook, "das_webhook_device_config_reviews_total").await?;
+    claims
+        .create(
+            &PostParams::default(),
+            &claim("other-driver", "gpu.nvidia.com", &json!({"not": "ours"}))?,
+        )
+        .await
+        .context("another driver's config was denied")?;
+    let after = metric_sum(hook, "das_webhook_device_config_reviews_total").await?;
+    ensure!(
+        after == seen,
+        "a claim with only another driver's config was sent to the webhook ({seen} -> {after})"
+    );
+    for name in ["good-config", "other-driver"] {
+        claims.delete(name, &DeleteParams::default()).await?;
+    }
+    Ok(())
 }
 
 /// Pod JSON: `containers` = [(name, resource, quantity)] (limits only); `init` likewise.

@@ -1,12 +1,14 @@
 //! The DAS compatibility webhook (`das-webhook`).
 //!
-//! Pods asking for `nvidia.com/mig-<profile>: N` get pod-level ResourceClaims instead; see
-//! docs/design.md §8. [`translate`] is the pure translation; [`server`] the HTTPS admission
+//! Pods asking for `nvidia.com/mig-<profile>: N` get pod-level ResourceClaims instead, and
+//! ResourceClaims and ResourceClaimTemplates whose configs for `mig.das.com` do not decode are
+//! denied ([`device_configs`]); see docs/design.md §8. [`translate`] is the pure translation; [`server`] the HTTPS admission
 //! server, [`profiles`] the cache of offered profiles, [`templates`] the
 //! watched cache of created templates, [`metrics`] its Prometheus metrics,
 //! [`tls`] the reloading certificate resolver and [`error`] the one error type (with the metric
 //! label of each kind of failure).
 
+pub mod device_configs;
 pub mod error;
 pub mod metrics;
 pub mod profiles;

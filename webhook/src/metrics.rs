@@ -29,6 +29,15 @@ impl EncodeLabelSet for Outcome {
     }
 }
 
+/// Labels of the device-config review counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ConfigReview {
+    /// `ResourceClaim` or `ResourceClaimTemplate`.
+    pub kind: String,
+    /// `allowed`, `denied` or `error` (a review that could not be read).
+    pub outcome: &'static str,
+}
+
 /// Every metric the webhook exports.
 pub struct Metrics {
     /// The registry every metric below is in, prefixed `das_webhook`.
@@ -37,6 +46,10 @@ pub struct Metrics {
     pub requests: Family<Outcome, Counter>,
     /// `das_webhook_denials_total`.
     pub denials: Counter,
+    /// `das_webhook_device_config_reviews_total{kind,outcome}`: ResourceClaims and
+    /// ResourceClaimTemplates whose configs for `mig.das.com` were checked (only those with such
+    /// a config are sent, see the chart's matchConditions).
+    pub config_reviews: Family<ConfigReview, Counter>,
     /// `das_webhook_templates_created_total`.
     pub templates_created: Counter,
     /// `das_webhook_admission_duration_seconds`.
@@ -48,6 +61,7 @@ impl Default for Metrics {
         let mut registry = Registry::with_prefix("das_webhook");
         let requests = Family::<Outcome, Counter>::default();
         let denials = Counter::default();
+        let config_reviews = Family::<ConfigReview, Counter>::default();
         let templates_created = Counter::default();
         let latency = Histogram::new([
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -58,6 +72,11 @@ impl Default for Metrics {
             requests.clone(),
         );
         registry.register("denials", "Pods denied", denials.clone());
+        registry.register(
+            "device_config_reviews",
+            "ResourceClaims and templates whose device configs for mig.das.com were checked, by kind and outcome",
+            config_reviews.clone(),
+        );
         registry.register(
             "templates_created",
             "ResourceClaimTemplates created",
@@ -72,6 +91,7 @@ impl Default for Metrics {
             registry,
             requests,
             denials,
+            config_reviews,
             templates_created,
             latency,
         }
@@ -95,6 +115,16 @@ impl Metrics {
             .get_or_create(&Outcome {
                 outcome: "error".to_string(),
                 cause: Some(cause),
+            })
+            .inc();
+    }
+
+    /// Counts one device-config review of `kind` with `outcome`.
+    pub fn count_config_review(&self, kind: &str, outcome: &'static str) {
+        self.config_reviews
+            .get_or_create(&ConfigReview {
+                kind: kind.to_string(),
+                outcome,
             })
             .inc();
     }

@@ -1,4 +1,5 @@
-//! The admission server: `POST /mutate-pods` (AdmissionReview `admission.k8s.io/v1`), `/healthz`,
+//! The admission server: `POST /mutate-pods` and `POST /validate-resource-claims`
+//! (AdmissionReview `admission.k8s.io/v1`), `/healthz`,
 //! `/readyz`, `/metrics` (to callers [`App::metrics_access`] lets in), over HTTPS.
 //!
 //! Source: "Dynamic Admission Control"
@@ -26,6 +27,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tower_http::timeout::TimeoutLayer;
 
+use crate::device_configs::{self, Verdict};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::profiles::Profiles;
@@ -83,6 +85,7 @@ impl Default for Limits {
 pub fn router(app: Arc<App>, limits: Limits) -> Router {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
+        .route("/validate-resource-claims", post(validate_resource_claims))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -188,6 +191,61 @@ async fn mutate_pods(
     };
     app.metrics.latency.observe(started.elapsed().as_secs_f64());
     Json(wire_review(response.into_review()))
+}
+
+/// Answers a review of a ResourceClaim or ResourceClaimTemplate: denied when a config for
+/// `mig.das.com` does not decode ([`device_configs::review`]). Only a creation is checked (the
+/// chart registers CREATE only: a claim's and a template's spec are immutable).
+async fn validate_resource_claims(
+    State(app): State<Arc<App>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<Value> {
+    let started = Instant::now();
+    let parsed: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
+    let response = match parsed {
+        Ok(req) => {
+            let resp = AdmissionResponse::from(&req);
+            let kind = req.kind.kind.clone();
+            let object = req
+                .object
+                .as_ref()
+                .filter(|_| req.operation == kube::core::admission::Operation::Create);
+            let verdict = object.map(|o| {
+                let json = serde_json::to_value(o).expect("a DynamicObject serializes");
+                device_configs::review(&kind, &json)
+            });
+            match verdict {
+                None | Some(Ok(Verdict::Allowed)) => {
+                    app.metrics.count_config_review(&kind, "allowed");
+                    resp
+                }
+                Some(Ok(Verdict::Denied(why))) => {
+                    app.metrics.count_config_review(&kind, "denied");
+                    tracing::info!(kind, name = %claim_ref(&req), reason = %why, "denied");
+                    resp.deny(why)
+                }
+                Some(Err(e)) => {
+                    app.metrics.count_config_review(&kind, "error");
+                    resp.deny(format!("das-webhook: cannot read the {kind}: {e}"))
+                }
+            }
+        }
+        Err(e) => {
+            let e = Error::BadReview(e);
+            app.metrics.count_config_review("", "error");
+            AdmissionResponse::invalid(e.to_string())
+        }
+    };
+    app.metrics.latency.observe(started.elapsed().as_secs_f64());
+    Json(wire_review(response.into_review()))
+}
+
+fn claim_ref(req: &AdmissionRequest<DynamicObject>) -> String {
+    format!(
+        "{}/{}",
+        req.namespace.as_deref().unwrap_or_default(),
+        req.name
+    )
 }
 
 /// The review as JSON with `response.patch` base64-encoded, as the API expects for a `[]byte`
