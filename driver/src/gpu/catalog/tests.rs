@@ -175,7 +175,7 @@ fn hopper_and_blackwell_models_exist() {
     );
     assert_eq!(
         model("H200-141GB").profile("3g.71gb").unwrap().1.memory_mib,
-        71168
+        71424
     );
     assert_eq!(model("B200").profile("2g.45gb").unwrap().1.copy_engines, 4);
     assert_eq!(model("RTX-PRO-6000").memory_slices, 12);
@@ -213,7 +213,7 @@ fn one_profile_fact_per_model() {
         ("H100-PCIE-80GB", "7g.80gb", 0, 81152, 114, &[0], 8),
         ("H100-NVL-94GB", "1g.24gb", 15, 22144, 26, &[0, 2, 4, 6], 2),
         ("GH200-96GB", "2g.24gb", 14, 23552, 32, &[0, 2, 4], 2),
-        ("H200-141GB", "7g.141gb", 0, 143104, 132, &[0], 8),
+        ("H200-141GB", "7g.141gb", 0, 143360, 132, &[0], 8),
         ("B200-180GB", "1g.45gb", 15, 45312, 30, &[0, 2, 4, 6], 2),
         (
             "RTX-PRO-6000-BLACKWELL",

@@ -7,6 +7,10 @@
 use std::fmt::Write;
 
 use super::architecture_name;
+use super::backend::{switch_base, with_pending};
+use super::{DeviceIdentity, MigModeState, NvmlOptions};
+use crate::gpu::MigSwitch;
+use crate::gpu::model::GpuModel;
 use super::{
     GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo, NvmlApi, NvmlResult, brand_name, code,
     cuda_version,
@@ -51,7 +55,8 @@ fn gpu_block<A: NvmlApi>(api: &A, dev: u32, out: &mut String) {
         id.memory_mib,
         architecture_name(id.architecture)
     );
-    let model = match find_model_by_pci_id(id.pci_device_id) {
+    let found = find_model_by_pci_id(id.pci_device_id);
+    let model = match &found {
         Ok(Some(m)) => format!("{} ({})", m.name, m.source_file),
         Ok(None) => "none (profiles would be built from NVML's tables)".into(),
         Err(e) => format!("invalid embedded data: {e}"),
@@ -70,6 +75,13 @@ fn gpu_block<A: NvmlApi>(api: &A, dev: u32, out: &mut String) {
                 on(m.current),
                 on(m.pending)
             );
+            if let Ok(Some(model)) = &found {
+                let _ = writeln!(
+                    out,
+                    "  MIG mode switching (with --mig-mode-switching): {}",
+                    switch_verdict(api, dev, &id, model, m)
+                );
+            }
         }
         Err(e) if e.code == code::NOT_SUPPORTED => {
             let _ = writeln!(out, "  MIG: not supported");
@@ -87,6 +99,25 @@ fn gpu_block<A: NvmlApi>(api: &A, dev: u32, out: &mut String) {
         profile_line(api, dev, e, out);
     }
     instances_block(api, dev, out);
+}
+
+/// Whether the plugin would switch GPU `dev`'s MIG mode with `--mig-mode-switching`: the rule
+/// the backend applies (architecture, model data, virtualization mode, a pending change).
+fn switch_verdict<A: NvmlApi>(
+    api: &A,
+    dev: u32,
+    id: &DeviceIdentity,
+    model: &GpuModel,
+    mode: MigModeState,
+) -> String {
+    let options = NvmlOptions {
+        mig_mode_switching: true,
+        ..NvmlOptions::default()
+    };
+    match with_pending(&switch_base(api, &options, dev, id, model), mode) {
+        MigSwitch::Allowed => "allowed (no reset needed)".into(),
+        MigSwitch::Refused(why) => format!("refused: {why}"),
+    }
 }
 
 fn profile_line<A: NvmlApi>(api: &A, dev: u32, e: u32, out: &mut String) {

@@ -463,6 +463,15 @@ fn print_inventory_report_is_read_only() {
     assert!(text.contains("{0,1,2,3,4,5,6}:1"), "{text}");
     assert!(text.contains("{0,2,4,6}:2"), "{text}");
     assert!(text.contains("GI  9 2g.10gb at 2:2"), "{text}");
+    // The switching verdict the backend would give with --mig-mode-switching.
+    assert!(
+        text.contains("MIG mode switching (with --mig-mode-switching): refused: A100-SXM4-40GB (Ampere): a MIG mode change needs a GPU reset"),
+        "{text}"
+    );
+    assert!(
+        text.contains("MIG mode switching (with --mig-mode-switching): allowed (no reset needed)"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -32,7 +32,7 @@ use crate::gpu::nvml::architecture_name;
 /// adds that): the option, the architecture, the model and the virtualization mode
 /// (`nvmlDeviceGetVirtualizationMode`, read only when the rest allows; a failure to read it
 /// refuses).
-pub(super) fn switch_base<A: NvmlApi>(
+pub(in crate::gpu::nvml) fn switch_base<A: NvmlApi>(
     api: &A,
     options: &NvmlOptions,
     dev: u32,
@@ -66,7 +66,7 @@ pub(super) fn switch_base<A: NvmlApi>(
 }
 
 /// `base` ([`switch_base`]), refused while a change waits for a reset.
-pub(super) fn with_pending(base: &MigSwitch, mode: MigModeState) -> MigSwitch {
+pub(in crate::gpu::nvml) fn with_pending(base: &MigSwitch, mode: MigModeState) -> MigSwitch {
     if base.allowed() && mode.pending != mode.current {
         return MigSwitch::Refused(format!(
             "a MIG mode change to {} is pending a GPU reset",
