@@ -87,6 +87,20 @@ pub fn device_name(gpu_index: u32, profile: &str, start: u32) -> String {
     format!("gpu-{gpu_index}-mig-{}-{start}", profile_dns_label(profile))
 }
 
+/// Name of the shareable device for `profile` at memory slice `start` of GPU `gpu_index`
+/// (docs/design.md §7, "Shared slices"): the exclusive device's name ([`device_name`]) with
+/// `-shared`, e.g. `gpu-3-mig-1g-10gb-6-shared`. It consumes the same counters as the exclusive
+/// device, so the two never hold one placement at once.
+pub fn shared_device_name(gpu_index: u32, profile: &str, start: u32) -> String {
+    format!("{}-shared", device_name(gpu_index, profile, start))
+}
+
+/// The DeviceClass of the shareable devices of `profile`: `<legacy name>.shared.mig.das.com`,
+/// e.g. `1g.10gb.shared.mig.das.com` (docs/design.md §3).
+pub fn shared_profile_device_class(profile: &str) -> String {
+    format!("{}.shared.{DRIVER_NAME}", legacy_profile_name(profile))
+}
+
 /// Device attribute names DAS publishes on its devices (docs/design.md §3). Names without a domain
 /// are in the driver's domain ([`DRIVER_NAME`]): in CEL, `device.attributes["mig.das.com"].profile`.
 /// Where NVIDIA's DRA driver publishes the same fact, DAS uses its unqualified name (`uuid`,
@@ -101,6 +115,10 @@ pub mod attributes {
     pub const TYPE_MIG: &str = "mig";
     /// Value of [`TYPE`] on a whole-GPU device.
     pub const TYPE_GPU: &str = "gpu";
+    /// `type` of a shareable MIG device (several claims, each a share of one slice; KEP-5075):
+    /// a value of its own, so that the classes that select `type == "mig"` never hand one to an
+    /// exclusive claim.
+    pub const TYPE_MIG_SHARED: &str = "mig-shared";
     /// `uuid` (string): on a whole GPU, its UUID `GPU-xxxxxxxx-...` (`nvmlDeviceGetUUID`; NVIDIA's
     /// DRA driver's name for it; a MIG device carries its GPU's as [`PARENT_UUID`], and no
     /// `uuid` of its own: a placement has no MIG UUID before it is prepared).
@@ -165,6 +183,9 @@ pub mod capacities {
     pub const JPEG_ENGINES: &str = "jpegEngines";
     /// `ofaEngines`: optical-flow accelerators (OFA).
     pub const OFA_ENGINES: &str = "ofaEngines";
+    /// `shares`: on a shareable device, how many equal shares of the slice's compute it has; a
+    /// claim consumes 1 unless it asks for more (docs/design.md §7, "Shared slices").
+    pub const SHARES: &str = "shares";
 }
 
 /// Keys of the device taints the node plugin puts on every device of an unhealthy GPU

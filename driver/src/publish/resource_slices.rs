@@ -30,8 +30,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use das_api::DRIVER_NAME;
 
-use crate::gpu::GpuInfo;
+use crate::gpu::{GiProfile, GpuInfo};
 use crate::publish::placement::{GpuView, Listed, publish_order, with_whole_gpus};
+pub use device::{SharePolicy, shared_device};
 use device::{counter_set, device, whole_gpu_device};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
@@ -64,6 +65,31 @@ impl ResourceSliceLayout {
         } else {
             ResourceSliceLayout::CountersWithDevices
         }
+    }
+}
+
+/// Whether a Kubernetes server of version `major.minor.patch` may be given shareable devices
+/// (docs/design.md §7, "Shared slices"): 1.37 and newer, and 1.36 from 1.36.2.
+///
+/// # Errors
+/// Why not, for the log and the docs (sources: KEP-5075 `DRAConsumableCapacity` is alpha and off
+/// in 1.34–1.35, beta and on from 1.36; kubernetes/kubernetes#134100: on 1.34 the second share
+/// of a device that consumes counters fails once the counters run out; #139034: before 1.36.2
+/// and 1.37 shares already committed are ignored when the scheduler recounts counters, so it can
+/// hand out a placement that overlaps a shared one).
+pub fn shares_supported(major: u32, minor: u32, patch: u32) -> Result<(), String> {
+    match (major, minor) {
+        (1, m) if m >= 37 => Ok(()),
+        (1, 36) if patch >= 2 => Ok(()),
+        (1, 36) => Err(format!(
+            "Kubernetes 1.36.{patch} can give a placement that overlaps a shared one (kubernetes/kubernetes#139034, fixed in 1.36.2); upgrade to 1.36.2 or newer"
+        )),
+        (1, m @ (34 | 35)) => Err(format!(
+            "Kubernetes 1.{m} has consumable capacity (DRAConsumableCapacity) alpha and off, and its scheduler can give a placement that overlaps a shared one (kubernetes/kubernetes#139034); shared slices need 1.36.2 or newer"
+        )),
+        _ => Err(format!(
+            "Kubernetes {major}.{minor} is not supported for shared slices; they need 1.36.2 or newer"
+        )),
     }
 }
 
@@ -168,15 +194,57 @@ fn canonical(mut n: u64, base: u64, suffixes: &[&str]) -> Quantity {
     Quantity(format!("{n}{}", suffixes[exp]))
 }
 
+/// Which profiles also get shareable devices (docs/design.md §7, "Shared slices"), and how they
+/// are cut. The default shares nothing.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SharedProfiles {
+    /// Profile names (`1g.10gb`) or compute sizes (`1g`: every profile of one compute slice).
+    pub selectors: Vec<String>,
+    /// Shares and memory step of every shareable device.
+    pub policy: SharePolicy,
+}
+
+impl SharedProfiles {
+    /// Whether `profile` gets shareable devices: named, or of a listed compute size.
+    pub fn matches(&self, profile: &GiProfile) -> bool {
+        let size = format!("{}g", profile.compute_slices);
+        self.selectors
+            .iter()
+            .any(|s| *s == profile.name || *s == size)
+    }
+}
+
+/// What the desired slices hold beyond the inventory: the layout of the server's version and the
+/// shareable devices (none unless the server supports them, [`shares_supported`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceOptions {
+    /// Where counter sets go.
+    pub layout: ResourceSliceLayout,
+    /// The profiles that also get shareable devices.
+    pub shared: SharedProfiles,
+}
+
+impl From<ResourceSliceLayout> for SliceOptions {
+    /// `layout`, nothing shared.
+    fn from(layout: ResourceSliceLayout) -> Self {
+        Self {
+            layout,
+            shared: SharedProfiles::default(),
+        }
+    }
+}
+
 /// Builds the node's desired slices from its inventory, in the policy's order, laid out for
-/// `layout`: the MIG placements of every GPU that offers MIG ([`GpuInfo::offers_mig`]) and the
-/// whole-GPU device of every GPU offered whole ([`GpuInfo::offers_whole_gpu`]), each GPU with
-/// its counter set.
+/// `options.layout`: the MIG placements of every GPU that offers MIG ([`GpuInfo::offers_mig`])
+/// and the whole-GPU device of every GPU offered whole ([`GpuInfo::offers_whole_gpu`]), each GPU
+/// with its counter set, then the shareable device of every placement of a profile
+/// `options.shared` lists, in the same order (so shares fill the slice the policy prefers first).
 pub fn desired_resource_slices(
     node_name: &str,
     gpus: &[GpuInfo],
-    layout: ResourceSliceLayout,
+    options: impl Into<SliceOptions>,
 ) -> Result<Vec<DesiredResourceSlice>, ResourceSliceError> {
+    let options = options.into();
     let offered: Vec<&GpuInfo> = gpus
         .iter()
         .filter(|g| g.offers_mig() || g.offers_whole_gpu())
@@ -201,19 +269,29 @@ pub fn desired_resource_slices(
         .map(|g| g.index)
         .collect();
     let position = |index: u32| offered.iter().position(|g| g.index == index);
-    let devices: Vec<(usize, Device)> = with_whole_gpus(publish_order(&views), &whole)
-        .into_iter()
-        .filter_map(|listed| match listed {
+    let order = with_whole_gpus(publish_order(&views), &whole);
+    let mut shared = Vec::new();
+    let mut devices: Vec<(usize, Device)> = Vec::new();
+    for listed in order {
+        match listed {
             Listed::Mig(c) => {
                 let pos = mig[c.gpu];
-                Some((pos, device(offered[pos], c.profile_of(&views), c.start)))
+                let profile = c.profile_of(&views);
+                devices.push((pos, device(offered[pos], profile, c.start)));
+                if options.shared.matches(profile) {
+                    let d = shared_device(offered[pos], profile, c.start, options.shared.policy);
+                    shared.push((pos, d));
+                }
             }
             Listed::WholeGpu { gpu_index } => {
-                let pos = position(gpu_index)?;
-                Some((pos, whole_gpu_device(offered[pos])))
+                if let Some(pos) = position(gpu_index) {
+                    devices.push((pos, whole_gpu_device(offered[pos])));
+                }
             }
-        })
-        .collect();
+        }
+    }
+    devices.extend(shared);
+    let layout = options.layout;
     let contents = match layout {
         ResourceSliceLayout::SeparateCounterSlices => separate(&offered, devices),
         ResourceSliceLayout::CountersWithDevices => combined(&offered, devices)?,

@@ -5,17 +5,23 @@
 //! - a whole GPU with MIG mode off ([`whole_gpu_device`]; docs/design.md §7, "Whole GPUs"):
 //!   `gpu-<index>`, type `gpu`, the GPU's capacities, consuming every counter of its GPU's set at
 //!   its full value, so that nothing else of the GPU can be allocated beside it;
+//! - a shareable MIG placement ([`shared_device`]; docs/design.md §7, "Shared slices"):
+//!   `gpu-<index>-mig-<profile>-<start>-shared`, type `mig-shared`, `allowMultipleAllocations`,
+//!   capacities `memory` and `shares` with request policies, the same counters as the exclusive
+//!   device of that placement;
 //! - the GPU's counter set ([`counter_set`]), the same whatever the GPU's MIG mode.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use das_api::{
-    attributes as attr, capacities as cap, counters, device_name, whole_gpu_device_name,
+    attributes as attr, capacities as cap, counters, device_name, shared_device_name,
+    whole_gpu_device_name,
 };
 
 use super::{MAX_ATTRIBUTE_STRING, bytes_quantity, count_quantity, semver};
@@ -60,6 +66,96 @@ pub(super) fn device(g: &GpuInfo, p: &GiProfile, start: u32) -> Device {
             counters: consumption(&g.model, p, start),
         }]),
         ..Default::default()
+    }
+}
+
+/// How the shareable devices of a node are cut (docs/design.md §7, "Shared slices").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharePolicy {
+    /// `shares` capacity of every shareable device: a claim's share of the slice's compute is
+    /// the shares it consumes over this (its MPS active thread percentage).
+    pub shares: u32,
+    /// Granularity of the `memory` a share may ask for, in bytes (its MPS pinned device memory
+    /// limit); also the least a share may ask for.
+    pub memory_step_bytes: u64,
+}
+
+impl Default for SharePolicy {
+    /// 4 shares per slice, memory in 256 MiB steps.
+    fn default() -> Self {
+        Self {
+            shares: 4,
+            memory_step_bytes: 256 << 20,
+        }
+    }
+}
+
+/// The shareable device for profile `p` at `start` on `g` (KEP-5075 consumable capacity):
+/// the exclusive device's attributes but `type: mig-shared`, `allowMultipleAllocations`, and
+/// only the two capacities a share consumes, each with a request policy (a capacity without one
+/// would be consumed whole by every share):
+/// - `shares`: `policy.shares`; a claim that names none consumes 1, any whole number up to all;
+/// - `memory`: the profile's memory in bytes; a claim that names none consumes an equal share
+///   (memory / shares, rounded down to the step), any multiple of the step up to all of it.
+///
+/// It consumes the same counters as the exclusive device of the placement; the scheduler charges
+/// them once for all shares of the device (KEP-5075), so exclusive and shared use exclude each
+/// other. Both defaults are non-zero: a device whose shares all consume nothing could lose its
+/// in-use mark in the scheduler and have its counters charged twice.
+pub fn shared_device(g: &GpuInfo, p: &GiProfile, start: u32, policy: SharePolicy) -> Device {
+    let mut attributes = attributes(g, Some((p, start)));
+    attributes.insert(attr::TYPE.to_string(), string(attr::TYPE_MIG_SHARED));
+    let memory = p.resources().memory_bytes();
+    let step = policy.memory_step_bytes.max(1);
+    let shares = u64::from(policy.shares.max(1));
+    let equal = (memory / shares / step * step).max(step);
+    let capacity = BTreeMap::from([
+        (
+            cap::SHARES.to_string(),
+            ranged(
+                count_quantity(shares),
+                count_quantity(1),
+                count_quantity(1),
+                count_quantity(1),
+            ),
+        ),
+        (
+            cap::MEMORY.to_string(),
+            ranged(
+                bytes_quantity(memory),
+                bytes_quantity(equal),
+                bytes_quantity(step),
+                bytes_quantity(step),
+            ),
+        ),
+    ]);
+    Device {
+        name: shared_device_name(g.index, &p.name, start),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        allow_multiple_allocations: Some(true),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counters::counter_set_name(g.index),
+            counters: consumption(&g.model, p, start),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// A consumable capacity of `value`: requests default to `default`, and may ask for `min` and
+/// then multiples of `step` above it, up to `value` (no `max`: the value bounds it).
+fn ranged(value: Quantity, default: Quantity, min: Quantity, step: Quantity) -> DeviceCapacity {
+    DeviceCapacity {
+        value,
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(default),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min,
+                step: Some(step),
+                max: None,
+            }),
+            valid_values: None,
+        }),
     }
 }
 

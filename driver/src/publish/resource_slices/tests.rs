@@ -383,4 +383,5 @@ fn gpu_too_large_for_1_34() {
 }
 
 /// Whole GPUs (MIG mode off, `--whole-gpus`) beside MIG placements.
+mod shared;
 mod whole_gpus;
