@@ -22,6 +22,7 @@
 //! are the publisher's job.
 
 mod device;
+mod shares;
 
 use k8s_openapi::api::resource::v1::{
     CounterSet, Device, ResourcePool, ResourceSlice, ResourceSliceSpec,
@@ -30,10 +31,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use das_api::DRIVER_NAME;
 
-use crate::gpu::{GiProfile, GpuInfo};
+use crate::gpu::GpuInfo;
 use crate::publish::placement::{GpuView, Listed, publish_order, with_whole_gpus};
 pub use device::{SharePolicy, shared_device};
 use device::{counter_set, device, whole_gpu_device};
+pub use shares::{ServerVersion, SharedProfiles, shares_supported};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
 pub const MAX_DEVICES_PER_SLICE: usize = 64;
@@ -65,31 +67,6 @@ impl ResourceSliceLayout {
         } else {
             ResourceSliceLayout::CountersWithDevices
         }
-    }
-}
-
-/// Whether a Kubernetes server of version `major.minor.patch` may be given shareable devices
-/// (docs/design.md §7, "Shared slices"): 1.37 and newer, and 1.36 from 1.36.2.
-///
-/// # Errors
-/// Why not, for the log and the docs (sources: KEP-5075 `DRAConsumableCapacity` is alpha and off
-/// in 1.34–1.35, beta and on from 1.36; kubernetes/kubernetes#134100: on 1.34 the second share
-/// of a device that consumes counters fails once the counters run out; #139034: before 1.36.2
-/// and 1.37 shares already committed are ignored when the scheduler recounts counters, so it can
-/// hand out a placement that overlaps a shared one).
-pub fn shares_supported(major: u32, minor: u32, patch: u32) -> Result<(), String> {
-    match (major, minor) {
-        (1, m) if m >= 37 => Ok(()),
-        (1, 36) if patch >= 2 => Ok(()),
-        (1, 36) => Err(format!(
-            "Kubernetes 1.36.{patch} can give a placement that overlaps a shared one (kubernetes/kubernetes#139034, fixed in 1.36.2); upgrade to 1.36.2 or newer"
-        )),
-        (1, m @ (34 | 35)) => Err(format!(
-            "Kubernetes 1.{m} has consumable capacity (DRAConsumableCapacity) alpha and off, and its scheduler can give a placement that overlaps a shared one (kubernetes/kubernetes#139034); shared slices need 1.36.2 or newer"
-        )),
-        _ => Err(format!(
-            "Kubernetes {major}.{minor} is not supported for shared slices; they need 1.36.2 or newer"
-        )),
     }
 }
 
@@ -194,26 +171,6 @@ fn canonical(mut n: u64, base: u64, suffixes: &[&str]) -> Quantity {
     Quantity(format!("{n}{}", suffixes[exp]))
 }
 
-/// Which profiles also get shareable devices (docs/design.md §7, "Shared slices"), and how they
-/// are cut. The default shares nothing.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SharedProfiles {
-    /// Profile names (`1g.10gb`) or compute sizes (`1g`: every profile of one compute slice).
-    pub selectors: Vec<String>,
-    /// Shares and memory step of every shareable device.
-    pub policy: SharePolicy,
-}
-
-impl SharedProfiles {
-    /// Whether `profile` gets shareable devices: named, or of a listed compute size.
-    pub fn matches(&self, profile: &GiProfile) -> bool {
-        let size = format!("{}g", profile.compute_slices);
-        self.selectors
-            .iter()
-            .any(|s| *s == profile.name || *s == size)
-    }
-}
-
 /// What the desired slices hold beyond the inventory: the layout of the server's version and the
 /// shareable devices (none unless the server supports them, [`shares_supported`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,6 +179,22 @@ pub struct SliceOptions {
     pub layout: ResourceSliceLayout,
     /// The profiles that also get shareable devices.
     pub shared: SharedProfiles,
+}
+
+impl SliceOptions {
+    /// The options for a server of `version`: its layout, and `shared` if it supports shareable
+    /// devices ([`shares_supported`]); otherwise nothing shared and, when `shared` lists
+    /// profiles, why, for the log.
+    pub fn for_server(version: ServerVersion, shared: SharedProfiles) -> (Self, Option<String>) {
+        let layout = ResourceSliceLayout::for_server_version(version.major, version.minor);
+        if shared.selectors.is_empty() {
+            return (layout.into(), None);
+        }
+        match shares_supported(version.major, version.minor, version.patch) {
+            Ok(()) => (Self { layout, shared }, None),
+            Err(why) => (layout.into(), Some(why)),
+        }
+    }
 }
 
 impl From<ResourceSliceLayout> for SliceOptions {

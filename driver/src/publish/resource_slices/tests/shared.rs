@@ -113,3 +113,43 @@ fn listed_profiles_get_a_shareable_device_per_placement_after_the_exclusive_ones
     let from_layout: SliceOptions = ResourceSliceLayout::SeparateCounterSlices.into();
     assert_eq!(from_layout.shared, SharedProfiles::default());
 }
+
+#[test]
+fn server_versions_come_from_git_version_and_decide_what_is_shared() {
+    use k8s_openapi::apimachinery::pkg::version::Info;
+    let info = |git: &str, major: &str, minor: &str| Info {
+        git_version: git.into(),
+        major: major.into(),
+        minor: minor.into(),
+        ..Default::default()
+    };
+    let v = |major, minor, patch| ServerVersion {
+        major,
+        minor,
+        patch,
+    };
+    assert_eq!(
+        ServerVersion::from_info(&info("v1.37.2", "1", "37")),
+        v(1, 37, 2)
+    );
+    assert_eq!(
+        ServerVersion::from_info(&info("v1.36.2-rc.0+k3s1", "1", "36+")),
+        v(1, 36, 2)
+    );
+    assert_eq!(ServerVersion::from_info(&info("", "1", "35+")), v(1, 35, 0));
+    let listed = SharedProfiles {
+        selectors: vec!["1g".into()],
+        policy: SharePolicy::default(),
+    };
+    let (o, why) = SliceOptions::for_server(v(1, 37, 0), listed.clone());
+    assert_eq!((o.shared, why), (listed.clone(), None));
+    let (o, why) = SliceOptions::for_server(v(1, 35, 4), listed);
+    assert_eq!(o.layout, ResourceSliceLayout::SeparateCounterSlices);
+    assert_eq!(o.shared, SharedProfiles::default());
+    assert!(why.unwrap().contains("1.36.2"));
+    let (o, why) = SliceOptions::for_server(v(1, 34, 1), SharedProfiles::default());
+    assert_eq!(
+        (o.layout, why),
+        (ResourceSliceLayout::CountersWithDevices, None)
+    );
+}
