@@ -9,14 +9,14 @@ use std::fmt::Write;
 use super::architecture_name;
 use super::backend::{switch_base, with_pending};
 use super::{DeviceIdentity, MigModeState, NvmlOptions};
-use crate::gpu::MigSwitch;
-use crate::gpu::model::GpuModel;
 use super::{
     GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo, NvmlApi, NvmlResult, brand_name, code,
     cuda_version,
 };
+use crate::gpu::MigSwitch;
 use crate::gpu::catalog::find_model_by_pci_id;
 use crate::gpu::layout::Placement;
+use crate::gpu::model::GpuModel;
 
 /// The report as text, one block per GPU. NVML errors are printed in place, not returned.
 pub fn inventory_report<A: NvmlApi>(api: &A) -> String {

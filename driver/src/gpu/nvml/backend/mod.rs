@@ -46,9 +46,9 @@ use std::time::{Duration, Instant};
 use cache::KnownInstances;
 pub use cache::{Clock, INSTANCE_REFRESH};
 pub use discover::model_from_nvml;
-pub(in crate::gpu::nvml) use mig_mode::{switch_base, with_pending};
 use discover::{System, discover, pcie_root};
 use events::register_health_events;
+pub(in crate::gpu::nvml) use mig_mode::{switch_base, with_pending};
 
 use super::procfs;
 use super::{NvmlApi, NvmlCallError, code};
