@@ -9,13 +9,16 @@
 //! order the allocation lists them (`status.allocation.devices.config`: the scheduler copies the
 //! classes' configs before the claim's).
 //!
-//! Version `v1alpha1` has one kind, [`MigDeviceConfig`], with one sharing strategy,
-//! [`SharingStrategy::Exclusive`] (the default: one claim, its containers alone on the slice).
+//! Version `v1alpha1` has one kind, [`MigDeviceConfig`], with two sharing strategies:
+//! [`SharingStrategy::Exclusive`] (the default: one claim, its containers alone on the slice) and
+//! [`SharingStrategy::Mps`] (the claim's containers share the slice through an MPS control daemon
+//! of its own, with the limits of [`MpsConfig`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
-use serde::{Deserialize, Serialize};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::DRIVER_NAME;
 
@@ -25,7 +28,7 @@ pub const API_VERSION: &str = "mig.das.com/v1alpha1";
 pub const KIND_MIG_DEVICE_CONFIG: &str = "MigDeviceConfig";
 
 /// The configuration of the devices of one request (`kind: MigDeviceConfig`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MigDeviceConfig {
     /// How the device's slice is shared; absent: [`SharingStrategy::Exclusive`].
@@ -33,20 +36,176 @@ pub struct MigDeviceConfig {
     pub sharing: Option<Sharing>,
 }
 
+impl MigDeviceConfig {
+    /// The MPS settings when the strategy is [`SharingStrategy::Mps`] (an absent `mps` is the
+    /// default: no limits); `None` for an exclusive device.
+    pub fn mps(&self) -> Option<MpsConfig> {
+        let sharing = self.sharing.as_ref()?;
+        (sharing.strategy == SharingStrategy::Mps).then(|| sharing.mps.clone().unwrap_or_default())
+    }
+
+    /// The checks serde cannot make: `mps` only with strategy `MPS`, and a pinned memory limit
+    /// that is a quantity of at least 1 MiB.
+    ///
+    /// # Errors
+    /// What is wrong and what is valid, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let Some(sharing) = &self.sharing else {
+            return Ok(());
+        };
+        match (&sharing.strategy, &sharing.mps) {
+            (SharingStrategy::Exclusive, Some(_)) => Err(
+                "sharing.mps is set but sharing.strategy is Exclusive; set strategy: MPS, or remove mps"
+                    .into(),
+            ),
+            (_, Some(mps)) => mps.pinned_device_memory_limit_mib().map(|_| ()),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// How a slice is shared (`sharing`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Sharing {
     /// The strategy.
     pub strategy: SharingStrategy,
+    /// The MPS limits (`sharing.mps`); only with [`SharingStrategy::Mps`], optional there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsConfig>,
 }
 
 /// A sharing strategy (`sharing.strategy`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SharingStrategy {
-    /// The claim's containers alone use the slice (the only strategy of `v1alpha1`).
+    /// The claim's containers alone use the slice, each CUDA process with its own context.
     #[default]
     Exclusive,
+    /// The claim's containers use the slice through one MPS control daemon per slice (NVIDIA
+    /// CUDA Multi-Process Service): their CUDA processes share the slice's compute concurrently,
+    /// within the limits of [`MpsConfig`] (docs/design.md §7, "MPS on a slice").
+    #[serde(rename = "MPS")]
+    Mps,
+}
+
+/// The limits of an MPS device (`sharing.mps`), set through the slice's MPS control daemon as
+/// its defaults for every client (NVIDIA's `nvidia-cuda-mps-control` commands
+/// `set_default_active_thread_percentage` and `set_default_device_pinned_mem_limit`). Absent
+/// fields set no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MpsConfig {
+    /// The share of the slice's multiprocessors each client's kernels may use, in percent
+    /// (1 to 100).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "percentage"
+    )]
+    pub active_thread_percentage: Option<u8>,
+    /// The device memory each client may pin, a Kubernetes quantity (`2Gi`, `512Mi`); applied
+    /// in whole MiB (rounded down), at least 1 MiB, at most the slice's memory (checked at
+    /// prepare, where the slice is known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_device_memory_limit: Option<Quantity>,
+}
+
+impl MpsConfig {
+    /// The pinned memory limit in MiB (bytes / 2^20, rounded down), if one is set.
+    ///
+    /// # Errors
+    /// The quantity does not parse ([`quantity_bytes`]) or is below 1 MiB.
+    pub fn pinned_device_memory_limit_mib(&self) -> Result<Option<u64>, String> {
+        let Some(q) = &self.pinned_device_memory_limit else {
+            return Ok(None);
+        };
+        let field = "sharing.mps.pinnedDeviceMemoryLimit";
+        let bytes = quantity_bytes(&q.0).map_err(|e| format!("{field} {:?}: {e}", q.0))?;
+        let mib = bytes >> 20;
+        if mib == 0 {
+            return Err(format!(
+                "{field} {:?} is below 1Mi; valid: a memory size of at least 1Mi, e.g. 2Gi",
+                q.0
+            ));
+        }
+        Ok(Some(mib))
+    }
+}
+
+/// Reads `activeThreadPercentage`: an integer from 1 to 100, anything else an error that
+/// names the field and the range.
+fn percentage<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    match v.as_u64() {
+        Some(n @ 1..=100) => Ok(Some(n as u8)),
+        _ => Err(serde::de::Error::custom(format!(
+            "sharing.mps.activeThreadPercentage {v} is not valid; valid: an integer from 1 to 100"
+        ))),
+    }
+}
+
+/// The bytes of a Kubernetes quantity (`apimachinery` `resource.Quantity`): a decimal number
+/// (`1`, `1.5`), then a binary suffix (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`, `Ei`: powers of 1024), a
+/// decimal one (`k`, `M`, `G`, `T`, `P`, `E`: powers of 1000), or an exponent (`1e9`); fractions
+/// of a byte are dropped. Negative values and milli-units (`m`) are no memory size.
+///
+/// # Errors
+/// What is not valid, and what is.
+pub fn quantity_bytes(q: &str) -> Result<u64, String> {
+    const VALID: &str = "valid: a number with an optional suffix Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or exponent, e.g. 2Gi or 512Mi";
+    let q = q.trim();
+    let end = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(end);
+    let number = number.strip_prefix('+').unwrap_or(number);
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits_ok = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && frac.is_empty()) || !digits_ok(whole) || !digits_ok(frac) {
+        return Err(format!("not a quantity; {VALID}"));
+    }
+    // value = mantissa / 10^frac_len × multiplier, computed in u128 to stay exact.
+    let mantissa: u128 = format!("{whole}{frac}")
+        .parse()
+        .map_err(|_| format!("too large; {VALID}"))?;
+    let (num, den): (u128, u128) = match suffix {
+        "" => (1, 1),
+        "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => {
+            let i = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+                .iter()
+                .position(|s| *s == suffix)
+                .unwrap_or(0) as u32;
+            (1u128 << (10 * (i + 1)), 1)
+        }
+        "k" => (1_000, 1),
+        "M" => (1_000_000, 1),
+        "G" => (1_000_000_000, 1),
+        "T" => (1_000_000_000_000, 1),
+        "P" => (1_000_000_000_000_000, 1),
+        "E" => (1_000_000_000_000_000_000, 1),
+        s if s.starts_with(['e', 'E']) => {
+            let exp: u32 = s[1..]
+                .strip_prefix('+')
+                .unwrap_or(&s[1..])
+                .parse()
+                .map_err(|_| format!("bad exponent {s:?}; {VALID}"))?;
+            (
+                10u128
+                    .checked_pow(exp)
+                    .ok_or(format!("too large; {VALID}"))?,
+                1,
+            )
+        }
+        other => return Err(format!("unknown suffix {other:?}; {VALID}")),
+    };
+    let scale = 10u128
+        .checked_pow(frac.len() as u32)
+        .ok_or(format!("too many decimals; {VALID}"))?;
+    let bytes = mantissa
+        .checked_mul(num)
+        .ok_or(format!("too large; {VALID}"))?
+        / (den * scale);
+    u64::try_from(bytes).map_err(|_| format!("too large; {VALID}"))
 }
 
 /// The envelope every config has: `apiVersion` and `kind` select the type the rest decodes as.
@@ -62,7 +221,7 @@ struct TypeMeta {
 /// # Errors
 /// What is wrong and what is valid: not an object, a missing or unknown `apiVersion` or `kind`,
 /// an unknown field or a wrong value (serde's message, which names the field and the expected
-/// fields or variants).
+/// fields or variants), or a check of [`MigDeviceConfig::validate`].
 pub fn decode(parameters: &serde_json::Value) -> Result<MigDeviceConfig, String> {
     let Some(object) = parameters.as_object() else {
         return Err(format!(
@@ -92,8 +251,12 @@ pub fn decode(parameters: &serde_json::Value) -> Result<MigDeviceConfig, String>
     let mut rest = object.clone();
     rest.remove("apiVersion");
     rest.remove("kind");
-    serde_json::from_value(serde_json::Value::Object(rest))
-        .map_err(|e| format!("{KIND_MIG_DEVICE_CONFIG}: {e}"))
+    let config: MigDeviceConfig = serde_json::from_value(serde_json::Value::Object(rest))
+        .map_err(|e| format!("{KIND_MIG_DEVICE_CONFIG}: {e}"))?;
+    config
+        .validate()
+        .map_err(|e| format!("{KIND_MIG_DEVICE_CONFIG}: {e}"))?;
+    Ok(config)
 }
 
 /// The config of each request of `rc`'s allocation that DAS serves, by request name as the

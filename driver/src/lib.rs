@@ -18,6 +18,9 @@
 //! - [`gpu`]: GPU models and MIG profile tables (data files), the backend trait, and the
 //!   emulated and NVML backends.
 //! - [`blocking`]: where blocking backend and file calls run (threads, or inline in tests).
+//! - [`mps`]: MPS on a slice: the MPS control daemon of each slice whose claim asks for MPS
+//!   sharing (its directories, commands and limits, pure; the process and its supervision; the
+//!   emulated GPUs' stand-in daemon).
 //! - [`metrics`]: the plugin's Prometheus metrics (served by `das_runtime::probes`).
 //! - [`node_checks`]: start-up checks of the node set-up the CDI specs rely on (the NVIDIA
 //!   container toolkit's config, the unified-memory device nodes), reported as Node events.
@@ -26,7 +29,7 @@
 //!
 //! Dependencies point one way, without circles: `plugin` → `claims` → `health` → `publish` →
 //! `gpu` → `blocking`, each part also using any further down the chain and `events` and
-//! `metrics`; `node_checks` → `events`, `metrics`; `events`, `metrics` and `blocking` depend on nothing of
+//! `metrics`; `claims` → `mps` → `metrics`; `node_checks` → `events`, `metrics`; `events`, `metrics` and `blocking` depend on nothing of
 //! the crate. (`claims` → `health`: the request path tells the health monitor which MIG
 //! instances no claim holds; health never reads claims.) The design is in
 //! docs/design.md; how the parts run together in docs/architecture.md.
@@ -39,6 +42,7 @@ pub mod health;
 pub mod metrics;
 #[cfg(test)]
 mod mock_api_server;
+pub mod mps;
 pub mod node_checks;
 pub mod plugin;
 pub mod publish;

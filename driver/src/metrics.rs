@@ -101,6 +101,8 @@ pub struct Metrics {
     node_setup_warning: Family<CheckLabels, Gauge>,
     mig_mode_switches: Family<SwitchLabels, Counter>,
     mig_mode_switchable: Family<GpuLabels, Gauge>,
+    mps_daemons: Gauge,
+    mps_daemon_restarts: Family<ResultLabels, Counter>,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
 }
@@ -140,6 +142,18 @@ impl Metrics {
         let node_setup_warning = Family::<CheckLabels, Gauge>::default();
         let mig_mode_switches = Family::<SwitchLabels, Counter>::default();
         let mig_mode_switchable = Family::<GpuLabels, Gauge>::default();
+        let mps_daemons = Gauge::default();
+        let mps_daemon_restarts = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "mps_daemons",
+            "MPS control daemons the plugin supervises, one per prepared MPS slice (docs/design.md, \"MPS on a slice\"): running, or being started again after an exit",
+            mps_daemons.clone(),
+        );
+        registry.register(
+            "mps_daemon_restarts",
+            "Starts of an MPS control daemon after it exited (with its limits applied again), by result: ok, or failure (retried with backoff up to 30 s)",
+            mps_daemon_restarts.clone(),
+        );
         registry.register(
             "mig_mode_switches",
             "MIG mode switches a prepare made (docs/design.md, \"MIG mode follows demand\"), by the mode switched to (on, off) and result: ok, or the backend error's kind (reset_required, in_use, …; the GPU then keeps its mode and serves only what it serves)",
@@ -260,6 +274,8 @@ impl Metrics {
             node_setup_warning,
             mig_mode_switches,
             mig_mode_switchable,
+            mps_daemons,
+            mps_daemon_restarts,
         }
     }
 
@@ -351,6 +367,21 @@ impl Metrics {
                 gpu: gpu.to_string(),
             })
             .set(i64::from(allowed));
+    }
+
+    /// Sets the number of supervised MPS control daemons.
+    pub fn set_mps_daemons(&self, n: usize) {
+        self.mps_daemons.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one start of an MPS control daemon after it exited, by whether it worked.
+    pub fn mps_daemon_restarted(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failure" };
+        self.mps_daemon_restarts
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
     }
 
     /// Counts one XID error on GPU `gpu`.
@@ -447,6 +478,8 @@ mod tests {
         m.set_feature_gate_off("DRADeviceTaints", false);
         m.set_node_setup_warning("nvidia_uvm", true);
         m.set_node_setup_warning("visible_devices_envvar", false);
+        m.set_mps_daemons(2);
+        m.mps_daemon_restarted(true);
         let text = m.probe.encode();
         assert!(
             text.contains(
@@ -477,6 +510,8 @@ mod tests {
             r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRADeviceTaints"} 0"#,
             r#"das_kubelet_plugin_node_setup_warning{check="nvidia_uvm"} 1"#,
             r#"das_kubelet_plugin_node_setup_warning{check="visible_devices_envvar"} 0"#,
+            "das_kubelet_plugin_mps_daemons 2",
+            r#"das_kubelet_plugin_mps_daemon_restarts_total{result="ok"} 1"#,
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");
         }

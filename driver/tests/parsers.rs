@@ -35,6 +35,11 @@ fn valid_checkpoint() -> Vec<u8> {
             ci_id: 0,
             mig_uuid: "MIG-x".into(),
         }),
+        // An MPS device (version 6), so the parser's cases cover its field too.
+        mps: Some(das_driver::mps::MpsLimits {
+            active_thread_percentage: Some(50),
+            pinned_device_memory_limit_mib: Some(2048),
+        }),
     };
     cp.set_completed("uid-1", "ns", "c", vec![device.clone()], BTreeMap::new());
     cp.set_releasing("uid-2", "ns", "d", vec![device]);

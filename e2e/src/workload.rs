@@ -210,6 +210,34 @@ pub async fn wait_pod_event(client: &Client, pod: &str, reason: &str) -> Result<
     .await
 }
 
+/// Waits for an Event with `reason` on pod `pod` in [`NS`] whose message contains `text`;
+/// returns its message. For a prepare failure, whose first event may come from before the
+/// plugin registered (`DRA driver mig.das.com is not registered`), with another message.
+pub async fn wait_pod_event_containing(
+    client: &Client,
+    pod: &str,
+    reason: &str,
+    text: &str,
+) -> Result<String> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NS);
+    wait::until(
+        &format!("a {reason} event on {pod} saying {text:?}"),
+        wait::TIMEOUT,
+        || async {
+            let lp = kube::api::ListParams::default().fields(&format!("involvedObject.name={pod}"));
+            Ok(events
+                .list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(text)))
+        },
+    )
+    .await
+}
+
 /// The phase of pod `name` in [`NS`], or "" when it has none yet.
 pub async fn phase(client: &Client, name: &str) -> Result<String> {
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);

@@ -6,7 +6,7 @@
 use anyhow::{Context, Result, ensure};
 use das_e2e::Cluster;
 use das_e2e::plugin::{cluster_with_plugins, live_slices};
-use das_e2e::workload::{NS, create_pod, wait_pod_event, wait_running};
+use das_e2e::workload::{NS, create_pod, wait_pod_event_containing, wait_running};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::Api;
 use kube::api::PostParams;
@@ -31,10 +31,16 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     template(&c, "other", "gpu.nvidia.com", json!({"not": "ours"})).await?;
 
     create_pod(&c, "bad", "bad", None).await?;
-    let msg = wait_pod_event(&c, "bad", "FailedPrepareDynamicResources").await?;
+    let msg = wait_pod_event_containing(
+        &c,
+        "bad",
+        "FailedPrepareDynamicResources",
+        "device configuration for mig.das.com",
+    )
+    .await?;
     ensure!(
         msg.contains("device configuration for mig.das.com")
-            && msg.contains("unknown field `timeSlice`, expected `strategy`"),
+            && msg.contains("unknown field `timeSlice`, expected `strategy` or `mps`"),
         "bad's event does not give the decoder's message: {msg}"
     );
     ensure!(

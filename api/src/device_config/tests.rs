@@ -23,6 +23,47 @@ fn a_config_decodes_with_exclusive_as_the_default() {
 }
 
 #[test]
+fn an_mps_config_decodes_with_its_limits() {
+    let full = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+        "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 50, "pinnedDeviceMemoryLimit": "2Gi"}}});
+    let c = ok(full);
+    let mps = c.mps().unwrap();
+    assert_eq!(mps.active_thread_percentage, Some(50));
+    assert_eq!(mps.pinned_device_memory_limit_mib(), Ok(Some(2048)));
+    // No `mps`: MPS without limits; exclusive: no MPS at all.
+    let bare = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+        "sharing": {"strategy": "MPS"}});
+    assert_eq!(ok(bare).mps(), Some(MpsConfig::default()));
+    assert_eq!(MigDeviceConfig::default().mps(), None);
+}
+
+#[test]
+fn quantities_are_read_as_kubernetes_writes_them() {
+    for (q, bytes) in [
+        ("2Gi", 2u64 << 30),
+        ("512Mi", 512 << 20),
+        ("1.5Gi", 3 << 29),
+        ("1G", 1_000_000_000),
+        ("3e9", 3_000_000_000),
+        ("1048576", 1 << 20),
+        ("+4Ki", 4096),
+    ] {
+        assert_eq!(quantity_bytes(q), Ok(bytes), "{q}");
+    }
+    for bad in [
+        "",
+        "-1Gi",
+        "Gi",
+        "2GB",
+        "100m",
+        "1e",
+        "99999999999999999999Ei",
+    ] {
+        assert!(quantity_bytes(bad).is_err(), "{bad:?} accepted");
+    }
+}
+
+#[test]
 fn every_bad_config_says_what_is_wrong_and_what_is_valid() {
     let cases = [
         (json!("x"), "not an object"),
@@ -52,13 +93,43 @@ fn every_bad_config_says_what_is_wrong_and_what_is_valid() {
         ),
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
-                "sharing": {"strategy": "MPS"}}),
-            "unknown variant `MPS`, expected `Exclusive`",
+                "sharing": {"strategy": "Mps"}}),
+            "unknown variant `Mps`, expected `Exclusive` or `MPS`",
         ),
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
                 "sharing": {"strategy": "Exclusive", "mps": {}}}),
-            "unknown field `mps`, expected `strategy`",
+            "sharing.mps is set but sharing.strategy is Exclusive; set strategy: MPS, or remove mps",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 0}}}),
+            "sharing.mps.activeThreadPercentage 0 is not valid; valid: an integer from 1 to 100",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 300}}}),
+            "activeThreadPercentage 300 is not valid; valid: an integer from 1 to 100",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": "half"}}}),
+            "activeThreadPercentage \"half\" is not valid",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "2Gb"}}}),
+            "sharing.mps.pinnedDeviceMemoryLimit \"2Gb\": unknown suffix \"Gb\"; valid: a number with an optional suffix Ki, Mi",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "1000Ki"}}}),
+            "\"1000Ki\" is below 1Mi; valid: a memory size of at least 1Mi",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "mps": {"threads": 50}}}),
+            "unknown field `threads`, expected `activeThreadPercentage` or `pinnedDeviceMemoryLimit`",
         ),
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG, "sharing": "yes"}),
@@ -198,7 +269,7 @@ fn admission_checks_only_das_configs_by_their_field_path() {
     let e = validate_spec(&s).unwrap_err();
     assert_eq!(
         e,
-        "spec.devices.config[1].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`, expected `strategy`"
+        "spec.devices.config[1].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`, expected `strategy` or `mps`"
     );
     // The same words as a prepare of that config (decode's message).
     assert!(e.ends_with(&decode(&bad).unwrap_err()));

@@ -67,6 +67,7 @@ fn device() -> RecordedDevice {
             ci_id: 0,
             mig_uuid: "MIG-1".into(),
         }),
+        mps: None,
     }
 }
 

@@ -78,9 +78,13 @@ pub const LIBRARIES: [&str; 12] = [
 pub const TOOLS: [&str; 4] = [
     "nvidia-smi",
     "nvidia-debugdump",
-    "nvidia-cuda-mps-control",
+    MPS_CONTROL,
     "nvidia-cuda-mps-server",
 ];
+
+/// NVIDIA's MPS control binary: mounted for containers like the other tools, and run by the
+/// plugin itself as the MPS control daemon of a slice (docs/design.md §7, "MPS on a slice").
+pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 
 /// NVML's library, which every driver install has: where it is decides the library directory
 /// and, without a version from NVML, the driver version.
@@ -342,6 +346,29 @@ fn tools(root: &Path) -> Result<Vec<DriverFile>, DriverFilesError> {
 pub const MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
 impl DriverFiles {
+    /// Where this process finds tool `name` (one of [`TOOLS`], e.g. `nvidia-cuda-mps-control`,
+    /// which MPS devices run: docs/design.md §7, "MPS on a slice"), if the driver has it.
+    pub fn tool(&self, name: &str) -> Option<PathBuf> {
+        let container_path = format!("{CONTAINER_BIN_DIR}/{name}");
+        self.files
+            .iter()
+            .find(|f| f.container_path == container_path)
+            .map(|f| self.root.path.join(&f.relative))
+    }
+
+    /// The directory of the driver's libraries as this process sees it.
+    pub fn library_dir(&self) -> Option<PathBuf> {
+        let lib = self
+            .files
+            .iter()
+            .find(|f| f.container_path.starts_with(CONTAINER_LIB_DIR))?;
+        self.root
+            .path
+            .join(&lib.relative)
+            .parent()
+            .map(Path::to_path_buf)
+    }
+
     /// The CDI mounts: each file's host path (below [`DriverRoot::host_path`]) at its container
     /// path.
     pub fn mounts(&self) -> Vec<Mount> {

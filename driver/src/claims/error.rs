@@ -96,6 +96,16 @@ pub enum PrepareError {
         /// What is wrong, and what to do.
         reason: String,
     },
+    /// The MPS control daemon of a device served with MPS could not be started (or MPS is
+    /// not available on this node: no control binary). The prepare is rolled back: its
+    /// instances are destroyed (docs/design.md §7, "MPS on a slice").
+    #[error("device {device}: the MPS control daemon of its slice could not be started: {reason}")]
+    MpsDaemon {
+        /// Allocated device.
+        device: String,
+        /// What failed, with the end of the daemon's log where it wrote one.
+        reason: String,
+    },
     /// Creating an instance failed.
     #[error("device {device}: {source}{hint}")]
     Create {
@@ -172,6 +182,7 @@ impl PrepareError {
             PrepareError::InvalidConfig { .. } => "invalid_config",
             PrepareError::WholeGpuUnavailable { .. } => "whole_gpu_unavailable",
             PrepareError::MigModeSwitch { .. } => "mig_mode_switch",
+            PrepareError::MpsDaemon { .. } => "mps_daemon",
             PrepareError::Create { .. } => "create",
             PrepareError::PlacementHeld { .. } => "placement_held",
             PrepareError::Destroy { .. } => "destroy",

@@ -40,6 +40,12 @@
 //!    rule's evidence that no container of its pods is left): never because another claim
 //!    wants the placement, nor because the API server no longer has the claim.
 //!
+//! A device whose claim asks for MPS (docs/design.md §7, "MPS on a slice") takes the same path
+//! with one step more: once its instance exists, and before the CDI spec is written, its
+//! slice's MPS control daemon is started ([`crate::mps`], [`preparer::mps`]); its release stops
+//! the daemon before it destroys the instance. Its record carries its limits (checkpoint
+//! version 6), so start-up brings the daemon back.
+//!
 //! A whole GPU (docs/design.md §7, "Whole GPUs") takes the same path with nothing created: a
 //! prepare checks that its GPU has MIG mode off ([`PrepareError::WholeGpuUnavailable`]), records
 //! it (profile `gpu`, every memory slice of the GPU, no instance: checkpoint version 4) and
@@ -70,6 +76,8 @@ mod mig_mode_race_tests;
 mod mig_mode_tests;
 #[cfg(test)]
 mod model_tests;
+#[cfg(test)]
+mod mps_tests;
 #[cfg(test)]
 mod regression_tests;
 #[cfg(test)]

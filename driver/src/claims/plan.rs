@@ -22,12 +22,13 @@ use crate::claims::checkpoint::{
 use crate::gpu::MigInstance;
 
 pub(crate) mod mig_mode;
+pub(crate) mod mps;
 pub(crate) mod spec;
 pub(crate) mod whole_gpu;
 
 // The published devices' index lives with what is published; re-exported for the request path.
 pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
-pub use spec::{Holding, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
+pub use spec::{Holding, add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 pub use whole_gpu::{is_whole_gpu_name, whole_gpu_unavailable};
 
 /// A device of a claim's allocation, resolved against what this node publishes.
@@ -41,6 +42,9 @@ pub struct Planned {
     pub device: String,
     /// Where the device lives.
     pub at: DeviceRef,
+    /// The limits of its MPS control daemon, when its claim's config asks for MPS
+    /// ([`mps::with_mps`]); `None` for an exclusive device.
+    pub mps: Option<crate::mps::MpsLimits>,
 }
 
 /// Resolves the allocation of `claim` (read from the API server as `rc`) for this node.
@@ -48,7 +52,8 @@ pub struct Planned {
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
 /// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
-/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode),
+/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode, or MPS where DAS
+/// does not serve it: [`mps::with_mps`]),
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`].
@@ -77,11 +82,12 @@ pub fn resolve_allocation(
     if ours.is_empty() {
         return Err(PrepareError::NoDeviceOfOurs);
     }
-    // Every config for DAS must decode, though `v1alpha1` changes nothing a prepare does (its
-    // one strategy is the exclusive slice every claim gets): a config DAS does not understand
-    // fails the claim instead of being ignored.
-    das_api::device_config::resolve(rc).map_err(|reason| PrepareError::InvalidConfig { reason })?;
-    ours.into_iter()
+    // Every config for DAS must decode: a config DAS does not understand fails the claim
+    // instead of being ignored.
+    let configs = das_api::device_config::resolve(rc)
+        .map_err(|reason| PrepareError::InvalidConfig { reason })?;
+    let planned = ours
+        .into_iter()
         .map(|r| {
             if r.admin_access == Some(true) {
                 return Err(PrepareError::AdminAccess { device: r.device });
@@ -108,9 +114,11 @@ pub fn resolve_allocation(
                 pool: r.pool,
                 device: r.device,
                 at,
+                mps: None,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    mps::with_mps(planned, &configs)
 }
 
 /// The checkpoint entry of a planned device, before its instance exists (a whole GPU never has
@@ -127,6 +135,7 @@ pub fn record(p: &Planned) -> RecordedDevice {
         placement_start: p.at.start,
         placement_size: p.at.size,
         instance: None,
+        mps: p.mps.clone(),
     }
 }
 
@@ -276,7 +285,7 @@ pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepar
 }
 
 /// Whether a record holds exactly the planned allocation (request, pool, device and its kind,
-/// in order).
+/// and its MPS limits, in order).
 pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
     r.devices.len() == planned.len()
         && r.devices.iter().zip(planned).all(|(d, p)| {
@@ -285,6 +294,7 @@ pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
                 && d.device == p.device
                 && d.gpu_uuid == p.at.gpu_uuid
                 && d.kind == p.at.kind
+                && d.mps == p.mps
         })
 }
 

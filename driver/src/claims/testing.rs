@@ -87,6 +87,23 @@ impl MemoryApi {
         status.reserved_for = serde_json::from_value(json!(pods)).expect("reservedFor");
     }
 
+    /// Sets the claim's allocated configs (`status.allocation.devices.config`): one opaque
+    /// config for `mig.das.com` from the claim, for every request, with `parameters`.
+    pub fn configure(&self, claim: &ClaimRef, parameters: serde_json::Value) {
+        let mut claims = self.claims.lock().unwrap();
+        let rc = claims
+            .get_mut(&(claim.namespace.clone(), claim.name.clone()))
+            .expect("claim");
+        let config = serde_json::from_value(json!([{"source": "FromClaim",
+            "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}]))
+        .expect("config");
+        let allocation = rc.status.as_mut().and_then(|s| s.allocation.as_mut());
+        let devices = allocation
+            .and_then(|a| a.devices.as_mut())
+            .expect("devices");
+        devices.config = Some(config);
+    }
+
     /// Deletes the claim, if the API server still has it (with its UID).
     pub fn delete(&self, claim: &ClaimRef) {
         if self.has(claim) {
@@ -227,6 +244,13 @@ pub fn preparer_with(
         metrics: Arc::new(Metrics::new()),
         blocking,
         orphans,
+        // No control binary: the request path's tests have no MPS device (the daemons' life is
+        // driver/tests/mps_daemon.rs, with the stand-in).
+        mps: Arc::new(crate::mps::MpsDaemons::new(
+            None,
+            dir,
+            Arc::new(Metrics::new()),
+        )),
     })
 }
 

@@ -82,6 +82,13 @@ pub(crate) struct Args {
     /// Default: --driver-root.
     #[arg(long, env = "DAS_HOST_DRIVER_ROOT", requires = "driver_root")]
     pub(crate) host_driver_root: Option<PathBuf>,
+    /// The MPS control binary the MPS devices' daemons run (docs/design.md §7, "MPS on a
+    /// slice"): a program that behaves as NVIDIA's `nvidia-cuda-mps-control` (`-f` runs the
+    /// daemon, no `-f` sends standard input's commands to it). Default: `nvidia-cuda-mps-control`
+    /// among the driver files under --driver-root; with --emulated-gpus, this binary's stand-in
+    /// daemon.
+    #[arg(long, env = "DAS_MPS_CONTROL_BINARY")]
+    pub(crate) mps_control_binary: Option<PathBuf>,
     /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
     /// during a rolling update.
     #[arg(long, env = "POD_UID")]

@@ -27,6 +27,7 @@ use das_driver::claims::checkpoint::{self, CheckpointStore};
 use das_driver::claims::{ClaimHandler, KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::health::{HealthBook, HealthMonitor, HealthSource};
 use das_driver::metrics::Metrics;
+use das_driver::mps::MpsDaemons;
 use das_driver::node_checks;
 use das_driver::plugin::handover::{self, Background, Ended, Gate, Gated, Limits};
 use das_driver::plugin::server::{self, SocketPaths};
@@ -41,12 +42,19 @@ use tokio_util::sync::CancellationToken;
 
 use args::{Args, health_policy, orphan_policy};
 use node::{
-    Gpus, check_node, device_nodes, load_checkpoint, open_emulated, stand_in_driver_mounts,
+    Gpus, check_node, device_nodes, load_checkpoint, mps_control_binary, open_emulated,
+    stand_in_driver_mounts,
 };
 use print::{print_inventory, print_resource_slices};
 
 /// Parses the flags; runs a print mode, or the plugin until it is stopped.
 fn main() -> ExitCode {
+    // The emulated GPUs' stand-in MPS control daemon (das_driver::mps::stand_in): a hidden
+    // subcommand, so the image needs no binary of its own for it.
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(das_driver::mps::stand_in::SUBCOMMAND) {
+        return ExitCode::from(das_driver::mps::stand_in::main(&argv[2..]));
+    }
     let args = Args::parse();
     if let Err(code) = process::start("das-kubelet-plugin", &args.log) {
         return code;
@@ -162,6 +170,11 @@ async fn run(args: Args) -> Result<()> {
         Some(mounts) => mounts,
         None => stand_in_driver_mounts(&args, &inventory)?,
     };
+    let mps = Arc::new(MpsDaemons::new(
+        mps_control_binary(&args, node.mps_control)?,
+        &args.state_dir,
+        metrics.clone(),
+    ));
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &node.boot_id)?;
     let api = Arc::new(KubeClaimApi::new(client.clone(), &args.node_name));
@@ -181,6 +194,7 @@ async fn run(args: Args) -> Result<()> {
         metrics: metrics.clone(),
         blocking: BlockingCalls::Threads,
         orphans: orphan_policy(&args),
+        mps,
     }));
     let report = preparer
         .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)

@@ -2,17 +2,19 @@
 //! the GPUs, the driver's files, the node set-up, the boot ID), the GPU backends (NVML or
 //! emulated), the CDI specs' device nodes and driver mounts, and the checkpoint.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use das_driver::claims::cdi::{DeviceNodes, Mount};
 use das_driver::claims::checkpoint::{self, Checkpoint, LoadOutcome};
-use das_driver::claims::driver_files::{self, DriverRoot};
+use das_driver::claims::driver_files::{self, DriverFiles, DriverRoot};
 use das_driver::gpu::emulated::EMULATED_DRIVER_VERSION;
 use das_driver::gpu::emulated::device_nodes;
 use das_driver::gpu::emulated::driver_files::create_stand_in_driver;
 use das_driver::gpu::nvml::procfs;
 use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml};
+use das_driver::mps::ControlBinary;
 use das_driver::node_checks::{self, HostView, NodeChecks};
 
 use crate::args::Args;
@@ -31,6 +33,9 @@ pub(crate) struct NodeCheck {
     /// CDI mounts of the driver's files under --driver-root; `None` without it (the emulated
     /// stand-in install, if any, is made after taking over).
     pub(crate) driver_mounts: Option<Vec<Mount>>,
+    /// NVIDIA's MPS control binary among the driver's files under --driver-root, with the
+    /// driver's library directory (as this process sees both), if the driver has it.
+    pub(crate) mps_control: Option<(PathBuf, Option<PathBuf>)>,
     /// What the checks of the node set-up found (real GPUs only; reported after taking over,
     /// when the API client exists).
     pub(crate) setup: Option<NodeChecks>,
@@ -71,7 +76,7 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
             )
         }
     };
-    let driver_mounts = match &args.driver_root {
+    let files = match &args.driver_root {
         Some(path) => {
             let root = DriverRoot {
                 path: path.clone(),
@@ -84,6 +89,11 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
         }
         None => None,
     };
+    let mps_control = files.as_ref().and_then(|f| {
+        f.tool(driver_files::MPS_CONTROL)
+            .map(|bin| (bin, f.library_dir()))
+    });
+    let driver_mounts = files.map(|f| f.mounts());
     // The toolkit's config and the unified-memory nodes: problems are reported, never fatal.
     let setup = match &gpus {
         Gpus::Nvml { .. } => Some(node_checks::run(&HostView::new(
@@ -98,6 +108,7 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
         gpus,
         inventory,
         driver_mounts,
+        mps_control,
         setup,
         boot_id,
     })
@@ -161,15 +172,15 @@ pub(crate) fn init_nvml() -> Result<RealNvml> {
     )
 }
 
-/// The CDI mounts of the driver's files under `root` ([`driver_files`]); read-only.
-fn find_driver_files(root: &DriverRoot, inventory: &[GpuInfo]) -> Result<Vec<Mount>> {
+/// The driver's files under `root` ([`driver_files`]); read-only.
+fn find_driver_files(root: &DriverRoot, inventory: &[GpuInfo]) -> Result<DriverFiles> {
     let version = inventory.first().map(|g| g.driver_version.clone());
     let files = driver_files::discover(root, version.as_deref())
         .context("find the NVIDIA driver's files for the containers")?;
     tracing::info!(root = %root.path.display(), host_root = %root.host_path.display(),
         version = %files.version, files = files.files.len(),
         "driver files for the containers found: every claim's CDI spec mounts them");
-    Ok(files.mounts())
+    Ok(files)
 }
 
 /// Without --driver-root: the CDI mounts of the emulated GPUs' stand-in driver install next to
@@ -188,13 +199,46 @@ pub(crate) fn stand_in_driver_mounts(args: &Args, inventory: &[GpuInfo]) -> Resu
         .map_or(EMULATED_DRIVER_VERSION, |g| g.driver_version.as_str());
     create_stand_in_driver(&path, version)
         .with_context(|| format!("stand-in driver install in {}", path.display()))?;
-    find_driver_files(
+    Ok(find_driver_files(
         &DriverRoot {
             host_path: path.clone(),
             path,
         },
         inventory,
-    )
+    )?
+    .mounts())
+}
+
+/// The MPS control binary (docs/design.md §7, "MPS on a slice"): --mps-control-binary; else
+/// the emulated GPUs' stand-in (this binary's hidden subcommand); else NVIDIA's
+/// `nvidia-cuda-mps-control` among the driver files; else none (MPS devices are refused with
+/// the reason).
+pub(crate) fn mps_control_binary(
+    args: &Args,
+    found: Option<(PathBuf, Option<PathBuf>)>,
+) -> Result<Option<ControlBinary>> {
+    let emulated = args.emulated_gpus.is_some();
+    let binary = match (&args.mps_control_binary, emulated, found) {
+        (Some(path), _, found) => {
+            let lib = found.and_then(|(_, lib)| lib);
+            let mut b = ControlBinary::nvidia(path.clone(), lib.as_deref());
+            // Emulated GPUs have no MPS server to share memory with.
+            b.shm_over_dev_shm = !emulated;
+            Some(b)
+        }
+        (None, true, _) => Some(ControlBinary::stand_in(
+            std::env::current_exe().context("find this binary for the stand-in MPS daemon")?,
+        )),
+        (None, false, Some((bin, lib))) => Some(ControlBinary::nvidia(bin, lib.as_deref())),
+        (None, false, None) => None,
+    };
+    match &binary {
+        Some(b) => {
+            tracing::info!(program = %b.program.display(), "MPS devices are served with this MPS control binary")
+        }
+        None => tracing::warn!("{}", das_driver::mps::supervisor::NO_BINARY),
+    }
+    Ok(binary)
 }
 
 /// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins

@@ -22,6 +22,10 @@
 //! - a whole GPU (MIG mode off; docs/design.md §7, "Whole GPUs") carries its GPU's
 //!   `/dev/nvidia<N>` and no capability nodes, and sets [`gpu_uuid_env_key`] (same naming) to the
 //!   GPU's UUID;
+//! - a device served with MPS (docs/design.md §7, "MPS on a slice") also sets
+//!   `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps` and mounts its slice's MPS pipe directory there
+//!   and its shm directory at `/dev/shm` ([`MpsMounts`]); a claim has at most one such device,
+//!   so within a claim the key is never set twice;
 //! - the spec-level edits, the same in every DAS spec, add `/dev/nvidiactl` and the UVM nodes and
 //!   set `NVIDIA_VISIBLE_DEVICES=void`, as NVIDIA's own CDI generator does (`nvidia-ctk cdi
 //!   generate`), so the NVIDIA container runtime hook adds no GPUs of its own (a CUDA image's
@@ -59,7 +63,7 @@ pub use schema::{
     validate_claim_uid, validate_device_name, validate_kind,
 };
 pub use spec::{
-    ClaimSpec, DeviceNodes, GPU_UUID_ENV_PREFIX, MIG_UUID_ENV_PREFIX, NVIDIA_UVM_PATH,
+    ClaimSpec, DeviceNodes, GPU_UUID_ENV_PREFIX, MIG_UUID_ENV_PREFIX, MpsMounts, NVIDIA_UVM_PATH,
     NVIDIA_UVM_TOOLS_PATH, NVIDIA_VISIBLE_DEVICES_VOID, NVIDIACTL_PATH, PreparedGpu,
     PreparedInstance, SpecDevice, add_spec_mounts, build_claim_spec, device_name, gpu_uuid_env_key,
     mig_uuid_env_key, place_device_nodes, rehost_device_nodes, without_device_nodes,

@@ -88,6 +88,59 @@ pub struct SpecDevice {
     /// The whole GPUs it gives a container: one for an allocated whole GPU, none for a MIG
     /// device.
     pub gpus: Vec<PreparedGpu>,
+    /// Its slice's MPS daemon, for a device served with MPS (docs/design.md §7, "MPS on a
+    /// slice").
+    pub mps: Option<MpsMounts>,
+}
+
+/// What a container of an MPS device gets of its slice's MPS control daemon: the daemon's pipe
+/// directory at [`crate::mps::layout::CONTAINER_PIPE_DIR`] with `CUDA_MPS_PIPE_DIRECTORY`
+/// naming it, and the slice's shm directory as `/dev/shm` (MPS clients and their server share
+/// memory there), as NVIDIA's DRA driver gives its MPS claims.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsMounts {
+    /// Host path of the daemon's pipe directory.
+    pub pipe_dir: String,
+    /// Host path of the slice's shm directory.
+    pub shm_dir: String,
+}
+
+impl MpsMounts {
+    /// The variable that points CUDA at the pipe directory.
+    pub fn env(&self) -> String {
+        format!(
+            "{}={}",
+            crate::mps::layout::PIPE_DIR_ENV,
+            crate::mps::layout::CONTAINER_PIPE_DIR
+        )
+    }
+
+    /// The two bind mounts: the pipe directory (read-write: clients make their pipes there)
+    /// and the shm directory (without exec, as `/dev/shm` is mounted).
+    pub fn mounts(&self) -> Vec<Mount> {
+        let options = |extra: &[&str]| {
+            ["rw", "nosuid", "nodev"]
+                .iter()
+                .chain(extra)
+                .chain(&["bind"])
+                .map(|o| o.to_string())
+                .collect()
+        };
+        vec![
+            Mount {
+                host_path: self.pipe_dir.clone(),
+                container_path: crate::mps::layout::CONTAINER_PIPE_DIR.to_string(),
+                options: options(&[]),
+                mount_type: None,
+            },
+            Mount {
+                host_path: self.shm_dir.clone(),
+                container_path: crate::mps::layout::CONTAINER_SHM_DIR.to_string(),
+                options: options(&["noexec"]),
+                mount_type: None,
+            },
+        ]
+    }
 }
 
 /// A claim's spec and the CDI device IDs to return to the kubelet.
@@ -134,8 +187,8 @@ pub const NVIDIA_VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 /// Builds DAS's spec for a claim: kind [`das_api::CDI_KIND`], one CDI device per
 /// [`SpecDevice`], named `<claimUID>-<key>`, with the instances' device nodes (parent GPU once per
 /// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per instance, or a
-/// whole GPU's device node and one [`gpu_uuid_env_key`] variable; the
-/// spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
+/// whole GPU's device node and one [`gpu_uuid_env_key`] variable, and for a device served with
+/// MPS its [`MpsMounts`]; the spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
 /// [`NVIDIA_VISIBLE_DEVICES_VOID`] (see [`super`] for why the edits compose).
 /// `cdiVersion` is the minimum the spec needs.
 ///
@@ -285,10 +338,15 @@ fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, 
             mig_uuid_env_key(claim_uid, &instance.request, instance.index)
         ));
     }
+    let mut mounts = Vec::new();
+    if let Some(mps) = &device.mps {
+        env.push(mps.env());
+        mounts = mps.mounts();
+    }
     Ok(ContainerEdits {
         env,
         device_nodes: instance_device_nodes(&device.gpus, &device.instances),
-        mounts: Vec::new(),
+        mounts,
         hooks: Vec::new(),
     })
 }

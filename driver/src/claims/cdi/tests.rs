@@ -9,6 +9,8 @@ use serde_json::json;
 use super::files::{dir_file_names, temp_file_name};
 use super::*;
 
+mod mps;
+
 const UID: &str = "8f2c1a7e-0b1d-4c55-9a0e-3d2f6b7c8d9e";
 
 fn instance(n: u32, parent: u32) -> PreparedInstance {
@@ -29,6 +31,7 @@ fn device(key: &str, instances: Vec<PreparedInstance>) -> SpecDevice {
         key: key.to_string(),
         instances,
         gpus: Vec::new(),
+        mps: None,
     }
 }
 
@@ -53,6 +56,7 @@ fn whole(request: &str, index: usize, minor: u32) -> SpecDevice {
             request: request.into(),
             index,
         }],
+        mps: None,
     }
 }
 

@@ -1,5 +1,5 @@
-//! The checkpoint document (version 5; see [`super`] for the JSON): the record types, the
-//! checksum, encoding and decoding with the upgrades of versions 1 to 4, and the in-memory
+//! The checkpoint document (version 6; see [`super`] for the JSON): the record types, the
+//! checksum, encoding and decoding with the upgrades of versions 1 to 5, and the in-memory
 //! changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ pub use crate::publish::devices::DeviceKind;
 mod kind;
 pub(super) mod v1;
 
-/// Version of the document this module writes. It also reads versions 1 to 4 (see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 5;
+/// Version of the document this module writes. It also reads versions 1 to 5 (see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 6;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -75,6 +75,11 @@ pub struct RecordedDevice {
     /// The MIG instance created for the device, once created; always absent for a whole GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceId>,
+    /// The limits of the device's MPS control daemon, for a device whose claim asks for MPS
+    /// sharing (docs/design.md §7, "MPS on a slice"; version 6): its daemon runs while the
+    /// record does. Absent for an exclusive device, which so serializes as in version 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<crate::mps::MpsLimits>,
 }
 
 impl RecordedDevice {
@@ -389,10 +394,11 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
     let version = value.get("version");
     match version.and_then(serde_json::Value::as_u64) {
         // Version 2 is version 3 without `pods`, version 3 is version 4 without a device's
-        // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`:
-        // the same document type reads all four, and its checksum covers the version the file
-        // has (a MIG device serializes as it did, and no switch is left out).
-        Some(v @ (2..=4 | CHECKPOINT_VERSION)) => {
+        // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`,
+        // version 5 is version 6 without a device's `mps`: the same document type reads all
+        // five, and its checksum covers the version the file has (a MIG device serializes as
+        // it did, an exclusive one without `mps`, and no switch is left out).
+        Some(v @ (2..=5 | CHECKPOINT_VERSION)) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;

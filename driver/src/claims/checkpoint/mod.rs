@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 5,
+//!   "version": 6,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
@@ -25,7 +25,8 @@
 //!       "devices": [{"request": "gpu", "pool": "node-a", "device": "gpu-0-mig-1g-10gb-6",
 //!                    "gpuIndex": 0, "gpuUUID": "GPU-…", "profile": "1g.10gb",
 //!                    "placementStart": 6, "placementSize": 2,
-//!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"}},
+//!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"},
+//!                    "mps": {"activeThreadPercentage": 50, "pinnedDeviceMemoryLimitMiB": 2048}},
 //!                   {"kind": "gpu", "request": "whole", "pool": "node-a", "device": "gpu-1",
 //!                    "gpuIndex": 1, "gpuUUID": "GPU-…", "profile": "gpu",
 //!                    "placementStart": 0, "placementSize": 8}],
@@ -51,6 +52,10 @@
 //! memory slice of the GPU, so it overlaps every placement of its GPU. `kind` is left out for a
 //! MIG device (`"mig"`, the default).
 //!
+//! A device with `mps` is served with MPS (docs/design.md §7, "MPS on a slice"): `mps` holds
+//! the limits its MPS control daemon sets, and the daemon (directory `<state dir>/mps/<id>`,
+//! `crate::mps::layout`) runs while the record does; start-up brings it back.
+//!
 //! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
 //! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
 //! ([`LoadOutcome::Upgraded`]), never treated as corrupt. Version 2 lacked `pods` (the UIDs of
@@ -59,7 +64,11 @@
 //! device's `kind` and had MIG devices only; it is read as version 4 with every device a MIG
 //! device (a version-3 file's bytes are a valid version-4 document but for `version`). Version 4
 //! lacked `migModeSwitches` (the MIG mode switches under way, by GPU index, docs/design.md §7, "MIG
-//! mode follows demand"; left out when none); it is read as version 5 with none. An older
+//! mode follows demand"; left out when none); it is read as version 5 with none. Version 5
+//! lacked a device's `mps` (the limits of the MPS control daemon of a device whose claim asks
+//! for MPS sharing, docs/design.md §7, "MPS on a slice"; left out for an exclusive device, so
+//! a version-5 file's bytes are a valid version-6 document but for `version`); it is read as
+//! version 6 with every device exclusive. An older
 //! binary moves a newer file aside as corrupt and rebuilds from the GPUs and the API server (a
 //! downgrade loses no instance the API server still allocates; see docs/design.md for what it
 //! costs).

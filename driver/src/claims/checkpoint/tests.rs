@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use super::format::{Document, v1};
 use super::*;
 
+mod mps;
+
 const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
 
 fn device(request: &str, start: u32) -> RecordedDevice {
@@ -21,6 +23,7 @@ fn device(request: &str, start: u32) -> RecordedDevice {
         placement_start: start,
         placement_size: 2,
         instance: None,
+        mps: None,
     }
 }
 
@@ -95,7 +98,7 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 5",
+        "\"version\": 6",
         "\"pods\"",
         "\"instance\"",
         "\"giId\"",
@@ -184,10 +187,10 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 5", "\"version\": 6")).unwrap();
+    fs::write(&path, text.replace("\"version\": 6", "\"version\": 7")).unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("6".into())
+        CorruptReason::UnknownVersion("7".into())
     );
 }
 
@@ -204,6 +207,7 @@ fn whole_gpu(request: &str) -> RecordedDevice {
         placement_start: 0,
         placement_size: 8,
         instance: None,
+        mps: None,
     }
 }
 
@@ -317,7 +321,7 @@ fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
     checkpoint.save(&path).unwrap();
     let text = fs::read_to_string(&path).unwrap();
     assert!(
-        text.contains("\"version\": 5") && !text.contains("\"kind\""),
+        text.contains("\"version\": 6") && !text.contains("\"kind\""),
         "{text}"
     );
     assert_eq!(

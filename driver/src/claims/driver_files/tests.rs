@@ -43,6 +43,21 @@ fn libraries_are_mounted_under_their_soname_and_tools_in_the_bin_dir() {
     );
     assert_eq!(mounts[2].options, ["ro", "nosuid", "nodev", "bind"]);
     assert_eq!(mounts[7].host_path, "/run/nvidia/driver/usr/bin/nvidia-smi");
+    // Where the plugin itself runs a tool (MPS devices run nvidia-cuda-mps-control), and finds
+    // the libraries it loads.
+    assert_eq!(
+        found.tool("nvidia-smi"),
+        Some(dir.path().join("usr/bin/nvidia-smi"))
+    );
+    assert_eq!(
+        found.tool("nvidia-cuda-mps-control"),
+        None,
+        "not installed here"
+    );
+    assert_eq!(
+        found.library_dir(),
+        Some(dir.path().join("usr/lib/x86_64-linux-gnu"))
+    );
 }
 
 #[test]

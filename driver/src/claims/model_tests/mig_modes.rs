@@ -288,6 +288,7 @@ mod tests {
             placement_start: 0,
             placement_size: 8,
             instance: None,
+            mps: None,
         }
     }
 

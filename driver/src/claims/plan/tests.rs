@@ -23,6 +23,7 @@ fn planned(gpu: u32, start: u32, request: &str) -> Planned {
         pool: "n0".into(),
         device: device_name(gpu, "1g.10gb", start),
         at: at(gpu, start),
+        mps: None,
     }
 }
 

@@ -44,6 +44,7 @@ fn planned(gpu: u32, start: Option<u32>, request: &str) -> Planned {
             start,
             size,
         },
+        mps: None,
     }
 }
 

@@ -13,6 +13,9 @@
 //!   and the device node its CDI spec gives.
 //! - [`mig_mode`]: the switch of a GPU's MIG mode a prepare needs (docs/design.md §7, "MIG mode
 //!   follows demand"), and its recovery at start-up.
+//! - [`mps`]: the MPS control daemons of MPS devices (docs/design.md §7, "MPS on a slice"):
+//!   started once their slices exist, stopped before they are destroyed, brought back at
+//!   start-up.
 //!
 //! A whole GPU goes through the same steps with nothing created: its record holds no instance,
 //! its CDI spec gives its GPU's device node, and its release destroys nothing.
@@ -21,8 +24,8 @@
 //! settle what the checkpoint has for it (reuse a completed record after checking that its
 //! instances and CDI spec still exist, or release a half-done or stale one) → checkpoint
 //! `PrepareStarted` → create each instance at exactly the allocated placement (GPUs in parallel,
-//! one GPU's calls in turn), noting each instance in the record as soon as it exists → write the
-//! CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
+//! one GPU's calls in turn), noting each instance in the record as soon as it exists → start
+//! the MPS control daemon of an MPS device → write the CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
 //!
 //! A placement that overlaps a slice another claim's record still holds is never taken from it:
 //! the prepare waits a little for the kubelet's unprepare of that claim (the force-delete race)
@@ -53,9 +56,11 @@ use crate::claims::cdi::{self, CdiWriter};
 use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
 use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
 use crate::metrics::Metrics;
+use crate::mps::MpsDaemons;
 
 pub(crate) mod gauges;
 pub(crate) mod mig_mode;
+pub(crate) mod mps;
 pub(crate) mod orphans;
 pub(crate) mod prepare;
 pub(crate) mod reaper;
@@ -95,6 +100,8 @@ pub struct PreparerConfig {
     pub blocking: BlockingCalls,
     /// When the plugin may release a prepared claim the kubelet never unprepares.
     pub orphans: OrphanPolicy,
+    /// The MPS control daemons of MPS devices.
+    pub mps: Arc<MpsDaemons>,
 }
 
 /// Prepares and unprepares claims for this node; see the module docs.
@@ -113,6 +120,8 @@ pub struct Preparer {
     pub(crate) lifecycle: Lifecycle,
     /// Whether each GPU's MIG mode may be switched.
     pub(crate) modes: mig_mode::MigModes,
+    /// The MPS control daemons of MPS devices.
+    pub(crate) mps: Arc<MpsDaemons>,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -198,6 +207,7 @@ impl Preparer {
                 orphan_policy: config.orphans,
             },
             modes: mig_mode::MigModes::new(&config.inventory, &config.metrics),
+            mps: config.mps,
             metrics: config.metrics,
         }
     }

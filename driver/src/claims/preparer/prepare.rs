@@ -54,6 +54,7 @@ impl Preparer {
             .map_err(PrepareError::ApiRead)?;
         let planned =
             plan::resolve_allocation(claim, rc.as_ref(), &self.node.name, &self.node.devices)?;
+        self.check_mps(&planned)?;
         let pods = rc.as_ref().map(plan::reserving_pods).unwrap_or_default();
         let record = self.record_of(&claim.uid);
         match (plan::on_prepare(record.as_ref(), &planned), record) {
@@ -198,6 +199,8 @@ impl Preparer {
             return Ok(None);
         }
         let held: Vec<Holding> = held.into_iter().flatten().collect();
+        // Its MPS daemons run (supervised since the prepare or start-up); a missing one starts.
+        self.start_mps(claim, &record.devices).await?;
         self.ensure_cdi_spec(claim, record, &held)?;
         self.start_status(claim, record);
         Ok(Some(plan::kubelet_devices(record)))
@@ -238,7 +241,11 @@ impl Preparer {
         held: &[Holding],
         legacy_keys: &[String],
     ) -> Result<ClaimSpec, crate::claims::cdi::CdiError> {
-        let spec_devices = plan::spec_devices(devices, held, self.cdi.caps_major(), legacy_keys);
+        let mut spec_devices =
+            plan::spec_devices(devices, held, self.cdi.caps_major(), legacy_keys);
+        plan::add_mps_mounts(&mut spec_devices, devices, |d| {
+            self.mps_mounts(&claim.uid, d)
+        });
         self.cdi.claim_spec(&claim.uid, &spec_devices)
     }
 
@@ -282,6 +289,11 @@ impl Preparer {
                 DeviceKind::Mig => m.map(Holding::Instance),
             })
             .collect();
+        // The daemons before the spec: no container gets a pipe directory without one behind it.
+        if let Err(e) = self.start_mps(claim, &devices).await {
+            self.roll_back(claim, devices).await;
+            return Err(e);
+        }
         let t_created = t0.elapsed();
         let written = self.build_spec(claim, &devices, &held, &[]).and_then(|b| {
             self.cdi.write(&claim.uid, &b.spec)?;

@@ -1,8 +1,9 @@
 //! NodeUnprepareResources, and the release of a claim's instances it shares with the roll-back
-//! of a failed prepare, the reaper and the orphan rule: destroy exactly the recorded instances
-//! (GPUs in parallel, each under its lock), delete the CDI spec, and drop the record only once
-//! every instance is confirmed gone; what is left stays recorded as `Releasing`. A whole GPU has
-//! no instance: its release is its spec's and its record's, and never touches the GPU.
+//! of a failed prepare, the reaper and the orphan rule: stop the MPS control daemons of its MPS
+//! devices, destroy exactly the recorded instances (GPUs in parallel, each under its lock),
+//! delete the CDI spec, and drop the record only once every instance is confirmed gone; what is
+//! left stays recorded as `Releasing`. A whole GPU has no instance: its release is its spec's
+//! and its record's, and never touches the GPU.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -97,6 +98,8 @@ impl Preparer {
                 .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, marked))
                 .await?;
         }
+        // An MPS server keeps its slice in use: its daemon goes first.
+        self.stop_mps(claim, &devices).await;
         let remaining = self.destroy_devices(&claim.uid, devices).await;
         let spec = self.cdi.delete(&claim.uid);
         if remaining.is_empty() && spec.is_ok() {

@@ -48,6 +48,7 @@ impl Preparer {
             self.rebuild_from_api(&live, &mut report).await?;
         }
         self.destroy_orphans(reclaim_foreign, &mut report).await;
+        self.stop_unrecorded_mps().await;
         self.remove_stale_cdi_specs(&mut report)?;
         self.update_gauges();
         Ok(report)
@@ -82,7 +83,9 @@ impl Preparer {
             PrepareState::PrepareCompleted => {
                 self.suspect_holders(std::iter::once(&claim.uid));
                 report.kept.push(claim.to_string());
-                self.check_kept(claim, &record, live, report);
+                if self.check_kept(claim, &record, live, report) {
+                    self.bring_back_mps(claim, &record.devices).await;
+                }
                 return;
             }
             PrepareState::PrepareStarted => "rolling back a prepare that did not complete",
@@ -102,14 +105,15 @@ impl Preparer {
     }
 
     /// A kept claim: its instances should exist (a whole GPU, that this node still publishes
-    /// it); its CDI spec is written again if needed.
+    /// it); its CDI spec is written again if needed. Returns whether its instances exist (its
+    /// MPS daemons can then run).
     fn check_kept(
         &self,
         claim: &ClaimRef,
         record: &ClaimRecord,
         live: &LivePerGpu,
         report: &mut Report,
-    ) {
+    ) -> bool {
         let on_gpus: Option<Vec<MigInstance>> = record
             .devices
             .iter()
@@ -120,14 +124,14 @@ impl Preparer {
             .collect::<Option<Vec<_>>>()
             .map(|v| v.into_iter().flatten().collect());
         let Some(on_gpus) = on_gpus else {
-            return; // a GPU of the claim does not answer: nothing to check now
+            return false; // a GPU of the claim does not answer: nothing to check now
         };
         let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
         let held = self.holdings(&record.devices, &matched);
         if held.iter().any(Option::is_none) {
             tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists (or its whole GPU is no longer published here); the claim's next prepare creates it again");
             report.missing_instances.push(claim.to_string());
-            return;
+            return false;
         }
         let held: Vec<Holding> = held.into_iter().flatten().collect();
         match self.ensure_cdi_spec(claim, record, &held) {
@@ -137,6 +141,7 @@ impl Preparer {
                 tracing::error!(claim = %claim, error = %e, "writing the claim's CDI spec failed")
             }
         }
+        true
     }
 
     /// Step 4: records for live instances that claims on this node are allocated to. A whole GPU
@@ -209,12 +214,14 @@ impl Preparer {
                 .into_iter()
                 .map(|(k, id)| (k, vec![id]))
                 .collect();
+            let recorded = devices.clone();
             self.records
                 .checkpoint
                 .commit(|cp| {
-                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, devices, ids)
+                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, recorded, ids)
                 })
                 .await?;
+            self.bring_back_mps(&claim, &devices).await;
             tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
             report.rebuilt.push(claim.to_string());
         }

@@ -86,8 +86,9 @@ impl Document {
                     .devices
                     .into_iter()
                     .map(|d| RecordedDevice {
-                        // The first release knew MIG devices only.
+                        // The first release knew exclusive MIG devices only.
                         kind: DeviceKind::Mig,
+                        mps: None,
                         instance: match (d.gi_id, d.ci_id, d.mig_uuid) {
                             (Some(gi_id), Some(ci_id), Some(mig_uuid)) => Some(InstanceId {
                                 gi_id,

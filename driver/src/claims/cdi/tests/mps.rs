@@ -1,0 +1,72 @@
+//! The CDI edits of a device served with MPS (docs/design.md §7, "MPS on a slice"): the
+//! variable, the pipe directory and the shm directory, only on that device.
+
+use serde_json::json;
+
+use super::super::*;
+use super::{UID, one};
+use crate::claims::checkpoint::RecordedDevice;
+use crate::claims::plan::add_mps_mounts;
+
+fn mounts() -> MpsMounts {
+    MpsMounts {
+        pipe_dir: "/var/lib/das/mps/0123456789abcdef/pipe".into(),
+        shm_dir: "/var/lib/das/mps/0123456789abcdef/shm".into(),
+    }
+}
+
+#[test]
+fn an_mps_device_gets_the_pipe_directory_its_variable_and_the_shm_directory() {
+    let mut shared = one("shared", 0, 1, 0);
+    shared.mps = Some(mounts());
+    let built = build_claim_spec(UID, &[shared, one("alone", 0, 2, 0)]).unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    let edits = &value["devices"][0]["containerEdits"];
+    assert_eq!(
+        edits["env"][1],
+        json!("CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps")
+    );
+    assert_eq!(
+        edits["mounts"],
+        json!([
+            {"hostPath": "/var/lib/das/mps/0123456789abcdef/pipe", "containerPath": "/tmp/nvidia-mps",
+             "options": ["rw", "nosuid", "nodev", "bind"]},
+            {"hostPath": "/var/lib/das/mps/0123456789abcdef/shm", "containerPath": "/dev/shm",
+             "options": ["rw", "nosuid", "nodev", "noexec", "bind"]},
+        ])
+    );
+    // The exclusive device of the same claim gets neither.
+    let other = &value["devices"][1]["containerEdits"];
+    assert_eq!(other["env"].as_array().unwrap().len(), 1);
+    assert!(other.get("mounts").is_none(), "{other}");
+    // Bind mounts without a type: the spec still needs no more than the version it had.
+    assert_eq!(value["cdiVersion"], "0.5.0");
+}
+
+#[test]
+fn only_the_devices_recorded_with_mps_get_the_mounts() {
+    let device = |name: &str, mps: bool| RecordedDevice {
+        kind: Default::default(),
+        request: "r".into(),
+        pool: "n0".into(),
+        device: name.into(),
+        gpu_index: 0,
+        gpu_uuid: "GPU-0".into(),
+        profile: "1g.10gb".into(),
+        placement_start: 0,
+        placement_size: 1,
+        instance: None,
+        mps: mps.then(crate::mps::MpsLimits::default),
+    };
+    let devices = [
+        device("gpu-0-mig-1g-10gb-1", true),
+        device("gpu-0-mig-1g-10gb-2", false),
+    ];
+    let mut specs = vec![one("r", 0, 1, 0), one("r", 1, 2, 0)];
+    add_mps_mounts(&mut specs, &devices, |d| {
+        assert_eq!(d.device, "gpu-0-mig-1g-10gb-1");
+        mounts()
+    });
+    assert_eq!(specs[0].mps, Some(mounts()));
+    assert_eq!(specs[1].mps, None);
+}

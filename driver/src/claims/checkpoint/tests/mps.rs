@@ -1,0 +1,65 @@
+//! The checkpoint's version 6: a device's MPS limits (docs/design.md §7, "MPS on a slice"), and
+//! the upgrade of version 5.
+
+use std::fs;
+
+use super::*;
+
+/// An MPS device (docs/design.md §7, "MPS on a slice") keeps its limits through a save and a
+/// load; an exclusive device is written without `mps`, as in version 5.
+#[test]
+fn an_mps_device_round_trips_with_its_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let mut cp = sample();
+    let mut shared = device("gpu", 0);
+    shared.mps = Some(crate::mps::MpsLimits {
+        active_thread_percentage: Some(50),
+        pinned_device_memory_limit_mib: Some(2048),
+    });
+    cp.set_started("uid-4", "ns", "claim-4", vec![shared]);
+    cp.save(&path).unwrap();
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(cp.clone())
+    );
+    let text = fs::read_to_string(&path).unwrap();
+    assert_eq!(text.matches("\"mps\"").count(), 1, "{text}");
+    assert!(
+        text.contains("\"activeThreadPercentage\": 50")
+            && text.contains("\"pinnedDeviceMemoryLimitMiB\": 2048"),
+        "{text}"
+    );
+}
+
+/// A version-5 file (no device has `mps`) is read as version 6 with every device exclusive,
+/// and saved as version 6.
+#[test]
+fn a_version_5_file_is_upgraded_with_every_device_exclusive() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let v5 = sample();
+    let mut doc = older_document(5, &v5);
+    doc.mig_mode_switches = v5.mig_mode_switches.clone();
+    doc.checksum = None;
+    doc.checksum = Some(doc.compute_checksum().unwrap());
+    fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected an upgrade");
+    };
+    assert_eq!(from, 5);
+    assert_eq!(checkpoint, v5);
+    assert!(
+        checkpoint
+            .claims
+            .values()
+            .flat_map(|r| &r.devices)
+            .all(|d| d.mps.is_none())
+    );
+    checkpoint.save(&path).unwrap();
+    assert!(
+        fs::read_to_string(&path)
+            .unwrap()
+            .contains("\"version\": 6")
+    );
+}

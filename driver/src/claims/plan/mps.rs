@@ -1,0 +1,79 @@
+//! Which devices of a claim are served with MPS, and with what limits (pure; docs/design.md
+//! §7, "MPS on a slice"): the claim's resolved configs (`das_api::device_config::resolve`)
+//! turned into each planned device's [`MpsLimits`], with the rules a config alone cannot
+//! check.
+
+use std::collections::BTreeMap;
+
+use das_api::device_config::MigDeviceConfig;
+
+use super::Planned;
+use crate::claims::PrepareError;
+use crate::mps::{MpsLimits, commands};
+
+/// Fills in each planned device's MPS limits from `configs` (by request name; a request no
+/// config names is exclusive).
+///
+/// # Errors
+/// [`PrepareError::InvalidConfig`]: a whole GPU with MPS (DAS serves MPS on MIG slices only:
+/// a whole GPU's MPS would also need its compute mode set, and a slice gives the same sharing
+/// with hardware isolation around it), or more than one MPS device in the claim (a container
+/// has one `CUDA_MPS_PIPE_DIRECTORY`, so it could reach one daemon only).
+pub fn with_mps(
+    mut planned: Vec<Planned>,
+    configs: &BTreeMap<String, MigDeviceConfig>,
+) -> Result<Vec<Planned>, PrepareError> {
+    let invalid = |reason: String| PrepareError::InvalidConfig { reason };
+    for p in &mut planned {
+        let Some(mps) = configs.get(&p.request).and_then(MigDeviceConfig::mps) else {
+            continue;
+        };
+        if p.at.kind == super::DeviceKind::WholeGpu {
+            return Err(invalid(format!(
+                "request {:?}: device {} is a whole GPU, and DAS serves MPS on MIG slices only; ask for a slice (DeviceClass {} or a profile's class) or use sharing.strategy Exclusive",
+                p.request,
+                p.device,
+                das_api::DEVICE_CLASS_ALL
+            )));
+        }
+        p.mps = Some(MpsLimits::from_config(&mps).map_err(invalid)?);
+    }
+    let with: Vec<&str> = planned
+        .iter()
+        .filter(|p| p.mps.is_some())
+        .map(|p| p.device.as_str())
+        .collect();
+    if with.len() > 1 {
+        return Err(invalid(format!(
+            "{} devices have sharing.strategy MPS ({}), but a claim gets one MPS slice: its containers have one CUDA_MPS_PIPE_DIRECTORY, so they could reach one slice's daemon only; ask for one device with MPS per claim",
+            with.len(),
+            with.join(", ")
+        )));
+    }
+    Ok(planned)
+}
+
+/// Checks each MPS device's limits against its slice, whose memory `memory_mib` gives (the
+/// profile's; `None` when the model does not list the profile: nothing to check).
+///
+/// # Errors
+/// [`PrepareError::InvalidConfig`]: a pinned memory limit above the slice's memory.
+pub fn check_limits(
+    planned: &[Planned],
+    memory_mib: impl Fn(&Planned) -> Option<u64>,
+) -> Result<(), PrepareError> {
+    for p in planned {
+        let (Some(limits), Some(mib)) = (&p.mps, memory_mib(p)) else {
+            continue;
+        };
+        commands::check_against_slice(limits, &p.at.profile, mib).map_err(|e| {
+            PrepareError::InvalidConfig {
+                reason: format!("request {:?}, device {}: {e}", p.request, p.device),
+            }
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

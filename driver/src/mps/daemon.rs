@@ -1,0 +1,395 @@
+//! One MPS control daemon as a process: the control binary, starting it in the foreground
+//! (`-f`, so the plugin sees it exit), control commands through the binary's client mode, the
+//! pid file that lets a restarted plugin adopt a daemon still running, and stopping it. All of
+//! [`super`]'s process and file I/O; [`super::supervisor`] decides when.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+
+use super::MpsLimits;
+use super::commands::{self, QUIT};
+use super::layout::MpsDirs;
+use super::stand_in;
+
+/// How long a started daemon may take to create its control socket.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one control command (a client-mode run of the binary) may take.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a daemon has to exit after `quit` before it is killed (its claim's containers have
+/// all stopped by then: the kubelet unprepares a claim only after that).
+pub const QUIT_GRACE: Duration = Duration::from_secs(5);
+/// How often a wait for a socket or an exit looks again.
+const POLL: Duration = Duration::from_millis(20);
+/// File the daemon's standard output and error go to, in its log directory.
+pub const OUTPUT_FILE: &str = "daemon.out";
+
+/// Why a daemon could not be started, configured or stopped; the text says which daemon, what
+/// failed and, where the daemon wrote one, the end of its log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct MpsError(pub String);
+
+/// The program that is the control daemon, and in client mode sends it commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlBinary {
+    /// The executable.
+    pub program: PathBuf,
+    /// Arguments before the daemon's own (the stand-in's subcommand).
+    pub leading_args: Vec<String>,
+    /// Environment added to both modes (`PATH`, `LD_LIBRARY_PATH` for NVIDIA's binary).
+    pub env: Vec<(String, String)>,
+    /// Run the daemon in a mount namespace of its own with the slice's shm directory over
+    /// `/dev/shm`, so it shares shared memory with its clients, whose CDI edits mount the same
+    /// directory there (real GPUs; needs `CAP_SYS_ADMIN`, which the plugin has there).
+    pub shm_over_dev_shm: bool,
+}
+
+impl ControlBinary {
+    /// NVIDIA's `nvidia-cuda-mps-control` at `path` (found with the driver files), with
+    /// `lib_dir` (the driver's libraries as the plugin sees them) first in `LD_LIBRARY_PATH` and
+    /// the binary's own directory first in `PATH`: the daemon loads `libcuda.so.1` and starts
+    /// `nvidia-cuda-mps-server` from there.
+    pub fn nvidia(path: PathBuf, lib_dir: Option<&Path>) -> Self {
+        let prepend = |var: &str, dir: &Path| {
+            let old = std::env::var(var).unwrap_or_default();
+            let joined = if old.is_empty() {
+                dir.display().to_string()
+            } else {
+                format!("{}:{old}", dir.display())
+            };
+            (var.to_string(), joined)
+        };
+        let mut env = Vec::new();
+        if let Some(bin_dir) = path.parent() {
+            env.push(prepend("PATH", bin_dir));
+        }
+        if let Some(lib) = lib_dir {
+            env.push(prepend("LD_LIBRARY_PATH", lib));
+        }
+        Self {
+            program: path,
+            leading_args: Vec::new(),
+            env,
+            shm_over_dev_shm: true,
+        }
+    }
+
+    /// The emulated GPUs' stand-in: `exe` (the plugin's own binary) with the hidden subcommand
+    /// [`stand_in::SUBCOMMAND`].
+    pub fn stand_in(exe: PathBuf) -> Self {
+        Self {
+            program: exe,
+            leading_args: vec![stand_in::SUBCOMMAND.to_string()],
+            env: Vec::new(),
+            shm_over_dev_shm: false,
+        }
+    }
+
+    fn command(&self, env: &[(String, String)]) -> Command {
+        let mut c = Command::new(&self.program);
+        c.args(&self.leading_args)
+            .envs(self.env.iter().cloned())
+            .envs(env.iter().cloned())
+            .stdin(Stdio::null());
+        c
+    }
+}
+
+/// One daemon: whose it is, where its files are, which slice it serves and with what limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonSpec {
+    /// [`super::layout::daemon_id`] of its claim and device.
+    pub id: String,
+    /// Its directories.
+    pub dirs: MpsDirs,
+    /// The slice's MIG UUID (its `CUDA_VISIBLE_DEVICES`).
+    pub mig_uuid: String,
+    /// Its limits.
+    pub limits: MpsLimits,
+    /// Claim and device, for logs and errors (`namespace/name (uid) device`).
+    pub owner: String,
+}
+
+/// Creates the daemon's directories: `pipe` and `log` (mode 0755: containers of any user reach
+/// the sockets the daemon makes there), `shm` (mode 1777, as `/dev/shm`).
+///
+/// # Errors
+/// A directory could not be made.
+pub fn make_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
+    for (dir, mode) in [
+        (&dirs.root, 0o755),
+        (&dirs.pipe, 0o755),
+        (&dirs.log, 0o755),
+        (&dirs.shm, 0o1777),
+    ] {
+        std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)))
+            .map_err(|e| MpsError(format!("create {}: {e}", dir.display())))?;
+    }
+    Ok(())
+}
+
+/// Removes the daemon's directories (all of `root`); already gone is fine.
+///
+/// # Errors
+/// They could not be removed.
+pub fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
+    match std::fs::remove_dir_all(&dirs.root) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(MpsError(format!("remove {}: {e}", dirs.root.display()))),
+    }
+}
+
+/// Starts the daemon of `spec` in the foreground (`-f`), in a process group of its own (a
+/// signal to the plugin's group does not reach it), its output appended to its log directory,
+/// and writes its pid file. Returns at once: [`wait_ready`] waits for its control socket.
+///
+/// # Errors
+/// The directories, the output file or the pid file could not be made, or the binary not run.
+pub fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> {
+    make_dirs(&spec.dirs)?;
+    // A socket left by a daemon that was killed would make the new one look ready at once.
+    let _ = std::fs::remove_file(spec.dirs.control_socket());
+    let out_path = spec.dirs.log.join(OUTPUT_FILE);
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&out_path)
+        .map_err(|e| MpsError(format!("open {}: {e}", out_path.display())))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| MpsError(format!("open {}: {e}", out_path.display())))?;
+    let mut cmd = bin.command(&commands::daemon_env(&spec.dirs, &spec.mig_uuid));
+    cmd.arg("-f")
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .kill_on_drop(false);
+    if bin.shm_over_dev_shm {
+        shm_over_dev_shm(&mut cmd, &spec.dirs.shm)?;
+    }
+    let child = cmd.spawn().map_err(|e| {
+        MpsError(format!(
+            "run {} for the MPS control daemon: {e}",
+            bin.program.display()
+        ))
+    })?;
+    if let Some(pid) = child.id() {
+        write_pid_file(&spec.dirs, pid)?;
+    }
+    Ok(child)
+}
+
+/// Has the daemon's child, before it runs the binary, make a mount namespace of its own with
+/// `shm` bound over `/dev/shm`.
+fn shm_over_dev_shm(cmd: &mut Command, shm: &Path) -> Result<(), MpsError> {
+    let bad = |e: std::ffi::NulError| MpsError(format!("{}: {e}", shm.display()));
+    let source = CString::new(shm.as_os_str().as_bytes()).map_err(bad)?;
+    let target = CString::new("/dev/shm").map_err(bad)?;
+    let root = CString::new("/").map_err(bad)?;
+    // SAFETY: between fork and exec the closure calls only unshare(2) and mount(2), which are
+    // async-signal-safe, on strings allocated before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                || libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
+/// Waits until the daemon has made its control socket, or has exited, or `timeout` passed.
+///
+/// # Errors
+/// The daemon exited or made no socket in time; with the end of its log.
+pub async fn wait_ready(
+    spec: &DaemonSpec,
+    child: Option<&mut Child>,
+    timeout: Duration,
+) -> Result<(), MpsError> {
+    let t0 = Instant::now();
+    let socket = spec.dirs.control_socket();
+    let mut child = child;
+    loop {
+        if socket.exists() {
+            return Ok(());
+        }
+        if let Some(c) = child.as_deref_mut()
+            && let Ok(Some(status)) = c.try_wait()
+        {
+            return Err(MpsError(format!(
+                "the MPS control daemon exited at start ({status}){}",
+                log_tail(&spec.dirs)
+            )));
+        }
+        if t0.elapsed() >= timeout {
+            return Err(MpsError(format!(
+                "the MPS control daemon made no control socket {} within {} s{}",
+                socket.display(),
+                timeout.as_secs(),
+                log_tail(&spec.dirs)
+            )));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Sends `command` to the daemon through the binary's client mode (the command on its standard
+/// input, the daemon's pipe directory in its environment); returns what the daemon answered.
+///
+/// # Errors
+/// The client could not run, failed, or took longer than [`COMMAND_TIMEOUT`].
+pub async fn send(bin: &ControlBinary, dirs: &MpsDirs, command: &str) -> Result<String, MpsError> {
+    let failed = |why: String| MpsError(format!("MPS control command {command:?}: {why}"));
+    let mut child = bin
+        .command(&commands::client_env(dirs))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| failed(format!("run {}: {e}", bin.program.display())))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .map_err(|e| failed(format!("write: {e}")))?;
+    }
+    let out = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| failed(format!("no answer within {} s", COMMAND_TIMEOUT.as_secs())))?
+        .map_err(|e| failed(e.to_string()))?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(failed(format!("{} {err} {text}", out.status)));
+    }
+    if refused(&text) {
+        return Err(failed(format!("the daemon answered {text:?}")));
+    }
+    Ok(text)
+}
+
+/// Whether the daemon's answer refuses the command. NVIDIA's client exits 0 even then (seen on
+/// an H200: `Unknown command "…"`, status 0), so the answer is what tells.
+pub fn refused(answer: &str) -> bool {
+    let a = answer.to_ascii_lowercase();
+    [
+        "unknown command",
+        "error",
+        "invalid",
+        "failed",
+        "not supported",
+    ]
+    .iter()
+    .any(|w| a.contains(w))
+}
+
+/// Sets the daemon's limits ([`commands::limit_commands`]), one command at a time.
+///
+/// # Errors
+/// The first command that failed.
+pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
+    for c in commands::limit_commands(&spec.limits, &spec.mig_uuid) {
+        send(bin, &spec.dirs, &c).await?;
+    }
+    Ok(())
+}
+
+/// Asks the daemon to quit ([`QUIT`]); a daemon that does not answer is for the caller to kill.
+pub async fn quit(bin: &ControlBinary, dirs: &MpsDirs) -> Result<(), MpsError> {
+    send(bin, dirs, QUIT).await.map(|_| ())
+}
+
+/// Writes `<pid> <start time>` (the start time from `/proc/<pid>/stat`, which tells a reused
+/// pid apart).
+fn write_pid_file(dirs: &MpsDirs, pid: u32) -> Result<(), MpsError> {
+    let start = start_time(pid).unwrap_or(0);
+    std::fs::write(&dirs.pid_file, format!("{pid} {start}\n"))
+        .map_err(|e| MpsError(format!("write {}: {e}", dirs.pid_file.display())))
+}
+
+/// The pid of the daemon the pid file names, if that process still runs and is the one that
+/// was started (same start time): a daemon a restarted plugin may adopt.
+pub fn live_pid(dirs: &MpsDirs) -> Option<u32> {
+    let text = std::fs::read_to_string(&dirs.pid_file).ok()?;
+    let mut parts = text.split_whitespace();
+    let pid: u32 = parts.next()?.parse().ok()?;
+    let start: u64 = parts.next()?.parse().ok()?;
+    (start != 0 && start_time(pid) == Some(start) && !is_zombie(pid)).then_some(pid)
+}
+
+/// Whether process `pid` is still the one [`live_pid`] found (not exited, not reaped).
+pub fn alive(pid: u32) -> bool {
+    start_time(pid).is_some() && !is_zombie(pid)
+}
+
+/// Sends SIGKILL to `pid`.
+pub fn kill(pid: u32) {
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) with a pid this module started and checked.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Fields of `/proc/<pid>/stat` after the command name (which may hold blanks): the first is
+/// the state (field 3).
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+/// Field 22 of `/proc/<pid>/stat`: when the process started, in clock ticks since boot.
+fn start_time(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+fn is_zombie(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|f| f.first().is_some_and(|s| s == "Z" || s == "X"))
+}
+
+/// The last lines of the daemon's output (in the foreground NVIDIA's daemon logs there) and
+/// of a `control.log` (where a daemon writes one), for errors (empty when there are none).
+pub fn log_tail(dirs: &MpsDirs) -> String {
+    let mut out = String::new();
+    for name in [OUTPUT_FILE, "control.log"] {
+        let Ok(text) = std::fs::read_to_string(dirs.log.join(name)) else {
+            continue;
+        };
+        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        let tail = lines[lines.len().saturating_sub(3)..].join(" | ");
+        if !tail.is_empty() {
+            out.push_str(&format!("; {name}: {tail}"));
+        }
+    }
+    out
+}

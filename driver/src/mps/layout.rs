@@ -1,0 +1,72 @@
+//! Where an MPS daemon's files are (pure). One directory per daemon,
+//! `<state dir>/mps/<id>/`, with `pipe/` (the daemon's `CUDA_MPS_PIPE_DIRECTORY`: its control
+//! socket and the pipes of its server), `log/` (`CUDA_MPS_LOG_DIRECTORY`; in the foreground
+//! NVIDIA's daemon writes its control and server log to its output, which goes to
+//! `log/daemon.out`), `shm/` (the containers' `/dev/shm`) and `daemon.pid` (the plugin's record of
+//! the process, to adopt it after a restart). The plugin's state dir is mounted at the same path
+//! on the host (the chart's `hostPath`), so these paths are also the host paths the CDI mounts
+//! name.
+
+use std::path::{Path, PathBuf};
+
+/// Where a container finds its slice's MPS pipe directory (NVIDIA's DRA driver uses the same).
+pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
+/// Where a container's shared memory is: MPS clients and their server exchange it there.
+pub const CONTAINER_SHM_DIR: &str = "/dev/shm";
+/// The variable that tells CUDA (and the control binary) where the pipe directory is.
+pub const PIPE_DIR_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+/// The variable that tells the daemon where to write its logs.
+pub const LOG_DIR_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
+/// The variable that pins the daemon (and its server) to the slice.
+pub const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
+/// Name of the daemon's control socket in its pipe directory (`nvidia-cuda-mps-control`
+/// creates `control` there; the stand-in does the same).
+pub const CONTROL_SOCKET: &str = "control";
+/// Folder of the daemons below the state dir.
+pub const MPS_DIR: &str = "mps";
+
+/// The id of the daemon of `device` of claim `claim_uid`: 16 hex digits of the 64-bit FNV-1a
+/// of `<claim UID>/<device>`. Short on purpose: the control socket's path
+/// (`<state dir>/mps/<id>/pipe/control`) must fit a unix socket address (108 bytes).
+pub fn daemon_id(claim_uid: &str, device: &str) -> String {
+    format!(
+        "{:016x}",
+        das_runtime::hash::fnv1a64(format!("{claim_uid}/{device}").as_bytes())
+    )
+}
+
+/// The directories and files of one daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDirs {
+    /// `<state dir>/mps/<id>`: removed whole when the daemon stops.
+    pub root: PathBuf,
+    /// `<root>/pipe`.
+    pub pipe: PathBuf,
+    /// `<root>/log`.
+    pub log: PathBuf,
+    /// `<root>/shm`: a plain directory (NVIDIA's DRA driver mounts a tmpfs there; DAS keeps
+    /// the state dir's file system, so clients' shared memory lives on the node's disk-backed or
+    /// tmpfs state dir, whichever it is).
+    pub shm: PathBuf,
+    /// `<root>/daemon.pid`: `<pid> <start time>` of the running daemon, written by the plugin.
+    pub pid_file: PathBuf,
+}
+
+impl MpsDirs {
+    /// The directories of daemon `id` under `state_dir`.
+    pub fn new(state_dir: &Path, id: &str) -> Self {
+        let root = state_dir.join(MPS_DIR).join(id);
+        Self {
+            pipe: root.join("pipe"),
+            log: root.join("log"),
+            shm: root.join("shm"),
+            pid_file: root.join("daemon.pid"),
+            root,
+        }
+    }
+
+    /// The control socket in the pipe directory.
+    pub fn control_socket(&self) -> PathBuf {
+        self.pipe.join(CONTROL_SOCKET)
+    }
+}

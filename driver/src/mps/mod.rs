@@ -1,0 +1,65 @@
+//! MPS on a slice (docs/design.md §7, "MPS on a slice"): one NVIDIA MPS control daemon per MIG
+//! slice whose claim asks for `sharing: {strategy: MPS}` (`das_api::device_config`), pinned to
+//! the slice's MIG UUID, with its pipe, log and shm directories under the plugin's state
+//! directory; the claim's containers reach it through the pipe directory their CDI edits mount.
+//!
+//! - [`layout`]: where a daemon's directories are and what a container sees of them. Pure.
+//! - [`commands`]: the daemon's environment, the control commands that set its limits, and the
+//!   check of the limits against the slice. Pure.
+//! - [`daemon`]: one daemon process: the control binary (NVIDIA's `nvidia-cuda-mps-control`
+//!   from the driver files, or the emulated GPUs' stand-in), starting it in the foreground,
+//!   sending it control commands through the binary's client mode, its pid file (to adopt a
+//!   live daemon after a plugin restart), stopping it. All of this module's process I/O.
+//! - [`supervisor`]: [`MpsDaemons`], the daemons the plugin runs: started by a prepare,
+//!   restarted with bounded backoff when one exits (its limits applied again), brought back at
+//!   start-up, stopped by the release of their claim; and their metrics.
+//! - [`stand_in`]: the stand-in daemon of emulated GPUs (`das-kubelet-plugin
+//!   mps-control-stand-in`), which behaves as `nvidia-cuda-mps-control` does for DAS and records
+//!   every command it gets, so tests can read the limits.
+
+use serde::{Deserialize, Serialize};
+
+pub mod commands;
+pub mod daemon;
+pub mod layout;
+pub mod stand_in;
+pub mod supervisor;
+
+pub use daemon::{ControlBinary, DaemonSpec, MpsError};
+pub use layout::MpsDirs;
+pub use supervisor::{Backoff, MpsDaemons};
+
+/// The limits an MPS device's daemon sets as its defaults for every client (from the claim's
+/// `sharing.mps`, `das_api::device_config::MpsConfig`), as the checkpoint records them
+/// (`RecordedDevice::mps`): the presence of the record is what makes a device an MPS device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MpsLimits {
+    /// The share of the slice's multiprocessors a client may use, in percent (1 to 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<u8>,
+    /// The device memory a client may pin, in MiB.
+    #[serde(
+        default,
+        rename = "pinnedDeviceMemoryLimitMiB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pinned_device_memory_limit_mib: Option<u64>,
+}
+
+impl MpsLimits {
+    /// The limits of a decoded config.
+    ///
+    /// # Errors
+    /// The pinned memory limit is no valid quantity
+    /// ([`das_api::device_config::MpsConfig::pinned_device_memory_limit_mib`]).
+    pub fn from_config(c: &das_api::device_config::MpsConfig) -> Result<Self, String> {
+        Ok(Self {
+            active_thread_percentage: c.active_thread_percentage,
+            pinned_device_memory_limit_mib: c.pinned_device_memory_limit_mib()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+//! The life of an MPS control daemon with the emulated GPUs' stand-in (the plugin's binary,
+//! `das-kubelet-plugin mps-control-stand-in`): started with its slice and limits, killed and
+//! started again with its limits applied again, adopted by a new supervisor (a restarted
+//! plugin), stopped with its directories removed. Every wait is on a condition, with a bound.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use das_driver::metrics::Metrics;
+use das_driver::mps::stand_in::{Record, Run};
+use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, daemon};
+
+const MIG: &str = "MIG-5e4e8557-21de-9c5c-2c37-4564df28091f";
+const LIMIT: Duration = Duration::from_secs(20);
+
+fn daemons(state: &std::path::Path) -> MpsDaemons {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_das-kubelet-plugin"));
+    MpsDaemons::new(
+        Some(ControlBinary::stand_in(exe)),
+        state,
+        Arc::new(Metrics::new()),
+    )
+    .with_backoff(Backoff {
+        first: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+    })
+}
+
+/// Waits until `f` gives something, at most [`LIMIT`].
+async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(t0.elapsed() < LIMIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn runs(dirs: &MpsDirs) -> Vec<Run> {
+    Record::read(&dirs.log).map(|r| r.runs).unwrap_or_default()
+}
+
+fn limit_commands() -> Vec<String> {
+    vec![
+        "set_default_active_thread_percentage 40".to_string(),
+        format!("set_default_device_pinned_mem_limit {MIG} 2048M"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_runs_with_its_limits_comes_back_after_a_kill_and_leaves_nothing_when_stopped() {
+    let state = tempfile::tempdir().unwrap();
+    let mps = daemons(state.path());
+    let limits = MpsLimits {
+        active_thread_percentage: Some(40),
+        pinned_device_memory_limit_mib: Some(2048),
+    };
+    let spec = mps.spec("ns/c (uid-1)", "uid-1", "gpu-0-mig-1g-10gb-6", MIG, &limits);
+    let dirs = spec.dirs.clone();
+    mps.start(spec.clone()).await.unwrap();
+    assert_eq!(mps.supervised(), 1);
+    // Started: pinned to its slice, its limits set before start returned.
+    let first = runs(&dirs);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].visible_devices, MIG);
+    assert_eq!(first[0].pipe_directory, dirs.pipe.display().to_string());
+    assert_eq!(first[0].commands, limit_commands());
+    assert!(dirs.control_socket().exists() && dirs.shm.is_dir());
+    // The daemon answers as NVIDIA's does; a command it refuses is an error, though the
+    // client's status is 0.
+    let binary = mps.binary().unwrap().clone();
+    let asked = daemon::send(&binary, &dirs, "get_default_active_thread_percentage").await;
+    assert_eq!(asked.unwrap(), "40.0");
+    let e = daemon::send(&binary, &dirs, "bogus_command")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("Unknown command"), "{e}");
+    // Starting it again with the same spec keeps the running daemon.
+    mps.start(spec.clone()).await.unwrap();
+    assert_eq!(runs(&dirs).len(), 1);
+
+    // Killed: the supervisor starts it again and applies its limits again, in the same pipe
+    // directory (containers have that very directory bind-mounted).
+    let pipe_inode = std::fs::metadata(&dirs.pipe).unwrap().ino();
+    let pid = mps.pid(&dirs).expect("a live daemon");
+    assert_eq!(pid, first[0].pid);
+    sigkill(pid);
+    let again = until("the daemon started again with its limits", || {
+        let r = runs(&dirs);
+        (r.len() == 2 && r[1].commands == limit_commands()).then_some(r)
+    })
+    .await;
+    assert_ne!(again[1].pid, pid);
+    assert_eq!(again[1].visible_devices, MIG);
+    assert_eq!(std::fs::metadata(&dirs.pipe).unwrap().ino(), pipe_inode);
+
+    // A new supervisor (a restarted plugin) adopts the live daemon instead of starting one.
+    let new_pid = until("the new daemon's pid file", || mps.pid(&dirs)).await;
+    // The old supervisor lets go of it without stopping it, as a plugin that exits does.
+    drop(mps);
+    let restarted = daemons(state.path());
+    assert!(restarted.bring_back(spec.clone()).await.unwrap(), "adopted");
+    assert_eq!(restarted.pid(&dirs), Some(new_pid));
+    let adopted = runs(&dirs);
+    assert_eq!(adopted.len(), 2, "no new daemon: {adopted:?}");
+    assert_eq!(
+        adopted[1].commands[2..],
+        limit_commands(),
+        "limits applied again"
+    );
+
+    // Stopped: `quit`, the process gone, the directories removed.
+    restarted.stop(&dirs).await.unwrap();
+    assert_eq!(restarted.supervised(), 0);
+    assert!(!dirs.root.exists());
+    until("the daemon to exit", || gone(new_pid).then_some(())).await;
+    // Stopping again is a no-op.
+    restarted.stop(&dirs).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_cannot_start_is_an_error_and_leaves_nothing() {
+    let state = tempfile::tempdir().unwrap();
+    let mps = MpsDaemons::new(
+        Some(ControlBinary::nvidia(
+            state.path().join("no-such-binary"),
+            None,
+        )),
+        state.path(),
+        Arc::new(Metrics::new()),
+    );
+    let spec = mps.spec(
+        "ns/c (uid-2)",
+        "uid-2",
+        "gpu-0-mig-1g-10gb-4",
+        MIG,
+        &MpsLimits::default(),
+    );
+    let e = mps.start(spec.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("no-such-binary"), "{e}");
+    assert_eq!(mps.supervised(), 0);
+    assert!(!spec.dirs.root.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unrecorded_daemons_are_stopped_at_start_up() {
+    let state = tempfile::tempdir().unwrap();
+    let mps = daemons(state.path());
+    let keep = mps.spec(
+        "ns/a (a)",
+        "a",
+        "gpu-0-mig-1g-10gb-0",
+        MIG,
+        &MpsLimits::default(),
+    );
+    let stray = mps.spec(
+        "ns/b (b)",
+        "b",
+        "gpu-0-mig-1g-10gb-2",
+        MIG,
+        &MpsLimits::default(),
+    );
+    mps.start(keep.clone()).await.unwrap();
+    mps.start(stray.clone()).await.unwrap();
+    let stray_pid = mps.pid(&stray.dirs).unwrap();
+    drop(mps);
+    let restarted = daemons(state.path());
+    assert!(restarted.bring_back(keep.clone()).await.unwrap());
+    let stopped = restarted
+        .stop_unrecorded(&[keep.id.clone()].into_iter().collect())
+        .await;
+    assert_eq!(stopped, std::slice::from_ref(&stray.id));
+    assert!(!stray.dirs.root.exists());
+    until("the stray daemon to exit", || gone(stray_pid).then_some(())).await;
+    restarted.stop(&keep.dirs).await.unwrap();
+}
+
+/// Whether process `pid` has exited (gone, or a zombie its parent has not reaped yet).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |s| s.contains(") Z") || s.contains(") X"))
+}
+
+/// SIGKILL, as a crash of the daemon would end it.
+fn sigkill(pid: u32) {
+    std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+}
+
+/// The same life with NVIDIA's own daemon, on a GPU node (root, the NVIDIA driver):
+/// `DAS_MPS_NVIDIA_BINARY=<path of nvidia-cuda-mps-control> DAS_MPS_UUID=<MIG or GPU UUID>
+/// cargo test -p das-driver --test mps_daemon -- --ignored`. Its shm directory is bound over the
+/// daemon's `/dev/shm` in a mount namespace of its own, as on real GPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an NVIDIA GPU, its driver and root"]
+async fn nvidias_daemon_takes_its_limits_comes_back_after_a_kill_and_stops() {
+    let (Ok(program), Ok(uuid)) = (
+        std::env::var("DAS_MPS_NVIDIA_BINARY"),
+        std::env::var("DAS_MPS_UUID"),
+    ) else {
+        panic!("set DAS_MPS_NVIDIA_BINARY and DAS_MPS_UUID");
+    };
+    let state = tempfile::tempdir().unwrap();
+    let binary = ControlBinary::nvidia(PathBuf::from(program), None);
+    assert!(binary.shm_over_dev_shm);
+    let mps = MpsDaemons::new(Some(binary.clone()), state.path(), Arc::new(Metrics::new()))
+        .with_backoff(Backoff {
+            first: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+        });
+    let limits = MpsLimits {
+        active_thread_percentage: Some(40),
+        pinned_device_memory_limit_mib: Some(2048),
+    };
+    let spec = mps.spec("ns/c (uid-9)", "uid-9", "gpu-0", &uuid, &limits);
+    let dirs = spec.dirs.clone();
+    let t0 = Instant::now();
+    mps.start(spec.clone()).await.unwrap();
+    println!("started with its limits in {:?}", t0.elapsed());
+    let ask = |command: String| {
+        let (binary, dirs) = (binary.clone(), dirs.clone());
+        async move { daemon::send(&binary, &dirs, &command).await }
+    };
+    let percentage = || ask("get_default_active_thread_percentage".into());
+    assert_eq!(percentage().await.unwrap(), "40.0");
+    let pinned = ask(format!("get_default_device_pinned_mem_limit {uuid}"));
+    assert_eq!(pinned.await.unwrap(), "2G");
+    assert!(ask("bogus_command".into()).await.is_err());
+
+    let pid = mps.pid(&dirs).unwrap();
+    sigkill(pid);
+    let t0 = Instant::now();
+    loop {
+        let new = mps.pid(&dirs).filter(|p| *p != pid);
+        if new.is_some() && percentage().await.is_ok_and(|p| p == "40.0") {
+            break;
+        }
+        assert!(t0.elapsed() < LIMIT, "not started again with its limits");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("started again with its limits in {:?}", t0.elapsed());
+    let t0 = Instant::now();
+    mps.stop(&dirs).await.unwrap();
+    println!("stopped in {:?}", t0.elapsed());
+    assert!(!dirs.root.exists());
+}
