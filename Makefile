@@ -221,6 +221,10 @@ bench-scale: k8s ## RSS of das-controller and das-webhook, legacy-pod admission 
 	$(CARGO) build -q $(DAS_BINS)
 	$(CARGO) bench --profile dev -p das-e2e --bench slice_scale
 
+.PHONY: bench-claim-watch
+bench-claim-watch: k8s ## what node plugins pay to learn of their node's allocations: 1000 watches of AllocationClaims by field selector vs of every ResourceClaim (DAS_BENCH_WATCHERS=1000 DAS_BENCH_OBJECTS=300; docs/benchmarks.md)
+	$(CARGO) bench --profile dev -p das-e2e --bench claim_watch
+
 .PHONY: fuzz
 fuzz: ## property tests of every parser of untrusted bytes, with many cases (FUZZ_CASES, default 20000)
 	PROPTEST_CASES=$(or $(FUZZ_CASES),20000) $(CARGO) test --release -p das-driver --test parsers

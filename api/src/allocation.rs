@@ -40,6 +40,10 @@ pub const CONDITION_DEVICE_HEALTHY: &str = "DeviceHealthy";
     namespaced,
     status = "AllocationClaimStatus",
     derive = "PartialEq",
+    // `kubectl get alloc --field-selector spec.nodename=<node>`, and a watch of one node's
+    // AllocationClaims filtered by the API server (docs/benchmarks.md, "Learning of
+    // allocations"). CRD selectableFields: KEP-4358, GA in 1.32.
+    selectable = ".spec.nodename",
     doc = "One MIG slice allocated by the DAS DRA driver (mig.das.com): which pod holds which slice of which GPU on which node, and its state. Mirrored from the ResourceClaim by das-controller.",
     printcolumn(name = "Profile", type_ = "string", json_path = ".spec.profile"),
     printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodename"),
