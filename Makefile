@@ -150,6 +150,59 @@ peer: ## build the DRA example driver's kubelet plugin (e2e/peer, sigs.k8s.io/dr
 	  { cmp -s $(BIN)/dra-example-kubeletplugin.new $(BIN)/dra-example-kubeletplugin && rm $(BIN)/dra-example-kubeletplugin.new || \
 	    mv $(BIN)/dra-example-kubeletplugin.new $(BIN)/dra-example-kubeletplugin; }
 
+# The DAS operator (operator/, docs/openshift.md): a Go program built from the Go module proxy
+# like the tools above, with deploy/helm/das embedded (copied into
+# operator/internal/chart/embedded/das, git-ignored, at every build), and its OLM bundle
+# (bundle/, generated from deploy/olm/ by operator/bundle's das-bundle; git-ignored, see
+# docs/openshift.md, "The bundle").
+OPERATOR_IMAGE ?= ghcr.io/das-project/das-operator:$(VERSION)
+BUNDLE_IMAGE   ?= ghcr.io/das-project/das-operator-bundle:$(VERSION)
+BUNDLE_CHANNEL ?= candidate-v0
+# The CSV this one upgrades (OLM's `replaces`), e.g. das-operator.v0.1.0; empty for the first.
+BUNDLE_REPLACES ?=
+OPERATOR_GO    := CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-mod=readonly -buildvcs=false"
+OPERATOR_CHART := operator/internal/chart/embedded/das
+
+.PHONY: operator
+operator: ## build the DAS operator (operator/, operator-framework's Helm operator library) with the chart embedded into .local/bin/das-operator
+	@mkdir -p $(BIN)
+	rm -rf $(OPERATOR_CHART) && cp -R deploy/helm/das $(OPERATOR_CHART)
+	cd operator && $(OPERATOR_GO) go build -trimpath -ldflags "-s -w" -o $(BIN)/das-operator.new . && \
+	  { cmp -s $(BIN)/das-operator.new $(BIN)/das-operator && rm $(BIN)/das-operator.new || mv $(BIN)/das-operator.new $(BIN)/das-operator; }
+
+.PHONY: das-bundle
+das-bundle: ## build the bundle tool (operator/bundle, operator-framework/api's validators) into .local/bin/das-bundle
+	@mkdir -p $(BIN)
+	cd operator/bundle && $(OPERATOR_GO) go build -trimpath -ldflags "-s -w" -o $(BIN)/das-bundle .
+
+.PHONY: operator-check
+operator-check: ## gofmt, go vet and go test of the operator and the bundle tool (CR -> chart values, status, CRD schema)
+	@test -z "$$(gofmt -l operator)" || { gofmt -l operator; echo "gofmt needed in operator/"; exit 1; }
+	cd operator && $(OPERATOR_GO) go vet ./... && $(OPERATOR_GO) go test ./...
+	cd operator/bundle && $(OPERATOR_GO) go vet ./... && $(OPERATOR_GO) go test ./...
+
+.PHONY: bundle
+bundle: das-bundle ## generate the OLM bundle bundle/ (CSV, CRDs, annotations, bundle.Dockerfile) from deploy/olm/ for OPERATOR_IMAGE and IMAGE
+	$(BIN)/das-bundle generate --version $(VERSION) --operator-image $(OPERATOR_IMAGE) --das-image $(IMAGE) \
+	  --channel $(BUNDLE_CHANNEL) --replaces "$(BUNDLE_REPLACES)" --out bundle
+
+.PHONY: bundle-validate
+bundle-validate: bundle ## check bundle/ with operator-framework's validators (bundle, OperatorHub, good practices, deprecated APIs)
+	$(BIN)/das-bundle validate bundle
+
+.PHONY: bundle-image
+bundle-image: bundle ociimage ## build the bundle image BUNDLE_IMAGE as an OCI archive (target/image/das-operator-bundle-VERSION.oci.tar); with an engine: podman build -f bundle/bundle.Dockerfile bundle/
+	@mkdir -p target/image
+	$(CONTAINERD_BIN)/ociimage --name $(BUNDLE_IMAGE) --out target/image/das-operator-bundle-$(VERSION).oci.tar \
+	  $$(cd bundle && for f in manifests/* metadata/*; do printf -- '--file %s:/%s:0644 ' "$(CURDIR)/bundle/$$f" "$$f"; done) \
+	  $$(sed -n 's/^LABEL //p' bundle/bundle.Dockerfile | sed 's/^/--label /')
+
+.PHONY: operator-image
+operator-image: operator ociimage ## build the operator image OPERATOR_IMAGE as an OCI archive (target/image/das-operator-VERSION.oci.tar): the static binary, non-root
+	@mkdir -p target/image
+	$(CONTAINERD_BIN)/ociimage --name $(OPERATOR_IMAGE) --out target/image/das-operator-$(VERSION).oci.tar \
+	  --file $(BIN)/das-operator:/das-operator:0755 --entrypoint /das-operator --user 65532:65532
+
 .PHONY: manifests
 manifests: helm ## render deploy/manifests/das.yaml (DAS without Helm) from the chart
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- manifests
@@ -159,7 +212,7 @@ build: ## build every Rust crate (debug)
 	$(CARGO) build --workspace --all-targets
 
 .PHONY: test
-test: unit e2e compat ## run every test: `make unit`, `make e2e` (on $(K8S_DEFAULT_VERSION)), then `make compat` (go vet is in `make lint`)
+test: unit operator-check bundle-validate e2e compat ## run every test: `make unit`, the operator's Go tests and bundle validation, `make e2e` (on $(K8S_DEFAULT_VERSION)), then `make compat` (go vet is in `make lint`)
 
 .PHONY: unit
 unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate's, das-e2e's library tests, and tools/'s
@@ -168,7 +221,7 @@ unit: ## run the tests that need no cluster (no Go, no .local/bin): every crate'
 	$(CARGO) test -p das-e2e --lib --bins --no-fail-fast
 
 .PHONY: e2e
-e2e: k8s helm containerd kueue ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kueue, kubectl_das, kubelet_smoke, runtime_node, real_install, image, soak)
+e2e: k8s helm containerd kueue operator ## run the cluster tests (e2e/tests/, one file per component: plugin_*, controller, webhook, chart, kueue, kubectl_das, kubelet_smoke, runtime_node, real_install, image, soak, operator)
 	# They run the DAS binaries from the target dir: build them first.
 	$(CARGO) build $(DAS_BINS)
 	$(CARGO) test -p das-e2e --test '*' --no-fail-fast

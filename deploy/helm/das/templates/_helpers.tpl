@@ -3,7 +3,11 @@
 {{- define "das.driverName" -}}mig.das.com{{- end -}}
 
 {{- define "das.image" -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
 {{- end -}}
 
 {{- define "das.labels" -}}

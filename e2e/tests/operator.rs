@@ -1,0 +1,573 @@
+//! The DAS operator (operator/, docs/openshift.md) against the local cluster: the operator runs
+//! as a process (`make operator` builds it into `.local/bin`, the chart embedded) as OLM would
+//! run it from the bundle: the DASOperator and AllocationClaim CRDs applied beforehand, its own
+//! service account with exactly the bundle's RBAC (deploy/olm/rbac), `--install-crds=false`.
+//!
+//! - A DASOperator with a bad field is refused by the CRD's schema with a message that names
+//!   the field and what is allowed (enum, CEL rules, unknown fields, the name `cluster`).
+//! - A DASOperator with emulated mode installs DAS: release `das` in `das-system` (labelled for
+//!   the privileged Pod Security level), the node plugin's DaemonSet emulating the GPUs asked
+//!   for, the controller and webhook Deployments, the DeviceClasses and the AllocationClaim CRD;
+//!   the status carries the Helm library's Deployed and the operator's Available, Progressing
+//!   and Degraded, with events; Available turns True once the workloads report their pods.
+//! - The node plugin, started as a process with the environment and identity of the DaemonSet
+//!   the operator rendered, serves a claim pod its slice and destroys it when the pod goes.
+//! - Changing `logLevel` rolls every component with the new tracing filter; a spec the chart
+//!   cannot install (cert-manager asked for, not installed) is Degraded with Helm's reason until
+//!   it is fixed; a deleted Deployment is put back.
+//! - Deleting the DASOperator uninstalls DAS and keeps the AllocationClaim CRD.
+//!
+//! What it does not show: the installed pods themselves at work. The hollow kubelet reports the
+//! pods it is given as running but starts no containers, so the plugin runs as a process beside
+//! its DaemonSet (as `das-cluster` runs hollow nodes' plugins beside a Helm install), and no
+//! webhook serves legacy pods: the operator keeps the webhook configuration as rendered (a
+//! Service reference, which needs kube-proxy and a real webhook pod), so the harness cannot
+//! point it at a local process. tests/real_install.rs shows the same chart's pods serving under
+//! containerd.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use das_e2e::chart::{self, NAMESPACE, Rendered};
+use das_e2e::install::{self, DasBinary, STAND_IN_NAME};
+use das_e2e::paths::{local_bin, workspace_root};
+use das_e2e::plugin::live_slices;
+use das_e2e::workload::{create_pod, create_template, delete_pod, wait_running};
+use das_e2e::{Cluster, ClusterConfig, wait};
+use serde_json::Value;
+
+/// The operator installs the whole chart at once and the API server is shared with the other
+/// tests' clusters on a small machine: allow more than [`wait::TIMEOUT`].
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+const CRD: &str = "deploy/olm/crd/operator.das.com_dasoperators.yaml";
+
+#[tokio::test]
+async fn operator_installs_updates_and_uninstalls_das_from_one_resource() {
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&["n0"]))
+        .await
+        .expect("cluster starts");
+    let result = scenarios(&mut cluster).await;
+    cluster.check(result);
+}
+
+async fn scenarios(cluster: &mut Cluster) -> Result<()> {
+    chart::apply_path(&cluster.kubeconfig, &workspace_root().join(CRD))?;
+    kubectl(
+        cluster,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/dasoperators.operator.das.com",
+        ],
+        None,
+    )?;
+    bad_resources_are_refused_with_what_is_wrong(cluster)?;
+    start_operator(cluster).await?;
+    emulated_mode_installs_das(cluster).await?;
+    the_plugin_as_configured_serves_a_claim(cluster).await?;
+    log_level_change_rolls_every_component(cluster).await?;
+    a_failed_upgrade_is_degraded_until_fixed(cluster).await?;
+    a_deleted_deployment_comes_back(cluster).await?;
+    deleting_the_resource_uninstalls_das(cluster).await
+}
+
+/// Each bad DASOperator is refused at create with a message naming what is wrong.
+fn bad_resources_are_refused_with_what_is_wrong(cluster: &Cluster) -> Result<()> {
+    let cases = [
+        (
+            "cluster",
+            r#"{"logLevel": "Loud"}"#,
+            r#"Unsupported value: "Loud": supported values: "Normal", "Debug", "Trace""#,
+        ),
+        (
+            "cluster",
+            r#"{"emulated": true}"#,
+            r#"unknown field "spec.emulated""#,
+        ),
+        (
+            "cluster",
+            r#"{"emulatedGpus": "A100-SXM4-40GB:2"}"#,
+            "emulatedGpus needs emulatedMode true",
+        ),
+        (
+            "cluster",
+            r#"{"emulatedMode": true, "emulatedGpus": "two A100s"}"#,
+            "spec.emulatedGpus in body should match",
+        ),
+        (
+            "cluster",
+            r#"{"webhook": {"replicas": "two"}}"#,
+            r#"spec.webhook.replicas: Invalid value: "string": spec.webhook.replicas in body must be of type integer"#,
+        ),
+        ("das", "{}", "a DASOperator must be named cluster"),
+    ];
+    for (name, spec, want) in cases {
+        let cr = format!(
+            r#"{{"apiVersion": "operator.das.com/v1alpha1", "kind": "DASOperator", "metadata": {{"name": "{name}"}}, "spec": {spec}}}"#
+        );
+        match kubectl(cluster, &["create", "-f", "-"], Some(&cr)) {
+            Ok(_) => bail!("DASOperator {name} with spec {spec} was accepted"),
+            Err(e) => {
+                let msg = format!("{e:#}");
+                ensure!(
+                    msg.contains(want),
+                    "spec {spec}: want {want:?} in the refusal, got: {msg}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Starts `.local/bin/das-operator` on the cluster as OLM would run it: under its own service
+/// account with exactly the bundle's RBAC (deploy/olm/rbac, the CSV's clusterPermissions and
+/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs)
+/// and `--install-crds=false`, installing into das-system.
+async fn start_operator(cluster: &mut Cluster) -> Result<()> {
+    let bin: PathBuf = local_bin().join("das-operator");
+    ensure!(
+        bin.exists(),
+        "{} is missing: run `make operator`",
+        bin.display()
+    );
+    let root = workspace_root();
+    kubectl(cluster, &["create", "namespace", NAMESPACE], None)?;
+    chart::apply_path(
+        &cluster.kubeconfig,
+        &root.join("deploy/helm/das/files/allocationclaims.yaml"),
+    )?;
+    chart::apply_path(
+        &cluster.kubeconfig,
+        &root.join("deploy/olm/rbac/cluster-role.yaml"),
+    )?;
+    let role = root.join("deploy/olm/rbac/role.yaml");
+    let role = role.to_str().context("path")?;
+    kubectl(cluster, &["-n", NAMESPACE, "apply", "-f", role], None)?;
+    let sa = format!("{NAMESPACE}:das-operator");
+    for args in [
+        vec!["-n", NAMESPACE, "create", "serviceaccount", "das-operator"],
+        vec![
+            "create",
+            "clusterrolebinding",
+            "das-operator",
+            "--clusterrole=das-operator",
+            "--serviceaccount",
+            &sa,
+        ],
+        vec![
+            "-n",
+            NAMESPACE,
+            "create",
+            "rolebinding",
+            "das-operator",
+            "--role=das-operator",
+            "--serviceaccount",
+            &sa,
+        ],
+    ] {
+        kubectl(cluster, &args, None)?;
+    }
+    let kubeconfig = install::identity(cluster, "das-operator", None, "operator").await?;
+    let env = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
+    cluster.spawn_program_with_env(
+        "das-operator",
+        &bin,
+        vec![
+            format!("--namespace={NAMESPACE}"),
+            "--install-crds=false".into(),
+            "--metrics-bind-address=0".into(),
+            "--health-probe-bind-address=0".into(),
+            "--openshift=false".into(),
+        ],
+        &env,
+    )
+}
+
+async fn emulated_mode_installs_das(cluster: &Cluster) -> Result<()> {
+    apply_cr(
+        cluster,
+        r#"{"emulatedMode": true, "emulatedGpus": "A100-SXM4-40GB:1", "logLevel": "Normal"}"#,
+    )?;
+    let ds = wait_json(
+        cluster,
+        "the node plugin's DaemonSet",
+        &["-n", NAMESPACE, "get", "daemonset", "das-kubelet-plugin"],
+    )
+    .await?;
+    ensure!(
+        env_of(&ds, "DAS_EMULATED_GPUS") == "A100-SXM4-40GB:1",
+        "plugin emulates {:?}",
+        env_of(&ds, "DAS_EMULATED_GPUS")
+    );
+    ensure!(
+        env_of(&ds, "DAS_LOG_LEVEL") == "info",
+        "plugin logs at {:?}",
+        env_of(&ds, "DAS_LOG_LEVEL")
+    );
+    for deployment in ["das-controller", "das-webhook"] {
+        wait_json(
+            cluster,
+            deployment,
+            &["-n", NAMESPACE, "get", "deployment", deployment],
+        )
+        .await?;
+    }
+    for (kind, name) in [
+        ("deviceclass", "mig.das.com"),
+        ("crd", "allocationclaims.inference.redhat.com"),
+        ("mutatingwebhookconfiguration", "das-webhook"),
+        ("secret", "sh.helm.release.v1.das.v1"),
+    ] {
+        let args = if kind == "secret" {
+            vec!["-n", NAMESPACE, "get", kind, name]
+        } else {
+            vec!["get", kind, name]
+        };
+        wait_json(cluster, &format!("{kind} {name}"), &args).await?;
+    }
+    let ns = json(cluster, &["get", "namespace", NAMESPACE])?;
+    ensure!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged",
+        "namespace labels: {}",
+        ns["metadata"]["labels"]
+    );
+
+    // The Helm library's condition and the operator's three, with reasons.
+    let cr = wait::until("the DASOperator's conditions", TIMEOUT, || async {
+        let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
+        let ok = ["Deployed", "Available", "Progressing", "Degraded"]
+            .iter()
+            .all(|t| condition(&cr, t).is_some());
+        Ok(ok.then_some(cr))
+    })
+    .await?;
+    ensure!(
+        condition(&cr, "Deployed").map(|c| c["status"] == "True") == Some(true),
+        "Deployed: {:?}",
+        condition(&cr, "Deployed")
+    );
+    ensure!(
+        condition(&cr, "Degraded").map(|c| c["status"] == "False") == Some(true),
+        "Degraded: {:?}",
+        condition(&cr, "Degraded")
+    );
+    for t in ["Available", "Progressing"] {
+        let c = condition(&cr, t).context(t)?;
+        ensure!(
+            c["reason"].as_str().is_some_and(|r| !r.is_empty()),
+            "{t} has no reason: {c}"
+        );
+    }
+    // The hollow kubelet reports the pods it is given as running and ready (it starts no
+    // containers): the workloads become available and so does DAS, as far as the API shows.
+    wait::until("Available=True", TIMEOUT, || async {
+        let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
+        Ok(condition(&cr, "Available")
+            .is_some_and(|c| c["status"] == "True")
+            .then_some(()))
+    })
+    .await?;
+    // The recorder posts events in the background: wait for the first condition's.
+    wait::until("an event of a condition change", TIMEOUT, || async {
+        let reasons = kubectl(
+            cluster,
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector=involvedObject.kind=DASOperator",
+                "-o",
+                "jsonpath={.items[*].reason}",
+            ],
+            None,
+        )?;
+        Ok((reasons.contains("Progressing") || reasons.contains("Available")).then_some(()))
+    })
+    .await
+}
+
+/// The plugin's environment and identity come from the release the operator installed
+/// (`status.deployedRelease.manifest`): started from them on n0, it publishes, and a pod with a
+/// claim gets a slice, destroyed when the pod goes.
+async fn the_plugin_as_configured_serves_a_claim(cluster: &mut Cluster) -> Result<()> {
+    let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
+    let manifest = cr["status"]["deployedRelease"]["manifest"]
+        .as_str()
+        .context("status.deployedRelease.manifest")?;
+    let mut rendered = Rendered::parse(manifest)?;
+    // The stand-in pod that carries the plugin's node-bound token must not match the
+    // DaemonSet's selector, or the DaemonSet controller would adopt and delete it.
+    for o in &mut rendered.objects {
+        if o["kind"] == "DaemonSet" {
+            o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] =
+                Value::from(STAND_IN_NAME);
+        }
+    }
+    let plugin = DasBinary::Plugin.debug()?;
+    install::start_plugin(cluster, &rendered, &plugin, "n0", "A100-SXM4-40GB:1").await?;
+    das_e2e::das::wait_nodes_published(&cluster.client(), &["n0"]).await?;
+
+    let c = cluster.client();
+    create_template(&c, "one-1g", "1g.10gb", 1).await?;
+    create_pod(&c, "user", "one-1g", Some("n0")).await?;
+    wait_running(&c, "user").await?;
+    let slices = live_slices(cluster, "n0")?;
+    ensure!(
+        slices.len() == 1 && slices[0].1 == "1g.10gb",
+        "n0 holds {slices:?}, want one 1g.10gb"
+    );
+    delete_pod(&c, "user").await?;
+    wait::until("the slice destroyed", TIMEOUT, || async {
+        Ok(live_slices(cluster, "n0")?.is_empty().then_some(()))
+    })
+    .await?;
+    cluster.stop_component("das-plugin-n0", true)
+}
+
+async fn log_level_change_rolls_every_component(cluster: &Cluster) -> Result<()> {
+    let before = json(
+        cluster,
+        &["-n", NAMESPACE, "get", "daemonset", "das-kubelet-plugin"],
+    )?["metadata"]["generation"]
+        .as_i64()
+        .unwrap_or(0);
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "dasoperator",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"logLevel":"Debug"}}"#,
+        ],
+        None,
+    )?;
+    let debug = "info,das_driver=debug,das_controller=debug,das_webhook=debug,das_api=debug";
+    for (kind, name) in [
+        ("daemonset", "das-kubelet-plugin"),
+        ("deployment", "das-controller"),
+        ("deployment", "das-webhook"),
+    ] {
+        wait::until(
+            &format!("{kind} {name} at log level Debug"),
+            TIMEOUT,
+            || async {
+                let o = json(cluster, &["-n", NAMESPACE, "get", kind, name])?;
+                Ok((env_of(&o, "DAS_LOG_LEVEL") == debug).then_some(()))
+            },
+        )
+        .await?;
+    }
+    let after = json(
+        cluster,
+        &["-n", NAMESPACE, "get", "daemonset", "das-kubelet-plugin"],
+    )?["metadata"]["generation"]
+        .as_i64()
+        .unwrap_or(0);
+    ensure!(
+        after > before,
+        "the DaemonSet's template did not change (generation {before} -> {after})"
+    );
+    Ok(())
+}
+
+/// A spec the chart cannot install is Degraded with Helm's reason, and recovers once fixed:
+/// `webhook.tlsMode: certManager` on a cluster without cert-manager (no Issuer kind).
+async fn a_failed_upgrade_is_degraded_until_fixed(cluster: &Cluster) -> Result<()> {
+    let degraded = |want: &'static str| async move {
+        wait::until(&format!("Degraded={want}"), TIMEOUT, || async {
+            let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
+            Ok(condition(&cr, "Degraded")
+                .filter(|c| c["status"] == want)
+                .cloned())
+        })
+        .await
+    };
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "dasoperator",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"webhook":{"tlsMode":"certManager"}}}"#,
+        ],
+        None,
+    )?;
+    // Helm fails rendering (its dry run): the library calls that Irreconcilable; a failed
+    // install or upgrade would be ReleaseFailed. Either way the message says what is missing.
+    let c = degraded("True").await?;
+    ensure!(
+        (c["reason"] == "Irreconcilable" || c["reason"] == "ReleaseFailed")
+            && c["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("cert-manager.io"),
+        "Degraded for the wrong reason: {c}"
+    );
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "dasoperator",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"webhook":{"tlsMode":"helm"}}}"#,
+        ],
+        None,
+    )?;
+    degraded("False").await?;
+    Ok(())
+}
+
+/// The Helm library watches what it installed: an admin's deletion is repaired.
+async fn a_deleted_deployment_comes_back(cluster: &Cluster) -> Result<()> {
+    let uid = |o: &Value| {
+        o["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let old = uid(&json(
+        cluster,
+        &["-n", NAMESPACE, "get", "deployment", "das-controller"],
+    )?);
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            NAMESPACE,
+            "delete",
+            "deployment",
+            "das-controller",
+            "--wait=true",
+        ],
+        None,
+    )?;
+    wait::until("das-controller recreated", TIMEOUT, || async {
+        let o = json(
+            cluster,
+            &["-n", NAMESPACE, "get", "deployment", "das-controller"],
+        )?;
+        Ok((uid(&o) != old).then_some(()))
+    })
+    .await
+}
+
+async fn deleting_the_resource_uninstalls_das(cluster: &Cluster) -> Result<()> {
+    kubectl(
+        cluster,
+        &["delete", "dasoperator", "cluster", "--wait=false"],
+        None,
+    )?;
+    wait::until(
+        "the DASOperator's finalizer to uninstall DAS",
+        TIMEOUT,
+        || async {
+            Ok(kubectl(
+                cluster,
+                &["get", "dasoperator", "--ignore-not-found", "-o", "name"],
+                None,
+            )?
+            .trim()
+            .is_empty()
+            .then_some(()))
+        },
+    )
+    .await?;
+    for (kind, name) in [
+        ("daemonset", "das-kubelet-plugin"),
+        ("deployment", "das-controller"),
+        ("deployment", "das-webhook"),
+        ("secret", "sh.helm.release.v1.das.v1"),
+    ] {
+        wait::until(&format!("{kind} {name} gone"), TIMEOUT, || async {
+            Ok(kubectl(
+                cluster,
+                &[
+                    "-n",
+                    NAMESPACE,
+                    "get",
+                    kind,
+                    name,
+                    "--ignore-not-found",
+                    "-o",
+                    "name",
+                ],
+                None,
+            )?
+            .trim()
+            .is_empty()
+            .then_some(()))
+        })
+        .await?;
+    }
+    for (kind, name) in [
+        ("deviceclass", "mig.das.com"),
+        ("mutatingwebhookconfiguration", "das-webhook"),
+    ] {
+        let left = kubectl(
+            cluster,
+            &["get", kind, name, "--ignore-not-found", "-o", "name"],
+            None,
+        )?;
+        ensure!(
+            left.trim().is_empty(),
+            "{kind} {name} survived the uninstall"
+        );
+    }
+    json(
+        cluster,
+        &["get", "crd", "allocationclaims.inference.redhat.com"],
+    )
+    .context("the AllocationClaim CRD must survive the uninstall")?;
+    Ok(())
+}
+
+fn apply_cr(cluster: &Cluster, spec: &str) -> Result<String> {
+    let cr = format!(
+        r#"{{"apiVersion": "operator.das.com/v1alpha1", "kind": "DASOperator", "metadata": {{"name": "cluster"}}, "spec": {spec}}}"#
+    );
+    kubectl(cluster, &["apply", "-f", "-"], Some(&cr))
+}
+
+fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    chart::kubectl(&cluster.kubeconfig, args, stdin)
+}
+
+/// `kubectl ... -o json`, parsed.
+fn json(cluster: &Cluster, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    Ok(serde_json::from_str(&kubectl(cluster, &all, None)?)?)
+}
+
+/// Waits until `kubectl get` finds the object; returns it.
+async fn wait_json(cluster: &Cluster, what: &str, args: &[&str]) -> Result<Value> {
+    wait::until(what, TIMEOUT, || async { Ok(Some(json(cluster, args)?)) }).await
+}
+
+/// The first container's environment variable `name` of a workload ("" when absent).
+fn env_of(workload: &Value, name: &str) -> String {
+    workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn condition<'a>(cr: &'a Value, t: &str) -> Option<&'a Value> {
+    cr["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == t)
+}

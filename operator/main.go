@@ -1,0 +1,210 @@
+// das-operator installs DAS from one cluster-scoped DASOperator custom resource
+// (operator.das.com/v1alpha1, named `cluster`): it runs the DAS Helm chart, embedded at build
+// time, through operator-framework's Helm operator library, which installs, upgrades on every
+// spec change, repairs drifted objects and uninstalls when the resource is deleted. A second
+// controller (internal/status) reports Available, Progressing and Degraded. docs/openshift.md
+// is the admin's guide; OLM installs it from the bundle `make bundle` writes.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/operator-framework/helm-operator-plugins/pkg/reconciler"
+	helmvalues "github.com/operator-framework/helm-operator-plugins/pkg/values"
+	"helm.sh/helm/v3/pkg/chartutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/das-project/das/operator/api/v1alpha1"
+	"github.com/das-project/das/operator/internal/chart"
+	"github.com/das-project/das/operator/internal/release"
+	"github.com/das-project/das/operator/internal/status"
+	"github.com/das-project/das/operator/internal/values"
+)
+
+// options are the operator's flags: how and where it runs, never what DAS does (that is the
+// custom resource's).
+type options struct {
+	namespace   string
+	chartDir    string
+	installCRDs bool
+	openshift   string
+	metrics     string
+	probes      string
+	leaderElect bool
+}
+
+func parseFlags() options {
+	var o options
+	flag.StringVar(&o.namespace, "namespace", envOr("OPERATOR_NAMESPACE", "das-system"),
+		"namespace DAS is installed into (release `das`); default $OPERATOR_NAMESPACE, the operator's own under OLM")
+	flag.StringVar(&o.chartDir, "chart", "", "chart directory to install instead of the embedded deploy/helm/das")
+	flag.BoolVar(&o.installCRDs, "install-crds", true,
+		"let the chart install the AllocationClaim CRD; false under OLM, which installs it from the bundle")
+	flag.StringVar(&o.openshift, "openshift", "auto",
+		"grant the components their SecurityContextConstraints: auto (when the API serves security.openshift.io), true or false")
+	flag.StringVar(&o.metrics, "metrics-bind-address", ":8080", "address of the operator's /metrics; 0 turns it off")
+	flag.StringVar(&o.probes, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	flag.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader (a lease in --namespace) so that replicas can stand by")
+	zapOpts := zap.Options{}
+	zapOpts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zapOpts)))
+	return o
+}
+
+func main() {
+	if err := run(parseFlags()); err != nil {
+		fmt.Fprintln(os.Stderr, "das-operator:", err)
+		os.Exit(1)
+	}
+}
+
+func run(o options) error {
+	log := ctrl.Log.WithName("das-operator")
+	chrt, err := chart.Load(o.chartDir)
+	if err != nil {
+		return err
+	}
+	cfg := ctrl.GetConfigOrDie()
+	openshift, err := detectOpenShift(cfg, o.openshift)
+	if err != nil {
+		return err
+	}
+	settings := values.Settings{
+		DefaultImage: os.Getenv("RELATED_IMAGE_DAS"),
+		InstallCRDs:  o.installCRDs,
+		OpenShift:    openshift,
+	}
+	log.Info("starting", "namespace", o.namespace, "chart", chrt.Metadata.Version,
+		"openshift", openshift, "installCRDs", o.installCRDs, "defaultImage", settings.DefaultImage)
+
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Cache:                   cache.Options{ByObject: namespacedKinds(o.namespace)},
+		Metrics:                 metricsserver.Options{BindAddress: o.metrics},
+		HealthProbeBindAddress:  o.probes,
+		LeaderElection:          o.leaderElect,
+		LeaderElectionID:        "das-operator.operator.das.com",
+		LeaderElectionNamespace: o.namespace,
+	})
+	if err != nil {
+		return err
+	}
+	// Namespaces are read and written directly: caching every namespace of the cluster for one
+	// Get per reconcile is not worth the memory.
+	direct, err := client.New(cfg, client.Options{Scheme: mgr.GetScheme(), Mapper: mgr.GetRESTMapper()})
+	if err != nil {
+		return err
+	}
+	acg, err := release.ActionClientGetter(cfg, mgr.GetRESTMapper(), o.namespace)
+	if err != nil {
+		return err
+	}
+	translate := helmvalues.TranslatorFunc(func(_ context.Context, obj *unstructured.Unstructured) (chartutil.Values, error) {
+		spec, _, err := unstructured.NestedMap(obj.Object, "spec")
+		if err != nil {
+			return nil, err
+		}
+		return values.FromSpec(spec, settings)
+	})
+	helmReconciler, err := reconciler.New(
+		reconciler.WithChart(*chrt),
+		reconciler.WithGroupVersionKind(v1alpha1.GroupVersionKind()),
+		reconciler.WithActionClientGetter(acg),
+		reconciler.WithValueTranslator(translate),
+		reconciler.WithPreHook(release.NamespaceHook(direct, o.namespace)),
+		reconciler.WithMaxReleaseHistory(10),
+		reconciler.WithLog(log.WithName("helm")),
+	)
+	if err != nil {
+		return err
+	}
+	if err := helmReconciler.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	statusReconciler := &status.Reconciler{
+		Client:    mgr.GetClient(),
+		Recorder:  mgr.GetEventRecorderFor("das-operator"),
+		Namespace: o.namespace,
+	}
+	if err := statusReconciler.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.Start(ctrl.SetupSignalHandler())
+}
+
+// namespacedKinds restricts the cache, and so the operator's watches, to the install namespace
+// for every namespaced kind the chart renders. The Helm library watches each kind of the release
+// to repair drift; without this it would list and watch Secrets, Deployments and the rest in every
+// namespace, and the bundle would have to grant that cluster-wide (deploy/olm/rbac/role.yaml
+// grants them in the operator's namespace only).
+func namespacedKinds(namespace string) map[client.Object]cache.ByObject {
+	only := cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
+	kinds := []client.Object{
+		&corev1.Secret{}, &corev1.ConfigMap{}, &corev1.Service{}, &corev1.ServiceAccount{},
+		&appsv1.Deployment{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{},
+		&networkingv1.NetworkPolicy{}, &rbacv1.Role{}, &rbacv1.RoleBinding{},
+	}
+	out := make(map[client.Object]cache.ByObject, len(kinds))
+	for _, k := range kinds {
+		out[k] = only
+	}
+	return out
+}
+
+// detectOpenShift resolves --openshift: auto asks discovery whether SecurityContextConstraints
+// are served (they are on every OpenShift, and nowhere else).
+func detectOpenShift(cfg *rest.Config, flagValue string) (bool, error) {
+	switch strings.ToLower(flagValue) {
+	case "true":
+		return true, nil
+	case "false":
+		return false, nil
+	case "auto":
+	default:
+		return false, fmt.Errorf("--openshift %q: want auto, true or false", flagValue)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false, err
+	}
+	resources, err := dc.ServerResourcesForGroupVersion("security.openshift.io/v1")
+	if err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	for _, r := range resources.APIResources {
+		if r.Name == "securitycontextconstraints" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func envOr(name, fallback string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return fallback
+}
