@@ -1,5 +1,6 @@
 //! TLS for the webhook: a rustls server whose certificate is re-read from its files when they
-//! change (cert-manager and kubelet-projected secrets rotate files in place).
+//! change (cert-manager and kubelet-projected secrets rotate files in place), offering the
+//! versions and suites of a [`TlsPolicy`].
 //!
 //! Source: rustls `ResolvesServerCert` (<https://docs.rs/rustls/latest/rustls/server/trait.ResolvesServerCert.html>).
 
@@ -16,6 +17,9 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 
 use crate::error::{Error, Result};
+
+mod policy;
+pub use policy::{MinVersion, TlsPolicy};
 
 /// The certificate in use and the modification times of the files it came from.
 struct Loaded {
@@ -83,10 +87,11 @@ impl ReloadingCert {
         }
     }
 
-    /// A rustls server configuration (HTTP/1.1 over ALPN) that serves this certificate.
-    pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>> {
-        let mut cfg = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
-            .with_safe_default_protocol_versions()
+    /// A rustls server configuration (HTTP/1.1 over ALPN) that serves this certificate with the
+    /// versions and suites of `policy`.
+    pub fn server_config(self: &Arc<Self>, policy: &TlsPolicy) -> Result<Arc<ServerConfig>> {
+        let mut cfg = ServerConfig::builder_with_provider(Arc::new(policy.provider()))
+            .with_protocol_versions(policy.versions())
             .map_err(Error::TlsConfig)?
             .with_no_client_auth()
             .with_cert_resolver(self.clone());

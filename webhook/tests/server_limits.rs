@@ -68,7 +68,7 @@ async fn start(limits: Limits) -> Server {
     let (ca, cert, key) = loopback_serving(dir.path(), "das-webhook");
     let tls = ReloadingCert::new(&cert, &key)
         .unwrap()
-        .server_config()
+        .server_config(&das_webhook::tls::TlsPolicy::default())
         .unwrap();
     // An API server that is never reached: the requests here never get that far.
     let client =

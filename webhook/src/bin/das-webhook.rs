@@ -19,7 +19,7 @@ use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
 use das_webhook::server::{self, App};
 use das_webhook::templates::Templates;
-use das_webhook::tls::ReloadingCert;
+use das_webhook::tls::{ReloadingCert, TlsPolicy};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -46,6 +46,19 @@ struct Args {
         default_value = "/etc/das-webhook/tls/tls.key"
     )]
     tls_key_file: PathBuf,
+    /// Lowest TLS version offered: `VersionTLS12` (TLS 1.2 and 1.3) or `VersionTLS13`, as
+    /// OpenShift's `tlsSecurityProfile` names them (`1.2`, `1.3` too).
+    #[arg(
+        long,
+        env = "DAS_WEBHOOK_TLS_MIN_VERSION",
+        default_value = "VersionTLS12"
+    )]
+    tls_min_version: String,
+    /// TLS cipher suites offered, comma-separated, IANA or OpenSSL names
+    /// (`TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256` or `ECDHE-RSA-AES128-GCM-SHA256`); listed suites
+    /// the TLS library lacks are not offered (logged). Empty: the library's defaults.
+    #[arg(long, env = "DAS_WEBHOOK_TLS_CIPHER_SUITES", value_delimiter = ',')]
+    tls_cipher_suites: Vec<String>,
     /// How often the certificate files are checked for changes, in seconds.
     #[arg(long, default_value_t = 10)]
     cert_reload_interval_seconds: u64,
@@ -74,7 +87,12 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<()> {
     let mut shutdown = Shutdown::listen()?;
     let cert = ReloadingCert::new(&args.tls_cert_file, &args.tls_key_file)?;
-    let tls = cert.server_config()?;
+    let policy = TlsPolicy::parse(&args.tls_min_version, &args.tls_cipher_suites)
+        .map_err(|e| anyhow::anyhow!("--tls-min-version/--tls-cipher-suites: {e}"))?;
+    if !policy.not_offered.is_empty() {
+        tracing::warn!(suites = ?policy.not_offered, "listed TLS cipher suites the TLS library does not implement are not offered");
+    }
+    let tls = cert.server_config(&policy)?;
     tokio::spawn(cert.watch(Duration::from_secs(
         args.cert_reload_interval_seconds.max(1),
     )));
