@@ -21,12 +21,19 @@ use crate::{Cluster, chart, wait};
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The example pods with MIG slices (`kubectl apply -f docs/examples`): one-slice,
-/// multi-slice, the inference Deployment's two replicas and legacy-slice.
-pub const PODS: usize = 5;
+/// multi-slice, the inference Deployment's two replicas, legacy-slice, and mps-a and mps-b.
+pub const PODS: usize = 7;
+
+/// Their ResourceClaims: one per pod but for mps-a and mps-b, which share one
+/// (`06-mps.yaml`, MPS on its slice).
+const CLAIMS: usize = 6;
 
 /// Their MIG slices: one-slice (1) + multi-slice (3) + inference Deployment (2 × 1) +
-/// legacy-slice (1).
-const SLICES: usize = 7;
+/// legacy-slice (1) + the MPS claim's (1).
+const SLICES: usize = 8;
+
+/// The claim of the MPS example, shared by its two pods.
+const MPS_CLAIM: &str = "mps-1g-10gb";
 
 /// The example that needs the chart's whole GPUs (`wholeGpus.enabled`, the DeviceClass
 /// `gpu.das.com`): pod [`WHOLE_GPU_POD`] gets a whole GPU.
@@ -73,6 +80,7 @@ pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let whole = usize::from(whole_gpus);
     let (all_pods, devices) = (PODS + whole, SLICES + whole);
+    let all_claims_n = CLAIMS + whole;
     let running = wait::until("every example pod to run", TIMEOUT, || async {
         let list = pods.list(&Default::default()).await?.items;
         let running = list
@@ -117,7 +125,7 @@ pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> 
                         .map_or(0, Vec::len)
                 })
                 .sum();
-            Ok((list.len() == all_pods && reported == devices).then_some(()))
+            Ok((list.len() == all_claims_n && reported == devices).then_some(()))
         },
     )
     .await?;
@@ -148,10 +156,11 @@ pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> 
         )?);
     }
     ensure!(
-        specs.len() == all_pods,
-        "{} CDI specs for {all_pods} claims",
+        specs.len() == all_claims_n,
+        "{} CDI specs for {all_claims_n} claims",
         specs.len()
     );
+    mps_example_shares_one_slice(&specs, &all_claims).await?;
     for spec in &specs {
         ensure!(
             spec["containerEdits"]["deviceNodes"].is_null(),
@@ -183,6 +192,33 @@ pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> 
             .collect();
         ensure!(refused.is_empty(), "{name} was refused: {refused:#?}");
     }
+    Ok(())
+}
+
+/// The MPS example's two pods hold one claim, whose CDI spec gives its containers the MPS
+/// daemon's pipe directory (docs/design.md §7, "MPS on a slice").
+async fn mps_example_shares_one_slice(
+    specs: &[serde_json::Value],
+    claims: &Api<ResourceClaim>,
+) -> Result<()> {
+    let claim = claims.get(MPS_CLAIM).await?;
+    let reserved = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .map_or(0, Vec::len);
+    ensure!(
+        reserved == 2,
+        "{MPS_CLAIM} is reserved for {reserved} pods, not 2"
+    );
+    let uid = claim.metadata.uid.clone().context("claim UID")?;
+    let ids = crate::das::claim_device_ids(specs, std::slice::from_ref(&uid));
+    let view = crate::das::resolve_cdi_devices(specs, &ids)?;
+    ensure!(
+        view.env.get("CUDA_MPS_PIPE_DIRECTORY").map(String::as_str) == Some("/tmp/nvidia-mps"),
+        "{MPS_CLAIM}'s CDI devices give no MPS pipe directory: {:?}",
+        view.env
+    );
     Ok(())
 }
 
