@@ -58,7 +58,10 @@ impl MigDeviceConfig {
                 "sharing.mps is set but sharing.strategy is Exclusive; set strategy: MPS, or remove mps"
                     .into(),
             ),
-            (_, Some(mps)) => mps.pinned_device_memory_limit_mib().map(|_| ()),
+            (_, Some(mps)) => mps
+                .pinned_device_memory_limit_mib()
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
             _ => Ok(()),
         }
     }
@@ -110,25 +113,44 @@ pub struct MpsConfig {
     pub pinned_device_memory_limit: Option<Quantity>,
 }
 
+/// Why `sharing.mps.pinnedDeviceMemoryLimit` is not valid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PinnedLimitError {
+    /// Not a memory size.
+    #[error("sharing.mps.pinnedDeviceMemoryLimit {value:?}: {source}")]
+    Quantity {
+        /// The quantity as written.
+        value: String,
+        /// What is wrong with it.
+        source: QuantityError,
+    },
+    /// Less than 1 MiB (limits are applied in whole MiB).
+    #[error(
+        "sharing.mps.pinnedDeviceMemoryLimit {value:?} is below 1Mi; valid: a memory size of at least 1Mi, e.g. 2Gi"
+    )]
+    BelowOneMib {
+        /// The quantity as written.
+        value: String,
+    },
+}
+
 impl MpsConfig {
     /// The pinned memory limit in MiB (bytes / 2^20, rounded down), if one is set.
     ///
     /// # Errors
     /// The quantity does not parse ([`quantity_bytes`]) or is below 1 MiB.
-    pub fn pinned_device_memory_limit_mib(&self) -> Result<Option<u64>, String> {
+    pub fn pinned_device_memory_limit_mib(&self) -> Result<Option<u64>, PinnedLimitError> {
         let Some(q) = &self.pinned_device_memory_limit else {
             return Ok(None);
         };
-        let field = "sharing.mps.pinnedDeviceMemoryLimit";
-        let bytes = quantity_bytes(&q.0).map_err(|e| format!("{field} {:?}: {e}", q.0))?;
-        let mib = bytes >> 20;
-        if mib == 0 {
-            return Err(format!(
-                "{field} {:?} is below 1Mi; valid: a memory size of at least 1Mi, e.g. 2Gi",
-                q.0
-            ));
+        let bytes = quantity_bytes(&q.0).map_err(|source| PinnedLimitError::Quantity {
+            value: q.0.clone(),
+            source,
+        })?;
+        match bytes >> 20 {
+            0 => Err(PinnedLimitError::BelowOneMib { value: q.0.clone() }),
+            mib => Ok(Some(mib)),
         }
-        Ok(Some(mib))
     }
 }
 
@@ -144,68 +166,58 @@ fn percentage<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
     }
 }
 
-/// The bytes of a Kubernetes quantity (`apimachinery` `resource.Quantity`): a decimal number
-/// (`1`, `1.5`), then a binary suffix (`Ki`, `Mi`, `Gi`, `Ti`, `Pi`, `Ei`: powers of 1024), a
-/// decimal one (`k`, `M`, `G`, `T`, `P`, `E`: powers of 1000), or an exponent (`1e9`); fractions
-/// of a byte are dropped. Negative values and milli-units (`m`) are no memory size.
+/// What a quantity that is no memory size is told with: what is valid.
+const VALID_QUANTITY: &str = "valid: a number with an optional suffix Ki, Mi, Gi, Ti, Pi, k, M, G, T, P or exponent, e.g. 2Gi or 512Mi";
+
+/// Why a quantity is no memory size ([`quantity_bytes`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// Not a Kubernetes quantity at all.
+    #[error("not a quantity ({0}); {VALID_QUANTITY}")]
+    Syntax(String),
+    /// Below zero.
+    #[error("negative; {VALID_QUANTITY}")]
+    Negative,
+    /// Milli-units (`100m`): fractions of a byte.
+    #[error("a fraction of a byte; {VALID_QUANTITY}")]
+    Fraction,
+    /// More bytes than 64 bits hold.
+    #[error("too large; {VALID_QUANTITY}")]
+    TooLarge,
+}
+
+/// The bytes of a Kubernetes quantity (`apimachinery` `resource.Quantity`, parsed by the
+/// `kube_quantity` crate): a decimal number (`1`, `1.5`), then a binary suffix (`Ki` … `Pi`:
+/// powers of 1024), a decimal one (`k` … `P`: powers of 1000), or an exponent (`1e9`);
+/// fractions of a byte (`1.5` bytes) are dropped. Negative values and milli-units (`m`) are no
+/// memory size; the exa suffixes (`Ei`, `E`) are refused, as the crate reads `E` as an exponent
+/// (no slice has that much memory).
 ///
 /// # Errors
 /// What is not valid, and what is.
-pub fn quantity_bytes(q: &str) -> Result<u64, String> {
-    const VALID: &str = "valid: a number with an optional suffix Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or exponent, e.g. 2Gi or 512Mi";
-    let q = q.trim();
-    let end = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+'))
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(end);
-    let number = number.strip_prefix('+').unwrap_or(number);
-    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
-    let digits_ok = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if (whole.is_empty() && frac.is_empty()) || !digits_ok(whole) || !digits_ok(frac) {
-        return Err(format!("not a quantity; {VALID}"));
+pub fn quantity_bytes(q: &str) -> Result<u64, QuantityError> {
+    use kube_quantity::ParsedQuantity;
+    // The crate takes a bare suffix (`Gi`) as zero; Kubernetes wants a number first.
+    let number = q.trim().trim_start_matches(['+', '-']);
+    if !number.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return Err(QuantityError::Syntax("no number".to_string()));
     }
-    // value = mantissa / 10^frac_len × multiplier, computed in u128 to stay exact.
-    let mantissa: u128 = format!("{whole}{frac}")
-        .parse()
-        .map_err(|_| format!("too large; {VALID}"))?;
-    let (num, den): (u128, u128) = match suffix {
-        "" => (1, 1),
-        "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei" => {
-            let i = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
-                .iter()
-                .position(|s| *s == suffix)
-                .unwrap_or(0) as u32;
-            (1u128 << (10 * (i + 1)), 1)
-        }
-        "k" => (1_000, 1),
-        "M" => (1_000_000, 1),
-        "G" => (1_000_000_000, 1),
-        "T" => (1_000_000_000_000, 1),
-        "P" => (1_000_000_000_000_000, 1),
-        "E" => (1_000_000_000_000_000_000, 1),
-        s if s.starts_with(['e', 'E']) => {
-            let exp: u32 = s[1..]
-                .strip_prefix('+')
-                .unwrap_or(&s[1..])
-                .parse()
-                .map_err(|_| format!("bad exponent {s:?}; {VALID}"))?;
-            (
-                10u128
-                    .checked_pow(exp)
-                    .ok_or(format!("too large; {VALID}"))?,
-                1,
-            )
-        }
-        other => return Err(format!("unknown suffix {other:?}; {VALID}")),
-    };
-    let scale = 10u128
-        .checked_pow(frac.len() as u32)
-        .ok_or(format!("too many decimals; {VALID}"))?;
-    let bytes = mantissa
-        .checked_mul(num)
-        .ok_or(format!("too large; {VALID}"))?
-        / (den * scale);
-    u64::try_from(bytes).map_err(|_| format!("too large; {VALID}"))
+    let parsed =
+        ParsedQuantity::try_from(q.trim()).map_err(|e| QuantityError::Syntax(e.to_string()))?;
+    let zero = ParsedQuantity::default();
+    if parsed < zero {
+        return Err(QuantityError::Negative);
+    }
+    // Adding a quantity of scale one brings the value to whole units (`1.5Gi` to 1610612736),
+    // which the crate's integer conversions need: they drop the fraction before they scale.
+    // A milli-unit keeps its smaller scale and converts to nothing.
+    let bytes = (parsed.clone() + zero).to_bytes_u128();
+    let milli = parsed.to_string().ends_with('m');
+    match bytes {
+        _ if milli => Err(QuantityError::Fraction),
+        Some(b) => u64::try_from(b).map_err(|_| QuantityError::TooLarge),
+        None => Err(QuantityError::TooLarge),
+    }
 }
 
 /// The envelope every config has: `apiVersion` and `kind` select the type the rest decodes as.

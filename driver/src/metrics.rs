@@ -102,6 +102,7 @@ pub struct Metrics {
     mig_mode_switches: Family<SwitchLabels, Counter>,
     mig_mode_switchable: Family<GpuLabels, Gauge>,
     mps_daemons: Gauge,
+    mps_daemons_up: Gauge,
     mps_daemon_restarts: Family<ResultLabels, Counter>,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
@@ -143,11 +144,17 @@ impl Metrics {
         let mig_mode_switches = Family::<SwitchLabels, Counter>::default();
         let mig_mode_switchable = Family::<GpuLabels, Gauge>::default();
         let mps_daemons = Gauge::default();
+        let mps_daemons_up = Gauge::default();
         let mps_daemon_restarts = Family::<ResultLabels, Counter>::default();
         registry.register(
             "mps_daemons",
             "MPS control daemons the plugin supervises, one per prepared MPS slice (docs/design.md, \"MPS on a slice\"): running, or being started again after an exit",
             mps_daemons.clone(),
+        );
+        registry.register(
+            "mps_daemons_up",
+            "MPS control daemons that run now (of das_kubelet_plugin_mps_daemons: those not waiting to be started again after an exit); fewer than supervised means a slice's MPS clients cannot connect",
+            mps_daemons_up.clone(),
         );
         registry.register(
             "mps_daemon_restarts",
@@ -275,6 +282,7 @@ impl Metrics {
             mig_mode_switches,
             mig_mode_switchable,
             mps_daemons,
+            mps_daemons_up,
             mps_daemon_restarts,
         }
     }
@@ -372,6 +380,15 @@ impl Metrics {
     /// Sets the number of supervised MPS control daemons.
     pub fn set_mps_daemons(&self, n: usize) {
         self.mps_daemons.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// One more (`true`) or one fewer (`false`) MPS control daemon runs.
+    pub fn mps_daemon_up(&self, up: bool) {
+        if up {
+            self.mps_daemons_up.inc();
+        } else {
+            self.mps_daemons_up.dec();
+        }
     }
 
     /// Counts one start of an MPS control daemon after it exited, by whether it worked.
@@ -479,6 +496,7 @@ mod tests {
         m.set_node_setup_warning("nvidia_uvm", true);
         m.set_node_setup_warning("visible_devices_envvar", false);
         m.set_mps_daemons(2);
+        m.mps_daemon_up(true);
         m.mps_daemon_restarted(true);
         let text = m.probe.encode();
         assert!(
@@ -511,6 +529,7 @@ mod tests {
             r#"das_kubelet_plugin_node_setup_warning{check="nvidia_uvm"} 1"#,
             r#"das_kubelet_plugin_node_setup_warning{check="visible_devices_envvar"} 0"#,
             "das_kubelet_plugin_mps_daemons 2",
+            "das_kubelet_plugin_mps_daemons_up 1",
             r#"das_kubelet_plugin_mps_daemon_restarts_total{result="ok"} 1"#,
         ] {
             assert!(text.contains(want), "{want} missing:\n{text}");

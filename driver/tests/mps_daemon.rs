@@ -47,7 +47,7 @@ fn runs(dirs: &MpsDirs) -> Vec<Run> {
 fn limit_commands() -> Vec<String> {
     vec![
         "set_default_active_thread_percentage 40".to_string(),
-        format!("set_default_device_pinned_mem_limit {MIG} 2048M"),
+        "set_default_device_pinned_mem_limit 0 2048M".to_string(),
     ]
 }
 
@@ -229,7 +229,7 @@ async fn nvidias_daemon_takes_its_limits_comes_back_after_a_kill_and_stops() {
     };
     let percentage = || ask("get_default_active_thread_percentage".into());
     assert_eq!(percentage().await.unwrap(), "40.0");
-    let pinned = ask(format!("get_default_device_pinned_mem_limit {uuid}"));
+    let pinned = ask("get_default_device_pinned_mem_limit 0".to_string());
     assert_eq!(pinned.await.unwrap(), "2G");
     assert!(ask("bogus_command".into()).await.is_err());
 

@@ -96,7 +96,7 @@ async fn scenario(cluster: &mut Cluster, metrics_port: u16) -> Result<()> {
             && run.commands
                 == [
                     "set_default_active_thread_percentage 30".to_string(),
-                    format!("set_default_device_pinned_mem_limit {mig} 2048M"),
+                    "set_default_device_pinned_mem_limit 0 2048M".to_string(),
                 ],
         "the stand-in's record: {record:?} (slice {mig})"
     );
@@ -142,11 +142,15 @@ async fn scenario(cluster: &mut Cluster, metrics_port: u16) -> Result<()> {
         again.visible_devices == mig && again.pid != run.pid && running(again.pid),
         "the new daemon: {again:?}"
     );
-    let restarts = http_get(metrics_port, "/metrics").await?.1;
-    ensure!(
-        restarts.contains(r#"das_kubelet_plugin_mps_daemon_restarts_total{result="ok"} 1"#),
-        "the restart is not counted"
-    );
+    // The supervisor counts the restart after the new daemon took its limits, which the
+    // record shows first: wait for the count as for the rest.
+    wait::until("the restart counted, the daemon up", TIMEOUT, || async {
+        let m = http_get(metrics_port, "/metrics").await?.1;
+        let counted = m.contains(r#"das_kubelet_plugin_mps_daemon_restarts_total{result="ok"} 1"#)
+            && m.contains("das_kubelet_plugin_mps_daemons_up 1");
+        Ok(counted.then_some(()))
+    })
+    .await?;
 
     // The pod's end stops the daemon and removes its directories with the slice.
     let pid = again.pid;

@@ -47,6 +47,7 @@ fn quantities_are_read_as_kubernetes_writes_them() {
         ("3e9", 3_000_000_000),
         ("1048576", 1 << 20),
         ("+4Ki", 4096),
+        ("1Pi", 1 << 50),
     ] {
         assert_eq!(quantity_bytes(q), Ok(bytes), "{q}");
     }
@@ -61,6 +62,20 @@ fn quantities_are_read_as_kubernetes_writes_them() {
     ] {
         assert!(quantity_bytes(bad).is_err(), "{bad:?} accepted");
     }
+    // The exa suffixes are refused (the `kube_quantity` crate reads `E` as an exponent): no
+    // slice has an exabyte, so no valid limit is lost.
+    for exa in ["1Ei", "1E"] {
+        assert!(
+            matches!(quantity_bytes(exa), Err(QuantityError::Syntax(_))),
+            "{exa}"
+        );
+    }
+    assert_eq!(quantity_bytes("-1Gi"), Err(QuantityError::Negative));
+    assert_eq!(quantity_bytes("100m"), Err(QuantityError::Fraction));
+    assert_eq!(
+        quantity_bytes("17179869184Gi"),
+        Err(QuantityError::TooLarge)
+    );
 }
 
 #[test]
@@ -119,7 +134,7 @@ fn every_bad_config_says_what_is_wrong_and_what_is_valid() {
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
                 "sharing": {"strategy": "MPS", "mps": {"pinnedDeviceMemoryLimit": "2Gb"}}}),
-            "sharing.mps.pinnedDeviceMemoryLimit \"2Gb\": unknown suffix \"Gb\"; valid: a number with an optional suffix Ki, Mi",
+            "sharing.mps.pinnedDeviceMemoryLimit \"2Gb\": not a quantity (quantity parsing failed); valid: a number with an optional suffix Ki, Mi",
         ),
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,

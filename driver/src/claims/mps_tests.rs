@@ -1,6 +1,7 @@
 //! MPS devices on the request path (docs/design.md §7, "MPS on a slice"): what a prepare
 //! refuses before it creates anything. The daemons' life with a control binary is
-//! `driver/tests/mps_daemon.rs` and `e2e/tests/plugin_mps.rs` (they need the plugin's binary).
+//! `driver/tests/mps_daemon.rs`, `mps_supervision.rs`, `mps_preparer.rs` (the preparer with the
+//! stand-in) and `e2e/tests/plugin_mps.rs` (they need the plugin's binary).
 
 use std::sync::Arc;
 

@@ -11,16 +11,17 @@
 //! 3. completed claims are kept, whatever the API server says of them: the kubelet holds them
 //!    until it unprepares them, and a container of a force-deleted pod may still run on their
 //!    slices. Each gets its CDI spec written again where it is missing or not what it should be,
-//!    its MPS devices' control daemons supervised again (a live one adopted, any other started;
-//!    docs/design.md §7, "MPS on a slice"), and becomes a suspect of the orphan rule ([`super::orphans`]), which checks after its
-//!    delay whether the API server still allocates it and, if not, asks the container runtime;
+//!    its MPS devices' control daemons supervised again after steps 3 and 4 (all claims' at once;
+//!    a live one adopted, any other started; docs/design.md §7, "MPS on a slice"), and becomes a
+//!    suspect of the orphan rule ([`super::orphans`]), which checks after its delay whether the API server still allocates it and, if not, asks the container runtime;
 //!    (prepares that never completed were never answered, so no container has their slices;
 //!    releases were asked for by the kubelet's unprepare or are roll-backs);
 //! 4. when the checkpoint was lost (corrupt, or first start), the records of live instances are
 //!    rebuilt from the claims the API server has allocated on this node (with their MPS
 //!    daemons);
-//! 5. instances nobody records are destroyed — only those DAS created, unless `reclaim_foreign`;
-//!    MPS control daemons no record holds are stopped and their directories removed;
+//! 5. MPS control daemons no record holds are stopped and their directories removed (first: an
+//!    unrecorded daemon's MPS server would keep its slice in use), then instances nobody records
+//!    are destroyed — only those DAS created, unless `reclaim_foreign`;
 //! 6. CDI specs of claims we no longer hold, and leftover temp files, are removed.
 //!
 //! The decisions are [`super::plan`]'s, the steps [`super::Preparer::reconcile_at_startup`]'s

@@ -245,7 +245,9 @@ pub fn preparer_with(
         blocking,
         orphans,
         // No control binary: the request path's tests have no MPS device (the daemons' life is
-        // driver/tests/mps_daemon.rs, with the stand-in).
+        // driver/tests/mps_daemon.rs and mps_supervision.rs, the preparer with MPS devices
+        // driver/tests/mps_preparer.rs: the stand-in is the plugin's binary, which only
+        // integration tests can run).
         mps: Arc::new(crate::mps::MpsDaemons::new(
             None,
             dir,

@@ -150,12 +150,14 @@ pub fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
 }
 
 /// Starts the daemon of `spec` in the foreground (`-f`), in a process group of its own (a
-/// signal to the plugin's group does not reach it), its output appended to its log directory,
-/// and writes its pid file. Returns at once: [`wait_ready`] waits for its control socket.
+/// signal to the plugin's group does not reach it, and [`kill_group`] reaches the MPS server it
+/// starts too), its output appended to its log directory, and writes its pid file. Returns
+/// once it runs: [`wait_ready`] waits for its control socket.
 ///
 /// # Errors
-/// The directories, the output file or the pid file could not be made, or the binary not run.
-pub fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> {
+/// The directories, the output file or the pid file could not be made (the process started is
+/// then killed and reaped: nothing would record it), or the binary not run.
+pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> {
     make_dirs(&spec.dirs)?;
     // A socket left by a daemon that was killed would make the new one look ready at once.
     let _ = std::fs::remove_file(spec.dirs.control_socket());
@@ -177,16 +179,34 @@ pub fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> 
     if bin.shm_over_dev_shm {
         shm_over_dev_shm(&mut cmd, &spec.dirs.shm)?;
     }
-    let child = cmd.spawn().map_err(|e| {
+    let mut child = cmd.spawn().map_err(|e| {
         MpsError(format!(
             "run {} for the MPS control daemon: {e}",
             bin.program.display()
         ))
     })?;
-    if let Some(pid) = child.id() {
-        write_pid_file(&spec.dirs, pid)?;
+    let recorded = match child.id() {
+        Some(pid) => write_pid_file(&spec.dirs, pid),
+        None => Err(MpsError(
+            "the MPS control daemon exited at once".to_string(),
+        )),
+    };
+    if let Err(e) = recorded {
+        // Without its pid file no later plugin could find it: it must not outlive this call.
+        kill_child(&mut child).await;
+        return Err(e);
     }
     Ok(child)
+}
+
+/// Kills the process group of a daemon this plugin started (its server too) and reaps it.
+pub async fn kill_child(child: &mut Child) {
+    if let Some(pid) = child.id() {
+        // Before the reap: while the leader is unreaped its pid (the group's id) cannot be
+        // given to another process.
+        kill_group(pid);
+    }
+    let _ = child.kill().await;
 }
 
 /// Has the daemon's child, before it runs the binary, make a mount namespace of its own with
@@ -316,7 +336,7 @@ pub fn refused(answer: &str) -> bool {
 /// # Errors
 /// The first command that failed.
 pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
-    for c in commands::limit_commands(&spec.limits, &spec.mig_uuid) {
+    for c in commands::limit_commands(&spec.limits) {
         send(bin, &spec.dirs, &c).await?;
     }
     Ok(())
@@ -327,35 +347,70 @@ pub async fn quit(bin: &ControlBinary, dirs: &MpsDirs) -> Result<(), MpsError> {
     send(bin, dirs, QUIT).await.map(|_| ())
 }
 
-/// Writes `<pid> <start time>` (the start time from `/proc/<pid>/stat`, which tells a reused
-/// pid apart).
+/// A daemon process as its pid file records it: the pid and the start time from
+/// `/proc/<pid>/stat`, which tells a reused pid apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DaemonProcess {
+    /// Its pid, which is also its process group's id (it leads its own group).
+    pub pid: u32,
+    /// Field 22 of `/proc/<pid>/stat` when it was started, in clock ticks since boot.
+    pub start: u64,
+}
+
+impl DaemonProcess {
+    /// Whether this very process still runs: its pid exists, has the recorded start time (a
+    /// pid the kernel gave to another process since has another) and is no zombie.
+    pub fn alive(&self) -> bool {
+        self.start != 0 && start_time(self.pid) == Some(self.start) && !is_zombie(self.pid)
+    }
+
+    /// Sends SIGKILL to its process group (the control daemon and the MPS server it started:
+    /// a server left running would keep the slice in use), if it is still this process; a
+    /// process gone already is left alone, whatever has its pid now.
+    pub fn kill(&self) {
+        if self.alive() {
+            kill_group(self.pid);
+        }
+    }
+}
+
+/// Writes `<pid> <start time>` (see [`DaemonProcess`]).
 fn write_pid_file(dirs: &MpsDirs, pid: u32) -> Result<(), MpsError> {
     let start = start_time(pid).unwrap_or(0);
     std::fs::write(&dirs.pid_file, format!("{pid} {start}\n"))
         .map_err(|e| MpsError(format!("write {}: {e}", dirs.pid_file.display())))
 }
 
-/// The pid of the daemon the pid file names, if that process still runs and is the one that
-/// was started (same start time): a daemon a restarted plugin may adopt.
-pub fn live_pid(dirs: &MpsDirs) -> Option<u32> {
+/// The daemon the pid file names, if that process still runs and is the one that was started
+/// (same start time): a daemon a restarted plugin may adopt.
+pub fn live_process(dirs: &MpsDirs) -> Option<DaemonProcess> {
     let text = std::fs::read_to_string(&dirs.pid_file).ok()?;
     let mut parts = text.split_whitespace();
-    let pid: u32 = parts.next()?.parse().ok()?;
-    let start: u64 = parts.next()?.parse().ok()?;
-    (start != 0 && start_time(pid) == Some(start) && !is_zombie(pid)).then_some(pid)
+    let p = DaemonProcess {
+        pid: parts.next()?.parse().ok()?,
+        start: parts.next()?.parse().ok()?,
+    };
+    p.alive().then_some(p)
 }
 
-/// Whether process `pid` is still the one [`live_pid`] found (not exited, not reaped).
-pub fn alive(pid: u32) -> bool {
-    start_time(pid).is_some() && !is_zombie(pid)
+/// The pid of [`live_process`].
+pub fn live_pid(dirs: &MpsDirs) -> Option<u32> {
+    live_process(dirs).map(|p| p.pid)
 }
 
-/// Sends SIGKILL to `pid`.
-pub fn kill(pid: u32) {
-    if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill(2) with a pid this module started and checked.
+/// Sends SIGKILL to process group `pgid` (a daemon's: it leads its own group, see [`spawn`]).
+/// The callers make sure the group is still the daemon's: a child not yet reaped, a
+/// [`DaemonProcess`] still alive, or a leader just seen to exit (a pid is not given to a new
+/// process while a group of that id has members, so the kill reaches the daemon's server if one
+/// is left; else it reaches nothing, unless in those milliseconds the pid went to a new process
+/// that also made itself a group leader).
+pub fn kill_group(pgid: u32) {
+    if let Ok(pgid) = i32::try_from(pgid)
+        && pgid > 1
+    {
+        // SAFETY: killpg(2) takes plain integers; the group is a daemon's (see above).
         unsafe {
-            libc::kill(pid, libc::SIGKILL);
+            libc::killpg(pgid, libc::SIGKILL);
         }
     }
 }

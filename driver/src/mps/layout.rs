@@ -35,6 +35,46 @@ pub fn daemon_id(claim_uid: &str, device: &str) -> String {
     )
 }
 
+/// The longest path a unix socket address holds (`sun_path`, 108 bytes with its NUL).
+pub const SOCKET_PATH_MAX: usize = 107;
+
+/// A state dir too long for the daemons' control sockets.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--state-dir {state_dir:?} is too long for MPS: a daemon's control socket {socket:?} would have {len} bytes, more than a unix socket address holds ({SOCKET_PATH_MAX}); use a state dir of at most {max_state_dir} bytes"
+)]
+pub struct SocketPathTooLong {
+    /// The state dir.
+    pub state_dir: String,
+    /// A control socket's path under it.
+    pub socket: String,
+    /// That path's length in bytes.
+    pub len: usize,
+    /// The longest state dir that fits.
+    pub max_state_dir: usize,
+}
+
+/// Checks that the control socket of any daemon (`<state dir>/mps/<id>/pipe/control`; every id
+/// has the same length) fits a unix socket address: NVIDIA's daemon binds it by that path.
+///
+/// # Errors
+/// It does not fit.
+pub fn check_socket_path(state_dir: &Path) -> Result<(), SocketPathTooLong> {
+    let dirs = MpsDirs::new(state_dir, &daemon_id("", ""));
+    let socket = dirs.control_socket();
+    let len = socket.as_os_str().len();
+    if len <= SOCKET_PATH_MAX {
+        return Ok(());
+    }
+    let state_len = state_dir.as_os_str().len();
+    Err(SocketPathTooLong {
+        state_dir: state_dir.display().to_string(),
+        socket: socket.display().to_string(),
+        len,
+        max_state_dir: SOCKET_PATH_MAX.saturating_sub(len - state_len),
+    })
+}
+
 /// The directories and files of one daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsDirs {

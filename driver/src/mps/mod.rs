@@ -53,7 +53,9 @@ impl MpsLimits {
     /// # Errors
     /// The pinned memory limit is no valid quantity
     /// ([`das_api::device_config::MpsConfig::pinned_device_memory_limit_mib`]).
-    pub fn from_config(c: &das_api::device_config::MpsConfig) -> Result<Self, String> {
+    pub fn from_config(
+        c: &das_api::device_config::MpsConfig,
+    ) -> Result<Self, das_api::device_config::PinnedLimitError> {
         Ok(Self {
             active_thread_percentage: c.active_thread_percentage,
             pinned_device_memory_limit_mib: c.pinned_device_memory_limit_mib()?,

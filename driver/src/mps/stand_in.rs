@@ -129,7 +129,12 @@ fn serve() -> Result<(), String> {
                 std::thread::sleep(ACCEPT_POLL);
                 continue;
             }
-            Err(_) => continue,
+            // Another failure (out of descriptors, say) may well repeat: wait as for no
+            // connection instead of spinning on it.
+            Err(_) => {
+                std::thread::sleep(ACCEPT_POLL);
+                continue;
+            }
         };
         conn.set_nonblocking(false).map_err(|e| io("accept", e))?;
         let reader = BufReader::new(conn.try_clone().map_err(|e| io("accept", e))?);
@@ -164,37 +169,59 @@ fn serve() -> Result<(), String> {
 
 /// The commands the stand-in knows (each answered as [`answer`] says); any other is answered
 /// `Unknown command "<command>"`, as NVIDIA's daemon answers one.
-const KNOWN: [&str; 4] = [
+const KNOWN: [&str; 5] = [
     "set_default_active_thread_percentage",
     "set_default_device_pinned_mem_limit",
     "get_default_active_thread_percentage",
+    "get_default_device_pinned_mem_limit",
     "quit",
 ];
 
 /// The stand-in's answer to a command, as NVIDIA's daemon gives it: the percentage set (as
 /// `30.0`) for `set_default_active_thread_percentage` and
-/// `get_default_active_thread_percentage` (100 when none was set), `Unknown command "…"` for a
-/// command it does not know, nothing for the others.
+/// `get_default_active_thread_percentage` (100 when none was set), the limit set (as given,
+/// `2048M`; `0` when none) for `get_default_device_pinned_mem_limit 0`, `Unknown command "…"`
+/// for a command it does not know, nothing for the others. The pinned memory commands name the
+/// device by ordinal, and the stand-in serves one device, `0` (as DAS's daemons do, see
+/// [`super::commands::LIMIT_DEVICE`]): it refuses any other (`Invalid device "…"`), stricter than
+/// NVIDIA's daemon, which takes a device it does not serve silently, so tests see a command
+/// that would set nothing.
 fn answer(record: &Record, command: &str) -> Option<String> {
-    let name = command.split_whitespace().next().unwrap_or_default();
+    let mut words = command.split_whitespace();
+    let name = words.next().unwrap_or_default();
     if !KNOWN.contains(&name) {
         return Some(format!("Unknown command \"{command}\""));
+    }
+    if name.ends_with("_device_pinned_mem_limit") {
+        let device = words.next().unwrap_or_default();
+        if device != super::commands::LIMIT_DEVICE {
+            return Some(format!("Invalid device \"{device}\""));
+        }
     }
     if let Some(p) = command.strip_prefix("set_default_active_thread_percentage ") {
         return Some(format!("{p}.0"));
     }
-    if name != "get_default_active_thread_percentage" {
-        return None;
+    let last_set = |prefix: &str| -> Option<String> {
+        record
+            .runs
+            .last()?
+            .commands
+            .iter()
+            .rev()
+            .find_map(|c| c.strip_prefix(prefix).map(str::to_string))
+    };
+    match name {
+        "get_default_active_thread_percentage" => {
+            let set = last_set("set_default_active_thread_percentage ");
+            Some(format!("{}.0", set.as_deref().unwrap_or("100")))
+        }
+        "get_default_device_pinned_mem_limit" => {
+            let set = last_set("set_default_device_pinned_mem_limit ");
+            let limit = set.as_deref().and_then(|s| s.split_whitespace().nth(1));
+            Some(limit.unwrap_or("0").to_string())
+        }
+        _ => None,
     }
-    let set = record
-        .runs
-        .last()?
-        .commands
-        .iter()
-        .rev()
-        .find_map(|c| c.strip_prefix("set_default_active_thread_percentage "))
-        .unwrap_or("100");
-    Some(format!("{set}.0"))
 }
 
 /// [`answer`], for the unit tests.

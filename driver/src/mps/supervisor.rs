@@ -5,9 +5,10 @@
 //! the first once a run lasted [`Backoff::max`]) and its limits are applied again. Start-up
 //! brings back the daemons of the checkpoint's MPS devices ([`MpsDaemons::bring_back`]: a
 //! daemon whose pid file names a live process that is still the one started is adopted, and
-//! watched by its pid; any other is started). The release of the claim stops it
-//! ([`MpsDaemons::stop`]: `quit`, then a kill after [`daemon::QUIT_GRACE`]) and removes its
-//! directories.
+//! watched by its pid and start time; any other is started). The release of the claim stops it
+//! ([`MpsDaemons::stop`]: `quit`, then a kill of its process group, the daemon and its MPS
+//! server, after [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent) and removes its
+//! directories. A handover lets go of them all ([`MpsDaemons::let_go`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -19,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::MpsLimits;
-use super::daemon::{self, ControlBinary, DaemonSpec, MpsError};
+use super::daemon::{self, ControlBinary, DaemonProcess, DaemonSpec, MpsError};
 use super::layout::{self, MPS_DIR, MpsDirs};
 use crate::metrics::Metrics;
 
@@ -44,17 +45,18 @@ impl Backoff {
     };
 }
 
-/// A daemon process the supervisor watches: its child, or, adopted after a restart, its pid.
+/// A daemon process the supervisor watches: its child, or, adopted after a restart, the process
+/// its pid file names (pid and start time, so a reused pid is never taken for it).
 enum Proc {
     Child(Child),
-    Adopted(u32),
+    Adopted(DaemonProcess),
 }
 
 impl Proc {
     fn pid(&self) -> Option<u32> {
         match self {
             Proc::Child(c) => c.id(),
-            Proc::Adopted(pid) => Some(*pid),
+            Proc::Adopted(p) => Some(p.pid),
         }
     }
 
@@ -64,25 +66,50 @@ impl Proc {
             Proc::Child(c) => {
                 let _ = c.wait().await;
             }
-            Proc::Adopted(pid) => {
-                while daemon::alive(*pid) {
+            Proc::Adopted(p) => {
+                while p.alive() {
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
             }
         }
     }
 
-    /// Kills the process and waits for it (an adopted one until its pid is gone, at most 2 s).
+    /// Kills the process's group (the daemon and its MPS server) and waits for the daemon (an
+    /// adopted one until it is gone, at most 2 s).
     async fn kill(&mut self) {
         match self {
-            Proc::Child(c) => {
-                let _ = c.kill().await;
-            }
-            Proc::Adopted(pid) => {
-                daemon::kill(*pid);
+            Proc::Child(c) => daemon::kill_child(c).await,
+            Proc::Adopted(p) => {
+                p.kill();
                 let _ = tokio::time::timeout(Duration::from_secs(2), self.exited()).await;
             }
         }
+    }
+
+    /// After the daemon exited on its own: kills what is left of its group (an MPS server it
+    /// started and that outlived it would keep the slice in use and the next daemon from
+    /// serving it).
+    fn kill_leftovers(&self, pgid: Option<u32>) {
+        if let Some(pgid) = pgid {
+            daemon::kill_group(pgid);
+        }
+    }
+}
+
+/// Counts the daemon as up in the metrics while it lives; dropped (the daemon exited, was
+/// stopped, or its supervision ended) it no longer does.
+struct Up(Arc<Metrics>);
+
+impl Up {
+    fn new(metrics: &Arc<Metrics>) -> Self {
+        metrics.mps_daemon_up(true);
+        Self(metrics.clone())
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        self.0.mps_daemon_up(false);
     }
 }
 
@@ -160,13 +187,22 @@ impl MpsDaemons {
     }
 
     /// Starts the daemon of `spec` and supervises it; returns once it runs with its limits. A
-    /// daemon already supervised with the same spec is kept; one with another is stopped first.
+    /// daemon already supervised with the same spec is kept, even while it is down and waits
+    /// for its next start (backoff): a retried prepare then succeeds, and the supervisor goes on
+    /// starting it (`das_kubelet_plugin_mps_daemons_up` tells). One supervised with another spec
+    /// is stopped first. A daemon no supervisor holds but its pid file names (a prepare that
+    /// failed after starting it, retried) is adopted if it takes its limits, else killed, so no
+    /// daemon runs untracked beside the new one.
     ///
     /// # Errors
     /// It could not be started or configured: its process is gone, and so are its directories
     /// if this start made them.
     pub async fn start(&self, spec: DaemonSpec) -> Result<(), MpsError> {
         if self.keep_running(&spec).await {
+            return Ok(());
+        }
+        if let Some(p) = self.adopt(&spec).await {
+            self.supervise(spec, Some(p));
             return Ok(());
         }
         let proc = launch(&self.ctx, &spec).await?;
@@ -187,18 +223,9 @@ impl MpsDaemons {
         if self.keep_running(&spec).await {
             return Ok(true);
         }
-        if let (Some(pid), Some(binary)) = (daemon::live_pid(&spec.dirs), &self.ctx.binary) {
-            match daemon::apply_limits(binary, &spec).await {
-                Ok(()) => {
-                    tracing::info!(daemon = %spec.id, owner = %spec.owner, pid, "adopted a running MPS control daemon");
-                    self.supervise(spec, Some(Proc::Adopted(pid)));
-                    return Ok(true);
-                }
-                Err(e) => {
-                    tracing::warn!(daemon = %spec.id, pid, error = %e, "a running MPS control daemon does not take its limits: starting a new one");
-                    Proc::Adopted(pid).kill().await;
-                }
-            }
+        if let Some(p) = self.adopt(&spec).await {
+            self.supervise(spec, Some(p));
+            return Ok(true);
         }
         match launch(&self.ctx, &spec).await {
             Ok(proc) => {
@@ -210,6 +237,45 @@ impl MpsDaemons {
                 Err(e)
             }
         }
+    }
+
+    /// The live daemon `spec`'s pid file names, if there is one that is still the one started
+    /// and takes `spec`'s limits; one that does not take them is killed (its group with it).
+    async fn adopt(&self, spec: &DaemonSpec) -> Option<Proc> {
+        let (p, binary) = (daemon::live_process(&spec.dirs)?, self.ctx.binary.as_ref());
+        let applied = match binary {
+            Some(b) => daemon::apply_limits(b, spec).await,
+            None => Err(MpsError(NO_BINARY.to_string())),
+        };
+        match applied {
+            Ok(()) => {
+                tracing::info!(daemon = %spec.id, owner = %spec.owner, pid = p.pid, "adopted a running MPS control daemon");
+                Some(Proc::Adopted(p))
+            }
+            Err(e) => {
+                tracing::warn!(daemon = %spec.id, pid = p.pid, error = %e, "a running MPS control daemon does not take its limits: starting a new one");
+                Proc::Adopted(p).kill().await;
+                None
+            }
+        }
+    }
+
+    /// Lets go of every daemon without stopping it: their supervision ends (no daemon is
+    /// started again by this instance), their processes run on for the instance that takes the
+    /// node over to adopt. The plugin calls it when it hands the node over, before it releases
+    /// `plugin.lock` (an instance that went on supervising would start daemons in a state dir
+    /// that is no longer its own).
+    pub async fn let_go(&self) {
+        let released: Vec<Supervised> = self.lock().drain().map(|(_, s)| s).collect();
+        for s in &released {
+            s.task.abort();
+        }
+        // Returns once the tasks are gone (their gauges with them): an aborted task ends at its
+        // next await, never in the middle of a step.
+        for s in released {
+            let _ = s.task.await;
+        }
+        self.update_gauge();
     }
 
     /// Stops the daemon of `dirs` (supervised, or only on disk: a process its pid file names
@@ -231,8 +297,8 @@ impl MpsDaemons {
         self.update_gauge();
         // Not supervised (only on disk), or stopped while a restart was starting it: whatever
         // its pid file still names, if ours, goes too.
-        if let Some(pid) = daemon::live_pid(dirs) {
-            shut_down(self.ctx.binary.as_ref(), dirs, &mut Proc::Adopted(pid)).await;
+        if let Some(p) = daemon::live_process(dirs) {
+            shut_down(self.ctx.binary.as_ref(), dirs, &mut Proc::Adopted(p)).await;
         }
         daemon::remove_dirs(dirs)
     }
@@ -247,7 +313,8 @@ impl MpsDaemons {
         let mut stopped = Vec::new();
         for e in entries.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
-            if keep.contains(&id) {
+            // Only directories are daemons' (a file someone left there is none of ours).
+            if keep.contains(&id) || !e.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             let dirs = MpsDirs::new(&self.state_dir, &id);
@@ -301,10 +368,13 @@ impl MpsDaemons {
 
     fn supervise(&self, spec: DaemonSpec, proc: Option<Proc>) {
         let stop = CancellationToken::new();
+        // Counted up now, not once the task first runs: the daemon runs when a start returns.
+        let up = proc.as_ref().map(|_| Up::new(&self.ctx.metrics));
         let task = tokio::spawn(supervise(
             self.ctx.clone(),
             spec.clone(),
             proc,
+            up,
             stop.clone(),
         ));
         self.lock()
@@ -352,7 +422,9 @@ async fn launch(ctx: &Ctx, spec: &DaemonSpec) -> Result<Proc, MpsError> {
             let _ = daemon::remove_dirs(&spec.dirs);
         }
     };
-    let mut child = daemon::spawn(binary, spec).inspect_err(|_| clean_up())?;
+    let mut child = daemon::spawn(binary, spec)
+        .await
+        .inspect_err(|_| clean_up())?;
     let ready = async {
         daemon::wait_ready(spec, Some(&mut child), daemon::READY_TIMEOUT).await?;
         daemon::apply_limits(binary, spec).await
@@ -361,21 +433,28 @@ async fn launch(ctx: &Ctx, spec: &DaemonSpec) -> Result<Proc, MpsError> {
     match ready {
         Ok(()) => Ok(Proc::Child(child)),
         Err(e) => {
-            let _ = child.kill().await;
+            daemon::kill_child(&mut child).await;
             clean_up();
             Err(e)
         }
     }
 }
 
-/// Asks the daemon to quit, kills it if it has not exited after [`daemon::QUIT_GRACE`].
+/// Asks the daemon to quit, kills it (its group) if it has not exited after
+/// [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent (nothing would make it exit in
+/// the meantime).
 async fn shut_down(binary: Option<&ControlBinary>, dirs: &MpsDirs, proc: &mut Proc) {
     let asked = match binary {
         Some(b) => daemon::quit(b, dirs).await,
         None => Err(MpsError(NO_BINARY.to_string())),
     };
-    let exited = tokio::time::timeout(daemon::QUIT_GRACE, proc.exited()).await;
-    if asked.is_err() || exited.is_err() {
+    let exited = match &asked {
+        Ok(()) => tokio::time::timeout(daemon::QUIT_GRACE, proc.exited())
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    if !exited {
         tracing::warn!(pid = ?proc.pid(), dirs = %dirs.root.display(), quit = ?asked.err(),
             "the MPS control daemon did not quit: killing it");
         proc.kill().await;
@@ -383,11 +462,19 @@ async fn shut_down(binary: Option<&ControlBinary>, dirs: &MpsDirs, proc: &mut Pr
 }
 
 /// The supervision of one daemon until `stop`: see the module docs.
-async fn supervise(ctx: Ctx, spec: DaemonSpec, mut proc: Option<Proc>, stop: CancellationToken) {
+async fn supervise(
+    ctx: Ctx,
+    spec: DaemonSpec,
+    mut proc: Option<Proc>,
+    mut up: Option<Up>,
+    stop: CancellationToken,
+) {
     let mut delay = ctx.backoff.first;
     let mut since = Instant::now();
     loop {
         if let Some(p) = proc.as_mut() {
+            let up = up.take().unwrap_or_else(|| Up::new(&ctx.metrics));
+            let pgid = p.pid();
             tokio::select! {
                 _ = stop.cancelled() => {
                     shut_down(ctx.binary.as_ref(), &spec.dirs, p).await;
@@ -395,6 +482,8 @@ async fn supervise(ctx: Ctx, spec: DaemonSpec, mut proc: Option<Proc>, stop: Can
                 }
                 _ = p.exited() => {}
             }
+            drop(up);
+            p.kill_leftovers(pgid);
             tracing::warn!(daemon = %spec.id, owner = %spec.owner, log = %daemon::log_tail(&spec.dirs),
                 "the MPS control daemon exited: starting it again");
             delay = if since.elapsed() >= ctx.backoff.max {

@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use super::commands::{check_against_slice, client_env, daemon_env, limit_commands};
+use super::commands::{
+    LimitAboveSlice, check_against_slice, client_env, daemon_env, limit_commands,
+};
 use super::layout::{MpsDirs, daemon_id};
 use super::*;
 
@@ -57,21 +59,22 @@ fn limits_become_nvidias_control_commands() {
         active_thread_percentage: Some(50),
         pinned_device_memory_limit_mib: Some(2048),
     };
+    // The memory limit names device 0, the slice, the one device the daemon sees.
     assert_eq!(
-        limit_commands(&both, MIG),
+        limit_commands(&both),
         [
             "set_default_active_thread_percentage 50".to_string(),
-            format!("set_default_device_pinned_mem_limit {MIG} 2048M"),
+            "set_default_device_pinned_mem_limit 0 2048M".to_string(),
         ]
     );
-    assert!(limit_commands(&MpsLimits::default(), MIG).is_empty());
+    assert!(limit_commands(&MpsLimits::default()).is_empty());
     let memory_only = MpsLimits {
         pinned_device_memory_limit_mib: Some(1),
         ..MpsLimits::default()
     };
     assert_eq!(
-        limit_commands(&memory_only, MIG),
-        [format!("set_default_device_pinned_mem_limit {MIG} 1M")]
+        limit_commands(&memory_only),
+        ["set_default_device_pinned_mem_limit 0 1M".to_string()]
     );
 }
 
@@ -84,7 +87,17 @@ fn a_pinned_limit_above_the_slice_is_refused_with_the_valid_range() {
     assert_eq!(check_against_slice(&limits(9984), "1g.10gb", 9984), Ok(()));
     assert_eq!(
         check_against_slice(&limits(20480), "1g.10gb", 9984),
-        Err("sharing.mps.pinnedDeviceMemoryLimit is 20480Mi, more than the 9984Mi of a 1g.10gb slice; valid: 1Mi to 9984Mi".into())
+        Err(LimitAboveSlice {
+            limit_mib: 20480,
+            profile: "1g.10gb".into(),
+            slice_mib: 9984
+        })
+    );
+    assert_eq!(
+        check_against_slice(&limits(20480), "1g.10gb", 9984)
+            .unwrap_err()
+            .to_string(),
+        "sharing.mps.pinnedDeviceMemoryLimit is 20480Mi, more than the 9984Mi of a 1g.10gb slice; valid: 1Mi to 9984Mi"
     );
     assert_eq!(
         check_against_slice(&MpsLimits::default(), "1g.10gb", 1),
@@ -140,6 +153,26 @@ fn the_stand_in_answers_the_percentage_it_was_given() {
 }
 
 #[test]
+fn the_stand_in_takes_a_pinned_limit_for_device_0_only_and_reads_it_back() {
+    let mut record = stand_in::Record::default();
+    record.runs.push(stand_in::Run::default());
+    let ask = "get_default_device_pinned_mem_limit 0";
+    assert_eq!(stand_in_answer(&record, ask).as_deref(), Some("0"));
+    let set = "set_default_device_pinned_mem_limit 0 2048M";
+    assert_eq!(stand_in_answer(&record, set), None);
+    record.runs[0].commands.push(set.into());
+    assert_eq!(stand_in_answer(&record, ask).as_deref(), Some("2048M"));
+    // A UUID (or another ordinal) is refused: NVIDIA's daemon would take it and set nothing.
+    for other in [
+        format!("set_default_device_pinned_mem_limit {MIG} 2048M"),
+        "get_default_device_pinned_mem_limit 1".to_string(),
+    ] {
+        let answer = stand_in_answer(&record, &other).unwrap();
+        assert!(daemon::refused(&answer), "{other}: {answer}");
+    }
+}
+
+#[test]
 fn a_refusal_is_told_by_the_answer_not_the_status() {
     assert!(daemon::refused("Unknown command \"bogus_command\""));
     assert!(!daemon::refused("30.0"));
@@ -149,4 +182,16 @@ fn a_refusal_is_told_by_the_answer_not_the_status() {
 
 fn stand_in_answer(record: &stand_in::Record, command: &str) -> Option<String> {
     stand_in::answer_for_tests(record, command)
+}
+
+#[test]
+fn a_state_dir_too_long_for_the_control_socket_is_refused_with_the_longest_that_fits() {
+    use super::layout::{SOCKET_PATH_MAX, check_socket_path};
+    // `<state dir>/mps/<16 hex digits>/pipe/control`: 34 bytes after the state dir.
+    let fits = format!("/{}", "s".repeat(SOCKET_PATH_MAX - 34 - 1));
+    assert_eq!(check_socket_path(std::path::Path::new(&fits)), Ok(()));
+    let long = format!("{fits}x");
+    let e = check_socket_path(std::path::Path::new(&long)).unwrap_err();
+    assert_eq!((e.len, e.max_state_dir), (SOCKET_PATH_MAX + 1, fits.len()));
+    assert!(e.to_string().contains("--state-dir"), "{e}");
 }

@@ -194,7 +194,7 @@ async fn run(args: Args) -> Result<()> {
         metrics: metrics.clone(),
         blocking: BlockingCalls::Threads,
         orphans: orphan_policy(&args),
-        mps,
+        mps: mps.clone(),
     }));
     let report = preparer
         .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)
@@ -267,6 +267,14 @@ async fn run(args: Args) -> Result<()> {
         reaper_stop.clone(),
         preparer.clone().run_reaper(reaper_stop),
     );
+    // A task that only waits: the daemons' supervision is let go of (the processes run on for
+    // the next instance to adopt) with the other background work, once the gate has closed and
+    // before plugin.lock is released, so an instance that handed over starts no daemon again.
+    let mps_stop = stop.child_token();
+    background.spawn("MPS daemons", mps_stop.clone(), async move {
+        mps_stop.cancelled().await;
+        mps.let_go().await;
+    });
     let gate = Arc::new(Gate::default());
     let handler: Arc<dyn ClaimHandler> = Arc::new(Gated {
         inner: preparer.clone(),

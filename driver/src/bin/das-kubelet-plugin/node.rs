@@ -213,6 +213,10 @@ pub(crate) fn stand_in_driver_mounts(args: &Args, inventory: &[GpuInfo]) -> Resu
 /// the emulated GPUs' stand-in (this binary's hidden subcommand); else NVIDIA's
 /// `nvidia-cuda-mps-control` among the driver files; else none (MPS devices are refused with
 /// the reason).
+///
+/// # Errors
+/// This binary's path is unknown (the stand-in), or `--state-dir` is too long for the daemons'
+/// control sockets ([`das_driver::mps::layout::check_socket_path`]).
 pub(crate) fn mps_control_binary(
     args: &Args,
     found: Option<(PathBuf, Option<PathBuf>)>,
@@ -234,6 +238,8 @@ pub(crate) fn mps_control_binary(
     };
     match &binary {
         Some(b) => {
+            // Fails now, not at the first MPS prepare: the daemon could never bind its socket.
+            das_driver::mps::layout::check_socket_path(&args.state_dir)?;
             tracing::info!(program = %b.program.display(), "MPS devices are served with this MPS control binary")
         }
         None => tracing::warn!("{}", das_driver::mps::supervisor::NO_BINARY),

@@ -115,8 +115,13 @@ impl MpsMounts {
         )
     }
 
-    /// The two bind mounts: the pipe directory (read-write: clients make their pipes there)
-    /// and the shm directory (without exec, as `/dev/shm` is mounted).
+    /// The two bind mounts: the pipe directory and the shm directory (without exec, as
+    /// `/dev/shm` is mounted). The pipe directory is mounted read-write as NVIDIA's DRA driver
+    /// mounts it, but stays root's with mode 0755 ([`crate::mps::daemon::make_dirs`]): MPS
+    /// clients make nothing there, they connect to the sockets the daemon and its server (both
+    /// root) create, and a connect needs write permission on the socket, not on its directory;
+    /// so a client of any user reaches the daemon and none, unless root, can add or remove a
+    /// socket.
     pub fn mounts(&self) -> Vec<Mount> {
         let options = |extra: &[&str]| {
             ["rw", "nosuid", "nodev"]

@@ -36,7 +36,7 @@ pub fn with_mps(
                 das_api::DEVICE_CLASS_ALL
             )));
         }
-        p.mps = Some(MpsLimits::from_config(&mps).map_err(invalid)?);
+        p.mps = Some(MpsLimits::from_config(&mps).map_err(|e| invalid(e.to_string()))?);
     }
     let with: Vec<&str> = planned
         .iter()

@@ -83,23 +83,27 @@ impl Preparer {
         }
     }
 
-    /// At start-up, for a prepared claim whose instances exist: supervises its MPS devices'
-    /// daemons again (adopting those still running). One that cannot be started now is logged
-    /// and retried by its supervisor.
-    pub(crate) async fn bring_back_mps(&self, claim: &ClaimRef, devices: &[RecordedDevice]) {
-        for d in devices {
-            let Some(spec) = self.mps_spec(claim, d) else {
-                continue;
-            };
-            match self.mps.bring_back(spec).await {
-                Ok(adopted) => {
-                    tracing::info!(claim = %claim, device = %d.device, adopted, "the slice's MPS control daemon runs")
-                }
-                Err(e) => {
-                    tracing::error!(claim = %claim, device = %d.device, error = %e, "the slice's MPS control daemon could not be started; retried with backoff")
-                }
-            }
-        }
+    /// At start-up, for the prepared claims whose instances exist: supervises their MPS devices'
+    /// daemons again (adopting those still running), all at once: each may wait for its
+    /// daemon's control socket and limits, and the plugin serves only after start-up. One that
+    /// cannot be started now is logged and retried by its supervisor.
+    pub(crate) async fn bring_back_mps(&self, claims: Vec<(ClaimRef, Vec<RecordedDevice>)>) {
+        let back = claims.iter().flat_map(|(claim, devices)| {
+            devices.iter().filter_map(move |d| {
+                let spec = self.mps_spec(claim, d)?;
+                Some(async move {
+                    match self.mps.bring_back(spec).await {
+                        Ok(adopted) => {
+                            tracing::info!(claim = %claim, device = %d.device, adopted, "the slice's MPS control daemon runs")
+                        }
+                        Err(e) => {
+                            tracing::error!(claim = %claim, device = %d.device, error = %e, "the slice's MPS control daemon could not be started; retried with backoff")
+                        }
+                    }
+                })
+            })
+        });
+        futures::future::join_all(back).await;
     }
 
     /// At start-up, after the records were settled: stops the daemons no record holds.

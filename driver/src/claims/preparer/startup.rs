@@ -41,14 +41,22 @@ impl Preparer {
                 report.unavailable_gpus.push(*gpu);
             }
         }
+        // The MPS devices of the kept and rebuilt claims, whose daemons come back all together
+        // once the records are settled (each may wait for its daemon's socket and limits).
+        let mut mps_back = Vec::new();
         for (claim, record) in self.recorded_claims() {
-            self.settle(&claim, record, &live, &mut report).await;
+            self.settle(&claim, record, &live, &mut report, &mut mps_back)
+                .await;
         }
         if rebuild {
-            self.rebuild_from_api(&live, &mut report).await?;
+            self.rebuild_from_api(&live, &mut report, &mut mps_back)
+                .await?;
         }
-        self.destroy_orphans(reclaim_foreign, &mut report).await;
+        self.bring_back_mps(mps_back).await;
+        // Before the orphans are destroyed: an unrecorded daemon's MPS server keeps its slice in
+        // use, and the slice's destroy would fail.
         self.stop_unrecorded_mps().await;
+        self.destroy_orphans(reclaim_foreign, &mut report).await;
         self.remove_stale_cdi_specs(&mut report)?;
         self.update_gauges();
         Ok(report)
@@ -71,20 +79,22 @@ impl Preparer {
         })
     }
 
-    /// Steps 2 and 3 for one record.
+    /// Steps 2 and 3 for one record; a kept claim whose instances exist goes to `mps_back`
+    /// (its MPS daemons come back with the others').
     async fn settle(
         &self,
         claim: &ClaimRef,
         record: ClaimRecord,
         live: &LivePerGpu,
         report: &mut Report,
+        mps_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
     ) {
         let what = match record.state {
             PrepareState::PrepareCompleted => {
                 self.suspect_holders(std::iter::once(&claim.uid));
                 report.kept.push(claim.to_string());
                 if self.check_kept(claim, &record, live, report) {
-                    self.bring_back_mps(claim, &record.devices).await;
+                    mps_back.push((claim.clone(), record.devices));
                 }
                 return;
             }
@@ -151,6 +161,7 @@ impl Preparer {
         &self,
         live: &LivePerGpu,
         report: &mut Report,
+        mps_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
     ) -> Result<(), StartupError> {
         let live: Vec<MigInstance> = live
             .values()
@@ -221,7 +232,7 @@ impl Preparer {
                     cp.set_completed(&claim.uid, &claim.namespace, &claim.name, recorded, ids)
                 })
                 .await?;
-            self.bring_back_mps(&claim, &devices).await;
+            mps_back.push((claim.clone(), devices));
             tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
             report.rebuilt.push(claim.to_string());
         }

@@ -1,4 +1,5 @@
-//! The active instance's background tasks (publisher, reaper, health monitor), stopped within a
+//! The active instance's background tasks (publisher, reaper, health monitor, the MPS daemons'
+//! supervision), stopped within a
 //! bound before the node is handed over ([`Background::stop_within`]).
 
 use std::time::Duration;
@@ -7,8 +8,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The tasks that touch the node's state besides the kubelet's calls (the ResourceSlice
-/// publisher, the reaper, the health monitor), each with the token that stops it. All end, or are
-/// aborted, before the node is handed over.
+/// publisher, the reaper, the health monitor, the MPS daemons' supervision), each with the token
+/// that stops it. All end, or are aborted, before the node is handed over.
 #[derive(Debug, Default)]
 pub struct Background {
     tasks: Vec<BackgroundTask>,
