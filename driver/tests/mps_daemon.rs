@@ -12,8 +12,10 @@ use das_driver::metrics::Metrics;
 use das_driver::mps::stand_in::{Record, Run};
 use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, daemon};
 
+mod common;
+use common::{LIMIT, sigkill, until};
+
 const MIG: &str = "MIG-5e4e8557-21de-9c5c-2c37-4564df28091f";
-const LIMIT: Duration = Duration::from_secs(20);
 
 fn daemons(state: &std::path::Path) -> MpsDaemons {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_das-kubelet-plugin"));
@@ -26,18 +28,6 @@ fn daemons(state: &std::path::Path) -> MpsDaemons {
         first: Duration::from_millis(50),
         max: Duration::from_millis(400),
     })
-}
-
-/// Waits until `f` gives something, at most [`LIMIT`].
-async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < LIMIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn runs(dirs: &MpsDirs) -> Vec<Run> {
@@ -183,14 +173,6 @@ async fn unrecorded_daemons_are_stopped_at_start_up() {
 fn gone(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_or(true, |s| s.contains(") Z") || s.contains(") X"))
-}
-
-/// SIGKILL, as a crash of the daemon would end it.
-fn sigkill(pid: u32) {
-    std::process::Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap();
 }
 
 /// The same life with NVIDIA's own daemon, on a GPU node (root, the NVIDIA driver):

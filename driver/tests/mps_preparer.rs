@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use das_driver::claims::checkpoint::{Checkpoint, CheckpointStore, LoadOutcome, RecordedDevice};
 use das_driver::claims::{
@@ -26,9 +26,11 @@ use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, da
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
+mod common;
+use common::{running, sigkill, until};
+
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
-const LIMIT: Duration = Duration::from_secs(20);
 
 /// The API server's claims, in memory: each allocated to one device with an MPS config.
 #[derive(Default)]
@@ -252,31 +254,6 @@ fn limits() -> Vec<String> {
         "set_default_active_thread_percentage 30".to_string(),
         "set_default_device_pinned_mem_limit 0 2048M".to_string(),
     ]
-}
-
-/// Waits until `f` gives something, at most [`LIMIT`].
-async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < LIMIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn running(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').map(|(_, r)| r.trim_start());
-    state.is_some_and(|s| !s.starts_with('Z') && !s.starts_with('X'))
-}
-
-fn sigkill(pid: u32) {
-    // SAFETY: kill(2) on a stand-in daemon this test started.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGKILL);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,8 +13,10 @@ use das_driver::metrics::Metrics;
 use das_driver::mps::stand_in::Record;
 use das_driver::mps::{Backoff, ControlBinary, DaemonSpec, MpsDaemons, MpsLimits, daemon};
 
+mod common;
+use common::{running, sigkill, until};
+
 const MIG: &str = "MIG-5e4e8557-21de-9c5c-2c37-4564df28091f";
-const LIMIT: Duration = Duration::from_secs(20);
 
 fn stand_in() -> ControlBinary {
     ControlBinary::stand_in(PathBuf::from(env!("CARGO_BIN_EXE_das-kubelet-plugin")))
@@ -59,31 +61,6 @@ fn limits() -> MpsLimits {
     MpsLimits {
         active_thread_percentage: Some(40),
         pinned_device_memory_limit_mib: None,
-    }
-}
-
-/// Waits until `f` gives something, at most [`LIMIT`].
-async fn until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(t0.elapsed() < LIMIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn running(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(')').map(|(_, r)| r.trim_start());
-    state.is_some_and(|s| !s.starts_with('Z') && !s.starts_with('X'))
-}
-
-fn sigkill(pid: u32) {
-    // SAFETY: kill(2) on a process this test started.
-    unsafe {
-        libc::kill(pid as i32, libc::SIGKILL);
     }
 }
 

@@ -118,6 +118,30 @@ pub async fn claim_of(client: &Client, pod: &str) -> Result<ResourceClaim> {
         .await?)
 }
 
+/// Creates ResourceClaimTemplate `name` in [`NS`] asking for one `1g.10gb` slice (request
+/// `mig`), with an opaque config for `driver` carrying `parameters` (docs/design.md §3, "device
+/// configuration").
+pub async fn create_config_template(
+    client: &Client,
+    name: &str,
+    driver: &str,
+    parameters: serde_json::Value,
+) -> Result<()> {
+    let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), NS);
+    let t: ResourceClaimTemplate = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "mig", "exactly": {"deviceClassName": "1g.10gb.mig.das.com"}}],
+            "config": [{"requests": ["mig"], "opaque": {"driver": driver, "parameters": parameters}}]
+        }}}
+    }))?;
+    api.create(&PostParams::default(), &t)
+        .await
+        .with_context(|| format!("create template {name}"))?;
+    Ok(())
+}
+
 /// Creates pod `name` in [`NS`] with one container `app` using a claim (`mig`) from
 /// ResourceClaimTemplate `template`, pinned to `node` when given.
 pub async fn create_pod(
@@ -192,22 +216,7 @@ pub async fn wait_node_event(client: &Client, node: &str, reason: &str, text: &s
 
 /// Waits for an Event with `reason` on pod `pod` in [`NS`]; returns its message.
 pub async fn wait_pod_event(client: &Client, pod: &str, reason: &str) -> Result<String> {
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), NS);
-    wait::until(
-        &format!("a {reason} event on {pod}"),
-        wait::TIMEOUT,
-        || async {
-            let lp = kube::api::ListParams::default().fields(&format!("involvedObject.name={pod}"));
-            Ok(events
-                .list(&lp)
-                .await?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some(reason))
-                .and_then(|e| e.message))
-        },
-    )
-    .await
+    wait_pod_event_containing(client, pod, reason, "").await
 }
 
 /// Waits for an Event with `reason` on pod `pod` in [`NS`] whose message contains `text`;

@@ -17,11 +17,9 @@ use das_e2e::das::container_view;
 use das_e2e::plugin::{cluster_with_plugins, live_slices, plugin_name, start_plugin};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
-    NS, create_pod, delete_pod, http_get, wait_pod_event_containing, wait_running,
+    create_config_template, create_pod, delete_pod, http_get, wait_pod_event_containing,
+    wait_running,
 };
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
-use kube::Api;
-use kube::api::PostParams;
 use serde_json::{Value, json};
 
 const NODE: &str = "n0";
@@ -41,8 +39,8 @@ fn mps(limit: &str) -> Value {
 
 async fn scenario(cluster: &mut Cluster, metrics_port: u16) -> Result<()> {
     let c = cluster.client();
-    template(&c, "mps", mps("2Gi")).await?;
-    template(&c, "too-big", mps("20Gi")).await?;
+    create_config_template(&c, "mps", "mig.das.com", mps("2Gi")).await?;
+    create_config_template(&c, "too-big", "mig.das.com", mps("20Gi")).await?;
 
     // A limit above the slice's memory: refused at prepare, with the valid range; no slice.
     create_pod(&c, "too-big", "too-big", None).await?;
@@ -180,22 +178,4 @@ fn kill(pid: u32) -> Result<()> {
 fn running(pid: u32) -> bool {
     std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))
         .is_ok_and(|s| !s.contains(") Z") && !s.contains(") X"))
-}
-
-/// A ResourceClaimTemplate `name` asking for one `1g.10gb` slice with `parameters` as its
-/// config for mig.das.com.
-async fn template(c: &kube::Client, name: &str, parameters: Value) -> Result<()> {
-    let api: Api<ResourceClaimTemplate> = Api::namespaced(c.clone(), NS);
-    let t: ResourceClaimTemplate = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name},
-        "spec": {"spec": {"devices": {
-            "requests": [{"name": "mig", "exactly": {"deviceClassName": "1g.10gb.mig.das.com"}}],
-            "config": [{"requests": ["mig"], "opaque": {"driver": "mig.das.com", "parameters": parameters}}]
-        }}}
-    }))?;
-    api.create(&PostParams::default(), &t)
-        .await
-        .with_context(|| format!("create template {name}"))?;
-    Ok(())
 }
