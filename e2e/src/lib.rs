@@ -12,7 +12,7 @@
 //! [`kubeconfig`], [`workload`], [`container_view`], [`alloc_count`], [`test_plugin`]) →
 //! [`runtime`] → [`cluster`] → [`chart`] →
 //! [`das`] → [`image`] → [`real_install`] → [`install`] → what builds on an installed DAS
-//! ([`plugin`], [`runtime_pods`], [`examples`], [`doctest`], [`kueue`], [`soak`]).
+//! ([`plugin`], [`runtime_pods`], [`examples`], [`doctest`], [`kueue`], [`soak`], [`operator`]).
 //!
 //! - [`paths`]: the repository root, cargo's target dir and `.local`; [`binaries`]: where the
 //!   programs the harness runs are (the DAS binaries, [`binaries::DasBinary`] and
@@ -46,6 +46,8 @@
 //! - [`real_install`]: `helm install` for real: the chart's pods from the DAS image on a real-runtime node.
 //! - [`image`]: the DAS container image built here as an OCI archive (no registry, no daemon).
 //! - [`soak`]: the chaos soak (pod churn, component kills, GPU faults, invariant checks).
+//! - [`operator`]: the DAS operator's test helpers (kubectl on its resource, a stand-in for
+//!   OpenShift's `APIServer` and its TLS security profile).
 //! - [`alloc_count`]: a counting global allocator for the memory benchmarks without a cluster,
 //!   fed by [`das::printed_resource_slices`] (DAS's slices as the API server returns them).
 
@@ -61,6 +63,7 @@ pub mod image;
 pub mod install;
 pub mod kubeconfig;
 pub mod kueue;
+pub mod operator;
 pub mod paths;
 pub mod pki;
 pub mod plugin;

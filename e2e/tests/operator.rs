@@ -10,6 +10,13 @@
 //!   for, the controller and webhook Deployments, the DeviceClasses and the AllocationClaim CRD;
 //!   the status carries the Helm library's Deployed and the operator's Available, Progressing
 //!   and Degraded, with events; Available turns True once the workloads report their pods.
+//! - The cluster's TLS security profile reaches das-webhook: the cluster serves a minimal CRD of
+//!   OpenShift's `apiservers.config.openshift.io` (das_e2e::operator), so the operator, under the
+//!   bundle's RBAC, follows it: no APIServer object is OpenShift's default Intermediate
+//!   (VersionTLS12 and its ciphers), an APIServer with the Modern profile rolls the webhook to
+//!   `DAS_WEBHOOK_TLS_MIN_VERSION=VersionTLS13` with the TLS 1.3 suites, Old is raised from TLS 1.0
+//!   to VersionTLS12 with a Warning event saying so, and `spec.webhook.tlsMinVersion` wins over
+//!   the profile.
 //! - The node plugin, started as a process with the environment and identity of the DaemonSet
 //!   the operator rendered, serves a claim pod its slice and destroys it when the pod goes.
 //! - Changing `logLevel` rolls every component with the new tracing filter; a spec the chart
@@ -25,13 +32,15 @@
 //! point it at a local process. tests/real_install.rs shows the same chart's pods serving under
 //! containerd.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use das_e2e::chart::{self, NAMESPACE, Rendered};
 use das_e2e::install::{self, DasBinary, STAND_IN_NAME};
-use das_e2e::paths::{local_bin, workspace_root};
+use das_e2e::operator::{
+    apply_cr, condition, env_of, install_apiserver_crd, json, kubectl, set_tls_profile,
+};
+use das_e2e::paths::workspace_root;
 use das_e2e::plugin::live_slices;
 use das_e2e::workload::{create_pod, create_template, delete_pod, wait_running};
 use das_e2e::{Cluster, ClusterConfig, wait};
@@ -65,8 +74,11 @@ async fn scenarios(cluster: &mut Cluster) -> Result<()> {
         None,
     )?;
     bad_resources_are_refused_with_what_is_wrong(cluster)?;
-    start_operator(cluster).await?;
+    // Before the operator starts: it asks discovery once whether the API serves APIServers.
+    install_apiserver_crd(cluster)?;
+    das_e2e::operator::start(cluster).await?;
     emulated_mode_installs_das(cluster).await?;
+    the_cluster_tls_profile_reaches_the_webhook(cluster).await?;
     the_plugin_as_configured_serves_a_claim(cluster).await?;
     log_level_change_rolls_every_component(cluster).await?;
     a_failed_upgrade_is_degraded_until_fixed(cluster).await?;
@@ -102,6 +114,11 @@ fn bad_resources_are_refused_with_what_is_wrong(cluster: &Cluster) -> Result<()>
             r#"{"webhook": {"replicas": "two"}}"#,
             r#"spec.webhook.replicas: Invalid value: "string": spec.webhook.replicas in body must be of type integer"#,
         ),
+        (
+            "cluster",
+            r#"{"webhook": {"tlsMinVersion": "VersionTLS10"}}"#,
+            r#"Unsupported value: "VersionTLS10": supported values: "VersionTLS12", "VersionTLS13""#,
+        ),
         ("das", "{}", "a DASOperator must be named cluster"),
     ];
     for (name, spec, want) in cases {
@@ -120,70 +137,6 @@ fn bad_resources_are_refused_with_what_is_wrong(cluster: &Cluster) -> Result<()>
         }
     }
     Ok(())
-}
-
-/// Starts `.local/bin/das-operator` on the cluster as OLM would run it: under its own service
-/// account with exactly the bundle's RBAC (deploy/olm/rbac, the CSV's clusterPermissions and
-/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs)
-/// and `--install-crds=false`, installing into das-system.
-async fn start_operator(cluster: &mut Cluster) -> Result<()> {
-    let bin: PathBuf = local_bin().join("das-operator");
-    ensure!(
-        bin.exists(),
-        "{} is missing: run `make operator`",
-        bin.display()
-    );
-    let root = workspace_root();
-    kubectl(cluster, &["create", "namespace", NAMESPACE], None)?;
-    chart::apply_path(
-        &cluster.kubeconfig,
-        &root.join("deploy/helm/das/files/allocationclaims.yaml"),
-    )?;
-    chart::apply_path(
-        &cluster.kubeconfig,
-        &root.join("deploy/olm/rbac/cluster-role.yaml"),
-    )?;
-    let role = root.join("deploy/olm/rbac/role.yaml");
-    let role = role.to_str().context("path")?;
-    kubectl(cluster, &["-n", NAMESPACE, "apply", "-f", role], None)?;
-    let sa = format!("{NAMESPACE}:das-operator");
-    for args in [
-        vec!["-n", NAMESPACE, "create", "serviceaccount", "das-operator"],
-        vec![
-            "create",
-            "clusterrolebinding",
-            "das-operator",
-            "--clusterrole=das-operator",
-            "--serviceaccount",
-            &sa,
-        ],
-        vec![
-            "-n",
-            NAMESPACE,
-            "create",
-            "rolebinding",
-            "das-operator",
-            "--role=das-operator",
-            "--serviceaccount",
-            &sa,
-        ],
-    ] {
-        kubectl(cluster, &args, None)?;
-    }
-    let kubeconfig = install::identity(cluster, "das-operator", None, "operator").await?;
-    let env = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
-    cluster.spawn_program_with_env(
-        "das-operator",
-        &bin,
-        vec![
-            format!("--namespace={NAMESPACE}"),
-            "--install-crds=false".into(),
-            "--metrics-bind-address=0".into(),
-            "--health-probe-bind-address=0".into(),
-            "--openshift=false".into(),
-        ],
-        &env,
-    )
 }
 
 async fn emulated_mode_installs_das(cluster: &Cluster) -> Result<()> {
@@ -287,6 +240,75 @@ async fn emulated_mode_installs_das(cluster: &Cluster) -> Result<()> {
         Ok((reasons.contains("Progressing") || reasons.contains("Available")).then_some(()))
     })
     .await
+}
+
+/// OpenShift's profile tables (openshift/api `config/v1` `TLSProfiles`), as das-webhook gets them.
+const INTERMEDIATE_CIPHERS: &str = "TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384,TLS_CHACHA20_POLY1305_SHA256,ECDHE-ECDSA-AES128-GCM-SHA256,ECDHE-RSA-AES128-GCM-SHA256,ECDHE-ECDSA-AES256-GCM-SHA384,ECDHE-RSA-AES256-GCM-SHA384,ECDHE-ECDSA-CHACHA20-POLY1305,ECDHE-RSA-CHACHA20-POLY1305";
+const MODERN_CIPHERS: &str =
+    "TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384,TLS_CHACHA20_POLY1305_SHA256";
+
+/// The webhook Deployment's TLS environment follows the APIServer's profile: unset
+/// (Intermediate), Modern, Old (raised to TLS 1.2, with a Warning event), and the spec's
+/// `webhook.tlsMinVersion` over it.
+async fn the_cluster_tls_profile_reaches_the_webhook(cluster: &Cluster) -> Result<()> {
+    let webhook_tls = |min: &'static str, ciphers: Option<&'static str>| async move {
+        wait::until(
+            &format!("das-webhook at {min}, cipher suites {ciphers:?}"),
+            TIMEOUT,
+            || async {
+                let d = json(
+                    cluster,
+                    &["-n", NAMESPACE, "get", "deployment", "das-webhook"],
+                )?;
+                let got = (
+                    env_of(&d, "DAS_WEBHOOK_TLS_MIN_VERSION"),
+                    env_of(&d, "DAS_WEBHOOK_TLS_CIPHER_SUITES"),
+                );
+                Ok((got.0 == min && ciphers.is_none_or(|c| got.1 == c)).then_some(got))
+            },
+        )
+        .await
+    };
+    // No APIServer object: OpenShift's default, Intermediate.
+    webhook_tls("VersionTLS12", Some(INTERMEDIATE_CIPHERS)).await?;
+    set_tls_profile(cluster, r#"{"type": "Modern", "modern": {}}"#)?;
+    webhook_tls("VersionTLS13", Some(MODERN_CIPHERS)).await?;
+    set_tls_profile(cluster, r#"{"type": "Old", "old": {}}"#)?;
+    let (_, old) = webhook_tls("VersionTLS12", None).await?;
+    ensure!(
+        old.starts_with(MODERN_CIPHERS) && old.contains("DES-CBC3-SHA"),
+        "Old's cipher suites not passed through: {old}"
+    );
+    wait::until("the event of TLS 1.0 raised", TIMEOUT, || async {
+        let messages = kubectl(
+            cluster,
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector=involvedObject.kind=DASOperator,reason=WebhookTLSProfileAdjusted",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+            None,
+        )?;
+        Ok(messages.contains("asks for VersionTLS10").then_some(()))
+    })
+    .await?;
+    kubectl(
+        cluster,
+        &[
+            "patch",
+            "dasoperator",
+            "cluster",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"webhook":{"tlsMinVersion":"VersionTLS13"}}}"#,
+        ],
+        None,
+    )?;
+    webhook_tls("VersionTLS13", None).await?;
+    Ok(())
 }
 
 /// The plugin's environment and identity come from the release the operator installed
@@ -530,44 +552,7 @@ async fn deleting_the_resource_uninstalls_das(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-fn apply_cr(cluster: &Cluster, spec: &str) -> Result<String> {
-    let cr = format!(
-        r#"{{"apiVersion": "operator.das.com/v1alpha1", "kind": "DASOperator", "metadata": {{"name": "cluster"}}, "spec": {spec}}}"#
-    );
-    kubectl(cluster, &["apply", "-f", "-"], Some(&cr))
-}
-
-fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    chart::kubectl(&cluster.kubeconfig, args, stdin)
-}
-
-/// `kubectl ... -o json`, parsed.
-fn json(cluster: &Cluster, args: &[&str]) -> Result<Value> {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    Ok(serde_json::from_str(&kubectl(cluster, &all, None)?)?)
-}
-
 /// Waits until `kubectl get` finds the object; returns it.
 async fn wait_json(cluster: &Cluster, what: &str, args: &[&str]) -> Result<Value> {
-    wait::until(what, TIMEOUT, || async { Ok(Some(json(cluster, args)?)) }).await
-}
-
-/// The first container's environment variable `name` of a workload ("" when absent).
-fn env_of(workload: &Value, name: &str) -> String {
-    workload["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|e| e["name"] == name)
-        .and_then(|e| e["value"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn condition<'a>(cr: &'a Value, t: &str) -> Option<&'a Value> {
-    cr["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == t)
+    das_e2e::operator::wait_json(cluster, what, args, TIMEOUT).await
 }

@@ -98,6 +98,11 @@ type WebhookSpec struct {
 	TLSMode    string `json:"tlsMode,omitempty"`
 	SecretName string `json:"secretName,omitempty"`
 	CABundle   string `json:"caBundle,omitempty"`
+	// TLSMinVersion (VersionTLS12 or VersionTLS13) and TLSCipherSuites (IANA or OpenSSL names)
+	// of the webhook's HTTPS. Each, when set, wins over the cluster's TLS security profile
+	// (OpenShift's APIServer), which the operator applies otherwise.
+	TLSMinVersion   string   `json:"tlsMinVersion,omitempty"`
+	TLSCipherSuites []string `json:"tlsCipherSuites,omitempty"`
 }
 
 // MetricsSpec maps onto the chart's metrics.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/das-project/das/operator/api/v1alpha1"
+	"github.com/das-project/das/operator/internal/tlsprofile"
 )
 
 // DefaultEmulatedGPUs is what every node emulates when emulatedMode is on and emulatedGpus is
@@ -50,23 +51,72 @@ type Settings struct {
 	InstallCRDs bool
 	// OpenShift turns on the chart's SCC bindings (openshift.scc.enabled).
 	OpenShift bool
+	// ClusterTLS is the cluster's TLS security profile (OpenShift's APIServer), applied to the
+	// webhook unless the spec sets webhook.tlsMinVersion or webhook.tlsCipherSuites; nil: none
+	// (not OpenShift), the chart's defaults.
+	ClusterTLS *tlsprofile.Profile
 }
 
 // FromSpec decodes a DASOperator's spec (as the unstructured object carries it) and maps it.
 func FromSpec(spec map[string]any, s Settings) (map[string]any, error) {
-	raw, err := json.Marshal(spec)
+	typed, err := Decode(spec)
 	if err != nil {
 		return nil, err
 	}
+	return Map(typed, s)
+}
+
+// Decode decodes a DASOperator's spec as the unstructured object carries it.
+func Decode(spec map[string]any) (v1alpha1.DASOperatorSpec, error) {
 	var typed v1alpha1.DASOperatorSpec
+	raw, err := json.Marshal(spec)
+	if err != nil {
+		return typed, err
+	}
 	dec := json.NewDecoder(strings.NewReader(string(raw)))
 	// The CRD's schema already rejects unknown fields; this catches a CRD that drifted from
 	// the types rather than silently ignoring what the admin set.
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&typed); err != nil {
-		return nil, fmt.Errorf("spec: %w", err)
+		return typed, fmt.Errorf("spec: %w", err)
 	}
-	return Map(typed, s)
+	return typed, nil
+}
+
+// WebhookTLS is the webhook's TLS minimum version and cipher suites: each of
+// spec.webhook.tlsMinVersion and .tlsCipherSuites when set, else the cluster's profile
+// (Settings.ClusterTLS), fitted to das-webhook (tlsprofile.ForWebhook). Empty without either.
+func WebhookTLS(spec v1alpha1.DASOperatorSpec, s Settings) (tlsprofile.Webhook, error) {
+	var minVersion, source string
+	var ciphers []string
+	var from []string
+	if c := s.ClusterTLS; c != nil {
+		minVersion, ciphers = c.MinTLSVersion, c.Ciphers
+		source = "the cluster's " + c.Name + " TLS profile"
+	}
+	if w := spec.Webhook; w != nil {
+		if w.TLSMinVersion != "" {
+			minVersion = w.TLSMinVersion
+			from = append(from, "spec.webhook.tlsMinVersion")
+		}
+		if len(w.TLSCipherSuites) > 0 {
+			ciphers = w.TLSCipherSuites
+			from = append(from, "spec.webhook.tlsCipherSuites")
+		}
+	}
+	switch {
+	case len(from) > 0 && source != "":
+		source = strings.Join(from, " and ") + " (over " + source + ")"
+	case len(from) > 0:
+		source = strings.Join(from, " and ")
+	case source == "":
+		return tlsprofile.Webhook{Source: "the chart's defaults"}, nil
+	}
+	tls, err := tlsprofile.ForWebhook(minVersion, ciphers, source)
+	if err != nil && s.ClusterTLS != nil && (spec.Webhook == nil || len(spec.Webhook.TLSCipherSuites) == 0) {
+		return tls, fmt.Errorf("%w: set spec.webhook.tlsCipherSuites of the DASOperator to override the cluster's", err)
+	}
+	return tls, err
 }
 
 // Map returns the chart values for a spec. Only what the spec (or Settings) sets is written;
@@ -140,8 +190,12 @@ func Map(spec v1alpha1.DASOperatorSpec, s Settings) (map[string]any, error) {
 		}
 		v["health"] = health
 	}
-	if w := spec.Webhook; w != nil {
-		hook, err := webhookValues(w)
+	tls, err := WebhookTLS(spec, s)
+	if err != nil {
+		return nil, err
+	}
+	if w := spec.Webhook; w != nil || tls.MinVersion != "" || len(tls.CipherSuites) > 0 {
+		hook, err := webhookValues(w, tls)
 		if err != nil {
 			return nil, err
 		}
@@ -193,11 +247,30 @@ func Map(spec v1alpha1.DASOperatorSpec, s Settings) (map[string]any, error) {
 	return v, nil
 }
 
-// webhookValues maps the webhook section; the TLS mode's companions are checked here because
+// webhookValues maps the webhook section (w may be nil when only the cluster's TLS profile sets
+// something) and the TLS version and suites; the TLS mode's companions are checked here because
 // the chart's own message (a `required` failure deep in a template) would reach the admin only
 // as a failed release.
-func webhookValues(w *v1alpha1.WebhookSpec) (map[string]any, error) {
-	hook := map[string]any{"translateWholeGpus": w.TranslateWholeGPUs}
+func webhookValues(w *v1alpha1.WebhookSpec, t tlsprofile.Webhook) (map[string]any, error) {
+	hook := map[string]any{}
+	tls := map[string]any{}
+	if t.MinVersion != "" {
+		tls["minVersion"] = t.MinVersion
+	}
+	if len(t.CipherSuites) > 0 {
+		suites := make([]any, len(t.CipherSuites))
+		for i, name := range t.CipherSuites {
+			suites[i] = name
+		}
+		tls["cipherSuites"] = suites
+	}
+	if len(tls) > 0 {
+		hook["tls"] = tls // the same map: tlsMode below adds to it
+	}
+	if w == nil {
+		return hook, nil
+	}
+	hook["translateWholeGpus"] = w.TranslateWholeGPUs
 	if w.Enabled != nil {
 		hook["enabled"] = *w.Enabled
 	}
@@ -211,7 +284,7 @@ func webhookValues(w *v1alpha1.WebhookSpec) (map[string]any, error) {
 		hook["timeoutSeconds"] = *w.TimeoutSeconds
 	}
 	if w.TLSMode != "" {
-		tls := map[string]any{"mode": w.TLSMode}
+		tls["mode"] = w.TLSMode
 		if w.TLSMode == "secret" {
 			if w.SecretName == "" || w.CABundle == "" {
 				return nil, fmt.Errorf("webhook.tlsMode secret needs webhook.secretName and webhook.caBundle")

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	configv1 "github.com/openshift/api/config/v1"
 	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/das-project/das/operator/api/v1alpha1"
+	"github.com/das-project/das/operator/internal/tlsprofile"
 )
 
 // chartDir is the chart the operator embeds, read in place.
@@ -289,5 +291,63 @@ func TestFromSpecRefusesUnknownFields(t *testing.T) {
 	vals, err := FromSpec(map[string]any{"logLevel": "Debug", "wholeGpus": map[string]any{"enabled": true}}, Settings{})
 	if err != nil || get(vals, "wholeGpus", "enabled") != true {
 		t.Errorf("FromSpec: %v %v", vals, err)
+	}
+}
+
+func TestClusterTLSProfileReachesTheWebhook(t *testing.T) {
+	const hook = "Deployment/das-webhook"
+	modern := tlsprofile.FromAPIServer(&configv1.TLSSecurityProfile{Type: configv1.TLSProfileModernType})
+	objs := render(t, v1alpha1.DASOperatorSpec{}, Settings{ClusterTLS: &modern})
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_MIN_VERSION"); got != "VersionTLS13" {
+		t.Errorf("Modern: DAS_WEBHOOK_TLS_MIN_VERSION %q", got)
+	}
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_CIPHER_SUITES"); got != "TLS_AES_128_GCM_SHA256,TLS_AES_256_GCM_SHA384,TLS_CHACHA20_POLY1305_SHA256" {
+		t.Errorf("Modern: DAS_WEBHOOK_TLS_CIPHER_SUITES %q", got)
+	}
+	// Old asks for TLS 1.0: das-webhook gets 1.2, and Old's list.
+	old := tlsprofile.FromAPIServer(&configv1.TLSSecurityProfile{Type: configv1.TLSProfileOldType})
+	objs = render(t, v1alpha1.DASOperatorSpec{}, Settings{ClusterTLS: &old})
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_MIN_VERSION"); got != "VersionTLS12" {
+		t.Errorf("Old: DAS_WEBHOOK_TLS_MIN_VERSION %q", got)
+	}
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_CIPHER_SUITES"); got != strings.Join(old.Ciphers, ",") {
+		t.Errorf("Old: DAS_WEBHOOK_TLS_CIPHER_SUITES %q", got)
+	}
+	// Not OpenShift: the chart's defaults.
+	objs = render(t, v1alpha1.DASOperatorSpec{}, Settings{})
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_MIN_VERSION"); got != "VersionTLS12" {
+		t.Errorf("no profile: DAS_WEBHOOK_TLS_MIN_VERSION %q", got)
+	}
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_CIPHER_SUITES"); got != "" {
+		t.Errorf("no profile: DAS_WEBHOOK_TLS_CIPHER_SUITES %q", got)
+	}
+	// The spec wins, field by field; the TLS mode beside it is kept.
+	objs = render(t, v1alpha1.DASOperatorSpec{Webhook: &v1alpha1.WebhookSpec{
+		TLSMinVersion: "VersionTLS13", TLSMode: "secret", SecretName: "hook-tls", CABundle: "Q0E="}},
+		Settings{ClusterTLS: &old})
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_MIN_VERSION"); got != "VersionTLS13" {
+		t.Errorf("override: DAS_WEBHOOK_TLS_MIN_VERSION %q", got)
+	}
+	if got := env(t, objs, hook, "DAS_WEBHOOK_TLS_CIPHER_SUITES"); got != strings.Join(old.Ciphers, ",") {
+		t.Errorf("override of the version only: DAS_WEBHOOK_TLS_CIPHER_SUITES %q", got)
+	}
+	if got := get(objs["MutatingWebhookConfiguration/das-webhook"], "webhooks", "0", "clientConfig", "caBundle"); got != "UTBFPQ==" {
+		t.Errorf("tlsMode secret lost beside the TLS profile: caBundle %v", got)
+	}
+	tls, err := WebhookTLS(v1alpha1.DASOperatorSpec{Webhook: &v1alpha1.WebhookSpec{
+		TLSCipherSuites: []string{"TLS_AES_256_GCM_SHA384"}}}, Settings{ClusterTLS: &modern})
+	if err != nil || tls.MinVersion != "VersionTLS13" || !reflect.DeepEqual(tls.CipherSuites, []string{"TLS_AES_256_GCM_SHA384"}) ||
+		!strings.Contains(tls.Source, "spec.webhook.tlsCipherSuites (over the cluster's Modern TLS profile)") {
+		t.Errorf("cipher override over Modern: %+v %v", tls, err)
+	}
+	// A cluster profile das-webhook cannot serve is refused, naming the override.
+	cbc := tlsprofile.Profile{Name: "Custom", MinTLSVersion: "VersionTLS12", Ciphers: []string{"AES128-SHA"}}
+	if _, err := Map(v1alpha1.DASOperatorSpec{}, Settings{ClusterTLS: &cbc}); err == nil ||
+		!strings.Contains(err.Error(), "spec.webhook.tlsCipherSuites") {
+		t.Errorf("a CBC-only profile: %v", err)
+	}
+	if _, err := Map(v1alpha1.DASOperatorSpec{Webhook: &v1alpha1.WebhookSpec{
+		TLSCipherSuites: []string{"TLS_AES_128_GCM_SHA256"}}}, Settings{ClusterTLS: &cbc}); err != nil {
+		t.Errorf("the spec's suites over a CBC-only profile: %v", err)
 	}
 }

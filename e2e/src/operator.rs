@@ -1,0 +1,205 @@
+//! The DAS operator's cluster test (tests/operator.rs): `kubectl` on the DASOperator and what
+//! it installs, and a stand-in for OpenShift's cluster TLS security profile.
+//!
+//! The local cluster is not OpenShift. The operator follows the cluster's TLS security profile
+//! wherever the API serves `apiservers.config.openshift.io` (its `--tls-profile=auto`), so the
+//! test serves it: [`install_apiserver_crd`] installs a minimal CRD of OpenShift's `APIServer`
+//! (only the field the operator reads, `spec.tlsSecurityProfile`, and that one loosely), and
+//! [`set_tls_profile`] writes the object named `cluster` as an admin would.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, ensure};
+use serde_json::Value;
+
+use crate::chart::NAMESPACE;
+use crate::paths::{local_bin, workspace_root};
+use crate::{Cluster, chart, install, wait};
+
+/// The minimal CRD of OpenShift's `config.openshift.io/v1` `APIServer`.
+const APISERVER_CRD: &str = r#"{
+  "apiVersion": "apiextensions.k8s.io/v1",
+  "kind": "CustomResourceDefinition",
+  "metadata": {"name": "apiservers.config.openshift.io"},
+  "spec": {
+    "group": "config.openshift.io",
+    "scope": "Cluster",
+    "names": {"kind": "APIServer", "listKind": "APIServerList", "plural": "apiservers", "singular": "apiserver"},
+    "versions": [{
+      "name": "v1", "served": true, "storage": true,
+      "subresources": {"status": {}},
+      "schema": {"openAPIV3Schema": {
+        "type": "object",
+        "properties": {
+          "spec": {"type": "object", "properties": {
+            "tlsSecurityProfile": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+          }},
+          "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+        }
+      }}
+    }]
+  }
+}"#;
+
+/// Installs [`APISERVER_CRD`] and waits until it is served.
+///
+/// # Errors
+/// kubectl failing, or the CRD not established within a minute.
+pub fn install_apiserver_crd(cluster: &Cluster) -> Result<()> {
+    kubectl(cluster, &["apply", "-f", "-"], Some(APISERVER_CRD))?;
+    kubectl(
+        cluster,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/apiservers.config.openshift.io",
+        ],
+        None,
+    )?;
+    Ok(())
+}
+
+/// Writes the APIServer `cluster` with `profile` as its `spec.tlsSecurityProfile` (JSON, e.g.
+/// `{"type": "Modern", "modern": {}}`).
+///
+/// # Errors
+/// kubectl failing.
+pub fn set_tls_profile(cluster: &Cluster, profile: &str) -> Result<String> {
+    let apiserver = format!(
+        r#"{{"apiVersion": "config.openshift.io/v1", "kind": "APIServer", "metadata": {{"name": "cluster"}}, "spec": {{"tlsSecurityProfile": {profile}}}}}"#
+    );
+    kubectl(cluster, &["apply", "-f", "-"], Some(&apiserver))
+}
+
+/// Starts `.local/bin/das-operator` on the cluster as OLM would run it: under its own service
+/// account with exactly the bundle's RBAC (deploy/olm/rbac, the CSV's clusterPermissions and
+/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs)
+/// and `--install-crds=false`, installing into das-system.
+///
+/// # Errors
+/// `.local/bin/das-operator` missing (`make operator`), kubectl failing, or the process not
+/// starting.
+pub async fn start(cluster: &mut Cluster) -> Result<()> {
+    let bin: PathBuf = local_bin().join("das-operator");
+    ensure!(
+        bin.exists(),
+        "{} is missing: run `make operator`",
+        bin.display()
+    );
+    let root = workspace_root();
+    kubectl(cluster, &["create", "namespace", NAMESPACE], None)?;
+    chart::apply_path(
+        &cluster.kubeconfig,
+        &root.join("deploy/helm/das/files/allocationclaims.yaml"),
+    )?;
+    chart::apply_path(
+        &cluster.kubeconfig,
+        &root.join("deploy/olm/rbac/cluster-role.yaml"),
+    )?;
+    let role = root.join("deploy/olm/rbac/role.yaml");
+    let role = role.to_str().context("path")?;
+    kubectl(cluster, &["-n", NAMESPACE, "apply", "-f", role], None)?;
+    let sa = format!("{NAMESPACE}:das-operator");
+    for args in [
+        vec!["-n", NAMESPACE, "create", "serviceaccount", "das-operator"],
+        vec![
+            "create",
+            "clusterrolebinding",
+            "das-operator",
+            "--clusterrole=das-operator",
+            "--serviceaccount",
+            &sa,
+        ],
+        vec![
+            "-n",
+            NAMESPACE,
+            "create",
+            "rolebinding",
+            "das-operator",
+            "--role=das-operator",
+            "--serviceaccount",
+            &sa,
+        ],
+    ] {
+        kubectl(cluster, &args, None)?;
+    }
+    let kubeconfig = install::identity(cluster, "das-operator", None, "operator").await?;
+    let env = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
+    cluster.spawn_program_with_env(
+        "das-operator",
+        &bin,
+        vec![
+            format!("--namespace={NAMESPACE}"),
+            "--install-crds=false".into(),
+            "--metrics-bind-address=0".into(),
+            "--health-probe-bind-address=0".into(),
+            "--openshift=false".into(),
+        ],
+        &env,
+    )
+}
+
+/// Creates or updates the DASOperator `cluster` with `spec` (JSON).
+///
+/// # Errors
+/// kubectl failing (the CRD refusing the spec).
+pub fn apply_cr(cluster: &Cluster, spec: &str) -> Result<String> {
+    let cr = format!(
+        r#"{{"apiVersion": "operator.das.com/v1alpha1", "kind": "DASOperator", "metadata": {{"name": "cluster"}}, "spec": {spec}}}"#
+    );
+    kubectl(cluster, &["apply", "-f", "-"], Some(&cr))
+}
+
+/// `kubectl` against the cluster.
+///
+/// # Errors
+/// kubectl failing, with its stderr.
+pub fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    chart::kubectl(&cluster.kubeconfig, args, stdin)
+}
+
+/// `kubectl ... -o json`, parsed.
+///
+/// # Errors
+/// kubectl failing, or output that is not JSON.
+pub fn json(cluster: &Cluster, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    Ok(serde_json::from_str(&kubectl(cluster, &all, None)?)?)
+}
+
+/// Waits until `kubectl get` finds the object; returns it.
+///
+/// # Errors
+/// Not found within `timeout`.
+pub async fn wait_json(
+    cluster: &Cluster,
+    what: &str,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> Result<Value> {
+    wait::until(what, timeout, || async { Ok(Some(json(cluster, args)?)) }).await
+}
+
+/// The first container's environment variable `name` of a workload ("" when absent).
+#[must_use]
+pub fn env_of(workload: &Value, name: &str) -> String {
+    workload["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The condition of type `t` in a resource's `status.conditions`.
+#[must_use]
+pub fn condition<'a>(cr: &'a Value, t: &str) -> Option<&'a Value> {
+    cr["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == t)
+}
