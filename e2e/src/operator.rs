@@ -7,7 +7,7 @@
 //! (only the field the operator reads, `spec.tlsSecurityProfile`, and that one loosely), and
 //! [`set_tls_profile`] writes the object named `cluster` as an admin would.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
@@ -40,6 +40,29 @@ const APISERVER_CRD: &str = r#"{
     }]
   }
 }"#;
+
+/// The DASOperator CRD of the bundle.
+pub const CRD: &str = "deploy/olm/crd/operator.das.com_dasoperators.yaml";
+
+/// Installs the DASOperator CRD ([`CRD`], as OLM installs the bundle's) and waits until it is
+/// served.
+///
+/// # Errors
+/// kubectl failing, or the CRD not established within a minute.
+pub fn install_crd(cluster: &Cluster) -> Result<()> {
+    chart::apply_path(&cluster.kubeconfig, &workspace_root().join(CRD))?;
+    kubectl(
+        cluster,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/dasoperators.operator.das.com",
+        ],
+        None,
+    )?;
+    Ok(())
+}
 
 /// Installs [`APISERVER_CRD`] and waits until it is served.
 ///
@@ -81,6 +104,14 @@ pub fn set_tls_profile(cluster: &Cluster, profile: &str) -> Result<String> {
 /// `.local/bin/das-operator` missing (`make operator`), kubectl failing, or the process not
 /// starting.
 pub async fn start(cluster: &mut Cluster) -> Result<()> {
+    start_with(cluster, &[]).await
+}
+
+/// [`start`] with `extra` flags of the operator, e.g. `--chart=DIR` ([`chart_with_defaults`]).
+///
+/// # Errors
+/// As [`start`].
+pub async fn start_with(cluster: &mut Cluster, extra: &[String]) -> Result<()> {
     let bin: PathBuf = local_bin().join("das-operator");
     ensure!(
         bin.exists(),
@@ -126,18 +157,75 @@ pub async fn start(cluster: &mut Cluster) -> Result<()> {
     }
     let kubeconfig = install::identity(cluster, "das-operator", None, "operator").await?;
     let env = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
-    cluster.spawn_program_with_env(
-        "das-operator",
-        &bin,
-        vec![
-            format!("--namespace={NAMESPACE}"),
-            "--install-crds=false".into(),
-            "--metrics-bind-address=0".into(),
-            "--health-probe-bind-address=0".into(),
-            "--openshift=false".into(),
-        ],
-        &env,
-    )
+    let mut args = vec![
+        format!("--namespace={NAMESPACE}"),
+        "--install-crds=false".into(),
+        "--metrics-bind-address=0".into(),
+        "--health-probe-bind-address=0".into(),
+        "--openshift=false".into(),
+    ];
+    args.extend_from_slice(extra);
+    cluster.spawn_program_with_env("das-operator", &bin, args, &env)
+}
+
+/// A copy of the chart in the cluster's directory whose `values.yaml` has `defaults` merged in
+/// (maps key by key, anything else replaced), for the operator's `--chart`: what a DASOperator
+/// cannot set (the kubelet's root dir, the controller's tolerations...) becomes the chart's
+/// default, as a distribution's build of the chart would carry it. Returns its directory.
+///
+/// # Errors
+/// The chart unreadable or the copy unwritable.
+pub fn chart_with_defaults(cluster: &Cluster, defaults: &Value) -> Result<PathBuf> {
+    let dir = cluster.dir.join("operator-chart");
+    copy_dir(&chart::chart_dir(), &dir)?;
+    let file = dir.join("values.yaml");
+    let mut values: Value = serde_yaml::from_str(&std::fs::read_to_string(&file)?)?;
+    merge(&mut values, defaults);
+    std::fs::write(&file, serde_yaml::to_string(&values)?)?;
+    Ok(dir)
+}
+
+fn merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)
+                .with_context(|| format!("copy {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the DASOperator `cluster` has condition `t` with status `status`; returns it.
+///
+/// # Errors
+/// Not so within `timeout`.
+pub async fn wait_condition(
+    cluster: &Cluster,
+    t: &str,
+    status: &str,
+    timeout: std::time::Duration,
+) -> Result<Value> {
+    wait::until(&format!("{t}={status}"), timeout, || async {
+        let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
+        Ok(condition(&cr, t).filter(|c| c["status"] == status).cloned())
+    })
+    .await
 }
 
 /// Creates or updates the DASOperator `cluster` with `spec` (JSON).

@@ -10,14 +10,24 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::ListParams;
 use serde_json::{Value, json};
 
 use crate::Cluster;
 use crate::chart::{self, NAMESPACE, RELEASE};
-use crate::das::PluginDirs;
+use crate::das::{DRIVER, PluginDirs};
 use crate::image::{self, ImageOptions};
+use crate::plugin::live_slices;
 use crate::runtime::{self, TAINT_KEY};
+use crate::runtime_pods::{check_container, create, probe, wait_ready};
+use crate::wait::{self, TIMEOUT};
+use crate::workload::delete_pods;
 
 /// Repository of the DAS image on the real-runtime nodes (local only, `pullPolicy: Never`).
 pub const IMAGE_REPO: &str = "das.local/das";
@@ -52,18 +62,25 @@ pub fn import_image(cluster: &Cluster, tags: &[&str]) -> Result<()> {
 }
 
 /// The values for `node` with emulated `gpus` (`MODEL:COUNT,...`) and image tag `tag`, on top
-/// of `ci/emulated-values.yaml`. Host paths are the node's own (its kubelet root dir, the CDI
-/// dir its containerd reads); every DAS pod selects and tolerates the real-runtime nodes.
+/// of `ci/emulated-values.yaml`: [`node_values`] with the image and the GPUs.
 pub fn values(cluster: &Cluster, node: &str, gpus: &str, tag: &str) -> Value {
+    let mut v = node_values(cluster, node);
+    v["image"] = json!({"repository": IMAGE_REPO, "tag": tag, "pullPolicy": "Never"});
+    v["kubeletPlugin"]["emulatedGpus"] = json!(gpus);
+    v
+}
+
+/// What `node` differs in from a GPU node: host paths are the node's own (its kubelet root
+/// dir, the CDI dir its containerd reads, the stand-in device nodes' dir); every DAS pod
+/// selects and tolerates the real-runtime nodes.
+pub fn node_values(cluster: &Cluster, node: &str) -> Value {
     let info = cluster.node(node);
     let files = info.runtime_files().expect("a real-runtime node");
     let dirs = PluginDirs::of(info);
     let select = json!({ TAINT_KEY: "true" });
     let tolerate = json!([{"key": TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]);
     json!({
-        "image": {"repository": IMAGE_REPO, "tag": tag, "pullPolicy": "Never"},
         "kubeletPlugin": {
-            "emulatedGpus": gpus,
             "emulatedDeviceDir": files.device_dir(),
             "kubeletDir": info.root_dir,
             "cdiDir": files.cdi_dir(),
@@ -170,5 +187,56 @@ pub fn wait_rolled_out(cluster: &Cluster) -> Result<()> {
         )
         .with_context(|| format!("{workload} did not roll out"))?;
     }
+    Ok(())
+}
+
+/// The webhook is registered by Service (not URL); a legacy pod `legacy` on `node` asking
+/// `nvidia.com/mig-1g.10gb: 1` is translated by the webhook pod, which the API server calls
+/// through that Service, and its container `app` sees the slice. The pod is deleted after.
+pub async fn legacy_pod_admitted_through_the_service(cluster: &Cluster, node: &str) -> Result<()> {
+    let c = cluster.client();
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(c.clone());
+    let config = hooks.get("das-webhook").await?;
+    for hook in config.webhooks.iter().flatten() {
+        let client = &hook.client_config;
+        ensure!(
+            client.url.is_none() && client.service.is_some(),
+            "webhook {} is not called through its Service: {client:?}",
+            hook.name
+        );
+    }
+    let mut legacy = probe("app", &[]);
+    legacy["resources"] = json!({"limits": {"nvidia.com/mig-1g.10gb": 1}});
+    create(&c, node, "legacy", json!({"containers": [legacy]})).await?;
+    let pod = wait_ready(&c, "legacy").await?;
+    check_container(cluster, node, &pod, "app", 1).await?;
+    delete_pods(&c, &["legacy"]).await
+}
+
+/// DAS uninstalled (by `helm uninstall` or the operator): its ResourceSlices and pods go, the
+/// AllocationClaim CRD stays (resource policy keep), and `node` holds no MIG slice.
+pub async fn check_uninstalled(cluster: &Cluster, node: &str) -> Result<()> {
+    let c = cluster.client();
+    let slices: Api<ResourceSlice> = Api::all(c.clone());
+    wait::until("DAS ResourceSlices removed", TIMEOUT, || async {
+        let list = slices
+            .list(&ListParams::default().fields(&format!("spec.driver={DRIVER}")))
+            .await?;
+        Ok(list.items.is_empty().then_some(()))
+    })
+    .await?;
+    wait::until("DAS pods gone", TIMEOUT, || async {
+        let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+            .list(&ListParams::default())
+            .await?;
+        Ok(pods.items.is_empty().then_some(()))
+    })
+    .await?;
+    Api::<CustomResourceDefinition>::all(c.clone())
+        .get("allocationclaims.inference.redhat.com")
+        .await
+        .context("the AllocationClaim CRD was removed by the uninstall")?;
+    let live = live_slices(cluster, node)?;
+    ensure!(live.is_empty(), "MIG slices left after uninstall: {live:?}");
     Ok(())
 }

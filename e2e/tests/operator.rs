@@ -29,18 +29,18 @@
 //! its DaemonSet (as `das-cluster` runs hollow nodes' plugins beside a Helm install), and no
 //! webhook serves legacy pods: the operator keeps the webhook configuration as rendered (a
 //! Service reference, which needs kube-proxy and a real webhook pod), so the harness cannot
-//! point it at a local process. tests/real_install.rs shows the same chart's pods serving under
-//! containerd.
+//! point it at a local process. tests/operator_runtime.rs shows the pods the operator installs
+//! serving, the webhook's legacy pods included, on a real-runtime node with a Service network.
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use das_e2e::chart::{self, NAMESPACE, Rendered};
+use das_e2e::chart::{NAMESPACE, Rendered};
 use das_e2e::install::{self, DasBinary, STAND_IN_NAME};
 use das_e2e::operator::{
     apply_cr, condition, env_of, install_apiserver_crd, json, kubectl, set_tls_profile,
+    wait_condition,
 };
-use das_e2e::paths::workspace_root;
 use das_e2e::plugin::live_slices;
 use das_e2e::workload::{create_pod, create_template, delete_pod, wait_running};
 use das_e2e::{Cluster, ClusterConfig, wait};
@@ -49,8 +49,6 @@ use serde_json::Value;
 /// The operator installs the whole chart at once and the API server is shared with the other
 /// tests' clusters on a small machine: allow more than [`wait::TIMEOUT`].
 const TIMEOUT: Duration = Duration::from_secs(120);
-
-const CRD: &str = "deploy/olm/crd/operator.das.com_dasoperators.yaml";
 
 #[tokio::test]
 async fn operator_installs_updates_and_uninstalls_das_from_one_resource() {
@@ -62,17 +60,7 @@ async fn operator_installs_updates_and_uninstalls_das_from_one_resource() {
 }
 
 async fn scenarios(cluster: &mut Cluster) -> Result<()> {
-    chart::apply_path(&cluster.kubeconfig, &workspace_root().join(CRD))?;
-    kubectl(
-        cluster,
-        &[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/dasoperators.operator.das.com",
-        ],
-        None,
-    )?;
+    das_e2e::operator::install_crd(cluster)?;
     bad_resources_are_refused_with_what_is_wrong(cluster)?;
     // Before the operator starts: it asks discovery once whether the API serves APIServers.
     install_apiserver_crd(cluster)?;
@@ -216,13 +204,7 @@ async fn emulated_mode_installs_das(cluster: &Cluster) -> Result<()> {
     }
     // The hollow kubelet reports the pods it is given as running and ready (it starts no
     // containers): the workloads become available and so does DAS, as far as the API shows.
-    wait::until("Available=True", TIMEOUT, || async {
-        let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
-        Ok(condition(&cr, "Available")
-            .is_some_and(|c| c["status"] == "True")
-            .then_some(()))
-    })
-    .await?;
+    wait_condition(cluster, "Available", "True", TIMEOUT).await?;
     // The recorder posts events in the background: wait for the first condition's.
     wait::until("an event of a condition change", TIMEOUT, || async {
         let reasons = kubectl(
@@ -400,15 +382,6 @@ async fn log_level_change_rolls_every_component(cluster: &Cluster) -> Result<()>
 /// A spec the chart cannot install is Degraded with Helm's reason, and recovers once fixed:
 /// `webhook.tlsMode: certManager` on a cluster without cert-manager (no Issuer kind).
 async fn a_failed_upgrade_is_degraded_until_fixed(cluster: &Cluster) -> Result<()> {
-    let degraded = |want: &'static str| async move {
-        wait::until(&format!("Degraded={want}"), TIMEOUT, || async {
-            let cr = json(cluster, &["get", "dasoperator", "cluster"])?;
-            Ok(condition(&cr, "Degraded")
-                .filter(|c| c["status"] == want)
-                .cloned())
-        })
-        .await
-    };
     kubectl(
         cluster,
         &[
@@ -423,7 +396,7 @@ async fn a_failed_upgrade_is_degraded_until_fixed(cluster: &Cluster) -> Result<(
     )?;
     // Helm fails rendering (its dry run): the library calls that Irreconcilable; a failed
     // install or upgrade would be ReleaseFailed. Either way the message says what is missing.
-    let c = degraded("True").await?;
+    let c = wait_condition(cluster, "Degraded", "True", TIMEOUT).await?;
     ensure!(
         (c["reason"] == "Irreconcilable" || c["reason"] == "ReleaseFailed")
             && c["message"]
@@ -444,7 +417,7 @@ async fn a_failed_upgrade_is_degraded_until_fixed(cluster: &Cluster) -> Result<(
         ],
         None,
     )?;
-    degraded("False").await?;
+    wait_condition(cluster, "Degraded", "False", TIMEOUT).await?;
     Ok(())
 }
 

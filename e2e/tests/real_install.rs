@@ -16,26 +16,20 @@
 //! Needs root, runc, iptables and `make containerd`; `make e2e` builds them. One such cluster
 //! per machine at a time (kube-proxy owns the KUBE-* iptables chains).
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 use das_api::allocation::{AllocationClaim, AllocationState};
 use das_e2e::chart::NAMESPACE;
-use das_e2e::das::{self, DRIVER};
+use das_e2e::das;
 use das_e2e::plugin::live_slices;
 use das_e2e::real_install::{self, IMAGE_REPO};
-use das_e2e::runtime_pods::{
-    check_container, create, create_one_slice_pod, one_slice_pod, probe, wait_ready,
-};
+use das_e2e::runtime_pods::{create_one_slice_pod, one_slice_pod};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, create_template, delete_pods};
 use das_e2e::{Cluster, ClusterConfig};
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
-use serde_json::json;
 
 const NODE: &str = "r0";
 const GPUS: &str = "H100-80GB:1";
@@ -57,7 +51,7 @@ async fn helm_install_runs_das_as_pods_on_a_real_runtime() {
 
 async fn scenarios(cluster: &Cluster) -> Result<()> {
     let uuid = plugin_pod_serves_a_user_pod(cluster).await?;
-    webhook_pod_admits_through_its_service(cluster).await?;
+    real_install::legacy_pod_admitted_through_the_service(cluster, NODE).await?;
     controller_leader_hands_over(cluster).await?;
     upgrade_rolls_the_plugin_and_keeps_the_slice(cluster, &uuid).await?;
     uninstall_leaves_the_crd_and_no_slices(cluster).await
@@ -82,28 +76,6 @@ async fn plugin_pod_serves_a_user_pod(cluster: &Cluster) -> Result<String> {
         "MIG {uuid} is not live on the GPU"
     );
     Ok(uuid)
-}
-
-/// The chart registers the webhook by Service (not URL); a legacy pod is translated by the
-/// webhook pod and its container sees the slice.
-async fn webhook_pod_admits_through_its_service(cluster: &Cluster) -> Result<()> {
-    let c = cluster.client();
-    let hooks: Api<MutatingWebhookConfiguration> = Api::all(c.clone());
-    let config = hooks.get("das-webhook").await?;
-    for hook in config.webhooks.iter().flatten() {
-        let client = &hook.client_config;
-        ensure!(
-            client.url.is_none() && client.service.is_some(),
-            "webhook {} is not called through its Service: {client:?}",
-            hook.name
-        );
-    }
-    let mut legacy = probe("app", &[]);
-    legacy["resources"] = json!({"limits": {"nvidia.com/mig-1g.10gb": 1}});
-    create(&c, NODE, "legacy", json!({"containers": [legacy]})).await?;
-    let pod = wait_ready(&c, "legacy").await?;
-    check_container(cluster, NODE, &pod, "app", 1).await?;
-    delete_pods(&c, &["legacy"]).await
 }
 
 /// The controller's Lease is held by one of its two pods; deleting that pod hands the Lease to
@@ -212,30 +184,8 @@ async fn upgrade_rolls_the_plugin_and_keeps_the_slice(cluster: &Cluster, uuid: &
 /// `helm uninstall`: DAS's pods and ResourceSlices go, the CRD stays (resource policy keep),
 /// no MIG slice is left on the GPU.
 async fn uninstall_leaves_the_crd_and_no_slices(cluster: &Cluster) -> Result<()> {
-    let c = cluster.client();
     real_install::uninstall(cluster)?;
-    let slices: Api<ResourceSlice> = Api::all(c.clone());
-    wait::until("DAS ResourceSlices removed", TIMEOUT, || async {
-        let list = slices
-            .list(&ListParams::default().fields(&format!("spec.driver={DRIVER}")))
-            .await?;
-        Ok(list.items.is_empty().then_some(()))
-    })
-    .await?;
-    wait::until("DAS pods gone", TIMEOUT, || async {
-        let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
-            .list(&ListParams::default())
-            .await?;
-        Ok(pods.items.is_empty().then_some(()))
-    })
-    .await?;
-    Api::<CustomResourceDefinition>::all(c.clone())
-        .get("allocationclaims.inference.redhat.com")
-        .await
-        .context("the AllocationClaim CRD was removed by helm uninstall")?;
-    let live = live_slices(cluster, NODE)?;
-    ensure!(live.is_empty(), "MIG slices left after uninstall: {live:?}");
-    Ok(())
+    real_install::check_uninstalled(cluster, NODE).await
 }
 
 /// Pods of DAS component `name` (the chart's `app.kubernetes.io/name` label), not terminating.
