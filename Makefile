@@ -337,7 +337,7 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	  $(KUBECTL) get allocationclaims | grep -E '^NAME|whole-gpu'; \
 	  grep -H 'MIG mode switched .*claim=' $(LOCAL)/cluster/logs/das-plugin-*.log | \
 	    sed -E 's|^.*/(das-plugin-[^/]+)\.log:.*: (MIG mode switched .*)|  \1: \2|'; echo; fi
-	@echo "mps-a and mps-b share the slice of claim mps-1g-10gb under MPS; its plugin started one MPS control daemon for it:"
+	@echo "mps-a and mps-b share the slice of claim mps-1g-5gb under MPS; its plugin started one MPS control daemon for it:"
 	@$(KUBECTL) get pods mps-a mps-b -o custom-columns='POD:.metadata.name,CLAIM:.spec.resourceClaims[0].resourceClaimName,NODE:.spec.nodeName'
 	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
 	  sed -E 's/^.*(MPS control daemon started.*)$$/  \1/'; echo

@@ -33,7 +33,7 @@ const CLAIMS: usize = 6;
 const SLICES: usize = 8;
 
 /// The claim of the MPS example, shared by its two pods.
-const MPS_CLAIM: &str = "mps-1g-10gb";
+const MPS_CLAIM: &str = "mps-1g-5gb";
 
 /// The example that needs the chart's whole GPUs (`wholeGpus.enabled`, the DeviceClass
 /// `gpu.das.com`): pod [`WHOLE_GPU_POD`] gets a whole GPU.
