@@ -340,7 +340,7 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	@echo "mps-a and mps-b share the slice of claim mps-1g-5gb under MPS; its plugin started one MPS control daemon for it:"
 	@$(KUBECTL) get pods mps-a mps-b -o custom-columns='POD:.metadata.name,CLAIM:.spec.resourceClaims[0].resourceClaimName,NODE:.spec.nodeName'
 	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
-	  sed -E 's/^.*(MPS control daemon started.*)$$/  \1/'; echo
+	  sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo
 	@echo "kubectl das free: what each node can still take, per profile:"
 	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das free
 	@echo
