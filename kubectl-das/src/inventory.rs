@@ -73,8 +73,12 @@ pub struct Held {
     pub device: String,
     pub namespace: String,
     pub claim: String,
-    /// The pod the claim is reserved for, once the scheduler has reserved it.
+    /// The pod the claim is reserved for, once the scheduler has reserved it (the first, when
+    /// several pods share the claim).
     pub pod: Option<String>,
+    /// Every pod the claim is reserved for: several pods may name one ResourceClaim (and share
+    /// its slice, e.g. under MPS: docs/design.md §7, "MPS on a slice").
+    pub pods: Vec<String>,
     /// The MIG device's UUID, once the node plugin has carved it (the claim's device status);
     /// never for a whole GPU.
     pub mig_uuid: Option<String>,
@@ -361,10 +365,14 @@ fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Hel
     let mut held = Vec::new();
     for claim in claims {
         let status = claim.status.as_ref();
-        let pod = status
+        let pods: Vec<String> = status
             .and_then(|s| s.reserved_for.as_ref())
-            .and_then(|r| r.iter().find(|r| r.resource == "pods"))
-            .map(|r| r.name.clone());
+            .into_iter()
+            .flatten()
+            .filter(|r| r.resource == "pods")
+            .map(|r| r.name.clone())
+            .collect();
+        let pod = pods.first().cloned();
         for r in our_results(claim) {
             let Some(d) = by_name.get(&(r.pool.as_str(), r.device.as_str())) else {
                 continue;
@@ -384,6 +392,7 @@ fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Hel
                 namespace: claim.metadata.namespace.clone().unwrap_or_default(),
                 claim: claim.metadata.name.clone().unwrap_or_default(),
                 pod: pod.clone(),
+                pods: pods.clone(),
                 mig_uuid,
             });
         }

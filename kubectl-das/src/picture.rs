@@ -69,12 +69,16 @@ pub fn symbol(i: usize) -> char {
     SYMBOLS.get(i).map_or('+', |&b| char::from(b))
 }
 
-/// Who holds a slice, as the legend names it: the pod, or the claim while no pod has it reserved.
+/// Who holds a slice, as the legend names it: the pod (every pod, comma-separated, when several
+/// share the claim), or the claim while no pod has it reserved.
 fn holder(h: &Held) -> (String, String) {
-    let who = h
-        .pod
-        .clone()
-        .unwrap_or_else(|| format!("(claim {})", h.claim));
+    let who = if h.pods.len() > 1 {
+        h.pods.join(", ")
+    } else {
+        h.pod
+            .clone()
+            .unwrap_or_else(|| format!("(claim {})", h.claim))
+    };
     (h.namespace.clone(), who)
 }
 

@@ -170,6 +170,29 @@ fn the_picture_letters_each_pod_on_its_memory_slices_with_a_legend() {
 }
 
 #[test]
+fn a_slice_shared_by_several_pods_names_them_all_under_one_symbol() {
+    let all = slices("n0", "H100-80GB:1");
+    let mut shared = claim(
+        "default",
+        "mps",
+        Some("mps-a"),
+        &[("n0", "gpu-0-mig-1g-10gb-2")],
+        true,
+    );
+    // Two pods name the claim (its slice shared under MPS).
+    let status = shared.status.as_mut().unwrap();
+    let mut second = status.reserved_for.as_ref().unwrap()[0].clone();
+    second.name = "mps-b".into();
+    status.reserved_for.as_mut().unwrap().push(second);
+    let inv = Inventory::new(&all, &[shared]).unwrap();
+    let text = render_text(&pictures(&inv, None), &plain(Options::default()));
+    assert!(text.contains("[. . A . . . . .]"), "{text}");
+    let legend: Vec<&str> = text.lines().filter(|l| l.starts_with("A ")).collect();
+    assert_eq!(legend.len(), 1, "{text}");
+    assert!(legend[0].contains("mps-a, mps-b"), "{text}");
+}
+
+#[test]
 fn a_namespace_shows_only_its_slices_and_hashes_the_others() {
     let all = slices("n0", "H100-80GB:1");
     let claims = [
