@@ -247,6 +247,52 @@ pub fn kubectl(cluster: &Cluster, args: &[&str], stdin: Option<&str>) -> Result<
     chart::kubectl(&cluster.kubeconfig, args, stdin)
 }
 
+/// Waits until `kubectl get <args> --ignore-not-found -o name` finds nothing (`what` names the
+/// wait in its error).
+///
+/// # Errors
+/// kubectl failing, or the object still there after `timeout`.
+pub async fn wait_gone(
+    cluster: &Cluster,
+    what: &str,
+    args: &[&str],
+    timeout: std::time::Duration,
+) -> Result<()> {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend(["--ignore-not-found", "-o", "name"]);
+    wait::until(what, timeout, || async {
+        Ok(kubectl(cluster, &all, None)?
+            .trim()
+            .is_empty()
+            .then_some(()))
+    })
+    .await
+}
+
+/// Deletes the `DASOperator` and waits until it is gone, that is until its finalizer has
+/// uninstalled the release.
+///
+/// # Errors
+/// kubectl failing, or the resource still there after `timeout`.
+pub async fn delete_and_wait_uninstalled(
+    cluster: &Cluster,
+    timeout: std::time::Duration,
+) -> Result<()> {
+    kubectl(
+        cluster,
+        &["delete", "dasoperator", "cluster", "--wait=false"],
+        None,
+    )?;
+    wait_gone(
+        cluster,
+        "the DASOperator uninstalled and gone",
+        &["dasoperator"],
+        timeout,
+    )
+    .await
+}
+
 /// `kubectl ... -o json`, parsed.
 ///
 /// # Errors

@@ -456,52 +456,16 @@ async fn a_deleted_deployment_comes_back(cluster: &Cluster) -> Result<()> {
 }
 
 async fn deleting_the_resource_uninstalls_das(cluster: &Cluster) -> Result<()> {
-    kubectl(
-        cluster,
-        &["delete", "dasoperator", "cluster", "--wait=false"],
-        None,
-    )?;
-    wait::until(
-        "the DASOperator's finalizer to uninstall DAS",
-        TIMEOUT,
-        || async {
-            Ok(kubectl(
-                cluster,
-                &["get", "dasoperator", "--ignore-not-found", "-o", "name"],
-                None,
-            )?
-            .trim()
-            .is_empty()
-            .then_some(()))
-        },
-    )
-    .await?;
+    das_e2e::operator::delete_and_wait_uninstalled(cluster, TIMEOUT).await?;
     for (kind, name) in [
         ("daemonset", "das-kubelet-plugin"),
         ("deployment", "das-controller"),
         ("deployment", "das-webhook"),
         ("secret", "sh.helm.release.v1.das.v1"),
     ] {
-        wait::until(&format!("{kind} {name} gone"), TIMEOUT, || async {
-            Ok(kubectl(
-                cluster,
-                &[
-                    "-n",
-                    NAMESPACE,
-                    "get",
-                    kind,
-                    name,
-                    "--ignore-not-found",
-                    "-o",
-                    "name",
-                ],
-                None,
-            )?
-            .trim()
-            .is_empty()
-            .then_some(()))
-        })
-        .await?;
+        let what = format!("{kind} {name} gone");
+        das_e2e::operator::wait_gone(cluster, &what, &["-n", NAMESPACE, kind, name], TIMEOUT)
+            .await?;
     }
     for (kind, name) in [
         ("deviceclass", "mig.das.com"),

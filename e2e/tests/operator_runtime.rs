@@ -147,19 +147,6 @@ async fn a_claim_pod_gets_a_slice(cluster: &Cluster) -> Result<()> {
 /// The DASOperator's finalizer uninstalls the release: the resource goes, then DAS's slices,
 /// pods and MIG slices; the AllocationClaim CRD stays.
 async fn deleting_the_resource_uninstalls_das(cluster: &Cluster) -> Result<()> {
-    kubectl(
-        cluster,
-        &["delete", "dasoperator", "cluster", "--wait=false"],
-        None,
-    )?;
-    wait::until("the DASOperator uninstalled and gone", TIMEOUT, || async {
-        let left = kubectl(
-            cluster,
-            &["get", "dasoperator", "--ignore-not-found", "-o", "name"],
-            None,
-        )?;
-        Ok(left.trim().is_empty().then_some(()))
-    })
-    .await?;
+    operator::delete_and_wait_uninstalled(cluster, TIMEOUT).await?;
     real_install::check_uninstalled(cluster, NODE).await
 }
