@@ -178,7 +178,7 @@ impl Metrics {
         );
         registry.register(
             "apiserver_feature_gate_off",
-            "1 while the API server drops the ResourceSlice fields of this feature gate: DRAPartitionableDevices (shared counters; the node's MIG devices are withdrawn until it keeps them), DRADeviceTaints (unhealthy GPUs' devices stay offered untainted); 0 once it keeps them",
+            "1 while the API server drops the ResourceSlice fields of this feature gate: DRAPartitionableDevices (shared counters; the node's MIG devices are withdrawn until it keeps them), DRADeviceTaints (unhealthy GPUs' devices stay offered untainted), DRAConsumableCapacity (the shareable devices are withdrawn until the plugin restarts); 0 once it keeps them",
             feature_gate_off.clone(),
         );
         let placement_waits =

@@ -28,6 +28,8 @@ use serde_json::json;
 
 mod common;
 use common::{running, sigkill, until};
+#[path = "mps_preparer/shares.rs"]
+mod shares;
 
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
@@ -41,16 +43,29 @@ struct Api {
 impl Api {
     /// Claim `ns/<name>` with `uid`, allocated [`DEVICE`] with `sharing: MPS` and both limits.
     fn allocate(&self, name: &str, uid: &str) -> ClaimRef {
+        let result = json!({"request": "gpu", "driver": das_api::DRIVER_NAME, "pool": NODE, "device": DEVICE});
+        self.allocate_with(name, uid, result, 30)
+    }
+
+    /// Claim `ns/<name>` with `uid`, allocated `result` with `sharing: MPS`, active thread
+    /// percentage `percent` and a 2Gi pinned memory limit.
+    fn allocate_with(
+        &self,
+        name: &str,
+        uid: &str,
+        result: serde_json::Value,
+        percent: u8,
+    ) -> ClaimRef {
         let config = json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig",
             "sharing": {"strategy": "MPS",
-                "mps": {"activeThreadPercentage": 30, "pinnedDeviceMemoryLimit": "2Gi"}}});
+                "mps": {"activeThreadPercentage": percent, "pinnedDeviceMemoryLimit": "2Gi"}}});
         let rc: ResourceClaim = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "ns", "uid": uid},
             "spec": {},
             "status": {
                 "allocation": {"devices": {
-                    "results": [{"request": "gpu", "driver": das_api::DRIVER_NAME, "pool": NODE, "device": DEVICE}],
+                    "results": [result],
                     "config": [{"source": "FromClaim",
                         "opaque": {"driver": das_api::DRIVER_NAME, "parameters": config}}]
                 }},
@@ -228,6 +243,7 @@ impl Node {
             blocking: BlockingCalls::Threads,
             orphans: OrphanPolicy::default(),
             mps,
+            share_policy: Default::default(),
         })
     }
 

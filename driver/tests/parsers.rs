@@ -40,6 +40,13 @@ fn valid_checkpoint() -> Vec<u8> {
             active_thread_percentage: Some(50),
             pinned_device_memory_limit_mib: Some(2048),
         }),
+        // A share (version 7), likewise.
+        share: Some(das_driver::claims::checkpoint::Share {
+            id: "5f0c2a1e-0000-4000-8000-000000000001".into(),
+            shares: 1,
+            of: 4,
+            memory_bytes: 1 << 30,
+        }),
     };
     cp.set_completed("uid-1", "ns", "c", vec![device.clone()], BTreeMap::new());
     cp.set_releasing("uid-2", "ns", "d", vec![device]);

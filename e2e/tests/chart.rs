@@ -580,9 +580,12 @@ async fn dry_runs(cluster: &Cluster) -> Result<()> {
         &["create", "namespace", NAMESPACE],
         None,
     )?;
+    // With shared classes too: their selectors and class config (docs/design.md §7, "Shared
+    // slices") go through the server's validation.
     let labelled_and_guarded = default_values()
         .set("namespace.create=true")
-        .set("metrics.authentication=true");
+        .set("metrics.authentication=true")
+        .set("sharing.profiles={1g}");
     for opts in [
         default_values(),
         emulated_values(),

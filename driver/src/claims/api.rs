@@ -195,7 +195,11 @@ pub fn status_apply_body(
                 "MIG {} at memory slice {} on GPU {} ({})",
                 d.profile, d.placement_start, d.gpu_index, data.mig_uuid
             );
-            data.ready_entry(&d.pool, &d.device, message, now.clone())
+            let mut entry = data.ready_entry(&d.pool, &d.device, message, now.clone());
+            // A share's entry is keyed by its shareID too (KEP-5075): several claims hold the
+            // device, each with its own entry.
+            entry.share_id = d.share.as_ref().map(|s| s.id.clone());
+            entry
         })
         .collect();
     serde_json::json!({

@@ -68,6 +68,7 @@ fn device() -> RecordedDevice {
             mig_uuid: "MIG-1".into(),
         }),
         mps: None,
+        share: None,
     }
 }
 

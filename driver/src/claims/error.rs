@@ -106,6 +106,16 @@ pub enum PrepareError {
         /// What failed, with the end of the daemon's log where it wrote one.
         reason: String,
     },
+    /// A share of a shareable device cannot be prepared (docs/design.md §7, "Shared slices"):
+    /// its allocation has no `shareID`, its config is not MPS, the slice's other shares have
+    /// another config, or they are being released. Nothing was created for it.
+    #[error("device {device} (a shared slice): {reason}")]
+    Share {
+        /// Allocated device, `…-shared`.
+        device: String,
+        /// What is wrong, and what to do.
+        reason: String,
+    },
     /// Creating an instance failed.
     #[error("device {device}: {source}{hint}")]
     Create {
@@ -183,6 +193,7 @@ impl PrepareError {
             PrepareError::WholeGpuUnavailable { .. } => "whole_gpu_unavailable",
             PrepareError::MigModeSwitch { .. } => "mig_mode_switch",
             PrepareError::MpsDaemon { .. } => "mps_daemon",
+            PrepareError::Share { .. } => "share",
             PrepareError::Create { .. } => "create",
             PrepareError::PlacementHeld { .. } => "placement_held",
             PrepareError::Destroy { .. } => "destroy",

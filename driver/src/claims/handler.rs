@@ -48,6 +48,9 @@ pub struct PreparedDevice {
     pub device: String,
     /// Fully-qualified CDI device IDs (`das.com/mig=<name>`).
     pub cdi_device_ids: Vec<String>,
+    /// The allocation result's `shareID`, for a share of a shareable device (KEP-5075; the
+    /// kubelet's v1 `Device.share_id`).
+    pub share_id: Option<String>,
 }
 
 /// What prepares and unprepares claims; the gRPC layer only translates.

@@ -1464,6 +1464,7 @@ fn the_invariant_checks_catch_a_gpu_held_twice() {
             placement_size: 8,
             instance: None,
             mps: None,
+            share: None,
         };
         w.p.checkpoint().change(|cp| {
             for uid in ["u1", "u2"] {

@@ -17,12 +17,13 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::PrepareError;
 use super::handler::ClaimRef;
 use crate::claims::checkpoint::{
-    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
+    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
 };
 use crate::gpu::MigInstance;
 
 pub(crate) mod mig_mode;
 pub(crate) mod mps;
+pub(crate) mod share;
 pub(crate) mod spec;
 pub(crate) mod whole_gpu;
 
@@ -45,9 +46,12 @@ pub struct Planned {
     /// The limits of its MPS control daemon, when its claim's config asks for MPS
     /// ([`mps::with_mps`]); `None` for an exclusive device.
     pub mps: Option<crate::mps::MpsLimits>,
+    /// The claim's share, when the device is a shareable one ([`share::share_of`]).
+    pub share: Option<Share>,
 }
 
-/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node.
+/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node; a
+/// shareable device's share is of `shares_per_slice` (the `shares` capacity this node publishes).
 ///
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
@@ -56,12 +60,14 @@ pub struct Planned {
 /// does not serve it: [`mps::with_mps`]),
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
-/// [`PrepareError::AdminAccess`].
+/// [`PrepareError::AdminAccess`], [`PrepareError::Share`] (a share without `shareID`, or not
+/// served with MPS: [`share::check_mps`]).
 pub fn resolve_allocation(
     claim: &ClaimRef,
     rc: Option<&ResourceClaim>,
     node: &str,
     devices: &HashMap<String, DeviceRef>,
+    shares_per_slice: u64,
 ) -> Result<Vec<Planned>, PrepareError> {
     let rc = rc.ok_or(PrepareError::ClaimGone)?;
     let uid = rc.metadata.uid.as_deref().unwrap_or("<none>");
@@ -109,16 +115,23 @@ pub fn resolve_allocation(
                 }
                 None => return Err(PrepareError::UnknownDevice { device: r.device }),
             };
+            let share = at
+                .shared
+                .then(|| share::share_of(&r.device, &r, shares_per_slice))
+                .transpose()?;
             Ok(Planned {
                 request: r.request,
                 pool: r.pool,
                 device: r.device,
                 at,
                 mps: None,
+                share,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    mps::with_mps(planned, &configs)
+    let planned = mps::with_mps(planned, &configs)?;
+    share::check_mps(&planned)?;
+    Ok(planned)
 }
 
 /// The checkpoint entry of a planned device, before its instance exists (a whole GPU never has
@@ -136,6 +149,7 @@ pub fn record(p: &Planned) -> RecordedDevice {
         placement_size: p.at.size,
         instance: None,
         mps: p.mps.clone(),
+        share: p.share.clone(),
     }
 }
 
@@ -219,10 +233,13 @@ pub fn placement_holders(
     uid: &str,
     planned: &[Planned],
 ) -> BTreeMap<String, String> {
+    // Another share of the same shareable device is no holder: the share joins its slice
+    // ([`share::on_share`] decides, under the GPU's lock).
     let overlaps = |d: &RecordedDevice, p: &Planned| {
         d.gpu_uuid == p.at.gpu_uuid
             && d.placement_start < p.at.start + p.at.size
             && p.at.start < d.placement_start + d.placement_size
+            && !(d.share.is_some() && p.share.is_some() && d.device == p.device)
     };
     cp.claims
         .iter()
@@ -285,7 +302,7 @@ pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepar
 }
 
 /// Whether a record holds exactly the planned allocation (request, pool, device and its kind,
-/// and its MPS limits, in order).
+/// its MPS limits and its share, in order).
 pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
     r.devices.len() == planned.len()
         && r.devices.iter().zip(planned).all(|(d, p)| {
@@ -295,13 +312,15 @@ pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
                 && d.gpu_uuid == p.at.gpu_uuid
                 && d.kind == p.at.kind
                 && d.mps == p.mps
+                && d.share == p.share
         })
 }
 
 /// Whether the claim recorded as `record` is still allocated, as recorded, to this node. When it
 /// is not (deleted, replaced or deallocated), the kubelet may still hold it and its containers
 /// may still run: the record is kept until the kubelet unprepares it, or until the orphan rule
-/// ([`orphan_verdict`]) proves no container of its pods is left.
+/// ([`orphan_verdict`]) proves no container of its pods is left. A share is still allocated
+/// only under its recorded `shareID`.
 pub fn still_allocated(
     claim: &ClaimRef,
     record: &ClaimRecord,
@@ -314,10 +333,13 @@ pub fn still_allocated(
     }
     let ours: Vec<_> = our_results(rc).filter(|r| r.pool == node).collect();
     ours.len() == record.devices.len()
-        && ours
-            .iter()
-            .zip(&record.devices)
-            .all(|(r, d)| r.request == d.request && r.device == d.device)
+        && ours.iter().zip(&record.devices).all(|(r, d)| {
+            r.request == d.request
+                && r.device == d.device
+                && d.share
+                    .as_ref()
+                    .is_none_or(|s| r.share_id.as_ref() == Some(&s.id))
+        })
 }
 
 /// What the orphan rule concludes about a prepared claim's record (docs/design.md, "A slice

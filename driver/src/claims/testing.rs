@@ -253,6 +253,7 @@ pub fn preparer_with(
             dir,
             Arc::new(Metrics::new()),
         )),
+        share_policy: Default::default(),
     })
 }
 
@@ -354,6 +355,7 @@ pub fn whole_gpu_ref(gpu: &GpuInfo) -> (String, DeviceRef) {
         profile: das_api::WHOLE_GPU_PROFILE.into(),
         start: 0,
         size: gpu.model.memory_slices,
+        shared: false,
     };
     (das_api::whole_gpu_device_name(gpu.index), at)
 }

@@ -26,7 +26,8 @@ pub const CONTROL_SOCKET: &str = "control";
 pub const MPS_DIR: &str = "mps";
 
 /// The id of the daemon of `device` of claim `claim_uid`: 16 hex digits of the 64-bit FNV-1a
-/// of `<claim UID>/<device>`. Short on purpose: the control socket's path
+/// of `<claim UID>/<device>` (a shared slice's daemon, which serves every share, passes its
+/// GPU's UUID for `claim_uid`: `<GPU UUID>/<device>`). Short on purpose: the control socket's path
 /// (`<state dir>/mps/<id>/pipe/control`) must fit a unix socket address (108 bytes).
 pub fn daemon_id(claim_uid: &str, device: &str) -> String {
     format!(

@@ -369,7 +369,7 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
                                 pool_name: d.pool,
                                 device_name: d.device,
                                 cdi_device_ids: d.cdi_device_ids,
-                                share_id: None,
+                                share_id: d.share_id,
                             })
                             .collect(),
                         error: String::new(),

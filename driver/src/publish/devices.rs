@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use das_api::{WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
+use das_api::{WHOLE_GPU_PROFILE, device_name, shared_device_name, whole_gpu_device_name};
 
 use crate::gpu::GpuInfo;
 
@@ -38,10 +38,16 @@ pub struct DeviceRef {
     pub start: u32,
     /// Memory slices of the placement (every memory slice of the GPU for a whole GPU).
     pub size: u32,
+    /// Whether the device is the shareable device of its placement (`…-shared`, docs/design.md
+    /// §7, "Shared slices"): several claims may be allocated it, each with a share; the first
+    /// share's prepare creates the slice, the last share's release destroys it.
+    pub shared: bool,
 }
 
 /// Every device the plugin publishes, by device name, as in [`super::resource_slices`]: one per
-/// (GPU that offers MIG, profile, placement start), `gpu-0-mig-1g-10gb-6`, and one per GPU
+/// (GPU that offers MIG, profile, placement start), `gpu-0-mig-1g-10gb-6`, with its shareable
+/// twin `gpu-0-mig-1g-10gb-6-shared` (listed whether or not its profile is shared: a claim is
+/// only ever allocated what is published), and one per GPU
 /// offered whole, `gpu-3` ([`DeviceKind::WholeGpu`], profile [`WHOLE_GPU_PROFILE`], start 0, size
 /// the model's memory slices).
 pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
@@ -49,6 +55,7 @@ pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
     for gpu in inventory {
         let at = |kind, profile: &str, start, size| DeviceRef {
             kind,
+            shared: false,
             gpu_index: gpu.index,
             gpu_uuid: gpu.uuid.clone(),
             gpu_minor: gpu.minor,
@@ -59,10 +66,15 @@ pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
         if gpu.offers_mig() {
             for p in &gpu.model.profiles {
                 for &start in &p.placement_starts {
+                    let exclusive = at(DeviceKind::Mig, &p.name, start, p.placement_size);
                     map.insert(
-                        device_name(gpu.index, &p.name, start),
-                        at(DeviceKind::Mig, &p.name, start, p.placement_size),
+                        shared_device_name(gpu.index, &p.name, start),
+                        DeviceRef {
+                            shared: true,
+                            ..exclusive.clone()
+                        },
                     );
+                    map.insert(device_name(gpu.index, &p.name, start), exclusive);
                 }
             }
         }

@@ -13,6 +13,12 @@
 //! - **Device taints** (`DRADeviceTaints`): an unhealthy GPU's devices stay offered untainted;
 //!   nothing overlaps, and the health stream and the Node events still report the GPU. The
 //!   devices stay published; a Node event says so ([`CounterGuard::taints_written`]).
+//! - **Consumable capacity** (`allowMultipleAllocations` of a device, the `requestPolicy` of its
+//!   capacities; `DRAConsumableCapacity`): a shareable device (docs/design.md §7, "Shared
+//!   slices") stored without them looks exclusive, and would be given whole to one claim of a
+//!   shared class. Once a write shows them dropped, every shareable device is left out of what
+//!   is published ([`without_shareable_devices`]) until the plugin restarts; the exclusive
+//!   devices stay published, and a Node event says so ([`CounterGuard::shares_written`]).
 //!
 //! The probe is a dry-run create of one of the node's counter slices: the server runs the
 //! same field dropping on a dry run (`BeforeCreate` before the dry-run store) and returns what
@@ -24,11 +30,18 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
+mod shares;
+
+pub use shares::without_shareable_devices;
+
 /// The feature gate of shared counters (KEP-4815; beta and on from 1.36).
 pub const PARTITIONABLE_DEVICES: &str = "DRAPartitionableDevices";
 
 /// The feature gate of device taints (KEP-5055; beta and on from 1.36).
 pub const DEVICE_TAINTS: &str = "DRADeviceTaints";
+
+/// The feature gate of consumable capacity, shareable devices (KEP-5075; beta and on from 1.36).
+pub const CONSUMABLE_CAPACITY: &str = "DRAConsumableCapacity";
 
 /// First wait before probing again after the server dropped the counters (doubles up to
 /// [`MAX_PROBE_RETRY`]).
@@ -50,6 +63,10 @@ struct Uses {
     consuming: BTreeSet<String>,
     /// Names of the devices with `taints`.
     tainted: BTreeSet<String>,
+    /// Names of the devices with `allowMultipleAllocations: true`.
+    shareable: BTreeSet<String>,
+    /// `(device, capacity)` of the capacities with a `requestPolicy`.
+    policies: BTreeSet<(String, String)>,
 }
 
 fn uses(key: &Value) -> Uses {
@@ -68,7 +85,16 @@ fn uses(key: &Value) -> Uses {
             u.consuming.insert(name.clone());
         }
         if device.get("taints").is_some_and(|v| !v.is_null()) {
-            u.tainted.insert(name);
+            u.tainted.insert(name.clone());
+        }
+        if device.get("allowMultipleAllocations") == Some(&Value::Bool(true)) {
+            u.shareable.insert(name.clone());
+        }
+        let capacity = device.get("capacity").and_then(Value::as_object);
+        for (cap, value) in capacity.into_iter().flatten() {
+            if value.get("requestPolicy").is_some_and(|v| !v.is_null()) {
+                u.policies.insert((name.clone(), cap.clone()));
+            }
         }
     }
     u
@@ -78,6 +104,11 @@ fn uses(key: &Value) -> Uses {
 pub fn carries_counters(key: &Value) -> bool {
     let u = uses(key);
     u.shared_counters || !u.consuming.is_empty()
+}
+
+/// Whether a spec key carries a shareable device (`allowMultipleAllocations`).
+pub fn carries_shares(key: &Value) -> bool {
+    !uses(key).shareable.is_empty()
 }
 
 /// Whether a spec key carries device taints.
@@ -93,6 +124,9 @@ pub struct Dropped {
     pub counters: bool,
     /// A device's `taints` were sent and not stored ([`DEVICE_TAINTS`] off).
     pub taints: bool,
+    /// A device's `allowMultipleAllocations`, or a capacity's `requestPolicy`, was sent and not
+    /// stored ([`CONSUMABLE_CAPACITY`] off).
+    pub shares: bool,
 }
 
 /// Compares the keys ([`super::plan::spec_key`]) of a sent spec and of what the server stored
@@ -102,6 +136,7 @@ pub fn dropped(sent: &Value, stored: &Value) -> Dropped {
     Dropped {
         counters: (s.shared_counters && !t.shared_counters) || !s.consuming.is_subset(&t.consuming),
         taints: !s.tainted.is_subset(&t.tainted),
+        shares: !s.shareable.is_subset(&t.shareable) || !s.policies.is_subset(&t.policies),
     }
 }
 
@@ -164,6 +199,9 @@ pub enum Notice {
     TaintsDropped,
     /// The server keeps device taints again.
     TaintsKept,
+    /// The server dropped consumable capacity (sent on the shareable devices): they are left
+    /// out of what is published until the plugin restarts.
+    SharesDropped,
 }
 
 impl Notice {
@@ -174,12 +212,16 @@ impl Notice {
             Self::CountersKept => "SharedCountersKept",
             Self::TaintsDropped => "DeviceTaintsDropped",
             Self::TaintsKept => "DeviceTaintsKept",
+            Self::SharesDropped => "ConsumableCapacityDropped",
         }
     }
 
     /// Whether the event is a Warning (else Normal).
     pub fn is_warning(&self) -> bool {
-        matches!(self, Self::CountersDropped { .. } | Self::TaintsDropped)
+        matches!(
+            self,
+            Self::CountersDropped { .. } | Self::TaintsDropped | Self::SharesDropped
+        )
     }
 
     /// The feature gate it is about.
@@ -187,6 +229,7 @@ impl Notice {
         match self {
             Self::CountersDropped { .. } | Self::CountersKept => PARTITIONABLE_DEVICES,
             Self::TaintsDropped | Self::TaintsKept => DEVICE_TAINTS,
+            Self::SharesDropped => CONSUMABLE_CAPACITY,
         }
     }
 
@@ -219,6 +262,16 @@ impl Notice {
             Self::TaintsKept => format!(
                 "kube-apiserver keeps the device taints of node {node}'s unhealthy GPUs again \
                  ({DEVICE_TAINTS} is on)."
+            ),
+            Self::SharesDropped => format!(
+                "kube-apiserver dropped allowMultipleAllocations or the capacity request \
+                 policies of node {node}'s shareable mig.das.com devices (type mig-shared): the \
+                 feature gate {CONSUMABLE_CAPACITY} is off there. Stored without them a \
+                 shareable device would be given whole to one claim, so the node's shareable \
+                 devices are withdrawn; its exclusive devices stay published. Turn \
+                 --feature-gates={CONSUMABLE_CAPACITY}=true on for kube-apiserver and \
+                 kube-scheduler (shared slices need Kubernetes 1.36.2 or newer), then restart \
+                 the node plugin to publish them again."
             ),
         }
     }
@@ -259,6 +312,8 @@ pub struct CounterGuard {
     /// When the counters were last seen kept.
     kept_at: Option<Instant>,
     taints_dropped: bool,
+    /// The server was seen dropping consumable capacity: shareable devices stay withdrawn.
+    shares_dropped: bool,
 }
 
 impl Default for CounterGuard {
@@ -278,6 +333,7 @@ impl CounterGuard {
             next_probe: None,
             kept_at: None,
             taints_dropped: false,
+            shares_dropped: false,
         }
     }
 
@@ -295,6 +351,12 @@ impl CounterGuard {
     /// Whether the last write with taints lost them.
     pub fn taints_dropped(&self) -> bool {
         self.taints_dropped
+    }
+
+    /// Whether the shareable devices are withdrawn: the server was seen dropping consumable
+    /// capacity ([`without_shareable_devices`]).
+    pub fn shares_dropped(&self) -> bool {
+        self.shares_dropped
     }
 
     /// When to probe again, while the devices are withdrawn.
@@ -376,6 +438,17 @@ impl CounterGuard {
         if wrote_taints && !dropped_taints && self.taints_dropped {
             self.taints_dropped = false;
             return Some(Notice::TaintsKept);
+        }
+        None
+    }
+
+    /// Takes whether a publish's writes lost consumable capacity. A notice the first time: from
+    /// then on the shareable devices are withdrawn, until the plugin restarts (a server whose
+    /// gate is turned on again needs a restart, and so does the plugin to see it).
+    pub fn shares_written(&mut self, dropped_shares: bool) -> Option<Notice> {
+        if dropped_shares && !self.shares_dropped {
+            self.shares_dropped = true;
+            return Some(Notice::SharesDropped);
         }
         None
     }

@@ -22,7 +22,10 @@
 //!   (devices withdrawn), a Warning event `SharedCountersDropped` on the Node names the gate,
 //!   the gauge `das_kubelet_plugin_apiserver_feature_gate_off` is 1, and the probe is repeated
 //!   with backoff until the devices can be republished. Dropped device taints
-//!   (`DRADeviceTaints`) leave the devices published and post `DeviceTaintsDropped`.
+//!   (`DRADeviceTaints`) leave the devices published and post `DeviceTaintsDropped`. Dropped
+//!   consumable capacity (`DRAConsumableCapacity`: `allowMultipleAllocations`, capacity request
+//!   policies) withdraws the shareable devices at once and for the plugin's life, and posts
+//!   `ConsumableCapacityDropped`.
 //! - Owner: the Node (`controller: true`), so slices go with the Node.
 //! - An empty desired list publishes one empty slice: "empty pool" differs from "no pool".
 //!
@@ -209,11 +212,22 @@ impl Publisher {
     }
 
     /// Publishes `desired`, or the pool without devices while the API server drops shared
-    /// counters ([`CounterGuard`]).
+    /// counters ([`CounterGuard`]), without its shareable devices once it dropped consumable
+    /// capacity.
     async fn publish_guarded(
         &mut self,
         desired: Vec<ResourceSliceSpec>,
     ) -> Result<PublishStats, PublishError> {
+        let desired = if self.guard.shares_dropped() {
+            gates::without_shareable_devices(desired)
+        } else {
+            desired
+        };
+        // What to publish again should this write show consumable capacity dropped.
+        let without_shares = desired
+            .iter()
+            .any(|s| gates::carries_shares(&plan::spec_key(s)))
+            .then(|| gates::without_shareable_devices(desired.clone()));
         let desired = complete_specs(&self.node, desired)?;
         let has_counters = desired
             .iter()
@@ -235,22 +249,26 @@ impl Publisher {
             .guard
             .taints_written(written.taints, written.dropped.taints);
         self.notify(taints).await;
-        let Some(decision) =
+        let shares = self.guard.shares_written(written.dropped.shares);
+        self.notify(shares).await;
+        if let Some(decision) =
             self.guard
                 .written(written.counters, written.dropped.counters, Instant::now())
-        else {
-            return Ok(stats);
-        };
-        // The server dropped the counters of what was just written: withdraw at once.
-        self.notify(decision.notice).await;
-        let withdrawn = self.publish_withdrawn().await?;
-        Ok(PublishStats {
-            created: stats.created + withdrawn.created,
-            updated: stats.updated + withdrawn.updated,
-            deleted: stats.deleted + withdrawn.deleted,
-            dropped_fields: stats.dropped_fields + withdrawn.dropped_fields,
-            ..withdrawn
-        })
+        {
+            // The server dropped the counters of what was just written: withdraw at once.
+            self.notify(decision.notice).await;
+            let withdrawn = self.publish_withdrawn().await?;
+            return Ok(then(stats, withdrawn));
+        }
+        match without_shares {
+            // The server dropped consumable capacity: withdraw the shareable devices at once.
+            Some(rest) if shares.is_some() => {
+                let rest = complete_specs(&self.node, rest)?;
+                let (again, _) = self.publish_once(rest).await?;
+                Ok(then(stats, again))
+            }
+            _ => Ok(stats),
+        }
     }
 
     /// Publishes the pool as one empty slice: no device can be allocated from it, and the pool
@@ -311,7 +329,9 @@ impl Publisher {
         let note = notice.note(&self.node);
         let (node, gate, reason) = (&self.node, notice.gate(), notice.reason());
         match notice {
-            Notice::CountersDropped { first: true, .. } | Notice::TaintsDropped => {
+            Notice::CountersDropped { first: true, .. }
+            | Notice::TaintsDropped
+            | Notice::SharesDropped => {
                 warn!(%node, gate, reason, "{note}");
             }
             Notice::CountersDropped { first: false, .. } => {
@@ -331,6 +351,7 @@ impl Publisher {
         if let Some(m) = &self.metrics {
             m.set_feature_gate_off(gates::PARTITIONABLE_DEVICES, self.guard.withdrawn());
             m.set_feature_gate_off(gates::DEVICE_TAINTS, self.guard.taints_dropped());
+            m.set_feature_gate_off(gates::CONSUMABLE_CAPACITY, self.guard.shares_dropped());
         }
     }
 }
@@ -378,6 +399,17 @@ pub fn complete_specs(
         };
     }
     Ok(desired)
+}
+
+/// The stats of a publish written in two steps: `first`'s writes added to `second`'s.
+fn then(first: PublishStats, second: PublishStats) -> PublishStats {
+    PublishStats {
+        created: first.created + second.created,
+        updated: first.updated + second.updated,
+        deleted: first.deleted + second.deleted,
+        dropped_fields: first.dropped_fields + second.dropped_fields,
+        ..second
+    }
 }
 
 fn with_generation(spec: &ResourceSliceSpec, generation: i64) -> ResourceSliceSpec {

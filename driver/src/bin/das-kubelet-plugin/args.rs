@@ -1,5 +1,5 @@
 //! The plugin's flags ([`Args`], parsed by clap from the command line and the environment) and
-//! what they turn into: the orphan rule and the health policy.
+//! what they turn into: the orphan rule, the health policy and the shared profiles.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -15,6 +15,7 @@ use das_driver::claims::{OrphanPolicy, PodContainers};
 use das_driver::gpu::nvml::procfs;
 use das_driver::gpu::pci;
 use das_driver::health::{self, HealthPolicy, TaintEffect};
+use das_driver::publish::resource_slices::{SharePolicy, SharedProfiles};
 use das_runtime::client::KubeArgs;
 use das_runtime::logging::LogArgs;
 use das_runtime::metrics_auth::MetricsAuthArgs;
@@ -125,8 +126,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) print_inventory: bool,
     /// Print the ResourceSlices this node would publish (a JSON `List`, slices without
-    /// `metadata.name`, in the layout of Kubernetes 1.35 and later: counter sets in slices of
-    /// their own) and exit. Only with --emulated-gpus; read-only, no API server needed. The
+    /// `metadata.name`, as for Kubernetes 1.37: counter sets in slices of their own, and the
+    /// shareable devices of --shared-profiles) and exit. Only with --emulated-gpus; read-only, no API server needed. The
     /// scheduler benchmark (`make bench-scheduler`) takes DAS's slices from it.
     #[arg(long, requires = "emulated_gpus")]
     pub(crate) print_resource_slices: bool,
@@ -150,6 +151,18 @@ pub(crate) struct Args {
     /// start-up. Needs --whole-gpus.
     #[arg(long, env = "DAS_MIG_MODE_SWITCHING", requires = "whole_gpus")]
     pub(crate) mig_mode_switching: bool,
+    /// Profiles whose placements are also published as shareable devices
+    /// `gpu-<i>-mig-<profile>-<start>-shared`, which several claims share through MPS
+    /// (docs/design.md §7, "Shared slices"; DeviceClasses `<profile>.shared.mig.das.com`):
+    /// comma-separated profile names (`1g.10gb`) or compute sizes (`1g`: every profile of one
+    /// compute slice). Empty (the default): nothing is shared. Published only to Kubernetes
+    /// 1.36.2 or newer, and only where MPS is available (see --mps-control-binary).
+    #[arg(long, env = "DAS_SHARED_PROFILES", default_value = "", value_parser = parse_shared_profiles)]
+    pub(crate) shared_profiles: Selectors,
+    /// The `shares` capacity of every shareable device: a claim's share of its slice's compute
+    /// is the shares it asks for (1 unless it names more) over this.
+    #[arg(long, env = "DAS_SHARES_PER_SLICE", default_value_t = 4, value_parser = parse_shares_per_slice)]
+    pub(crate) shares_per_slice: u32,
     /// How long an unhealthy GPU must answer without a fatal XID or ECC error before the taints
     /// on its devices are removed, in seconds.
     #[arg(long, env = "DAS_HEALTH_QUIET_PERIOD_SECONDS", default_value_t = 300)]
@@ -170,6 +183,57 @@ pub(crate) struct Args {
     /// GPUs only.
     #[arg(long, env = "DAS_SYS_ROOT", default_value = pci::SYS_ROOT)]
     pub(crate) sys_root: PathBuf,
+}
+
+/// The selectors of `--shared-profiles`, in the order given, without repeats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Selectors(pub(crate) Vec<String>);
+
+/// Most shares per shareable device (`--shares-per-slice`).
+const MAX_SHARES_PER_SLICE: u32 = 64;
+
+fn parse_shared_profiles(list: &str) -> Result<Selectors, String> {
+    let mut out: Vec<String> = Vec::new();
+    for s in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let valid = s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
+        if !valid || !s.as_bytes()[0].is_ascii_digit() || !s.contains('g') {
+            return Err(format!(
+                "{s:?} is not a profile: valid are profile names such as 1g.10gb or 1g.10gb+me, or compute sizes such as 1g (every profile of one compute slice)"
+            ));
+        }
+        if !out.iter().any(|o| o == s) {
+            out.push(s.to_string());
+        }
+    }
+    Ok(Selectors(out))
+}
+
+fn parse_shares_per_slice(value: &str) -> Result<u32, String> {
+    match value.trim().parse::<u32>() {
+        Ok(n) if (1..=MAX_SHARES_PER_SLICE).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{value:?} is not a number of shares per slice: valid is a whole number from 1 to {MAX_SHARES_PER_SLICE}"
+        )),
+    }
+}
+
+/// The profiles of the flags that get shareable devices, and how they are cut (before the
+/// server's version and MPS decide whether any are published).
+pub(crate) fn shared_profiles(args: &Args) -> SharedProfiles {
+    SharedProfiles {
+        selectors: args.shared_profiles.0.clone(),
+        policy: share_policy(args),
+    }
+}
+
+/// How the flags cut shareable devices (the default memory step).
+pub(crate) fn share_policy(args: &Args) -> SharePolicy {
+    SharePolicy {
+        shares: args.shares_per_slice,
+        ..SharePolicy::default()
+    }
 }
 
 fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, RuntimeError> {
@@ -229,5 +293,46 @@ mod tests {
         let args = parse(&["--mig-mode-switching", "--whole-gpus"]).unwrap();
         assert!(args.mig_mode_switching && args.whole_gpus);
         assert!(!parse(&[]).unwrap().mig_mode_switching, "off by default");
+    }
+
+    #[test]
+    fn shared_profiles_and_shares_per_slice_default_to_nothing_shared_and_four() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(shared_profiles(&args), SharedProfiles::default());
+        assert_eq!(share_policy(&args), SharePolicy::default());
+        let args = parse(&[
+            "--shared-profiles",
+            " 1g, 2g.20gb ,1g.10gb+me,1g,",
+            "--shares-per-slice",
+            "8",
+        ])
+        .unwrap();
+        let shared = shared_profiles(&args);
+        assert_eq!(shared.selectors, ["1g", "2g.20gb", "1g.10gb+me"]);
+        assert_eq!(shared.policy.shares, 8);
+        assert_eq!(
+            shared.policy.memory_step_bytes,
+            SharePolicy::default().memory_step_bytes
+        );
+        assert_eq!(
+            parse(&["--shares-per-slice", "64"])
+                .unwrap()
+                .shares_per_slice,
+            64
+        );
+    }
+
+    #[test]
+    fn bad_shared_profiles_and_shares_per_slice_say_what_is_valid() {
+        for bad in ["0", "65", "-1", "four", ""] {
+            let err = parse(&[&format!("--shares-per-slice={bad}")]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            assert!(err.to_string().contains("from 1 to 64"), "{err}");
+        }
+        for bad in ["mig-1g.10gb", "1g 10gb", "all", "1g.10gb;2g"] {
+            let err = parse(&[&format!("--shared-profiles={bad}")]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            assert!(err.to_string().contains("such as 1g.10gb"), "{err}");
+        }
     }
 }

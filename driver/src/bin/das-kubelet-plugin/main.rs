@@ -32,7 +32,7 @@ use das_driver::node_checks;
 use das_driver::plugin::handover::{self, Background, Ended, Gate, Gated, Limits};
 use das_driver::plugin::server::{self, SocketPaths};
 use das_driver::publish::desired::{HealthFacts, desired_slices};
-use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
+use das_driver::publish::resource_slices::{self, ServerVersion, SliceOptions};
 use das_driver::publish::{Publisher, RunConfig};
 use das_runtime::client::{self, Clients, Timeouts};
 use das_runtime::probes;
@@ -40,7 +40,7 @@ use das_runtime::process::{self, Shutdown};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use args::{Args, health_policy, orphan_policy};
+use args::{Args, health_policy, orphan_policy, share_policy, shared_profiles};
 use node::{
     Gpus, check_node, device_nodes, load_checkpoint, mps_control_binary, open_emulated,
     stand_in_driver_mounts,
@@ -93,17 +93,37 @@ fn limit_malloc_arenas() {
     }
 }
 
-/// The ResourceSlice layout of the API server's version.
-async fn slice_layout(client: &kube::Client) -> Result<ResourceSliceLayout> {
-    let v = client
+/// What the slices hold for the API server's version (its layout, and the shareable devices of
+/// --shared-profiles where it supports them; docs/design.md §7, "Shared slices"). When the
+/// flags list profiles the server cannot be given, the log says why.
+async fn slice_options(client: &kube::Client, args: &Args) -> Result<SliceOptions> {
+    let info = client
         .apiserver_version()
         .await
         .context("read the API server version")?;
-    let num = |s: &str| s.trim_end_matches('+').parse::<u32>().unwrap_or(0);
-    Ok(ResourceSliceLayout::for_server_version(
-        num(&v.major),
-        num(&v.minor),
-    ))
+    let version = ServerVersion::from_info(&info);
+    let (options, why_not) = SliceOptions::for_server(version, shared_profiles(args));
+    if let Some(why) = why_not {
+        tracing::warn!(
+            profiles = ?args.shared_profiles.0, server = %info.git_version,
+            "no shareable devices are published: {why}"
+        );
+    }
+    Ok(options)
+}
+
+/// `options` without shareable devices when this node cannot run MPS, which every share of a
+/// slice needs (docs/design.md §7, "Shared slices"); the log says why.
+fn unless_no_mps(mut options: SliceOptions, mps: &MpsDaemons) -> SliceOptions {
+    if !options.shared.selectors.is_empty() && !mps.available() {
+        tracing::warn!(
+            profiles = ?options.shared.selectors,
+            "no shareable devices are published: {}",
+            das_driver::mps::supervisor::NO_BINARY
+        );
+        options.shared.selectors.clear();
+    }
+    options
 }
 
 /// The plugin: waits to take over the node, publishes, serves the kubelet, and hands over or
@@ -134,7 +154,7 @@ async fn run(args: Args) -> Result<()> {
     ));
     // Checks that touch nothing on the node come first: an instance that cannot reach the API
     // server should fail before it asks the active instance to hand over.
-    let layout = slice_layout(&client).await?;
+    let options = slice_options(&client, &args).await?;
     // Then the node's GPUs and driver files, still before asking: a bad image or a broken
     // driver fails here while the active instance keeps serving. Only the node's active
     // instance touches the state dir and the GPUs' MIG instances (see plugin/handover/).
@@ -195,14 +215,22 @@ async fn run(args: Args) -> Result<()> {
         blocking: BlockingCalls::Threads,
         orphans: orphan_policy(&args),
         mps: mps.clone(),
+        share_policy: share_policy(&args),
     }));
     let report = preparer
         .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)
         .await?;
     tracing::info!(?report, "start-up reconciliation done");
 
-    let desired = resource_slices::desired_resource_slices(&args.node_name, &inventory, layout)?;
-    tracing::info!(slices = desired.len(), ?layout, "publishing ResourceSlices");
+    let options = unless_no_mps(options, &mps);
+    let (layout, shared) = (options.layout, options.shared.selectors.clone());
+    let desired = resource_slices::desired_resource_slices(&args.node_name, &inventory, options)?;
+    tracing::info!(
+        slices = desired.len(),
+        ?layout,
+        ?shared,
+        "publishing ResourceSlices"
+    );
 
     // The monitor reports what publication needs to know (taints of unhealthy GPUs, and the MIG
     // instances no claim holds, found now while no prepare runs); the publisher alone turns it

@@ -2,9 +2,9 @@
 
 use anyhow::{Context, Result};
 use das_driver::gpu::nvml;
-use das_driver::publish::resource_slices::{self, ResourceSliceLayout};
+use das_driver::publish::resource_slices::{self, ServerVersion, SliceOptions};
 
-use crate::args::Args;
+use crate::args::{Args, shared_profiles};
 use crate::node::{emulated_inventory, init_nvml};
 
 /// `--print-inventory`: read-only listing of the GPUs, then exit.
@@ -37,7 +37,8 @@ pub(crate) fn print_inventory(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// `--print-resource-slices`: the emulated GPUs' desired slices as a JSON `List`, then exit.
+/// `--print-resource-slices`: the emulated GPUs' desired slices as a JSON `List`, then exit;
+/// as published to a Kubernetes 1.37 server (with the shareable devices of --shared-profiles).
 pub(crate) fn print_resource_slices(args: &Args) -> Result<()> {
     let spec = args.emulated_gpus.as_deref().unwrap_or_default();
     let node = if args.node_name.is_empty() {
@@ -46,13 +47,17 @@ pub(crate) fn print_resource_slices(args: &Args) -> Result<()> {
         &args.node_name
     };
     let gpus = emulated_inventory(args, spec, node)?;
-    let slices = resource_slices::desired_resource_slices(
-        node,
-        &gpus,
-        ResourceSliceLayout::SeparateCounterSlices,
-    )?;
+    let (options, _) = SliceOptions::for_server(PRINTED_FOR, shared_profiles(args));
+    let slices = resource_slices::desired_resource_slices(node, &gpus, options)?;
     let items: Vec<_> = slices.into_iter().map(|s| s.slice).collect();
     let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
     println!("{}", serde_json::to_string_pretty(&list)?);
     Ok(())
 }
+
+/// The server `--print-resource-slices` lays the slices out for.
+const PRINTED_FOR: ServerVersion = ServerVersion {
+    major: 1,
+    minor: 37,
+    patch: 0,
+};

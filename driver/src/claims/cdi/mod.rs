@@ -65,8 +65,9 @@ pub use schema::{
 pub use spec::{
     ClaimSpec, DeviceNodes, GPU_UUID_ENV_PREFIX, MIG_UUID_ENV_PREFIX, MpsMounts, NVIDIA_UVM_PATH,
     NVIDIA_UVM_TOOLS_PATH, NVIDIA_VISIBLE_DEVICES_VOID, NVIDIACTL_PATH, PreparedGpu,
-    PreparedInstance, SpecDevice, add_spec_mounts, build_claim_spec, device_name, gpu_uuid_env_key,
-    mig_uuid_env_key, place_device_nodes, rehost_device_nodes, without_device_nodes,
+    PreparedInstance, ShareLimits, SpecDevice, add_spec_mounts, build_claim_spec, device_name,
+    gpu_uuid_env_key, mig_uuid_env_key, place_device_nodes, rehost_device_nodes,
+    without_device_nodes,
 };
 
 /// Errors of this module. Every variant says which name, spec or file is at fault.

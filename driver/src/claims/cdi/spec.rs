@@ -103,16 +103,42 @@ pub struct MpsMounts {
     pub pipe_dir: String,
     /// Host path of the slice's shm directory.
     pub shm_dir: String,
+    /// The limits of one share of a shared slice (docs/design.md §7, "Shared slices"), given
+    /// to its MPS clients in their environment; `None` for a slice one claim holds.
+    pub share: Option<ShareLimits>,
+}
+
+/// What one share of a shared slice may take of it, as an MPS client's environment says
+/// (NVIDIA's MPS documentation: `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and
+/// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` constrain a client below its daemon's defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareLimits {
+    /// Active thread percentage, 1..=100.
+    pub thread_percentage: u64,
+    /// Device memory the client may pin, in MiB.
+    pub pinned_memory_mib: u64,
 }
 
 impl MpsMounts {
-    /// The variable that points CUDA at the pipe directory.
-    pub fn env(&self) -> String {
-        format!(
+    /// The variables of an MPS client: the pipe directory, and a share's limits (device ordinal
+    /// 0: the container sees its slice only).
+    pub fn env(&self) -> Vec<String> {
+        let mut env = vec![format!(
             "{}={}",
             crate::mps::layout::PIPE_DIR_ENV,
             crate::mps::layout::CONTAINER_PIPE_DIR
-        )
+        )];
+        if let Some(share) = &self.share {
+            env.push(format!(
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}",
+                share.thread_percentage
+            ));
+            env.push(format!(
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={}M",
+                share.pinned_memory_mib
+            ));
+        }
+        env
     }
 
     /// The two bind mounts: the pipe directory and the shm directory (without exec, as
@@ -345,7 +371,7 @@ fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, 
     }
     let mut mounts = Vec::new();
     if let Some(mps) = &device.mps {
-        env.push(mps.env());
+        env.extend(mps.env());
         mounts = mps.mounts();
     }
     Ok(ContainerEdits {

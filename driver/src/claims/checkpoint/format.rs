@@ -1,5 +1,5 @@
-//! The checkpoint document (version 6; see [`super`] for the JSON): the record types, the
-//! checksum, encoding and decoding with the upgrades of versions 1 to 5, and the in-memory
+//! The checkpoint document (version 7; see [`super`] for the JSON): the record types, the
+//! checksum, encoding and decoding with the upgrades of versions 1 to 6, and the in-memory
 //! changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ pub use crate::publish::devices::DeviceKind;
 mod kind;
 pub(super) mod v1;
 
-/// Version of the document this module writes. It also reads versions 1 to 5 (see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 6;
+/// Version of the document this module writes. It also reads versions 1 to 6 (see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 7;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -80,6 +80,42 @@ pub struct RecordedDevice {
     /// record does. Absent for an exclusive device, which so serializes as in version 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<crate::mps::MpsLimits>,
+    /// The claim's share of a shareable device (`…-shared`; docs/design.md §7, "Shared
+    /// slices"; version 7): several records hold the one instance, each with its share. Absent
+    /// for a device the claim holds alone, which so serializes as in version 6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<Share>,
+}
+
+/// One claim's share of a shareable device, as the scheduler allocated it (KEP-5075 consumable
+/// capacity: the allocation result's `shareID` and `consumedCapacity`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Share {
+    /// The allocation result's `shareID` (a UUID the scheduler assigns; the key of the claim's
+    /// `status.devices` entry and of the kubelet's device).
+    #[serde(rename = "shareID")]
+    pub id: String,
+    /// The `shares` capacity consumed (at least 1).
+    pub shares: u64,
+    /// The device's `shares` capacity (the plugin's shares per slice when it was prepared): the
+    /// share's MPS active thread percentage is `shares` over this.
+    pub of: u64,
+    /// The `memory` capacity consumed, in bytes: the share's MPS pinned device memory limit.
+    pub memory_bytes: u64,
+}
+
+impl Share {
+    /// The share's MPS active thread percentage: its shares over the device's, rounded up to a
+    /// whole percent (1..=100).
+    pub fn thread_percentage(&self) -> u64 {
+        (self.shares * 100).div_ceil(self.of.max(1)).clamp(1, 100)
+    }
+
+    /// The share's pinned device memory limit in MiB, rounded down (at least 1).
+    pub fn memory_mib(&self) -> u64 {
+        (self.memory_bytes >> 20).max(1)
+    }
 }
 
 impl RecordedDevice {
@@ -395,10 +431,11 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
     match version.and_then(serde_json::Value::as_u64) {
         // Version 2 is version 3 without `pods`, version 3 is version 4 without a device's
         // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`,
-        // version 5 is version 6 without a device's `mps`: the same document type reads all
-        // five, and its checksum covers the version the file has (a MIG device serializes as
-        // it did, an exclusive one without `mps`, and no switch is left out).
-        Some(v @ (2..=5 | CHECKPOINT_VERSION)) => {
+        // version 5 is version 6 without a device's `mps`, version 6 is version 7 without a
+        // device's `share`: the same document type reads all six, and its checksum covers the
+        // version the file has (a MIG device serializes as it did, an exclusive one without
+        // `mps`, one held alone without `share`, and no switch is left out).
+        Some(v @ (2..=6 | CHECKPOINT_VERSION)) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;

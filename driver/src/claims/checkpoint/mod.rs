@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 6,
+//!   "version": 7,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
@@ -27,6 +27,11 @@
 //!                    "placementStart": 6, "placementSize": 2,
 //!                    "instance": {"giId": 13, "ciId": 0, "migUUID": "MIG-…"},
 //!                    "mps": {"activeThreadPercentage": 50, "pinnedDeviceMemoryLimitMiB": 2048}},
+//!                   {"request": "share", "pool": "node-a", "device": "gpu-0-mig-1g-10gb-2-shared",
+//!                    "gpuIndex": 0, "gpuUUID": "GPU-…", "profile": "1g.10gb",
+//!                    "placementStart": 2, "placementSize": 1,
+//!                    "instance": {"giId": 9, "ciId": 0, "migUUID": "MIG-…"}, "mps": {},
+//!                    "share": {"shareID": "<UUID>", "shares": 1, "of": 4, "memoryBytes": 2684354560}},
 //!                   {"kind": "gpu", "request": "whole", "pool": "node-a", "device": "gpu-1",
 //!                    "gpuIndex": 1, "gpuUUID": "GPU-…", "profile": "gpu",
 //!                    "placementStart": 0, "placementSize": 8}],
@@ -56,6 +61,11 @@
 //! the limits its MPS control daemon sets, and the daemon (directory `<state dir>/mps/<id>`,
 //! `crate::mps::layout`) runs while the record does; start-up brings it back.
 //!
+//! A device with `share` is one claim's share of a shareable device (docs/design.md §7, "Shared
+//! slices"): several records hold the same `device` and `instance`, one per share; the slice
+//! and its MPS control daemon (one per slice, keyed by GPU UUID and device) live while any of
+//! them does. The records are the reference count, so it survives restarts.
+//!
 //! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
 //! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
 //! ([`LoadOutcome::Upgraded`]), never treated as corrupt. Version 2 lacked `pods` (the UIDs of
@@ -68,7 +78,10 @@
 //! lacked a device's `mps` (the limits of the MPS control daemon of a device whose claim asks
 //! for MPS sharing, docs/design.md §7, "MPS on a slice"; left out for an exclusive device, so
 //! a version-5 file's bytes are a valid version-6 document but for `version`); it is read as
-//! version 6 with every device exclusive. An older
+//! version 6 with every device exclusive. Version 6 lacked a device's `share` (a claim's share of
+//! a shareable device, docs/design.md §7, "Shared slices": its `shareID`, the shares and memory
+//! it consumes; left out for a device held alone); it is read as version 7 with no share. An
+//! older
 //! binary moves a newer file aside as corrupt and rebuilds from the GPUs and the API server (a
 //! downgrade loses no instance the API server still allocates; see docs/design.md for what it
 //! costs).
@@ -95,7 +108,7 @@ pub(crate) mod store;
 
 pub use format::{
     CHECKPOINT_VERSION, Checkpoint, ClaimRecord, CorruptReason, DeviceKind, InstanceId,
-    MigModeSwitch, PrepareState, RecordedDevice,
+    MigModeSwitch, PrepareState, RecordedDevice, Share,
 };
 pub use store::{
     BOOT_ID_PATH, CHECKPOINT_FILE_NAME, CheckpointError, CheckpointStore, LoadOutcome,

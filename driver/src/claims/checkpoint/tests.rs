@@ -24,6 +24,7 @@ fn device(request: &str, start: u32) -> RecordedDevice {
         placement_size: 2,
         instance: None,
         mps: None,
+        share: None,
     }
 }
 
@@ -98,7 +99,7 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 6",
+        "\"version\": 7",
         "\"pods\"",
         "\"instance\"",
         "\"giId\"",
@@ -187,10 +188,10 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 6", "\"version\": 7")).unwrap();
+    fs::write(&path, text.replace("\"version\": 7", "\"version\": 8")).unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("7".into())
+        CorruptReason::UnknownVersion("8".into())
     );
 }
 
@@ -208,6 +209,7 @@ fn whole_gpu(request: &str) -> RecordedDevice {
         placement_size: 8,
         instance: None,
         mps: None,
+        share: None,
     }
 }
 
@@ -321,7 +323,7 @@ fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
     checkpoint.save(&path).unwrap();
     let text = fs::read_to_string(&path).unwrap();
     assert!(
-        text.contains("\"version\": 6") && !text.contains("\"kind\""),
+        text.contains("\"version\": 7") && !text.contains("\"kind\""),
         "{text}"
     );
     assert_eq!(

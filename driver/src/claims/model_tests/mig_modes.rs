@@ -289,6 +289,7 @@ mod tests {
             placement_size: 8,
             instance: None,
             mps: None,
+            share: None,
         }
     }
 

@@ -68,6 +68,7 @@ pub fn kubelet_devices(record: &ClaimRecord) -> Vec<PreparedDevice> {
                 requests: vec![request],
                 pool: d.pool.clone(),
                 device: d.device.clone(),
+                share_id: d.share.as_ref().map(|s| s.id.clone()),
             }
         })
         .collect()

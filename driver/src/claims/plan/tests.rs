@@ -14,6 +14,7 @@ fn at(gpu: u32, start: u32) -> DeviceRef {
         profile: "1g.10gb".into(),
         start,
         size: 1,
+        shared: false,
     }
 }
 
@@ -24,6 +25,7 @@ fn planned(gpu: u32, start: u32, request: &str) -> Planned {
         device: device_name(gpu, "1g.10gb", start),
         at: at(gpu, start),
         mps: None,
+        share: None,
     }
 }
 
@@ -76,7 +78,7 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
             result("x", "n0", "other.example.com")
         ]),
     );
-    let p = resolve_allocation(&claim(), Some(&ok), "n0", &devices).unwrap();
+    let p = resolve_allocation(&claim(), Some(&ok), "n0", &devices, 4).unwrap();
     assert_eq!(p, vec![planned(0, 6, "gpu")]);
     let cases: Vec<(Option<ResourceClaim>, &str)> = vec![
         (None, "claim_gone"),
@@ -101,12 +103,12 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
         ),
     ];
     for (rc, label) in cases {
-        let e = resolve_allocation(&claim(), rc.as_ref(), "n0", &devices).unwrap_err();
+        let e = resolve_allocation(&claim(), rc.as_ref(), "n0", &devices, 4).unwrap_err();
         assert_eq!(e.metric_label(), label, "{e}");
     }
     let mut unallocated = ok.clone();
     unallocated.status = None;
-    let e = resolve_allocation(&claim(), Some(&unallocated), "n0", &devices).unwrap_err();
+    let e = resolve_allocation(&claim(), Some(&unallocated), "n0", &devices, 4).unwrap_err();
     assert!(matches!(e, PrepareError::NotAllocated));
     // adminAccess (docs/reliability.md, "Bad input and what it gets"): refused, naming the
     // device; an explicit `false` is an ordinary allocation.
@@ -115,14 +117,14 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
         r["adminAccess"] = json!(admin);
         rc("uid-1", json!([r]))
     };
-    let e = resolve_allocation(&claim(), Some(&with_admin(true)), "n0", &devices).unwrap_err();
+    let e = resolve_allocation(&claim(), Some(&with_admin(true)), "n0", &devices, 4).unwrap_err();
     assert!(
         matches!(&e, PrepareError::AdminAccess { device } if device == "gpu-0-mig-1g-10gb-6"),
         "{e:?}"
     );
     assert_eq!(e.metric_label(), "admin_access");
     assert!(e.to_string().contains("gpu-0-mig-1g-10gb-6"), "{e}");
-    let p = resolve_allocation(&claim(), Some(&with_admin(false)), "n0", &devices).unwrap();
+    let p = resolve_allocation(&claim(), Some(&with_admin(false)), "n0", &devices, 4).unwrap();
     assert_eq!(p, vec![planned(0, 6, "gpu")]);
     // A config for DAS must decode (das_api::device_config); another driver's is ignored.
     let with_config = |driver: &str, kind: &str| {
@@ -143,6 +145,7 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
         Some(&with_config(DRIVER_NAME, "Nope")),
         "n0",
         &devices,
+        4,
     )
     .unwrap_err();
     assert_eq!(e.metric_label(), "invalid_config");
@@ -156,7 +159,7 @@ fn allocation_is_resolved_or_refused_with_the_reason() {
         with_config("gpu.nvidia.com", "Nope"),
     ] {
         assert_eq!(
-            resolve_allocation(&claim(), Some(&ok), "n0", &devices).unwrap(),
+            resolve_allocation(&claim(), Some(&ok), "n0", &devices, 4).unwrap(),
             vec![planned(0, 6, "gpu")]
         );
     }

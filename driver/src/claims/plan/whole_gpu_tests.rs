@@ -43,8 +43,10 @@ fn planned(gpu: u32, start: Option<u32>, request: &str) -> Planned {
             profile: profile.into(),
             start,
             size,
+            shared: false,
         },
         mps: None,
+        share: None,
     }
 }
 
@@ -155,9 +157,9 @@ fn an_unpublished_whole_gpu_is_refused_as_such() {
         name: "c".into(),
         uid: "uid-1".into(),
     };
-    let p = resolve_allocation(&claim, Some(&rc("gpu-0")), "n0", &devices).unwrap();
+    let p = resolve_allocation(&claim, Some(&rc("gpu-0")), "n0", &devices, 4).unwrap();
     assert_eq!(p, [planned(0, None, "gpu")]);
-    let e = resolve_allocation(&claim, Some(&rc("gpu-1")), "n0", &devices).unwrap_err();
+    let e = resolve_allocation(&claim, Some(&rc("gpu-1")), "n0", &devices, 4).unwrap_err();
     assert_eq!(e.metric_label(), "whole_gpu_unavailable");
     assert!(e.to_string().contains("--whole-gpus"), "{e}");
     for name in ["gpu-", "gpu-1x", "gpu-1-mig-1g-5gb-0"] {

@@ -57,6 +57,7 @@ use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
 use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
+use crate::publish::resource_slices::SharePolicy;
 
 pub(crate) mod gauges;
 pub(crate) mod mig_mode;
@@ -102,6 +103,9 @@ pub struct PreparerConfig {
     pub orphans: OrphanPolicy,
     /// The MPS control daemons of MPS devices.
     pub mps: Arc<MpsDaemons>,
+    /// How this node's shareable devices are cut (their `shares` capacity is a share's
+    /// denominator; docs/design.md §7, "Shared slices").
+    pub share_policy: SharePolicy,
 }
 
 /// Prepares and unprepares claims for this node; see the module docs.
@@ -122,6 +126,9 @@ pub struct Preparer {
     pub(crate) modes: mig_mode::MigModes,
     /// The MPS control daemons of MPS devices.
     pub(crate) mps: Arc<MpsDaemons>,
+    /// One lock per MPS daemon ID, held while a daemon of a shared slice is started or stopped:
+    /// its shares' prepares start it concurrently (each under its own claim's lock).
+    pub(crate) mps_locks: ClaimLocks,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -134,6 +141,8 @@ pub(crate) struct NodeDevices {
     pub(crate) devices: HashMap<String, DeviceRef>,
     /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
     pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
+    /// The `shares` capacity of every shareable device this node publishes.
+    pub(crate) shares_per_slice: u64,
 }
 
 /// The records of what is prepared, and who may change a claim's record now.
@@ -184,6 +193,7 @@ impl Preparer {
                     .filter(|g| g.offers_mig())
                     .map(|g| (g.index, g.model.clone()))
                     .collect(),
+                shares_per_slice: u64::from(config.share_policy.shares.max(1)),
             },
             gpus: GpuCalls::new(config.backend, config.blocking),
             records: Records {
@@ -208,6 +218,7 @@ impl Preparer {
             },
             modes: mig_mode::MigModes::new(&config.inventory, &config.metrics),
             mps: config.mps,
+            mps_locks: ClaimLocks::default(),
             metrics: config.metrics,
         }
     }

@@ -11,6 +11,7 @@ use crate::claims::PrepareError;
 use crate::claims::cdi::ClaimSpec;
 use crate::claims::checkpoint::{ClaimRecord, InstanceId, RecordedDevice};
 use crate::claims::handler::{ClaimRef, PreparedDevice};
+use crate::claims::plan::share::OnShare;
 use crate::claims::plan::{self, DeviceKind, Holding, OnPrepare, Planned};
 use crate::gpu::{BackendError, MigInstance};
 
@@ -29,8 +30,9 @@ type Created = (Vec<(usize, MigInstance)>, Option<(usize, Failed)>);
 
 /// Why the work of a prepare on one GPU stopped.
 enum Failed {
-    /// The GPU could not be put in the MIG mode its devices need; nothing was created on it.
-    MigMode(PrepareError),
+    /// The GPU could not be put in the MIG mode its devices need, or a share could neither
+    /// create nor join its slice; nothing was created for the device.
+    Refused(PrepareError),
     /// A create failed.
     Create(BackendError),
 }
@@ -52,8 +54,13 @@ impl Preparer {
             .get_claim(&claim.namespace, &claim.name)
             .await
             .map_err(PrepareError::ApiRead)?;
-        let planned =
-            plan::resolve_allocation(claim, rc.as_ref(), &self.node.name, &self.node.devices)?;
+        let planned = plan::resolve_allocation(
+            claim,
+            rc.as_ref(),
+            &self.node.name,
+            &self.node.devices,
+            self.node.shares_per_slice,
+        )?;
         self.check_mps(&planned)?;
         let pods = rc.as_ref().map(plan::reserving_pods).unwrap_or_default();
         let record = self.record_of(&claim.uid);
@@ -399,23 +406,20 @@ impl Preparer {
                     p.device
                 ),
             };
-            return (Vec::new(), Some((i, Failed::MigMode(err))));
+            return (Vec::new(), Some((i, Failed::Refused(err))));
         }
         if let Err(e) = self.ensure_mig_mode(uid, gpu, want_mig, &p.device).await {
-            return (Vec::new(), Some((first, Failed::MigMode(e))));
+            return (Vec::new(), Some((first, Failed::Refused(e))));
         }
         let mut made = Vec::new();
         for (i, p) in items
             .into_iter()
             .filter(|(_, p)| p.at.kind == DeviceKind::Mig)
         {
-            let (profile, start) = (p.at.profile.clone(), p.at.start);
-            let t0 = Instant::now();
-            let r = self
-                .gpus
-                .call(gpu, move |b| b.create_instance(gpu, &profile, start))
-                .await;
-            self.metrics.observe_backend("create", t0.elapsed());
+            let r = match self.create_or_join(uid, gpu, p).await {
+                Ok(r) => r,
+                Err(e) => return (made, Some((i, Failed::Refused(e)))),
+            };
             match r {
                 Ok(instance) => {
                     self.records.checkpoint.change(|cp| {
@@ -429,6 +433,69 @@ impl Preparer {
             }
         }
         (made, None)
+    }
+}
+
+impl Preparer {
+    /// The instance of planned device `p` on GPU `gpu`, whose lock the caller holds: created,
+    /// or, for a share of a slice other shares hold, theirs ([`plan::share::on_share`]).
+    ///
+    /// # Errors
+    /// Outer: [`PrepareError::Share`], the share can neither create nor join its slice (nothing
+    /// was created). Inner: what the backend's create answered.
+    async fn create_or_join(
+        &self,
+        uid: &str,
+        gpu: u32,
+        p: &Planned,
+    ) -> Result<Result<MigInstance, BackendError>, PrepareError> {
+        if p.share.is_some() {
+            let on = self
+                .records
+                .checkpoint
+                .read(|cp| plan::share::on_share(cp, uid, p));
+            match on {
+                OnShare::Create => {}
+                OnShare::Refuse(e) => return Err(e),
+                OnShare::Join(id) => return self.join_slice(gpu, p, id).await.map(Ok),
+            }
+        }
+        let (profile, start) = (p.at.profile.clone(), p.at.start);
+        let t0 = Instant::now();
+        let r = self
+            .gpus
+            .call(gpu, move |b| b.create_instance(gpu, &profile, start))
+            .await;
+        self.metrics.observe_backend("create", t0.elapsed());
+        Ok(r)
+    }
+
+    /// The live instance `id` other shares of `p`'s slice hold, on GPU `gpu` (its lock held).
+    ///
+    /// # Errors
+    /// [`PrepareError::Share`]: the GPU does not answer, or the instance is gone.
+    async fn join_slice(
+        &self,
+        gpu: u32,
+        p: &Planned,
+        id: InstanceId,
+    ) -> Result<MigInstance, PrepareError> {
+        let fail = |reason: String| PrepareError::Share {
+            device: p.device.clone(),
+            reason,
+        };
+        let live = self
+            .gpus
+            .instances_on(gpu)
+            .await
+            .map_err(|e| fail(format!("its slice's GPU does not answer: {e}")))?;
+        let held = RecordedDevice {
+            instance: Some(id),
+            ..plan::record(p)
+        };
+        live.into_iter()
+            .find(|s| plan::is_instance(&held, s) && !s.mig_uuid.is_empty())
+            .ok_or_else(|| fail("the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared".into()))
     }
 }
 
@@ -451,7 +518,7 @@ fn failed_creates(
     let mut first = None;
     for (i, failure) in failed {
         let err = match failure {
-            Failed::MigMode(err) => err,
+            Failed::Refused(err) => err,
             Failed::Create(e) => {
                 if let Some(gi_id) = e.target().gi_id {
                     attempted.push(RecordedDevice {

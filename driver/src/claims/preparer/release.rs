@@ -1,6 +1,7 @@
 //! NodeUnprepareResources, and the release of a claim's instances it shares with the roll-back
 //! of a failed prepare, the reaper and the orphan rule: stop the MPS control daemons of its MPS
-//! devices, destroy exactly the recorded instances (GPUs in parallel, each under its lock),
+//! devices, destroy exactly the recorded instances (a share's only when no other share keeps
+//! its slice) (GPUs in parallel, each under its lock),
 //! delete the CDI spec, and drop the record only once every instance is confirmed gone; what is
 //! left stays recorded as `Releasing`. A whole GPU has no instance: its release is its spec's
 //! and its record's, and never touches the GPU.
@@ -86,18 +87,31 @@ impl Preparer {
     ) -> Result<(), PrepareError> {
         // A completed record always holds live instances: mark it releasing before the first
         // destroy, so a crash half-way leaves a record start-up finishes, not a completed one
-        // with instances missing.
-        let completed = self.records.checkpoint.read(|cp| {
-            cp.get(&claim.uid)
-                .is_some_and(|r| r.state == PrepareState::PrepareCompleted)
+        // with instances missing. A record with a share is marked too, whatever its state:
+        // the mark is what tells other shares (and their releases) that this one is leaving.
+        let mark = self.records.checkpoint.read(|cp| {
+            cp.get(&claim.uid).is_some_and(|r| {
+                r.state == PrepareState::PrepareCompleted
+                    || (r.state == PrepareState::PrepareStarted
+                        && r.devices.iter().any(|d| d.share.is_some()))
+            })
         });
-        if completed {
+        if mark {
             let marked = devices.clone();
             self.records
                 .checkpoint
                 .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, marked))
                 .await?;
         }
+        // A share whose slice other shares keep leaves it, and its MPS daemon, to them
+        // (docs/design.md §7, "Shared slices"). Decided after the mark: a share joins only a
+        // slice some share holds that is not being released, so none joins after this.
+        let devices: Vec<RecordedDevice> = self.records.checkpoint.read(|cp| {
+            devices
+                .into_iter()
+                .filter(|d| !plan::share::kept_by_other_shares(cp, &claim.uid, d))
+                .collect()
+        });
         // An MPS server keeps its slice in use: its daemon goes first.
         self.stop_mps(claim, &devices).await;
         let remaining = self.destroy_devices(&claim.uid, devices).await;

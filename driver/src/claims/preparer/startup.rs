@@ -191,16 +191,22 @@ impl Preparer {
             if self.record_of(&claim.uid).is_some() {
                 continue;
             }
-            let Ok(planned) =
-                plan::resolve_allocation(&claim, Some(&rc), &self.node.name, &self.node.devices)
-            else {
+            let Ok(planned) = plan::resolve_allocation(
+                &claim,
+                Some(&rc),
+                &self.node.name,
+                &self.node.devices,
+                self.node.shares_per_slice,
+            ) else {
                 continue;
             };
             let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
+            // A share's slice may already be recorded by another share of it: that is no
+            // other claim's instance.
             let matched = plan::match_devices(&started, &live, |s| {
                 self.records
                     .checkpoint
-                    .read(|cp| plan::recorded_elsewhere(cp, &claim.uid, s))
+                    .read(|cp| plan::share::recorded_unshared_elsewhere(cp, &claim.uid, s))
             });
             let held = self.holdings(&started, &matched);
             let spec_on_disk = || cdi::spec_path(self.cdi.dir(), &claim.uid).exists();

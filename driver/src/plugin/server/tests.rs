@@ -95,6 +95,7 @@ impl ClaimHandler for OneGoodOneBad {
                         pool: "node-a".into(),
                         device: "gpu-0-mig-1g.10gb-6".into(),
                         cdi_device_ids: vec!["das.com/mig=gpu-0-mig-1g.10gb-6".into()],
+                        share_id: None,
                     }])
                 } else {
                     Err(PrepareError::NotAllocated)

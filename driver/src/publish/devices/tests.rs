@@ -27,6 +27,7 @@ fn a_gpu_with_mig_off_is_one_whole_gpu_device() {
             profile: "gpu".into(),
             start: 0,
             size: 8,
+            shared: false,
         }
     );
     assert!(
@@ -39,11 +40,20 @@ fn a_gpu_with_mig_off_is_one_whole_gpu_device() {
         .iter()
         .map(|p| p.placement_starts.len())
         .sum();
-    assert_eq!(map.len(), a30_placements + 1);
+    // Every placement twice: exclusive and shareable.
+    assert_eq!(map.len(), 2 * a30_placements + 1);
     let r = &map["gpu-0-mig-1g-6gb-3"];
     assert_eq!(
-        (r.kind, r.profile.as_str(), r.start, r.size),
-        (DeviceKind::Mig, "1g.6gb", 3, 1)
+        (r.kind, r.profile.as_str(), r.start, r.size, r.shared),
+        (DeviceKind::Mig, "1g.6gb", 3, 1, false)
+    );
+    let twin = &map["gpu-0-mig-1g-6gb-3-shared"];
+    assert_eq!(
+        twin,
+        &DeviceRef {
+            shared: true,
+            ..r.clone()
+        }
     );
     assert!(!map.contains_key("gpu-0"));
 }
@@ -62,7 +72,28 @@ fn the_index_names_exactly_the_published_devices() {
         .flat_map(|s| s.slice.spec.devices.iter().flatten())
         .map(|d| d.name.clone())
         .collect();
-    let indexed: BTreeSet<String> = device_index(&inv).into_keys().collect();
+    let index = device_index(&inv);
+    let exclusive: BTreeSet<String> = index
+        .iter()
+        .filter(|(_, d)| !d.shared)
+        .map(|(n, _)| n.clone())
+        .collect();
+    assert_eq!(published, exclusive);
+    // With every profile shared, the shareable twins are published too.
+    let all = crate::publish::resource_slices::SliceOptions {
+        layout: ResourceSliceLayout::SeparateCounterSlices,
+        shared: crate::publish::resource_slices::SharedProfiles {
+            selectors: (1..=8).map(|g| format!("{g}g")).collect(),
+            policy: Default::default(),
+        },
+    };
+    let published: BTreeSet<String> = desired_resource_slices("n", &inv, all)
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.slice.spec.devices.iter().flatten())
+        .map(|d| d.name.clone())
+        .collect();
+    let indexed: BTreeSet<String> = index.into_keys().collect();
     assert_eq!(published, indexed);
     assert!(indexed.contains("gpu-0") && indexed.contains("gpu-2"));
 }

@@ -58,7 +58,8 @@ fn dropped_counters_and_taints_are_told_apart() {
         dropped(&counters, &gate_off(counters.clone(), true, false)),
         Dropped {
             counters: true,
-            taints: false
+            taints: false,
+            shares: false
         },
         "a counter-only slice stored empty lost its counter set"
     );
@@ -69,21 +70,24 @@ fn dropped_counters_and_taints_are_told_apart() {
         dropped(&devices, &gate_off(devices.clone(), true, false)),
         Dropped {
             counters: true,
-            taints: false
+            taints: false,
+            shares: false
         }
     );
     assert_eq!(
         dropped(&devices, &gate_off(devices.clone(), false, true)),
         Dropped {
             counters: false,
-            taints: true
+            taints: true,
+            shares: false
         }
     );
     assert_eq!(
         dropped(&devices, &gate_off(devices.clone(), true, true)),
         Dropped {
             counters: true,
-            taints: true
+            taints: true,
+            shares: false
         }
     );
 }
@@ -347,5 +351,90 @@ fn dropped_taints_keep_the_devices_and_warn_once_per_change() {
     assert!(!Notice::TaintsKept.is_warning() && !g.taints_dropped());
     assert_eq!(g.taints_written(true, true), Some(Notice::TaintsDropped));
     // Taints never withdraw devices.
+    assert!(!g.withdrawn());
+}
+
+/// A device slice key with the shareable device `gpu-0-1g-0-shared` (`allowMultipleAllocations`,
+/// capacities with request policies) beside an exclusive one.
+fn shared_slice() -> Value {
+    json!({"driver": "mig.das.com", "nodeName": "n0",
+           "pool": {"name": "n0", "generation": 0, "resourceSliceCount": 2},
+           "devices": [
+               {"name": "gpu-0-1g-0", "attributes": {"type": {"string": "mig"}},
+                "capacity": {"memory": {"value": "10Gi"}}},
+               {"name": "gpu-0-1g-0-shared", "attributes": {"type": {"string": "mig-shared"}},
+                "allowMultipleAllocations": true,
+                "capacity": {"shares": {"value": "4", "requestPolicy": {"default": "1"}},
+                             "memory": {"value": "10Gi", "requestPolicy": {"default": "2560Mi"}}}}]})
+}
+
+#[test]
+fn dropped_consumable_capacity_is_told_from_other_differences() {
+    let sent = shared_slice();
+    assert!(carries_shares(&sent) && !carries_shares(&device_slice(true, true)));
+    assert_eq!(dropped(&sent, &sent), Dropped::default());
+    // DRAConsumableCapacity off: `allowMultipleAllocations` and the request policies go.
+    let mut off = sent.clone();
+    let shared = off["devices"][1].as_object_mut().unwrap();
+    shared.remove("allowMultipleAllocations");
+    for cap in ["shares", "memory"] {
+        shared["capacity"][cap]
+            .as_object_mut()
+            .unwrap()
+            .remove("requestPolicy");
+    }
+    assert_eq!(
+        dropped(&sent, &off),
+        Dropped {
+            shares: true,
+            ..Dropped::default()
+        }
+    );
+    // Either loss alone counts.
+    let mut no_policy = sent.clone();
+    no_policy["devices"][1]["capacity"]["memory"]
+        .as_object_mut()
+        .unwrap()
+        .remove("requestPolicy");
+    assert!(dropped(&sent, &no_policy).shares);
+    let mut single = sent.clone();
+    single["devices"][1]["allowMultipleAllocations"] = json!(false);
+    assert!(dropped(&sent, &single).shares);
+    // Another difference (an attribute canonicalized) is not a drop.
+    let mut other = sent.clone();
+    other["devices"][0]["attributes"] = json!({});
+    assert_eq!(dropped(&sent, &other), Dropped::default());
+}
+
+#[test]
+fn dropped_consumable_capacity_withdraws_the_shareable_devices_and_warns_once() {
+    let mut g = CounterGuard::default();
+    assert_eq!(g.shares_written(false), None);
+    assert!(!g.shares_dropped());
+    let notice = g.shares_written(true).expect("a notice");
+    assert_eq!(notice, Notice::SharesDropped);
+    assert!(notice.is_warning());
+    assert_eq!(
+        (notice.gate(), notice.reason()),
+        ("DRAConsumableCapacity", "ConsumableCapacityDropped")
+    );
+    let note = notice.note("n0");
+    for want in [
+        "DRAConsumableCapacity",
+        "allowMultipleAllocations",
+        "kube-apiserver and kube-scheduler",
+        "withdrawn",
+        "restart",
+        "n0",
+    ] {
+        assert!(note.contains(want), "{want:?} missing from {note:?}");
+    }
+    assert!(note.chars().count() <= 1000, "fits an event note");
+    // For the plugin's life: no second notice, a later write that keeps them changes nothing.
+    assert!(g.shares_dropped());
+    assert_eq!(g.shares_written(true), None);
+    assert_eq!(g.shares_written(false), None);
+    assert!(g.shares_dropped());
+    // The exclusive devices stay published.
     assert!(!g.withdrawn());
 }

@@ -98,6 +98,8 @@ struct FakeState {
     counters_gate: bool,
     /// `DRADeviceTaints` on.
     taints_gate: bool,
+    /// `DRAConsumableCapacity` on.
+    shares_gate: bool,
     /// Dry runs fail (an admission webhook without dry-run support).
     refuse_dry_run: bool,
     /// Dry-run creates answered, with when.
@@ -151,7 +153,14 @@ fn uses_taints(spec: &ResourceSliceSpec) -> bool {
     spec.devices.iter().flatten().any(|d| d.taints.is_some())
 }
 
-/// `dropDisabledFields(new, old)` for the two gates DAS acts on.
+fn uses_shares(spec: &ResourceSliceSpec) -> bool {
+    spec.devices
+        .iter()
+        .flatten()
+        .any(|d| d.allow_multiple_allocations.is_some())
+}
+
+/// `dropDisabledFields(new, old)` for the gates DAS acts on.
 fn drop_disabled(state: &FakeState, new: &mut ResourceSliceSpec, old: Option<&ResourceSliceSpec>) {
     if !state.counters_gate && !old.is_some_and(uses_counters) {
         new.shared_counters = None;
@@ -162,6 +171,14 @@ fn drop_disabled(state: &FakeState, new: &mut ResourceSliceSpec, old: Option<&Re
     if !state.taints_gate && !old.is_some_and(uses_taints) {
         for d in new.devices.iter_mut().flatten() {
             d.taints = None;
+        }
+    }
+    if !state.shares_gate && !old.is_some_and(uses_shares) {
+        for d in new.devices.iter_mut().flatten() {
+            d.allow_multiple_allocations = None;
+            for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+                c.request_policy = None;
+            }
         }
     }
 }
@@ -564,3 +581,5 @@ async fn an_api_server_restarted_with_the_gate_off_is_found_at_the_next_recheck(
         Some("1")
     );
 }
+
+mod shares;

@@ -262,5 +262,6 @@ impl Written {
         let dropped = gates::dropped(&sent, &stored);
         self.dropped.counters |= dropped.counters;
         self.dropped.taints |= dropped.taints;
+        self.dropped.shares |= dropped.shares;
     }
 }

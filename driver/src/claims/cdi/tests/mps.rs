@@ -12,7 +12,38 @@ fn mounts() -> MpsMounts {
     MpsMounts {
         pipe_dir: "/var/lib/das/mps/0123456789abcdef/pipe".into(),
         shm_dir: "/var/lib/das/mps/0123456789abcdef/shm".into(),
+        share: None,
     }
+}
+
+#[test]
+fn a_share_of_a_shared_slice_gets_its_limits_in_the_environment() {
+    let mut share = one("share", 0, 1, 0);
+    share.mps = Some(MpsMounts {
+        share: Some(ShareLimits {
+            thread_percentage: 25,
+            pinned_memory_mib: 2560,
+        }),
+        ..mounts()
+    });
+    let built = build_claim_spec(UID, &[share]).unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    let env = value["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap();
+    let env: Vec<&str> = env.iter().filter_map(|v| v.as_str()).collect();
+    assert!(
+        env.contains(&"CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2560M"),
+        "{env:?}"
+    );
 }
 
 #[test]
@@ -57,6 +88,7 @@ fn only_the_devices_recorded_with_mps_get_the_mounts() {
         placement_size: 1,
         instance: None,
         mps: mps.then(crate::mps::MpsLimits::default),
+        share: None,
     };
     let devices = [
         device("gpu-0-mig-1g-10gb-1", true),

@@ -89,6 +89,7 @@ impl Document {
                         // The first release knew exclusive MIG devices only.
                         kind: DeviceKind::Mig,
                         mps: None,
+                        share: None,
                         instance: match (d.gi_id, d.ci_id, d.mig_uuid) {
                             (Some(gi_id), Some(ci_id), Some(mig_uuid)) => Some(InstanceId {
                                 gi_id,

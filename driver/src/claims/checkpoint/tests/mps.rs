@@ -1,5 +1,6 @@
-//! The checkpoint's version 6: a device's MPS limits (docs/design.md §7, "MPS on a slice"), and
-//! the upgrade of version 5.
+//! The checkpoint's versions 6 and 7: a device's MPS limits (docs/design.md §7, "MPS on a
+//! slice") and a share of a shareable device ("Shared slices"), and the upgrades of versions 5
+//! and 6.
 
 use std::fs;
 
@@ -32,8 +33,8 @@ fn an_mps_device_round_trips_with_its_limits() {
     );
 }
 
-/// A version-5 file (no device has `mps`) is read as version 6 with every device exclusive,
-/// and saved as version 6.
+/// A version-5 file (no device has `mps`) is read with every device exclusive, and saved as
+/// the current version.
 #[test]
 fn a_version_5_file_is_upgraded_with_every_device_exclusive() {
     let dir = tempfile::tempdir().unwrap();
@@ -60,6 +61,49 @@ fn a_version_5_file_is_upgraded_with_every_device_exclusive() {
     assert!(
         fs::read_to_string(&path)
             .unwrap()
-            .contains("\"version\": 6")
+            .contains(&format!("\"version\": {CHECKPOINT_VERSION}"))
     );
+}
+
+/// A share of a shareable device (version 7; docs/design.md §7, "Shared slices") keeps its
+/// share through a save and a load; a version-6 file (no `share`) is read with every device
+/// held alone.
+#[test]
+fn a_share_round_trips_and_a_version_6_file_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CHECKPOINT_FILE_NAME);
+    let mut cp = sample();
+    let mut share = device("s", 2);
+    share.device = "gpu-0-mig-1g-10gb-2-shared".into();
+    share.mps = Some(crate::mps::MpsLimits::default());
+    share.share = Some(crate::claims::checkpoint::Share {
+        id: "5f0c2a1e-0000-4000-8000-000000000001".into(),
+        shares: 2,
+        of: 4,
+        memory_bytes: 2 << 30,
+    });
+    cp.set_started("uid-5", "ns", "claim-5", vec![share]);
+    cp.save(&path).unwrap();
+    assert_eq!(
+        Checkpoint::load(&path, BOOT).unwrap(),
+        LoadOutcome::Loaded(cp.clone())
+    );
+    let text = fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("\"shareID\": \"5f0c2a1e-0000-4000-8000-000000000001\"")
+            && text.contains("\"memoryBytes\": 2147483648"),
+        "{text}"
+    );
+    assert_eq!(text.matches("\"share\"").count(), 1, "{text}");
+
+    let v6 = sample();
+    let mut doc = older_document(6, &v6);
+    doc.mig_mode_switches = v6.mig_mode_switches.clone();
+    doc.checksum = None;
+    doc.checksum = Some(doc.compute_checksum().unwrap());
+    fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected an upgrade");
+    };
+    assert_eq!((from, checkpoint), (6, v6));
 }

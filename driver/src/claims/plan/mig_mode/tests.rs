@@ -95,6 +95,7 @@ fn holders_are_the_other_claims_with_a_device_of_the_other_kind_on_the_gpu() {
         placement_size: 1,
         instance: None,
         mps: None,
+        share: None,
     };
     let mut cp = Checkpoint::new("boot");
     cp.set_started("a", "ns", "a", vec![device(0, DeviceKind::Mig)]);

@@ -22,8 +22,10 @@ fn planned(device: &str, request: &str, kind: DeviceKind) -> Planned {
             profile: "1g.10gb".into(),
             start: 6,
             size: 1,
+            shared: false,
         },
         mps: None,
+        share: None,
     }
 }
 

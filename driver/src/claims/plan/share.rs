@@ -1,0 +1,196 @@
+//! Shares of a shareable device (pure; docs/design.md §7, "Shared slices"): what a claim's
+//! share is (the allocation result's `shareID` and consumed capacity), whether a prepare creates
+//! the slice or joins the one other shares hold, and whether a release leaves the slice to
+//! them. The records of the checkpoint are the shares' reference count: a slice lives while a
+//! record holds it.
+
+use das_api::capacities;
+use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
+
+use super::Planned;
+use crate::claims::PrepareError;
+use crate::claims::checkpoint::{
+    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
+};
+
+/// The share `r` gives its claim of shareable device `device`, whose `shares` capacity is `of`.
+///
+/// # Errors
+/// [`PrepareError::Share`]: no `shareID` (a scheduler without consumable capacity allocated
+/// it), or a consumed capacity that is no count or size.
+pub fn share_of(
+    device: &str,
+    r: &DeviceRequestAllocationResult,
+    of: u64,
+) -> Result<Share, PrepareError> {
+    let fail = |reason: String| PrepareError::Share {
+        device: device.to_string(),
+        reason,
+    };
+    let id = r.share_id.clone().filter(|id| !id.is_empty()).ok_or_else(|| {
+        fail("its allocation has no shareID: the scheduler allocated a shareable device without consumable capacity (DRAConsumableCapacity, on from Kubernetes 1.36); DAS publishes shareable devices only to servers that have it, so delete the pod to have its claim allocated again".into())
+    })?;
+    let consumed = |name: &str| -> Result<Option<u64>, PrepareError> {
+        let Some(q) = r.consumed_capacity.as_ref().and_then(|c| c.get(name)) else {
+            return Ok(None);
+        };
+        das_api::device_config::quantity_bytes(&q.0)
+            .map(Some)
+            .map_err(|e| fail(format!("its consumed capacity {name} {:?} is {e}", q.0)))
+    };
+    // The scheduler lists every capacity, consumed or not; a missing one is its default.
+    let shares = consumed(capacities::SHARES)?.unwrap_or(1).max(1);
+    let memory_bytes = consumed(capacities::MEMORY)?.unwrap_or(0);
+    Ok(Share {
+        id,
+        shares,
+        of: of.max(1),
+        memory_bytes,
+    })
+}
+
+/// Checks that every share of the claim is served with MPS: a shared slice's clients reach it
+/// through its MPS control daemon only (its DeviceClass sets `sharing.strategy: MPS`).
+///
+/// # Errors
+/// [`PrepareError::Share`]: a share whose config asks for another strategy.
+pub fn check_mps(planned: &[Planned]) -> Result<(), PrepareError> {
+    match planned
+        .iter()
+        .find(|p| p.share.is_some() && p.mps.is_none())
+    {
+        Some(p) => Err(PrepareError::Share {
+            device: p.device.clone(),
+            reason: format!(
+                "request {:?} asks for sharing.strategy Exclusive, but a shareable slice is shared through MPS: every share's config must have sharing.strategy MPS (its DeviceClass {} sets it; leave the claim's config out, or ask for an exclusive slice with class {})",
+                p.request,
+                das_api::shared_profile_device_class(&p.at.profile),
+                das_api::profile_device_class(&p.at.profile),
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Whether `d` is a share of the shareable device `device` of GPU `gpu_uuid`.
+fn is_share_of(d: &RecordedDevice, gpu_uuid: &str, device: &str) -> bool {
+    d.share.is_some() && d.gpu_uuid == gpu_uuid && d.device == device
+}
+
+/// The other claims' records that hold a share of `p`'s device with its instance, with that
+/// share: (claim UID, record, device).
+fn instance_holders<'a>(
+    cp: &'a Checkpoint,
+    uid: &str,
+    gpu_uuid: &str,
+    device: &str,
+) -> impl Iterator<Item = (&'a String, &'a ClaimRecord, &'a RecordedDevice)> {
+    let (uid, gpu_uuid, device) = (uid.to_string(), gpu_uuid.to_string(), device.to_string());
+    cp.claims
+        .iter()
+        .filter(move |(other, _)| **other != uid)
+        .flat_map(|(other, r)| r.devices.iter().map(move |d| (other, r, d)))
+        .filter(move |(_, _, d)| is_share_of(d, &gpu_uuid, &device) && d.instance.is_some())
+}
+
+/// What a prepare does for a planned share, decided under its GPU's lock (where instances are
+/// recorded, so the records say which instance exists).
+#[derive(Debug, Clone)]
+pub enum OnShare {
+    /// No other share holds the slice: create it.
+    Create,
+    /// Join the slice other shares hold (same config): record its instance.
+    Join(InstanceId),
+    /// Neither: the slice's config differs, or its only holders are being released (the
+    /// kubelet retries the prepare once they are gone).
+    Refuse(PrepareError),
+}
+
+/// Decides [`OnShare`] for planned share `p` of claim `uid`. A share joins only a slice some
+/// share holds that is not being released: a release decides whether it is the last holder
+/// after it marks its record `Releasing`, so no share joins a slice whose release has begun.
+pub fn on_share(cp: &Checkpoint, uid: &str, p: &Planned) -> OnShare {
+    let holders: Vec<_> = instance_holders(cp, uid, &p.at.gpu_uuid, &p.device).collect();
+    if holders.is_empty() {
+        return OnShare::Create;
+    }
+    let live = holders
+        .iter()
+        .find(|(_, r, _)| r.state != PrepareState::Releasing);
+    let Some((_, _, d)) = live else {
+        return OnShare::Refuse(PrepareError::Share {
+            device: p.device.clone(),
+            reason: format!(
+                "its slice's last shares ({}) are being released; it is created again once they are gone (the kubelet retries)",
+                names(&holders)
+            ),
+        });
+    };
+    if d.mps != p.mps {
+        return OnShare::Refuse(PrepareError::Share {
+            device: p.device.clone(),
+            reason: format!(
+                "the slice is shared by {} with another device configuration (MPS limits {}), and this claim asks for {}: shares of one slice have the same configuration, so give this claim the same sharing settings or ask for another slice",
+                names(&holders),
+                limits(d.mps.as_ref()),
+                limits(p.mps.as_ref())
+            ),
+        });
+    }
+    match &d.instance {
+        Some(i) => OnShare::Join(i.clone()),
+        None => OnShare::Create,
+    }
+}
+
+/// Whether another claim's share, not being released, holds the instance of `d` (a share of
+/// claim `uid`): then releasing `d` leaves the slice and its MPS daemon to it.
+pub fn kept_by_other_shares(cp: &Checkpoint, uid: &str, d: &RecordedDevice) -> bool {
+    d.share.is_some()
+        && instance_holders(cp, uid, &d.gpu_uuid, &d.device)
+            .any(|(_, r, _)| r.state != PrepareState::Releasing)
+}
+
+/// Whether `s` is recorded as the instance of a device some claim but `except` holds alone (not
+/// as a share): when a lost checkpoint is rebuilt, a share may match a slice that another share
+/// of it already recorded.
+pub fn recorded_unshared_elsewhere(
+    cp: &Checkpoint,
+    except: &str,
+    s: &crate::gpu::MigInstance,
+) -> bool {
+    cp.claims
+        .iter()
+        .filter(|(uid, _)| uid.as_str() != except)
+        .any(|(_, r)| {
+            r.devices
+                .iter()
+                .any(|d| d.share.is_none() && super::is_instance(d, s))
+        })
+}
+
+/// The claims of `holders`, for messages: `ns/name` each.
+fn names(holders: &[(&String, &ClaimRecord, &RecordedDevice)]) -> String {
+    holders
+        .iter()
+        .map(|(_, r, _)| format!("claim {}/{}", r.namespace, r.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// MPS limits as a message shows them.
+fn limits(l: Option<&crate::mps::MpsLimits>) -> String {
+    match l {
+        None => "none (not MPS)".into(),
+        Some(l) => format!(
+            "activeThreadPercentage {}, pinnedDeviceMemoryLimit {}",
+            l.active_thread_percentage
+                .map_or("unset".into(), |p| p.to_string()),
+            l.pinned_device_memory_limit_mib
+                .map_or("unset".into(), |m| format!("{m}Mi"))
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,288 @@
+//! Unit tests of [`super`] (`share.rs`): a share's limits from its allocation, and the rules of
+//! joining and leaving a shared slice.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::*;
+use crate::claims::plan::{DeviceKind, DeviceRef, placement_holders, record};
+use crate::mps::MpsLimits;
+
+const DEVICE: &str = "gpu-0-mig-1g-10gb-2-shared";
+
+fn result(share_id: Option<&str>, consumed: &[(&str, &str)]) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        request: "share".into(),
+        driver: das_api::DRIVER_NAME.into(),
+        pool: "n0".into(),
+        device: DEVICE.into(),
+        share_id: share_id.map(str::to_string),
+        consumed_capacity: Some(
+            consumed
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn share(id: &str) -> Share {
+    Share {
+        id: id.into(),
+        shares: 1,
+        of: 4,
+        memory_bytes: 2560 << 20,
+    }
+}
+
+fn planned(id: &str, mps: Option<MpsLimits>) -> Planned {
+    Planned {
+        request: "share".into(),
+        pool: "n0".into(),
+        device: DEVICE.into(),
+        at: DeviceRef {
+            kind: DeviceKind::Mig,
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            gpu_minor: 0,
+            profile: "1g.10gb".into(),
+            start: 2,
+            size: 1,
+            shared: true,
+        },
+        mps,
+        share: Some(share(id)),
+    }
+}
+
+fn limits(pct: u8) -> Option<MpsLimits> {
+    Some(MpsLimits {
+        active_thread_percentage: Some(pct),
+        pinned_device_memory_limit_mib: None,
+    })
+}
+
+fn instance(gi: u32) -> InstanceId {
+    InstanceId {
+        gi_id: gi,
+        ci_id: 0,
+        mig_uuid: format!("MIG-{gi}"),
+    }
+}
+
+/// A checkpoint where claim `uid` holds share `p` in `state`, with instance `gi` if given.
+fn hold(cp: &mut Checkpoint, uid: &str, p: &Planned, state: PrepareState, gi: Option<u32>) {
+    let d = RecordedDevice {
+        instance: gi.map(instance),
+        ..record(p)
+    };
+    cp.set_started(uid, "ns", uid, vec![d.clone()]);
+    match state {
+        PrepareState::PrepareStarted => {}
+        PrepareState::PrepareCompleted => {
+            cp.set_completed(uid, "ns", uid, vec![d], BTreeMap::new())
+        }
+        PrepareState::Releasing => cp.set_releasing(uid, "ns", uid, vec![d]),
+    }
+}
+
+#[test]
+fn a_share_is_its_share_id_and_consumed_capacity() {
+    let r = result(Some("u-1"), &[("shares", "2"), ("memory", "2560Mi")]);
+    let s = share_of(DEVICE, &r, 4).unwrap();
+    assert_eq!(
+        s,
+        Share {
+            id: "u-1".into(),
+            shares: 2,
+            of: 4,
+            memory_bytes: 2560 << 20
+        }
+    );
+    assert_eq!((s.thread_percentage(), s.memory_mib()), (50, 2560));
+    // One share of three rounds up; a share is never 0 % nor above 100 %.
+    let third = Share {
+        of: 3,
+        shares: 1,
+        ..s.clone()
+    };
+    assert_eq!(third.thread_percentage(), 34);
+    let all = Share {
+        of: 3,
+        shares: 9,
+        ..s
+    };
+    assert_eq!(all.thread_percentage(), 100);
+}
+
+#[test]
+fn a_share_without_share_id_or_with_a_bad_capacity_fails_with_the_reason() {
+    let e = share_of(DEVICE, &result(None, &[]), 4).unwrap_err();
+    assert_eq!(e.metric_label(), "share");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!("device {DEVICE} (a shared slice)")),
+        "{text}"
+    );
+    assert!(
+        text.contains("no shareID") && text.contains("DRAConsumableCapacity"),
+        "{text}"
+    );
+    let e = share_of(DEVICE, &result(Some("u"), &[("memory", "lots")]), 4).unwrap_err();
+    assert!(
+        e.to_string().contains("consumed capacity memory \"lots\""),
+        "{e}"
+    );
+    // Missing capacities are their defaults: one share, no memory named.
+    let s = share_of(DEVICE, &result(Some("u"), &[]), 4).unwrap();
+    assert_eq!((s.shares, s.memory_bytes), (1, 0));
+}
+
+#[test]
+fn a_share_must_be_served_with_mps() {
+    assert!(check_mps(&[planned("a", limits(50))]).is_ok());
+    let e = check_mps(&[planned("a", None)]).unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("sharing.strategy MPS"), "{text}");
+    assert!(text.contains("1g.10gb.shared.mig.das.com"), "{text}");
+}
+
+#[test]
+fn the_first_share_creates_and_later_ones_join_with_the_same_config() {
+    let mut cp = Checkpoint::new("boot");
+    let a = planned("a", limits(50));
+    assert!(matches!(on_share(&cp, "A", &a), OnShare::Create));
+    // A share recorded without its instance yet (its create comes under the GPU lock) is no
+    // slice to join.
+    hold(&mut cp, "A", &a, PrepareState::PrepareStarted, None);
+    assert!(matches!(
+        on_share(&cp, "B", &planned("b", limits(50))),
+        OnShare::Create
+    ));
+    hold(&mut cp, "A", &a, PrepareState::PrepareCompleted, Some(7));
+    match on_share(&cp, "B", &planned("b", limits(50))) {
+        OnShare::Join(id) => assert_eq!(id, instance(7)),
+        other => panic!("{other:?}"),
+    }
+    // Its own record is never a slice to join.
+    assert!(matches!(on_share(&cp, "A", &a), OnShare::Create));
+    // Another config: refused, naming both.
+    match on_share(&cp, "B", &planned("b", limits(20))) {
+        OnShare::Refuse(e) => {
+            let text = e.to_string();
+            assert!(text.contains("claim ns/A"), "{text}");
+            assert!(
+                text.contains("activeThreadPercentage 50")
+                    && text.contains("activeThreadPercentage 20"),
+                "{text}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn no_share_joins_a_slice_whose_shares_are_all_leaving() {
+    let mut cp = Checkpoint::new("boot");
+    let a = planned("a", limits(50));
+    hold(&mut cp, "A", &a, PrepareState::Releasing, Some(7));
+    match on_share(&cp, "B", &planned("b", limits(50))) {
+        OnShare::Refuse(e) => assert!(e.to_string().contains("being released"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // One share staying is enough to join.
+    hold(
+        &mut cp,
+        "C",
+        &planned("c", limits(50)),
+        PrepareState::PrepareCompleted,
+        Some(7),
+    );
+    assert!(matches!(
+        on_share(&cp, "B", &planned("b", limits(50))),
+        OnShare::Join(_)
+    ));
+}
+
+#[test]
+fn a_release_leaves_the_slice_to_shares_that_stay() {
+    let mut cp = Checkpoint::new("boot");
+    let (a, b) = (planned("a", limits(50)), planned("b", limits(50)));
+    hold(&mut cp, "A", &a, PrepareState::Releasing, Some(7));
+    let mine = cp.get("A").unwrap().devices[0].clone();
+    // Alone: the last share destroys the slice.
+    assert!(!kept_by_other_shares(&cp, "A", &mine));
+    // A share that joined (recorded with the instance, even before it completes) keeps it.
+    hold(&mut cp, "B", &b, PrepareState::PrepareStarted, Some(7));
+    assert!(kept_by_other_shares(&cp, "A", &mine));
+    // Both leaving: each destroys (the second finds it gone); neither leaks it.
+    hold(&mut cp, "B", &b, PrepareState::Releasing, Some(7));
+    assert!(!kept_by_other_shares(&cp, "A", &mine));
+    // A device held alone is never kept by anyone.
+    let alone = RecordedDevice {
+        share: None,
+        ..mine
+    };
+    hold(&mut cp, "B", &b, PrepareState::PrepareCompleted, Some(7));
+    assert!(!kept_by_other_shares(&cp, "A", &alone));
+}
+
+#[test]
+fn shares_of_one_slice_do_not_hold_its_placement_against_each_other() {
+    let mut cp = Checkpoint::new("boot");
+    hold(
+        &mut cp,
+        "A",
+        &planned("a", limits(50)),
+        PrepareState::PrepareCompleted,
+        Some(7),
+    );
+    assert!(placement_holders(&cp, "B", &[planned("b", limits(50))]).is_empty());
+    // The exclusive device of the placement is held by the shares.
+    let exclusive = Planned {
+        device: "gpu-0-mig-1g-10gb-2".into(),
+        share: None,
+        mps: None,
+        at: DeviceRef {
+            shared: false,
+            ..planned("x", None).at
+        },
+        ..planned("x", None)
+    };
+    let held = placement_holders(&cp, "B", &[exclusive]);
+    assert_eq!(held.keys().collect::<Vec<_>>(), ["A"]);
+}
+
+#[test]
+fn a_rebuilt_share_may_match_a_slice_another_share_recorded() {
+    let mut cp = Checkpoint::new("boot");
+    let a = planned("a", limits(50));
+    hold(&mut cp, "A", &a, PrepareState::PrepareCompleted, Some(7));
+    let live = crate::gpu::MigInstance {
+        gpu_index: 0,
+        gpu_uuid: "GPU-0".into(),
+        gpu_minor: 0,
+        profile: "1g.10gb".into(),
+        profile_id: 19,
+        placement: crate::gpu::Placement { start: 2, size: 1 },
+        gi_id: 7,
+        ci_id: 0,
+        mig_uuid: "MIG-7".into(),
+        gi_cap_minor: 66,
+        ci_cap_minor: 67,
+        created_by_das: Some(true),
+    };
+    assert!(!recorded_unshared_elsewhere(&cp, "B", &live));
+    assert!(crate::claims::plan::recorded_elsewhere(&cp, "B", &live));
+    let alone = Planned { share: None, ..a };
+    hold(
+        &mut cp,
+        "A",
+        &alone,
+        PrepareState::PrepareCompleted,
+        Some(7),
+    );
+    assert!(recorded_unshared_elsewhere(&cp, "B", &live));
+}
