@@ -158,6 +158,26 @@ pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<
     Ok(())
 }
 
+/// Applies the DeviceClasses of the shareable devices of `profiles` (`<profile>.shared.mig.das.com`,
+/// with their `sharing.strategy: MPS` config) as the chart renders them with
+/// `sharing.profiles` listing `profiles` (docs/design.md §7, "Shared slices").
+pub async fn apply_shared_device_classes(client: &Client, profiles: &[&str]) -> Result<()> {
+    let set = format!("sharing.profiles={{{}}}", profiles.join(","));
+    let rendered = chart::render_with(&[&set])?;
+    let api: Api<DeviceClass> = Api::all(client.clone());
+    let pp = PatchParams::apply("das-e2e").force();
+    for name in profiles
+        .iter()
+        .map(|p| das_api::shared_profile_device_class(p))
+    {
+        let body = rendered.get("DeviceClass", &name)?;
+        api.patch(&name, &pp, &Patch::Apply(body))
+            .await
+            .with_context(|| format!("apply DeviceClass {name}"))?;
+    }
+    Ok(())
+}
+
 /// Resolves container `container` of pod `pod_uid` on `node`: the CDI device IDs the kubelet
 /// passed (recorded by the hollow kubelet) are looked up in the spec files of the plugin's CDI
 /// dir, and their edits (the spec's, then the device's) applied in order, as a CDI-enabled

@@ -168,6 +168,45 @@ pub async fn create_pod(
     Ok(())
 }
 
+/// Creates ResourceClaim `name` in [`NS`] with one request `mig` of `exactly` (a
+/// `DeviceRequest.exactly`: class, capacity requests), with opaque `config` for driver
+/// `mig.das.com` when given, and pod `name` whose container `app` uses it.
+pub async fn create_claim_pod(
+    client: &Client,
+    name: &str,
+    exactly: serde_json::Value,
+    config: Option<serde_json::Value>,
+) -> Result<()> {
+    let mut devices = json!({"requests": [{"name": "mig", "exactly": exactly}]});
+    if let Some(parameters) = config {
+        devices["config"] = json!([{"requests": ["mig"],
+            "opaque": {"driver": das_api::DRIVER_NAME, "parameters": parameters}}]);
+    }
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": devices}
+    }))?;
+    Api::<ResourceClaim>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .with_context(|| format!("create claim {name}"))?;
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": "mig"}]}}],
+            "terminationGracePeriodSeconds": 0
+        }
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("create pod {name}"))?;
+    Ok(())
+}
+
 /// Deletes pod `name` in [`NS`] at once (grace period 0) and waits until it is gone.
 pub async fn delete_pod(client: &Client, name: &str) -> Result<()> {
     delete_pods(client, &[name]).await

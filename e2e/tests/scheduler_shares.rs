@@ -19,9 +19,8 @@ use das_driver::publish::resource_slices::{
 };
 use das_e2e::das::apply_device_classes;
 use das_e2e::wait::{self, TIMEOUT};
-use das_e2e::workload::{NS, wait_unschedulable};
+use das_e2e::workload::{NS, create_claim_pod, wait_unschedulable};
 use das_e2e::{Cluster, ClusterConfig};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
 };
@@ -167,29 +166,7 @@ async fn claim_pod(c: &Client, name: &str, class: &str, shares: Option<u32>) -> 
     if let Some(n) = shares {
         exactly["capacity"] = json!({"requests": {"shares": n.to_string()}});
     }
-    let claim: ResourceClaim = serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "mig", "exactly": exactly}]}}
-    }))?;
-    Api::<ResourceClaim>::namespaced(c.clone(), NS)
-        .create(&PostParams::default(), &claim)
-        .await
-        .with_context(|| format!("create claim {name}"))?;
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimName": name}],
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "mig"}]}}],
-            "terminationGracePeriodSeconds": 0
-        }
-    }))?;
-    Api::<Pod>::namespaced(c.clone(), NS)
-        .create(&PostParams::default(), &pod)
-        .await
-        .with_context(|| format!("create pod {name}"))?;
-    Ok(())
+    create_claim_pod(c, name, exactly, None).await
 }
 
 /// The allocation result of claim `name` once the scheduler has allocated it.
