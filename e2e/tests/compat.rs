@@ -8,7 +8,10 @@
 //!   1.34, in their own slices from 1.35), and every counter a device consumes is published;
 //! - every example pod runs with its slices: a ResourceClaimTemplate pod, a 3-slice claim, a
 //!   Deployment, and a legacy `nvidia.com/mig-*` pod through the webhook;
-//! - deleting them destroys every MIG instance and every CDI spec.
+//! - deleting them destroys every MIG instance and every CDI spec;
+//! - with `sharing.profiles` listing `1g.10gb`, shareable devices (`…-shared`) are published
+//!   only to servers that have consumable capacity without the recount bug (1.36.2+, 1.37);
+//!   on older ones none is, and the plugin's log says why (docs/design.md §7, "Shared slices").
 
 use std::collections::BTreeSet;
 
@@ -33,9 +36,11 @@ async fn das_serves_the_examples_on_this_kubernetes_version() {
         .iter()
         .map(|(n, g)| (n.to_string(), g.to_string()))
         .collect();
-    let r = install::install(&mut cluster, &gpus, &bins).await;
+    let rendered = chart::render_with(&["sharing.profiles={1g.10gb}"]).expect("chart renders");
+    let r = install::install_rendered(&mut cluster, &rendered, &gpus, &bins).await;
     cluster.check(r.map(|_| ()));
     cluster.check(slices_in_the_servers_layout(&cluster).await);
+    cluster.check(shareable_devices_only_where_safe(&cluster).await);
     // The chart's defaults (no whole GPUs): the whole-GPU example is left out.
     cluster.check(examples::apply_and_check(&cluster, false).await);
     cluster.check(deleting_the_examples_destroys_every_slice(&cluster).await);
@@ -87,6 +92,41 @@ async fn slices_in_the_servers_layout(cluster: &Cluster) -> Result<()> {
             !consumed.is_empty() && consumed.is_subset(&sets),
             "{node}: devices consume {consumed:?}, the pool publishes {sets:?}"
         );
+    }
+    Ok(())
+}
+
+/// Shareable devices are published on 1.36.2+ and 1.37, and on older servers none is and each
+/// plugin's log says why.
+async fn shareable_devices_only_where_safe(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client();
+    let info = client.apiserver_version().await?;
+    let v = das_driver::publish::resource_slices::ServerVersion::from_info(&info);
+    let supported =
+        das_driver::publish::resource_slices::shares_supported(v.major, v.minor, v.patch).is_ok();
+    let shared: Vec<String> = Api::<ResourceSlice>::all(client)
+        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}")))
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .filter(|d| d.name.ends_with("-shared"))
+        .map(|d| d.name)
+        .collect();
+    ensure!(
+        supported == !shared.is_empty(),
+        "{}: shareable devices {shared:?}",
+        info.git_version
+    );
+    if !supported {
+        for (node, _) in NODES {
+            let log = std::fs::read_to_string(cluster.log_of(&format!("das-plugin-{node}")))?;
+            ensure!(
+                log.contains("no shareable devices are published"),
+                "{node}'s plugin does not say why nothing is shareable on {}",
+                info.git_version
+            );
+        }
     }
     Ok(())
 }
