@@ -296,6 +296,10 @@ RUNTIME_NODE ?= r0=H100-80GB:1
 # `make cluster-up WHOLE_GPUS=` installs DAS with ci/emulated-values.yaml alone, as the e2e tests
 # do (the demo's whole-gpu pod then stays Pending).
 WHOLE_GPUS ?= 1
+# Shared slices (docs/design.md §7, "Shared slices"; the chart value sharing.profiles): the demo
+# shares the A100s' 1g.5gb slices for docs/examples/07-shared-slice.yaml; `SHARED_PROFILES=`
+# shares nothing (the demo then leaves that example out).
+SHARED_PROFILES ?= 1g.5gb
 
 .PHONY: cluster-up
 cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off; WHOLE_GPUS= turns whole GPUs off; KUEUE=count|memory adds Kueue, docs/kueue.md)
@@ -303,15 +307,15 @@ cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## st
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
 	  --controller-bin target/debug/das-controller --webhook-bin target/debug/das-webhook \
 	  $(if $(NODES),--nodes $(NODES)) $(if $(KUEUE),--kueue $(KUEUE)) $(if $(WHOLE_GPUS),--whole-gpus) \
-	  --runtime-node '$(RUNTIME_NODE)'
+	  $(if $(SHARED_PROFILES),--set 'sharing.profiles={$(SHARED_PROFILES)}') --runtime-node '$(RUNTIME_NODE)'
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- down
 
-# Without WHOLE_GPUS the cluster has no DeviceClass gpu.das.com: the demo leaves the whole-GPU
-# example out.
-DEMO_EXAMPLES = $(if $(WHOLE_GPUS),docs/examples/,$(filter-out %/05-whole-gpu.yaml,$(sort $(wildcard docs/examples/*.yaml))))
+# Without WHOLE_GPUS the cluster has no DeviceClass gpu.das.com, without SHARED_PROFILES no
+# 1g.5gb.shared.mig.das.com: the demo leaves those examples out.
+DEMO_EXAMPLES = $(filter-out $(if $(WHOLE_GPUS),,%/05-whole-gpu.yaml) $(if $(SHARED_PROFILES),,%/07-shared-slice.yaml),$(sort $(wildcard docs/examples/*.yaml)))
 
 .PHONY: demo
 demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods get MIG slices, one pod a whole GPU
@@ -339,8 +343,13 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	    sed -E 's|^.*/(das-plugin-[^/]+)\.log:.*: (MIG mode switched .*)|  \1: \2|'; echo; fi
 	@echo "mps-a and mps-b share the slice of claim mps-1g-5gb under MPS; its plugin started one MPS control daemon for it:"
 	@$(KUBECTL) get pods mps-a mps-b -o custom-columns='POD:.metadata.name,CLAIM:.spec.resourceClaims[0].resourceClaimName,NODE:.spec.nodeName'
-	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
+	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | grep -v 'owner=shared slice' | head -1 | \
 	  sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo
+	@if [ -n "$(SHARED_PROFILES)" ]; then \
+	  echo "share-small and share-large are two claims with shares (1 and 2 of 4) of one 1g.5gb slice: one device, one MIG UUID, each its own limits:"; \
+	  $(KUBECTL) get resourceclaims share-small share-large -o custom-columns='CLAIM:.metadata.name,DEVICE:.status.allocation.devices.results[0].device,SHARES:.status.allocation.devices.results[0].consumedCapacity.shares,MIG UUID:.status.devices[0].data.migUUID'; \
+	  grep -h 'MPS control daemon started.*shared slice' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
+	    sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo; fi
 	@echo "kubectl das free: what each node can still take, per profile:"
 	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das free
 	@echo

@@ -1,8 +1,10 @@
 //! docs/examples on a cluster with DAS installed from the chart ([`crate::install::install`] with
 //! the webhook and the controller): every example pod runs with exactly its slices, the legacy
 //! pod through the webhook, the whole-GPU pod (when the chart serves whole GPUs, as `make demo`
-//! installs it) with a whole H100 whose MIG mode DAS switched off, and no component was refused
-//! by the chart's RBAC. The chart's test (the demo's cluster) and the compatibility subset
+//! installs it) with a whole H100 whose MIG mode DAS switched off, the two shares of one slice
+//! (when the chart shares `1g.5gb` and the server has consumable capacity, as `make demo` on the
+//! default version) on one slice with their own MPS limits, and no component was refused by the
+//! chart's RBAC. The chart's test (the demo's cluster) and the compatibility subset
 //! (`e2e/tests/compat.rs`, every supported Kubernetes, without whole GPUs) share it.
 
 use std::path::PathBuf;
@@ -40,15 +42,34 @@ const MPS_CLAIM: &str = "mps-1g-5gb";
 pub const WHOLE_GPU_EXAMPLE: &str = "05-whole-gpu.yaml";
 pub const WHOLE_GPU_POD: &str = "whole-gpu";
 
+/// The example of two claims sharing one slice (`sharing.profiles` listing `1g.5gb`, a server
+/// with consumable capacity: docs/design.md §7, "Shared slices"): pods and claims
+/// [`SHARE_PODS`], one slice.
+pub const SHARES_EXAMPLE: &str = "07-shared-slice.yaml";
+pub const SHARE_PODS: [&str; 2] = ["share-small", "share-large"];
+
+/// What the cluster serves beyond exclusive slices, and so which examples apply.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Serves {
+    /// Whole GPUs ([`WHOLE_GPU_EXAMPLE`]).
+    pub whole_gpus: bool,
+    /// Shared slices of `1g.5gb` ([`SHARES_EXAMPLE`]).
+    pub shares: bool,
+}
+
 /// The files `kubectl apply -f docs/examples/` applies (the folder's YAML files, not its
-/// subfolders), in name order; without [`WHOLE_GPU_EXAMPLE`] unless `whole_gpus`.
-pub fn files(whole_gpus: bool) -> Result<Vec<PathBuf>> {
+/// subfolders), in name order; without [`WHOLE_GPU_EXAMPLE`] or [`SHARES_EXAMPLE`] unless the
+/// cluster `serves` them.
+pub fn files(serves: Serves) -> Result<Vec<PathBuf>> {
+    let whole_gpus = serves.whole_gpus;
     let dir = crate::paths::workspace_root().join("docs/examples");
     let mut out = Vec::new();
     for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        if p.is_file() && name.ends_with(".yaml") && (whole_gpus || name != WHOLE_GPU_EXAMPLE) {
+        let wanted = (whole_gpus || name != WHOLE_GPU_EXAMPLE)
+            && (serves.shares || name != SHARES_EXAMPLE);
+        if p.is_file() && name.ends_with(".yaml") && wanted {
             out.push(p);
         }
     }
@@ -60,8 +81,8 @@ pub fn files(whole_gpus: bool) -> Result<Vec<PathBuf>> {
 }
 
 /// `-f <file>` for each of [`files`], for `kubectl apply` or `delete`.
-pub fn file_args(whole_gpus: bool) -> Result<Vec<String>> {
-    Ok(files(whole_gpus)?
+pub fn file_args(serves: Serves) -> Result<Vec<String>> {
+    Ok(files(serves)?
         .iter()
         .flat_map(|p| ["-f".to_string(), p.display().to_string()])
         .collect())
@@ -71,16 +92,19 @@ pub fn file_args(whole_gpus: bool) -> Result<Vec<String>> {
 /// installed with [`chart::WHOLE_GPUS_SWITCHING`] on nodes n0 with A100s and n1 with H100s, as
 /// `make demo` runs it) the whole-GPU example too: its pod holds a whole GPU of n1, beside the
 /// slices, and that GPU's MIG mode is off.
-pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> {
+pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
+    let whole_gpus = serves.whole_gpus;
     let mut apply = vec!["apply".to_string()];
-    apply.extend(file_args(whole_gpus)?);
+    apply.extend(file_args(serves)?);
     let apply: Vec<&str> = apply.iter().map(String::as_str).collect();
     chart::kubectl(&cluster.kubeconfig, &apply, None)?;
     let client = cluster.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let whole = usize::from(whole_gpus);
-    let (all_pods, devices) = (PODS + whole, SLICES + whole);
-    let all_claims_n = CLAIMS + whole;
+    // Each share is a claim with one device result (and one AllocationClaim); both hold one slice.
+    let shares = if serves.shares { SHARE_PODS.len() } else { 0 };
+    let (all_pods, devices) = (PODS + whole + shares, SLICES + whole + shares);
+    let all_claims_n = CLAIMS + whole + shares;
     let running = wait::until("every example pod to run", TIMEOUT, || async {
         let list = pods.list(&Default::default()).await?.items;
         let running = list
@@ -161,6 +185,9 @@ pub async fn apply_and_check(cluster: &Cluster, whole_gpus: bool) -> Result<()> 
         specs.len()
     );
     mps_example_shares_one_slice(&specs, &all_claims).await?;
+    if serves.shares {
+        shares_hold_one_slice(&specs, &all_claims).await?;
+    }
     for spec in &specs {
         ensure!(
             spec["containerEdits"]["deviceNodes"].is_null(),
@@ -218,6 +245,46 @@ async fn mps_example_shares_one_slice(
         view.env.get("CUDA_MPS_PIPE_DIRECTORY").map(String::as_str) == Some("/tmp/nvidia-mps"),
         "{MPS_CLAIM}'s CDI devices give no MPS pipe directory: {:?}",
         view.env
+    );
+    Ok(())
+}
+
+/// The two shares of [`SHARES_EXAMPLE`] hold one device, with distinct shareIDs, and each
+/// claim's CDI devices give the slice's one MIG UUID, the MPS pipe directory and the share's own
+/// active thread percentage (1 and 2 of 4 shares: 25 and 50).
+async fn shares_hold_one_slice(
+    specs: &[serde_json::Value],
+    claims: &Api<ResourceClaim>,
+) -> Result<()> {
+    let mut seen = Vec::new();
+    for (name, percent) in SHARE_PODS.iter().zip(["25", "50"]) {
+        let claim = claims.get(name).await?;
+        let result = das_api::claim_status::our_results(&claim)
+            .next()
+            .cloned()
+            .with_context(|| format!("{name} is not allocated"))?;
+        let uid = claim.metadata.uid.clone().context("claim UID")?;
+        let ids = crate::das::claim_device_ids(specs, std::slice::from_ref(&uid));
+        let view = crate::das::resolve_cdi_devices(specs, &ids)?;
+        let env = |k: &str| view.env.get(k).map(String::as_str);
+        ensure!(
+            env("CUDA_MPS_PIPE_DIRECTORY") == Some("/tmp/nvidia-mps")
+                && env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some(percent),
+            "{name}'s CDI devices lack its share's MPS limits: {:?}",
+            view.env
+        );
+        seen.push((result, view.mig_uuids()));
+    }
+    let [(a, migs_a), (b, migs_b)] = seen.as_slice() else {
+        bail!("two shares expected");
+    };
+    ensure!(
+        a.device == b.device && a.share_id.is_some() && a.share_id != b.share_id,
+        "the shares are not two shares of one device: {a:?} {b:?}"
+    );
+    ensure!(
+        migs_a.len() == 1 && migs_a == migs_b,
+        "the shares got different slices: {migs_a:?} {migs_b:?}"
     );
     Ok(())
 }

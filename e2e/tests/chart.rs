@@ -809,14 +809,24 @@ async fn das_installed_from_the_chart_serves_every_example() {
         ("n0".to_string(), "A100-SXM4-40GB:2".to_string()),
         ("n1".to_string(), "H100-80GB:2".to_string()),
     ];
-    // As `make demo` installs it: whole GPUs beside the slices, MIG mode following demand.
+    // As `make demo` installs it: whole GPUs beside the slices, MIG mode following demand, and
+    // `1g.5gb` slices shared.
     let r = async {
-        let rendered = chart::render_with(chart::WHOLE_GPUS_SWITCHING)?;
+        let sets: Vec<&str> = chart::WHOLE_GPUS_SWITCHING
+            .iter()
+            .chain(chart::DEMO_SHARING)
+            .copied()
+            .collect();
+        let rendered = chart::render_with(&sets)?;
         install::install_rendered(&mut cluster, &rendered, &gpus, &bins).await
     }
     .await;
     cluster.check(r.map(|_| ()));
-    cluster.check(das_e2e::examples::apply_and_check(&cluster, true).await);
+    let serves = das_e2e::examples::Serves {
+        whole_gpus: true,
+        shares: true,
+    };
+    cluster.check(das_e2e::examples::apply_and_check(&cluster, serves).await);
     cluster.check(docs_hold(&cluster).await);
 }
 

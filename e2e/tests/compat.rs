@@ -36,14 +36,15 @@ async fn das_serves_the_examples_on_this_kubernetes_version() {
         .iter()
         .map(|(n, g)| (n.to_string(), g.to_string()))
         .collect();
-    let rendered = chart::render_with(&["sharing.profiles={1g.10gb}"]).expect("chart renders");
+    let rendered = chart::render_with(&["sharing.profiles={1g.5gb,1g.10gb}"]).expect("chart renders");
     let r = install::install_rendered(&mut cluster, &rendered, &gpus, &bins).await;
     cluster.check(r.map(|_| ()));
     cluster.check(slices_in_the_servers_layout(&cluster).await);
     cluster.check(shareable_devices_only_where_safe(&cluster).await);
-    // The chart's defaults (no whole GPUs): the whole-GPU example is left out.
-    cluster.check(examples::apply_and_check(&cluster, false).await);
-    cluster.check(deleting_the_examples_destroys_every_slice(&cluster).await);
+    // No whole GPUs: the whole-GPU example is left out; shares where the server has them.
+    let serves = serves(&cluster).await.expect("the server's version");
+    cluster.check(examples::apply_and_check(&cluster, serves).await);
+    cluster.check(deleting_the_examples_destroys_every_slice(&cluster, serves).await);
 }
 
 /// 1.34 wants each counter set in the slice of the devices that consume it; 1.35 and later
@@ -96,6 +97,18 @@ async fn slices_in_the_servers_layout(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// What the examples may use here: no whole GPUs (the chart's default), shared `1g.5gb` slices
+/// where the server has consumable capacity without the recount bug.
+async fn serves(cluster: &Cluster) -> Result<examples::Serves> {
+    let info = cluster.client().apiserver_version().await?;
+    let v = das_driver::publish::resource_slices::ServerVersion::from_info(&info);
+    Ok(examples::Serves {
+        whole_gpus: false,
+        shares: das_driver::publish::resource_slices::shares_supported(v.major, v.minor, v.patch)
+            .is_ok(),
+    })
+}
+
 /// Shareable devices are published on 1.36.2+ and 1.37, and on older servers none is and each
 /// plugin's log says why.
 async fn shareable_devices_only_where_safe(cluster: &Cluster) -> Result<()> {
@@ -131,9 +144,12 @@ async fn shareable_devices_only_where_safe(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-async fn deleting_the_examples_destroys_every_slice(cluster: &Cluster) -> Result<()> {
+async fn deleting_the_examples_destroys_every_slice(
+    cluster: &Cluster,
+    serves: examples::Serves,
+) -> Result<()> {
     let mut delete = vec!["delete".to_string(), "--wait=false".into()];
-    delete.extend(examples::file_args(false)?);
+    delete.extend(examples::file_args(serves)?);
     let delete: Vec<&str> = delete.iter().map(String::as_str).collect();
     chart::kubectl(&cluster.kubeconfig, &delete, None)?;
     for (node, _) in NODES {
