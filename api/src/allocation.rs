@@ -14,6 +14,7 @@
 // as duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,12 @@ pub const CONDITION_DEVICE_HEALTHY: &str = "DeviceHealthy";
         name = "Start",
         type_ = "integer",
         json_path = ".spec.migPlacement.start"
+    ),
+    printcolumn(
+        name = "Share",
+        type_ = "integer",
+        json_path = ".spec.share.shares",
+        description = "Shares of the slice this claim consumes (a share of a shared slice; empty for an exclusive one)"
     ),
     printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
     printcolumn(name = "Pod", type_ = "string", json_path = ".spec.podRef.name"),
@@ -96,8 +103,57 @@ pub struct AllocationClaimSpec {
     pub request: String,
     /// DRA pool of the device (DAS: the node name).
     pub pool: String,
-    /// DRA device name, `gpu-<index>-mig-<profile>-<start>`.
+    /// DRA device name, `gpu-<index>-mig-<profile>-<start>` (`…-shared` for a shareable
+    /// device).
     pub device: String,
+    /// The claim's share of a shareable device (`gpu-<index>-mig-<profile>-<start>-shared`,
+    /// docs/design.md §7, "Shared slices"); absent for an exclusive slice or a whole GPU.
+    /// Several AllocationClaims (one per claim) then name the same device and placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<AllocationShare>,
+}
+
+/// One claim's share of a shareable device, from its allocation result (KEP-5075 "DRA:
+/// Consumable Capacity": `shareID` and `consumedCapacity` of `resource.k8s.io/v1`
+/// `DeviceRequestAllocationResult`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AllocationShare {
+    /// The allocation result's `shareID` (a UUID the scheduler assigns): tells this share from
+    /// the device's other shares; the claim's `status.devices` entry carries it too.
+    #[serde(rename = "shareID")]
+    #[schemars(length(min = 1))]
+    pub share_id: String,
+    /// Shares of the slice's compute the claim consumes (the consumed capacity `shares`, a
+    /// count; the device's `shares` capacity is the whole slice); absent when the result does
+    /// not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<i64>,
+    /// Memory the claim consumes, a Kubernetes quantity in bytes as the scheduler wrote it
+    /// (the consumed capacity `memory`, e.g. `2560Mi`); absent when the result does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+}
+
+impl AllocationShare {
+    /// The share an allocation result gives its claim: `None` for a result without a
+    /// `shareID` (an exclusive device). A `shares` that is no whole count reads as absent.
+    pub fn of(r: &DeviceRequestAllocationResult) -> Option<Self> {
+        let share_id = r.share_id.clone().filter(|id| !id.is_empty())?;
+        let consumed = |name: &str| {
+            r.consumed_capacity
+                .as_ref()
+                .and_then(|c| c.get(name))
+                .map(|q| q.0.clone())
+        };
+        Some(Self {
+            share_id,
+            shares: consumed(crate::capacities::SHARES)
+                .and_then(|q| crate::device_config::quantity_bytes(&q).ok())
+                .and_then(|n| i64::try_from(n).ok()),
+            memory: consumed(crate::capacities::MEMORY),
+        })
+    }
 }
 
 /// A MIG placement: `size` memory slices from `start`.
@@ -229,7 +285,8 @@ mod tests {
         assert_eq!(
             cols,
             [
-                "Profile", "Node", "GPU", "Start", "State", "Pod", "MIG UUID", "Device", "Age"
+                "Profile", "Node", "GPU", "Start", "Share", "State", "Pod", "MIG UUID", "Device",
+                "Age"
             ]
         );
         let wide_only: Vec<_> = v
@@ -272,11 +329,16 @@ mod tests {
             request: "mig".into(),
             pool: "n0".into(),
             device: "gpu-0-mig-1g-10gb-6".into(),
+            share: None,
         };
         let v = serde_json::to_value(&spec).unwrap();
         assert_eq!(v["gpuUUID"], "GPU-1");
         assert_eq!(v["migPlacement"]["start"], 6);
         assert_eq!(v["resourceClaimRef"]["name"], "c");
+        assert!(
+            v.get("share").is_none(),
+            "no share on an exclusive slice: {v}"
+        );
         let s = AllocationClaimStatus {
             state: AllocationState::InUse,
             mig_uuid: Some("MIG-1".into()),
@@ -284,6 +346,41 @@ mod tests {
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v, serde_json::json!({"state": "inUse", "migUUID": "MIG-1"}));
+    }
+
+    #[test]
+    fn a_share_is_its_share_id_and_consumed_capacity_in_camel_case() {
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let mut r = DeviceRequestAllocationResult {
+            driver: crate::DRIVER_NAME.into(),
+            pool: "n0".into(),
+            device: "gpu-0-mig-1g-10gb-6-shared".into(),
+            request: "mig".into(),
+            ..Default::default()
+        };
+        assert_eq!(AllocationShare::of(&r), None, "an exclusive result");
+        r.share_id = Some("5f0c2a1e-0000-4000-8000-000000000001".into());
+        r.consumed_capacity = Some(
+            [
+                ("shares".to_string(), Quantity("2".into())),
+                ("memory".to_string(), Quantity("2560Mi".into())),
+            ]
+            .into(),
+        );
+        let share = AllocationShare::of(&r).unwrap();
+        assert_eq!(
+            serde_json::to_value(&share).unwrap(),
+            serde_json::json!({"shareID": "5f0c2a1e-0000-4000-8000-000000000001",
+                "shares": 2, "memory": "2560Mi"})
+        );
+        r.consumed_capacity = None;
+        assert_eq!(
+            serde_json::to_value(AllocationShare::of(&r).unwrap()).unwrap(),
+            serde_json::json!({"shareID": "5f0c2a1e-0000-4000-8000-000000000001"}),
+            "absent capacities are left out"
+        );
+        let yaml = crd_yaml();
+        assert!(yaml.contains("shareID:"), "CRD lacks the share:\n{yaml}");
     }
 
     /// The committed CRD must be what the types generate: run

@@ -182,6 +182,30 @@ pub fn our_device_status<'a>(
         .find(|s| s.driver == DRIVER_NAME && s.pool == pool && s.device == device)
 }
 
+/// Our entry in `claim`'s `status.devices` for allocation result `r`: that of its pool and
+/// device and, for a share of a shareable device (a result with a `shareID`, KEP-5075), the
+/// entry with that `shareID` (a claim may hold several shares of one device, one entry each),
+/// or else one without a `shareID`; for any other result the device's first entry, as
+/// [`our_device_status`] finds it.
+pub fn our_result_status<'a>(
+    claim: &'a ResourceClaim,
+    r: &DeviceRequestAllocationResult,
+) -> Option<&'a AllocatedDeviceStatus> {
+    let entries = || {
+        claim
+            .status
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .filter(|s| s.driver == DRIVER_NAME && s.pool == r.pool && s.device == r.device)
+    };
+    match &r.share_id {
+        Some(id) => entries()
+            .find(|s| s.share_id.as_ref() == Some(id))
+            .or_else(|| entries().find(|s| s.share_id.is_none())),
+        None => entries().next(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,5 +320,45 @@ mod tests {
         assert_eq!(names, ["a", "c"]);
         assert!(our_device_status(&claim, "n0", "c").is_some());
         assert!(our_device_status(&claim, "n1", "c").is_none());
+    }
+
+    #[test]
+    fn a_shares_entry_is_found_by_its_share_id() {
+        let result = |share: Option<&str>| DeviceRequestAllocationResult {
+            driver: DRIVER_NAME.into(),
+            pool: "n0".into(),
+            device: "s".into(),
+            request: "r".into(),
+            share_id: share.map(str::to_string),
+            ..Default::default()
+        };
+        let entry = |share: &str, message: &str| AllocatedDeviceStatus {
+            share_id: Some(share.into()),
+            ..data().ready_entry("n0", "s", message.into(), now())
+        };
+        let message = |s: Option<&AllocatedDeviceStatus>| {
+            s.and_then(|s| s.conditions.as_ref())
+                .map(|c| c[0].message.clone())
+        };
+        let claim = ResourceClaim {
+            status: Some(ResourceClaimStatus {
+                devices: Some(vec![entry("id-1", "one"), entry("id-2", "two")]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let of = |r| message(our_result_status(&claim, &r));
+        assert_eq!(of(result(Some("id-2"))), Some("two".into()));
+        assert_eq!(of(result(Some("id-1"))), Some("one".into()));
+        assert_eq!(
+            of(result(None)),
+            Some("one".into()),
+            "no shareID: the first"
+        );
+        assert_eq!(
+            of(result(Some("id-3"))),
+            None,
+            "another share's entry is not its"
+        );
     }
 }

@@ -7,8 +7,11 @@
 //! dcgm-exporter's (`UUID` = GPU UUID, `GPU_I_ID` = GPU-instance id), which cannot name the
 //! pod of a MIG device it did not see created. A prepared whole GPU (docs/design.md §7, "Whole
 //! GPUs") has rows too: profile `gpu`, the GPU's UUID, and empty `mig_uuid` and instance ids.
+//! A share of a shared slice (docs/design.md §7, "Shared slices") has its own rows, one per
+//! container of each claim holding a share, all with the slice's MIG UUID, and a `share_id`
+//! label (the allocation result's `shareID`) that rows of other devices lack.
 
-use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
+use das_api::claim_status::{DeviceStatusData, is_ready, our_result_status, our_results};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt;
@@ -40,11 +43,16 @@ pub struct DeviceInfo {
     pub profile: String,
     /// Node name (DAS pools are named after their node).
     pub node: String,
+    /// The allocation result's `shareID` for a share of a shared slice (KEP-5075); empty for
+    /// an exclusive slice or a whole GPU.
+    pub share_id: String,
 }
 
 impl DeviceInfo {
-    /// The labels of the gauge, in the documented order.
+    /// The labels of the gauge, in the documented order; `share_id` only on a share's row
+    /// (rows of exclusive devices keep the label set they always had).
     pub fn labels(&self) -> Vec<(String, String)> {
+        let share = (!self.share_id.is_empty()).then_some(("share_id", &self.share_id));
         [
             ("namespace", &self.namespace),
             ("pod", &self.pod),
@@ -58,6 +66,7 @@ impl DeviceInfo {
             ("node", &self.node),
         ]
         .into_iter()
+        .chain(share)
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect()
     }
@@ -73,8 +82,7 @@ pub fn device_info(claim: &ResourceClaim, pods: &[Pod]) -> Vec<DeviceInfo> {
         .collect();
     let mut rows = Vec::new();
     for r in our_results(claim) {
-        let Some(status) = our_device_status(claim, &r.pool, &r.device).filter(|s| is_ready(s))
-        else {
+        let Some(status) = our_result_status(claim, r).filter(|s| is_ready(s)) else {
             continue;
         };
         let Some(data) = DeviceStatusData::of(status) else {
@@ -99,6 +107,7 @@ pub fn device_info(claim: &ResourceClaim, pods: &[Pod]) -> Vec<DeviceInfo> {
                     compute_instance_id: id(data.compute_instance_id),
                     profile: data.profile.clone(),
                     node: r.pool.clone(),
+                    share_id: r.share_id.clone().unwrap_or_default(),
                 });
             }
         }

@@ -12,6 +12,13 @@
 //! (attributes of docs/design.md §3) and, when the slice is gone or not yet seen, from the device status
 //! data the node plugin wrote.
 //!
+//! A share of a shareable device (`…-shared`, docs/design.md §7, "Shared slices") is mirrored
+//! like a slice of its own: each claim holding a share gets its AllocationClaim
+//! `<claim>-<device>`, with the same device facts as the other shares' and `spec.share` from
+//! its allocation result (`shareID`, consumed `shares` and `memory`). The plugin writes one
+//! `status.devices` entry per claim and device (keyed by the shareID too), so the state reads
+//! as for an exclusive slice.
+//!
 //! A whole GPU (device `gpu-<index>`, docs/design.md §7, "Whole GPUs") is mirrored the same way:
 //! profile `gpu`, placement `{0, N}` over every memory slice of the GPU (the plugin's status
 //! data, else the memory-slice counters the published device consumes), no MIG UUID. Its
@@ -26,10 +33,10 @@ pub mod writes;
 
 use das_api::WHOLE_GPU_PROFILE;
 use das_api::allocation::{
-    AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationState,
+    AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationShare, AllocationState,
     CONDITION_DEVICE_HEALTHY, CONDITION_STATE, PodRef, ResourceClaimRef, StateCondition,
 };
-use das_api::claim_status::{DeviceStatusData, is_ready, our_device_status, our_results};
+use das_api::claim_status::{DeviceStatusData, is_ready, our_result_status, our_results};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -150,7 +157,8 @@ pub fn desired_allocation_claims(
         .iter()
         .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some());
     for r in results_to_mirror(claim) {
-        let status = our_device_status(claim, &r.pool, &r.device);
+        // A share's entry is the one with its shareID (the plugin keys it so).
+        let status = our_result_status(claim, r);
         let data = status.and_then(DeviceStatusData::of);
         let Some(facts) = devices
             .get(&r.pool, &r.device)
@@ -222,6 +230,7 @@ fn build(
         request: r.request.clone(),
         pool: r.pool.clone(),
         device: r.device.clone(),
+        share: AllocationShare::of(r),
     };
     let health = health_condition(facts.health.as_ref(), now);
     let what = if facts.profile == WHOLE_GPU_PROFILE {
@@ -274,5 +283,7 @@ fn health_condition(health: Option<&DeviceHealth>, now: &str) -> Option<StateCon
     })
 }
 
+#[cfg(test)]
+mod share_tests;
 #[cfg(test)]
 mod tests;

@@ -67,8 +67,8 @@ pub fn files(serves: Serves) -> Result<Vec<PathBuf>> {
     for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let wanted = (whole_gpus || name != WHOLE_GPU_EXAMPLE)
-            && (serves.shares || name != SHARES_EXAMPLE);
+        let wanted =
+            (whole_gpus || name != WHOLE_GPU_EXAMPLE) && (serves.shares || name != SHARES_EXAMPLE);
         if p.is_file() && name.ends_with(".yaml") && wanted {
             out.push(p);
         }

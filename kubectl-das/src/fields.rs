@@ -74,6 +74,17 @@ pub struct DeviceFields {
     pub consumes_counters: Option<Vec<ConsumptionFields>>,
     #[serde(default)]
     pub taints: Option<Vec<TaintFields>>,
+    /// Of the capacities only `shares` (a shareable device's, docs/design.md §7, "Shared
+    /// slices").
+    #[serde(default)]
+    pub capacity: Option<CapacityFields>,
+}
+
+/// A device's capacities: only `shares` is read (`{value: <quantity>}`, the others skipped).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CapacityFields {
+    #[serde(default)]
+    pub shares: Option<CounterFields>,
 }
 
 /// The attributes DAS publishes that the picture and the simulation read

@@ -29,12 +29,18 @@ pub struct FreeProfile {
 type PoolCounters = BTreeMap<String, Counters>;
 
 /// What every counter set has left after the slices held now: capacity minus what each held
-/// device consumes.
+/// device consumes, once per device however many claims hold a share of it (the scheduler
+/// charges a shareable device's counters once for all its shares).
 pub fn remaining(inv: &Inventory) -> BTreeMap<(String, String), Counters> {
     let mut left = inv.capacity.clone();
     let devices = device_index(inv);
-    for h in &inv.held {
-        if let Some(d) = devices.get(&(h.node.as_str(), h.device.as_str())) {
+    let held: HashSet<(&str, &str)> = inv
+        .held
+        .iter()
+        .map(|h| (h.node.as_str(), h.device.as_str()))
+        .collect();
+    for (node, device) in held {
+        if let Some(d) = devices.get(&(node, device)) {
             for (set, counters) in &d.consumes {
                 if let Some(have) = left.get_mut(&(d.pool.clone(), set.clone())) {
                     subtract(have, counters);

@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
+use das_api::allocation::AllocationShare;
 use das_api::attributes::TYPE_GPU;
-use das_api::claim_status::{DeviceStatusData, our_device_status, our_results};
+use das_api::claim_status::{DeviceStatusData, our_result_status, our_results};
 use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube_quantity::ParsedQuantity;
@@ -40,6 +41,10 @@ pub struct PublishedDevice {
     /// A taint with effect `NoSchedule` or `NoExecute` is on the device (an unhealthy GPU):
     /// claims without a toleration do not get it.
     pub tainted: bool,
+    /// The `shares` capacity of a shareable device (`type: mig-shared`, docs/design.md §7,
+    /// "Shared slices"): several claims hold it at once, each a share; `None` for a device one
+    /// claim holds.
+    pub shares: Option<u32>,
 }
 
 /// One physical GPU of a node, as its counter set and devices describe it.
@@ -82,6 +87,28 @@ pub struct Held {
     /// The MIG device's UUID, once the node plugin has carved it (the claim's device status);
     /// never for a whole GPU.
     pub mig_uuid: Option<String>,
+    /// The claim's share of a shareable device: the other claims holding the same device share
+    /// its slice. Absent for a slice or GPU the claim holds alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share: Option<HeldShare>,
+}
+
+/// A claim's share of a shareable device (KEP-5075 consumable capacity: its allocation
+/// result's `shareID` and `consumedCapacity`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldShare {
+    /// The allocation result's `shareID`.
+    #[serde(rename = "shareID")]
+    pub share_id: String,
+    /// Shares of the slice the claim consumes (1 where the result does not say).
+    pub shares: u64,
+    /// Shares the slice has (the device's `shares` capacity), where published.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub of: Option<u32>,
+    /// Memory the claim consumes, a quantity as the scheduler wrote it, where it says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
 }
 
 impl Held {
@@ -290,6 +317,11 @@ fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevic
         .iter()
         .flatten()
         .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+    let shares = d
+        .capacity
+        .and_then(|c| c.shares)
+        .and_then(|q| quantity(&q.value).ok())
+        .and_then(|n| u32::try_from(n).ok());
     Ok(Some(PublishedDevice {
         pool: pool.to_string(),
         name: d.name,
@@ -301,6 +333,7 @@ fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevic
         product: string(attrs.product_name).unwrap_or_default(),
         parent_uuid: string(uuid).unwrap_or_default(),
         tainted,
+        shares,
     }))
 }
 
@@ -356,7 +389,8 @@ fn cover_whole_gpus(devices: &mut [PublishedDevice], gpus: &[GpuInfo]) {
     }
 }
 
-/// The slices `claims` hold on published devices, sorted by node, GPU and start.
+/// The slices `claims` hold on published devices, sorted by node, GPU and start (the shares of
+/// one shareable device next to each other, by namespace and claim).
 fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Held> {
     let by_name: BTreeMap<(&str, &str), &PublishedDevice> = devices
         .iter()
@@ -377,8 +411,9 @@ fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Hel
             let Some(d) = by_name.get(&(r.pool.as_str(), r.device.as_str())) else {
                 continue;
             };
-            // A whole GPU's data carries an empty `migUUID`.
-            let mig_uuid = our_device_status(claim, &r.pool, &r.device)
+            // A whole GPU's data carries an empty `migUUID`; a share's entry is that of its
+            // shareID.
+            let mig_uuid = our_result_status(claim, r)
                 .and_then(DeviceStatusData::of)
                 .map(|data| data.mig_uuid)
                 .filter(|u| !u.is_empty());
@@ -394,9 +429,24 @@ fn held_slices(devices: &[PublishedDevice], claims: &[ResourceClaim]) -> Vec<Hel
                 pod: pod.clone(),
                 pods: pods.clone(),
                 mig_uuid,
+                share: AllocationShare::of(r).map(|s| HeldShare {
+                    share_id: s.share_id,
+                    shares: s.shares.and_then(|n| u64::try_from(n).ok()).unwrap_or(1),
+                    of: d.shares,
+                    memory: s.memory,
+                }),
             });
         }
     }
-    held.sort_by(|a, b| (&a.node, a.gpu, a.start).cmp(&(&b.node, b.gpu, b.start)));
+    held.sort_by(|a, b| {
+        (&a.node, a.gpu, a.start, &a.device, &a.namespace, &a.claim).cmp(&(
+            &b.node,
+            b.gpu,
+            b.start,
+            &b.device,
+            &b.namespace,
+            &b.claim,
+        ))
+    });
     held
 }

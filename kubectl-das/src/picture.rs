@@ -1,6 +1,7 @@
 //! `kubectl das gpus`: every GPU's memory slices as a row of cells, a letter for each slice a
 //! pod holds (a whole GPU held by one pod: its letter on every cell), and a legend of who holds
-//! what.
+//! what. A shared slice (docs/design.md §7, "Shared slices") is one letter whose legend names
+//! every claim holding a share and its shares (`shared: s1 (1 of 4 shares), s2 (2 of 4 shares)`).
 //!
 //! ```text
 //! NODE   GPU     PRODUCT                  MEMORY SLICES
@@ -52,7 +53,8 @@ pub fn pictures(inv: &Inventory, node: Option<&str>) -> Vec<GpuPicture> {
                 .filter(|h| h.node == g.node && h.gpu == g.index)
                 .cloned()
                 .collect();
-            let used: u32 = held.iter().map(|h| h.size).sum();
+            // The shares of one shareable device hold its memory slices once.
+            let used: u32 = slots(&held).iter().map(|s| s[0].size).sum();
             GpuPicture {
                 gpu: g.clone(),
                 free_memory_slices: g.memory_slices.saturating_sub(used),
@@ -72,14 +74,71 @@ pub fn symbol(i: usize) -> char {
 /// Who holds a slice, as the legend names it: the pod (every pod, comma-separated, when several
 /// share the claim), or the claim while no pod has it reserved.
 fn holder(h: &Held) -> (String, String) {
-    let who = if h.pods.len() > 1 {
+    (h.namespace.clone(), who(h))
+}
+
+fn who(h: &Held) -> String {
+    if h.pods.len() > 1 {
         h.pods.join(", ")
     } else {
         h.pod
             .clone()
             .unwrap_or_else(|| format!("(claim {})", h.claim))
+    }
+}
+
+/// `held` (sorted by start) cut into what holds each slice: one [`Held`] for a slice or GPU
+/// one claim holds, every share for a shareable device (docs/design.md §7, "Shared slices"),
+/// whose claims hold one slice together.
+pub fn slots(held: &[Held]) -> Vec<Vec<&Held>> {
+    let mut out: Vec<Vec<&Held>> = Vec::new();
+    for h in held {
+        match out.last_mut() {
+            Some(last)
+                if h.share.is_some()
+                    && last[0].share.is_some()
+                    && (&last[0].node, last[0].gpu, &last[0].device)
+                        == (&h.node, h.gpu, &h.device) =>
+            {
+                last.push(h)
+            }
+            _ => out.push(vec![h]),
+        }
+    }
+    out
+}
+
+/// The legend's holder of a shared slice: the namespace (`-` when the shares' differ) and
+/// `shared: <who> (<k> of <n> shares), …`, each share's holder qualified with its namespace when
+/// they differ; `hidden` shares of other namespaces are counted, not named.
+fn share_holder(shares: &[&Held], hidden: usize) -> (String, String) {
+    let one_ns = shares.iter().all(|h| h.namespace == shares[0].namespace);
+    let mut parts: Vec<String> = shares
+        .iter()
+        .map(|h| {
+            let who = if one_ns {
+                who(h)
+            } else {
+                format!("{}/{}", h.namespace, who(h))
+            };
+            match &h.share {
+                Some(s) => match s.of {
+                    Some(of) => format!("{who} ({} of {of} shares)", s.shares),
+                    None => format!("{who} ({} shares)", s.shares),
+                },
+                None => who,
+            }
+        })
+        .collect();
+    if hidden > 0 {
+        parts.push(format!("{hidden} of another namespace"));
+    }
+    let ns = if one_ns {
+        shares[0].namespace.clone()
+    } else {
+        "-".into()
     };
-    (h.namespace.clone(), who)
+    (ns, format!("shared: {}", parts.join(", ")))
 }
 
 const PALETTE: [AnsiColor; 6] = [
@@ -101,7 +160,8 @@ fn holder_style(i: usize) -> Style {
 /// appear (node, GPU, memory slice), so the same occupancy always draws the same.
 pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
     let mut holders: Vec<(String, String)> = Vec::new();
-    let mut legend: Vec<(usize, &Held)> = Vec::new();
+    // A holder's symbol and what it holds: one Held, or the shares of one shared slice.
+    let mut legend: Vec<(usize, Vec<&Held>)> = Vec::new();
     let mut foreign = false;
     let mut rows: Vec<Vec<Cell>> = vec![{
         let mut h = vec!["NODE", "GPU", "PRODUCT", "MEMORY SLICES"];
@@ -113,17 +173,28 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
     for p in pics {
         let mut cells: Vec<Cell> =
             vec![Cell::styled(".", Style::new().dimmed()); p.gpu.memory_slices as usize];
-        for h in &p.held {
-            let cell = if opts.namespace.as_ref().is_some_and(|ns| *ns != h.namespace) {
+        for slot in slots(&p.held) {
+            let h = slot[0];
+            // Of a shared slice, the shares of the namespace shown (`-n`); `#` if none is.
+            let mine: Vec<&Held> = slot
+                .iter()
+                .copied()
+                .filter(|h| opts.namespace.as_ref().is_none_or(|ns| *ns == h.namespace))
+                .collect();
+            let cell = if mine.is_empty() {
                 foreign = true;
                 Cell::styled("#", Style::new().dimmed())
             } else {
-                let who = holder(h);
+                let who = if h.share.is_some() {
+                    share_holder(&mine, slot.len() - mine.len())
+                } else {
+                    holder(h)
+                };
                 let i = holders.iter().position(|x| *x == who).unwrap_or_else(|| {
                     holders.push(who);
                     holders.len() - 1
                 });
-                legend.push((i, h));
+                legend.push((i, mine));
                 Cell::styled(symbol(i).to_string(), holder_style(i))
             };
             for s in h.start..h.start + h.size {
@@ -156,7 +227,7 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
         });
         return out;
     }
-    legend.sort_by_key(|(i, h)| (*i, h.node.clone(), h.gpu, h.start));
+    legend.sort_by_key(|(i, h)| (*i, h[0].node.clone(), h[0].gpu, h[0].start));
     let mut rows: Vec<Vec<Cell>> = vec![{
         let mut h = vec![
             "",
@@ -172,7 +243,8 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
         }
         h.into_iter().map(Cell::from).collect()
     }];
-    for (i, h) in legend {
+    for (i, held) in legend {
+        let h = held[0];
         let (ns, who) = &holders[i];
         let mut row: Vec<Cell> = vec![
             Cell::styled(symbol(i).to_string(), holder_style(i)),
@@ -193,7 +265,8 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
                 .into(),
         ];
         if opts.wide {
-            row.push(h.claim.clone().into());
+            let claims: Vec<&str> = held.iter().map(|h| h.claim.as_str()).collect();
+            row.push(claims.join(", ").into());
             row.push(h.device.clone().into());
         }
         rows.push(row);

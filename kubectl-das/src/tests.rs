@@ -15,6 +15,7 @@ use crate::free::{FreeProfile, free_profiles};
 use crate::inventory::Inventory;
 use crate::picture::{Options, pictures, render_text};
 
+mod shares;
 mod whole_gpus;
 
 /// The slices das-kubelet-plugin publishes on `node` for `gpus` (`H100-80GB:2`).

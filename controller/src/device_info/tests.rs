@@ -163,3 +163,96 @@ fn a_prepared_whole_gpu_has_rows_with_profile_gpu_and_no_mig_ids() {
         ("gpu", "GPU-b", "", "", "")
     );
 }
+
+/// Claim `name` holding the shares `shares` (shareIDs) of one shared slice, each ready with the
+/// slice's MIG UUID, reserved for pod `<name>-pod` (whose container `app` uses the claim).
+fn share_claim_and_pod(name: &str, shares: &[&str]) -> (ResourceClaim, Pod) {
+    const SHARED: &str = "gpu-0-mig-1g-10gb-6-shared";
+    let results: Vec<_> = shares
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            json!({"request": format!("s{i}"), "driver": DRIVER_NAME, "pool": "n0",
+            "device": SHARED, "shareID": id, "consumedCapacity": {"shares": "1"}})
+        })
+        .collect();
+    let entries: Vec<_> = shares
+        .iter()
+        .map(|id| {
+            json!({"driver": DRIVER_NAME, "pool": "n0", "device": SHARED, "shareID": id,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "SliceCreated",
+                "message": "", "lastTransitionTime": NOW}],
+            "data": {"migUUID": "MIG-s", "gpuUUID": "GPU-a", "profile": "1g.10gb",
+                "placement": {"start": 6, "size": 1}, "gpuInstanceId": 13,
+                "computeInstanceId": 0}})
+        })
+        .collect();
+    let claim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("{name}-uid")},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": results}},
+            "reservedFor": [{"resource": "pods", "name": format!("{name}-pod"),
+                "uid": format!("{name}-pod-uid")}],
+            "devices": entries}
+    }))
+    .unwrap();
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": format!("{name}-pod"), "namespace": "ns",
+            "uid": format!("{name}-pod-uid")},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [{"name": "app", "resources": {"claims": [{"name": "gpu"}]}}]}
+    }))
+    .unwrap();
+    (claim, pod)
+}
+
+#[test]
+fn two_pods_sharing_one_slice_have_a_row_each_with_their_share_id() {
+    let (c1, p1) = share_claim_and_pod("s1", &["share-1"]);
+    let (c2, p2) = share_claim_and_pod("s2", &["share-2"]);
+    let pods = [p1, p2];
+    let rows: Vec<DeviceInfo> = [c1, c2]
+        .iter()
+        .flat_map(|c| device_info(c, &pods))
+        .collect();
+    let got: Vec<_> = rows
+        .iter()
+        .map(|r| (r.pod.as_str(), r.mig_uuid.as_str(), r.share_id.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("s1-pod", "MIG-s", "share-1"),
+            ("s2-pod", "MIG-s", "share-2")
+        ]
+    );
+    let labels = rows[0].labels();
+    assert_eq!(
+        labels.last(),
+        Some(&("share_id".to_string(), "share-1".to_string())),
+        "a share's row names its share last"
+    );
+    let sets: std::collections::BTreeSet<_> = rows.iter().map(DeviceInfo::labels).collect();
+    assert_eq!(sets.len(), 2, "distinct label sets");
+}
+
+#[test]
+fn one_container_holding_two_shares_of_a_slice_has_two_distinct_rows() {
+    let (c, p) = share_claim_and_pod("s1", &["share-1", "share-2"]);
+    let rows = device_info(&c, &[p]);
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_ne!(rows[0].labels(), rows[1].labels());
+    assert!(
+        rows.iter()
+            .all(|r| r.container == "app" && r.mig_uuid == "MIG-s")
+    );
+}
+
+#[test]
+fn rows_of_exclusive_devices_have_no_share_id_label() {
+    let rows = device_info(&claim(), &[pod()]);
+    assert!(
+        rows.iter()
+            .all(|r| r.labels().iter().all(|(k, _)| k != "share_id"))
+    );
+}
