@@ -117,6 +117,9 @@ struct InUseWhileServed {
     inner: EmulatedBackend,
     state_dir: PathBuf,
     refused: Mutex<Vec<String>>,
+    /// When set, the next instance listing says it started (first channel) and waits until
+    /// told to go on (second): a test holds a call there while another runs.
+    gate: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
 }
 
 impl InUseWhileServed {
@@ -171,6 +174,11 @@ impl GpuBackend for InUseWhileServed {
         self.inner.destroy_instance(gpu_index, gi_id)
     }
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
+        let gate = self.gate.lock().unwrap().take();
+        if let Some((entered, go_on)) = gate {
+            let _ = entered.send(());
+            let _ = go_on.recv_timeout(Duration::from_secs(10));
+        }
         self.inner.instances_on(gpu_index)
     }
     fn mig_mode(&self, gpu_index: u32) -> Result<MigModeState, BackendError> {
@@ -196,6 +204,7 @@ impl Node {
             inner,
             state_dir: dir.path().to_path_buf(),
             refused: Mutex::new(Vec::new()),
+            gate: Mutex::new(None),
         });
         Self {
             dir,

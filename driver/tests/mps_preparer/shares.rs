@@ -164,6 +164,57 @@ async fn a_restart_keeps_the_shared_slice_and_adopts_its_one_daemon() {
     assert!(node.slices().is_empty() && !dirs.root.exists());
 }
 
+/// The interleaving that once lost a joined slice: a share decides to join (under the GPU's
+/// lock) and, while it checks that the slice is live, the slice's last other share is
+/// unprepared. The join is recorded in the same change that decides it, so the release sees a
+/// holder and leaves the slice and its daemon; the joining share runs on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_recorded_before_the_last_leave_keeps_the_slice() {
+    let node = Node::new();
+    let mps = node.daemons(Node::stand_in());
+    let p = Arc::new(node.preparer(mps.clone()));
+    let (a, b) = (
+        node.api.allocate_share("a", "uid-a", 1, 30),
+        node.api.allocate_share("b", "uid-b", 1, 30),
+    );
+    p.prepare_claim(&a).await.unwrap();
+    let slices = node.slices();
+    let pid = mps.pid(&node.slice_dirs()).unwrap();
+    // b's join stops in its listing of the GPU's instances (after its decision).
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go_on, go_on_rx) = std::sync::mpsc::channel();
+    *node.gpus.gate.lock().unwrap() = Some((entered_tx, go_on_rx));
+    let joining = tokio::spawn({
+        let (p, b) = (p.clone(), b.clone());
+        async move { p.prepare_claim(&b).await }
+    });
+    tokio::task::spawn_blocking(move || entered.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("b's join reached the listing");
+    // a leaves meanwhile: it gets as far as it can (its destroy would wait for the GPU's lock).
+    let leaving = tokio::spawn({
+        let (p, a) = (p.clone(), a.clone());
+        async move { p.unprepare_claim(&a).await }
+    });
+    until("a's record marked Releasing (or dropped)", || {
+        let state = p.checkpoint().read(|cp| cp.get("uid-a").map(|r| r.state));
+        let releasing = Some(das_driver::claims::checkpoint::PrepareState::Releasing);
+        (state.is_none() || state == releasing).then_some(())
+    })
+    .await;
+    // Time for a wrong release to stop the daemon (it takes milliseconds).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    go_on.send(()).unwrap();
+    joining.await.unwrap().expect("b joins");
+    leaving.await.unwrap().expect("a leaves");
+    assert_eq!(node.slices(), slices, "the slice b joined is kept");
+    assert_eq!(mps.pid(&node.slice_dirs()), Some(pid), "its daemon ran on");
+    assert!(!node.recorded("uid-a") && node.recorded("uid-b"));
+    p.unprepare_claim(&b).await.unwrap();
+    assert!(node.slices().is_empty());
+}
+
 /// One step of [`shares_keep_one_slice_and_daemon_under_random_interleavings`].
 #[derive(Debug, Clone, Copy)]
 enum Step {
@@ -175,6 +226,9 @@ enum Step {
     PrepareWhileLeaving(usize, usize),
     /// The plugin restarts (its daemons are let go and adopted).
     Restart,
+    /// The plugin stops this many microseconds into a prepare (a crash mid-join or mid-create)
+    /// and starts again from its checkpoint on disk.
+    CrashMidPrepare(usize, u64),
 }
 
 /// Claims that may hold a share at once.
@@ -186,19 +240,20 @@ fn steps(seed: u64, n: usize) -> Vec<Step> {
     (0..n)
         .map(|_| {
             let (i, j) = (rng.random_range(0..SHARES), rng.random_range(0..SHARES));
-            match rng.random_range(0..10) {
+            match rng.random_range(0..12) {
                 0..=2 => Step::Prepare(i),
                 3..=5 => Step::Unprepare(i),
                 6 => Step::PrepareBoth(i, j),
                 7 | 8 => Step::PrepareWhileLeaving(i, j),
-                _ => Step::Restart,
+                9 => Step::Restart,
+                _ => Step::CrashMidPrepare(i, rng.random_range(0..30_000)),
             }
         })
         .collect()
 }
 
-/// A seeded sequence of joins, leaves, concurrent joins, joins racing the last leave and
-/// restarts, on one shared slice; after every step: at most one slice at the placement; while
+/// A seeded sequence of joins, leaves, concurrent joins, joins racing the last leave, restarts
+/// and crashes mid-prepare (mid-join, mid-create, mid-daemon-start), on one shared slice; after every step: at most one slice at the placement; while
 /// some record holds a share, exactly one slice, every share's record naming it, and one daemon
 /// serving it; with none, no slice and no daemon; no destroy ever came while the daemon ran;
 /// and the records are exactly the shares whose last call was a successful prepare (a join
@@ -247,6 +302,22 @@ async fn shares_keep_one_slice_and_daemon_under_random_interleavings() {
                     mps = node.daemons(Node::stand_in());
                     p = node.preparer(mps.clone());
                     p.reconcile_at_startup(false, true).await.unwrap();
+                }
+                Step::CrashMidPrepare(i, after) => {
+                    let prepare = p.prepare_claim(&claims[i]);
+                    let _ = tokio::time::timeout(Duration::from_micros(after), prepare).await;
+                    // A crash stops everything at once; here the backend calls the dropped
+                    // prepare had handed to blocking threads finish first (they take well under
+                    // a millisecond on the emulated GPUs).
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    mps.let_go().await;
+                    drop(p);
+                    mps = node.daemons(Node::stand_in());
+                    p = node.preparer(mps.clone());
+                    p.reconcile_at_startup(false, true).await.unwrap();
+                    // Start-up rolled the prepare back, or kept it whole.
+                    let uid = format!("uid-{i}");
+                    held[i] = p.checkpoint().read(|cp| cp.get(&uid).is_some());
                 }
             }
             check(&node, &p, &mps, &held, &at);

@@ -9,7 +9,7 @@ use futures::future::join_all;
 use super::Preparer;
 use crate::claims::PrepareError;
 use crate::claims::cdi::ClaimSpec;
-use crate::claims::checkpoint::{ClaimRecord, InstanceId, RecordedDevice};
+use crate::claims::checkpoint::{Checkpoint, ClaimRecord, InstanceId, RecordedDevice};
 use crate::claims::handler::{ClaimRef, PreparedDevice};
 use crate::claims::plan::share::OnShare;
 use crate::claims::plan::{self, DeviceKind, Holding, OnPrepare, Planned};
@@ -416,7 +416,7 @@ impl Preparer {
             .into_iter()
             .filter(|(_, p)| p.at.kind == DeviceKind::Mig)
         {
-            let r = match self.create_or_join(uid, gpu, p).await {
+            let r = match self.create_or_join(uid, gpu, i, p).await {
                 Ok(r) => r,
                 Err(e) => return (made, Some((i, Failed::Refused(e)))),
             };
@@ -437,8 +437,12 @@ impl Preparer {
 }
 
 impl Preparer {
-    /// The instance of planned device `p` on GPU `gpu`, whose lock the caller holds: created,
-    /// or, for a share of a slice other shares hold, theirs ([`plan::share::on_share`]).
+    /// The instance of planned device `p` (the claim's `i`th) on GPU `gpu`, whose lock the
+    /// caller holds: created, or, for a share of a slice other shares hold, theirs
+    /// ([`plan::share::on_share`]). A share that joins records the slice's instance in the same
+    /// change of the checkpoint that decides it: a release of another share that decides
+    /// between the two (after its record is marked `Releasing`) sees this share as a holder, so
+    /// it never stops the daemon or destroys the slice this share just joined.
     ///
     /// # Errors
     /// Outer: [`PrepareError::Share`], the share can neither create nor join its slice (nothing
@@ -447,17 +451,30 @@ impl Preparer {
         &self,
         uid: &str,
         gpu: u32,
+        i: usize,
         p: &Planned,
     ) -> Result<Result<MigInstance, BackendError>, PrepareError> {
         if p.share.is_some() {
-            let on = self
-                .records
-                .checkpoint
-                .read(|cp| plan::share::on_share(cp, uid, p));
+            let (on, _) = self.records.checkpoint.change(|cp| {
+                let on = plan::share::on_share(cp, uid, p);
+                if let OnShare::Join(id) = &on {
+                    set_instance(cp, uid, i, Some(id.clone()));
+                }
+                on
+            });
+            tracing::debug!(claim = uid, device = %p.device, decision = ?on, "a share of a shared slice");
             match on {
                 OnShare::Create => {}
                 OnShare::Refuse(e) => return Err(e),
-                OnShare::Join(id) => return self.join_slice(gpu, p, id).await.map(Ok),
+                OnShare::Join(id) => {
+                    let joined = self.join_slice(gpu, p, id).await;
+                    if joined.is_err() {
+                        self.records
+                            .checkpoint
+                            .change(|cp| set_instance(cp, uid, i, None));
+                    }
+                    return joined.map(Ok);
+                }
             }
         }
         let (profile, start) = (p.at.profile.clone(), p.at.start);
@@ -496,6 +513,13 @@ impl Preparer {
         live.into_iter()
             .find(|s| plan::is_instance(&held, s) && !s.mig_uuid.is_empty())
             .ok_or_else(|| fail("the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared".into()))
+    }
+}
+
+/// Sets (or clears) the instance of claim `uid`'s `i`th recorded device.
+fn set_instance(cp: &mut Checkpoint, uid: &str, i: usize, id: Option<InstanceId>) {
+    if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+        d.instance = id;
     }
 }
 

@@ -106,12 +106,15 @@ impl Preparer {
         // A share whose slice other shares keep leaves it, and its MPS daemon, to them
         // (docs/design.md §7, "Shared slices"). Decided after the mark: a share joins only a
         // slice some share holds that is not being released, so none joins after this.
-        let devices: Vec<RecordedDevice> = self.records.checkpoint.read(|cp| {
-            devices
-                .into_iter()
-                .filter(|d| !plan::share::kept_by_other_shares(cp, &claim.uid, d))
-                .collect()
-        });
+        let (devices, kept): (Vec<RecordedDevice>, Vec<RecordedDevice>) =
+            self.records.checkpoint.read(|cp| {
+                devices
+                    .into_iter()
+                    .partition(|d| !plan::share::kept_by_other_shares(cp, &claim.uid, d))
+            });
+        for d in &kept {
+            tracing::debug!(claim = %claim, device = %d.device, "other shares keep the slice");
+        }
         // An MPS server keeps its slice in use: its daemon goes first.
         self.stop_mps(claim, &devices).await;
         let remaining = self.destroy_devices(&claim.uid, devices).await;
