@@ -28,6 +28,13 @@ pub const CONDITION_READY: &str = "Ready";
 pub const REASON_READY: &str = "SliceCreated";
 /// Reason of the `Ready` condition of a prepared whole GPU (docs/design.md §7, "Whole GPUs").
 pub const REASON_WHOLE_GPU_READY: &str = "GpuPrepared";
+/// Binding condition of a device published for carve before bind (docs/design.md §7, "Carve
+/// before bind"; KEP-5007): the node plugin sets it `True` once the slice exists, before the pod
+/// is bound; the scheduler binds the pod when every binding condition is `True`.
+pub const CONDITION_SLICE_READY: &str = "mig.das.com/SliceReady";
+/// Binding failure condition of such a device: `True` when the slice could not be carved; the
+/// scheduler then clears the allocation and schedules the pod again.
+pub const CONDITION_SLICE_FAILED: &str = "mig.das.com/SliceFailed";
 
 /// The `data` of our entry in `status.devices`: the carved MIG instance, or a whole GPU.
 ///
@@ -151,6 +158,16 @@ pub fn is_ready(status: &AllocatedDeviceStatus) -> bool {
         .iter()
         .flatten()
         .any(|c| c.type_ == CONDITION_READY && c.status == "True")
+}
+
+/// Whether `status` has condition [`CONDITION_SLICE_READY`] `True`: the slice was carved before
+/// the pod was bound.
+pub fn is_carved(status: &AllocatedDeviceStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == CONDITION_SLICE_READY && c.status == "True")
 }
 
 /// The allocation results of our driver ([`DRIVER_NAME`]) in `claim`, any pool, in allocation

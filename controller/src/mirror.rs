@@ -36,7 +36,9 @@ use das_api::allocation::{
     AllocationClaim, AllocationClaimSpec, AllocationClaimStatus, AllocationShare, AllocationState,
     CONDITION_DEVICE_HEALTHY, CONDITION_STATE, PodRef, ResourceClaimRef, StateCondition,
 };
-use das_api::claim_status::{DeviceStatusData, is_ready, our_result_status, our_results};
+use das_api::claim_status::{
+    DeviceStatusData, is_carved, is_ready, our_result_status, our_results,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -174,7 +176,10 @@ pub fn desired_allocation_claims(
         };
         // Ready=True whatever its reason (`SliceCreated`, `GpuPrepared` for a whole GPU).
         let ready = status.filter(|s| is_ready(s));
-        let state = match (ready, bound) {
+        // A slice carved before the pod is bound (docs/design.md §7, "Carve before bind") exists
+        // already: `created`, as the seed operator meant it.
+        let carved = status.is_some_and(is_carved);
+        let state = match (ready, bound || carved) {
             (Some(_), _) => AllocationState::InUse,
             (None, true) => AllocationState::Created,
             (None, false) => AllocationState::Staged,

@@ -98,6 +98,36 @@ fn bound_pod_makes_it_created() {
     );
 }
 
+/// Carve before bind (docs/design.md §7): the slice exists before its pod is bound, so the
+/// states go staged → created (SliceReady) → inUse (Ready), in that order.
+#[test]
+fn a_carved_slice_is_created_before_its_pod_is_bound() {
+    let carved = |status: &str| {
+        json!({"driver": "mig.das.com", "pool": "n0", "device": "gpu-0-mig-1g-10gb-6",
+            "conditions": [{"type": das_api::claim_status::CONDITION_SLICE_READY, "status": status,
+                "reason": "SliceCarved", "message": "", "lastTransitionTime": "2026-11-26T00:00:00Z"}]})
+    };
+    let state = |c: &ResourceClaim, p: &Pod| {
+        desired_allocation_claims(c, std::slice::from_ref(p), &index(), NOW).claims[0]
+            .status
+            .clone()
+            .unwrap()
+            .state
+    };
+    let unbound = pod(None);
+    let staged = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([carved("False")]));
+    assert_eq!(state(&staged, &unbound), AllocationState::Staged);
+    let c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([carved("True")]));
+    assert_eq!(state(&c, &unbound), AllocationState::Created);
+    let mut in_use = ready("gpu-0-mig-1g-10gb-6", "True");
+    in_use["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .extend(carved("True")["conditions"].as_array().unwrap().clone());
+    let c = claim(&["gpu-0-mig-1g-10gb-6"], true, json!([in_use]));
+    assert_eq!(state(&c, &pod(Some("n0"))), AllocationState::InUse);
+}
+
 #[test]
 fn unreserved_pods_do_not_count() {
     let c = claim(&["gpu-0-mig-1g-10gb-6"], false, json!([]));
