@@ -1,7 +1,8 @@
 //! The chaos soak: DAS installed from the chart on a 2-node local cluster (n0: 2 × emulated
 //! A100-40GB, n1: 2 × emulated H100-80GB) runs a seeded stream of pod cycles — pods from
 //! ResourceClaimTemplates (1–3 slices, mixed profiles), whole-GPU pods, legacy `nvidia.com/mig-*`
-//! pods through the webhook, a ResourceClaim shared by two pods, a Deployment scaled up and down
+//! pods through the webhook, a ResourceClaim shared by two pods, two claims with shares of one
+//! slice (docs/design.md §7, "Shared slices"), a Deployment scaled up and down
 //! — while a chaos task SIGKILLs and restarts node plugins, the controller, the webhook and
 //! hollow kubelets, force-deletes pods during their prepare, and injects emulated-GPU faults
 //! (IN_USE on destroy, create failures, latency, a GPU lost and back, a MIG mode switch that
@@ -51,9 +52,16 @@ pub const NODES: [(&str, &str); 2] = [("n0", "A100-SXM4-40GB:2"), ("n1", "H100-8
 /// faults are injected there.
 pub const SWITCHING_NODE: &str = "n1";
 
-/// The chart values of the soak: whole GPUs served, MIG mode following demand, and the webhook
-/// translating `nvidia.com/gpu` (as `make demo` installs it).
-pub const CHART_VALUES: &[&str] = chart::WHOLE_GPUS_SWITCHING;
+/// The chart values of the soak: whole GPUs served, MIG mode following demand, the webhook
+/// translating `nvidia.com/gpu`, and the A100s' `1g.5gb` slices shared (as `make demo` installs
+/// it: [`chart::WHOLE_GPUS_SWITCHING`] and [`chart::DEMO_SHARING`]).
+pub fn chart_values() -> Vec<&'static str> {
+    chart::WHOLE_GPUS_SWITCHING
+        .iter()
+        .chain(chart::DEMO_SHARING)
+        .copied()
+        .collect()
+}
 
 /// How a soak runs.
 #[derive(Clone, Debug)]
@@ -123,7 +131,7 @@ pub async fn run(cfg: &SoakConfig) -> Result<SoakReport> {
     Ok(report)
 }
 
-/// The soak's cluster: [`NODES`], DAS installed from the chart with [`CHART_VALUES`] (plugins,
+/// The soak's cluster: [`NODES`], DAS installed from the chart with [`chart_values`] (plugins,
 /// controller, webhook), the soak's ResourceClaimTemplates and Deployment (0 replicas).
 ///
 /// # Errors
@@ -135,7 +143,7 @@ pub async fn start(binaries: &Binaries) -> Result<(Cluster, Vec<NodeInfo>)> {
         .iter()
         .map(|(n, g)| (n.to_string(), g.to_string()))
         .collect();
-    let rendered = chart::render_with(CHART_VALUES)?;
+    let rendered = chart::render_with(&chart_values())?;
     install::install_rendered(&mut cluster, &rendered, &gpus, binaries).await?;
     setup_workloads(&cluster.client()).await?;
     let nodes = names.iter().map(|n| cluster.node(n).clone()).collect();

@@ -1,6 +1,6 @@
 //! The soak's workload: its ResourceClaimTemplates and Deployment, and the pod cycles drawn from
 //! each cycle's seed (template pods, whole-GPU pods, legacy pods through the webhook, a shared
-//! claim, the Deployment scaled).
+//! claim, two claims with shares of one slice, the Deployment scaled).
 
 use std::time::{Duration, Instant};
 
@@ -98,7 +98,8 @@ pub(super) async fn cycle(run: &Run, n: usize) -> Result<()> {
         0..47 => "template pod",
         47..55 => "whole-GPU pod",
         55..80 => "legacy pod",
-        80..90 => "shared claim (2 pods)",
+        80..86 => "shared claim (2 pods)",
+        86..92 => "shares of one slice (2 claims)",
         _ => "deployment scale",
     };
     *run.report.lock().await.cycles.entry(kind).or_default() += 1;
@@ -131,6 +132,7 @@ pub(super) async fn cycle(run: &Run, n: usize) -> Result<()> {
             pod_cycle(run, &name, spec, &mut rng).await
         }
         "shared claim (2 pods)" => shared_claim(run, &name).await,
+        "shares of one slice (2 claims)" => shares(run, &name, &mut rng).await,
         _ => {
             let replicas = rng.random_range(0..4);
             let api: Api<Deployment> = Api::namespaced(run.client.clone(), NS);
@@ -217,6 +219,49 @@ async fn shared_claim(run: &Run, name: &str) -> Result<()> {
         delete_pod(&api, p, false).await?;
     }
     claims.delete(name, &DeleteParams::default()).await?;
+    Ok(())
+}
+
+/// Two claims with shares (1 to 3 of the slice's 4) of a shareable `1g.5gb` device and a pod
+/// each: both run (on one slice when they fit on one), then go (in either order), then the
+/// claims.
+async fn shares(run: &Run, name: &str, rng: &mut StdRng) -> Result<()> {
+    let claims: Api<ResourceClaim> = Api::namespaced(run.client.clone(), NS);
+    let api: Api<Pod> = Api::namespaced(run.client.clone(), NS);
+    let mut names = vec![format!("{name}-s1"), format!("{name}-s2")];
+    let t0 = Instant::now();
+    for n in &names {
+        let shares = rng.random_range(1..=3).to_string();
+        let rc: ResourceClaim = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": n},
+            "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+                "deviceClassName": das_api::shared_profile_device_class("1g.5gb"),
+                "capacity": {"requests": {"shares": shares}}}}]}}
+        }))?;
+        claims.create(&PostParams::default(), &rc).await?;
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": n},
+            "spec": {"resourceClaims": [{"name": "mig", "resourceClaimName": n}],
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "mig"}]}}],
+                "terminationGracePeriodSeconds": 0}
+        }))?;
+        api.create(&PostParams::default(), &pod).await?;
+    }
+    for n in &names {
+        if let Outcome::Running = wait_running_or_pending(&api, n, Duration::from_secs(60)).await? {
+            run.report.lock().await.create_to_running.push(t0.elapsed());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(rng.random_range(0..1000))).await;
+    if rng.random_bool(0.5) {
+        names.reverse();
+    }
+    for n in &names {
+        delete_pod(&api, n, rng.random_bool(0.3)).await?;
+        claims.delete(n, &DeleteParams::default()).await?;
+    }
     Ok(())
 }
 

@@ -110,12 +110,16 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
         .list(&ListParams::default())
         .await?
         .items;
-    // Allocated devices of our driver: (node, device) → claim UID.
-    let mut allocated: BTreeMap<(String, String), String> = BTreeMap::new();
+    // Allocated devices of our driver: (node, device) → the UIDs of the claims holding it (one,
+    // or every share of a shareable device).
+    let mut allocated: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for c in &claims {
         let uid = c.metadata.uid.clone().unwrap_or_default();
         for r in das_api::claim_status::our_results(c) {
-            allocated.insert((r.pool.clone(), r.device.clone()), uid.clone());
+            allocated
+                .entry((r.pool.clone(), r.device.clone()))
+                .or_default()
+                .insert(uid.clone());
         }
     }
     let running: BTreeSet<String> = pods
@@ -143,7 +147,9 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
                 };
                 let mig = i["migUuid"].as_str().unwrap_or_default().to_string();
                 let ours = i["createdByDas"].as_bool().unwrap_or(true);
-                if ours && !allocated.contains_key(&(node.name.clone(), name.clone())) {
+                // The placement's exclusive device, or its shareable twin, is allocated.
+                let held = |d: String| allocated.contains_key(&(node.name.clone(), d));
+                if ours && !held(name.clone()) && !held(format!("{name}-shared")) {
                     v.push(format!(
                         "1: {}: live slice {mig} ({name}) without an allocated claim",
                         node.name
@@ -175,8 +181,9 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
             if !reserved_running {
                 continue;
             }
-            for ((n, d), uid) in &allocated {
-                if n != &node.name || Some(uid) != c.metadata.uid.as_ref() {
+            for ((n, d), uids) in &allocated {
+                let held = c.metadata.uid.as_ref().is_some_and(|u| uids.contains(u));
+                if n != &node.name || !held {
                     continue;
                 }
                 let Some(p) = devices.get(&(n.clone(), d.clone())) else {
@@ -199,7 +206,7 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
         let on_node: BTreeSet<&String> = allocated
             .iter()
             .filter(|((n, _), _)| n == &node.name)
-            .map(|(_, uid)| uid)
+            .flat_map(|(_, uids)| uids)
             .collect();
         for spec in load_specs(&dirs.cdi)? {
             let name = spec["devices"][0]["name"].as_str().unwrap_or_default();
@@ -253,7 +260,7 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
         let r = &a.spec.resource_claim_ref;
         let ok = allocated
             .get(&(a.spec.pool.clone(), a.spec.device.clone()))
-            .is_some_and(|uid| uid == &r.uid);
+            .is_some_and(|uids| uids.contains(&r.uid));
         if !ok {
             v.push(format!(
                 "4: AllocationClaim {} without a live allocation of {}",
