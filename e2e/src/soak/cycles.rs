@@ -232,22 +232,9 @@ async fn shares(run: &Run, name: &str, rng: &mut StdRng) -> Result<()> {
     let t0 = Instant::now();
     for n in &names {
         let shares = rng.random_range(1..=3).to_string();
-        let rc: ResourceClaim = serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": n},
-            "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
-                "deviceClassName": das_api::shared_profile_device_class("1g.5gb"),
-                "capacity": {"requests": {"shares": shares}}}}]}}
-        }))?;
-        claims.create(&PostParams::default(), &rc).await?;
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": n},
-            "spec": {"resourceClaims": [{"name": "mig", "resourceClaimName": n}],
-                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"claims": [{"name": "mig"}]}}],
-                "terminationGracePeriodSeconds": 0}
-        }))?;
-        api.create(&PostParams::default(), &pod).await?;
+        let exactly = json!({"deviceClassName": das_api::shared_profile_device_class("1g.5gb"),
+            "capacity": {"requests": {"shares": shares}}});
+        crate::workload::create_claim_pod(&run.client, n, exactly, None).await?;
     }
     for n in &names {
         if let Outcome::Running = wait_running_or_pending(&api, n, Duration::from_secs(60)).await? {
