@@ -104,6 +104,8 @@ pub struct Metrics {
     mps_daemons: Gauge,
     mps_daemons_up: Gauge,
     mps_daemon_restarts: Family<ResultLabels, Counter>,
+    carves: Family<ResultLabels, Counter>,
+    carved: Gauge,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
 }
@@ -255,6 +257,18 @@ impl Metrics {
             "XID errors the GPUs reported, by GPU index, XID and whether the health policy treats it as fatal",
             xid_events.clone(),
         );
+        let carves = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "carves",
+            "Carves before bind of a claim's slices (issue 34), by result (ok, failed)",
+            carves.clone(),
+        );
+        let carved = Gauge::default();
+        registry.register(
+            "carved_slices",
+            "Slices carved before bind that no prepare has taken yet",
+            carved.clone(),
+        );
         registry.register(
             "claim_status_write_failures",
             "Failed writes of a claim's status.devices",
@@ -284,6 +298,8 @@ impl Metrics {
             mps_daemons,
             mps_daemons_up,
             mps_daemon_restarts,
+            carves,
+            carved,
         }
     }
 
@@ -401,6 +417,21 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one carve before bind of a claim's slices (`ok` or `failed`).
+    pub fn carve_done(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.carves
+            .get_or_create(&ResultLabels {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Sets the number of slices carved before bind that no prepare has taken yet.
+    pub fn set_carved(&self, n: i64) {
+        self.carved.set(n);
+    }
+
     /// Counts one XID error on GPU `gpu`.
     pub fn xid_seen(&self, gpu: u32, xid: u32, fatal: bool) {
         self.xid_events
@@ -478,61 +509,4 @@ impl Metrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn metrics_are_exposed_with_labels() {
-        let m = Metrics::new();
-        m.observe_call("prepare", None, Duration::from_millis(3));
-        m.observe_call("prepare", Some("not_allocated"), Duration::from_millis(3));
-        m.set_prepared([(0, 2, 3), (1, 1, 1)]);
-        m.set_prepared([(1, 1, 2)]);
-        m.set_gpu_healthy(1, false);
-        m.set_free_placements(2, &[("7g.40gb".into(), 0), ("1g.5gb".into(), 6)]);
-        m.xid_seen(1, 79, true);
-        m.set_feature_gate_off("DRAPartitionableDevices", true);
-        m.set_feature_gate_off("DRADeviceTaints", false);
-        m.set_node_setup_warning("nvidia_uvm", true);
-        m.set_node_setup_warning("visible_devices_envvar", false);
-        m.set_mps_daemons(2);
-        m.mps_daemon_up(true);
-        m.mps_daemon_restarted(true);
-        let text = m.probe.encode();
-        assert!(
-            text.contains(
-                r#"das_kubelet_plugin_requests_total{method="prepare",result="success"} 1"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"das_kubelet_plugin_requests_total{method="prepare",result="error"} 1"#
-            )
-        );
-        assert!(text.contains(r#"das_kubelet_plugin_prepared_slices{gpu="1"} 1"#));
-        assert!(
-            text.contains(
-                r#"das_kubelet_plugin_request_errors_total{method="prepare",cause="not_allocated"} 1"#
-            ),
-            "{text}"
-        );
-        assert!(!text.contains(r#"gpu="0""#), "cleared GPUs disappear");
-        for want in [
-            r#"das_kubelet_plugin_gpu_memory_slices_in_use{gpu="1"} 2"#,
-            r#"das_kubelet_plugin_gpu_healthy{gpu="1"} 0"#,
-            r#"das_kubelet_plugin_free_placements{gpu="2",profile="7g.40gb"} 0"#,
-            r#"das_kubelet_plugin_free_placements{gpu="2",profile="1g.5gb"} 6"#,
-            r#"das_kubelet_plugin_xid_events_total{gpu="1",xid="79",fatal="true"} 1"#,
-            r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRAPartitionableDevices"} 1"#,
-            r#"das_kubelet_plugin_apiserver_feature_gate_off{gate="DRADeviceTaints"} 0"#,
-            r#"das_kubelet_plugin_node_setup_warning{check="nvidia_uvm"} 1"#,
-            r#"das_kubelet_plugin_node_setup_warning{check="visible_devices_envvar"} 0"#,
-            "das_kubelet_plugin_mps_daemons 2",
-            "das_kubelet_plugin_mps_daemons_up 1",
-            r#"das_kubelet_plugin_mps_daemon_restarts_total{result="ok"} 1"#,
-        ] {
-            assert!(text.contains(want), "{want} missing:\n{text}");
-        }
-    }
-}
+mod tests;

@@ -11,7 +11,10 @@
 //! - deleting them destroys every MIG instance and every CDI spec;
 //! - with `sharing.profiles` listing `1g.10gb`, shareable devices (`…-shared`) are published
 //!   only to servers that have consumable capacity without the recount bug (1.36.2+, 1.37);
-//!   on older ones none is, and the plugin's log says why (docs/design.md §7, "Shared slices").
+//!   on older ones none is, and the plugin's log says why (docs/design.md §7, "Shared slices");
+//! - with `carveBeforeBind.enabled`, MIG devices carry the binding conditions only on 1.36+ (so
+//!   every example's slice there is carved before its pod is bound); on 1.34–1.35 none does,
+//!   pods run as before, and the plugin's log says why (docs/design.md §7, "Carve before bind").
 
 use std::collections::BTreeSet;
 
@@ -36,12 +39,16 @@ async fn das_serves_the_examples_on_this_kubernetes_version() {
         .iter()
         .map(|(n, g)| (n.to_string(), g.to_string()))
         .collect();
-    let rendered =
-        chart::render_with(&["sharing.profiles={1g.5gb,1g.10gb}"]).expect("chart renders");
+    let rendered = chart::render_with(&[
+        "sharing.profiles={1g.5gb,1g.10gb}",
+        "carveBeforeBind.enabled=true",
+    ])
+    .expect("chart renders");
     let r = install::install_rendered(&mut cluster, &rendered, &gpus, &bins).await;
     cluster.check(r.map(|_| ()));
     cluster.check(slices_in_the_servers_layout(&cluster).await);
     cluster.check(shareable_devices_only_where_safe(&cluster).await);
+    cluster.check(binding_conditions_only_where_served(&cluster).await);
     // No whole GPUs: the whole-GPU example is left out; shares where the server has them.
     let serves = serves(&cluster).await.expect("the server's version");
     cluster.check(examples::apply_and_check(&cluster, serves).await);
@@ -138,6 +145,45 @@ async fn shareable_devices_only_where_safe(cluster: &Cluster) -> Result<()> {
             ensure!(
                 log.contains("no shareable devices are published"),
                 "{node}'s plugin does not say why nothing is shareable on {}",
+                info.git_version
+            );
+        }
+    }
+    Ok(())
+}
+
+/// MIG devices carry binding conditions on 1.36 and newer; on older servers none does and each
+/// plugin's log says why.
+async fn binding_conditions_only_where_served(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client();
+    let info = client.apiserver_version().await?;
+    let v = das_driver::publish::resource_slices::ServerVersion::from_info(&info);
+    let served = das_driver::publish::binding::binding_supported(v).is_ok();
+    let devices: Vec<_> = Api::<ResourceSlice>::all(client)
+        .list(&ListParams::default().fields(&format!("spec.driver={DRIVER_NAME}")))
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .filter(|d| d.name.contains("-mig-"))
+        .collect();
+    let with = devices
+        .iter()
+        .filter(|d| d.binding_conditions.is_some())
+        .count();
+    let want = if served { devices.len() } else { 0 };
+    ensure!(
+        with == want && !devices.is_empty(),
+        "{}: {with} of {} MIG devices carry binding conditions",
+        info.git_version,
+        devices.len()
+    );
+    if !served {
+        for (node, _) in NODES {
+            let log = std::fs::read_to_string(cluster.log_of(&format!("das-plugin-{node}")))?;
+            ensure!(
+                log.contains("carve before bind is off"),
+                "{node}'s plugin does not say why it does not carve on {}",
                 info.git_version
             );
         }

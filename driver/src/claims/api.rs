@@ -13,6 +13,7 @@ use das_api::claim_status::DeviceStatusData;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::handler::ClaimRef;
+use crate::claims::carve::{self, CarveOutcome};
 use crate::claims::checkpoint::RecordedDevice;
 pub use crate::claims::error::ApiError;
 use crate::events::{EventKind, EventSink, EventTarget, KubeEvents};
@@ -47,6 +48,19 @@ pub trait ClaimApi: EventSink {
         claim: &ClaimRef,
         devices: &[RecordedDevice],
     ) -> Result<(), ApiError>;
+    /// Server-side applies the entries of `status.devices` of a carve before bind
+    /// ([`crate::claims::carve`]): per device `mig.das.com/SliceReady` or
+    /// `mig.das.com/SliceFailed` True, on the claim with exactly `claim.uid`. The default writes
+    /// nothing (API doubles of tests that never carve).
+    async fn write_carve_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+        outcome: &CarveOutcome,
+    ) -> Result<(), ApiError> {
+        let _ = (claim, devices, outcome);
+        Ok(())
+    }
 }
 
 /// ResourceClaims per page when the plugin lists them (a cold start without its checkpoint): a
@@ -64,6 +78,7 @@ pub struct KubeClaimApi {
     events: KubeEvents,
     node: String,
     call_timeout: Duration,
+    slice_ready: bool,
 }
 
 impl KubeClaimApi {
@@ -75,7 +90,16 @@ impl KubeClaimApi {
             client,
             node: node.to_string(),
             call_timeout: CALL_TIMEOUT,
+            slice_ready: false,
         }
+    }
+
+    /// With carve before bind on: every prepared MIG device's entry keeps the
+    /// `mig.das.com/SliceReady` condition the carve wrote (the prepare's apply, by the same
+    /// field manager, replaces the entry's conditions).
+    pub fn with_slice_ready(mut self, on: bool) -> Self {
+        self.slice_ready = on;
+        self
     }
 
     /// Bounds every call (event posts included) by `limit` instead of [`CALL_TIMEOUT`].
@@ -139,12 +163,34 @@ impl ClaimApi for KubeClaimApi {
         devices: &[RecordedDevice],
     ) -> Result<(), ApiError> {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let body = status_apply_body(claim, devices, now);
+        let body = status_apply_body_with(claim, devices, now, self.slice_ready);
+        self.apply_status(claim, &body).await
+    }
+
+    async fn write_carve_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+        outcome: &CarveOutcome,
+    ) -> Result<(), ApiError> {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let body = carve::carve_status_body(claim, devices, outcome, now);
+        self.apply_status(claim, &body).await
+    }
+}
+
+impl KubeClaimApi {
+    /// Server-side applies `body` to the claim's status as [`FIELD_MANAGER`].
+    async fn apply_status(
+        &self,
+        claim: &ClaimRef,
+        body: &serde_json::Value,
+    ) -> Result<(), ApiError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
         let params = PatchParams::apply(FIELD_MANAGER).force();
         self.bounded(
             "write the claim's status.devices",
-            api.patch_status(&claim.name, &params, &Patch::Apply(&body)),
+            api.patch_status(&claim.name, &params, &Patch::Apply(body)),
         )
         .await
         .map(drop)
@@ -163,10 +209,23 @@ impl EventSink for KubeClaimApi {
 /// controller reads (a whole GPU's: reason `GpuPrepared`, [`DeviceStatusData::whole_gpu`]).
 /// `metadata.uid` makes the API server refuse the write (409) when the name now belongs to
 /// another claim.
+#[cfg(test)]
 pub fn status_apply_body(
     claim: &ClaimRef,
     devices: &[RecordedDevice],
     now: Time,
+) -> serde_json::Value {
+    status_apply_body_with(claim, devices, now, false)
+}
+
+/// [`status_apply_body`], with `slice_ready` (carve before bind on) each MIG device's entry
+/// also carrying the `mig.das.com/SliceReady` condition of its carve (a whole GPU is never
+/// carved).
+pub fn status_apply_body_with(
+    claim: &ClaimRef,
+    devices: &[RecordedDevice],
+    now: Time,
+    slice_ready: bool,
 ) -> serde_json::Value {
     let entries: Vec<_> = devices
         .iter()
@@ -199,6 +258,10 @@ pub fn status_apply_body(
             // A share's entry is keyed by its shareID too (KEP-5075): several claims hold the
             // device, each with its own entry.
             entry.share_id = d.share.as_ref().map(|s| s.id.clone());
+            if slice_ready {
+                let c = carve::slice_ready(d, &now);
+                entry.conditions.get_or_insert_with(Vec::new).push(c);
+            }
             entry
         })
         .collect();

@@ -15,6 +15,9 @@
 //! - [`orphans`]: the orphan rule: when a prepared claim the kubelet never unprepares may be
 //!   released, on the container runtime's evidence ([`cri`], its CRI client); its policy and
 //!   suspects (the checks are [`preparer::orphans`]'s).
+//! - [`carve`]: carve before bind (issue 34): which claims are carved or released and the
+//!   status bodies (pure; the carve itself is [`preparer::carve`]'s); [`carve_watch`], the
+//!   watch of the claims allocated to this node that drives it.
 //! - [`status`]: writes a claim's `status.devices`, retrying until it lands or the claim is gone.
 //! - [`unclaimed`]: the MIG instances no claim holds, as the health monitor asks for them
 //!   (`crate::health::unclaimed::UnclaimedInstances`).
@@ -53,6 +56,8 @@
 //! overlaps every placement of its GPU, so rules 3 and 4 hold between it and the GPU's slices.
 
 pub(crate) mod api;
+pub mod carve;
+pub mod carve_watch;
 pub mod cdi;
 pub mod checkpoint;
 pub mod cri;

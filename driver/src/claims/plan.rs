@@ -285,6 +285,9 @@ pub enum OnPrepare {
     /// A completed record of this very allocation: check that its instances and CDI spec still
     /// exist, then answer with it.
     Verify,
+    /// A record carved before bind for this very allocation (issue 34): check that its
+    /// instances still exist, then finish the prepare without creating anything.
+    FinishCarved,
     /// A half-done, releasing, or stale record (another allocation of the same claim UID):
     /// destroy what it holds first, then create.
     ReleaseFirst,
@@ -296,6 +299,9 @@ pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepar
         None => OnPrepare::Create,
         Some(r) if r.state == PrepareState::PrepareCompleted && same_devices(r, planned) => {
             OnPrepare::Verify
+        }
+        Some(r) if r.state == PrepareState::Carved && same_devices(r, planned) => {
+            OnPrepare::FinishCarved
         }
         Some(_) => OnPrepare::ReleaseFirst,
     }

@@ -19,6 +19,7 @@ use super::{
     PreparerConfig, RuntimeError,
 };
 use crate::blocking::BlockingCalls;
+use crate::claims::carve::{self, CarveOutcome};
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
 use crate::claims::plan::{DeviceKind, DeviceRef};
 use crate::gpu::{BackendError, GpuBackend, GpuInfo, MigInstance, MigModeState, Placement, Target};
@@ -33,6 +34,8 @@ pub struct MemoryApi {
     claims: Mutex<BTreeMap<(String, String), ResourceClaim>>,
     /// Status writes that landed: claim UID → MIG UUIDs written.
     pub statuses: Mutex<BTreeMap<String, Vec<String>>>,
+    /// Carve status writes that landed: claim UID → what they said (carve before bind).
+    pub carves: Mutex<BTreeMap<String, CarveOutcome>>,
     /// Warning events: (reason, note).
     pub events: Mutex<Vec<(String, String)>>,
     /// The next this many status writes fail (transiently).
@@ -104,6 +107,38 @@ impl MemoryApi {
         devices.config = Some(config);
     }
 
+    /// Has the claim's results wait for the carve (binding conditions of carve before bind), as
+    /// the scheduler copies them from devices published with `--carve-before-bind`.
+    pub fn wait_for_carve(&self, claim: &ClaimRef) {
+        self.change(claim, |rc| {
+            let allocation = rc.status.as_mut().and_then(|s| s.allocation.as_mut());
+            let results = allocation
+                .and_then(|a| a.devices.as_mut())
+                .and_then(|d| d.results.as_mut());
+            for r in results.into_iter().flatten() {
+                r.binding_conditions = Some(vec![carve::SLICE_READY.into()]);
+                r.binding_failure_conditions = Some(vec![carve::SLICE_FAILED.into()]);
+            }
+        });
+    }
+
+    /// The claim as the API server has it now.
+    pub fn claim(&self, claim: &ClaimRef) -> Option<ResourceClaim> {
+        self.claims
+            .lock()
+            .unwrap()
+            .get(&(claim.namespace.clone(), claim.name.clone()))
+            .cloned()
+    }
+
+    /// Changes the stored claim `ns/name`.
+    pub fn change(&self, claim: &ClaimRef, f: impl FnOnce(&mut ResourceClaim)) {
+        let mut claims = self.claims.lock().unwrap();
+        f(claims
+            .get_mut(&(claim.namespace.clone(), claim.name.clone()))
+            .expect("claim"));
+    }
+
     /// Deletes the claim, if the API server still has it (with its UID).
     pub fn delete(&self, claim: &ClaimRef) {
         if self.has(claim) {
@@ -171,6 +206,44 @@ impl ClaimApi for MemoryApi {
             .lock()
             .unwrap()
             .insert(claim.uid.clone(), migs);
+        Ok(())
+    }
+
+    async fn write_carve_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+        outcome: &CarveOutcome,
+    ) -> Result<(), ApiError> {
+        self.carve_status(claim, devices, outcome)
+    }
+}
+
+impl MemoryApi {
+    /// [`ClaimApi::write_carve_status`]: records the outcome, and puts its condition into the
+    /// stored claim's `status.devices` as the API server would.
+    pub fn carve_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+        outcome: &CarveOutcome,
+    ) -> Result<(), ApiError> {
+        if Self::take(&self.failing_status_writes) {
+            return Err(ApiError::transient("injected: 503"));
+        }
+        if !self.has(claim) {
+            return Err(ApiError::permanent("not found or replaced"));
+        }
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let body = carve::carve_status_body(claim, devices, outcome, now);
+        let entries = serde_json::from_value(body["status"]["devices"].clone()).expect("entries");
+        self.change(claim, |rc| {
+            rc.status.get_or_insert_with(Default::default).devices = Some(entries);
+        });
+        let mut carves = self.carves.lock().unwrap();
+        carves.insert(claim.uid.clone(), outcome.clone());
         Ok(())
     }
 }

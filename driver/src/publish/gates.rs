@@ -19,19 +19,28 @@
 //!   shared class. Once a write shows them dropped, every shareable device is left out of what
 //!   is published ([`without_shareable_devices`]) until the plugin restarts; the exclusive
 //!   devices stay published, and a Node event says so ([`CounterGuard::shares_written`]).
+//! - **Binding conditions** (`bindingConditions`, `bindingFailureConditions` of a device;
+//!   `DRADeviceBindingConditions`; carve before bind, [`super::binding`]): a scheduler whose
+//!   gate is off never picks a device that has them, and a server that drops them would give
+//!   the devices without them, so the carve would never be waited for. Once a write shows them
+//!   dropped, the devices are published without them until the plugin restarts (prepare then
+//!   carves, as without carve before bind), and a Node event says so
+//!   ([`CounterGuard::binding_written`]).
 //!
 //! The probe is a dry-run create of one of the node's counter slices: the server runs the
 //! same field dropping on a dry run (`BeforeCreate` before the dry-run store) and returns what
 //! it would store, and nothing is stored, so no device is ever offered without its counters.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::time::Instant;
 
+mod fields;
 mod shares;
 
+pub use fields::{
+    Dropped, carries_binding_conditions, carries_counters, carries_shares, carries_taints, dropped,
+};
 pub use shares::without_shareable_devices;
 
 /// The feature gate of shared counters (KEP-4815; beta and on from 1.36).
@@ -43,6 +52,9 @@ pub const DEVICE_TAINTS: &str = "DRADeviceTaints";
 /// The feature gate of consumable capacity, shareable devices (KEP-5075; beta and on from 1.36).
 pub const CONSUMABLE_CAPACITY: &str = "DRAConsumableCapacity";
 
+/// The feature gate of binding conditions (KEP-5007; beta and on from 1.36).
+pub const DEVICE_BINDING_CONDITIONS: &str = "DRADeviceBindingConditions";
+
 /// First wait before probing again after the server dropped the counters (doubles up to
 /// [`MAX_PROBE_RETRY`]).
 pub const MIN_PROBE_RETRY: Duration = Duration::from_secs(10);
@@ -52,93 +64,6 @@ pub const MIN_PROBE_RETRY: Duration = Duration::from_secs(10);
 /// plugin restarts). Also how often kept counters are checked again (an API server restarted
 /// with the gate off keeps the counters of stored slices, but its scheduler may ignore them).
 pub const MAX_PROBE_RETRY: Duration = Duration::from_secs(300);
-
-/// The gated fields one spec carries, from its [`super::plan::spec_key`] (camelCase JSON, empty
-/// lists pruned, so present means non-empty).
-#[derive(Debug, Default)]
-struct Uses {
-    /// `sharedCounters` is set.
-    shared_counters: bool,
-    /// Names of the devices with `consumesCounters`.
-    consuming: BTreeSet<String>,
-    /// Names of the devices with `taints`.
-    tainted: BTreeSet<String>,
-    /// Names of the devices with `allowMultipleAllocations: true`.
-    shareable: BTreeSet<String>,
-    /// `(device, capacity)` of the capacities with a `requestPolicy`.
-    policies: BTreeSet<(String, String)>,
-}
-
-fn uses(key: &Value) -> Uses {
-    let mut u = Uses {
-        shared_counters: key.get("sharedCounters").is_some_and(|v| !v.is_null()),
-        ..Default::default()
-    };
-    let devices = key.get("devices").and_then(Value::as_array);
-    for device in devices.into_iter().flatten() {
-        let name = device
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if device.get("consumesCounters").is_some_and(|v| !v.is_null()) {
-            u.consuming.insert(name.clone());
-        }
-        if device.get("taints").is_some_and(|v| !v.is_null()) {
-            u.tainted.insert(name.clone());
-        }
-        if device.get("allowMultipleAllocations") == Some(&Value::Bool(true)) {
-            u.shareable.insert(name.clone());
-        }
-        let capacity = device.get("capacity").and_then(Value::as_object);
-        for (cap, value) in capacity.into_iter().flatten() {
-            if value.get("requestPolicy").is_some_and(|v| !v.is_null()) {
-                u.policies.insert((name.clone(), cap.clone()));
-            }
-        }
-    }
-    u
-}
-
-/// Whether a spec key carries shared counters (a counter set, or a device consuming one).
-pub fn carries_counters(key: &Value) -> bool {
-    let u = uses(key);
-    u.shared_counters || !u.consuming.is_empty()
-}
-
-/// Whether a spec key carries a shareable device (`allowMultipleAllocations`).
-pub fn carries_shares(key: &Value) -> bool {
-    !uses(key).shareable.is_empty()
-}
-
-/// Whether a spec key carries device taints.
-pub fn carries_taints(key: &Value) -> bool {
-    !uses(key).tainted.is_empty()
-}
-
-/// What the server dropped of one written spec, among the fields whose loss DAS acts on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Dropped {
-    /// `sharedCounters` was sent and not stored, or a device's `consumesCounters` was
-    /// ([`PARTITIONABLE_DEVICES`] off).
-    pub counters: bool,
-    /// A device's `taints` were sent and not stored ([`DEVICE_TAINTS`] off).
-    pub taints: bool,
-    /// A device's `allowMultipleAllocations`, or a capacity's `requestPolicy`, was sent and not
-    /// stored ([`CONSUMABLE_CAPACITY`] off).
-    pub shares: bool,
-}
-
-/// Compares the keys ([`super::plan::spec_key`]) of a sent spec and of what the server stored
-/// (or, for a dry run, would store). Devices are matched by name.
-pub fn dropped(sent: &Value, stored: &Value) -> Dropped {
-    let (s, t) = (uses(sent), uses(stored));
-    Dropped {
-        counters: (s.shared_counters && !t.shared_counters) || !s.consuming.is_subset(&t.consuming),
-        taints: !s.tainted.is_subset(&t.tainted),
-        shares: !s.shareable.is_subset(&t.shareable) || !s.policies.is_subset(&t.policies),
-    }
-}
 
 /// What the server does with shared counters, as last seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +127,9 @@ pub enum Notice {
     /// The server dropped consumable capacity (sent on the shareable devices): they are left
     /// out of what is published until the plugin restarts.
     SharesDropped,
+    /// The server dropped binding conditions (carve before bind): the devices are published
+    /// without them until the plugin restarts.
+    BindingConditionsDropped,
 }
 
 impl Notice {
@@ -213,6 +141,7 @@ impl Notice {
             Self::TaintsDropped => "DeviceTaintsDropped",
             Self::TaintsKept => "DeviceTaintsKept",
             Self::SharesDropped => "ConsumableCapacityDropped",
+            Self::BindingConditionsDropped => "BindingConditionsDropped",
         }
     }
 
@@ -220,7 +149,10 @@ impl Notice {
     pub fn is_warning(&self) -> bool {
         matches!(
             self,
-            Self::CountersDropped { .. } | Self::TaintsDropped | Self::SharesDropped
+            Self::CountersDropped { .. }
+                | Self::TaintsDropped
+                | Self::SharesDropped
+                | Self::BindingConditionsDropped
         )
     }
 
@@ -230,6 +162,7 @@ impl Notice {
             Self::CountersDropped { .. } | Self::CountersKept => PARTITIONABLE_DEVICES,
             Self::TaintsDropped | Self::TaintsKept => DEVICE_TAINTS,
             Self::SharesDropped => CONSUMABLE_CAPACITY,
+            Self::BindingConditionsDropped => DEVICE_BINDING_CONDITIONS,
         }
     }
 
@@ -273,6 +206,14 @@ impl Notice {
                  kube-scheduler (shared slices need Kubernetes 1.36.2 or newer), then restart \
                  the node plugin to publish them again."
             ),
+            Self::BindingConditionsDropped => format!(
+                "kube-apiserver dropped the binding conditions of node {node}'s mig.das.com \
+                 devices (carve before bind): the feature gate {DEVICE_BINDING_CONDITIONS} is \
+                 off there. The devices are published without them, so slices are carved at \
+                 prepare as without --carve-before-bind. Turn \
+                 --feature-gates={DEVICE_BINDING_CONDITIONS}=true on for kube-apiserver and \
+                 kube-scheduler, then restart the node plugin."
+            ),
         }
     }
 }
@@ -314,6 +255,8 @@ pub struct CounterGuard {
     taints_dropped: bool,
     /// The server was seen dropping consumable capacity: shareable devices stay withdrawn.
     shares_dropped: bool,
+    /// The server was seen dropping binding conditions: they stay left out.
+    binding_dropped: bool,
 }
 
 impl Default for CounterGuard {
@@ -334,6 +277,7 @@ impl CounterGuard {
             kept_at: None,
             taints_dropped: false,
             shares_dropped: false,
+            binding_dropped: false,
         }
     }
 
@@ -449,6 +393,22 @@ impl CounterGuard {
         if dropped_shares && !self.shares_dropped {
             self.shares_dropped = true;
             return Some(Notice::SharesDropped);
+        }
+        None
+    }
+
+    /// Whether the devices are published without binding conditions: the server was seen
+    /// dropping them.
+    pub fn binding_dropped(&self) -> bool {
+        self.binding_dropped
+    }
+
+    /// Takes whether a publish's writes lost binding conditions. A notice the first time: from
+    /// then on the devices are published without them, until the plugin restarts.
+    pub fn binding_written(&mut self, dropped: bool) -> Option<Notice> {
+        if dropped && !self.binding_dropped {
+            self.binding_dropped = true;
+            return Some(Notice::BindingConditionsDropped);
         }
         None
     }

@@ -7,6 +7,8 @@
 //!   server version.
 //! - [`devices`]: the published devices by name, with their kind, GPU and placement (pure; the
 //!   request path and the health monitor resolve device names with it).
+//! - [`binding`]: the binding conditions of carve before bind (issue 34) on the MIG devices
+//!   (pure), and the server versions that take them.
 //! - [`desired`]: what is published now (pure): the inventory's slices with the facts the health
 //!   monitor reports ([`desired::HealthFacts`]: device taints, devices withdrawn because an
 //!   unclaimed MIG instance overlaps them), by [`desired::desired_slices`].
@@ -26,6 +28,7 @@
 //! Dependencies: `gpu` (the inventory), `events` (Node events about dropped feature gates) and
 //! `metrics`; nothing else of the crate, so `health` and `claims` may depend on it.
 
+pub mod binding;
 pub mod desired;
 pub(crate) mod devices;
 pub(crate) mod gates;

@@ -26,6 +26,8 @@
 //!   consumable capacity (`DRAConsumableCapacity`: `allowMultipleAllocations`, capacity request
 //!   policies) withdraws the shareable devices at once and for the plugin's life, and posts
 //!   `ConsumableCapacityDropped`.
+//!   Dropped binding conditions (`DRADeviceBindingConditions`; carve before bind) republish the
+//!   devices without them at once and for the plugin's life, and post `BindingConditionsDropped`.
 //! - Owner: the Node (`controller: true`), so slices go with the Node.
 //! - An empty desired list publishes one empty slice: "empty pool" differs from "no pool".
 //!
@@ -53,6 +55,7 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::binding;
 use super::gates::{self, CounterGuard, Notice, Offer, ProbeAnswer, Step};
 use super::plan::{self, Baseline};
 use crate::events::{EventKind, EventTarget};
@@ -223,11 +226,21 @@ impl Publisher {
         } else {
             desired
         };
-        // What to publish again should this write show consumable capacity dropped.
+        let desired = if self.guard.binding_dropped() {
+            binding::strip_binding_conditions(desired)
+        } else {
+            desired
+        };
+        // What to publish again should this write show consumable capacity, or binding
+        // conditions, dropped.
         let without_shares = desired
             .iter()
             .any(|s| gates::carries_shares(&plan::spec_key(s)))
             .then(|| gates::without_shareable_devices(desired.clone()));
+        let without_binding = desired
+            .iter()
+            .any(|s| gates::carries_binding_conditions(&plan::spec_key(s)))
+            .then(|| binding::strip_binding_conditions(desired.clone()));
         let desired = complete_specs(&self.node, desired)?;
         let has_counters = desired
             .iter()
@@ -251,6 +264,8 @@ impl Publisher {
         self.notify(taints).await;
         let shares = self.guard.shares_written(written.dropped.shares);
         self.notify(shares).await;
+        let bound = self.guard.binding_written(written.dropped.binding);
+        self.notify(bound).await;
         if let Some(decision) =
             self.guard
                 .written(written.counters, written.dropped.counters, Instant::now())
@@ -260,14 +275,28 @@ impl Publisher {
             let withdrawn = self.publish_withdrawn().await?;
             return Ok(then(stats, withdrawn));
         }
-        match without_shares {
-            // The server dropped consumable capacity: withdraw the shareable devices at once.
-            Some(rest) if shares.is_some() => {
+        // The server dropped consumable capacity: withdraw the shareable devices at once; or
+        // binding conditions: publish the devices again without them at once (a scheduler
+        // with the gate off would never pick them).
+        let rest = match (without_shares, without_binding) {
+            (Some(rest), _) if shares.is_some() && self.guard.binding_dropped() => {
+                Some(binding::strip_binding_conditions(rest))
+            }
+            (Some(rest), _) if shares.is_some() => Some(rest),
+            (_, Some(rest)) if bound.is_some() => Some(if self.guard.shares_dropped() {
+                gates::without_shareable_devices(rest)
+            } else {
+                rest
+            }),
+            _ => None,
+        };
+        match rest {
+            Some(rest) => {
                 let rest = complete_specs(&self.node, rest)?;
                 let (again, _) = self.publish_once(rest).await?;
                 Ok(then(stats, again))
             }
-            _ => Ok(stats),
+            None => Ok(stats),
         }
     }
 
@@ -331,7 +360,8 @@ impl Publisher {
         match notice {
             Notice::CountersDropped { first: true, .. }
             | Notice::TaintsDropped
-            | Notice::SharesDropped => {
+            | Notice::SharesDropped
+            | Notice::BindingConditionsDropped => {
                 warn!(%node, gate, reason, "{note}");
             }
             Notice::CountersDropped { first: false, .. } => {
@@ -352,6 +382,10 @@ impl Publisher {
             m.set_feature_gate_off(gates::PARTITIONABLE_DEVICES, self.guard.withdrawn());
             m.set_feature_gate_off(gates::DEVICE_TAINTS, self.guard.taints_dropped());
             m.set_feature_gate_off(gates::CONSUMABLE_CAPACITY, self.guard.shares_dropped());
+            m.set_feature_gate_off(
+                gates::DEVICE_BINDING_CONDITIONS,
+                self.guard.binding_dropped(),
+            );
         }
     }
 }

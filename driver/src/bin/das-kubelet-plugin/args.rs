@@ -106,6 +106,13 @@ pub(crate) struct Args {
     /// Also destroy MIG instances at start-up that DAS did not create and no claim holds.
     #[arg(long, env = "DAS_RECLAIM_FOREIGN_SLICES")]
     pub(crate) reclaim_foreign_slices: bool,
+    /// Carve before bind (issue 34): publish the MIG devices with the binding condition
+    /// `mig.das.com/SliceReady` (failure condition `mig.das.com/SliceFailed`), watch the claims
+    /// allocated to this node and create their slices before the scheduler binds their pods,
+    /// so a slice that cannot be created reschedules its pod. Needs Kubernetes 1.36 or newer
+    /// (`DRADeviceBindingConditions`); on an older API server it is off and the log says why.
+    #[arg(long, env = "DAS_CARVE_BEFORE_BIND")]
+    pub(crate) carve_before_bind: bool,
     /// The node's container runtime (CRI) endpoint, e.g. `unix:///run/containerd/containerd.sock`
     /// or `unix:///var/run/crio/crio.sock`. The orphan rule asks it whether any sandbox or
     /// container of a pod is left before releasing the slices of a claim that the API server no
@@ -293,6 +300,8 @@ mod tests {
         let args = parse(&["--mig-mode-switching", "--whole-gpus"]).unwrap();
         assert!(args.mig_mode_switching && args.whole_gpus);
         assert!(!parse(&[]).unwrap().mig_mode_switching, "off by default");
+        assert!(!parse(&[]).unwrap().carve_before_bind, "off by default");
+        assert!(parse(&["--carve-before-bind"]).unwrap().carve_before_bind);
     }
 
     #[test]

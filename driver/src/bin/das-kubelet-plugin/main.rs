@@ -23,6 +23,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use das_api::DRIVER_NAME;
 use das_driver::blocking::BlockingCalls;
+use das_driver::claims::carve_watch::CarveWatch;
 use das_driver::claims::checkpoint::{self, CheckpointStore};
 use das_driver::claims::{ClaimHandler, KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::health::{HealthBook, HealthMonitor, HealthSource};
@@ -31,6 +32,7 @@ use das_driver::mps::MpsDaemons;
 use das_driver::node_checks;
 use das_driver::plugin::handover::{self, Background, Ended, Gate, Gated, Limits};
 use das_driver::plugin::server::{self, SocketPaths};
+use das_driver::publish::binding;
 use das_driver::publish::desired::{HealthFacts, desired_slices};
 use das_driver::publish::resource_slices::{self, ServerVersion, SliceOptions};
 use das_driver::publish::{Publisher, RunConfig};
@@ -94,9 +96,10 @@ fn limit_malloc_arenas() {
 }
 
 /// What the slices hold for the API server's version (its layout, and the shareable devices of
-/// --shared-profiles where it supports them; docs/design.md §7, "Shared slices"). When the
-/// flags list profiles the server cannot be given, the log says why.
-async fn slice_options(client: &kube::Client, args: &Args) -> Result<SliceOptions> {
+/// --shared-profiles where it supports them; docs/design.md §7, "Shared slices"), and whether
+/// carve before bind is on (--carve-before-bind on a server that serves binding conditions,
+/// issue 34). When the flags ask for what the server cannot be given, the log says why.
+async fn slice_options(client: &kube::Client, args: &Args) -> Result<(SliceOptions, bool)> {
     let info = client
         .apiserver_version()
         .await
@@ -109,7 +112,15 @@ async fn slice_options(client: &kube::Client, args: &Args) -> Result<SliceOption
             "no shareable devices are published: {why}"
         );
     }
-    Ok(options)
+    let carve = args.carve_before_bind
+        && match binding::binding_supported(version) {
+            Ok(()) => true,
+            Err(why) => {
+                tracing::warn!(server = %info.git_version, "carve before bind is off: {why}");
+                false
+            }
+        };
+    Ok((options, carve))
 }
 
 /// `options` without shareable devices when this node cannot run MPS, which every share of a
@@ -154,7 +165,7 @@ async fn run(args: Args) -> Result<()> {
     ));
     // Checks that touch nothing on the node come first: an instance that cannot reach the API
     // server should fail before it asks the active instance to hand over.
-    let options = slice_options(&client, &args).await?;
+    let (options, carve_before_bind) = slice_options(&client, &args).await?;
     // Then the node's GPUs and driver files, still before asking: a bad image or a broken
     // driver fails here while the active instance keeps serving. Only the node's active
     // instance touches the state dir and the GPUs' MIG instances (see plugin/handover/).
@@ -197,7 +208,9 @@ async fn run(args: Args) -> Result<()> {
     ));
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &node.boot_id)?;
-    let api = Arc::new(KubeClaimApi::new(client.clone(), &args.node_name));
+    let api = Arc::new(
+        KubeClaimApi::new(client.clone(), &args.node_name).with_slice_ready(carve_before_bind),
+    );
     if let Some(setup) = &node.setup {
         node_checks::report(setup, api.as_ref(), &metrics).await;
     }
@@ -225,10 +238,16 @@ async fn run(args: Args) -> Result<()> {
     let options = unless_no_mps(options, &mps);
     let (layout, shared) = (options.layout, options.shared.selectors.clone());
     let desired = resource_slices::desired_resource_slices(&args.node_name, &inventory, options)?;
+    let desired = if carve_before_bind {
+        binding::with_binding_conditions(desired)
+    } else {
+        desired
+    };
     tracing::info!(
         slices = desired.len(),
         ?layout,
         ?shared,
+        carve_before_bind,
         "publishing ResourceSlices"
     );
 
@@ -258,6 +277,7 @@ async fn run(args: Args) -> Result<()> {
     );
 
     // Publish once before registering, so the scheduler can place pods as soon as we answer.
+    let claim_watch_client = watch_client.clone();
     let mut publisher = Publisher::new(client.clone(), &args.node_name, None)
         .with_watch_client(watch_client)
         .with_metrics(metrics.clone());
@@ -289,6 +309,15 @@ async fn run(args: Args) -> Result<()> {
         DRIVER_NAME,
         args.pod_uid.as_deref(),
     )?;
+    if carve_before_bind {
+        let carve_stop = stop.child_token();
+        let watch = CarveWatch::new(preparer.clone(), &args.node_name);
+        background.spawn(
+            "carve-before-bind watch",
+            carve_stop.clone(),
+            watch.run(claim_watch_client, carve_stop),
+        );
+    }
     let reaper_stop = stop.child_token();
     background.spawn(
         "reaper",

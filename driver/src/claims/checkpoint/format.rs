@@ -1,5 +1,5 @@
-//! The checkpoint document (version 7; see [`super`] for the JSON): the record types, the
-//! checksum, encoding and decoding with the upgrades of versions 1 to 6, and the in-memory
+//! The checkpoint document (version 8; see [`super`] for the JSON): the record types, the
+//! checksum, encoding and decoding with the upgrades of versions 1 to 7, and the in-memory
 //! changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -13,8 +13,8 @@ pub use crate::publish::devices::DeviceKind;
 mod kind;
 pub(super) mod v1;
 
-/// Version of the document this module writes. It also reads versions 1 to 6 (see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 7;
+/// Version of the document this module writes. It also reads versions 1 to 7 (see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 8;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -29,6 +29,12 @@ pub enum PrepareState {
     /// not destroy them all): `devices` are the ones not yet confirmed destroyed. The reaper
     /// retries until they are gone; only then is the record dropped.
     Releasing,
+    /// Carved before bind (issue 34; version 8): the instances exist and are recorded, the
+    /// claim's `status.devices` says `mig.das.com/SliceReady`, but the kubelet has not prepared
+    /// the claim yet, so no CDI spec is written, no MPS daemon runs and no container was ever
+    /// given the instances. Its prepare checks them and completes the record; a claim that is
+    /// deleted, deallocated or allocated otherwise first releases it at once.
+    Carved,
 }
 
 /// The identity of one MIG instance (a GPU instance with its compute instance) on the GPU named
@@ -372,6 +378,25 @@ impl Checkpoint {
         }
     }
 
+    /// Records that the claim's `devices` (their instances created) were carved before bind
+    /// ([`PrepareState::Carved`]), replacing the started record the carve wrote first.
+    pub fn set_carved(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<RecordedDevice>,
+    ) {
+        self.upsert(
+            claim_uid,
+            namespace,
+            name,
+            PrepareState::Carved,
+            devices,
+            BTreeMap::new(),
+        );
+    }
+
     /// Records that the claim's instances in `devices` must still be destroyed
     /// ([`PrepareState::Releasing`]); keeps the claim's namespace and name.
     pub fn set_releasing(
@@ -432,10 +457,11 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
         // Version 2 is version 3 without `pods`, version 3 is version 4 without a device's
         // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`,
         // version 5 is version 6 without a device's `mps`, version 6 is version 7 without a
-        // device's `share`: the same document type reads all six, and its checksum covers the
-        // version the file has (a MIG device serializes as it did, an exclusive one without
-        // `mps`, one held alone without `share`, and no switch is left out).
-        Some(v @ (2..=6 | CHECKPOINT_VERSION)) => {
+        // device's `share`, version 7 is version 8 without the state `Carved`: the same
+        // document type reads all seven, and its checksum covers the version the file has (a
+        // MIG device serializes as it did, an exclusive one without `mps`, one held alone
+        // without `share`, and no switch is left out).
+        Some(v @ (2..=7 | CHECKPOINT_VERSION)) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;

@@ -15,13 +15,13 @@
 //!
 //! ```json
 //! {
-//!   "version": 7,
+//!   "version": 8,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
 //!     "<claimUID>": {
 //!       "namespace": "ns", "name": "claim",
-//!       "state": "PrepareStarted" | "PrepareCompleted" | "Releasing",
+//!       "state": "PrepareStarted" | "PrepareCompleted" | "Releasing" | "Carved",
 //!       "devices": [{"request": "gpu", "pool": "node-a", "device": "gpu-0-mig-1g-10gb-6",
 //!                    "gpuIndex": 0, "gpuUUID": "GPU-…", "profile": "1g.10gb",
 //!                    "placementStart": 6, "placementSize": 2,
@@ -66,6 +66,16 @@
 //! and its MPS control daemon (one per slice, keyed by GPU UUID and device) live while any of
 //! them does. The records are the reference count, so it survives restarts.
 //!
+//! State `Carved` (version 8; carve before bind, issue 34): the plugin created the claim's
+//! instances when the scheduler allocated them, before the pod was bound, and set the claim's
+//! `mig.das.com/SliceReady` condition; the kubelet has not prepared the claim yet. Its
+//! devices have their `instance`s; it has no `cdiDeviceIds`, no MPS daemon runs for it, and no
+//! container was ever given its instances. The kubelet's prepare of the same allocation checks
+//! the instances, starts the MPS daemons, writes the CDI spec and records `PrepareCompleted`; a
+//! claim that is deleted, deallocated or allocated otherwise releases the record at once, and
+//! start-up releases the `Carved` records whose claims the API server no longer allocates to
+//! this node as recorded.
+//!
 //! Version 1 (the first release) had the instance fields flat on the device (`giId`, `ciId`,
 //! `migUUID`), CDI device IDs per request, and no `Releasing` state; it is read and upgraded
 //! ([`LoadOutcome::Upgraded`]), never treated as corrupt. Version 2 lacked `pods` (the UIDs of
@@ -80,8 +90,9 @@
 //! a version-5 file's bytes are a valid version-6 document but for `version`); it is read as
 //! version 6 with every device exclusive. Version 6 lacked a device's `share` (a claim's share of
 //! a shareable device, docs/design.md §7, "Shared slices": its `shareID`, the shares and memory
-//! it consumes; left out for a device held alone); it is read as version 7 with no share. An
-//! older
+//! it consumes; left out for a device held alone); it is read as version 7 with no share.
+//! Version 7 lacked the state `Carved` (a version-7 file's bytes are a valid version-8 document
+//! but for `version`); it is read as version 8 with no carved claim. An older
 //! binary moves a newer file aside as corrupt and rebuilds from the GPUs and the API server (a
 //! downgrade loses no instance the API server still allocates; see docs/design.md for what it
 //! costs).

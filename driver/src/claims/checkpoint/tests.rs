@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use super::format::{Document, v1};
 use super::*;
 
+mod carved;
 mod mps;
 
 const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
@@ -99,7 +100,7 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 7",
+        "\"version\": 8",
         "\"pods\"",
         "\"instance\"",
         "\"giId\"",
@@ -188,10 +189,10 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 7", "\"version\": 8")).unwrap();
+    fs::write(&path, text.replace("\"version\": 8", "\"version\": 9")).unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("8".into())
+        CorruptReason::UnknownVersion("9".into())
     );
 }
 
@@ -323,7 +324,7 @@ fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
     checkpoint.save(&path).unwrap();
     let text = fs::read_to_string(&path).unwrap();
     assert!(
-        text.contains("\"version\": 7") && !text.contains("\"kind\""),
+        text.contains("\"version\": 8") && !text.contains("\"kind\""),
         "{text}"
     );
     assert_eq!(

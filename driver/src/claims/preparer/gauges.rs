@@ -34,6 +34,14 @@ impl Preparer {
             });
             self.metrics.set_free_placements(*gpu, &free);
         }
+        let carved = checkpoint.read(|cp| {
+            cp.claims
+                .values()
+                .filter(|r| r.state == PrepareState::Carved)
+                .map(|r| r.devices.len() as i64)
+                .sum()
+        });
+        self.metrics.set_carved(carved);
         self.metrics.set_prepared(
             per_gpu
                 .into_iter()

@@ -3,11 +3,15 @@
 //! serve:
 //!
 //! - [`prepare`]: NodePrepareResources of one claim, and the claim's CDI spec.
+//! - [`create`]: the creates of a prepare and of a carve (MIG mode, create or join, the
+//!   roll-back of a failure).
 //! - [`release`]: NodeUnprepareResources, and the release of a claim's instances that it, the
 //!   roll-back of a failed prepare, the reaper and the orphan rule share.
 //! - [`startup`]: the start-up reconciliation of checkpoint, GPUs and API server.
 //! - [`reaper`]: the passes of the reaper ([`super::reaper`] keeps its schedule).
 //! - [`orphans`]: the checks of the orphan rule ([`super::orphans`] states it).
+//! - [`carve`]: carve before bind (issue 34): the carve of a claim allocated here, the prepare
+//!   of a carved claim, the release of a carved claim that never reached a prepare.
 //! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
 //! - [`whole_gpu`]: the check a prepare makes of a whole GPU (docs/design.md §7, "Whole GPUs"),
 //!   and the device node its CDI spec gives.
@@ -59,6 +63,8 @@ use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::publish::resource_slices::SharePolicy;
 
+pub(crate) mod carve;
+pub(crate) mod create;
 pub(crate) mod gauges;
 pub(crate) mod mig_mode;
 pub(crate) mod mps;

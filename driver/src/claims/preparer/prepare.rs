@@ -4,16 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
-
 use super::Preparer;
 use crate::claims::PrepareError;
 use crate::claims::cdi::ClaimSpec;
-use crate::claims::checkpoint::{Checkpoint, ClaimRecord, InstanceId, RecordedDevice};
+use crate::claims::checkpoint::{ClaimRecord, RecordedDevice};
 use crate::claims::handler::{ClaimRef, PreparedDevice};
-use crate::claims::plan::share::OnShare;
-use crate::claims::plan::{self, DeviceKind, Holding, OnPrepare, Planned};
-use crate::gpu::{BackendError, MigInstance};
+use crate::claims::plan::{self, Holding, OnPrepare, Planned};
 
 /// Longest a prepare waits for another claim's instances at its placements to go: after a force
 /// delete the scheduler gives the placement to a new pod before the kubelet has unprepared the
@@ -23,19 +19,6 @@ use crate::gpu::{BackendError, MigInstance};
 pub const PLACEMENT_WAIT: Duration = Duration::from_secs(20);
 /// How often a waiting prepare looks again (it is also woken when a record is dropped).
 const PLACEMENT_POLL: Duration = Duration::from_millis(100);
-
-/// What the instances of one GPU's creates came to: the instances made, by position in the
-/// plan, and the first failure with its position, if any.
-type Created = (Vec<(usize, MigInstance)>, Option<(usize, Failed)>);
-
-/// Why the work of a prepare on one GPU stopped.
-enum Failed {
-    /// The GPU could not be put in the MIG mode its devices need, or a share could neither
-    /// create nor join its slice; nothing was created for the device.
-    Refused(PrepareError),
-    /// A create failed.
-    Create(BackendError),
-}
 
 impl Preparer {
     /// Prepares one claim; see the module docs of [`super`].
@@ -68,6 +51,11 @@ impl Preparer {
             (OnPrepare::Verify, Some(r)) => {
                 if let Some(done) = self.serve_completed(claim, &r).await? {
                     self.note_pods(claim, &r.pods, &pods).await?;
+                    return Ok(done);
+                }
+            }
+            (OnPrepare::FinishCarved, Some(r)) => {
+                if let Some(done) = self.prepare_carved(claim, &r, &pods).await? {
                     return Ok(done);
                 }
             }
@@ -119,7 +107,7 @@ impl Preparer {
     /// # Errors
     /// [`PrepareError::PlacementHeld`] naming the holders, when they are still there at the limit
     /// (the kubelet retries the prepare).
-    async fn wait_for_placements(
+    pub(super) async fn wait_for_placements(
         &self,
         claim: &ClaimRef,
         planned: &[Planned],
@@ -177,6 +165,23 @@ impl Preparer {
         claim: &ClaimRef,
         record: &ClaimRecord,
     ) -> Result<Option<Vec<PreparedDevice>>, PrepareError> {
+        let Some(held) = self.live_holdings(claim, record).await? else {
+            return Ok(None);
+        };
+        // Its MPS daemons run (supervised since the prepare or start-up); a missing one starts.
+        self.start_mps(claim, &record.devices).await?;
+        self.ensure_cdi_spec(claim, record, &held)?;
+        self.start_status(claim, record);
+        Ok(Some(plan::kubelet_devices(record)))
+    }
+
+    /// What the record's devices hold on the GPUs, when every instance still exists (and each
+    /// whole GPU is still published); `None` after releasing a record whose instances are gone.
+    pub(super) async fn live_holdings(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+    ) -> Result<Option<Vec<Holding>>, PrepareError> {
         let mut live = Vec::new();
         for gpu in gpus_of(&record.devices) {
             live.extend(
@@ -205,12 +210,7 @@ impl Preparer {
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
         }
-        let held: Vec<Holding> = held.into_iter().flatten().collect();
-        // Its MPS daemons run (supervised since the prepare or start-up); a missing one starts.
-        self.start_mps(claim, &record.devices).await?;
-        self.ensure_cdi_spec(claim, record, &held)?;
-        self.start_status(claim, record);
-        Ok(Some(plan::kubelet_devices(record)))
+        Ok(Some(held.into_iter().flatten().collect()))
     }
 
     /// Writes the record's CDI spec when the file is missing, unreadable or not what it should
@@ -274,28 +274,22 @@ impl Preparer {
             })
             .await?;
         let t_started = t0.elapsed();
-        let (made, failed) = self.create_all(&claim.uid, planned).await;
-        let devices = self.record_of(&claim.uid).map(|r| r.devices);
-        let Some(devices) = devices else {
-            return Err(PrepareError::Internal(
-                "the claim's record vanished while its lock was held".into(),
-            ));
-        };
-        if let Some((attempted, err)) = failed_creates(planned, &devices, &made, failed) {
-            self.roll_back(claim, attempted).await;
-            return Err(err);
-        }
-        // Every MIG device has its instance now; a whole GPU needs only its device node.
-        let held: Vec<Holding> = planned
-            .iter()
-            .zip(made)
-            .filter_map(|(p, m)| match p.at.kind {
-                DeviceKind::WholeGpu => Some(Holding::WholeGpu {
-                    minor: p.at.gpu_minor,
-                }),
-                DeviceKind::Mig => m.map(Holding::Instance),
-            })
-            .collect();
+        let (devices, held) = self.create_planned(claim, planned).await?;
+        self.finish_prepare(claim, devices, held, (t0, t_started))
+            .await
+    }
+
+    /// The rest of a prepare once the claim's instances exist (created now, or carved before
+    /// bind): start the MPS daemons, write the CDI spec, checkpoint `PrepareCompleted`, start
+    /// the status write; rolls back on any failure. `t0` and when the record was started are
+    /// for the log of the phases.
+    pub(super) async fn finish_prepare(
+        &self,
+        claim: &ClaimRef,
+        devices: Vec<RecordedDevice>,
+        held: Vec<Holding>,
+        (t0, t_started): (Instant, Duration),
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         // The daemons before the spec: no container gets a pipe directory without one behind it.
         if let Err(e) = self.start_mps(claim, &devices).await {
             self.roll_back(claim, devices).await;
@@ -350,216 +344,11 @@ impl Preparer {
 
     /// Releases the instances of a failed prepare; a failure to destroy is already recorded for
     /// the reaper by [`Self::release`], so only logged here.
-    async fn roll_back(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) {
+    pub(super) async fn roll_back(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) {
         if let Err(e) = self.release(claim, devices).await {
             tracing::error!(claim = %claim, error = %e, "rolling back a failed prepare left slices behind; the reaper retries");
         }
     }
-
-    /// Puts each GPU in the MIG mode its planned devices need and creates every planned
-    /// instance, GPUs in parallel. Returns the instance made for each planned device (in order;
-    /// `None` for a whole GPU, for which nothing is created) and the first failure, if any (a
-    /// GPU stops at its first failure).
-    async fn create_all(
-        &self,
-        uid: &str,
-        planned: &[Planned],
-    ) -> (Vec<Option<MigInstance>>, Vec<(usize, Failed)>) {
-        let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
-        for (i, p) in planned.iter().enumerate() {
-            by_gpu.entry(p.at.gpu_index).or_default().push((i, p));
-        }
-        let per_gpu = join_all(
-            by_gpu
-                .into_iter()
-                .map(|(gpu, items)| self.create_on_gpu(uid, gpu, items)),
-        )
-        .await;
-        let mut made = vec![None; planned.len()];
-        let mut failed = Vec::new();
-        for (instances, err) in per_gpu {
-            for (i, s) in instances {
-                made[i] = Some(s);
-            }
-            failed.extend(err);
-        }
-        (made, failed)
-    }
-
-    /// Under GPU `gpu`'s lock: puts the GPU in the MIG mode `items` need (on for MIG devices, off
-    /// for a whole GPU; [`Self::ensure_mig_mode`]), then creates the MIG devices' instances in
-    /// turn, noting each in the claim's record while still holding the lock, so a concurrent
-    /// release on this GPU sees it as recorded.
-    async fn create_on_gpu(&self, uid: &str, gpu: u32, items: Vec<(usize, &Planned)>) -> Created {
-        let _held = self.gpus.lock(gpu).await;
-        let Some(&(first, p)) = items.first() else {
-            return (Vec::new(), None);
-        };
-        let want_mig = p.at.kind == DeviceKind::Mig;
-        if let Some(&(i, other)) = items.iter().find(|(_, q)| q.at.kind != p.at.kind) {
-            let err = PrepareError::MigModeSwitch {
-                device: other.device.clone(),
-                gpu,
-                mig_enabled: !want_mig,
-                reason: format!(
-                    "the claim was also allocated {} on this GPU, which needs the other mode; a whole GPU and a slice of one GPU are never allocated together while the counters are published (check `kubectl get resourceslices` for this node's counter sets), so delete the pod to have its claim allocated again",
-                    p.device
-                ),
-            };
-            return (Vec::new(), Some((i, Failed::Refused(err))));
-        }
-        if let Err(e) = self.ensure_mig_mode(uid, gpu, want_mig, &p.device).await {
-            return (Vec::new(), Some((first, Failed::Refused(e))));
-        }
-        let mut made = Vec::new();
-        for (i, p) in items
-            .into_iter()
-            .filter(|(_, p)| p.at.kind == DeviceKind::Mig)
-        {
-            let r = match self.create_or_join(uid, gpu, i, p).await {
-                Ok(r) => r,
-                Err(e) => return (made, Some((i, Failed::Refused(e)))),
-            };
-            match r {
-                Ok(instance) => {
-                    self.records.checkpoint.change(|cp| {
-                        if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
-                            *d = plan::with_instance(d, &instance);
-                        }
-                    });
-                    made.push((i, instance));
-                }
-                Err(e) => return (made, Some((i, Failed::Create(e)))),
-            }
-        }
-        (made, None)
-    }
-}
-
-impl Preparer {
-    /// The instance of planned device `p` (the claim's `i`th) on GPU `gpu`, whose lock the
-    /// caller holds: created, or, for a share of a slice other shares hold, theirs
-    /// ([`plan::share::on_share`]). A share that joins records the slice's instance in the same
-    /// change of the checkpoint that decides it: a release of another share that decides
-    /// between the two (after its record is marked `Releasing`) sees this share as a holder, so
-    /// it never stops the daemon or destroys the slice this share just joined.
-    ///
-    /// # Errors
-    /// Outer: [`PrepareError::Share`], the share can neither create nor join its slice (nothing
-    /// was created). Inner: what the backend's create answered.
-    async fn create_or_join(
-        &self,
-        uid: &str,
-        gpu: u32,
-        i: usize,
-        p: &Planned,
-    ) -> Result<Result<MigInstance, BackendError>, PrepareError> {
-        if p.share.is_some() {
-            let (on, _) = self.records.checkpoint.change(|cp| {
-                let on = plan::share::on_share(cp, uid, p);
-                if let OnShare::Join(id) = &on {
-                    set_instance(cp, uid, i, Some(id.clone()));
-                }
-                on
-            });
-            tracing::debug!(claim = uid, device = %p.device, decision = ?on, "a share of a shared slice");
-            match on {
-                OnShare::Create => {}
-                OnShare::Refuse(e) => return Err(e),
-                OnShare::Join(id) => {
-                    let joined = self.join_slice(gpu, p, id).await;
-                    if joined.is_err() {
-                        self.records
-                            .checkpoint
-                            .change(|cp| set_instance(cp, uid, i, None));
-                    }
-                    return joined.map(Ok);
-                }
-            }
-        }
-        let (profile, start) = (p.at.profile.clone(), p.at.start);
-        let t0 = Instant::now();
-        let r = self
-            .gpus
-            .call(gpu, move |b| b.create_instance(gpu, &profile, start))
-            .await;
-        self.metrics.observe_backend("create", t0.elapsed());
-        Ok(r)
-    }
-
-    /// The live instance `id` other shares of `p`'s slice hold, on GPU `gpu` (its lock held).
-    ///
-    /// # Errors
-    /// [`PrepareError::Share`]: the GPU does not answer, or the instance is gone.
-    async fn join_slice(
-        &self,
-        gpu: u32,
-        p: &Planned,
-        id: InstanceId,
-    ) -> Result<MigInstance, PrepareError> {
-        let fail = |reason: String| PrepareError::Share {
-            device: p.device.clone(),
-            reason,
-        };
-        let live = self
-            .gpus
-            .instances_on(gpu)
-            .await
-            .map_err(|e| fail(format!("its slice's GPU does not answer: {e}")))?;
-        let held = RecordedDevice {
-            instance: Some(id),
-            ..plan::record(p)
-        };
-        live.into_iter()
-            .find(|s| plan::is_instance(&held, s) && !s.mig_uuid.is_empty())
-            .ok_or_else(|| fail("the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared".into()))
-    }
-}
-
-/// Sets (or clears) the instance of claim `uid`'s `i`th recorded device.
-fn set_instance(cp: &mut Checkpoint, uid: &str, i: usize, id: Option<InstanceId>) {
-    if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
-        d.instance = id;
-    }
-}
-
-/// After creates of which some GPUs' `failed`: what the roll-back must release (the
-/// instances made, and every GPU instance a failed create names: NVML's create leaves one
-/// behind when the compute instance fails and so does its clean-up) and the prepare's error
-/// (the first GPU's failure). `None` when nothing failed.
-fn failed_creates(
-    planned: &[Planned],
-    devices: &[RecordedDevice],
-    made: &[Option<MigInstance>],
-    failed: Vec<(usize, Failed)>,
-) -> Option<(Vec<RecordedDevice>, PrepareError)> {
-    let mut attempted: Vec<RecordedDevice> = devices
-        .iter()
-        .zip(made)
-        .filter(|(_, m)| m.is_some())
-        .map(|(d, _)| d.clone())
-        .collect();
-    let mut first = None;
-    for (i, failure) in failed {
-        let err = match failure {
-            Failed::Refused(err) => err,
-            Failed::Create(e) => {
-                if let Some(gi_id) = e.target().gi_id {
-                    attempted.push(RecordedDevice {
-                        instance: Some(InstanceId {
-                            gi_id,
-                            ci_id: 0,
-                            mig_uuid: String::new(),
-                        }),
-                        ..devices[i].clone()
-                    });
-                }
-                PrepareError::create(&planned[i].device, e)
-            }
-        };
-        first.get_or_insert(err);
-    }
-    first.map(|err| (attempted, err))
 }
 
 fn unreachable_record() -> ClaimRecord {

@@ -85,15 +85,17 @@ impl Preparer {
         claim: &ClaimRef,
         devices: Vec<RecordedDevice>,
     ) -> Result<(), PrepareError> {
-        // A completed record always holds live instances: mark it releasing before the first
+        // A completed (or carved) record always holds live instances: mark it releasing before the first
         // destroy, so a crash half-way leaves a record start-up finishes, not a completed one
         // with instances missing. A record with a share is marked too, whatever its state:
         // the mark is what tells other shares (and their releases) that this one is leaving.
         let mark = self.records.checkpoint.read(|cp| {
             cp.get(&claim.uid).is_some_and(|r| {
-                r.state == PrepareState::PrepareCompleted
-                    || (r.state == PrepareState::PrepareStarted
-                        && r.devices.iter().any(|d| d.share.is_some()))
+                matches!(
+                    r.state,
+                    PrepareState::PrepareCompleted | PrepareState::Carved
+                ) || (r.state == PrepareState::PrepareStarted
+                    && r.devices.iter().any(|d| d.share.is_some()))
             })
         });
         if mark {

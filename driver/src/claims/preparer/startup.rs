@@ -98,6 +98,14 @@ impl Preparer {
                 }
                 return;
             }
+            PrepareState::Carved if self.carved_still_allocated(claim, &record).await => {
+                tracing::info!(claim = %claim, "keeping a claim carved before bind for the kubelet's prepare");
+                report.kept.push(claim.to_string());
+                return;
+            }
+            PrepareState::Carved => {
+                "destroying a slice carved for a claim no longer allocated here"
+            }
             PrepareState::PrepareStarted => "rolling back a prepare that did not complete",
             PrepareState::Releasing => "destroying the slices a release left",
         };

@@ -2,7 +2,7 @@
 //! what was written and what came back.
 
 use super::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A 1.35 counter-only slice key.
 fn counter_slice() -> Value {
@@ -59,7 +59,8 @@ fn dropped_counters_and_taints_are_told_apart() {
         Dropped {
             counters: true,
             taints: false,
-            shares: false
+            shares: false,
+            binding: false
         },
         "a counter-only slice stored empty lost its counter set"
     );
@@ -71,7 +72,8 @@ fn dropped_counters_and_taints_are_told_apart() {
         Dropped {
             counters: true,
             taints: false,
-            shares: false
+            shares: false,
+            binding: false
         }
     );
     assert_eq!(
@@ -79,7 +81,8 @@ fn dropped_counters_and_taints_are_told_apart() {
         Dropped {
             counters: false,
             taints: true,
-            shares: false
+            shares: false,
+            binding: false
         }
     );
     assert_eq!(
@@ -87,7 +90,8 @@ fn dropped_counters_and_taints_are_told_apart() {
         Dropped {
             counters: true,
             taints: true,
-            shares: false
+            shares: false,
+            binding: false
         }
     );
 }
@@ -437,4 +441,35 @@ fn dropped_consumable_capacity_withdraws_the_shareable_devices_and_warns_once() 
     assert!(g.shares_dropped());
     // The exclusive devices stay published.
     assert!(!g.withdrawn());
+}
+
+#[test]
+fn dropped_binding_conditions_are_seen() {
+    let sent = json!({"devices": [
+        {"name": "gpu-0-mig-1g-5gb-0", "bindingConditions": ["mig.das.com/SliceReady"],
+         "bindingFailureConditions": ["mig.das.com/SliceFailed"]},
+        {"name": "gpu-1"}
+    ]});
+    assert!(carries_binding_conditions(&sent));
+    assert!(!carries_binding_conditions(
+        &json!({"devices": [{"name": "gpu-1"}]})
+    ));
+    assert_eq!(dropped(&sent, &sent), Dropped::default());
+    let stored = json!({"devices": [{"name": "gpu-0-mig-1g-5gb-0"}, {"name": "gpu-1"}]});
+    assert_eq!(
+        dropped(&sent, &stored),
+        Dropped {
+            binding: true,
+            ..Dropped::default()
+        }
+    );
+    let mut guard = CounterGuard::default();
+    assert!(!guard.binding_dropped());
+    assert_eq!(guard.binding_written(false), None);
+    let notice = guard.binding_written(true).unwrap();
+    assert_eq!(notice, Notice::BindingConditionsDropped);
+    assert!(notice.is_warning() && notice.gate() == "DRADeviceBindingConditions");
+    assert!(notice.note("n0").contains("restart the node plugin"));
+    assert!(guard.binding_dropped());
+    assert_eq!(guard.binding_written(true), None, "told once");
 }

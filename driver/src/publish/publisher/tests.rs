@@ -80,7 +80,7 @@ fn node_selecting_specs_are_refused_with_their_index() {
 use std::sync::Mutex;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::DeviceTaint;
+use k8s_openapi::api::resource::v1::{Device, DeviceTaint};
 use kube::api::Preconditions;
 use kube::core::Status;
 use tokio::sync::watch;
@@ -100,6 +100,8 @@ struct FakeState {
     taints_gate: bool,
     /// `DRAConsumableCapacity` on.
     shares_gate: bool,
+    /// `DRADeviceBindingConditions` on.
+    binding_gate: bool,
     /// Dry runs fail (an admission webhook without dry-run support).
     refuse_dry_run: bool,
     /// Dry-run creates answered, with when.
@@ -181,6 +183,18 @@ fn drop_disabled(state: &FakeState, new: &mut ResourceSliceSpec, old: Option<&Re
             }
         }
     }
+    if !state.binding_gate && !old.is_some_and(uses_binding) {
+        new.devices
+            .iter_mut()
+            .flatten()
+            .for_each(crate::publish::binding::without_binding_conditions);
+    }
+}
+
+fn uses_binding(spec: &ResourceSliceSpec) -> bool {
+    let bound =
+        |d: &Device| d.binding_conditions.is_some() || d.binding_failure_conditions.is_some();
+    spec.devices.iter().flatten().any(bound)
 }
 
 #[tonic::async_trait]
@@ -582,4 +596,5 @@ async fn an_api_server_restarted_with_the_gate_off_is_found_at_the_next_recheck(
     );
 }
 
+mod binding;
 mod shares;

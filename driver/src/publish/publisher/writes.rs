@@ -263,5 +263,6 @@ impl Written {
         self.dropped.counters |= dropped.counters;
         self.dropped.taints |= dropped.taints;
         self.dropped.shares |= dropped.shares;
+        self.dropped.binding |= dropped.binding;
     }
 }

@@ -85,6 +85,7 @@ fn hold(cp: &mut Checkpoint, uid: &str, p: &Planned, state: PrepareState, gi: Op
             cp.set_completed(uid, "ns", uid, vec![d], BTreeMap::new())
         }
         PrepareState::Releasing => cp.set_releasing(uid, "ns", uid, vec![d]),
+        PrepareState::Carved => cp.set_carved(uid, "ns", uid, vec![d]),
     }
 }
 

@@ -1,8 +1,6 @@
 //! The publisher against a server that drops consumable capacity (`DRAConsumableCapacity`
 //! off): the shareable devices are withdrawn at once and for good, the rest stays published.
 
-use k8s_openapi::api::resource::v1::Device;
-
 use super::*;
 use crate::publish::resource_slices::{SharePolicy, SharedProfiles, SliceOptions};
 

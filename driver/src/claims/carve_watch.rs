@@ -1,0 +1,216 @@
+//! The watch of carve before bind ([`super::carve`]): every ResourceClaim of the cluster (a watch of all
+//! namespaces; the API server cannot select claims by node), filtered here to those with a DAS
+//! result in this node's pool; run only with `--carve-before-bind`. Each claim seen is decided
+//! by [`super::carve::on_claim_seen`]: a claim that waits for its carve is carved, a carved claim no
+//! longer allocated here as recorded is released; a claim deleted, or missing from a fresh
+//! listing, releases its carved record. The carves and releases run as tasks (one per claim at
+//! a time), so a slow create never holds up the watch; the [`Preparer`]'s calls decide again
+//! under the claim's lock with a fresh read of the claim, so a stale event does no harm.
+//!
+//! A cheaper way to learn of allocations, a watch of the controller's AllocationClaims selected
+//! by node (docs/benchmarks.md, "Learning of allocations"), would make every carve wait for the
+//! controller and fail with it; the ResourceClaim watch needs nothing but the API server.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::carve::{OnClaimSeen, claim_ref, on_claim_seen};
+use crate::claims::api::allocated_to;
+use crate::claims::checkpoint::PrepareState;
+use crate::claims::handler::ClaimRef;
+use crate::claims::preparer::carve::Carved;
+use crate::claims::{PrepareError, Preparer};
+
+/// Items per page of the watch's listings.
+const PAGE_SIZE: u32 = 500;
+/// Tries of a carve whose claim could not be read, the first pause between two (doubled).
+const READ_TRIES: u32 = 5;
+const READ_RETRY: Duration = Duration::from_secs(1);
+
+/// What the watch does with the claims it sees; see the module docs.
+pub struct CarveWatch {
+    preparer: Arc<Preparer>,
+    node: String,
+    /// Carves and releases running, by claim UID.
+    running: HashSet<String>,
+    tasks: JoinSet<String>,
+    /// Claims to look at again once their running call ends (a release asked for meanwhile).
+    again: HashMap<String, ClaimRef>,
+    /// The UIDs of this node's claims seen since a (re)listing began, until it is done.
+    listing: Option<HashSet<String>>,
+}
+
+impl CarveWatch {
+    /// A watch for `preparer`'s node `node`.
+    pub fn new(preparer: Arc<Preparer>, node: &str) -> Self {
+        Self {
+            preparer,
+            node: node.to_string(),
+            running: HashSet::new(),
+            tasks: JoinSet::new(),
+            again: HashMap::new(),
+            listing: None,
+        }
+    }
+
+    /// Watches the ResourceClaims through `client` until `stop`; then waits for the carves and
+    /// releases it started.
+    pub async fn run(mut self, client: Client, stop: CancellationToken) {
+        let api: Api<ResourceClaim> = Api::all(client);
+        let config = watcher::Config::default().page_size(PAGE_SIZE);
+        let mut events = watcher::watcher(api, config).default_backoff().boxed();
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    if let Ok(uid) = done {
+                        self.done(&uid);
+                    }
+                }
+                event = events.next() => match event {
+                    Some(Ok(e)) => self.handle(e),
+                    Some(Err(e)) => tracing::warn!(error = %e, "the watch of ResourceClaims failed; it is retried"),
+                    None => break,
+                },
+            }
+        }
+        self.finish().await;
+    }
+
+    /// Takes one event of the watch.
+    pub fn handle(&mut self, event: Event<ResourceClaim>) {
+        match event {
+            Event::Init => self.listing = Some(HashSet::new()),
+            Event::InitApply(rc) => {
+                if allocated_to(&rc, &self.node)
+                    && let (Some(seen), Some(uid)) =
+                        (self.listing.as_mut(), rc.metadata.uid.clone())
+                {
+                    seen.insert(uid);
+                }
+                self.seen(&rc);
+            }
+            Event::InitDone => {
+                let seen = self.listing.take().unwrap_or_default();
+                for claim in self.carved_records() {
+                    if !seen.contains(&claim.uid) {
+                        self.release(claim);
+                    }
+                }
+            }
+            Event::Apply(rc) => self.seen(&rc),
+            Event::Delete(rc) => {
+                let claim = claim_ref(&rc);
+                let carved = self
+                    .preparer
+                    .record_of(&claim.uid)
+                    .is_some_and(|r| r.state == PrepareState::Carved);
+                // A carve running now may record it yet: looked at again when it ends.
+                if carved || self.running.contains(&claim.uid) {
+                    self.release(claim);
+                }
+            }
+        }
+    }
+
+    /// Waits for the carves and releases under way (and the releases asked for meanwhile).
+    pub async fn finish(mut self) {
+        while let Some(done) = self.tasks.join_next().await {
+            if let Ok(uid) = done {
+                self.done(&uid);
+            }
+        }
+    }
+
+    /// The call for claim `uid` ended: a release asked for meanwhile starts now.
+    fn done(&mut self, uid: &str) {
+        self.running.remove(uid);
+        if let Some(claim) = self.again.remove(uid) {
+            self.release(claim);
+        }
+    }
+
+    /// A claim as the watch saw it now.
+    fn seen(&mut self, rc: &ResourceClaim) {
+        let claim = claim_ref(rc);
+        let record = self.preparer.record_of(&claim.uid);
+        if record.is_none() && !allocated_to(rc, &self.node) {
+            return;
+        }
+        match on_claim_seen(rc, &self.node, record.as_ref()) {
+            OnClaimSeen::Carve => self.carve(claim),
+            OnClaimSeen::ReleaseCarved => self.release(claim),
+            OnClaimSeen::Nothing => {}
+        }
+    }
+
+    /// The claims whose records are `Carved`.
+    fn carved_records(&self) -> Vec<ClaimRef> {
+        self.preparer.checkpoint().read(|cp| {
+            cp.claims
+                .iter()
+                .filter(|(_, r)| r.state == PrepareState::Carved)
+                .map(|(uid, r)| ClaimRef {
+                    namespace: r.namespace.clone(),
+                    name: r.name.clone(),
+                    uid: uid.clone(),
+                })
+                .collect()
+        })
+    }
+
+    /// Starts the carve of `claim`, unless a call for it runs.
+    fn carve(&mut self, claim: ClaimRef) {
+        if !self.running.insert(claim.uid.clone()) {
+            return;
+        }
+        let preparer = self.preparer.clone();
+        self.tasks.spawn(async move {
+            let mut delay = READ_RETRY;
+            for attempt in 1..=READ_TRIES {
+                match preparer.carve_claim(&claim).await {
+                    Err(PrepareError::ApiRead(e)) if attempt < READ_TRIES => {
+                        tracing::warn!(claim = %claim, error = %e, "cannot read a claim to carve; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                    Err(e) => {
+                        tracing::error!(claim = %claim, error = %e, "the claim could not be carved");
+                        break;
+                    }
+                    Ok(Carved::Skipped) => {
+                        tracing::debug!(claim = %claim, "nothing to carve");
+                        break;
+                    }
+                    Ok(_) => break,
+                }
+            }
+            claim.uid
+        });
+    }
+
+    /// Starts the release of `claim`'s carved record; once the call running for it ends, if one
+    /// does (a claim deleted while it is carved).
+    fn release(&mut self, claim: ClaimRef) {
+        if !self.running.insert(claim.uid.clone()) {
+            self.again.insert(claim.uid.clone(), claim);
+            return;
+        }
+        let preparer = self.preparer.clone();
+        self.tasks.spawn(async move {
+            if let Err(e) = preparer.release_carved(&claim).await {
+                tracing::warn!(claim = %claim, error = %e, "the carved slices of a claim no longer allocated here are left for the reaper");
+            }
+            claim.uid
+        });
+    }
+}

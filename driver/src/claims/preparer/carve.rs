@@ -1,0 +1,238 @@
+//! Carve before bind (issue 34; [`crate::claims::carve`]): the carve of a claim the scheduler
+//! allocated to this node and waits for, the prepare of a carved claim, and the release of a
+//! carved claim that never reached a prepare.
+
+use std::time::{Duration, Instant};
+
+use super::Preparer;
+use crate::claims::PrepareError;
+use crate::claims::carve::{self, CarveOutcome};
+use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
+use crate::claims::handler::{ClaimRef, PreparedDevice};
+use crate::claims::plan;
+
+/// Attempts of a carve's status write (the scheduler waits for it), the first pause between two
+/// (doubled after each).
+const STATUS_ATTEMPTS: u32 = 6;
+const STATUS_FIRST_RETRY: Duration = Duration::from_millis(250);
+
+/// What a call of [`Preparer::carve_claim`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Carved {
+    /// The instances exist, the record is `Carved`, `SliceReady` is written.
+    Ready,
+    /// The carve failed, was rolled back, and `SliceFailed` is written with the message.
+    Failed(String),
+    /// Nothing to do: the claim has a record already, is no longer allocated here, or its
+    /// carve was answered.
+    Skipped,
+}
+
+impl Preparer {
+    /// Carves claim `claim` before its pod is bound: under the claim's lock, resolves its
+    /// allocation as a prepare does, checkpoints `PrepareStarted`, creates the instances exactly
+    /// as a prepare does (rolled back on failure) and checkpoints `Carved`; then writes
+    /// `mig.das.com/SliceReady` True into the claim's `status.devices`, or, when the carve
+    /// failed, `mig.das.com/SliceFailed` True with the error as message. No CDI spec and no MPS
+    /// daemon: the prepare starts them.
+    ///
+    /// # Errors
+    /// Only what leaves the claim as it was and asks for another try (the claim could not be
+    /// read); everything else is answered in the claim's status.
+    pub async fn carve_claim(&self, claim: &ClaimRef) -> Result<Carved, PrepareError> {
+        let _held = self.records.locks.lock(&claim.uid).await;
+        if self.record_of(&claim.uid).is_some() {
+            return Ok(Carved::Skipped);
+        }
+        let rc = self
+            .api
+            .client
+            .get_claim(&claim.namespace, &claim.name)
+            .await
+            .map_err(PrepareError::ApiRead)?;
+        let waits = rc.as_ref().is_some_and(|rc| {
+            carve::on_claim_seen(rc, &self.node.name, None) == carve::OnClaimSeen::Carve
+        });
+        if !waits {
+            return Ok(Carved::Skipped);
+        }
+        let t0 = Instant::now();
+        let planned = plan::resolve_allocation(
+            claim,
+            rc.as_ref(),
+            &self.node.name,
+            &self.node.devices,
+            self.node.shares_per_slice,
+        );
+        let result = match planned {
+            Ok(planned) => {
+                let devices: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
+                (self.carve_planned(claim, &planned).await, devices)
+            }
+            Err(e) => (Err(e), Vec::new()),
+        };
+        let (devices, outcome) = match result {
+            (Ok(devices), _) => (devices, CarveOutcome::Ready),
+            (Err(e), _) if !carve::fails_the_carve(&e) => {
+                tracing::info!(claim = %claim, error = %e, "not carving a claim that changed");
+                return Ok(Carved::Skipped);
+            }
+            (Err(e), planned) => {
+                let devices = if planned.is_empty() {
+                    carve::allocated_devices(rc.as_ref(), &self.node.name)
+                } else {
+                    planned
+                };
+                (devices, CarveOutcome::Failed(e.to_string()))
+            }
+        };
+        self.update_prepared_gauge();
+        let ok = outcome == CarveOutcome::Ready;
+        self.metrics.carve_done(ok);
+        match &outcome {
+            CarveOutcome::Ready => {
+                tracing::info!(claim = %claim, devices = devices.len(), ms = t0.elapsed().as_millis() as u64, "carved before bind")
+            }
+            CarveOutcome::Failed(e) => {
+                tracing::warn!(claim = %claim, error = %e, "carve before bind failed: the scheduler allocates the claim again")
+            }
+        }
+        self.write_carve_status(claim, &devices, &outcome).await;
+        Ok(match outcome {
+            CarveOutcome::Ready => Carved::Ready,
+            CarveOutcome::Failed(e) => Carved::Failed(e),
+        })
+    }
+
+    /// The carve of a resolved allocation: the checks a prepare makes first, `PrepareStarted`,
+    /// the creates, `Carved`. Returns the recorded devices with their instances.
+    async fn carve_planned(
+        &self,
+        claim: &ClaimRef,
+        planned: &[plan::Planned],
+    ) -> Result<Vec<RecordedDevice>, PrepareError> {
+        self.check_mps(planned)?;
+        self.check_whole_gpus(planned).await?;
+        self.wait_for_placements(claim, planned).await?;
+        let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
+        self.records
+            .checkpoint
+            .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
+            .await?;
+        let (devices, _held) = self.create_planned(claim, planned).await?;
+        let carved = devices.clone();
+        let saved = self
+            .records
+            .checkpoint
+            .commit(|cp| cp.set_carved(&claim.uid, &claim.namespace, &claim.name, carved))
+            .await;
+        if let Err(e) = saved {
+            self.roll_back(claim, devices).await;
+            return Err(e.into());
+        }
+        Ok(devices)
+    }
+
+    /// Writes the carve's conditions into the claim's `status.devices`, retrying a few times
+    /// (the scheduler waits for them; a claim that changed is not written).
+    async fn write_carve_status(
+        &self,
+        claim: &ClaimRef,
+        devices: &[RecordedDevice],
+        outcome: &CarveOutcome,
+    ) {
+        let mut delay = STATUS_FIRST_RETRY;
+        for attempt in 1..=STATUS_ATTEMPTS {
+            match self
+                .api
+                .client
+                .write_carve_status(claim, devices, outcome)
+                .await
+            {
+                Ok(()) => return,
+                Err(e) if e.permanent || attempt == STATUS_ATTEMPTS => {
+                    tracing::warn!(claim = %claim, error = %e, "the carve's device status was not written");
+                    self.metrics.status_write_failed();
+                    return;
+                }
+                Err(e) => {
+                    self.metrics.status_write_failed();
+                    tracing::warn!(claim = %claim, error = %e, retry_in = ?delay, "writing the carve's device status failed; retrying");
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+
+    /// The kubelet's prepare of a claim carved for this very allocation (its lock held): the
+    /// instances are checked, the MPS daemons started, the CDI spec written and the record
+    /// completed; nothing is created. `None` after releasing a carved record whose instances
+    /// are gone (the prepare then creates them as usual).
+    pub(super) async fn prepare_carved(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+        pods: &[String],
+    ) -> Result<Option<Vec<PreparedDevice>>, PrepareError> {
+        let t0 = Instant::now();
+        let Some(held) = self.live_holdings(claim, record).await? else {
+            return Ok(None);
+        };
+        let all = plan::with_pods(&record.pods, pods);
+        self.records
+            .checkpoint
+            .commit(|cp| {
+                cp.set_pods(&claim.uid, all);
+            })
+            .await?;
+        tracing::info!(claim = %claim, "preparing a claim carved before bind: nothing to create");
+        let done = self
+            .finish_prepare(claim, record.devices.clone(), held, (t0, t0.elapsed()))
+            .await?;
+        Ok(Some(done))
+    }
+
+    /// Releases claim `claim`'s carved record when the claim is no longer allocated to this
+    /// node as recorded (deleted, deallocated, allocated otherwise): no container was ever given
+    /// its instances. A record that is not `Carved` (prepared since) is left alone, and so is a
+    /// claim the API server still allocates here as recorded (the watch saw an old version).
+    pub async fn release_carved(&self, claim: &ClaimRef) -> Result<bool, PrepareError> {
+        let _held = self.records.locks.lock(&claim.uid).await;
+        let Some(record) = self.record_of(&claim.uid) else {
+            return Ok(false);
+        };
+        if record.state != PrepareState::Carved || self.carved_still_allocated(claim, &record).await
+        {
+            return Ok(false);
+        }
+        tracing::info!(claim = %claim, "destroying a slice carved before bind whose claim is no longer allocated here");
+        let r = self.release(claim, record.devices).await;
+        self.update_gauges();
+        r.map(|()| true)
+    }
+
+    /// Whether the API server still allocates the carved claim to this node as recorded; `true`
+    /// when it cannot be asked (the record is kept until it can).
+    pub(super) async fn carved_still_allocated(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+    ) -> bool {
+        match self
+            .api
+            .client
+            .get_claim(&claim.namespace, &claim.name)
+            .await
+        {
+            Ok(rc) => plan::still_allocated(claim, record, rc.as_ref(), &self.node.name),
+            Err(e) => {
+                tracing::warn!(claim = %claim, error = %e, "cannot read a carved claim: keeping its slices for now");
+                true
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
