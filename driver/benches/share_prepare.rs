@@ -11,16 +11,12 @@
 //! Run: `cargo bench -p das-driver --bench share_prepare` (figures go into docs/benchmarks.md by
 //! hand).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use das_driver::claims::checkpoint::{Checkpoint, CheckpointStore, RecordedDevice};
-use das_driver::claims::{
-    ApiError, BlockingCalls, ClaimApi, ClaimRef, EventKind, EventSink, EventTarget, OrphanPolicy,
-    Preparer, PreparerConfig,
-};
+use das_driver::claims::checkpoint::{Checkpoint, CheckpointStore};
+use das_driver::claims::{BlockingCalls, ClaimRef, OrphanPolicy, Preparer, PreparerConfig};
 use das_driver::gpu::{EmulatedBackend, GpuBackend};
 use das_driver::metrics::Metrics;
 use das_driver::mps::{ControlBinary, MpsDaemons};
@@ -30,13 +26,14 @@ use serde_json::{Value, json};
 const NODE: &str = "n0";
 const ROUNDS: usize = 60;
 
-/// The API server's claims, in memory.
-#[derive(Default)]
-struct Api {
-    claims: Mutex<BTreeMap<String, ResourceClaim>>,
-}
+#[path = "../tests/support/claim_store.rs"]
+mod claim_store;
+use claim_store::ClaimStore;
 
-impl Api {
+/// The API server's claims, in memory ([`ClaimStore`]).
+type Api = ClaimStore;
+
+impl ClaimStore {
     /// Claim `name` (`uid`), allocated `result`, with `config` for DAS when given.
     fn allocate(&self, name: &str, uid: &str, result: Value, config: Option<Value>) -> ClaimRef {
         let configs: Vec<Value> = config
@@ -50,30 +47,7 @@ impl Api {
             "status": {"allocation": {"devices": {"results": [result], "config": configs}}}
         }))
         .expect("claim");
-        self.claims.lock().unwrap().insert(name.to_string(), rc);
-        ClaimRef {
-            namespace: "ns".into(),
-            name: name.into(),
-            uid: uid.into(),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl EventSink for Api {
-    async fn event(&self, _about: &EventTarget, _kind: EventKind, _reason: &str, _note: String) {}
-}
-
-#[tonic::async_trait]
-impl ClaimApi for Api {
-    async fn get_claim(&self, _ns: &str, name: &str) -> Result<Option<ResourceClaim>, ApiError> {
-        Ok(self.claims.lock().unwrap().get(name).cloned())
-    }
-    async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError> {
-        Ok(self.claims.lock().unwrap().values().cloned().collect())
-    }
-    async fn write_status(&self, _c: &ClaimRef, _d: &[RecordedDevice]) -> Result<(), ApiError> {
-        Ok(())
+        self.put(rc)
     }
 }
 

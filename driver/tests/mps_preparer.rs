@@ -7,16 +7,12 @@
 //! slice while a daemon runs on it, as a live MPS server keeps a real slice `IN_USE`. Every wait
 //! is on a condition, with a bound.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use das_driver::claims::checkpoint::{Checkpoint, CheckpointStore, LoadOutcome, RecordedDevice};
-use das_driver::claims::{
-    ApiError, BlockingCalls, ClaimApi, ClaimRef, EventKind, EventSink, EventTarget, OrphanPolicy,
-    Preparer, PreparerConfig,
-};
+use das_driver::claims::checkpoint::{Checkpoint, CheckpointStore, LoadOutcome};
+use das_driver::claims::{BlockingCalls, ClaimRef, OrphanPolicy, Preparer, PreparerConfig};
 use das_driver::gpu::{
     BackendError, EmulatedBackend, GpuBackend, GpuInfo, MigInstance, MigModeState, Target,
 };
@@ -28,19 +24,20 @@ use serde_json::json;
 
 mod common;
 use common::{running, sigkill, until};
+#[path = "support/claim_store.rs"]
+mod claim_store;
+use claim_store::ClaimStore;
 #[path = "mps_preparer/shares.rs"]
 mod shares;
 
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
 
-/// The API server's claims, in memory: each allocated to one device with an MPS config.
-#[derive(Default)]
-struct Api {
-    claims: Mutex<BTreeMap<String, ResourceClaim>>,
-}
+/// The API server's claims, in memory ([`ClaimStore`]): each allocated to one device with an
+/// MPS config.
+type Api = ClaimStore;
 
-impl Api {
+impl ClaimStore {
     /// Claim `ns/<name>` with `uid`, allocated [`DEVICE`] with `sharing: MPS` and both limits.
     fn allocate(&self, name: &str, uid: &str) -> ClaimRef {
         let result = json!({"request": "gpu", "driver": das_api::DRIVER_NAME, "pool": NODE, "device": DEVICE});
@@ -73,40 +70,7 @@ impl Api {
             }
         }))
         .expect("claim");
-        self.claims.lock().unwrap().insert(name.to_string(), rc);
-        ClaimRef {
-            namespace: "ns".into(),
-            name: name.into(),
-            uid: uid.into(),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl EventSink for Api {
-    async fn event(&self, _about: &EventTarget, _kind: EventKind, _reason: &str, _note: String) {}
-}
-
-#[tonic::async_trait]
-impl ClaimApi for Api {
-    async fn get_claim(
-        &self,
-        _namespace: &str,
-        name: &str,
-    ) -> Result<Option<ResourceClaim>, ApiError> {
-        Ok(self.claims.lock().unwrap().get(name).cloned())
-    }
-
-    async fn list_claims(&self) -> Result<Vec<ResourceClaim>, ApiError> {
-        Ok(self.claims.lock().unwrap().values().cloned().collect())
-    }
-
-    async fn write_status(
-        &self,
-        _claim: &ClaimRef,
-        _devices: &[RecordedDevice],
-    ) -> Result<(), ApiError> {
-        Ok(())
+        self.put(rc)
     }
 }
 

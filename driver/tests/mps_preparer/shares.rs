@@ -8,7 +8,7 @@ use super::*;
 
 const SHARED: &str = "gpu-0-mig-1g-10gb-6-shared";
 
-impl Api {
+impl ClaimStore {
     /// Claim `ns/<name>` with `uid`, allocated a share (`shares` of 4, `memory`) of [`SHARED`]
     /// with MPS at `percent`.
     fn allocate_share(&self, name: &str, uid: &str, shares: u32, percent: u8) -> ClaimRef {
