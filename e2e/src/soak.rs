@@ -53,15 +53,20 @@ pub const NODES: [(&str, &str); 2] = [("n0", "A100-SXM4-40GB:2"), ("n1", "H100-8
 pub const SWITCHING_NODE: &str = "n1";
 
 /// The chart values of the soak: whole GPUs served, MIG mode following demand, the webhook
-/// translating `nvidia.com/gpu`, and the A100s' `1g.5gb` slices shared (as `make demo` installs
-/// it: [`chart::WHOLE_GPUS_SWITCHING`] and [`chart::DEMO_SHARING`]).
+/// translating `nvidia.com/gpu`, the A100s' `1g.5gb` slices shared (as `make demo` installs it:
+/// [`chart::WHOLE_GPUS_SWITCHING`] and [`chart::DEMO_SHARING`]), and carve before bind.
 pub fn chart_values() -> Vec<&'static str> {
     chart::WHOLE_GPUS_SWITCHING
         .iter()
         .chain(chart::DEMO_SHARING)
+        .chain(CARVE)
         .copied()
         .collect()
 }
+
+/// Carve before bind (docs/design.md §7): every slice is carved when allocated, before its pod
+/// is bound, so the soak's kills and faults also hit carves and carved slices.
+const CARVE: &[&str] = &["carveBeforeBind.enabled=true"];
 
 /// How a soak runs.
 #[derive(Clone, Debug)]

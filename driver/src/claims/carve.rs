@@ -45,6 +45,9 @@ pub enum OnClaimSeen {
     Carve,
     /// Its record is `Carved` but the claim is no longer allocated here as recorded: release it.
     ReleaseCarved,
+    /// Its record is `Carved` and the claim is allocated here as recorded, but its status does
+    /// not say so (a stop between the carve and its status write): write [`SLICE_READY`] again.
+    Announce,
     /// Nothing to do.
     Nothing,
 }
@@ -97,10 +100,12 @@ pub fn carve_answered(rc: &ResourceClaim, node: &str) -> bool {
 pub fn on_claim_seen(rc: &ResourceClaim, node: &str, record: Option<&ClaimRecord>) -> OnClaimSeen {
     match record {
         Some(r) if r.state == PrepareState::Carved => {
-            if plan::still_allocated(&claim_ref(rc), r, Some(rc), node) {
-                OnClaimSeen::Nothing
-            } else {
+            if !plan::still_allocated(&claim_ref(rc), r, Some(rc), node) {
                 OnClaimSeen::ReleaseCarved
+            } else if waits_for_carve(rc, node) && !carve_answered(rc, node) {
+                OnClaimSeen::Announce
+            } else {
+                OnClaimSeen::Nothing
             }
         }
         Some(_) => OnClaimSeen::Nothing,

@@ -149,6 +149,7 @@ impl CarveWatch {
         match on_claim_seen(rc, &self.node, record.as_ref()) {
             OnClaimSeen::Carve => self.carve(claim),
             OnClaimSeen::ReleaseCarved => self.release(claim),
+            OnClaimSeen::Announce => self.announce(claim),
             OnClaimSeen::Nothing => {}
         }
     }
@@ -207,9 +208,33 @@ impl CarveWatch {
         }
         let preparer = self.preparer.clone();
         self.tasks.spawn(async move {
-            if let Err(e) = preparer.release_carved(&claim).await {
-                tracing::warn!(claim = %claim, error = %e, "the carved slices of a claim no longer allocated here are left for the reaper");
+            let mut delay = READ_RETRY;
+            for attempt in 1..=READ_TRIES {
+                match preparer.release_carved(&claim).await {
+                    Err(PrepareError::ApiRead(e)) if attempt < READ_TRIES => {
+                        tracing::warn!(claim = %claim, error = %e, "cannot read a carved claim to release it; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                    Err(e) => {
+                        tracing::warn!(claim = %claim, error = %e, "the carved slices of a claim no longer allocated here are left for the reaper (or the next listing)");
+                        break;
+                    }
+                    Ok(_) => break,
+                }
             }
+            claim.uid
+        });
+    }
+
+    /// Starts writing `SliceReady` again for `claim`'s carved record, unless a call for it runs.
+    fn announce(&mut self, claim: ClaimRef) {
+        if !self.running.insert(claim.uid.clone()) {
+            return;
+        }
+        let preparer = self.preparer.clone();
+        self.tasks.spawn(async move {
+            preparer.announce_carved(&claim).await;
             claim.uid
         });
     }

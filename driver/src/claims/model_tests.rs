@@ -61,6 +61,7 @@ use crate::gpu::{
     Occupancy,
 };
 
+mod carve;
 mod mig_modes;
 
 /// The emulated GPUs: two models, so profiles and placements differ per GPU, a third GPU with
@@ -76,9 +77,10 @@ const SWITCHABLE: u32 = 3;
 const SLICED: [u32; 3] = [0, 1, SWITCHABLE];
 /// Claims that can exist at once (pods on the node).
 const SLOTS: usize = 5;
-/// Seeds and steps per seed: 8 × 2,500 = 20,000 steps in `make test`.
+/// Seeds and steps per seed: 8 × 3,200 = 25,600 steps in `make test` (one in 13.5 a step of
+/// carve before bind).
 const SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
-const STEPS: usize = 2_500;
+const STEPS: usize = 3_200;
 /// The orphan rule's delay in the model (Reap steps advance time by up to 90 s).
 const ORPHAN_DELAY: Duration = Duration::from_secs(30);
 
@@ -138,6 +140,22 @@ enum Step {
     Restart,
     /// Every call in flight finishes.
     Settle,
+    /// The plugin's watch: it releases the carved records of claims no longer allocated as
+    /// carved, then sees the slot's claim and carves it if it waits for its carve (`cancel`: the
+    /// carve runs on in the background after `after` yields) ([`carve`]).
+    Carve {
+        slot: usize,
+        cancel: bool,
+        after: u32,
+    },
+    /// The scheduler deallocates the slot's claim that waits for its carve and was never
+    /// prepared (its binding timed out, its pod was deleted): `anew` allocates it again (same
+    /// UID), else it is deleted; `release`: the watch releases its carved record at once.
+    Deallocate {
+        slot: usize,
+        anew: bool,
+        release: bool,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -177,6 +195,8 @@ enum Caller {
     /// The orphan rule's checks.
     Orphans,
     Startup,
+    /// The carve watch's release of a carved claim no longer allocated.
+    Watch,
 }
 
 tokio::task_local! {
@@ -189,6 +209,8 @@ tokio::task_local! {
 struct Held {
     by_mig: HashMap<String, (String, bool)>,
     running: HashMap<String, String>,
+    /// Creates by a prepare (not a carve), per claim UID (C2).
+    creates: HashMap<String, usize>,
 }
 
 /// The emulated backend with I4 checked on every destroy, M3 on every switch and I6 and M4 on
@@ -225,6 +247,7 @@ impl GpuBackend for Checked {
             ));
         }
         self.check_create(gpu, profile, start);
+        self.count_create();
         self.inner.create_instance(gpu, profile, start)
     }
     fn destroy_instance(&self, gpu: u32, gi_id: u32) -> Result<(), BackendError> {
@@ -320,6 +343,7 @@ struct Stats {
     refused_on_switchable: usize,
     /// [`Step::Race`]s that ran.
     races: usize,
+    carve: carve::CarveStats,
 }
 
 /// Whether a model device is a whole GPU.
@@ -349,6 +373,7 @@ struct World {
     next_uid: u64,
     /// What M3 reads (the preparer now) and counts (the switches).
     modes: Arc<mig_modes::ModeWatch>,
+    carve: carve::CarveModel,
 }
 
 /// The emulated GPUs whose state is under `dir`, with the GPU whose MIG mode is off served
@@ -407,6 +432,7 @@ impl World {
             inventory,
             next_uid: 0,
             modes,
+            carve: carve::CarveModel::default(),
         }
     }
 
@@ -442,8 +468,23 @@ impl World {
     }
 
     async fn run(&mut self, step: &Step) {
+        self.schedule();
         match step.clone() {
-            Step::Allocate { slot, picks } => self.allocate(slot, &picks),
+            Step::Allocate { slot, picks } => {
+                let before = self.next_uid;
+                self.allocate(slot, &picks);
+                self.maybe_wait_for_carve(slot, &picks, before);
+            }
+            Step::Carve {
+                slot,
+                cancel,
+                after,
+            } => self.carve_step(slot, cancel, after).await,
+            Step::Deallocate {
+                slot,
+                anew,
+                release,
+            } => self.deallocate(slot, anew, release).await,
             Step::Prepare {
                 slot,
                 cancel,
@@ -618,6 +659,7 @@ impl World {
             self.stats.force_deleted += 1;
             self.api.delete(&c.claim);
             self.hold(&c, c.held.clone(), false);
+            self.carve_gone(&c);
             self.zombies.push(c);
         }
     }
@@ -651,7 +693,10 @@ impl World {
     }
 
     async fn prepare(&mut self, slot: usize, cancel: bool, twice: bool, after: u32) {
-        let Some(c) = self.slots[slot].clone().filter(|c| !c.terminating) else {
+        let Some(c) = self.slots[slot]
+            .clone()
+            .filter(|c| !c.terminating && self.bound(&c.claim.uid))
+        else {
             return;
         };
         let call = |p: Arc<Preparer>, claim: ClaimRef| {
@@ -673,6 +718,7 @@ impl World {
             self.background.push(task);
             return;
         }
+        let carved = self.before_prepare(&c);
         let results = if twice {
             self.stats.twice += 1;
             let (a, b) = tokio::join!(
@@ -688,6 +734,7 @@ impl World {
         } else {
             vec![call(self.p.clone(), c.claim.clone()).await]
         };
+        self.after_prepare(&c, carved);
         for r in &results {
             match r {
                 Ok(_) => {
@@ -737,8 +784,9 @@ impl World {
             self.zombies[slot % self.zombies.len()].clone()
         } else {
             match &self.slots[slot] {
-                Some(c) => c.clone(),
-                None => return,
+                // The kubelet knows no pod the scheduler has not bound.
+                Some(c) if self.bound(&c.claim.uid) => c.clone(),
+                _ => return,
             }
         };
         // The kubelet unprepares only after the pod's containers have stopped; from here on it
@@ -985,12 +1033,15 @@ impl World {
         self.api
             .failing_reads
             .store(0, std::sync::atomic::Ordering::SeqCst);
+        // What the new instance read from disk (a crash may have stopped a commit half-way).
+        let kept = self.carved_kept();
         let r = CALLER
             .scope(Caller::Startup, self.p.reconcile_at_startup(false, false))
             .await;
         if let Err(e) = r {
             self.violation(format!("start-up reconciliation failed: {e:#}"));
         }
+        self.check_kept(kept);
     }
 
     /// The invariants; `quiet`: no call is in flight.
@@ -1074,6 +1125,7 @@ impl World {
         if !quiet {
             return;
         }
+        self.check_carved(&live);
         let cp = self.p.checkpoint().read(Clone::clone);
         // I1 (instances someone else created are not DAS's to record).
         for s in live.iter().filter(|s| s.created_by_das != Some(false)) {
@@ -1157,7 +1209,7 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
     (0..n)
         .map(|_| {
             let slot = rng.random_range(0..SLOTS);
-            let step = match rng.random_range(0..100) {
+            let step = match rng.random_range(0..108) {
                 0..20 => Step::Allocate {
                     slot,
                     picks: (0..rng.random_range(1..=3)).map(|_| rng.random()).collect(),
@@ -1238,7 +1290,8 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                 98..99 => Step::LingerEnds {
                     pick: rng.random_range(0..8),
                 },
-                _ => Step::Settle,
+                99 => Step::Settle,
+                k => carve::step(&mut rng, slot, k - 100),
             };
             (step, rng.random())
         })
@@ -1371,6 +1424,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
             total.failed_switches += s.failed_switches;
             total.refused_on_switchable += s.refused_on_switchable;
             total.races += s.races;
+            total.carve.add(&s.carve);
             for (k, v) in &s.prepare_errors {
                 *total.prepare_errors.entry(k).or_default() += v;
             }
@@ -1414,6 +1468,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
         "whole GPUs are prepared: {total:?}"
     );
     mig_modes::assert_exercised(&total);
+    carve::assert_exercised(&total);
     assert!(
         total.forgotten > 0 && total.orphans_released > 0 && total.orphans_kept > 0,
         "the orphan rule is exercised both ways: {total:?}"

@@ -68,13 +68,16 @@ fn a_claim_that_waits_is_carved_once() {
         assert!(carve_answered(&rc, NODE));
         assert_eq!(on_claim_seen(&rc, NODE, None), OnClaimSeen::Nothing);
     }
-    // Recorded already (carved, or prepared): nothing.
-    for state in [PrepareState::Carved, PrepareState::PrepareCompleted] {
-        assert_eq!(
-            on_claim_seen(&rc, NODE, Some(&record(state))),
-            OnClaimSeen::Nothing
-        );
-    }
+    // Recorded already: prepared, nothing; carved but not answered (the status write was
+    // lost), SliceReady written again ([`OnClaimSeen::Announce`]).
+    assert_eq!(
+        on_claim_seen(&rc, NODE, Some(&record(PrepareState::PrepareCompleted))),
+        OnClaimSeen::Nothing
+    );
+    assert_eq!(
+        on_claim_seen(&rc, NODE, Some(&record(PrepareState::Carved))),
+        OnClaimSeen::Announce
+    );
     drop((api, c));
 }
 
@@ -123,8 +126,18 @@ fn a_claim_without_binding_conditions_or_being_deleted_is_not_carved() {
 fn a_carved_claim_no_longer_allocated_as_recorded_is_released() {
     let carved = record(PrepareState::Carved);
     let (api, c, rc) = claim(true);
+    // Still allocated as recorded, but its status does not say SliceReady (a stop between the
+    // carve and its status write): written again, or the scheduler would wait for its timeout.
     assert_eq!(
         on_claim_seen(&rc, NODE, Some(&carved)),
+        OnClaimSeen::Announce
+    );
+    // Once it says so, nothing.
+    api.carve_status(&c, &[device("gpu-0-mig-1g-10gb-6")], &CarveOutcome::Ready)
+        .unwrap();
+    let answered = api.claim(&c).unwrap();
+    assert_eq!(
+        on_claim_seen(&answered, NODE, Some(&carved)),
         OnClaimSeen::Nothing
     );
     // Deallocated.

@@ -202,14 +202,41 @@ impl Preparer {
         let Some(record) = self.record_of(&claim.uid) else {
             return Ok(false);
         };
-        if record.state != PrepareState::Carved || self.carved_still_allocated(claim, &record).await
-        {
+        if record.state != PrepareState::Carved {
+            return Ok(false);
+        }
+        // A claim that cannot be read now is asked again by the caller (the watch retries): a
+        // deleted claim sends no second event.
+        let rc = self
+            .api
+            .client
+            .get_claim(&claim.namespace, &claim.name)
+            .await
+            .map_err(PrepareError::ApiRead)?;
+        if plan::still_allocated(claim, &record, rc.as_ref(), &self.node.name) {
             return Ok(false);
         }
         tracing::info!(claim = %claim, "destroying a slice carved before bind whose claim is no longer allocated here");
         let r = self.release(claim, record.devices).await;
         self.update_gauges();
         r.map(|()| true)
+    }
+
+    /// Writes `SliceReady` again for claim `claim`'s `Carved` record, whose claim is still
+    /// allocated here as recorded but does not say so (the plugin stopped between its carve and
+    /// the status write, or every attempt of that write failed): the scheduler would otherwise
+    /// wait for it until its binding timeout.
+    pub async fn announce_carved(&self, claim: &ClaimRef) {
+        let _held = self.records.locks.lock(&claim.uid).await;
+        let Some(record) = self
+            .record_of(&claim.uid)
+            .filter(|r| r.state == PrepareState::Carved)
+        else {
+            return;
+        };
+        tracing::info!(claim = %claim, "writing SliceReady again for a carved claim that lacks it");
+        self.write_carve_status(claim, &record.devices, &CarveOutcome::Ready)
+            .await;
     }
 
     /// Whether the API server still allocates the carved claim to this node as recorded; `true`

@@ -171,6 +171,13 @@ async fn a_carved_claim_deleted_before_its_prepare_is_destroyed() {
     // Still allocated as recorded: kept.
     assert!(!s.p.release_carved(&a).await.unwrap());
     assert_eq!(s.live_migs().len(), 1);
+    // A claim that cannot be read is no answer: the caller (the watch) asks again.
+    s.api
+        .failing_reads
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    let e = s.p.release_carved(&a).await.unwrap_err();
+    assert_eq!(e.metric_label(), "api_read", "{e}");
+    assert_eq!(s.live_migs().len(), 1);
     let rc = s.api.claim(&a).unwrap();
     s.api.delete(&a);
     let mut watch = CarveWatch::new(s.p.clone(), NODE);
