@@ -185,6 +185,7 @@ async fn mirrors_allocations_through_their_life() {
                     "NODE",
                     "GPU",
                     "START",
+                    "SHARE",
                     "STATE",
                     "POD",
                     "AGE"
