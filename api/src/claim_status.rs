@@ -160,6 +160,23 @@ pub fn is_ready(status: &AllocatedDeviceStatus) -> bool {
         .any(|c| c.type_ == CONDITION_READY && c.status == "True")
 }
 
+/// The server-side-apply body that sets a driver's `status.devices` `entries` on claim
+/// `namespace/name` with UID `uid` (`metadata.uid` makes the API server refuse it, 409, when
+/// the name now belongs to another claim).
+pub fn status_devices_apply(
+    name: &str,
+    namespace: &str,
+    uid: &str,
+    entries: &[AllocatedDeviceStatus],
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "status": {"devices": entries},
+    })
+}
+
 /// Whether `status` has condition [`CONDITION_SLICE_READY`] `True`: the slice was carved before
 /// the pod was bound.
 pub fn is_carved(status: &AllocatedDeviceStatus) -> bool {

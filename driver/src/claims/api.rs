@@ -265,12 +265,15 @@ pub fn status_apply_body_with(
             entry
         })
         .collect();
-    serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
-        "status": {"devices": entries},
-    })
+    status_devices_apply(claim, &entries)
+}
+
+/// [`das_api::claim_status::status_devices_apply`] for `claim`.
+pub(crate) fn status_devices_apply(
+    claim: &ClaimRef,
+    entries: &[k8s_openapi::api::resource::v1::AllocatedDeviceStatus],
+) -> serde_json::Value {
+    das_api::claim_status::status_devices_apply(&claim.name, &claim.namespace, &claim.uid, entries)
 }
 
 #[cfg(test)]

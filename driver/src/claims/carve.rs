@@ -217,12 +217,7 @@ pub fn carve_status_body(
             }
         })
         .collect();
-    serde_json::json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
-        "status": {"devices": entries},
-    })
+    das_api::claim_status::status_devices_apply(&claim.name, &claim.namespace, &claim.uid, &entries)
 }
 
 #[cfg(test)]
