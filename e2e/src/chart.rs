@@ -298,6 +298,17 @@ pub fn container_env(
     Ok(env)
 }
 
+/// The value of environment variable `name` in rendered `container` (a literal `value`; `None`
+/// when absent or set from a source).
+pub fn env_of(container: &Value, name: &str) -> Option<String> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
+        .map(str::to_string)
+}
+
 /// The container's `args` (strings).
 pub fn container_args(container: &Value) -> Vec<String> {
     container["args"]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use das_api::allocation::{AllocationClaim, AllocationState};
-use das_e2e::chart::{self, NAMESPACE, RenderOptions, Rendered};
+use das_e2e::chart::{self, NAMESPACE, RenderOptions, Rendered, env_of};
 use das_e2e::install::{self, Binaries, PLUGIN_SA};
 use das_e2e::{Cluster, ClusterConfig, wait};
 use k8s_openapi::api::core::v1::Pod;
@@ -34,15 +34,6 @@ fn emulated_values() -> RenderOptions {
 
 fn minimal_values() -> RenderOptions {
     RenderOptions::with_values(chart::ci_values("minimal-values.yaml"))
-}
-
-fn env_of(container: &Value, name: &str) -> Option<String> {
-    container["env"]
-        .as_array()?
-        .iter()
-        .find(|e| e["name"] == name)?["value"]
-        .as_str()
-        .map(str::to_string)
 }
 
 #[test]

@@ -7,17 +7,8 @@
 
 use das_api::device_config::{self, SharingStrategy};
 use das_api::{DRIVER_NAME, shared_profile_device_class};
-use das_e2e::chart::{self, RenderOptions, Rendered};
+use das_e2e::chart::{self, RenderOptions, Rendered, env_of};
 use serde_json::Value;
-
-fn env_of(container: &Value, name: &str) -> Option<String> {
-    container["env"]
-        .as_array()?
-        .iter()
-        .find(|e| e["name"] == name)?["value"]
-        .as_str()
-        .map(str::to_string)
-}
 
 fn shared_classes(r: &Rendered) -> Vec<&Value> {
     r.of_kind("DeviceClass")

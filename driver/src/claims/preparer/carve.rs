@@ -45,9 +45,7 @@ impl Preparer {
             return Ok(Carved::Skipped);
         }
         let rc = self
-            .api
-            .client
-            .get_claim(&claim.namespace, &claim.name)
+            .read_claim(claim)
             .await
             .map_err(PrepareError::ApiRead)?;
         let waits = rc.as_ref().is_some_and(|rc| {
@@ -207,13 +205,11 @@ impl Preparer {
         }
         // A claim that cannot be read now is asked again by the caller (the watch retries): a
         // deleted claim sends no second event.
-        let rc = self
-            .api
-            .client
-            .get_claim(&claim.namespace, &claim.name)
+        let allocated = self
+            .allocated_as_recorded(claim, &record)
             .await
             .map_err(PrepareError::ApiRead)?;
-        if plan::still_allocated(claim, &record, rc.as_ref(), &self.node.name) {
+        if allocated {
             return Ok(false);
         }
         tracing::info!(claim = %claim, "destroying a slice carved before bind whose claim is no longer allocated here");
@@ -246,13 +242,8 @@ impl Preparer {
         claim: &ClaimRef,
         record: &ClaimRecord,
     ) -> bool {
-        match self
-            .api
-            .client
-            .get_claim(&claim.namespace, &claim.name)
-            .await
-        {
-            Ok(rc) => plan::still_allocated(claim, record, rc.as_ref(), &self.node.name),
+        match self.allocated_as_recorded(claim, record).await {
+            Ok(allocated) => allocated,
             Err(e) => {
                 tracing::warn!(claim = %claim, error = %e, "cannot read a carved claim: keeping its slices for now");
                 true

@@ -47,6 +47,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::join_all;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Notify;
 
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
@@ -237,6 +238,33 @@ impl Preparer {
     /// The GPU calls, shared with whatever else calls the backend (one lock per GPU for all).
     pub fn gpu_calls(&self) -> &GpuCalls {
         &self.gpus
+    }
+
+    /// Reads claim `claim` from the API server (`None`: it is gone).
+    pub(crate) async fn read_claim(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Option<ResourceClaim>, super::ApiError> {
+        self.api
+            .client
+            .get_claim(&claim.namespace, &claim.name)
+            .await
+    }
+
+    /// Whether the API server allocates `claim`, recorded as `record`, to this node as recorded
+    /// now ([`plan::still_allocated`] of a fresh read); callers decide what a failed read means.
+    pub(crate) async fn allocated_as_recorded(
+        &self,
+        claim: &ClaimRef,
+        record: &ClaimRecord,
+    ) -> Result<bool, super::ApiError> {
+        let rc = self.read_claim(claim).await?;
+        Ok(plan::still_allocated(
+            claim,
+            record,
+            rc.as_ref(),
+            &self.node.name,
+        ))
     }
 
     /// A copy of claim `uid`'s record, if it has one.

@@ -67,13 +67,8 @@ impl Preparer {
 
     /// The API server's answer, then the runtime's, for one suspect.
     async fn orphan_verdict(&self, claim: &ClaimRef, record: &ClaimRecord) -> OrphanVerdict {
-        let allocated = match self
-            .api
-            .client
-            .get_claim(&claim.namespace, &claim.name)
-            .await
-        {
-            Ok(rc) => plan::still_allocated(claim, record, rc.as_ref(), &self.node.name),
+        let allocated = match self.allocated_as_recorded(claim, record).await {
+            Ok(allocated) => allocated,
             Err(e) => {
                 return OrphanVerdict::Keep(format!("the claim could not be read: {}", e.message));
             }

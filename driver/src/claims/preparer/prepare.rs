@@ -32,9 +32,7 @@ impl Preparer {
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let _held = self.records.locks.lock(&claim.uid).await;
         let rc = self
-            .api
-            .client
-            .get_claim(&claim.namespace, &claim.name)
+            .read_claim(claim)
             .await
             .map_err(PrepareError::ApiRead)?;
         let planned = plan::resolve_allocation(
