@@ -106,6 +106,7 @@ pub struct Metrics {
     mps_daemon_restarts: Family<ResultLabels, Counter>,
     carves: Family<ResultLabels, Counter>,
     carved: Gauge,
+    repairing: Gauge,
     /// `/metrics` and `/readyz`: ready once the plugin serves the kubelet and has published its ResourceSlices.
     pub probe: Arc<Probe>,
 }
@@ -269,6 +270,12 @@ impl Metrics {
             "Slices carved before bind that no prepare has taken yet",
             carved.clone(),
         );
+        let repairing = Gauge::default();
+        registry.register(
+            "repairing_claims",
+            "Claims the kubelet holds as prepared whose instances are gone (a repair that did not finish): their records keep holding their placements until the kubelet unprepares them (docs/design.md, \"A slice leaves its claim\")",
+            repairing.clone(),
+        );
         registry.register(
             "claim_status_write_failures",
             "Failed writes of a claim's status.devices",
@@ -300,6 +307,7 @@ impl Metrics {
             mps_daemon_restarts,
             carves,
             carved,
+            repairing,
         }
     }
 
@@ -425,6 +433,11 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Sets the number of claims whose record guards their placements without instances.
+    pub fn set_repairing(&self, n: i64) {
+        self.repairing.set(n);
     }
 
     /// Sets the number of slices carved before bind that no prepare has taken yet.

@@ -1,6 +1,7 @@
-//! The checkpoint document (version 8; see [`super`] for the JSON): the record types, the
-//! checksum, encoding and decoding with the upgrades of versions 1 to 7, and the in-memory
-//! changes the request path makes. Pure: the file is [`super::store`]'s.
+//! The checkpoint document (version 9; see [`super`] for the JSON): the record types, the
+//! checksum, encoding in the oldest version that holds the content ([`Checkpoint::format_version`],
+//! so a rolled-back binary still reads it) and decoding with the upgrades of versions 1 to 8, and
+//! the in-memory changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -13,8 +14,13 @@ pub use crate::publish::devices::DeviceKind;
 mod kind;
 pub(super) mod v1;
 
-/// Version of the document this module writes. It also reads versions 1 to 7 (see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 8;
+/// The newest version of the document this module writes and reads. It also reads versions 1
+/// to 8, and writes each checkpoint in the oldest version that can hold its content
+/// ([`Checkpoint::format_version`]; see [`super`]).
+pub const CHECKPOINT_VERSION: u64 = 9;
+/// The oldest version [`Checkpoint::format_version`] gives: version 1 had another shape and is
+/// only read.
+pub const OLDEST_WRITTEN: u64 = 2;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -35,6 +41,15 @@ pub enum PrepareState {
     /// given the instances. Its prepare checks them and completes the record; a claim that is
     /// deleted, deallocated or allocated otherwise first releases it at once.
     Carved,
+    /// A guard without instances (version 9; docs/design.md §7, "A slice leaves its claim"):
+    /// the kubelet holds the claim as prepared (its devices were handed to it) but the record's
+    /// instances are gone: a repair destroyed them (an instance or its compute instance was lost)
+    /// and creating them again failed or was cut short by a restart. The pod's containers may
+    /// still hold the old instances' device nodes, so the record keeps holding its placements
+    /// (and its GPUs' MIG mode) until the kubelet unprepares the claim or the orphan rule
+    /// releases it; the claim's next prepare creates the instances again. Its devices have no
+    /// `instance` and it has no `cdiDeviceIds`.
+    Repairing,
 }
 
 /// The identity of one MIG instance (a GPU instance with its compute instance) on the GPU named
@@ -159,11 +174,32 @@ pub struct ClaimRecord {
     /// version 2 and in records rebuilt after a lost checkpoint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pods: Vec<String>,
+    /// Whether the kubelet holds the claim as prepared, in a state that does not say so by
+    /// itself (version 9): a record that was [`PrepareState::PrepareCompleted`] (its devices
+    /// were handed to the kubelet) and is now being repaired ([`PrepareState::PrepareStarted`])
+    /// or released other than by the kubelet's unprepare or the orphan rule
+    /// ([`PrepareState::Releasing`]). Such a record stays a guard of its placements when its
+    /// instances are gone ([`PrepareState::Repairing`]) instead of being dropped. Always `false`
+    /// in a completed or repairing record, which is handed by its state ([`Self::is_handed`]),
+    /// so a checkpoint without repairs is written as version 8 or older.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handed_to_kubelet: bool,
     /// Last change, seconds since the Unix epoch.
     pub updated_at: u64,
 }
 
 impl ClaimRecord {
+    /// Whether the kubelet holds the claim as prepared: its devices were handed to the kubelet
+    /// and it has not unprepared the claim (nor has the orphan rule released it). Such a record
+    /// guards its placements and its GPUs' MIG mode whatever its instances' state
+    /// (docs/design.md §7, "A slice leaves its claim").
+    pub fn is_handed(&self) -> bool {
+        matches!(
+            self.state,
+            PrepareState::PrepareCompleted | PrepareState::Repairing
+        ) || self.handed_to_kubelet
+    }
+
     /// The record's devices whose instance is known.
     pub fn instances(&self) -> impl Iterator<Item = (&RecordedDevice, &InstanceId)> {
         self.devices
@@ -277,10 +313,40 @@ impl Checkpoint {
         }
     }
 
-    /// The file content: pretty JSON with the checksum, ending in a newline.
+    /// The oldest version of the document that holds this content, which is the version it is
+    /// written in: a binary of an earlier release reads every version up to its own, so after a
+    /// rollback (`helm rollback` of a failed upgrade) it still reads the file unless the file
+    /// holds something only a newer release knows. Each version added one field or state:
+    /// 9 a repair's guard ([`PrepareState::Repairing`], [`ClaimRecord::handed_to_kubelet`]),
+    /// 8 [`PrepareState::Carved`], 7 a device's `share`, 6 a device's `mps`, 5 MIG mode
+    /// switches, 4 a whole GPU (`kind`), 3 `pods`; 2 is the oldest this module writes.
+    pub fn format_version(&self) -> u64 {
+        let records = || self.claims.values();
+        let devices = || records().flat_map(|r| &r.devices);
+        if records().any(|r| r.state == PrepareState::Repairing || r.handed_to_kubelet) {
+            9
+        } else if records().any(|r| r.state == PrepareState::Carved) {
+            8
+        } else if devices().any(|d| d.share.is_some()) {
+            7
+        } else if devices().any(|d| d.mps.is_some()) {
+            6
+        } else if !self.mig_mode_switches.is_empty() {
+            5
+        } else if devices().any(RecordedDevice::is_whole_gpu) {
+            4
+        } else if records().any(|r| !r.pods.is_empty()) {
+            3
+        } else {
+            OLDEST_WRITTEN
+        }
+    }
+
+    /// The file content: pretty JSON with the checksum, ending in a newline, as version
+    /// [`Self::format_version`].
     pub(super) fn to_bytes(&self) -> Result<Vec<u8>, serde_json::Error> {
         let mut doc = Document {
-            version: CHECKPOINT_VERSION,
+            version: self.format_version(),
             boot_id: self.boot_id.clone(),
             checksum: None,
             claims: self.claims.clone(),
@@ -348,12 +414,12 @@ impl Checkpoint {
         cdi_device_ids: BTreeMap<String, Vec<String>>,
     ) {
         // The pods a claim was prepared for stay known across its states: a container of any of
-        // them may use its slices until the kubelet unprepares it.
-        let pods = self
-            .claims
-            .get(claim_uid)
-            .map(|r| r.pods.clone())
-            .unwrap_or_default();
+        // them may use its slices until the kubelet unprepares it. So does whether the kubelet
+        // holds it (a repair keeps the guard); only the kubelet's unprepare or the orphan rule
+        // ends that ([`Self::set_releasing_for_good`]).
+        let previous = self.claims.get(claim_uid);
+        let pods = previous.map(|r| r.pods.clone()).unwrap_or_default();
+        let handed = previous.is_some_and(ClaimRecord::is_handed);
         let record = ClaimRecord {
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -361,6 +427,11 @@ impl Checkpoint {
             devices,
             cdi_device_ids,
             pods,
+            handed_to_kubelet: handed
+                && !matches!(
+                    state,
+                    PrepareState::PrepareCompleted | PrepareState::Repairing
+                ),
             updated_at: unix_now(),
         };
         self.claims.insert(claim_uid.to_string(), record);
@@ -398,7 +469,10 @@ impl Checkpoint {
     }
 
     /// Records that the claim's instances in `devices` must still be destroyed
-    /// ([`PrepareState::Releasing`]); keeps the claim's namespace and name.
+    /// ([`PrepareState::Releasing`]); keeps the claim's namespace and name. A record the
+    /// kubelet holds ([`ClaimRecord::is_handed`]) keeps every device it had, so it goes on
+    /// guarding all its placements: those in `devices` with the instance left to destroy, the
+    /// others without one ([`guarded_devices`]).
     pub fn set_releasing(
         &mut self,
         claim_uid: &str,
@@ -406,11 +480,59 @@ impl Checkpoint {
         name: &str,
         devices: Vec<RecordedDevice>,
     ) {
+        let devices = match self.claims.get(claim_uid) {
+            Some(r) if r.is_handed() => guarded_devices(&r.devices, devices),
+            _ => devices,
+        };
         self.upsert(
             claim_uid,
             namespace,
             name,
             PrepareState::Releasing,
+            devices,
+            BTreeMap::new(),
+        );
+    }
+
+    /// Records that the claim's instances in `devices` must be destroyed for good: the kubelet
+    /// unprepared the claim, or the orphan rule found no container of its pods left. Unlike
+    /// [`Self::set_releasing`] the record stops guarding its placements: it is dropped once its
+    /// instances are gone.
+    pub fn set_releasing_for_good(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<RecordedDevice>,
+    ) {
+        self.set_releasing(claim_uid, namespace, name, devices);
+        if let Some(r) = self.claims.get_mut(claim_uid) {
+            r.handed_to_kubelet = false;
+        }
+    }
+
+    /// Turns the record of a claim the kubelet holds into a guard without instances
+    /// ([`PrepareState::Repairing`]): its devices (every allocated one, so the guard covers all
+    /// its placements) without instances, no CDI device IDs.
+    pub fn set_repairing(
+        &mut self,
+        claim_uid: &str,
+        namespace: &str,
+        name: &str,
+        devices: Vec<RecordedDevice>,
+    ) {
+        let devices = devices
+            .into_iter()
+            .map(|d| RecordedDevice {
+                instance: None,
+                ..d
+            })
+            .collect();
+        self.upsert(
+            claim_uid,
+            namespace,
+            name,
+            PrepareState::Repairing,
             devices,
             BTreeMap::new(),
         );
@@ -447,6 +569,32 @@ impl Checkpoint {
     }
 }
 
+/// The devices of a guard being released: each of `guarded` (the record's), taken from `left`
+/// where `left` has it (same request and device: the instance still to destroy), else without
+/// an instance (destroyed, or never created). What is left of `left` (a device `guarded` lacks,
+/// or a second instance of one device: a failed create's leftover GPU instance) is appended,
+/// so no instance still to destroy is forgotten.
+pub fn guarded_devices(
+    guarded: &[RecordedDevice],
+    mut left: Vec<RecordedDevice>,
+) -> Vec<RecordedDevice> {
+    let mut out = Vec::with_capacity(guarded.len() + left.len());
+    for g in guarded {
+        match left
+            .iter()
+            .position(|l| l.request == g.request && l.device == g.device)
+        {
+            Some(i) => out.push(left.remove(i)),
+            None => out.push(RecordedDevice {
+                instance: None,
+                ..g.clone()
+            }),
+        }
+    }
+    out.extend(left);
+    out
+}
+
 /// Parses and verifies file content; returns the checkpoint (upgraded to the current version)
 /// and the version the file had, or why it is corrupt.
 pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
@@ -457,11 +605,13 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
         // Version 2 is version 3 without `pods`, version 3 is version 4 without a device's
         // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`,
         // version 5 is version 6 without a device's `mps`, version 6 is version 7 without a
-        // device's `share`, version 7 is version 8 without the state `Carved`: the same
-        // document type reads all seven, and its checksum covers the version the file has (a
-        // MIG device serializes as it did, an exclusive one without `mps`, one held alone
-        // without `share`, and no switch is left out).
-        Some(v @ (2..=7 | CHECKPOINT_VERSION)) => {
+        // device's `share`, version 7 is version 8 without the state `Carved`, version 8 is
+        // version 9 without the state `Repairing` and `handedToKubelet`: the same document
+        // type reads all eight, and its checksum covers the version the file has (a MIG device
+        // serializes as it did, an exclusive one without `mps`, one held alone without
+        // `share`, a record the kubelet holds by its state without `handedToKubelet`, and no
+        // switch is left out). This binary writes the oldest of them that holds the content.
+        Some(v @ OLDEST_WRITTEN..=CHECKPOINT_VERSION) => {
             let doc: Document = serde_json::from_value(value)
                 .map_err(|e| CorruptReason::BadShape(e.to_string()))?;
             verify(&doc.checksum, doc.compute_checksum())?;

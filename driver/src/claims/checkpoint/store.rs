@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use das_runtime::fs::write_atomically;
 
-use super::format::{CHECKPOINT_VERSION, Checkpoint, CorruptReason, parse, unix_now};
+use super::format::{Checkpoint, CorruptReason, parse, unix_now};
 
 /// Default file name of the checkpoint in the plugin's state directory.
 pub const CHECKPOINT_FILE_NAME: &str = "checkpoint.json";
@@ -44,10 +44,11 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CheckpointError + '_ {
 /// Result of [`Checkpoint::load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LoadOutcome {
-    /// The file was valid and from this boot.
+    /// The file was valid and from this boot (any version from 2 to [`super::CHECKPOINT_VERSION`]:
+    /// one document type, of which each save writes the oldest version that holds it).
     Loaded(Checkpoint),
-    /// The file was a valid older version from this boot, upgraded in memory (the next save
-    /// writes [`CHECKPOINT_VERSION`]).
+    /// The file was a valid version-1 document (the first release's shape) from this boot,
+    /// upgraded in memory (the next save writes the current shape).
     Upgraded {
         /// The upgraded checkpoint.
         checkpoint: Checkpoint,
@@ -87,8 +88,10 @@ impl Checkpoint {
         };
         match parse(&bytes) {
             Ok((cp, _)) if cp.boot_id != boot_id => Ok(LoadOutcome::NewBoot { previous: cp }),
-            Ok((cp, CHECKPOINT_VERSION)) => Ok(LoadOutcome::Loaded(cp)),
-            Ok((checkpoint, from)) => Ok(LoadOutcome::Upgraded { checkpoint, from }),
+            // Versions 2 to 9 are one document type: this binary writes the oldest that holds
+            // the content, so an older version is no upgrade. Version 1 had another shape.
+            Ok((checkpoint, from @ 1)) => Ok(LoadOutcome::Upgraded { checkpoint, from }),
+            Ok((cp, _)) => Ok(LoadOutcome::Loaded(cp)),
             Err(reason) => {
                 let moved_to = move_aside(path)?;
                 Ok(LoadOutcome::Corrupt { moved_to, reason })

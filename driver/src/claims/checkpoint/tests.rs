@@ -9,6 +9,7 @@ use super::*;
 
 mod carved;
 mod mps;
+mod rollback;
 
 const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
 
@@ -100,7 +101,8 @@ fn round_trip_keeps_every_field() {
     let text = fs::read_to_string(&path).unwrap();
     assert_eq!(cp.get("uid-3").unwrap().state, PrepareState::Releasing);
     for key in [
-        "\"version\": 8",
+        // The oldest version that holds it: records with pods, nothing newer.
+        "\"version\": 3",
         "\"pods\"",
         "\"instance\"",
         "\"giId\"",
@@ -189,10 +191,15 @@ fn unknown_version_is_moved_aside() {
     let dir = tempfile::tempdir().unwrap();
     let path = saved(dir.path());
     let text = fs::read_to_string(&path).unwrap();
-    fs::write(&path, text.replace("\"version\": 8", "\"version\": 9")).unwrap();
+    let next = CHECKPOINT_VERSION + 1;
+    fs::write(
+        &path,
+        text.replace("\"version\": 3", &format!("\"version\": {next}")),
+    )
+    .unwrap();
     assert_eq!(
         expect_corrupt(&path),
-        CorruptReason::UnknownVersion("9".into())
+        CorruptReason::UnknownVersion(next.to_string())
     );
 }
 
@@ -297,8 +304,8 @@ const V3_FILE: &str = r#"{
 }
 "#;
 
-/// A version-3 file is read as version 4 with every device a MIG device, never moved aside;
-/// saved again, it is a version-4 file that loads as such.
+/// A version-3 file is read with every device a MIG device, never moved aside; saved again, it
+/// is a version-3 file still (nothing in it needs a newer one) that loads as such.
 #[test]
 fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
     let dir = tempfile::tempdir().unwrap();
@@ -309,10 +316,10 @@ fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
         V3_FILE.replace("CHECKSUM", &doc.compute_checksum().unwrap()),
     )
     .unwrap();
-    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
-        panic!("expected an upgrade");
+    // Versions 2 to 9 are one document: an older one loads as it is.
+    let LoadOutcome::Loaded(checkpoint) = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected the version-3 file to load");
     };
-    assert_eq!(from, 3);
     let record = checkpoint.get("uid-2").unwrap();
     assert_eq!(record.state, PrepareState::PrepareCompleted);
     assert_eq!(record.pods, ["pod-a"]);
@@ -324,7 +331,7 @@ fn a_version_3_file_is_upgraded_with_every_device_a_mig_device() {
     checkpoint.save(&path).unwrap();
     let text = fs::read_to_string(&path).unwrap();
     assert!(
-        text.contains("\"version\": 8") && !text.contains("\"kind\""),
+        text.contains("\"version\": 3") && !text.contains("\"kind\""),
         "{text}"
     );
     assert_eq!(
@@ -345,14 +352,9 @@ fn a_version_2_file_is_upgraded_with_no_pods_known() {
     let text = serde_json::to_string_pretty(&doc).unwrap();
     assert!(!text.contains("pods"), "{text}");
     fs::write(&path, text).unwrap();
-    let LoadOutcome::Upgraded {
-        mut checkpoint,
-        from,
-    } = Checkpoint::load(&path, BOOT).unwrap()
-    else {
-        panic!("expected an upgrade");
+    let LoadOutcome::Loaded(mut checkpoint) = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected the version-2 file to load");
     };
-    assert_eq!(from, 2);
     assert_eq!(checkpoint, v2);
     assert!(checkpoint.set_pods("uid-2", vec!["pod-a".into()]));
     assert!(
@@ -447,12 +449,13 @@ fn a_version_1_file_is_upgraded_not_moved_aside() {
         })
     );
     assert_eq!(done.cdi_device_ids["gpu"], ["das.com/mig=uid-2-gpu"]);
-    // Saved, it is a current-version file that loads as such and round-trips.
+    // Saved, it is a file of the oldest version that holds it (no pods: 2), which loads as
+    // such and round-trips.
     checkpoint.save(&path).unwrap();
     assert!(
         fs::read_to_string(&path)
             .unwrap()
-            .contains(&format!("\"version\": {CHECKPOINT_VERSION}"))
+            .contains("\"version\": 2,")
     );
     assert_eq!(
         Checkpoint::load(&path, BOOT).unwrap(),
@@ -520,10 +523,10 @@ fn a_version_4_file_is_upgraded_with_no_switch_under_way() {
     let v4 = sample();
     let doc = older_document(4, &v4);
     fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    let LoadOutcome::Upgraded { checkpoint, from } = Checkpoint::load(&path, BOOT).unwrap() else {
-        panic!("expected an upgrade");
+    // Versions 2 to 9 are one document: an older one loads as it is.
+    let LoadOutcome::Loaded(checkpoint) = Checkpoint::load(&path, BOOT).unwrap() else {
+        panic!("expected the version-4 file to load");
     };
-    assert_eq!(from, 4);
     assert_eq!(checkpoint, v4);
     assert!(checkpoint.mig_mode_switches.is_empty());
 }

@@ -241,6 +241,7 @@ fn prepare_reuses_only_a_completed_record_of_the_same_allocation() {
         devices: vec![record(&p[0])],
         cdi_device_ids: BTreeMap::new(),
         pods: Vec::new(),
+        handed_to_kubelet: false,
         updated_at: 0,
     };
     assert_eq!(on_prepare(None, &p), OnPrepare::Create);
@@ -265,6 +266,7 @@ fn start_up_keeps_claims_still_allocated_as_recorded() {
         devices: vec![record(&planned(0, 6, "gpu"))],
         cdi_device_ids: BTreeMap::new(),
         pods: Vec::new(),
+        handed_to_kubelet: false,
         updated_at: 0,
     };
     let same = rc(
@@ -378,6 +380,7 @@ fn kubelet_devices_carry_their_cdi_device() {
         state: PrepareState::PrepareCompleted,
         devices,
         pods: Vec::new(),
+        handed_to_kubelet: false,
         cdi_device_ids: BTreeMap::from([
             (
                 "gpu-0-mig-1g-10gb-6".to_string(),

@@ -49,7 +49,8 @@ impl Preparer {
         );
     }
 
-    /// Sets the gauge of slices waiting for the reaper (devices of `Releasing` records).
+    /// Sets the gauges of slices waiting for the reaper (devices of `Releasing` records) and of
+    /// guards without instances (`Repairing` records).
     pub(crate) fn update_pending_gauge(&self) {
         let pending = self.records.checkpoint.read(|cp| {
             cp.claims
@@ -59,6 +60,13 @@ impl Preparer {
                 .sum()
         });
         self.metrics.set_pending_destroy(pending);
+        let repairing = self.records.checkpoint.read(|cp| {
+            cp.claims
+                .values()
+                .filter(|r| r.state == PrepareState::Repairing)
+                .count() as i64
+        });
+        self.metrics.set_repairing(repairing);
     }
 
     /// Refreshes the gauges from the checkpoint (after start-up).

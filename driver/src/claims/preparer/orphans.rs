@@ -31,10 +31,13 @@ impl Preparer {
                 continue;
             };
             // Read under the lock: the kubelet may have unprepared it meanwhile.
-            let Some(record) = self
-                .record_of(&uid)
-                .filter(|r| r.state == PrepareState::PrepareCompleted)
-            else {
+            // A record the kubelet holds, at rest: completed, or a guard without instances.
+            let Some(record) = self.record_of(&uid).filter(|r| {
+                matches!(
+                    r.state,
+                    PrepareState::PrepareCompleted | PrepareState::Repairing
+                )
+            }) else {
                 self.lifecycle.orphans.clear(&uid);
                 continue;
             };
@@ -109,7 +112,7 @@ impl Preparer {
             "releasing an orphaned claim: no longer allocated, never unprepared, and the container runtime has no sandbox or container of its pods");
         self.api.status.stop(&claim.uid).await;
         let pods = record.pods.join(", ");
-        let r = self.release(claim, record.devices).await;
+        let r = self.release_for_good(claim, record.devices).await;
         self.metrics.orphan_released(r.is_ok());
         self.update_prepared_gauge();
         self.warn(

@@ -5,6 +5,14 @@
 //! delete the CDI spec, and drop the record only once every instance is confirmed gone; what is
 //! left stays recorded as `Releasing`. A whole GPU has no instance: its release is its spec's
 //! and its record's, and never touches the GPU.
+//!
+//! A record whose devices the kubelet holds
+//! ([`crate::claims::checkpoint::ClaimRecord::is_handed`]) is dropped only by a
+//! release *for good*: the kubelet's unprepare, or the orphan rule's. Any other release of it
+//! (a repair, the roll-back of a failed repair, start-up finishing one) keeps it as a guard
+//! without instances (`Repairing`): the pod's containers may still hold the destroyed
+//! instances' device nodes, so its placements and its GPUs' MIG mode stay held
+//! (docs/design.md §7, "A slice leaves its claim").
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -56,7 +64,7 @@ impl Preparer {
             self.cdi.delete(&claim.uid)?;
             return Ok(());
         };
-        let r = self.release(claim, record.devices).await;
+        let r = self.release_for_good(claim, record.devices).await;
         self.update_prepared_gauge();
         match r {
             Err(PrepareError::Destroy {
@@ -85,10 +93,34 @@ impl Preparer {
         claim: &ClaimRef,
         devices: Vec<RecordedDevice>,
     ) -> Result<(), PrepareError> {
+        self.release_as(claim, devices, false).await
+    }
+
+    /// [`Self::release`] for good: the kubelet unprepared the claim, or the orphan rule found no
+    /// container left that could use its instances. The record stops guarding its placements
+    /// and is dropped once they are gone.
+    ///
+    /// # Errors
+    /// As [`Self::release`].
+    pub(crate) async fn release_for_good(
+        &self,
+        claim: &ClaimRef,
+        devices: Vec<RecordedDevice>,
+    ) -> Result<(), PrepareError> {
+        self.release_as(claim, devices, true).await
+    }
+
+    async fn release_as(
+        &self,
+        claim: &ClaimRef,
+        devices: Vec<RecordedDevice>,
+        for_good: bool,
+    ) -> Result<(), PrepareError> {
         // A completed (or carved) record always holds live instances: mark it releasing before the first
         // destroy, so a crash half-way leaves a record start-up finishes, not a completed one
         // with instances missing. A record with a share is marked too, whatever its state:
         // the mark is what tells other shares (and their releases) that this one is leaving.
+        // A release for good marks every record the kubelet holds: the mark ends its guard.
         let mark = self.records.checkpoint.read(|cp| {
             cp.get(&claim.uid).is_some_and(|r| {
                 matches!(
@@ -96,13 +128,20 @@ impl Preparer {
                     PrepareState::PrepareCompleted | PrepareState::Carved
                 ) || (r.state == PrepareState::PrepareStarted
                     && r.devices.iter().any(|d| d.share.is_some()))
+                    || (for_good && r.is_handed())
             })
         });
         if mark {
             let marked = devices.clone();
             self.records
                 .checkpoint
-                .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, marked))
+                .commit(|cp| {
+                    if for_good {
+                        cp.set_releasing_for_good(&claim.uid, &claim.namespace, &claim.name, marked)
+                    } else {
+                        cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, marked)
+                    }
+                })
                 .await?;
         }
         // A share whose slice other shares keep leaves it, and its MPS daemon, to them
@@ -284,17 +323,46 @@ impl Preparer {
         }
     }
 
-    /// Drops the claim's record (its instances are all gone) and everything kept about it, and
-    /// wakes the prepares waiting for its placements.
+    /// Its instances are all gone: drops the claim's record and everything kept about it, and
+    /// wakes the prepares waiting for its placements; or, for a record the kubelet still holds,
+    /// keeps it as a guard without instances (`Repairing`), which the orphan rule watches.
     async fn forget(&self, claim: &ClaimRef) {
         let checkpoint = &self.records.checkpoint;
-        let (removed, version) = checkpoint.change(|cp| cp.remove(&claim.uid).is_some());
-        if removed && let Err(e) = checkpoint.persist(version).await {
+        let (outcome, version) = checkpoint.change(|cp| match cp.get(&claim.uid).cloned() {
+            Some(r) if r.is_handed() => {
+                cp.set_repairing(&claim.uid, &claim.namespace, &claim.name, r.devices);
+                Forgot::Guard
+            }
+            Some(_) => {
+                cp.remove(&claim.uid);
+                Forgot::Dropped
+            }
+            None => Forgot::Nothing,
+        });
+        if outcome != Forgot::Nothing
+            && let Err(e) = checkpoint.persist(version).await
+        {
             tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
         }
         self.lifecycle.reaper.done(&claim.uid);
-        self.lifecycle.orphans.clear(&claim.uid);
         self.update_pending_gauge();
+        if outcome == Forgot::Guard {
+            tracing::info!(claim = %claim, "the claim's instances are gone, but the kubelet holds the claim: its record keeps guarding its placements until the kubelet unprepares it");
+            self.suspect_holders(std::iter::once(&claim.uid));
+            return;
+        }
+        self.lifecycle.orphans.clear(&claim.uid);
         self.records.released.notify_waiters();
     }
+}
+
+/// What [`Preparer::forget`] did with a record whose instances are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Forgot {
+    /// Dropped it.
+    Dropped,
+    /// Kept it as a guard (`Repairing`): the kubelet holds the claim.
+    Guard,
+    /// There was none.
+    Nothing,
 }

@@ -98,6 +98,14 @@ impl Preparer {
                 }
                 return;
             }
+            PrepareState::Repairing => {
+                // A guard without instances: the kubelet holds the claim and its next prepare
+                // creates them again; nothing to check on the GPUs.
+                tracing::info!(claim = %claim, "keeping the guard of a claim whose repair did not finish: the kubelet holds it");
+                self.suspect_holders(std::iter::once(&claim.uid));
+                report.kept.push(claim.to_string());
+                return;
+            }
             PrepareState::Carved if self.carved_still_allocated(claim, &record).await => {
                 tracing::info!(claim = %claim, "keeping a claim carved before bind for the kubelet's prepare");
                 report.kept.push(claim.to_string());

@@ -119,6 +119,7 @@ impl Document {
                     devices,
                     cdi_device_ids: r.cdi_device_ids,
                     pods: Vec::new(),
+                    handed_to_kubelet: false,
                     updated_at: r.updated_at,
                 };
                 (uid, record)

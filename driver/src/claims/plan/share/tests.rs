@@ -86,6 +86,7 @@ fn hold(cp: &mut Checkpoint, uid: &str, p: &Planned, state: PrepareState, gi: Op
         }
         PrepareState::Releasing => cp.set_releasing(uid, "ns", uid, vec![d]),
         PrepareState::Carved => cp.set_carved(uid, "ns", uid, vec![d]),
+        PrepareState::Repairing => cp.set_repairing(uid, "ns", uid, vec![d]),
     }
 }
 
