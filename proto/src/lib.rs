@@ -52,6 +52,16 @@ pub mod cri {
     /// The label the kubelet puts on every sandbox and container: the pod's UID
     /// (`k8s.io/kubelet/pkg/types` `KubernetesPodUIDLabel`).
     pub const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
+    /// The pod's name label on every container (`KubernetesPodNameLabel`).
+    pub const POD_NAME_LABEL: &str = "io.kubernetes.pod.name";
+    /// The pod's namespace label on every container (`KubernetesPodNamespaceLabel`).
+    pub const POD_NAMESPACE_LABEL: &str = "io.kubernetes.pod.namespace";
+    /// The container's name label (`KubernetesContainerNameLabel`).
+    pub const CONTAINER_NAME_LABEL: &str = "io.kubernetes.container.name";
+    /// The key of a verbose ContainerStatus' `info` that containerd and CRI-O fill with a JSON
+    /// object whose `runtimeSpec` is the container's OCI runtime spec (containerd
+    /// `internal/cri/server/container_status.go` `ContainerInfo`; CRI-O's container info).
+    pub const INFO_KEY: &str = "info";
 }
 
 /// Kubelet plugin registration (`pluginregistration`).

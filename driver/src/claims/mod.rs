@@ -60,6 +60,7 @@ pub mod carve;
 pub mod carve_watch;
 pub mod cdi;
 pub mod checkpoint;
+pub mod container_marks;
 pub mod cri;
 pub mod driver_files;
 pub(crate) mod error;

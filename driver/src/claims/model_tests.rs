@@ -39,6 +39,12 @@
 //!   failed since start-up), never off while an instance exists on it, nor while another
 //!   claim's record holds a created slice or the completed whole GPU;
 //! - M4 nothing is created on a GPU with MIG mode off or held whole by a completed record.
+//!
+//! Containers hold device nodes (issue 41, [`containers`]): a second pod may join a prepared
+//! claim without the plugin hearing of it, and a repair may fail while a pod runs; and
+//! - N1 no instance is created at a placement whose capability nodes a live container of
+//!   another claim still holds;
+//! - N2 no GPU's MIG mode is switched while a live container of another claim holds its nodes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -62,6 +68,7 @@ use crate::gpu::{
 };
 
 mod carve;
+mod containers;
 mod mig_modes;
 
 /// The emulated GPUs: two models, so profiles and placements differ per GPU, a third GPU with
@@ -148,6 +155,15 @@ enum Step {
         cancel: bool,
         after: u32,
     },
+    /// A second pod reserves the slot's prepared claim and starts; the kubelet does not prepare
+    /// the claim again, so the plugin is not told ([`containers`]).
+    JoinPod { slot: usize },
+    /// A failed repair of the slot's claim, then a force delete and a new claim at its placement
+    /// or its GPU whole (`pick`) ([`containers`]).
+    RepairRace { slot: usize, pick: u32 },
+    /// A second pod joins the slot's claim and outlives the first after a force delete the
+    /// kubelet forgets; then a new claim at its placements ([`containers`]).
+    JoinRace { slot: usize },
     /// The scheduler deallocates the slot's claim that waits for its carve and was never
     /// prepared (its binding timed out, its pod was deleted): `anew` allocates it again (same
     /// UID), else it is deleted; `release`: the watch releases its carved record at once.
@@ -204,11 +220,12 @@ tokio::task_local! {
 }
 
 /// What the kubelet holds as prepared: MIG UUID → claim UID, and whether the API server
-/// still has the claim; and the MIG UUIDs that containers can use: MIG UUID → claim UID.
+/// still has the claim; and the live containers, with the MIG UUIDs they can use and the device
+/// nodes they hold.
 #[derive(Default)]
 struct Held {
     by_mig: HashMap<String, (String, bool)>,
-    running: HashMap<String, String>,
+    containers: Vec<containers::ModelContainer>,
     /// Creates by a prepare (not a carve), per claim UID (C2).
     creates: HashMap<String, usize>,
 }
@@ -247,6 +264,7 @@ impl GpuBackend for Checked {
             ));
         }
         self.check_create(gpu, profile, start);
+        self.check_held_nodes(gpu, profile, start);
         self.count_create();
         self.inner.create_instance(gpu, profile, start)
     }
@@ -276,13 +294,13 @@ impl GpuBackend for Checked {
         }
         if let Ok(live) = self.inner.instances_on(gpu)
             && let Some(s) = live.iter().find(|s| s.gi_id == gi_id)
-            && let Some(owner) = self.held.lock().unwrap().running.get(&s.mig_uuid)
+            && let Some(owner) = self.held.lock().unwrap().running_owner(&s.mig_uuid)
         {
             let caller = CALLER.try_with(Clone::clone).ok();
             // The claim's own prepare may repair it (a slice of it was destroyed behind the
             // plugin's back: it releases the rest and creates them again), and the reaper may
             // finish that release; nothing else touches a slice a container can use.
-            let allowed = matches!(&caller, Some(Caller::Prepare(uid)) if uid == owner)
+            let allowed = matches!(&caller, Some(Caller::Prepare(uid)) if *uid == owner)
                 || caller == Some(Caller::Reaper);
             if !allowed {
                 self.violations.lock().unwrap().push(format!(
@@ -344,6 +362,7 @@ struct Stats {
     /// [`Step::Race`]s that ran.
     races: usize,
     carve: carve::CarveStats,
+    containers: containers::ContainerStats,
 }
 
 /// Whether a model device is a whole GPU.
@@ -514,14 +533,12 @@ impl World {
                 self.stats.faults += 1;
                 self.fault(f)
             }
-            Step::Reap { secs } => {
-                tokio::time::advance(Duration::from_secs(secs)).await;
-                let r = CALLER.scope(Caller::Reaper, self.p.reap_due()).await;
-                let o = CALLER.scope(Caller::Orphans, self.p.check_orphans()).await;
-                self.stats.reaped += r.finished.len();
-                self.stats.orphans_released += o.released.len();
-                self.stats.orphans_kept += o.kept.len();
+            Step::Reap { secs } => self.reap(secs).await,
+            Step::JoinPod { slot } => {
+                self.join_pod(slot);
             }
+            Step::RepairRace { slot, pick } => self.repair_race(slot, pick).await,
+            Step::JoinRace { slot } => self.join_race(slot).await,
             Step::KubeletForgets { pick, linger } => self.forget(pick, linger),
             Step::LingerEnds { pick } => {
                 if !self.lingering.is_empty() {
@@ -537,6 +554,16 @@ impl World {
             Step::Foreign { pick } => self.foreign(pick),
             Step::Settle => self.settle().await,
         }
+    }
+
+    /// Time passes by `secs` and the reaper and the orphan rule run.
+    async fn reap(&mut self, secs: u64) {
+        tokio::time::advance(Duration::from_secs(secs)).await;
+        let r = CALLER.scope(Caller::Reaper, self.p.reap_due()).await;
+        let o = CALLER.scope(Caller::Orphans, self.p.check_orphans()).await;
+        self.stats.reaped += r.finished.len();
+        self.stats.orphans_released += o.released.len();
+        self.stats.orphans_kept += o.kept.len();
     }
 
     /// Placements taken, per GPU, by the claims the API server has allocated.
@@ -622,6 +649,52 @@ impl World {
             o.add(&model, i, start);
             devices.push((gpu, name, start));
         }
+        self.allocate_devices(slot, devices);
+    }
+
+    /// Allocates exactly `wanted` ((GPU, profile, start); a whole GPU as in [`Claim::devices`])
+    /// to a new claim in the empty `slot`, when the scheduler could: every placement free, no
+    /// GPU held whole by an allocated claim, a whole GPU only with none of its slices allocated
+    /// and while it is published whole. Returns whether it did.
+    fn allocate_exact(&mut self, slot: usize, wanted: &[(u32, String, u32)]) -> bool {
+        if self.slots[slot].is_some() || wanted.is_empty() {
+            return false;
+        }
+        let mut occ = self.taken();
+        let whole_taken: BTreeSet<u32> = self
+            .slots
+            .iter()
+            .flatten()
+            .flat_map(|c| c.devices.iter().filter(|d| is_whole(d)).map(|d| d.0))
+            .collect();
+        for d in wanted {
+            let (gpu, profile, start) = d;
+            if whole_taken.contains(gpu) {
+                return false;
+            }
+            if is_whole(d) {
+                let published = *gpu == WHOLE || self.serves(*gpu).whole;
+                if !published || occ.get(gpu).is_some_and(|o| o.instances() > 0) {
+                    return false;
+                }
+                continue;
+            }
+            let model = self.inventory[*gpu as usize].model.clone();
+            let Some((i, _)) = model.profile(profile) else {
+                return false;
+            };
+            let o = occ.entry(*gpu).or_insert_with(|| Occupancy::empty(&model));
+            if o.check_hardware(&model, i, *start).is_err() {
+                return false;
+            }
+            o.add(&model, i, *start);
+        }
+        self.allocate_devices(slot, wanted.to_vec());
+        self.slots[slot].is_some()
+    }
+
+    /// A new claim in `slot` for `devices` (nothing when empty).
+    fn allocate_devices(&mut self, slot: usize, devices: Vec<(u32, String, u32)>) {
         if devices.is_empty() {
             return;
         }
@@ -837,26 +910,12 @@ impl World {
 
     /// The pod's containers start: they can use `migs` and the runtime reports the pod.
     fn start_containers(&self, c: &Claim, migs: &[String]) {
-        let mut held = self.held.lock().unwrap();
-        for m in migs {
-            held.running.insert(m.clone(), c.claim.uid.clone());
-        }
-        self.runtime
-            .pods
-            .lock()
-            .unwrap()
-            .insert(pod_of(&c.claim.uid));
+        self.start_container(c, migs, &pod_of(&c.claim.uid));
     }
 
-    /// The pod's containers are gone: the runtime no longer reports the pod.
+    /// The containers of every pod of the claim are gone: the runtime no longer reports them.
     fn stop_containers(&self, c: &Claim) {
-        let mut held = self.held.lock().unwrap();
-        held.running.retain(|_, uid| *uid != c.claim.uid);
-        self.runtime
-            .pods
-            .lock()
-            .unwrap()
-            .remove(&pod_of(&c.claim.uid));
+        self.stop_containers_where(c, |_| true);
     }
 
     /// [`Step::KubeletForgets`]: a zombie (force-deleted, still held) is never unprepared.
@@ -1209,7 +1268,7 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
     (0..n)
         .map(|_| {
             let slot = rng.random_range(0..SLOTS);
-            let step = match rng.random_range(0..108) {
+            let step = match rng.random_range(0..112) {
                 0..20 => Step::Allocate {
                     slot,
                     picks: (0..rng.random_range(1..=3)).map(|_| rng.random()).collect(),
@@ -1291,7 +1350,8 @@ fn steps(seed: u64, n: usize) -> Vec<(Step, u64)> {
                     pick: rng.random_range(0..8),
                 },
                 99 => Step::Settle,
-                k => carve::step(&mut rng, slot, k - 100),
+                k @ 100..108 => carve::step(&mut rng, slot, k - 100),
+                k => containers::step(&mut rng, slot, k - 108),
             };
             (step, rng.random())
         })
@@ -1425,6 +1485,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
             total.refused_on_switchable += s.refused_on_switchable;
             total.races += s.races;
             total.carve.add(&s.carve);
+            total.containers.add(&s.containers);
             for (k, v) in &s.prepare_errors {
                 *total.prepare_errors.entry(k).or_default() += v;
             }
@@ -1469,6 +1530,7 @@ fn the_request_path_keeps_its_invariants_under_random_interleavings() {
     );
     mig_modes::assert_exercised(&total);
     carve::assert_exercised(&total);
+    containers::assert_exercised(&total);
     assert!(
         total.forgotten > 0 && total.orphans_released > 0 && total.orphans_kept > 0,
         "the orphan rule is exercised both ways: {total:?}"

@@ -24,13 +24,16 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::container_marks::ClaimMarks;
+
 /// Default of [`OrphanPolicy::delay`]: minutes, far beyond the kubelet's kill of a pod's
 /// containers (its grace period plus a few seconds) and its unprepare retries.
 pub const DEFAULT_ORPHAN_DELAY: Duration = Duration::from_secs(600);
 /// How long a suspect that is kept waits for its next check.
 pub const RECHECK: Duration = Duration::from_secs(60);
 
-/// What the container runtime says about a pod: the evidence the orphan rule needs.
+/// What the container runtime says about pods and containers: the evidence the orphan rule
+/// needs.
 #[tonic::async_trait]
 pub trait PodContainers: Send + Sync {
     /// Whether the runtime still has a sandbox or a container, in any state, of the pod with
@@ -40,6 +43,15 @@ pub trait PodContainers: Send + Sync {
     /// [`RuntimeError`]: why the runtime could not answer (unreachable, timed out, refused);
     /// the caller keeps the slices.
     async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, RuntimeError>;
+
+    /// The live containers (any state but exited) of the node, of any pod, whose OCI runtime
+    /// spec carries one of `marks` ([`super::container_marks`]), each described as
+    /// `container <name> of pod <namespace>/<name> (<its mark>)`.
+    ///
+    /// # Errors
+    /// [`RuntimeError`]: the runtime could not answer, or could not say what a live container
+    /// holds (no runtime spec in its verbose status); the caller keeps the slices.
+    async fn containers_holding(&self, marks: &ClaimMarks) -> Result<Vec<String>, RuntimeError>;
 }
 
 /// Why the container runtime gave no evidence. Defined beside [`PodContainers`] rather than in
@@ -69,6 +81,15 @@ pub enum RuntimeError {
         call: &'static str,
         /// The runtime's status message.
         message: String,
+    },
+    /// A live container's verbose status has no OCI runtime spec (a runtime that does not
+    /// report one): nothing tells which devices it holds.
+    #[error(
+        "container {container}: its verbose ContainerStatus has no runtime spec (info[\"info\"].runtimeSpec, as containerd and CRI-O report it), so nothing tells which devices it holds"
+    )]
+    NoRuntimeSpec {
+        /// The container, as the evidence names it.
+        container: String,
     },
     /// A test double's injected failure.
     #[error("injected: {0}")]

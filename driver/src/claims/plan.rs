@@ -357,20 +357,34 @@ pub enum OrphanVerdict {
     /// Keep the slices; why, for the log and the Node event.
     Keep(String),
     /// The container runtime has no sandbox and no container of any pod the claim was prepared
-    /// for: no process can reach its slices, so they may go.
+    /// for, and no live container that carries the claim's marks: no process can reach its
+    /// slices, so they may go.
     Release,
 }
 
-/// The orphan rule, for a completed record whose claim was checked against the API server
-/// (`allocated`): a claim the API server no longer allocates keeps its slices until the kubelet
-/// unprepares it, unless the container runtime answered for every recorded pod
-/// (`evidence`: pod UID → whether it still has a sandbox or container, or why the runtime
-/// could not tell; `None` when no runtime is configured) that none is left. Positive evidence
-/// only: no pods recorded, no runtime, an error or a single pod with containers keeps it.
+/// What the container runtime answered for an orphan check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeEvidence {
+    /// Per pod the record knows: whether it still has a sandbox or container, or why the
+    /// runtime could not tell.
+    pub pods: Vec<(String, Result<bool, String>)>,
+    /// The live containers of any pod that carry the claim's marks
+    /// ([`crate::claims::container_marks`]), or why the runtime could not tell.
+    pub holding: Result<Vec<String>, String>,
+}
+
+/// The orphan rule, for a record the kubelet holds whose claim was checked against the API
+/// server (`allocated`): a claim the API server no longer allocates keeps its slices until the
+/// kubelet unprepares it, unless the container runtime answered (`evidence`; `None` when no
+/// runtime is configured) that no sandbox or container of any recorded pod is left **and** no
+/// live container of any pod carries the claim's marks (a pod the record never heard of, or a
+/// container holding a reused GPU-instance ID's node). Positive evidence only: no pods recorded,
+/// no runtime, an error, a single pod with containers or a single container holding a mark
+/// keeps it.
 pub fn orphan_verdict(
     allocated: bool,
     pods: &[String],
-    evidence: Option<&[(String, Result<bool, String>)]>,
+    evidence: Option<&RuntimeEvidence>,
 ) -> OrphanVerdict {
     if allocated {
         return OrphanVerdict::Allocated;
@@ -386,7 +400,7 @@ pub fn orphan_verdict(
         );
     };
     for pod in pods {
-        match evidence.iter().find(|(p, _)| p == pod).map(|(_, r)| r) {
+        match evidence.pods.iter().find(|(p, _)| p == pod).map(|(_, r)| r) {
             None => return OrphanVerdict::Keep(format!("pod {pod} was not asked about")),
             Some(Err(e)) => {
                 return OrphanVerdict::Keep(format!(
@@ -401,7 +415,16 @@ pub fn orphan_verdict(
             Some(Ok(false)) => {}
         }
     }
-    OrphanVerdict::Release
+    match &evidence.holding {
+        Err(e) => OrphanVerdict::Keep(format!(
+            "the container runtime could not say which containers hold its devices: {e}"
+        )),
+        Ok(holders) if !holders.is_empty() => OrphanVerdict::Keep(format!(
+            "{} still holds its devices (a pod its record never heard of, or a container that kept a device node)",
+            holders.join(", ")
+        )),
+        Ok(_) => OrphanVerdict::Release,
+    }
 }
 
 /// What start-up does with a live instance no record claims.

@@ -260,13 +260,37 @@ pub fn pod_of(claim_uid: &str) -> String {
     format!("pod-{claim_uid}")
 }
 
-/// The container runtime, in memory: the pods that still have a sandbox or container.
+/// The container runtime, in memory: the pods that still have a sandbox or container, and the
+/// live containers with their OCI runtime specs.
 #[derive(Default)]
 pub struct MemoryRuntime {
     /// UIDs of pods with a sandbox or container.
     pub pods: Mutex<std::collections::BTreeSet<String>>,
+    /// Live containers: name → OCI runtime spec (JSON, as a runtime reports it).
+    pub containers: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
     /// The next this many calls fail.
     pub failing: AtomicUsize,
+}
+
+impl MemoryRuntime {
+    /// Adds (or replaces) live container `name`, whose runtime spec has the environment `env`
+    /// (`KEY=VALUE`) and the device nodes `devices` (container paths).
+    pub fn run_container(&self, name: &str, env: &[String], devices: &[String]) {
+        let devices: Vec<serde_json::Value> = devices
+            .iter()
+            .map(|p| serde_json::json!({"path": p, "type": "c"}))
+            .collect();
+        let spec = serde_json::json!({"process": {"env": env}, "linux": {"devices": devices}});
+        self.containers
+            .lock()
+            .unwrap()
+            .insert(name.to_string(), spec);
+    }
+
+    /// Removes container `name` (it exited).
+    pub fn stop_container(&self, name: &str) {
+        self.containers.lock().unwrap().remove(name);
+    }
 }
 
 #[tonic::async_trait]
@@ -276,6 +300,25 @@ impl PodContainers for MemoryRuntime {
             return Err(RuntimeError::Injected("the runtime does not answer".into()));
         }
         Ok(self.pods.lock().unwrap().contains(pod_uid))
+    }
+
+    async fn containers_holding(
+        &self,
+        marks: &crate::claims::container_marks::ClaimMarks,
+    ) -> Result<Vec<String>, RuntimeError> {
+        if MemoryApi::take(&self.failing) {
+            return Err(RuntimeError::Injected("the runtime does not answer".into()));
+        }
+        Ok(self
+            .containers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(name, spec)| {
+                crate::claims::container_marks::spec_mark(spec, marks)
+                    .map(|m| format!("container {name} ({m})"))
+            })
+            .collect())
     }
 }
 

@@ -89,6 +89,7 @@ impl Checked {
             return self.inner.set_mig_mode(gpu, enabled);
         }
         let to = on_off(enabled);
+        self.check_switch_nodes(gpu);
         let caller = CALLER.try_with(Clone::clone).ok();
         let mut v = Vec::new();
         let uid = match &caller {

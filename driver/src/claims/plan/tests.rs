@@ -454,13 +454,17 @@ fn the_pods_of_a_claim_are_its_reserving_pods_only() {
     );
 }
 
-/// The orphan rule needs positive evidence for every recorded pod; anything else keeps the
-/// slices (issue 30).
+/// The orphan rule needs positive evidence for every recorded pod, and that no live container
+/// carries the claim's marks; anything else keeps the slices (issues 30 and 41).
 #[test]
 fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_pods() {
     let pods = ["p1".to_string(), "p2".to_string()];
     let gone = |p: &str| (p.to_string(), Ok(false));
-    let all_gone = [gone("p1"), gone("p2")];
+    let evidence = |pods: Vec<(String, Result<bool, String>)>| RuntimeEvidence {
+        pods,
+        holding: Ok(Vec::new()),
+    };
+    let all_gone = evidence(vec![gone("p1"), gone("p2")]);
     assert_eq!(
         orphan_verdict(true, &pods, Some(&all_gone)),
         OrphanVerdict::Allocated
@@ -479,19 +483,43 @@ fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_po
         "no pod is recorded",
     );
     keeps(
-        orphan_verdict(false, &pods, Some(&[gone("p1"), ("p2".into(), Ok(true))])),
+        orphan_verdict(
+            false,
+            &pods,
+            Some(&evidence(vec![gone("p1"), ("p2".into(), Ok(true))])),
+        ),
         "still has a sandbox or container of pod p2",
     );
     keeps(
         orphan_verdict(
             false,
             &pods,
-            Some(&[gone("p1"), ("p2".into(), Err("timeout".into()))]),
+            Some(&evidence(vec![
+                gone("p1"),
+                ("p2".into(), Err("timeout".into())),
+            ])),
         ),
         "could not say whether pod p2",
     );
     keeps(
-        orphan_verdict(false, &pods, Some(&[gone("p1")])),
+        orphan_verdict(false, &pods, Some(&evidence(vec![gone("p1")]))),
         "pod p2 was not asked",
+    );
+    // A pod the record never heard of still holds the claim's devices.
+    let held = RuntimeEvidence {
+        holding: Ok(vec!["container main of pod ns/late".into()]),
+        ..all_gone.clone()
+    };
+    keeps(
+        orphan_verdict(false, &pods, Some(&held)),
+        "container main of pod ns/late still holds its devices",
+    );
+    let unknown = RuntimeEvidence {
+        holding: Err("no runtime spec".into()),
+        ..all_gone
+    };
+    keeps(
+        orphan_verdict(false, &pods, Some(&unknown)),
+        "could not say which containers hold its devices: no runtime spec",
     );
 }

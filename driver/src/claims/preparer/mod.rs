@@ -253,18 +253,39 @@ impl Preparer {
 
     /// Whether the API server allocates `claim`, recorded as `record`, to this node as recorded
     /// now ([`plan::still_allocated`] of a fresh read); callers decide what a failed read means.
+    /// While it is, the record learns the pods the claim is reserved for ([`Self::learn_pods`]).
     pub(crate) async fn allocated_as_recorded(
         &self,
         claim: &ClaimRef,
         record: &ClaimRecord,
     ) -> Result<bool, super::ApiError> {
         let rc = self.read_claim(claim).await?;
-        Ok(plan::still_allocated(
-            claim,
-            record,
-            rc.as_ref(),
-            &self.node.name,
-        ))
+        let allocated = plan::still_allocated(claim, record, rc.as_ref(), &self.node.name);
+        if allocated && let Some(rc) = &rc {
+            self.learn_pods(claim, &plan::reserving_pods(rc)).await;
+        }
+        Ok(allocated)
+    }
+
+    /// Adds to claim `claim`'s record the pods of `pods` it does not know (docs/design.md §7, "A
+    /// slice leaves its claim": a record learns every pod that reserves its claim whenever the
+    /// claim is read while allocated; the kubelet prepares a claim once, so a pod that reserves
+    /// it later never reaches a prepare). A pod already known is kept, even when it no longer
+    /// reserves the claim (its containers may outlive it). Saves only when the record changed; a
+    /// failed save is logged, and the next save of the checkpoint writes it.
+    pub(crate) async fn learn_pods(&self, claim: &ClaimRef, pods: &[String]) {
+        let checkpoint = &self.records.checkpoint;
+        let (learned, version) = checkpoint.change(|cp| {
+            let known = cp.get(&claim.uid).map(|r| r.pods.clone())?;
+            let all = plan::with_pods(&known, pods);
+            let new: Vec<String> = all[known.len()..].to_vec();
+            cp.set_pods(&claim.uid, all).then_some(new)
+        });
+        let Some(new) = learned else { return };
+        tracing::info!(claim = %claim, pods = ?new, "the record learned pods that reserve its claim");
+        if let Err(e) = checkpoint.persist(version).await {
+            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+        }
     }
 
     /// A copy of claim `uid`'s record, if it has one.

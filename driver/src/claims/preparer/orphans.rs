@@ -6,9 +6,10 @@ use tokio::time::Instant;
 use super::Preparer;
 use crate::claims::EventTarget;
 use crate::claims::checkpoint::{ClaimRecord, PrepareState};
+use crate::claims::container_marks::claim_marks;
 use crate::claims::handler::ClaimRef;
 use crate::claims::orphans::{OrphanReport, RECHECK};
-use crate::claims::plan::{self, OrphanVerdict};
+use crate::claims::plan::{self, OrphanVerdict, RuntimeEvidence};
 
 impl Preparer {
     /// Notes every holder of a placement a prepare waits for as a suspect (see
@@ -78,17 +79,25 @@ impl Preparer {
         };
         let evidence = match (&self.lifecycle.orphan_policy.runtime, allocated) {
             (Some(runtime), false) => {
-                let mut answers = Vec::new();
+                let mut pods = Vec::new();
                 for pod in &record.pods {
                     // The verdict only quotes why the runtime could not tell (its reason text).
                     let answer = runtime.pod_has_containers(pod).await;
-                    answers.push((pod.clone(), answer.map_err(|e| e.to_string())));
+                    pods.push((pod.clone(), answer.map_err(|e| e.to_string())));
                 }
-                Some(answers)
+                // The claim's CDI spec names its instances' device nodes while it exists (a
+                // guard whose instances are gone has none: its variables mark its containers).
+                let spec = self.cdi.read(&claim.uid).ok();
+                let marks = claim_marks(&claim.uid, record, spec.as_ref());
+                let holding = runtime
+                    .containers_holding(&marks)
+                    .await
+                    .map_err(|e| e.to_string());
+                Some(RuntimeEvidence { pods, holding })
             }
             _ => None,
         };
-        plan::orphan_verdict(allocated, &record.pods, evidence.as_deref())
+        plan::orphan_verdict(allocated, &record.pods, evidence.as_ref())
     }
 
     async fn keep_orphan(&self, claim: &ClaimRef, why: &str) {
@@ -109,7 +118,7 @@ impl Preparer {
     /// Releases an orphan; `false` when something is left (the reaper takes it over).
     async fn release_orphan(&self, claim: &ClaimRef, record: ClaimRecord) -> bool {
         tracing::warn!(claim = %claim, pods = ?record.pods,
-            "releasing an orphaned claim: no longer allocated, never unprepared, and the container runtime has no sandbox or container of its pods");
+            "releasing an orphaned claim: no longer allocated, never unprepared, the container runtime has no sandbox or container of its pods and no container holds its devices");
         self.api.status.stop(&claim.uid).await;
         let pods = record.pods.join(", ");
         let r = self.release_for_good(claim, record.devices).await;
@@ -119,7 +128,7 @@ impl Preparer {
             EventTarget::Node,
             "OrphanedSliceReleased",
             format!(
-                "released the MIG slices of claim {claim}: it has not been allocated to this node for at least {}s, the kubelet never unprepared it, and the container runtime has no sandbox or container of its pods ({pods}){}",
+                "released the MIG slices of claim {claim}: it has not been allocated to this node for at least {}s, the kubelet never unprepared it, the container runtime has no sandbox or container of its pods ({pods}), and no live container holds its devices{}",
                 self.lifecycle.orphan_policy.delay.as_secs(),
                 match &r {
                     Ok(()) => String::new(),
