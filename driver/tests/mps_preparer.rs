@@ -368,3 +368,42 @@ async fn start_up_brings_a_recorded_daemon_back_and_stops_an_unrecorded_one_firs
     assert_eq!(left.len(), 1, "the recorded slice is kept");
     p.unprepare_claim(&claim).await.unwrap();
 }
+
+/// Issue 41 item 7: a GPU that does not answer at start-up skips its claims' daemons; the
+/// reaper's passes bring them back once it answers, with their limits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_start_up_skipped_comes_back_once_its_gpu_answers() {
+    let node = Node::new();
+    let mps = node.daemons(Node::stand_in());
+    let p = node.preparer(mps.clone());
+    let claim = node.api.allocate("c", "uid-a");
+    p.prepare_claim(&claim).await.unwrap();
+    let recorded = node.dirs("uid-a");
+    let old = mps.pid(&recorded).unwrap();
+    mps.let_go().await;
+    drop(p);
+    drop(mps);
+    sigkill(old);
+    until("the old daemon to die", || (!running(old)).then_some(())).await;
+    // The plugin restarts while the GPU does not answer: the claim is kept, its daemon not
+    // started.
+    node.gpus.inner.set_gpu_lost(0, true);
+    let mps = node.daemons(Node::stand_in());
+    let p = node.preparer(mps.clone());
+    let report = p.reconcile_at_startup(false, false).await.unwrap();
+    assert_eq!(report.unavailable_gpus, [0]);
+    assert_eq!(mps.pid(&recorded), None);
+    assert!(
+        p.retry_pending_mps().await.is_empty(),
+        "the GPU still does not answer"
+    );
+    // It answers again: the next pass brings the daemon back.
+    node.gpus.inner.set_gpu_lost(0, false);
+    assert_eq!(p.retry_pending_mps().await, ["uid-a"]);
+    let back = mps.pid(&recorded).expect("the daemon back");
+    assert_ne!(back, old);
+    let runs = Record::read(&recorded.log).unwrap().runs;
+    assert_eq!(runs.last().unwrap().commands, limits());
+    assert!(p.retry_pending_mps().await.is_empty(), "done once");
+    p.unprepare_claim(&claim).await.unwrap();
+}

@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result, bail, ensure};
 use das_driver::claims::PodContainers;
+use das_driver::claims::container_marks::ClaimMarks;
 use das_driver::claims::cri::CriRuntime;
 use das_e2e::das::{self, PluginDirs};
 use das_e2e::install::{self, Binaries};
@@ -347,16 +348,15 @@ async fn a_force_deleted_pods_slice_outlives_its_container(cluster: &Cluster) ->
     };
     create(&c, NODE, "old", whole("gpu")).await?;
     let old = wait_ready(&c, "old").await?;
-    let old_uuid = check_container(cluster, NODE, &old, "app", 1)
-        .await?
-        .mig_uuids()
-        .remove(0);
+    let old_view = check_container(cluster, NODE, &old, "app", 1).await?;
+    let old_uuid = old_view.mig_uuids().remove(0);
     create(&c, NODE, "filler", whole("gpu")).await?;
     wait_ready(&c, "filler").await?;
     cri_answers_about_pods(cluster, &old).await?;
+    let old_claim = pod_claims(&c, &old).await?.remove(0);
+    cri_finds_the_containers_holding_a_claim(cluster, &old_claim, &old_view).await?;
     let pid = runtime::container_pid(&files(cluster), &container_id(&old, "app")?)?;
     let shim = Frozen::parent_of(pid)?;
-    let old_claim = pod_claims(&c, &old).await?.remove(0);
     Api::<Pod>::namespaced(c.clone(), NS)
         .delete("old", &DeleteParams::default().grace_period(0))
         .await
@@ -485,6 +485,73 @@ async fn cri_answers_about_pods(cluster: &Cluster, pod: &Pod) -> Result<()> {
             .await
             .map_err(anyhow::Error::msg)?,
         "containerd has containers of a pod UID no pod has"
+    );
+    Ok(())
+}
+
+/// DAS's CRI client finds, from containerd's verbose container status (the OCI runtime spec
+/// containerd applied the CDI edits to), the container that holds claim `claim_uid`'s devices,
+/// by its CDI variable and by its capability nodes (as the orphan rule asks before a release;
+/// docs/design.md §7, "A slice leaves its claim"), and none for another claim's marks.
+async fn cri_finds_the_containers_holding_a_claim(
+    cluster: &Cluster,
+    claim_uid: &str,
+    view: &das_e2e::container_view::ContainerView,
+) -> Result<()> {
+    let cri = CriRuntime::new(files(cluster).socket().to_str().context("socket path")?)
+        .map_err(anyhow::Error::msg)?;
+    let escaped = |uid: &str| uid.replace('-', "_");
+    let by_env = ClaimMarks {
+        env_prefixes: vec![format!("DAS_MIG_UUID_{}_", escaped(claim_uid))],
+        device_paths: Vec::new(),
+    };
+    let found = cri
+        .containers_holding(&by_env)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(
+        found.len() == 1
+            && found[0].contains("pod default/old")
+            && found[0].contains("its CDI variable"),
+        "containerd's containers holding claim {claim_uid} by its variable: {found:?}"
+    );
+    let caps: Vec<String> = view
+        .device_nodes
+        .iter()
+        .filter(|p| p.contains("/nvidia-caps/"))
+        .cloned()
+        .collect();
+    ensure!(
+        !caps.is_empty(),
+        "the container has no capability node: {:?}",
+        view.device_nodes
+    );
+    let by_node = ClaimMarks {
+        env_prefixes: Vec::new(),
+        device_paths: caps,
+    };
+    let found = cri
+        .containers_holding(&by_node)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(
+        found.len() == 1 && found[0].contains("device node /dev/nvidia-caps/"),
+        "containerd's containers holding claim {claim_uid}'s capability nodes: {found:?}"
+    );
+    let other = ClaimMarks {
+        env_prefixes: vec![format!(
+            "DAS_MIG_UUID_{}_",
+            escaped("00000000-0000-0000-0000-000000000000")
+        )],
+        device_paths: vec!["/dev/nvidia-caps/nvidia-cap999999".into()],
+    };
+    let found = cri
+        .containers_holding(&other)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ensure!(
+        found.is_empty(),
+        "containers hold a claim no pod has: {found:?}"
     );
     Ok(())
 }

@@ -5,7 +5,12 @@
 //! longer allocated here as recorded is released; a claim deleted, or missing from a fresh
 //! listing, releases its carved record. The carves and releases run as tasks (one per claim at
 //! a time), so a slow create never holds up the watch; the [`Preparer`]'s calls decide again
-//! under the claim's lock with a fresh read of the claim, so a stale event does no harm.
+//! under the claim's lock with a fresh read of the claim, so a stale event does no harm. A call
+//! whose claim cannot be read is retried with backoff ([`READ_RETRY`] doubling to
+//! [`READ_RETRY_MAX`]) until the read works or the watch stops: a carved slice is never left
+//! behind because the API server was away for a while. And the record of a claim the kubelet
+//! holds learns the pods the claim is reserved for from every event of it (a pod that reserves
+//! a prepared claim never reaches a prepare; docs/design.md §7, "A slice leaves its claim").
 //!
 //! A cheaper way to learn of allocations, a watch of the controller's AllocationClaims selected
 //! by node (docs/benchmarks.md, "Learning of allocations"), would make every carve wait for the
@@ -25,16 +30,19 @@ use tokio_util::sync::CancellationToken;
 
 use super::carve::{OnClaimSeen, claim_ref, on_claim_seen};
 use crate::claims::api::allocated_to;
-use crate::claims::checkpoint::PrepareState;
+use crate::claims::checkpoint::{ClaimRecord, PrepareState};
 use crate::claims::handler::ClaimRef;
+use crate::claims::plan;
 use crate::claims::preparer::carve::Carved;
 use crate::claims::{PrepareError, Preparer};
 
 /// Items per page of the watch's listings.
 const PAGE_SIZE: u32 = 500;
-/// Tries of a carve whose claim could not be read, the first pause between two (doubled).
-const READ_TRIES: u32 = 5;
-const READ_RETRY: Duration = Duration::from_secs(1);
+/// The first pause before a carve (or a carve's release) whose claim could not be read is tried
+/// again; doubled after each failed read, up to [`READ_RETRY_MAX`].
+pub const READ_RETRY: Duration = Duration::from_secs(1);
+/// The longest pause between two tries of a call whose claim cannot be read.
+pub const READ_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// What the watch does with the claims it sees; see the module docs.
 pub struct CarveWatch {
@@ -47,6 +55,8 @@ pub struct CarveWatch {
     again: HashMap<String, ClaimRef>,
     /// The UIDs of this node's claims seen since a (re)listing began, until it is done.
     listing: Option<HashSet<String>>,
+    /// Ends the retries of the calls it started when the watch stops.
+    stop: CancellationToken,
 }
 
 impl CarveWatch {
@@ -59,12 +69,14 @@ impl CarveWatch {
             tasks: JoinSet::new(),
             again: HashMap::new(),
             listing: None,
+            stop: CancellationToken::new(),
         }
     }
 
     /// Watches the ResourceClaims through `client` until `stop`; then waits for the carves and
     /// releases it started.
     pub async fn run(mut self, client: Client, stop: CancellationToken) {
+        self.stop = stop.clone();
         let api: Api<ResourceClaim> = Api::all(client);
         let config = watcher::Config::default().page_size(PAGE_SIZE);
         let mut events = watcher::watcher(api, config).default_backoff().boxed();
@@ -146,12 +158,30 @@ impl CarveWatch {
         if record.is_none() && !allocated_to(rc, &self.node) {
             return;
         }
+        if let Some(r) = record.as_ref() {
+            self.learn_pods(rc, &claim, r);
+        }
         match on_claim_seen(rc, &self.node, record.as_ref()) {
             OnClaimSeen::Carve => self.carve(claim),
             OnClaimSeen::ReleaseCarved => self.release(claim),
             OnClaimSeen::Announce => self.announce(claim),
             OnClaimSeen::Nothing => {}
         }
+    }
+
+    /// The record of a claim the kubelet holds, allocated here as recorded, learns the pods the
+    /// claim is reserved for that it does not know (a checkpoint write, off the watch's loop).
+    fn learn_pods(&self, rc: &ResourceClaim, claim: &ClaimRef, record: &ClaimRecord) {
+        let pods = plan::reserving_pods(rc);
+        if !record.is_handed()
+            || pods.iter().all(|p| record.pods.contains(p))
+            || !plan::still_allocated(claim, record, Some(rc), &self.node)
+        {
+            return;
+        }
+        let preparer = self.preparer.clone();
+        let claim = claim.clone();
+        tokio::spawn(async move { preparer.learn_pods(&claim, &pods).await });
     }
 
     /// The claims whose records are `Carved`.
@@ -175,14 +205,16 @@ impl CarveWatch {
             return;
         }
         let preparer = self.preparer.clone();
+        let stop = self.stop.clone();
         self.tasks.spawn(async move {
             let mut delay = READ_RETRY;
-            for attempt in 1..=READ_TRIES {
+            loop {
                 match preparer.carve_claim(&claim).await {
-                    Err(PrepareError::ApiRead(e)) if attempt < READ_TRIES => {
-                        tracing::warn!(claim = %claim, error = %e, "cannot read a claim to carve; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay *= 2;
+                    Err(PrepareError::ApiRead(e)) => {
+                        tracing::warn!(claim = %claim, error = %e, retry_in = ?delay, "cannot read a claim to carve; retrying");
+                        if !pause(&stop, &mut delay).await {
+                            break;
+                        }
                     }
                     Err(e) => {
                         tracing::error!(claim = %claim, error = %e, "the claim could not be carved");
@@ -207,14 +239,16 @@ impl CarveWatch {
             return;
         }
         let preparer = self.preparer.clone();
+        let stop = self.stop.clone();
         self.tasks.spawn(async move {
             let mut delay = READ_RETRY;
-            for attempt in 1..=READ_TRIES {
+            loop {
                 match preparer.release_carved(&claim).await {
-                    Err(PrepareError::ApiRead(e)) if attempt < READ_TRIES => {
-                        tracing::warn!(claim = %claim, error = %e, "cannot read a carved claim to release it; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay *= 2;
+                    Err(PrepareError::ApiRead(e)) => {
+                        tracing::warn!(claim = %claim, error = %e, retry_in = ?delay, "cannot read a carved claim to release it; retrying");
+                        if !pause(&stop, &mut delay).await {
+                            break;
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(claim = %claim, error = %e, "the carved slices of a claim no longer allocated here are left for the reaper (or the next listing)");
@@ -238,4 +272,15 @@ impl CarveWatch {
             claim.uid
         });
     }
+}
+
+/// Waits `delay` (then doubles it, up to [`READ_RETRY_MAX`]); `false` when the watch stopped
+/// meanwhile (its start-up and the next listing look at the claim again).
+async fn pause(stop: &CancellationToken, delay: &mut Duration) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => return false,
+        _ = tokio::time::sleep(*delay) => {}
+    }
+    *delay = (*delay * 2).min(READ_RETRY_MAX);
+    true
 }

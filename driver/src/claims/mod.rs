@@ -77,6 +77,8 @@ pub(crate) mod unclaimed;
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
+mod guard_tests;
+#[cfg(test)]
 mod mig_mode_race_tests;
 #[cfg(test)]
 mod mig_mode_tests;

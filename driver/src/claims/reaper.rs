@@ -86,6 +86,42 @@ impl ReaperState {
     }
 }
 
+/// How often the reaper's loop looks again at claims whose MPS daemons wait for their GPU.
+pub const MPS_RETRY: Duration = Duration::from_secs(5);
+
+/// Claims kept at start-up whose MPS daemons could not be brought back because a GPU of theirs
+/// did not answer: the reaper's loop tries again every [`MPS_RETRY`] until the GPU answers
+/// (then the daemons start, or the claim's instances are gone and its next prepare repairs it).
+#[derive(Debug, Default)]
+pub struct PendingDaemons {
+    uids: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl PendingDaemons {
+    /// Notes claim `uid`.
+    pub fn add(&self, uid: &str) {
+        self.uids
+            .lock()
+            .expect("pending daemons")
+            .insert(uid.to_string());
+    }
+
+    /// Forgets claim `uid` (its daemons run, or there is nothing to run).
+    pub fn done(&self, uid: &str) {
+        self.uids.lock().expect("pending daemons").remove(uid);
+    }
+
+    /// The claims noted, in UID order.
+    pub fn all(&self) -> Vec<String> {
+        self.uids
+            .lock()
+            .expect("pending daemons")
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
 /// What one pass of the reaper did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ReapReport {

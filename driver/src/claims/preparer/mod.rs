@@ -53,7 +53,7 @@ use tokio::sync::Notify;
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
 use super::orphans::{OrphanPolicy, OrphanWatch};
 use super::plan::{self, DeviceRef};
-use super::reaper::ReaperState;
+use super::reaper::{PendingDaemons, ReaperState};
 use super::status::StatusWriters;
 use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
@@ -185,6 +185,8 @@ pub(crate) struct Lifecycle {
     pub(crate) orphans: OrphanWatch,
     /// When the plugin may release a prepared claim the kubelet never unprepares.
     pub(crate) orphan_policy: OrphanPolicy,
+    /// Kept claims whose MPS daemons start-up could not bring back (a GPU did not answer).
+    pub(crate) mps_pending: PendingDaemons,
 }
 
 impl Preparer {
@@ -222,6 +224,7 @@ impl Preparer {
                 reaper: ReaperState::default(),
                 orphans: OrphanWatch::default(),
                 orphan_policy: config.orphans,
+                mps_pending: PendingDaemons::default(),
             },
             modes: mig_mode::MigModes::new(&config.inventory, &config.metrics),
             mps: config.mps,

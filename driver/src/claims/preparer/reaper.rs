@@ -9,7 +9,8 @@ use tokio_util::sync::CancellationToken;
 use super::Preparer;
 use crate::claims::checkpoint::PrepareState;
 use crate::claims::handler::ClaimRef;
-use crate::claims::reaper::{MAX_DELAY, ReapReport};
+use crate::claims::reaper::{MAX_DELAY, MPS_RETRY, ReapReport};
+use crate::claims::startup::Report;
 use crate::claims::{EventTarget, PrepareError};
 
 impl Preparer {
@@ -70,15 +71,56 @@ impl Preparer {
         report
     }
 
-    /// Runs [`Self::reap_due`] whenever an attempt is due, and the orphan rule's checks
-    /// ([`Self::check_orphans`]) whenever a suspect is due, until `stop`.
+    /// Brings back the MPS daemons of the kept claims start-up skipped because a GPU did not
+    /// answer ([`crate::claims::reaper::PendingDaemons`]), once their GPUs answer. Returns the
+    /// claims whose daemons were brought back.
+    pub async fn retry_pending_mps(&self) -> Vec<String> {
+        let mut back = Vec::new();
+        for uid in self.lifecycle.mps_pending.all() {
+            let Some(_held) = self.records.locks.try_lock(&uid) else {
+                continue;
+            };
+            let Some(record) = self
+                .record_of(&uid)
+                .filter(|r| r.state == PrepareState::PrepareCompleted)
+            else {
+                self.lifecycle.mps_pending.done(&uid);
+                continue;
+            };
+            let claim = ClaimRef {
+                namespace: record.namespace.clone(),
+                name: record.name.clone(),
+                uid: uid.clone(),
+            };
+            let live = self.live_per_gpu().await;
+            match self.check_kept(&claim, &record, &live, &mut Report::default()) {
+                super::startup::Kept::Live => {
+                    tracing::info!(claim = %claim, "its GPU answers again: bringing back its MPS daemons");
+                    self.bring_back_mps(vec![(claim, record.devices)]).await;
+                    self.lifecycle.mps_pending.done(&uid);
+                    back.push(uid);
+                }
+                super::startup::Kept::Missing => self.lifecycle.mps_pending.done(&uid),
+                super::startup::Kept::GpuUnavailable => {}
+            }
+        }
+        back
+    }
+
+    /// Runs [`Self::reap_due`] whenever an attempt is due, the orphan rule's checks
+    /// ([`Self::check_orphans`]) whenever a suspect is due, and [`Self::retry_pending_mps`]
+    /// every [`MPS_RETRY`] while a claim waits for its daemons, until `stop`.
     pub async fn run_reaper(self: Arc<Self>, stop: CancellationToken) {
         loop {
             self.reap_due().await;
             self.check_orphans().await;
+            self.retry_pending_mps().await;
+            let pending =
+                (!self.lifecycle.mps_pending.all().is_empty()).then(|| Instant::now() + MPS_RETRY);
             let next = [
                 self.lifecycle.reaper.next_due(),
                 self.lifecycle.orphans.next_due(),
+                pending,
             ]
             .into_iter()
             .flatten()

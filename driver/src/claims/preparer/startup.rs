@@ -52,6 +52,7 @@ impl Preparer {
             self.rebuild_from_api(&live, &mut report, &mut mps_back)
                 .await?;
         }
+        self.learn_pods_of_kept().await;
         self.bring_back_mps(mps_back).await;
         // Before the orphans are destroyed: an unrecorded daemon's MPS server keeps its slice in
         // use, and the slice's destroy would fail.
@@ -93,8 +94,13 @@ impl Preparer {
             PrepareState::PrepareCompleted => {
                 self.suspect_holders(std::iter::once(&claim.uid));
                 report.kept.push(claim.to_string());
-                if self.check_kept(claim, &record, live, report) {
-                    mps_back.push((claim.clone(), record.devices));
+                match self.check_kept(claim, &record, live, report) {
+                    Kept::Live => mps_back.push((claim.clone(), record.devices)),
+                    // Its daemons come back once the GPU answers (the reaper's passes).
+                    Kept::GpuUnavailable if record.devices.iter().any(|d| d.mps.is_some()) => {
+                        self.lifecycle.mps_pending.add(&claim.uid);
+                    }
+                    Kept::GpuUnavailable | Kept::Missing => {}
                 }
                 return;
             }
@@ -131,15 +137,15 @@ impl Preparer {
     }
 
     /// A kept claim: its instances should exist (a whole GPU, that this node still publishes
-    /// it); its CDI spec is written again if needed. Returns whether its instances exist (its
+    /// it); its CDI spec is written again if needed. Says whether its instances exist (its
     /// MPS daemons can then run).
-    fn check_kept(
+    pub(super) fn check_kept(
         &self,
         claim: &ClaimRef,
         record: &ClaimRecord,
         live: &LivePerGpu,
         report: &mut Report,
-    ) -> bool {
+    ) -> Kept {
         let on_gpus: Option<Vec<MigInstance>> = record
             .devices
             .iter()
@@ -150,14 +156,14 @@ impl Preparer {
             .collect::<Option<Vec<_>>>()
             .map(|v| v.into_iter().flatten().collect());
         let Some(on_gpus) = on_gpus else {
-            return false; // a GPU of the claim does not answer: nothing to check now
+            return Kept::GpuUnavailable; // nothing to check now
         };
         let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
         let held = self.holdings(&record.devices, &matched);
         if held.iter().any(Option::is_none) {
             tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists (or its whole GPU is no longer published here); the claim's next prepare creates it again");
             report.missing_instances.push(claim.to_string());
-            return false;
+            return Kept::Missing;
         }
         let held: Vec<Holding> = held.into_iter().flatten().collect();
         match self.ensure_cdi_spec(claim, record, &held) {
@@ -167,7 +173,29 @@ impl Preparer {
                 tracing::error!(claim = %claim, error = %e, "writing the claim's CDI spec failed")
             }
         }
-        true
+        Kept::Live
+    }
+
+    /// The records the kubelet holds learn the pods their claims are reserved for now (a pod
+    /// that reserved a prepared claim never reached a prepare): one read per claim, all at
+    /// once; a claim that cannot be read is left to the next read (the orphan rule's).
+    async fn learn_pods_of_kept(&self) {
+        let kept: Vec<(ClaimRef, ClaimRecord)> = self
+            .recorded_claims()
+            .into_iter()
+            .filter(|(_, r)| {
+                matches!(
+                    r.state,
+                    PrepareState::PrepareCompleted | PrepareState::Repairing
+                )
+            })
+            .collect();
+        let reads = kept.iter().map(|(claim, record)| async move {
+            if let Err(e) = self.allocated_as_recorded(claim, record).await {
+                tracing::debug!(claim = %claim, error = %e, "cannot read a kept claim to learn its pods; the orphan rule reads it later");
+            }
+        });
+        futures::future::join_all(reads).await;
     }
 
     /// Step 4: records for live instances that claims on this node are allocated to. A whole GPU
@@ -240,6 +268,23 @@ impl Preparer {
                     Holding::WholeGpu { .. } => d.clone(),
                 })
                 .collect();
+            // Carved before bind and not prepared yet: the kubelet's prepare writes its CDI spec
+            // (no container was given it), so no spec on disk and SliceReady answered. Rebuilt
+            // as carved, the watch and start-up release it if its claim goes; as prepared with
+            // no pod, the orphan rule would keep it forever.
+            if crate::claims::carve::waits_for_carve(&rc, &self.node.name)
+                && crate::claims::carve::carve_answered(&rc, &self.node.name)
+                && !spec_on_disk()
+            {
+                let recorded = devices.clone();
+                self.records
+                    .checkpoint
+                    .commit(|cp| cp.set_carved(&claim.uid, &claim.namespace, &claim.name, recorded))
+                    .await?;
+                tracing::info!(claim = %claim, "rebuilt the record of a claim carved before bind from live slices");
+                report.rebuilt.push(claim.to_string());
+                continue;
+            }
             let built = self.build_spec(&claim, &devices, &held, &[])?;
             self.cdi.write(&claim.uid, &built.spec)?;
             let ids: BTreeMap<String, Vec<String>> = built
@@ -251,7 +296,9 @@ impl Preparer {
             self.records
                 .checkpoint
                 .commit(|cp| {
-                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, recorded, ids)
+                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, recorded, ids);
+                    // The pods it is reserved for: the orphan rule's evidence.
+                    cp.set_pods(&claim.uid, plan::reserving_pods(&rc));
                 })
                 .await?;
             mps_back.push((claim.clone(), devices));
@@ -348,4 +395,15 @@ impl Preparer {
         }
         out
     }
+}
+
+/// What start-up found of a kept claim's instances ([`Preparer::check_kept`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kept {
+    /// They exist (its MPS daemons can run).
+    Live,
+    /// A GPU of the claim does not answer: nothing can be checked (or started) now.
+    GpuUnavailable,
+    /// One is gone: the claim's next prepare repairs it.
+    Missing,
 }
