@@ -139,6 +139,20 @@ pub fn upgrade(cluster: &Cluster, tag: &str) -> Result<()> {
     )
 }
 
+/// `helm rollback` to revision `revision` (1: the install); waits for the rollout.
+pub fn rollback(cluster: &Cluster, revision: u32) -> Result<()> {
+    chart::helm_on(
+        &cluster.kubeconfig,
+        &[
+            "rollback",
+            RELEASE,
+            &revision.to_string(),
+            &format!("--namespace={NAMESPACE}"),
+        ],
+    )?;
+    wait_rolled_out(cluster)
+}
+
 /// `helm <verb>` (install, upgrade) of the chart as release [`RELEASE`] in [`NAMESPACE`] with
 /// `extra` flags, then waits for the rollout.
 fn helm_release(cluster: &Cluster, verb: &str, extra: &[&str]) -> Result<()> {

@@ -10,7 +10,9 @@
 //! - the controller's two pods share one Lease; the leader's deletion hands it to the other,
 //!   which goes on mirroring;
 //! - `helm upgrade` to a new image tag rolls the plugin with surge and keeps a running pod's
-//!   slice;
+//!   slice; `helm rollback` to the install's revision does too, and the rolled-back plugin
+//!   reads the checkpoint the newer one wrote (each save is written in the oldest version that
+//!   holds it);
 //! - `helm uninstall` keeps the CRD and leaves no ResourceSlice and no MIG slice.
 //!
 //! Needs root, runc, iptables and `make containerd`; `make e2e` builds them. One such cluster
@@ -174,11 +176,50 @@ async fn upgrade_rolls_the_plugin_and_keeps_the_slice(cluster: &Cluster, uuid: &
         live_uuids(cluster)?.contains(&uuid.to_string()),
         "MIG {uuid} was lost in the upgrade"
     );
+    rollback_keeps_the_slice(cluster, uuid, &user_before).await?;
     delete_pods(&c, &["user"]).await?;
     wait::until("the slice destroyed by the new plugin", TIMEOUT, || async {
         Ok((!live_uuids(cluster)?.contains(&uuid.to_string())).then_some(()))
     })
     .await
+}
+
+/// `helm rollback` to the install's revision (image e2e-1) with the user pod running: the
+/// plugin pod is replaced again, reads the checkpoint the upgraded plugin wrote (never moves it
+/// aside as corrupt), and the user pod keeps its container and its slice.
+async fn rollback_keeps_the_slice(cluster: &Cluster, uuid: &str, user_before: &Pod) -> Result<()> {
+    let c = cluster.client();
+    real_install::rollback(cluster, 1)?;
+    let after = das_pods(&c, "das-kubelet-plugin").await?;
+    ensure!(
+        after.len() == 1 && image_of(&after[0]) == format!("{IMAGE_REPO}:e2e-1"),
+        "the rolled-back plugin pod runs {:?}",
+        after.iter().map(image_of).collect::<Vec<_>>()
+    );
+    let log = das_e2e::chart::kubectl(
+        &cluster.kubeconfig,
+        &[
+            "logs",
+            "-n",
+            NAMESPACE,
+            after[0].metadata.name.as_deref().unwrap_or_default(),
+        ],
+        None,
+    )?;
+    ensure!(
+        !log.contains("corrupt checkpoint") && !log.contains("rebuilt the record"),
+        "the rolled-back plugin did not read the checkpoint as it was:\n{log}"
+    );
+    let user = Api::<Pod>::namespaced(c.clone(), NS).get("user").await?;
+    ensure!(
+        container_ids(&user) == container_ids(user_before),
+        "the user pod's container changed across the rollback"
+    );
+    ensure!(
+        live_uuids(cluster)?.contains(&uuid.to_string()),
+        "MIG {uuid} was lost in the rollback"
+    );
+    Ok(())
 }
 
 /// `helm uninstall`: DAS's pods and ResourceSlices go, the CRD stays (resource policy keep),

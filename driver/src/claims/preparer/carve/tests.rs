@@ -271,3 +271,22 @@ async fn a_restart_between_carve_and_prepare_keeps_and_uses_the_carved_slice() {
         PrepareState::PrepareCompleted
     );
 }
+
+/// Issue 41 item 7: a carve whose claim cannot be read is retried with backoff for as long as
+/// the reads fail (here 8, past the 5 tries it used to give up after), then carved.
+#[tokio::test(start_paused = true)]
+async fn the_watch_retries_a_carve_until_its_claim_can_be_read() {
+    let s = setup();
+    let a = s.waiting("a", UID_A, DEVICE);
+    s.api
+        .failing_reads
+        .store(8, std::sync::atomic::Ordering::SeqCst);
+    let t0 = tokio::time::Instant::now();
+    let mut watch = CarveWatch::new(s.p.clone(), NODE);
+    watch.handle(Event::Apply(s.api.claim(&a).unwrap()));
+    watch.finish().await;
+    assert_eq!(s.p.record_of(UID_A).unwrap().state, PrepareState::Carved);
+    assert_eq!(s.carve_of(&a), Some(CarveOutcome::Ready));
+    // 1 + 2 + 4 + 8 + 16 + 30 + 30 + 30 s of pauses: the backoff doubles up to its cap.
+    assert_eq!(t0.elapsed().as_secs(), 121);
+}
