@@ -16,6 +16,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
 use super::handler::ClaimRef;
+use super::orphans::RuntimeError;
 use crate::claims::checkpoint::{
     Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
 };
@@ -367,10 +368,10 @@ pub enum OrphanVerdict {
 pub struct RuntimeEvidence {
     /// Per pod the record knows: whether it still has a sandbox or container, or why the
     /// runtime could not tell.
-    pub pods: Vec<(String, Result<bool, String>)>,
+    pub pods: Vec<(String, Result<bool, RuntimeError>)>,
     /// The live containers of any pod that carry the claim's marks
     /// ([`crate::claims::container_marks`]), or why the runtime could not tell.
-    pub holding: Result<Vec<String>, String>,
+    pub holding: Result<Vec<String>, RuntimeError>,
 }
 
 /// The orphan rule, for a record the kubelet holds whose claim was checked against the API

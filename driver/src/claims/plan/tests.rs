@@ -460,7 +460,7 @@ fn the_pods_of_a_claim_are_its_reserving_pods_only() {
 fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_pods() {
     let pods = ["p1".to_string(), "p2".to_string()];
     let gone = |p: &str| (p.to_string(), Ok(false));
-    let evidence = |pods: Vec<(String, Result<bool, String>)>| RuntimeEvidence {
+    let evidence = |pods: Vec<(String, Result<bool, RuntimeError>)>| RuntimeEvidence {
         pods,
         holding: Ok(Vec::new()),
     };
@@ -496,7 +496,7 @@ fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_po
             &pods,
             Some(&evidence(vec![
                 gone("p1"),
-                ("p2".into(), Err("timeout".into())),
+                ("p2".into(), Err(RuntimeError::Injected("timeout".into()))),
             ])),
         ),
         "could not say whether pod p2",
@@ -515,11 +515,13 @@ fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_po
         "container main of pod ns/late still holds its devices",
     );
     let unknown = RuntimeEvidence {
-        holding: Err("no runtime spec".into()),
+        holding: Err(RuntimeError::NoRuntimeSpec {
+            container: "c".into(),
+        }),
         ..all_gone
     };
     keeps(
         orphan_verdict(false, &pods, Some(&unknown)),
-        "could not say which containers hold its devices: no runtime spec",
+        "could not say which containers hold its devices: container c: its verbose ContainerStatus has no runtime spec",
     );
 }

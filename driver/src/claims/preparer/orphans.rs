@@ -81,18 +81,13 @@ impl Preparer {
             (Some(runtime), false) => {
                 let mut pods = Vec::new();
                 for pod in &record.pods {
-                    // The verdict only quotes why the runtime could not tell (its reason text).
-                    let answer = runtime.pod_has_containers(pod).await;
-                    pods.push((pod.clone(), answer.map_err(|e| e.to_string())));
+                    pods.push((pod.clone(), runtime.pod_has_containers(pod).await));
                 }
                 // The claim's CDI spec names its instances' device nodes while it exists (a
                 // guard whose instances are gone has none: its variables mark its containers).
                 let spec = self.cdi.read(&claim.uid).ok();
                 let marks = claim_marks(&claim.uid, record, spec.as_ref());
-                let holding = runtime
-                    .containers_holding(&marks)
-                    .await
-                    .map_err(|e| e.to_string());
+                let holding = runtime.containers_holding(&marks).await;
                 Some(RuntimeEvidence { pods, holding })
             }
             _ => None,
