@@ -42,7 +42,10 @@ fn nothing_is_shared_by_default() {
     assert_eq!(env_of(plugin, "DAS_SHARED_PROFILES"), None);
     assert_eq!(env_of(plugin, "DAS_SHARES_PER_SLICE"), None);
     assert_eq!(env_of(plugin, "DAS_SHARES_ACROSS_NAMESPACES"), None);
-    assert!(shared_claims_hook(&d).is_none(), "a claim hook with nothing shared");
+    assert!(
+        shared_claims_hook(&d).is_none(),
+        "a claim hook with nothing shared"
+    );
 }
 
 #[test]
@@ -57,7 +60,10 @@ fn claims_for_a_shared_class_are_sent_for_the_namespace_selector() {
         "/mutate-resource-claims"
     );
     assert_eq!(hook["rules"][0]["resources"][0], "resourceclaims");
-    assert_eq!(hook["rules"][0]["operations"], serde_json::json!(["CREATE"]));
+    assert_eq!(
+        hook["rules"][0]["operations"],
+        serde_json::json!(["CREATE"])
+    );
     assert_eq!(hook["failurePolicy"], "Ignore", "webhook.failurePolicy");
     assert_eq!(hook["sideEffects"], "None");
     // Only claims naming a shared class, in a request or a subrequest, are sent.
@@ -70,14 +76,21 @@ fn claims_for_a_shared_class_are_sent_for_the_namespace_selector() {
     // System namespaces and DAS's own are not, as for the legacy pods' hook.
     let excluded = &hook["namespaceSelector"]["matchExpressions"][0]["values"];
     assert!(
-        excluded.as_array().unwrap().iter().any(|v| v == "das-system"),
+        excluded
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "das-system"),
         "{excluded}"
     );
     // The rule is the default: neither program is told to let shares cross namespaces.
     let plugin = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
     assert_eq!(env_of(plugin, "DAS_SHARES_ACROSS_NAMESPACES"), None);
     let webhook = r.container("Deployment", "das-webhook").unwrap();
-    assert_eq!(env_of(webhook, "DAS_WEBHOOK_SHARES_ACROSS_NAMESPACES"), None);
+    assert_eq!(
+        env_of(webhook, "DAS_WEBHOOK_SHARES_ACROSS_NAMESPACES"),
+        None
+    );
 }
 
 #[test]
