@@ -13,8 +13,9 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use crate::das;
+use crate::install::{self, Binaries};
 use crate::wait;
+use crate::{Cluster, ClusterConfig, chart, das};
 
 /// Creates namespace `ns` (an existing one is fine).
 pub async fn create_namespace(c: &Client, ns: &str) -> Result<()> {
@@ -234,4 +235,126 @@ pub async fn wait_share_namespace(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The namespaces the tests and the benchmark of shared slices across tenants use.
+pub const TENANTS: [&str; 2] = ["team-a", "team-b"];
+/// A namespace das-webhook does not see ([`install_sharing`] excludes it).
+pub const BYPASS: &str = "bypass";
+/// The shared class [`install_sharing`] renders.
+pub const SHARED_1G_10GB: &str = "1g.10gb.shared.mig.das.com";
+
+/// A local cluster with node `node` (emulated `gpus`) and DAS installed from the chart with
+/// `1g.10gb` shared, [`BYPASS`] excluded from das-webhook, and the `--set`s `extra`; the
+/// namespaces [`TENANTS`] and [`BYPASS`] created. The cluster comes back with the set-up's
+/// result, so a failure still shows the components' logs ([`Cluster::check`]).
+pub async fn install_sharing(node: &str, gpus: &str, extra: &[&str]) -> (Cluster, Result<()>) {
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[node]))
+        .await
+        .expect("cluster starts");
+    let setup = async {
+        let excluded = format!(
+            "webhook.excludedNamespaces={{kube-system,kube-public,kube-node-lease,{BYPASS}}}"
+        );
+        let mut sets = vec!["sharing.profiles={1g.10gb}", excluded.as_str()];
+        sets.extend_from_slice(extra);
+        let rendered = chart::render_with(&sets)?;
+        let bins = Binaries::in_target_dir("debug", true)?;
+        let nodes = [(node.to_string(), gpus.to_string())];
+        install::install_rendered(&mut cluster, &rendered, &nodes, &bins).await?;
+        das::wait_pool_complete(&cluster.client(), node).await?;
+        for ns in TENANTS.iter().chain([&BYPASS]) {
+            create_namespace(&cluster.client(), ns).await?;
+        }
+        Ok(())
+    };
+    let r = setup.await;
+    (cluster, r)
+}
+
+/// Sends `signal` (`libc::SIGSTOP`, `libc::SIGCONT`) to the node plugin's process of `cluster`.
+pub fn signal_plugin(cluster: &Cluster, signal: i32) -> Result<()> {
+    let pid = cluster
+        .pids()
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("das-kubelet-plugin"))
+        })
+        .context("the node plugin's process")?;
+    let pid = i32::try_from(pid)?;
+    // SAFETY: kill(2) on a child process of ours; no memory is involved.
+    anyhow::ensure!(unsafe { libc::kill(pid, signal) } == 0, "kill {pid}");
+    Ok(())
+}
+
+/// What [`carve_race`] came to.
+#[derive(Debug, Clone)]
+pub struct Race {
+    /// The device the scheduler first allocated both claims.
+    pub first: String,
+    /// Each claim's device once both pods run, as [`TENANTS`].
+    pub devices: [String; 2],
+    /// From the plugin's resumption until both pods ran.
+    pub took: Duration,
+    /// From the plugin's resumption until the refused claim's second allocation (its
+    /// `allocationTimestamp`), in seconds.
+    pub allocated_again_after: Option<f64>,
+}
+
+/// Two namespaces' shares meet at a node with carve before bind on ([`install_sharing`] with
+/// `carveBeforeBind.enabled=true`): with the plugin frozen (nothing carved, no attribute
+/// published), pods `<TENANTS[i]>/<names[i]>` with a share each are allocated one free device;
+/// then the plugin resumes, one carve is refused, and the scheduler allocates that claim again.
+/// Returns once both pods run (`within`), leaving them running; the plugin runs again even when
+/// this fails.
+pub async fn carve_race(cluster: &Cluster, names: [&str; 2], within: Duration) -> Result<Race> {
+    signal_plugin(cluster, libc::SIGSTOP)?;
+    let r = race_frozen(cluster, names, within).await;
+    let _ = signal_plugin(cluster, libc::SIGCONT);
+    r
+}
+
+async fn race_frozen(cluster: &Cluster, names: [&str; 2], within: Duration) -> Result<Race> {
+    let c = cluster.client();
+    for (ns, name) in TENANTS.iter().zip(names) {
+        create_share_pod(&c, ns, name, SHARED_1G_10GB, None).await?;
+    }
+    let a = allocated_in(&c, TENANTS[0], names[0]).await?;
+    let b = allocated_in(&c, TENANTS[1], names[1]).await?;
+    anyhow::ensure!(
+        a.device == b.device,
+        "the race did not happen: {} and {}",
+        a.device,
+        b.device
+    );
+    let t0 = tokio::time::Instant::now();
+    let resumed = k8s_openapi::jiff::Timestamp::now();
+    signal_plugin(cluster, libc::SIGCONT)?;
+    for (ns, name) in TENANTS.iter().zip(names) {
+        wait_running_within(&c, ns, name, within).await?;
+    }
+    let took = t0.elapsed();
+    let mut devices = Vec::new();
+    let mut again = None;
+    for (ns, name) in TENANTS.iter().zip(names) {
+        let rc = Api::<ResourceClaim>::namespaced(c.clone(), ns)
+            .get(name)
+            .await?;
+        let device = first_result(&rc).context("allocated")?.device;
+        if device != a.device {
+            again = rc
+                .status
+                .and_then(|s| s.allocation)
+                .and_then(|al| al.allocation_timestamp)
+                .and_then(|t| (t.0 - resumed).total(k8s_openapi::jiff::Unit::Second).ok());
+        }
+        devices.push(device);
+    }
+    Ok(Race {
+        first: a.device,
+        devices: [devices[0].clone(), devices[1].clone()],
+        took,
+        allocated_again_after: again,
+    })
 }

@@ -8,7 +8,7 @@
 //!   by kube-controller-manager from a template), and the real scheduler evaluates it: a share
 //!   of another namespace is steered to another slice, a share of the same namespace joins;
 //! - the node plugin publishes `shareNamespace` once a share is recorded and drops it once the
-//!   last one is gone (the figures are printed: `-- --nocapture`);
+//!   last one is gone (how fast: `cargo bench -p das-e2e --bench share_namespace`);
 //! - a claim the webhook never saw (a namespace it excludes), allocated the slice another
 //!   namespace holds, fails its prepare with the message, and the slice, its daemon and the
 //!   records are untouched;
@@ -16,20 +16,19 @@
 //!   existed (the plugin frozen meanwhile) end on two slices: the carve of one is refused, its
 //!   `SliceFailed` has the scheduler allocate it again, and the attribute steers it away.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use das_api::share_namespace_selector;
 use das_driver::mps::stand_in::Record;
+use das_e2e::Cluster;
 use das_e2e::das::{self, PluginDirs};
-use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::live_slices;
 use das_e2e::tenants::{
-    allocated_in, create_namespace, create_pod_in, create_share_pod, delete_pods_in, first_result,
-    pod_event_in, selectors, share_namespace, wait_running_in, wait_running_within,
-    wait_share_namespace,
+    BYPASS, SHARED_1G_10GB as SHARED, allocated_in, carve_race, create_pod_in, create_share_pod,
+    delete_pods_in, first_result, install_sharing, pod_event_in, selectors, share_namespace,
+    wait_running_in, wait_share_namespace,
 };
-use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::PostParams;
@@ -38,47 +37,18 @@ use serde_json::json;
 
 const NODE: &str = "n0";
 const GPUS: &str = "H100-80GB:1";
-const SHARED: &str = "1g.10gb.shared.mig.das.com";
-/// A namespace das-webhook does not see (chart `webhook.excludedNamespaces`).
-const BYPASS: &str = "bypass";
-
-/// DAS from the chart with `1g.10gb` shared, `BYPASS` excluded from the webhook, and `extra`.
-async fn installed(extra: &[&str]) -> (Cluster, Result<()>) {
-    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[NODE]))
-        .await
-        .expect("cluster starts");
-    let setup = async {
-        let mut sets = vec![
-            "sharing.profiles={1g.10gb}",
-            "webhook.excludedNamespaces={kube-system,kube-public,kube-node-lease,bypass}",
-        ];
-        sets.extend_from_slice(extra);
-        let rendered = das_e2e::chart::render_with(&sets)?;
-        let bins = Binaries::in_target_dir("debug", true)?;
-        let nodes = [(NODE.to_string(), GPUS.to_string())];
-        install::install_rendered(&mut cluster, &rendered, &nodes, &bins).await?;
-        das::wait_pool_complete(&cluster.client(), NODE).await?;
-        for ns in ["team-a", "team-b", BYPASS] {
-            create_namespace(&cluster.client(), ns).await?;
-        }
-        Ok(())
-    };
-    let r = setup.await;
-    (cluster, r)
-}
 
 #[tokio::test]
 async fn a_share_of_another_namespace_is_steered_away_or_refused() {
-    let (cluster, ready) = installed(&[]).await;
+    let (cluster, ready) = install_sharing(NODE, GPUS, &[]).await;
     if ready.is_err() {
         return cluster.check(ready);
     }
     cluster.check(steered_and_refused(&cluster).await);
 }
 
-/// The MIG UUID the plugin reported for claim `<ns>/<name>` (its `status.devices` data), with
-/// the entry's `readyTime`.
-async fn prepared(c: &Client, ns: &str, name: &str) -> Result<(String, String)> {
+/// The MIG UUID the plugin reported for claim `<ns>/<name>` (its `status.devices` data).
+async fn prepared(c: &Client, ns: &str, name: &str) -> Result<String> {
     let rc = Api::<ResourceClaim>::namespaced(c.clone(), ns)
         .get(name)
         .await?;
@@ -88,14 +58,12 @@ async fn prepared(c: &Client, ns: &str, name: &str) -> Result<(String, String)> 
         .and_then(|d| d.into_iter().next())
         .with_context(|| format!("{ns}/{name} has no status.devices"))?;
     let data = entry.data.context("no data")?.0;
-    let s = |k: &str| data[k].as_str().unwrap_or_default().to_string();
-    Ok((s("migUUID"), s("readyTime")))
+    Ok(data["migUUID"].as_str().unwrap_or_default().to_string())
 }
 
 async fn steered_and_refused(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
     // team-a's first share: the webhook adds its selector; the plugin publishes its namespace.
-    let t0 = Instant::now();
     let rc = create_share_pod(&c, "team-a", "a1", SHARED, None).await?;
     ensure!(
         selectors(&rc) == [share_namespace_selector("team-a")],
@@ -104,18 +72,8 @@ async fn steered_and_refused(cluster: &Cluster) -> Result<()> {
     );
     let a1 = allocated_in(&c, "team-a", "a1").await?;
     wait_share_namespace(&c, NODE, &a1.device, Some("team-a")).await?;
-    let published = t0.elapsed();
-    let published_at = k8s_openapi::jiff::Timestamp::now();
     wait_running_in(&c, "team-a", "a1").await?;
-    let (mig_a1, ready) = prepared(&c, "team-a", "a1").await?;
-    let ready: k8s_openapi::jiff::Timestamp = ready.parse().context("readyTime")?;
-    eprintln!(
-        "figure: shareNamespace published {} ms after the claim's creation, {} ms after the prepare's readyTime (negative: before; polled every 20 ms)",
-        published.as_millis(),
-        (published_at - ready)
-            .total(k8s_openapi::jiff::Unit::Millisecond)?
-            .round()
-    );
+    let mig_a1 = prepared(&c, "team-a", "a1").await?;
 
     // team-b's share: the scheduler is steered to another slice.
     create_share_pod(&c, "team-b", "b1", SHARED, None).await?;
@@ -126,13 +84,13 @@ async fn steered_and_refused(cluster: &Cluster) -> Result<()> {
         a1.device
     );
     wait_running_in(&c, "team-b", "b1").await?;
-    let (mig_b1, _) = prepared(&c, "team-b", "b1").await?;
+    let mig_b1 = prepared(&c, "team-b", "b1").await?;
     ensure!(mig_b1 != mig_a1, "one MIG instance for two namespaces");
     // team-a's second share joins team-a's slice.
     create_share_pod(&c, "team-a", "a2", SHARED, None).await?;
     ensure!(allocated_in(&c, "team-a", "a2").await?.device == a1.device);
     wait_running_in(&c, "team-a", "a2").await?;
-    ensure!(prepared(&c, "team-a", "a2").await?.0 == mig_a1);
+    ensure!(prepared(&c, "team-a", "a2").await? == mig_a1);
     // A claim kube-controller-manager makes from a template is steered the same way.
     from_template(&c, "team-b", "b2").await?;
     let b2 = wait_running_in(&c, "team-b", "b2").await?;
@@ -152,15 +110,8 @@ async fn steered_and_refused(cluster: &Cluster) -> Result<()> {
     refused_without_the_selector(cluster, &a1.device, &mig_a1).await?;
 
     // The last share of team-a's slice leaves: the device serves nobody again.
-    let t0 = Instant::now();
     delete_pods_in(&c, "team-a", &["a1", "a2"]).await?;
-    let gone = t0.elapsed();
     wait_share_namespace(&c, NODE, &a1.device, None).await?;
-    eprintln!(
-        "figure: shareNamespace gone {} ms after the last sharing pod was deleted ({} ms of which until the pod was gone)",
-        t0.elapsed().as_millis(),
-        gone.as_millis()
-    );
     ensure!(share_namespace(&c, NODE, &b1.device).await?.as_deref() == Some("team-b"));
     Ok(())
 }
@@ -200,7 +151,6 @@ async fn refused_without_the_selector(cluster: &Cluster, device: &str, mig: &str
     ] {
         ensure!(msg.contains(part), "{part:?} missing: {msg}");
     }
-    eprintln!("the refused prepare's event: {msg}");
     ensure!(
         live_slices(cluster, NODE)? == before,
         "the refusal changed the slices"
@@ -279,89 +229,28 @@ async fn generated_claim(c: &Client, ns: &str, pod: &Pod) -> Result<ResourceClai
 
 #[tokio::test]
 async fn with_carve_before_bind_a_refused_share_is_allocated_again_elsewhere() {
-    let (mut cluster, ready) = installed(&["carveBeforeBind.enabled=true"]).await;
+    let (cluster, ready) = install_sharing(NODE, GPUS, &["carveBeforeBind.enabled=true"]).await;
     if ready.is_err() {
         return cluster.check(ready);
     }
-    let r = carve_race(&mut cluster).await;
-    // A failure must not leave the plugin stopped for the teardown.
-    let _ = signal_plugin(&cluster, libc::SIGCONT);
-    cluster.check(r);
+    cluster.check(refused_carve(&cluster).await);
 }
 
-/// Sends `signal` to the node plugin's process.
-fn signal_plugin(cluster: &Cluster, signal: i32) -> Result<()> {
-    let pid = cluster
-        .pids()
-        .into_iter()
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("das-kubelet-plugin"))
-        })
-        .context("the node plugin's process")?;
-    // SAFETY: kill(2) on a child process of ours; no memory is involved.
-    ensure!(unsafe { libc::kill(pid as i32, signal) } == 0, "kill {pid}");
-    Ok(())
-}
-
-async fn carve_race(cluster: &mut Cluster) -> Result<()> {
-    let c = cluster.client();
-    // While the plugin is frozen nothing is carved and no attribute published: the scheduler
-    // allocates both namespaces' claims the same free device and waits for its carve.
-    signal_plugin(cluster, libc::SIGSTOP)?;
-    create_share_pod(&c, "team-a", "a1", SHARED, None).await?;
-    create_share_pod(&c, "team-b", "b1", SHARED, None).await?;
-    let a1 = allocated_in(&c, "team-a", "a1").await?;
-    let b1 = allocated_in(&c, "team-b", "b1").await?;
+async fn refused_carve(cluster: &Cluster) -> Result<()> {
+    // Both claims are allocated one device while the plugin is frozen; one carve wins, the
+    // other is refused (SliceFailed), allocated again and steered away.
+    let race = carve_race(cluster, ["a1", "b1"], Duration::from_secs(120)).await?;
+    let [a, b] = &race.devices;
+    ensure!(a != b, "two namespaces share {a} after carving: {race:?}");
     ensure!(
-        a1.device == b1.device,
-        "the race did not happen: {} and {}",
-        a1.device,
-        b1.device
-    );
-    let t0 = Instant::now();
-    let resumed = k8s_openapi::jiff::Timestamp::now();
-    signal_plugin(cluster, libc::SIGCONT)?;
-    // One carve wins; the other is refused (SliceFailed), allocated again, steered away.
-    let within = Duration::from_secs(120);
-    wait_running_within(&c, "team-a", "a1", within).await?;
-    wait_running_within(&c, "team-b", "b1", within).await?;
-    let took = t0.elapsed();
-    let now = |ns: &'static str, name: &'static str| {
-        let c = c.clone();
-        async move {
-            let rc = Api::<ResourceClaim>::namespaced(c, ns).get(name).await?;
-            let at = rc
-                .status
-                .as_ref()
-                .and_then(|s| s.allocation.as_ref())
-                .and_then(|a| a.allocation_timestamp.clone());
-            Ok::<_, anyhow::Error>((first_result(&rc).context("allocated")?, at))
-        }
-    };
-    let ((a, a_at), (b, b_at)) = (now("team-a", "a1").await?, now("team-b", "b1").await?);
-    ensure!(
-        a.device != b.device,
-        "two namespaces share {} after carving",
-        a.device
+        a == &race.first || b == &race.first,
+        "neither kept the slice both were allocated: {race:?}"
     );
     let log = std::fs::read_to_string(cluster.log_of(&das_e2e::plugin::plugin_name(NODE)))?;
-    let refusal = log
-        .lines()
-        .find(|l| l.contains("carve before bind failed") && l.contains("serves namespace"))
-        .context("no refused carve in the plugin's log")?;
-    eprintln!("the refused carve: {refusal}");
-    let (again, again_at) = if a.device == a1.device {
-        (&b.device, b_at)
-    } else {
-        (&a.device, a_at)
-    };
-    let after = again_at
-        .and_then(|t| (t.0 - resumed).total(k8s_openapi::jiff::Unit::Second).ok())
-        .map_or("?".to_string(), |s| format!("{s:.1}"));
-    eprintln!(
-        "figure: both pods running {} ms after the plugin resumed; the refused claim allocated again on {again} {after} s after it (its allocationTimestamp)",
-        took.as_millis(),
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("carve before bind failed") && l.contains("serves namespace")),
+        "no refused carve in the plugin's log"
     );
     Ok(())
 }

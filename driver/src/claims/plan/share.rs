@@ -155,7 +155,7 @@ fn other_namespace(
     Some(PrepareError::Share {
         device: device.to_string(),
         reason: format!(
-            "the slice serves namespace {serves} (held by {}), and a shared slice serves one namespace, so this claim of namespace {ns} may not join it; nothing was created or joined. Delete the pod so that the scheduler allocates the claim another slice (das-webhook steers the claims of {ns} away from this one; a claim it did not see is not steered), or have the cluster's admin allow sharing across namespaces (chart value sharing.acrossNamespaces). Retried as is, the prepare succeeds only once those claims are unprepared",
+            "the slice serves namespace {serves} (held by {}), and a shared slice serves one namespace: this claim of namespace {ns} may not join it, so nothing was created or joined. The kubelet retries; the prepare succeeds once those claims are unprepared. For another slice now, delete the pod: its claim is allocated again, and das-webhook's selector steers it away from this slice (a claim das-webhook did not see, in a namespace it excludes or while it was down, has none: create it again where das-webhook serves). Or have the cluster's admin allow sharing across namespaces (chart value sharing.acrossNamespaces)",
             names(holders)
         ),
     })

@@ -329,7 +329,7 @@ fn a_slice_serves_the_namespace_of_its_shares_only() {
                 "serves namespace team-a",
                 "claim team-a/A",
                 "namespace team-b may not join",
-                "Delete the pod",
+                "delete the pod",
                 "sharing.acrossNamespaces",
             ] {
                 assert!(text.contains(part), "{part:?} missing: {text}");
