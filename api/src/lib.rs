@@ -165,6 +165,30 @@ pub mod attributes {
     /// different drivers with equal values share a root complex: a claim aligns a GPU with a NIC
     /// by `matchAttribute: resource.kubernetes.io/pcieRoot`. Published only where sysfs tells.
     pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+    /// `shareNamespace` (string), on a shareable device ([`TYPE_MIG_SHARED`]) while claims hold
+    /// shares of its slice: the namespace of those claims, or [`SHARE_NAMESPACE_SEVERAL`] when
+    /// claims of several namespaces hold it (docs/design.md §7, "Shares are a tenant's own").
+    /// Absent while no claim holds a share, and never published where cross-namespace sharing
+    /// is on (`--shares-across-namespaces`). Not `namespace`: that is a reserved word of CEL,
+    /// so `device.attributes["mig.das.com"].namespace` would not compile.
+    pub const SHARE_NAMESPACE: &str = "shareNamespace";
+    /// Value of [`SHARE_NAMESPACE`] on a slice that claims of several namespaces hold (shares
+    /// made before cross-namespace sharing was turned off): no namespace has this name (a
+    /// namespace is a DNS label), so no further share from any namespace is steered to it.
+    pub const SHARE_NAMESPACE_SEVERAL: &str = "<several>";
+}
+
+/// The CEL selector das-webhook adds to every request of a ResourceClaim in `namespace` for a
+/// shared class (docs/design.md §8, "Shares stay in their namespace"): a shareable device is
+/// allocated only while no claim holds a share of it or the claims of `namespace` do. Reads
+/// the attribute with `in` first, since a lookup of an attribute a device lacks is an
+/// evaluation error that aborts the allocation. `namespace` must be a DNS label (every
+/// namespace is), so it needs no escaping in the CEL string literal.
+pub fn share_namespace_selector(namespace: &str) -> String {
+    let attr = attributes::SHARE_NAMESPACE;
+    format!(
+        "!(\"{attr}\" in device.attributes[\"{DRIVER_NAME}\"]) || device.attributes[\"{DRIVER_NAME}\"].{attr} == \"{namespace}\""
+    )
 }
 
 /// Device capacity names DAS publishes on every MIG device (docs/design.md §3).

@@ -19,6 +19,7 @@ use das_driver::gpu::{
 use das_driver::metrics::Metrics;
 use das_driver::mps::stand_in::Record;
 use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, daemon, layout};
+use das_driver::publish::resource_slices::SharePolicy;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
@@ -29,6 +30,8 @@ mod claim_store;
 use claim_store::ClaimStore;
 #[path = "mps_preparer/shares.rs"]
 mod shares;
+#[path = "mps_preparer/tenants.rs"]
+mod tenants;
 
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
@@ -195,6 +198,11 @@ impl Node {
 
     /// A preparer (a plugin's start) with `mps`, loading the checkpoint if there is one.
     fn preparer(&self, mps: Arc<MpsDaemons>) -> Preparer {
+        self.preparer_with(mps, SharePolicy::default())
+    }
+
+    /// [`Self::preparer`] with the shared slices cut and scoped by `share_policy`.
+    fn preparer_with(&self, mps: Arc<MpsDaemons>, share_policy: SharePolicy) -> Preparer {
         let path = self.dir.path().join("checkpoint.json");
         let checkpoint = match Checkpoint::load(&path, "boot").expect("checkpoint") {
             LoadOutcome::Loaded(cp) => cp,
@@ -216,7 +224,7 @@ impl Node {
             blocking: BlockingCalls::Threads,
             orphans: OrphanPolicy::default(),
             mps,
-            share_policy: Default::default(),
+            share_policy,
         })
     }
 

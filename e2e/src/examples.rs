@@ -251,7 +251,9 @@ async fn mps_example_shares_one_slice(
 
 /// The two shares of [`SHARES_EXAMPLE`] hold one device, with distinct shareIDs, and each
 /// claim's CDI devices give the slice's one MIG UUID, the MPS pipe directory and the share's own
-/// active thread percentage (1 and 2 of 4 shares: 25 and 50).
+/// active thread percentage (1 and 2 of 4 shares: 25 and 50). das-webhook gave each claim the
+/// selector that keeps the slice in the claims' namespace, and the node publishes that namespace
+/// on the device (docs/design.md §7, "Shares are a tenant's own").
 async fn shares_hold_one_slice(
     specs: &[serde_json::Value],
     claims: &Api<ResourceClaim>,
@@ -259,6 +261,11 @@ async fn shares_hold_one_slice(
     let mut seen = Vec::new();
     for (name, percent) in SHARE_PODS.iter().zip(["25", "50"]) {
         let claim = claims.get(name).await?;
+        let selectors = crate::tenants::selectors(&claim);
+        ensure!(
+            selectors == [das_api::share_namespace_selector("default")],
+            "{name} was admitted without das-webhook's namespace selector: {selectors:?}"
+        );
         let result = das_api::claim_status::our_results(&claim)
             .next()
             .cloned()
@@ -286,7 +293,8 @@ async fn shares_hold_one_slice(
         migs_a.len() == 1 && migs_a == migs_b,
         "the shares got different slices: {migs_a:?} {migs_b:?}"
     );
-    Ok(())
+    let client = claims.clone().into_client();
+    crate::tenants::wait_share_namespace(&client, &a.pool, &a.device, Some("default")).await
 }
 
 /// The whole-GPU pod holds a whole H100 of n1 (its AllocationClaim: profile `gpu`, every memory

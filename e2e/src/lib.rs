@@ -36,7 +36,9 @@
 //! - [`wait`]: polling with a deadline ([`wait::until`]) and the tests' default timeout
 //!   ([`wait::TIMEOUT`]).
 //! - [`workload`]: pods (create, wait until running, delete), claim templates and probes
-//!   ([`workload::free_port`], [`workload::http_get`]) shared by every component's tests.
+//!   ([`workload::free_port`], [`workload::http_get`]) shared by every component's tests;
+//!   [`tenants`]: the same in namespaces of their own, and the `shareNamespace` a node
+//!   publishes on a shareable device.
 //! - [`chart`]: the Helm chart rendered by Helm; [`install`]: DAS installed from it (the chart's
 //!   RBAC identities, environment and arguments) on the local cluster.
 //! - [`examples`]: docs/examples applied and checked on DAS installed from the chart.
@@ -72,6 +74,7 @@ pub mod real_install;
 pub mod runtime;
 pub mod runtime_pods;
 pub mod soak;
+pub mod tenants;
 pub mod test_plugin;
 pub mod wait;
 pub mod workload;

@@ -3,7 +3,10 @@
 //! of `deviceClasses.profiles` it names (a compute size names every profile of that size), whose
 //! class config decodes as DAS's device configuration with the MPS strategy, and sets the node
 //! plugin's `DAS_SHARED_PROFILES` and `DAS_SHARES_PER_SLICE`; nothing is shared by default, and
-//! bad values are refused with what is valid.
+//! bad values are refused with what is valid. A shared slice serves one namespace (docs/design.md
+//! §7, "Shares are a tenant's own"): the MutatingWebhookConfiguration sends claims for a shared
+//! class to das-webhook for the namespace selector, unless `sharing.acrossNamespaces` sets both
+//! programs' `--shares-across-namespaces` instead.
 
 use das_api::device_config::{self, SharingStrategy};
 use das_api::{DRIVER_NAME, shared_profile_device_class};
@@ -20,6 +23,17 @@ fn shared_classes(r: &Rendered) -> Vec<&Value> {
         .collect()
 }
 
+/// The webhook of the MutatingWebhookConfiguration that gives claims for a shared class their
+/// namespace selector, if rendered.
+fn shared_claims_hook(r: &Rendered) -> Option<Value> {
+    let cfg = r.get("MutatingWebhookConfiguration", "das-webhook").ok()?;
+    cfg["webhooks"]
+        .as_array()?
+        .iter()
+        .find(|h| h["name"] == "shared-claims.mig.das.com")
+        .cloned()
+}
+
 #[test]
 fn nothing_is_shared_by_default() {
     let d = Rendered::new(&RenderOptions::default()).unwrap();
@@ -27,6 +41,81 @@ fn nothing_is_shared_by_default() {
     let plugin = d.container("DaemonSet", "das-kubelet-plugin").unwrap();
     assert_eq!(env_of(plugin, "DAS_SHARED_PROFILES"), None);
     assert_eq!(env_of(plugin, "DAS_SHARES_PER_SLICE"), None);
+    assert_eq!(env_of(plugin, "DAS_SHARES_ACROSS_NAMESPACES"), None);
+    assert!(
+        shared_claims_hook(&d).is_none(),
+        "a claim hook with nothing shared"
+    );
+}
+
+#[test]
+fn claims_for_a_shared_class_are_sent_for_the_namespace_selector() {
+    let opts = RenderOptions::default()
+        .set("sharing.profiles={1g}")
+        .set("webhook.failurePolicy=Ignore");
+    let r = Rendered::new(&opts).unwrap();
+    let hook = shared_claims_hook(&r).expect("the shared-claims webhook");
+    assert_eq!(
+        hook["clientConfig"]["service"]["path"],
+        "/mutate-resource-claims"
+    );
+    assert_eq!(hook["rules"][0]["resources"][0], "resourceclaims");
+    assert_eq!(
+        hook["rules"][0]["operations"],
+        serde_json::json!(["CREATE"])
+    );
+    assert_eq!(hook["failurePolicy"], "Ignore", "webhook.failurePolicy");
+    assert_eq!(hook["sideEffects"], "None");
+    // Only claims naming a shared class, in a request or a subrequest, are sent.
+    let when = hook["matchConditions"][0]["expression"].as_str().unwrap();
+    assert!(
+        when.contains("r.exactly.deviceClassName.endsWith('.shared.mig.das.com')")
+            && when.contains("s.deviceClassName.endsWith('.shared.mig.das.com')"),
+        "{when}"
+    );
+    // System namespaces and DAS's own are not, as for the legacy pods' hook.
+    let excluded = &hook["namespaceSelector"]["matchExpressions"][0]["values"];
+    assert!(
+        excluded
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "das-system"),
+        "{excluded}"
+    );
+    // The rule is the default: neither program is told to let shares cross namespaces.
+    let plugin = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(env_of(plugin, "DAS_SHARES_ACROSS_NAMESPACES"), None);
+    let webhook = r.container("Deployment", "das-webhook").unwrap();
+    assert_eq!(
+        env_of(webhook, "DAS_WEBHOOK_SHARES_ACROSS_NAMESPACES"),
+        None
+    );
+}
+
+#[test]
+fn sharing_across_namespaces_is_one_value_for_both_programs() {
+    let opts = RenderOptions::default()
+        .set("sharing.profiles={1g.10gb}")
+        .set("sharing.acrossNamespaces=true");
+    chart::lint(&opts).unwrap_or_else(|e| panic!("helm lint: {e:#}"));
+    let r = Rendered::new(&opts).unwrap();
+    assert!(shared_claims_hook(&r).is_none(), "no selector to add");
+    let plugin = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(
+        env_of(plugin, "DAS_SHARES_ACROSS_NAMESPACES").as_deref(),
+        Some("true")
+    );
+    let webhook = r.container("Deployment", "das-webhook").unwrap();
+    assert_eq!(
+        env_of(webhook, "DAS_WEBHOOK_SHARES_ACROSS_NAMESPACES").as_deref(),
+        Some("true")
+    );
+    // A typo is refused, not ignored.
+    let e = chart::render_yaml(&RenderOptions::default().set("sharing.acrossNamespace=true"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("acrossNamespace"), "{e}");
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! The DAS compatibility webhook (`das-webhook`).
 //!
-//! Pods asking for `nvidia.com/mig-<profile>: N` get pod-level ResourceClaims instead, and
+//! Pods asking for `nvidia.com/mig-<profile>: N` get pod-level ResourceClaims instead,
 //! ResourceClaims and ResourceClaimTemplates whose configs for `mig.das.com` do not decode are
-//! denied ([`device_configs`]); see docs/design.md §8. [`translate`] is the pure translation; [`server`] the HTTPS admission
+//! denied ([`device_configs`]), and ResourceClaims for a shared class get the selector that
+//! keeps shared slices within their namespace ([`shared_claims`]); see docs/design.md §8. [`translate`] is the pure translation; [`server`] the HTTPS admission
 //! server, [`profiles`] the cache of offered profiles, [`templates`] the
 //! watched cache of created templates, [`metrics`] its Prometheus metrics,
 //! [`tls`] the reloading certificate resolver and [`error`] the one error type (with the metric
@@ -13,6 +14,7 @@ pub mod error;
 pub mod metrics;
 pub mod profiles;
 pub mod server;
+pub mod shared_claims;
 pub mod templates;
 pub mod tls;
 pub mod translate;

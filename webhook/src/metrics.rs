@@ -38,6 +38,14 @@ pub struct ConfigReview {
     pub outcome: &'static str,
 }
 
+/// Labels of the shared-claim review counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct SharedClaimReview {
+    /// `patched` (the namespace selector added), `unchanged`, `denied` or `error` (a review
+    /// that could not be read).
+    pub outcome: &'static str,
+}
+
 /// Every metric the webhook exports.
 pub struct Metrics {
     /// The registry every metric below is in, prefixed `das_webhook`.
@@ -50,6 +58,10 @@ pub struct Metrics {
     /// ResourceClaimTemplates whose configs for `mig.das.com` were checked (only those with such
     /// a config are sent, see the chart's matchConditions).
     pub config_reviews: Family<ConfigReview, Counter>,
+    /// `das_webhook_shared_claim_reviews_total{outcome}`: ResourceClaims that ask for a shared
+    /// class, reviewed for the selector that keeps shared slices within a namespace (only
+    /// those are sent, see the chart's matchConditions).
+    pub shared_claim_reviews: Family<SharedClaimReview, Counter>,
     /// `das_webhook_templates_created_total`.
     pub templates_created: Counter,
     /// `das_webhook_admission_duration_seconds`.
@@ -62,6 +74,7 @@ impl Default for Metrics {
         let requests = Family::<Outcome, Counter>::default();
         let denials = Counter::default();
         let config_reviews = Family::<ConfigReview, Counter>::default();
+        let shared_claim_reviews = Family::<SharedClaimReview, Counter>::default();
         let templates_created = Counter::default();
         let latency = Histogram::new([
             0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -78,6 +91,11 @@ impl Default for Metrics {
             config_reviews.clone(),
         );
         registry.register(
+            "shared_claim_reviews",
+            "ResourceClaims for a shared class reviewed for the namespace selector, by outcome",
+            shared_claim_reviews.clone(),
+        );
+        registry.register(
             "templates_created",
             "ResourceClaimTemplates created",
             templates_created.clone(),
@@ -92,6 +110,7 @@ impl Default for Metrics {
             requests,
             denials,
             config_reviews,
+            shared_claim_reviews,
             templates_created,
             latency,
         }
@@ -126,6 +145,13 @@ impl Metrics {
                 kind: kind.to_string(),
                 outcome,
             })
+            .inc();
+    }
+
+    /// Counts one shared-claim review with `outcome`.
+    pub fn count_shared_claim_review(&self, outcome: &'static str) {
+        self.shared_claim_reviews
+            .get_or_create(&SharedClaimReview { outcome })
             .inc();
     }
 

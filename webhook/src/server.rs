@@ -1,5 +1,5 @@
-//! The admission server: `POST /mutate-pods` and `POST /validate-resource-claims`
-//! (AdmissionReview `admission.k8s.io/v1`), `/healthz`,
+//! The admission server: `POST /mutate-pods`, `POST /validate-resource-claims` and
+//! `POST /mutate-resource-claims` (AdmissionReview `admission.k8s.io/v1`), `/healthz`,
 //! `/readyz`, `/metrics` (to callers [`App::metrics_access`] lets in), over HTTPS.
 //!
 //! Source: "Dynamic Admission Control"
@@ -31,6 +31,7 @@ use crate::device_configs::{self, Verdict};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::profiles::Profiles;
+use crate::shared_claims;
 use crate::templates::{Ensured, Templates};
 use crate::translate::{self, Translation};
 
@@ -44,6 +45,9 @@ pub struct App {
     pub metrics: Metrics,
     /// Who may read `/metrics` (`--metrics-auth`); `/healthz` and `/readyz` are open.
     pub metrics_access: MetricsAccess,
+    /// `--shares-across-namespaces`: claims of several namespaces may share a slice, so claims
+    /// for a shared class are admitted without the namespace selector ([`shared_claims`]).
+    pub shares_across_namespaces: bool,
 }
 
 /// What one client may cost the server: slow or silent clients, many connections and large
@@ -86,6 +90,7 @@ pub fn router(app: Arc<App>, limits: Limits) -> Router {
     Router::new()
         .route("/mutate-pods", post(mutate_pods))
         .route("/validate-resource-claims", post(validate_resource_claims))
+        .route("/mutate-resource-claims", post(mutate_resource_claims))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -238,6 +243,67 @@ async fn validate_resource_claims(
     };
     app.metrics.latency.observe(started.elapsed().as_secs_f64());
     Json(wire_review(response.into_review()))
+}
+
+/// Answers a review of a ResourceClaim that asks for a shared class: the selector that keeps
+/// shared slices within the claim's namespace is added ([`shared_claims::review`]). Only a
+/// ResourceClaim's creation is changed (the chart registers CREATE only: a claim's spec is
+/// immutable); anything else, and everything with `--shares-across-namespaces`, passes as is.
+async fn mutate_resource_claims(
+    State(app): State<Arc<App>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<Value> {
+    let started = Instant::now();
+    let parsed: Result<AdmissionRequest<DynamicObject>, _> = review.try_into();
+    let response = match parsed {
+        Ok(req) => {
+            let (outcome, resp) = review_shared_claim(&app, &req);
+            app.metrics.count_shared_claim_review(outcome);
+            resp
+        }
+        Err(e) => {
+            let e = Error::BadReview(e);
+            app.metrics.count_shared_claim_review("error");
+            AdmissionResponse::invalid(e.to_string())
+        }
+    };
+    app.metrics.latency.observe(started.elapsed().as_secs_f64());
+    Json(wire_review(response.into_review()))
+}
+
+/// One shared-claim review: (outcome label, response).
+fn review_shared_claim(
+    app: &App,
+    req: &AdmissionRequest<DynamicObject>,
+) -> (&'static str, AdmissionResponse) {
+    let resp = AdmissionResponse::from(req);
+    let object = req.object.as_ref().filter(|_| {
+        req.operation == kube::core::admission::Operation::Create
+            && req.kind.kind == "ResourceClaim"
+            && !app.shares_across_namespaces
+    });
+    let Some(object) = object else {
+        return ("unchanged", resp);
+    };
+    let json = serde_json::to_value(object).expect("a DynamicObject serializes");
+    let ns = req.namespace.as_deref().unwrap_or_default();
+    match shared_claims::review(ns, &json) {
+        shared_claims::Verdict::Unchanged => ("unchanged", resp),
+        shared_claims::Verdict::Denied(why) => {
+            tracing::info!(claim = %claim_ref(req), reason = %why, "denied");
+            ("denied", resp.deny(why))
+        }
+        shared_claims::Verdict::Patched { patch, requests } => {
+            tracing::debug!(claim = %claim_ref(req), ?requests, "the namespace selector added");
+            match resp.clone().with_patch(patch) {
+                Ok(r) => ("patched", r),
+                Err(e) => {
+                    let e = Error::Patch(e);
+                    ("error", resp.deny(format!("das-webhook: {e}")))
+                }
+            }
+        }
+    }
 }
 
 fn claim_ref(req: &AdmissionRequest<DynamicObject>) -> String {

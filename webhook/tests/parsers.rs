@@ -31,6 +31,7 @@ fn router() -> axum::Router {
         }),
         metrics: Metrics::default(),
         metrics_access: Default::default(),
+        shares_across_namespaces: false,
     });
     server::router(app, Limits::default())
 }
@@ -83,6 +84,50 @@ fn pod() -> impl Strategy<Value = serde_json::Value> {
         })
 }
 
+/// ResourceClaims with any mix of requests and subrequests of shared, exclusive and odd
+/// classes, with or without selectors (some not lists).
+fn claim() -> impl Strategy<Value = serde_json::Value> {
+    let class = prop_oneof![
+        Just("1g.10gb.shared.mig.das.com".to_string()),
+        Just("1g.10gb.mig.das.com".to_string()),
+        "\\PC{0,30}",
+    ];
+    let selectors = prop_oneof![
+        Just(serde_json::Value::Null),
+        (0usize..34).prop_map(|n| json!(vec![json!({"cel": {"expression": "true"}}); n])),
+        Just(json!("not a list")),
+    ];
+    let exact = (class.clone(), selectors.clone()).prop_map(|(c, s)| {
+        let mut e = json!({"deviceClassName": c});
+        if !s.is_null() {
+            e["selectors"] = s;
+        }
+        e
+    });
+    let request = prop_oneof![
+        ("\\PC{0,10}", exact.clone()).prop_map(|(n, e)| json!({"name": n, "exactly": e})),
+        (
+            "\\PC{0,10}",
+            proptest::collection::vec(("\\PC{0,10}", exact), 0..3)
+        )
+            .prop_map(|(n, subs)| {
+                let subs: Vec<_> = subs
+                    .into_iter()
+                    .map(|(sn, mut e)| {
+                        e["name"] = json!(sn);
+                        e
+                    })
+                    .collect();
+                json!({"name": n, "firstAvailable": subs})
+            }),
+        Just(json!(42)),
+    ];
+    proptest::collection::vec(request, 0..4).prop_map(|requests| {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "c"}, "spec": {"devices": {"requests": requests}}})
+    })
+}
+
 fn offered() -> Offered {
     let mut o: Offered = ["1g.10gb", "1g.10gb-me", "2g.20gb"]
         .iter()
@@ -113,6 +158,20 @@ proptest! {
         let body = serde_json::to_vec(&review(p, &op)).unwrap();
         let code = rt.block_on(async { post(&router(), body).await });
         prop_assert!(code == 200 || (400..500).contains(&code), "{code}");
+    }
+
+    #[test]
+    fn any_claim_gets_an_answer_and_a_patch_that_applies(c in claim(), ns in "[a-z0-9-]{0,70}|\\PC{0,10}") {
+        match das_webhook::shared_claims::review(&ns, &c) {
+            das_webhook::shared_claims::Verdict::Patched { patch, requests } => {
+                prop_assert!(!requests.is_empty());
+                let mut after = c.clone();
+                json_patch::patch(&mut after, &patch).unwrap();
+                // A second review (a reinvocation) changes nothing more.
+                prop_assert_eq!(das_webhook::shared_claims::review(&ns, &after), das_webhook::shared_claims::Verdict::Unchanged);
+            }
+            das_webhook::shared_claims::Verdict::Unchanged | das_webhook::shared_claims::Verdict::Denied(_) => {}
+        }
     }
 
     #[test]

@@ -81,6 +81,7 @@ async fn start(limits: Limits) -> Server {
         }),
         metrics: Metrics::default(),
         metrics_access: Default::default(),
+        shares_across_namespaces: false,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

@@ -100,5 +100,5 @@ pub use handler::{ClaimHandler, ClaimRef, PreparedDevice};
 pub use locks::ClaimLocks;
 pub use orphans::{OrphanPolicy, PodContainers, RuntimeError};
 pub use plan::{DeviceRef, device_index};
-pub use preparer::{BlockingCalls, Preparer, PreparerConfig};
+pub use preparer::{BlockingCalls, Carved, Preparer, PreparerConfig};
 pub use startup::{Report, StartupError};

@@ -249,7 +249,8 @@ impl HealthMonitor {
     /// Sends the current facts ([`Self::facts`]) to the publisher.
     pub fn send_facts(&self) {
         let now = self.facts();
-        // `serves_only` is the request path's (GPUs whose MIG mode switch failed): kept.
+        // `serves_only` (GPUs whose MIG mode switch failed) and `share_namespaces` are the
+        // request path's: kept.
         self.facts.send_modify(|f| {
             f.taints = now.taints;
             f.withdrawn = now.withdrawn;
@@ -258,8 +259,8 @@ impl HealthMonitor {
 
     /// What publication needs to know now: the taints of every device on an unhealthy GPU or
     /// overlapping an unhealthy GPU instance (by GPU and placement), and the placements of the
-    /// unclaimed instances whose overlapping devices are withdrawn (`serves_only` is left empty:
-    /// the request path reports it).
+    /// unclaimed instances whose overlapping devices are withdrawn (`serves_only` and
+    /// `share_namespaces` are left empty: the request path reports them).
     pub fn facts(&self) -> HealthFacts {
         let mut taints = BTreeMap::new();
         {
@@ -280,7 +281,8 @@ impl HealthMonitor {
         HealthFacts {
             taints,
             withdrawn: self.unclaimed().withdrawn_placements(),
-            serves_only: BTreeMap::new(),
+            // The request path's, as `serves_only`.
+            ..HealthFacts::default()
         }
     }
 }

@@ -9,7 +9,10 @@
 //!   whole GPU is withdrawn);
 //! - only the devices of its current MIG mode for a GPU whose mode switch failed
 //!   ([`serve_only`]; docs/design.md §7, "MIG mode follows demand"): its whole GPU while MIG
-//!   mode is off, its MIG placements while it is on.
+//!   mode is off, its MIG placements while it is on;
+//! - on each shareable device whose slice claims hold, the namespace it serves
+//!   ([`set_share_namespaces`]; docs/design.md §7, "Shares are a tenant's own"), which
+//!   das-webhook's selector compares with a new claim's.
 //!
 //! [`desired_slices`] is the one place that combines them. `crate::health` only reports the
 //! facts; the publisher ([`super::Publisher::run_with_facts`]) applies this function to each
@@ -18,7 +21,7 @@
 use std::collections::BTreeMap;
 
 use das_api::attributes as attr;
-use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceTaint, ResourceSliceSpec};
 
 use crate::gpu::Placement;
 use crate::publish::devices::DeviceKind;
@@ -40,6 +43,11 @@ pub struct HealthFacts {
     /// mode serves ([`DeviceKind::Mig`] with MIG mode on, [`DeviceKind::WholeGpu`] with it
     /// off). Reported by the request path, not the health monitor.
     pub serves_only: BTreeMap<u32, DeviceKind>,
+    /// The `shareNamespace` attribute of the shareable devices whose slice claims hold, by
+    /// device name: the namespace of those claims (or
+    /// [`das_api::attributes::SHARE_NAMESPACE_SEVERAL`]). Reported by the request path from
+    /// the checkpoint's records; empty where shares may cross namespaces.
+    pub share_namespaces: BTreeMap<String, String>,
 }
 
 /// The specs to publish: `base` (the inventory's slices, without taints) with the taints of
@@ -56,7 +64,47 @@ pub fn desired_slices(base: &[ResourceSliceSpec], facts: &HealthFacts) -> Vec<Re
     });
     withdraw_overlapping(&mut specs, &facts.withdrawn);
     serve_only(&mut specs, &facts.serves_only);
+    set_share_namespaces(&mut specs, &facts.share_namespaces);
     specs
+}
+
+/// Sets the `shareNamespace` attribute of every shareable device (`type: mig-shared`) in
+/// `specs` to its value in `namespaces` (by device name), and removes it from those not there;
+/// other devices are left alone. Returns how many devices carry it.
+pub fn set_share_namespaces(
+    specs: &mut [ResourceSliceSpec],
+    namespaces: &BTreeMap<String, String>,
+) -> usize {
+    let mut set = 0;
+    for device in specs
+        .iter_mut()
+        .flat_map(|s| s.devices.iter_mut().flatten())
+        .filter(|d| type_of(d) == Some(attr::TYPE_MIG_SHARED))
+    {
+        let attributes = device.attributes.get_or_insert_with(BTreeMap::new);
+        match namespaces.get(&device.name) {
+            Some(ns) => {
+                let value = DeviceAttribute {
+                    string: Some(ns.clone()),
+                    ..Default::default()
+                };
+                attributes.insert(attr::SHARE_NAMESPACE.to_string(), value);
+                set += 1;
+            }
+            None => {
+                attributes.remove(attr::SHARE_NAMESPACE);
+            }
+        }
+    }
+    set
+}
+
+/// A published device's `type` attribute.
+fn type_of(d: &Device) -> Option<&str> {
+    d.attributes
+        .as_ref()
+        .and_then(|a| a.get(attr::TYPE))
+        .and_then(|a| a.string.as_deref())
 }
 
 /// Removes from `specs` every device of a GPU in `only` that is not of the kind given for it
@@ -86,11 +134,7 @@ pub fn serve_only(specs: &mut [ResourceSliceSpec], only: &BTreeMap<u32, DeviceKi
 
 /// Whether a published device is a whole GPU (its `type` attribute is `gpu`).
 fn is_whole_gpu(d: &Device) -> bool {
-    d.attributes
-        .as_ref()
-        .and_then(|a| a.get(attr::TYPE))
-        .and_then(|a| a.string.as_deref())
-        == Some(attr::TYPE_GPU)
+    type_of(d) == Some(attr::TYPE_GPU)
 }
 
 /// Sets the taints of every device in `specs` to `taints_of(gpu, placement)`, from the device's

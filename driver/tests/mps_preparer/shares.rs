@@ -6,12 +6,18 @@
 
 use super::*;
 
-const SHARED: &str = "gpu-0-mig-1g-10gb-6-shared";
+pub(super) const SHARED: &str = "gpu-0-mig-1g-10gb-6-shared";
 
 impl ClaimStore {
     /// Claim `ns/<name>` with `uid`, allocated a share (`shares` of 4, `memory`) of [`SHARED`]
     /// with MPS at `percent`.
-    fn allocate_share(&self, name: &str, uid: &str, shares: u32, percent: u8) -> ClaimRef {
+    pub(super) fn allocate_share(
+        &self,
+        name: &str,
+        uid: &str,
+        shares: u32,
+        percent: u8,
+    ) -> ClaimRef {
         let result = json!({"request": "gpu", "driver": das_api::DRIVER_NAME, "pool": NODE,
             "device": SHARED, "shareID": format!("share-{uid}"),
             "consumedCapacity": {"shares": shares.to_string(), "memory": "2560Mi"}});
@@ -21,13 +27,13 @@ impl ClaimStore {
 
 impl Node {
     /// The directories of the shared slice's daemon (keyed by its GPU, not by a claim).
-    fn slice_dirs(&self) -> MpsDirs {
+    pub(super) fn slice_dirs(&self) -> MpsDirs {
         let gpu = self.gpus.inventory().unwrap()[0].uuid.clone();
         MpsDirs::new(self.dir.path(), &layout::daemon_id(&gpu, SHARED))
     }
 
     /// The environment of claim `uid`'s CDI spec.
-    fn cdi_env(&self, uid: &str) -> Vec<String> {
+    pub(super) fn cdi_env(&self, uid: &str) -> Vec<String> {
         let dir = self.dir.path().join("cdi");
         let spec = std::fs::read_dir(&dir)
             .unwrap()
@@ -217,7 +223,7 @@ async fn a_join_recorded_before_the_last_leave_keeps_the_slice() {
 
 /// One step of [`shares_keep_one_slice_and_daemon_under_random_interleavings`].
 #[derive(Debug, Clone, Copy)]
-enum Step {
+pub(super) enum Step {
     Prepare(usize),
     Unprepare(usize),
     /// Two prepares at once (two shares joining, or a retried prepare beside another's first).
@@ -232,9 +238,9 @@ enum Step {
 }
 
 /// Claims that may hold a share at once.
-const SHARES: usize = 4;
+pub(super) const SHARES: usize = 4;
 
-fn steps(seed: u64, n: usize) -> Vec<Step> {
+pub(super) fn steps(seed: u64, n: usize) -> Vec<Step> {
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..n)
@@ -331,7 +337,7 @@ async fn shares_keep_one_slice_and_daemon_under_random_interleavings() {
 }
 
 /// The invariants of [`shares_keep_one_slice_and_daemon_under_random_interleavings`].
-fn check(node: &Node, p: &Preparer, mps: &MpsDaemons, held: &[bool], at: &str) {
+pub(super) fn check(node: &Node, p: &Preparer, mps: &MpsDaemons, held: &[bool], at: &str) {
     let slices = node.slices();
     assert!(
         slices.len() <= 1,

@@ -1,5 +1,5 @@
 //! `das-webhook`: the compatibility admission webhook (docs/design.md §8). Serves `POST /mutate-pods`,
-//! `/healthz`, `/readyz` and `/metrics` (with `--metrics-auth=tokenreview` only to callers the API
+//! `/validate-resource-claims`, `/mutate-resource-claims`, `/healthz`, `/readyz` and `/metrics` (with `--metrics-auth=tokenreview` only to callers the API
 //! server authenticates and authorizes) over HTTPS; the certificate files are re-read when they
 //! change. SIGTERM or SIGINT stops it.
 
@@ -69,6 +69,12 @@ struct Args {
     /// gpu.das.com, template das-gpu-x<N>); off: such pods are left alone.
     #[arg(long, env = "DAS_WEBHOOK_TRANSLATE_WHOLE_GPUS")]
     translate_whole_gpus: bool,
+    /// Let claims of different namespaces share a slice: claims for a shared class
+    /// (`<profile>.shared.mig.das.com`) are admitted without the selector that keeps shared
+    /// slices within their namespace (docs/design.md §8). Set it with the node plugins' flag of
+    /// the same name (chart value `sharing.acrossNamespaces` sets both).
+    #[arg(long, env = "DAS_WEBHOOK_SHARES_ACROSS_NAMESPACES")]
+    shares_across_namespaces: bool,
     #[command(flatten)]
     metrics_auth: MetricsAuthArgs,
     #[command(flatten)]
@@ -108,6 +114,7 @@ async fn run(args: Args) -> Result<()> {
         templates: Templates::watch(&clients),
         metrics: Metrics::default(),
         metrics_access: args.metrics_auth.access(&clients.calls),
+        shares_across_namespaces: args.shares_across_namespaces,
     });
     let limits = server::Limits::default();
     let listener = tokio::net::TcpListener::bind(args.listen)

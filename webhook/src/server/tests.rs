@@ -76,6 +76,7 @@ async fn metrics_ask_for_a_reviewed_token_and_health_stays_open() {
         }),
         metrics: Metrics::default(),
         metrics_access: MetricsAccess::reviewed(Arc::new(OneReader)),
+        shares_across_namespaces: false,
     });
     let routes = router(app, Limits::default());
     let get = |path: &'static str, token: Option<&'static str>| {
@@ -105,6 +106,12 @@ fn unreachable_app() -> Arc<App> {
 
 /// [`unreachable_app`], translating `nvidia.com/gpu` when `whole_gpus`.
 fn unreachable_app_translating(whole_gpus: bool) -> Arc<App> {
+    unreachable_app_with(whole_gpus, false)
+}
+
+/// [`unreachable_app`], translating `nvidia.com/gpu` when `whole_gpus`, letting shares cross
+/// namespaces when `across`.
+fn unreachable_app_with(whole_gpus: bool, across: bool) -> Arc<App> {
     let client =
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
     Arc::new(App {
@@ -118,13 +125,19 @@ fn unreachable_app_translating(whole_gpus: bool) -> Arc<App> {
         }),
         metrics: Metrics::default(),
         metrics_access: Default::default(),
+        shares_across_namespaces: across,
     })
 }
 
 /// Posts `review` to `/mutate-pods`; the answer's `response`.
 async fn mutate(app: &Arc<App>, review: Value) -> Value {
+    post_review(app, "/mutate-pods", review).await
+}
+
+/// Posts `review` to `path`; the answer's `response`.
+async fn post_review(app: &Arc<App>, path: &str, review: Value) -> Value {
     use tower::ServiceExt;
-    let req = axum::http::Request::post("/mutate-pods")
+    let req = axum::http::Request::post(path)
         .header("content-type", "application/json")
         .body(axum::body::Body::from(serde_json::to_vec(&review).unwrap()))
         .unwrap();
@@ -199,5 +212,80 @@ async fn nvidia_com_gpu_is_translated_only_with_the_flag() {
     assert!(
         message.starts_with("das-webhook: list DeviceClasses: "),
         "{message}"
+    );
+}
+
+/// A review of ResourceClaim `default/c` asking for a share of `1g.10gb`, by `operation`.
+fn shared_claim_review(operation: &str) -> Value {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u2", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+            "namespace": "team-a", "operation": operation, "userInfo": {},
+            "object": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "c", "namespace": "team-a"},
+                "spec": {"devices": {"requests": [{"name": "share",
+                    "exactly": {"deviceClassName": "1g.10gb.shared.mig.das.com"}}]}}}}})
+}
+
+/// docs/design.md §8, "Shared slices at admission": a claim for a shared class gets the
+/// namespace selector as a base64 JSON patch; an update, or any claim with
+/// `--shares-across-namespaces`, passes unchanged; each review is counted by outcome.
+#[tokio::test]
+async fn a_shared_claim_gets_its_namespace_selector_unless_shares_cross_namespaces() {
+    use base64::Engine;
+    let app = unreachable_app();
+    let response = post_review(
+        &app,
+        "/mutate-resource-claims",
+        shared_claim_review("CREATE"),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().expect("a patch"))
+        .unwrap();
+    let patch: Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(
+        patch,
+        json!([{"op": "add", "path": "/spec/devices/requests/0/exactly/selectors",
+            "value": [{"cel": {"expression": das_api::share_namespace_selector("team-a")}}]}])
+    );
+    let response = post_review(
+        &app,
+        "/mutate-resource-claims",
+        shared_claim_review("UPDATE"),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    let text = app.metrics.encode();
+    for want in [
+        "das_webhook_shared_claim_reviews_total{outcome=\"patched\"} 1",
+        "das_webhook_shared_claim_reviews_total{outcome=\"unchanged\"} 1",
+    ] {
+        assert!(text.contains(want), "{want} missing in\n{text}");
+    }
+
+    let across = unreachable_app_with(false, true);
+    let response = post_review(
+        &across,
+        "/mutate-resource-claims",
+        shared_claim_review("CREATE"),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+
+    let response = post_review(
+        &app,
+        "/mutate-resource-claims",
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+    )
+    .await;
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        app.metrics
+            .encode()
+            .contains("das_webhook_shared_claim_reviews_total{outcome=\"error\"} 1")
     );
 }

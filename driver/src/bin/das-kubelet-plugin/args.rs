@@ -170,6 +170,14 @@ pub(crate) struct Args {
     /// is the shares it asks for (1 unless it names more) over this.
     #[arg(long, env = "DAS_SHARES_PER_SLICE", default_value_t = 4, value_parser = parse_shares_per_slice)]
     pub(crate) shares_per_slice: u32,
+    /// Let claims of different namespaces share one slice (docs/design.md §7, "Shares are a
+    /// tenant's own"). Off (the default): a shared slice serves the namespace of its first
+    /// share; its shareable device carries the attribute `shareNamespace` naming it (for
+    /// das-webhook's selector), and a share from another namespace is refused at prepare. On:
+    /// no attribute, no refusal; the containers of every sharing namespace reach one MPS
+    /// daemon, pipe directory and shm directory (docs/operations.md, "Shared slices").
+    #[arg(long, env = "DAS_SHARES_ACROSS_NAMESPACES")]
+    pub(crate) shares_across_namespaces: bool,
     /// How long an unhealthy GPU must answer without a fatal XID or ECC error before the taints
     /// on its devices are removed, in seconds.
     #[arg(long, env = "DAS_HEALTH_QUIET_PERIOD_SECONDS", default_value_t = 300)]
@@ -239,6 +247,7 @@ pub(crate) fn shared_profiles(args: &Args) -> SharedProfiles {
 pub(crate) fn share_policy(args: &Args) -> SharePolicy {
     SharePolicy {
         shares: args.shares_per_slice,
+        across_namespaces: args.shares_across_namespaces,
         ..SharePolicy::default()
     }
 }
@@ -319,6 +328,10 @@ mod tests {
         let shared = shared_profiles(&args);
         assert_eq!(shared.selectors, ["1g", "2g.20gb", "1g.10gb+me"]);
         assert_eq!(shared.policy.shares, 8);
+        assert!(
+            !shared.policy.across_namespaces,
+            "one namespace per slice by default"
+        );
         assert_eq!(
             shared.policy.memory_step_bytes,
             SharePolicy::default().memory_step_bytes
@@ -329,6 +342,13 @@ mod tests {
                 .shares_per_slice,
             64
         );
+    }
+
+    #[test]
+    fn shares_across_namespaces_is_an_opt_in() {
+        let args = parse(&["--shares-across-namespaces"]).unwrap();
+        assert!(share_policy(&args).across_namespaces);
+        assert!(shared_profiles(&args).policy.across_namespaces);
     }
 
     #[test]

@@ -263,6 +263,9 @@ async fn run(args: Args) -> Result<()> {
     let (facts_tx, facts_rx) = watch::channel(HealthFacts::default());
     // GPUs whose MIG mode switch failed (at start-up recovery, or later) serve one kind only.
     preparer.report_mig_modes_to(facts_tx.clone());
+    // The namespace each shared slice serves, for das-webhook's selector (unless shares may
+    // cross namespaces).
+    preparer.report_share_namespaces_to(facts_tx.clone());
     let monitor = Arc::new(
         HealthMonitor::new(
             HealthBook::new(health_policy(&args), inventory.iter().map(|g| g.index)),

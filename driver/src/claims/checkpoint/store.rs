@@ -164,17 +164,23 @@ pub fn read_boot_id_from(path: &Path) -> Result<String, CheckpointError> {
 /// at the same time share one write (group commit) instead of queueing one each.
 pub struct CheckpointStore {
     state: std::sync::Mutex<(Checkpoint, u64)>,
+    /// Called with the checkpoint after every change, under the lock ([`Self::observe`]).
+    observer: std::sync::OnceLock<Observer>,
     /// Number of the newest change on disk; held while writing.
     written: tokio::sync::Mutex<u64>,
     path: PathBuf,
     blocking: crate::blocking::BlockingCalls,
 }
 
+/// What [`CheckpointStore::observe`] calls.
+type Observer = Box<dyn Fn(&Checkpoint) + Send + Sync>;
+
 impl CheckpointStore {
     /// A store for `checkpoint`, saved to `path` ([`Checkpoint::save`]) on the calling task.
     pub fn new(checkpoint: Checkpoint, path: PathBuf) -> Self {
         Self {
             state: std::sync::Mutex::new((checkpoint, 0)),
+            observer: std::sync::OnceLock::new(),
             written: tokio::sync::Mutex::new(0),
             path,
             blocking: crate::blocking::BlockingCalls::Threads,
@@ -203,7 +209,28 @@ impl CheckpointStore {
     pub fn change<R>(&self, f: impl FnOnce(&mut Checkpoint) -> R) -> (R, u64) {
         let mut g = self.state.lock().expect("checkpoint lock");
         g.1 += 1;
-        (f(&mut g.0), g.1)
+        let r = f(&mut g.0);
+        if let Some(observe) = self.observer.get() {
+            observe(&g.0);
+        }
+        (r, g.1)
+    }
+
+    /// Has `f` called with the checkpoint now and after every change from now on, in the
+    /// order of the changes (under the store's lock, so `f` must be brief and must not touch
+    /// the store). One observer per store: returns `false`, and keeps the first, when one is
+    /// set already. Whoever derives state from the records (the shared slices' namespaces the
+    /// publisher shows, docs/design.md §7, "Shares are a tenant's own") sees every change,
+    /// whichever path made it: prepare, carve, release, reaper, start-up.
+    pub fn observe(&self, f: impl Fn(&Checkpoint) + Send + Sync + 'static) -> bool {
+        let g = self.state.lock().expect("checkpoint lock");
+        if self.observer.set(Box::new(f)).is_err() {
+            return false;
+        }
+        if let Some(observe) = self.observer.get() {
+            observe(&g.0);
+        }
+        true
     }
 
     /// Makes sure change `version` (and every earlier one) is on disk.

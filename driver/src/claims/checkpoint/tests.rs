@@ -9,6 +9,7 @@ use super::*;
 
 mod carved;
 mod mps;
+mod observe;
 mod rollback;
 
 const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";

@@ -3,6 +3,14 @@
 //! the slice or joins the one other shares hold, and whether a release leaves the slice to
 //! them. The records of the checkpoint are the shares' reference count: a slice lives while a
 //! record holds it.
+//!
+//! A slice serves one namespace unless the admin lets shares cross namespaces (docs/design.md
+//! §7, "Shares are a tenant's own"): [`check_namespace`] refuses, before anything is recorded,
+//! a share of a slice that claims of another namespace hold, [`on_share`] decides the same
+//! under the GPU's lock, and [`share_namespaces`] is what the publisher puts on each shareable
+//! device (`shareNamespace`) so that das-webhook's selector steers the scheduler away.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use das_api::capacities;
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
@@ -85,12 +93,99 @@ fn instance_holders<'a>(
     gpu_uuid: &str,
     device: &str,
 ) -> impl Iterator<Item = (&'a String, &'a ClaimRecord, &'a RecordedDevice)> {
+    share_holders(cp, uid, gpu_uuid, device).filter(|(_, _, d)| d.instance.is_some())
+}
+
+/// The other claims' records that hold a share of `device` of GPU `gpu_uuid`, whatever their
+/// state and whether or not its instance is recorded yet: (claim UID, record, device).
+fn share_holders<'a>(
+    cp: &'a Checkpoint,
+    uid: &str,
+    gpu_uuid: &str,
+    device: &str,
+) -> impl Iterator<Item = (&'a String, &'a ClaimRecord, &'a RecordedDevice)> {
     let (uid, gpu_uuid, device) = (uid.to_string(), gpu_uuid.to_string(), device.to_string());
     cp.claims
         .iter()
         .filter(move |(other, _)| **other != uid)
         .flat_map(|(other, r)| r.devices.iter().map(move |d| (other, r, d)))
-        .filter(move |(_, _, d)| is_share_of(d, &gpu_uuid, &device) && d.instance.is_some())
+        .filter(move |(_, _, d)| is_share_of(d, &gpu_uuid, &device))
+}
+
+/// Before anything is recorded for claim `uid`: refuses a planned share of a slice that claims
+/// of a namespace other than `only` hold shares of (any state: a prepare under way, a share
+/// being released). `only` is the claim's namespace, or `None` where shares may cross
+/// namespaces (nothing is refused). A retried prepare of a completed claim never comes here.
+///
+/// # Errors
+/// [`PrepareError::Share`] naming the namespace the slice serves, its holders and what to do.
+pub fn check_namespace(
+    cp: &Checkpoint,
+    uid: &str,
+    only: Option<&str>,
+    planned: &[Planned],
+) -> Result<(), PrepareError> {
+    let Some(ns) = only else {
+        return Ok(());
+    };
+    for p in planned.iter().filter(|p| p.share.is_some()) {
+        let holders: Vec<_> = share_holders(cp, uid, &p.at.gpu_uuid, &p.device).collect();
+        if let Some(e) = other_namespace(&p.device, ns, &holders) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// The refusal of a share from namespace `ns` of `device`, whose other `holders` include
+/// claims of another namespace; `None` when they are all of `ns`.
+fn other_namespace(
+    device: &str,
+    ns: &str,
+    holders: &[(&String, &ClaimRecord, &RecordedDevice)],
+) -> Option<PrepareError> {
+    if holders.iter().all(|(_, r, _)| r.namespace == ns) {
+        return None;
+    }
+    let serves: BTreeSet<&str> = holders
+        .iter()
+        .map(|(_, r, _)| r.namespace.as_str())
+        .collect();
+    let serves = serves.into_iter().collect::<Vec<_>>().join(" and ");
+    Some(PrepareError::Share {
+        device: device.to_string(),
+        reason: format!(
+            "the slice serves namespace {serves} (held by {}), and a shared slice serves one namespace: this claim of namespace {ns} may not join it, so nothing was created or joined. The kubelet retries; the prepare succeeds once those claims are unprepared. For another slice now, delete the pod: its claim is allocated again, and das-webhook's selector steers it away from this slice (a claim das-webhook did not see, in a namespace it excludes or while it was down, has none: create it again where das-webhook serves). Or have the cluster's admin allow sharing across namespaces (chart value sharing.acrossNamespaces)",
+            names(holders)
+        ),
+    })
+}
+
+/// What each shareable device published now carries as its `shareNamespace` attribute: by
+/// device name, the namespace of the claims whose records hold a share of it (any state: a
+/// share being prepared or released holds it too), or
+/// [`das_api::attributes::SHARE_NAMESPACE_SEVERAL`] where claims of several namespaces do.
+/// Devices no record shares are absent. Device names are unique on a node.
+pub fn share_namespaces(cp: &Checkpoint) -> BTreeMap<String, String> {
+    let mut by_device: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for r in cp.claims.values() {
+        for d in r.devices.iter().filter(|d| d.share.is_some()) {
+            by_device
+                .entry(d.device.as_str())
+                .or_default()
+                .insert(r.namespace.as_str());
+        }
+    }
+    by_device
+        .into_iter()
+        .map(|(device, namespaces)| {
+            let value = match namespaces.first() {
+                Some(ns) if namespaces.len() == 1 => ns.to_string(),
+                _ => das_api::attributes::SHARE_NAMESPACE_SEVERAL.to_string(),
+            };
+            (device.to_string(), value)
+        })
+        .collect()
 }
 
 /// What a prepare does for a planned share, decided under its GPU's lock (where instances are
@@ -101,18 +196,25 @@ pub enum OnShare {
     Create,
     /// Join the slice other shares hold (same config): record its instance.
     Join(InstanceId),
-    /// Neither: the slice's config differs, or its only holders are being released (the
-    /// kubelet retries the prepare once they are gone).
+    /// Neither: the slice serves another namespace, its config differs, or its only holders
+    /// are being released (the kubelet retries the prepare once they are gone).
     Refuse(PrepareError),
 }
 
-/// Decides [`OnShare`] for planned share `p` of claim `uid`. A share joins only a slice some
-/// share holds that is not being released: a release decides whether it is the last holder
-/// after it marks its record `Releasing`, so no share joins a slice whose release has begun.
-pub fn on_share(cp: &Checkpoint, uid: &str, p: &Planned) -> OnShare {
+/// Decides [`OnShare`] for planned share `p` of claim `uid`, whose slice may serve namespace
+/// `only` alone (`None`: shares may cross namespaces). A share joins only a slice some share
+/// holds that is not being released: a release decides whether it is the last holder after it
+/// marks its record `Releasing`, so no share joins a slice whose release has begun. Only the
+/// holders with the instance recorded count here: of two claims of different namespaces that
+/// passed [`check_namespace`] at once, the first to take the GPU's lock creates the slice and
+/// the other is refused, never both.
+pub fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> OnShare {
     let holders: Vec<_> = instance_holders(cp, uid, &p.at.gpu_uuid, &p.device).collect();
     if holders.is_empty() {
         return OnShare::Create;
+    }
+    if let Some(e) = only.and_then(|ns| other_namespace(&p.device, ns, &holders)) {
+        return OnShare::Refuse(e);
     }
     let live = holders
         .iter()

@@ -38,7 +38,7 @@ impl Preparer {
         claim: &ClaimRef,
         planned: &[Planned],
     ) -> Result<(Vec<RecordedDevice>, Vec<Holding>), PrepareError> {
-        let (made, failed) = self.create_all(&claim.uid, planned).await;
+        let (made, failed) = self.create_all(claim, planned).await;
         let devices = self.record_of(&claim.uid).map(|r| r.devices);
         let Some(devices) = devices else {
             return Err(PrepareError::Internal(
@@ -69,7 +69,7 @@ impl Preparer {
     /// GPU stops at its first failure).
     async fn create_all(
         &self,
-        uid: &str,
+        claim: &ClaimRef,
         planned: &[Planned],
     ) -> (Vec<Option<MigInstance>>, Vec<(usize, Failed)>) {
         let mut by_gpu: BTreeMap<u32, Vec<(usize, &Planned)>> = BTreeMap::new();
@@ -79,7 +79,7 @@ impl Preparer {
         let per_gpu = join_all(
             by_gpu
                 .into_iter()
-                .map(|(gpu, items)| self.create_on_gpu(uid, gpu, items)),
+                .map(|(gpu, items)| self.create_on_gpu(claim, gpu, items)),
         )
         .await;
         let mut made = vec![None; planned.len()];
@@ -97,7 +97,13 @@ impl Preparer {
     /// for a whole GPU; [`Self::ensure_mig_mode`]), then creates the MIG devices' instances in
     /// turn, noting each in the claim's record while still holding the lock, so a concurrent
     /// release on this GPU sees it as recorded.
-    async fn create_on_gpu(&self, uid: &str, gpu: u32, items: Vec<(usize, &Planned)>) -> Created {
+    async fn create_on_gpu(
+        &self,
+        claim: &ClaimRef,
+        gpu: u32,
+        items: Vec<(usize, &Planned)>,
+    ) -> Created {
+        let uid = claim.uid.as_str();
         let _held = self.gpus.lock(gpu).await;
         let Some(&(first, p)) = items.first() else {
             return (Vec::new(), None);
@@ -123,7 +129,7 @@ impl Preparer {
             .into_iter()
             .filter(|(_, p)| p.at.kind == DeviceKind::Mig)
         {
-            let r = match self.create_or_join(uid, gpu, i, p).await {
+            let r = match self.create_or_join(claim, gpu, i, p).await {
                 Ok(r) => r,
                 Err(e) => return (made, Some((i, Failed::Refused(e)))),
             };
@@ -144,9 +150,9 @@ impl Preparer {
 }
 
 impl Preparer {
-    /// The instance of planned device `p` (the claim's `i`th) on GPU `gpu`, whose lock the
+    /// The instance of planned device `p` (claim `claim`'s `i`th) on GPU `gpu`, whose lock the
     /// caller holds: created, or, for a share of a slice other shares hold, theirs
-    /// ([`plan::share::on_share`]). A share that joins records the slice's instance in the same
+    /// ([`plan::share::on_share`]; refused where those serve another namespace). A share that joins records the slice's instance in the same
     /// change of the checkpoint that decides it: a release of another share that decides
     /// between the two (after its record is marked `Releasing`) sees this share as a holder, so
     /// it never stops the daemon or destroys the slice this share just joined.
@@ -156,14 +162,16 @@ impl Preparer {
     /// was created). Inner: what the backend's create answered.
     async fn create_or_join(
         &self,
-        uid: &str,
+        claim: &ClaimRef,
         gpu: u32,
         i: usize,
         p: &Planned,
     ) -> Result<Result<MigInstance, BackendError>, PrepareError> {
+        let uid = claim.uid.as_str();
         if p.share.is_some() {
+            let only = self.node.share_scope(&claim.namespace);
             let (on, _) = self.records.checkpoint.change(|cp| {
-                let on = plan::share::on_share(cp, uid, p);
+                let on = plan::share::on_share(cp, uid, only, p);
                 if let OnShare::Join(id) = &on {
                     set_instance(cp, uid, i, Some(id.clone()));
                 }

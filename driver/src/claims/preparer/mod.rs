@@ -20,6 +20,9 @@
 //! - [`mps`]: the MPS control daemons of MPS devices (docs/design.md §7, "MPS on a slice"):
 //!   started once their slices exist, stopped before they are destroyed, brought back at
 //!   start-up.
+//! - [`tenants`]: a shared slice serves one namespace (docs/design.md §7, "Shares are a
+//!   tenant's own"): the check before a share is recorded, and the namespaces the publisher
+//!   puts on the shareable devices.
 //!
 //! A whole GPU goes through the same steps with nothing created: its record holds no instance,
 //! its CDI spec gives its GPU's device node, and its release destroys nothing.
@@ -63,6 +66,7 @@ use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::publish::resource_slices::SharePolicy;
+pub use carve::Carved;
 
 pub(crate) mod carve;
 pub(crate) mod create;
@@ -74,6 +78,7 @@ pub(crate) mod prepare;
 pub(crate) mod reaper;
 pub(crate) mod release;
 pub(crate) mod startup;
+pub(crate) mod tenants;
 pub(crate) mod whole_gpu;
 
 #[cfg(test)]
@@ -150,6 +155,17 @@ pub(crate) struct NodeDevices {
     pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
     /// The `shares` capacity of every shareable device this node publishes.
     pub(crate) shares_per_slice: u64,
+    /// Whether claims of different namespaces may share a slice (docs/design.md §7, "Shares
+    /// are a tenant's own").
+    pub(crate) shares_across_namespaces: bool,
+}
+
+impl NodeDevices {
+    /// The one namespace a shared slice of a claim of namespace `ns` may serve: `ns`, or
+    /// `None` where shares may cross namespaces.
+    pub(crate) fn share_scope<'a>(&self, ns: &'a str) -> Option<&'a str> {
+        (!self.shares_across_namespaces).then_some(ns)
+    }
 }
 
 /// The records of what is prepared, and who may change a claim's record now.
@@ -203,6 +219,7 @@ impl Preparer {
                     .map(|g| (g.index, g.model.clone()))
                     .collect(),
                 shares_per_slice: u64::from(config.share_policy.shares.max(1)),
+                shares_across_namespaces: config.share_policy.across_namespaces,
             },
             gpus: GpuCalls::new(config.backend, config.blocking),
             records: Records {

@@ -291,3 +291,76 @@ fn a_gpu_that_serves_one_kind_loses_the_other_kinds_devices_only() {
         "counters untouched"
     );
 }
+
+/// The inventory-built specs of two A30s on `n0` whose `1g.6gb` placements are also shareable.
+fn shared_base() -> Vec<ResourceSliceSpec> {
+    use crate::publish::resource_slices::{SharedProfiles, SliceOptions};
+    let gpus = vec![gpu(0, "A30"), gpu(1, "A30")];
+    let options = SliceOptions {
+        layout: ResourceSliceLayout::SeparateCounterSlices,
+        shared: SharedProfiles {
+            selectors: vec!["1g.6gb".into()],
+            ..SharedProfiles::default()
+        },
+    };
+    let desired = desired_resource_slices("n0", &gpus, options).unwrap();
+    desired.into_iter().map(|d| d.slice.spec).collect()
+}
+
+/// The `shareNamespace` of every device of `specs` that has one, by device name.
+fn share_namespaces_of(specs: &[ResourceSliceSpec]) -> BTreeMap<String, String> {
+    devices(specs)
+        .into_iter()
+        .filter_map(|d| {
+            let a = d.attributes.as_ref()?.get(attr::SHARE_NAMESPACE)?;
+            Some((d.name.clone(), a.string.clone()?))
+        })
+        .collect()
+}
+
+#[test]
+fn the_namespace_of_a_shared_slice_goes_on_its_shareable_device_only() {
+    let base = shared_base();
+    let shared = "gpu-1-mig-1g-6gb-2-shared";
+    assert!(devices(&base).iter().any(|d| d.name == shared));
+    let facts = HealthFacts {
+        share_namespaces: BTreeMap::from([
+            (shared.to_string(), "team-a".to_string()),
+            // An exclusive device, or one not published, never gets it.
+            ("gpu-1-mig-1g-6gb-2".to_string(), "team-b".to_string()),
+            (
+                "gpu-7-mig-1g-6gb-0-shared".to_string(),
+                "team-c".to_string(),
+            ),
+        ]),
+        ..HealthFacts::default()
+    };
+    let specs = desired_slices(&base, &facts);
+    assert_eq!(
+        share_namespaces_of(&specs),
+        BTreeMap::from([(shared.to_string(), "team-a".to_string())])
+    );
+    // Nothing else changes: the same devices, and the device's other attributes as they were.
+    assert_eq!(devices(&specs).len(), devices(&base).len());
+    let mut without = specs.clone();
+    set_share_namespaces(&mut without, &BTreeMap::new());
+    assert_eq!(without, base);
+}
+
+#[test]
+fn the_namespace_goes_with_the_last_share_and_several_show_as_several() {
+    let base = shared_base();
+    let shared = "gpu-0-mig-1g-6gb-3-shared";
+    let mut specs = base.clone();
+    let one = BTreeMap::from([(shared.to_string(), "team-a".to_string())]);
+    assert_eq!(set_share_namespaces(&mut specs, &one), 1);
+    let several = BTreeMap::from([(
+        shared.to_string(),
+        attr::SHARE_NAMESPACE_SEVERAL.to_string(),
+    )]);
+    assert_eq!(set_share_namespaces(&mut specs, &several), 1);
+    assert_eq!(share_namespaces_of(&specs), several);
+    // The last share's record dropped: the attribute goes, the slices are the inventory's.
+    assert_eq!(set_share_namespaces(&mut specs, &BTreeMap::new()), 0);
+    assert_eq!(specs, base);
+}

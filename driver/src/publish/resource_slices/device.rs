@@ -78,14 +78,20 @@ pub struct SharePolicy {
     /// Granularity of the `memory` a share may ask for, in bytes (its MPS pinned device memory
     /// limit); also the least a share may ask for.
     pub memory_step_bytes: u64,
+    /// Whether claims of different namespaces may hold shares of one slice
+    /// (`--shares-across-namespaces`; docs/design.md §7, "Shares are a tenant's own"). Off (the
+    /// default): a slice serves the namespace of its first share, its shareable device carries
+    /// the `shareNamespace` attribute, and a share from another namespace is refused at prepare.
+    pub across_namespaces: bool,
 }
 
 impl Default for SharePolicy {
-    /// 4 shares per slice, memory in 256 MiB steps.
+    /// 4 shares per slice, memory in 256 MiB steps, one namespace per slice.
     fn default() -> Self {
         Self {
             shares: 4,
             memory_step_bytes: 256 << 20,
+            across_namespaces: false,
         }
     }
 }

@@ -72,21 +72,32 @@ fn instance(gi: u32) -> InstanceId {
     }
 }
 
-/// A checkpoint where claim `uid` holds share `p` in `state`, with instance `gi` if given.
+/// A checkpoint where claim `uid` of namespace `ns` holds share `p` in `state`, with instance
+/// `gi` if given.
 fn hold(cp: &mut Checkpoint, uid: &str, p: &Planned, state: PrepareState, gi: Option<u32>) {
+    hold_in(cp, "ns", uid, p, state, gi);
+}
+
+/// [`hold`] by a claim of namespace `ns`.
+fn hold_in(
+    cp: &mut Checkpoint,
+    ns: &str,
+    uid: &str,
+    p: &Planned,
+    state: PrepareState,
+    gi: Option<u32>,
+) {
     let d = RecordedDevice {
         instance: gi.map(instance),
         ..record(p)
     };
-    cp.set_started(uid, "ns", uid, vec![d.clone()]);
+    cp.set_started(uid, ns, uid, vec![d.clone()]);
     match state {
         PrepareState::PrepareStarted => {}
-        PrepareState::PrepareCompleted => {
-            cp.set_completed(uid, "ns", uid, vec![d], BTreeMap::new())
-        }
-        PrepareState::Releasing => cp.set_releasing(uid, "ns", uid, vec![d]),
-        PrepareState::Carved => cp.set_carved(uid, "ns", uid, vec![d]),
-        PrepareState::Repairing => cp.set_repairing(uid, "ns", uid, vec![d]),
+        PrepareState::PrepareCompleted => cp.set_completed(uid, ns, uid, vec![d], BTreeMap::new()),
+        PrepareState::Releasing => cp.set_releasing(uid, ns, uid, vec![d]),
+        PrepareState::Carved => cp.set_carved(uid, ns, uid, vec![d]),
+        PrepareState::Repairing => cp.set_repairing(uid, ns, uid, vec![d]),
     }
 }
 
@@ -155,23 +166,29 @@ fn a_share_must_be_served_with_mps() {
 fn the_first_share_creates_and_later_ones_join_with_the_same_config() {
     let mut cp = Checkpoint::new("boot");
     let a = planned("a", limits(50));
-    assert!(matches!(on_share(&cp, "A", &a), OnShare::Create));
+    assert!(matches!(
+        on_share(&cp, "A", Some("ns"), &a),
+        OnShare::Create
+    ));
     // A share recorded without its instance yet (its create comes under the GPU lock) is no
     // slice to join.
     hold(&mut cp, "A", &a, PrepareState::PrepareStarted, None);
     assert!(matches!(
-        on_share(&cp, "B", &planned("b", limits(50))),
+        on_share(&cp, "B", Some("ns"), &planned("b", limits(50))),
         OnShare::Create
     ));
     hold(&mut cp, "A", &a, PrepareState::PrepareCompleted, Some(7));
-    match on_share(&cp, "B", &planned("b", limits(50))) {
+    match on_share(&cp, "B", Some("ns"), &planned("b", limits(50))) {
         OnShare::Join(id) => assert_eq!(id, instance(7)),
         other => panic!("{other:?}"),
     }
     // Its own record is never a slice to join.
-    assert!(matches!(on_share(&cp, "A", &a), OnShare::Create));
+    assert!(matches!(
+        on_share(&cp, "A", Some("ns"), &a),
+        OnShare::Create
+    ));
     // Another config: refused, naming both.
-    match on_share(&cp, "B", &planned("b", limits(20))) {
+    match on_share(&cp, "B", Some("ns"), &planned("b", limits(20))) {
         OnShare::Refuse(e) => {
             let text = e.to_string();
             assert!(text.contains("claim ns/A"), "{text}");
@@ -190,7 +207,7 @@ fn no_share_joins_a_slice_whose_shares_are_all_leaving() {
     let mut cp = Checkpoint::new("boot");
     let a = planned("a", limits(50));
     hold(&mut cp, "A", &a, PrepareState::Releasing, Some(7));
-    match on_share(&cp, "B", &planned("b", limits(50))) {
+    match on_share(&cp, "B", Some("ns"), &planned("b", limits(50))) {
         OnShare::Refuse(e) => assert!(e.to_string().contains("being released"), "{e}"),
         other => panic!("{other:?}"),
     }
@@ -203,7 +220,7 @@ fn no_share_joins_a_slice_whose_shares_are_all_leaving() {
         Some(7),
     );
     assert!(matches!(
-        on_share(&cp, "B", &planned("b", limits(50))),
+        on_share(&cp, "B", Some("ns"), &planned("b", limits(50))),
         OnShare::Join(_)
     ));
 }
@@ -287,4 +304,192 @@ fn a_rebuilt_share_may_match_a_slice_another_share_recorded() {
         Some(7),
     );
     assert!(recorded_unshared_elsewhere(&cp, "B", &live));
+}
+
+#[test]
+fn a_slice_serves_the_namespace_of_its_shares_only() {
+    let mut cp = Checkpoint::new("boot");
+    let a = planned("a", limits(50));
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &a,
+        PrepareState::PrepareCompleted,
+        Some(7),
+    );
+    let b = planned("b", limits(50));
+    // Under the GPU's lock: a claim of another namespace is refused, naming the namespace the
+    // slice serves, its holder and what to do; one of the same namespace joins.
+    match on_share(&cp, "B", Some("team-b"), &b) {
+        OnShare::Refuse(e) => {
+            assert_eq!(e.metric_label(), "share");
+            let text = e.to_string();
+            for part in [
+                DEVICE,
+                "serves namespace team-a",
+                "claim team-a/A",
+                "namespace team-b may not join",
+                "delete the pod",
+                "sharing.acrossNamespaces",
+            ] {
+                assert!(text.contains(part), "{part:?} missing: {text}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        on_share(&cp, "B", Some("team-a"), &b),
+        OnShare::Join(_)
+    ));
+    // Shares may cross namespaces where the admin allows it.
+    assert!(matches!(on_share(&cp, "B", None, &b), OnShare::Join(_)));
+    // The namespace rule comes before the configuration's: the message a tenant gets is about
+    // the tenant, whatever its config.
+    match on_share(&cp, "B", Some("team-b"), &planned("b", limits(20))) {
+        OnShare::Refuse(e) => assert!(e.to_string().contains("serves namespace team-a"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_namespace_check_before_recording_counts_every_share_record() {
+    let mut cp = Checkpoint::new("boot");
+    let b = planned("b", limits(50));
+    assert!(check_namespace(&cp, "B", Some("team-b"), std::slice::from_ref(&b)).is_ok());
+    // A share of team-a recorded before its create (no instance yet) already holds the slice
+    // against team-b: nothing is recorded for B.
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &planned("a", limits(50)),
+        PrepareState::PrepareStarted,
+        None,
+    );
+    let e = check_namespace(&cp, "B", Some("team-b"), std::slice::from_ref(&b)).unwrap_err();
+    assert!(e.to_string().contains("serves namespace team-a"), "{e}");
+    // So does one being released.
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &planned("a", limits(50)),
+        PrepareState::Releasing,
+        Some(7),
+    );
+    assert!(check_namespace(&cp, "B", Some("team-b"), std::slice::from_ref(&b)).is_err());
+    // The same namespace, the claim's own record, another device, or sharing across
+    // namespaces: nothing to refuse.
+    assert!(check_namespace(&cp, "B", Some("team-a"), std::slice::from_ref(&b)).is_ok());
+    assert!(check_namespace(&cp, "A", Some("team-b"), std::slice::from_ref(&b)).is_ok());
+    assert!(check_namespace(&cp, "B", None, std::slice::from_ref(&b)).is_ok());
+    let elsewhere = Planned {
+        device: "gpu-0-mig-1g-10gb-3-shared".into(),
+        ..b.clone()
+    };
+    assert!(check_namespace(&cp, "B", Some("team-b"), &[elsewhere]).is_ok());
+    // An exclusive device is nobody's share.
+    let exclusive = Planned { share: None, ..b };
+    assert!(check_namespace(&cp, "B", Some("team-b"), &[exclusive]).is_ok());
+}
+
+#[test]
+fn of_two_namespaces_recorded_at_once_the_first_to_create_keeps_the_slice() {
+    // Both passed the check before recording; both are recorded, neither has the instance.
+    let mut cp = Checkpoint::new("boot");
+    let (a, b) = (planned("a", limits(50)), planned("b", limits(50)));
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &a,
+        PrepareState::PrepareStarted,
+        None,
+    );
+    hold_in(
+        &mut cp,
+        "team-b",
+        "B",
+        &b,
+        PrepareState::PrepareStarted,
+        None,
+    );
+    // The first under the GPU's lock creates (the other's record holds no instance) ...
+    assert!(matches!(
+        on_share(&cp, "A", Some("team-a"), &a),
+        OnShare::Create
+    ));
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &a,
+        PrepareState::PrepareStarted,
+        Some(7),
+    );
+    // ... and the second is refused.
+    assert!(matches!(
+        on_share(&cp, "B", Some("team-b"), &b),
+        OnShare::Refuse(_)
+    ));
+}
+
+#[test]
+fn each_shared_device_shows_the_namespace_of_its_shares() {
+    let mut cp = Checkpoint::new("boot");
+    assert!(share_namespaces(&cp).is_empty());
+    let a = planned("a", limits(50));
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &a,
+        PrepareState::PrepareStarted,
+        None,
+    );
+    let want = |v: &str| BTreeMap::from([(DEVICE.to_string(), v.to_string())]);
+    // From the first record on, whatever its state.
+    assert_eq!(share_namespaces(&cp), want("team-a"));
+    hold_in(
+        &mut cp,
+        "team-a",
+        "A2",
+        &a,
+        PrepareState::Releasing,
+        Some(7),
+    );
+    assert_eq!(share_namespaces(&cp), want("team-a"));
+    // Shares of several namespaces (made before the rule): a value no namespace has.
+    hold_in(
+        &mut cp,
+        "team-b",
+        "B",
+        &a,
+        PrepareState::PrepareCompleted,
+        Some(7),
+    );
+    assert_eq!(
+        share_namespaces(&cp),
+        want(das_api::attributes::SHARE_NAMESPACE_SEVERAL)
+    );
+    // An exclusive slice shows nothing; the last share's record dropped, neither does its
+    // device.
+    let exclusive = Planned {
+        device: "gpu-0-mig-1g-10gb-3".into(),
+        share: None,
+        ..a
+    };
+    hold_in(
+        &mut cp,
+        "team-c",
+        "C",
+        &exclusive,
+        PrepareState::PrepareCompleted,
+        Some(8),
+    );
+    for uid in ["A", "A2", "B"] {
+        cp.remove(uid);
+    }
+    assert!(share_namespaces(&cp).is_empty());
 }

@@ -52,6 +52,7 @@ fn defaults_are_never_zero() {
     let many = SharePolicy {
         shares: 100,
         memory_step_bytes: 1 << 30,
+        ..SharePolicy::default()
     };
     let d = shared_device(&g, p, 0, many);
     assert_eq!(policy_of(&d, "memory").1, "1Gi");
