@@ -59,8 +59,8 @@ pub use files::{
     spec_file_name, spec_path, write_spec,
 };
 pub use schema::{
-    ContainerEdits, Device, DeviceNode, Hook, KNOWN_VERSIONS, Mount, Spec, qualified_name,
-    validate_claim_uid, validate_device_name, validate_kind,
+    ContainerEdits, Device, DeviceNode, Hook, KNOWN_VERSIONS, Mount, NameRule, Spec,
+    qualified_name, validate_claim_uid, validate_device_name, validate_kind,
 };
 pub use spec::{
     ClaimSpec, DeviceNodes, GPU_UUID_ENV_PREFIX, MIG_UUID_ENV_PREFIX, MpsMounts, NVIDIA_UVM_PATH,
@@ -81,7 +81,7 @@ pub enum CdiError {
         /// The offending name.
         name: String,
         /// Which rule it breaks.
-        reason: String,
+        reason: NameRule,
     },
     /// The spec as a whole is not valid (no devices, duplicate names, bad version, ...).
     #[error("invalid CDI spec: {0}")]

@@ -281,35 +281,58 @@ fn parse_version(version: &str) -> Option<(u32, u32, u32)> {
     parts.next().is_none().then_some(triple)
 }
 
+/// The CDI name rule a vendor, class, kind, device name or claim UID breaks (CDI `parser.go`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameRule {
+    /// The name is empty.
+    #[error("empty")]
+    Empty,
+    /// A vendor or class that does not start with an ASCII letter.
+    #[error("must start with a letter")]
+    StartLetter,
+    /// A device name that does not start with an ASCII letter or digit.
+    #[error("must start with a letter or digit")]
+    StartLetterOrDigit,
+    /// A character outside the name's set (ASCII letters, digits and the name's punctuation).
+    #[error("invalid character {0:?}")]
+    Character(char),
+    /// The last character is not an ASCII letter or digit.
+    #[error("must end with a letter or digit")]
+    End,
+    /// A kind without its `/`.
+    #[error("must be <vendor>/<class>")]
+    KindShape,
+}
+
 /// Checks a vendor or class name (CDI `parser.go`): starts with a letter, ends with a letter or
 /// digit, and contains only ASCII letters, digits, `_`, `-`, `.`.
 ///
 /// # Errors
 /// [`CdiError::InvalidName`] with `what` set to the given label.
 fn validate_vendor_or_class(what: &'static str, name: &str) -> Result<(), CdiError> {
-    let bad = |reason: String| CdiError::InvalidName {
+    let bad = |reason: NameRule| CdiError::InvalidName {
         what,
         name: name.to_string(),
         reason,
     };
-    let first = name.chars().next().ok_or_else(|| bad("empty".into()))?;
+    let first = name.chars().next().ok_or_else(|| bad(NameRule::Empty))?;
     if !first.is_ascii_alphabetic() {
-        return Err(bad("must start with a letter".into()));
+        return Err(bad(NameRule::StartLetter));
     }
     check_chars(name, &['_', '-', '.']).map_err(bad)
 }
 
 /// Checks that every character is an ASCII letter, digit or one of `extra`, and that the last
 /// one is a letter or digit.
-fn check_chars(name: &str, extra: &[char]) -> Result<(), String> {
+fn check_chars(name: &str, extra: &[char]) -> Result<(), NameRule> {
     if let Some(c) = name
         .chars()
         .find(|c| !c.is_ascii_alphanumeric() && !extra.contains(c))
     {
-        return Err(format!("invalid character {c:?}"));
+        return Err(NameRule::Character(c));
     }
     if !name.ends_with(|c: char| c.is_ascii_alphanumeric()) {
-        return Err("must end with a letter or digit".into());
+        return Err(NameRule::End);
     }
     Ok(())
 }
@@ -324,7 +347,7 @@ pub fn validate_kind(kind: &str) -> Result<(), CdiError> {
     let (vendor, class) = kind.split_once('/').ok_or_else(|| CdiError::InvalidName {
         what: "kind",
         name: kind.to_string(),
-        reason: "must be <vendor>/<class>".into(),
+        reason: NameRule::KindShape,
     })?;
     validate_vendor_or_class("vendor", vendor)?;
     validate_vendor_or_class("class", class)
@@ -336,14 +359,14 @@ pub fn validate_kind(kind: &str) -> Result<(), CdiError> {
 /// # Errors
 /// [`CdiError::InvalidName`] with `what` = "device name".
 pub fn validate_device_name(name: &str) -> Result<(), CdiError> {
-    let bad = |reason: String| CdiError::InvalidName {
+    let bad = |reason: NameRule| CdiError::InvalidName {
         what: "device name",
         name: name.to_string(),
         reason,
     };
-    let first = name.chars().next().ok_or_else(|| bad("empty".into()))?;
+    let first = name.chars().next().ok_or_else(|| bad(NameRule::Empty))?;
     if !first.is_ascii_alphanumeric() {
-        return Err(bad("must start with a letter or digit".into()));
+        return Err(bad(NameRule::StartLetterOrDigit));
     }
     check_chars(name, &['_', '-', '.', ':']).map_err(bad)
 }
