@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
 use super::Preparer;
 use crate::claims::EventTarget;
 use crate::claims::cdi;
@@ -220,91 +222,110 @@ impl Preparer {
             .await
             .map_err(StartupError::ListClaims)?;
         for rc in claims {
-            let (Some(namespace), Some(name), Some(uid)) = (
-                rc.metadata.namespace.clone(),
-                rc.metadata.name.clone(),
-                rc.metadata.uid.clone(),
-            ) else {
-                continue;
-            };
-            let claim = ClaimRef {
-                namespace,
-                name,
-                uid,
-            };
-            if self.record_of(&claim.uid).is_some() {
+            let claim = crate::claims::carve::claim_ref(&rc);
+            if rc.metadata.uid.is_none() || self.record_of(&claim.uid).is_some() {
                 continue;
             }
-            let Ok(planned) = plan::resolve_allocation(
-                &claim,
-                Some(&rc),
-                &self.node.name,
-                &self.node.devices,
-                self.node.shares_per_slice,
-            ) else {
-                continue;
-            };
-            let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
-            // A share's slice may already be recorded by another share of it: that is no
-            // other claim's instance.
-            let matched = plan::match_devices(&started, &live, |s| {
-                self.records
-                    .checkpoint
-                    .read(|cp| plan::share::recorded_unshared_elsewhere(cp, &claim.uid, s))
-            });
-            let held = self.holdings(&started, &matched);
-            let spec_on_disk = || cdi::spec_path(self.cdi.dir(), &claim.uid).exists();
-            if held.iter().any(Option::is_none)
-                || (started.iter().any(RecordedDevice::is_whole_gpu) && !spec_on_disk())
-            {
+            let Some((devices, held)) = self.held_for(&claim, &rc, &live) else {
                 continue; // not (fully) prepared here: the kubelet will prepare it
-            }
-            let held: Vec<Holding> = held.into_iter().flatten().collect();
-            let devices: Vec<RecordedDevice> = started
-                .iter()
-                .zip(&held)
-                .map(|(d, h)| match h {
-                    Holding::Instance(s) => plan::with_instance(d, s),
-                    Holding::WholeGpu { .. } => d.clone(),
-                })
-                .collect();
+            };
             // Carved before bind and not prepared yet: the kubelet's prepare writes its CDI spec
             // (no container was given it), so no spec on disk and SliceReady answered. Rebuilt
             // as carved, the watch and start-up release it if its claim goes; as prepared with
             // no pod, the orphan rule would keep it forever.
-            if crate::claims::carve::waits_for_carve(&rc, &self.node.name)
-                && crate::claims::carve::carve_answered(&rc, &self.node.name)
-                && !spec_on_disk()
+            let node = &self.node.name;
+            if crate::claims::carve::waits_for_carve(&rc, node)
+                && crate::claims::carve::carve_answered(&rc, node)
+                && !self.spec_on_disk(&claim)
             {
-                let recorded = devices.clone();
                 self.records
                     .checkpoint
-                    .commit(|cp| cp.set_carved(&claim.uid, &claim.namespace, &claim.name, recorded))
+                    .commit(|cp| cp.set_carved(&claim.uid, &claim.namespace, &claim.name, devices))
                     .await?;
                 tracing::info!(claim = %claim, "rebuilt the record of a claim carved before bind from live slices");
-                report.rebuilt.push(claim.to_string());
-                continue;
+            } else {
+                self.rebuild_prepared(&claim, &rc, devices.clone(), &held)
+                    .await?;
+                mps_back.push((claim.clone(), devices));
+                tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
             }
-            let built = self.build_spec(&claim, &devices, &held, &[])?;
-            self.cdi.write(&claim.uid, &built.spec)?;
-            let ids: BTreeMap<String, Vec<String>> = built
-                .device_ids
-                .into_iter()
-                .map(|(k, id)| (k, vec![id]))
-                .collect();
-            let recorded = devices.clone();
-            self.records
-                .checkpoint
-                .commit(|cp| {
-                    cp.set_completed(&claim.uid, &claim.namespace, &claim.name, recorded, ids);
-                    // The pods it is reserved for: the orphan rule's evidence.
-                    cp.set_pods(&claim.uid, plan::reserving_pods(&rc));
-                })
-                .await?;
-            mps_back.push((claim.clone(), devices));
-            tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
             report.rebuilt.push(claim.to_string());
         }
+        Ok(())
+    }
+
+    /// Whether claim `claim`'s CDI spec is on disk (the kubelet prepared it: its unprepare
+    /// deletes it).
+    fn spec_on_disk(&self, claim: &ClaimRef) -> bool {
+        cdi::spec_path(self.cdi.dir(), &claim.uid).exists()
+    }
+
+    /// The devices of `rc`'s allocation here with what holds each on the GPUs (`live`), when
+    /// every one is held (each MIG device's instance live, each whole GPU's CDI spec still on
+    /// disk: nothing on the GPU shows that the kubelet prepared a whole GPU); `None` otherwise.
+    fn held_for(
+        &self,
+        claim: &ClaimRef,
+        rc: &ResourceClaim,
+        live: &[MigInstance],
+    ) -> Option<(Vec<RecordedDevice>, Vec<Holding>)> {
+        let planned = plan::resolve_allocation(
+            claim,
+            Some(rc),
+            &self.node.name,
+            &self.node.devices,
+            self.node.shares_per_slice,
+        )
+        .ok()?;
+        let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
+        // A share's slice may already be recorded by another share of it: that is no other
+        // claim's instance.
+        let matched = plan::match_devices(&started, live, |s| {
+            self.records
+                .checkpoint
+                .read(|cp| plan::share::recorded_unshared_elsewhere(cp, &claim.uid, s))
+        });
+        let held = self.holdings(&started, &matched);
+        if held.iter().any(Option::is_none)
+            || (started.iter().any(RecordedDevice::is_whole_gpu) && !self.spec_on_disk(claim))
+        {
+            return None;
+        }
+        let held: Vec<Holding> = held.into_iter().flatten().collect();
+        let devices = started
+            .iter()
+            .zip(&held)
+            .map(|(d, h)| match h {
+                Holding::Instance(s) => plan::with_instance(d, s),
+                Holding::WholeGpu { .. } => d.clone(),
+            })
+            .collect();
+        Some((devices, held))
+    }
+
+    /// Writes the CDI spec of a prepared claim found live and records it completed, with the
+    /// pods it is reserved for (the orphan rule's evidence).
+    async fn rebuild_prepared(
+        &self,
+        claim: &ClaimRef,
+        rc: &ResourceClaim,
+        devices: Vec<RecordedDevice>,
+        held: &[Holding],
+    ) -> Result<(), StartupError> {
+        let built = self.build_spec(claim, &devices, held, &[])?;
+        self.cdi.write(&claim.uid, &built.spec)?;
+        let ids: BTreeMap<String, Vec<String>> = built
+            .device_ids
+            .into_iter()
+            .map(|(k, id)| (k, vec![id]))
+            .collect();
+        self.records
+            .checkpoint
+            .commit(|cp| {
+                cp.set_completed(&claim.uid, &claim.namespace, &claim.name, devices, ids);
+                cp.set_pods(&claim.uid, plan::reserving_pods(rc));
+            })
+            .await?;
         Ok(())
     }
 
