@@ -97,8 +97,8 @@ pub fn set_tls_profile(cluster: &Cluster, profile: &str) -> Result<String> {
 
 /// Starts `.local/bin/das-operator` on the cluster as OLM would run it: under its own service
 /// account with exactly the bundle's RBAC (deploy/olm/rbac, the CSV's clusterPermissions and
-/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs)
-/// and `--install-crds=false`, installing into das-system.
+/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs),
+/// `--install-crds=false` and `--leader-elect`, installing into das-system.
 ///
 /// # Errors
 /// `.local/bin/das-operator` missing (`make operator`), kubectl failing, or the process not
@@ -126,6 +126,8 @@ pub async fn start_with(cluster: &mut Cluster, extra: &[String]) -> Result<()> {
         "--metrics-bind-address=0".into(),
         "--health-probe-bind-address=0".into(),
         "--openshift=false".into(),
+        // As the CSV's Deployment runs it: the Lease is held under the bundle's Role.
+        "--leader-elect".into(),
     ];
     args.extend_from_slice(extra);
     cluster.spawn_program_with_env("das-operator", &bin, args, &env)
