@@ -181,8 +181,16 @@ operator-check: ## gofmt, go vet and go test of the operator and the bundle tool
 	cd operator && $(OPERATOR_GO) go vet ./... && $(OPERATOR_GO) go test ./...
 	cd operator/bundle && $(OPERATOR_GO) go vet ./... && $(OPERATOR_GO) go test ./...
 
+.PHONY: operator-rbac
+operator-rbac: ## regenerate the operator's RBAC (deploy/olm/rbac) from what the chart renders with every feature on (operator/internal/rbac)
+	cd operator && $(OPERATOR_GO) go run ./cmd/das-rbac --chart ../deploy/helm/das --out ../deploy/olm/rbac
+
+.PHONY: operator-rbac-check
+operator-rbac-check: ## fail when deploy/olm/rbac differs from what the chart gives (fix: make operator-rbac)
+	cd operator && $(OPERATOR_GO) go run ./cmd/das-rbac --chart ../deploy/helm/das --out ../deploy/olm/rbac --check
+
 .PHONY: bundle
-bundle: das-bundle ## generate the OLM bundle bundle/ (CSV, CRDs, annotations, bundle.Dockerfile) from deploy/olm/ for OPERATOR_IMAGE and IMAGE
+bundle: das-bundle operator-rbac-check ## generate the OLM bundle bundle/ (CSV, CRDs, annotations, bundle.Dockerfile) from deploy/olm/ for OPERATOR_IMAGE and IMAGE
 	$(BIN)/das-bundle generate --version $(VERSION) --operator-image $(OPERATOR_IMAGE) --das-image $(IMAGE) \
 	  --channel $(BUNDLE_CHANNEL) --replaces "$(BUNDLE_REPLACES)" --out bundle
 

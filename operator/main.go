@@ -20,11 +20,6 @@ import (
 	"github.com/operator-framework/helm-operator-plugins/pkg/reconciler"
 	helmvalues "github.com/operator-framework/helm-operator-plugins/pkg/values"
 	"helm.sh/helm/v3/pkg/chartutil"
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	policyv1 "k8s.io/api/policy/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
@@ -116,7 +111,7 @@ func run(o options) error {
 		"openshift", openshift, "clusterTLSProfile", followTLS, "installCRDs", o.installCRDs,
 		"defaultImage", settings.DefaultImage)
 
-	byObject := namespacedKinds(o.namespace)
+	byObject := map[client.Object]cache.ByObject{}
 	if followTLS {
 		if err := configv1.Install(scheme.Scheme); err != nil {
 			return err
@@ -126,7 +121,7 @@ func run(o options) error {
 			Field: fields.OneTermEqualSelector("metadata.name", tlsprofile.APIServerName)}
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Cache:                   cache.Options{ByObject: byObject},
+		Cache:                   installNamespaceOnly(o.namespace, byObject),
 		Metrics:                 metricsserver.Options{BindAddress: o.metrics},
 		HealthProbeBindAddress:  o.probes,
 		LeaderElection:          o.leaderElect,
@@ -209,23 +204,18 @@ func run(o options) error {
 	return mgr.Start(ctrl.SetupSignalHandler())
 }
 
-// namespacedKinds restricts the cache, and so the operator's watches, to the install namespace
-// for every namespaced kind the chart renders. The Helm library watches each kind of the release
-// to repair drift; without this it would list and watch Secrets, Deployments and the rest in every
-// namespace, and the bundle would have to grant that cluster-wide (deploy/olm/rbac/role.yaml
-// grants them in the operator's namespace only).
-func namespacedKinds(namespace string) map[client.Object]cache.ByObject {
-	only := cache.ByObject{Namespaces: map[string]cache.Config{namespace: {}}}
-	kinds := []client.Object{
-		&corev1.Secret{}, &corev1.ConfigMap{}, &corev1.Service{}, &corev1.ServiceAccount{},
-		&appsv1.Deployment{}, &appsv1.DaemonSet{}, &policyv1.PodDisruptionBudget{},
-		&networkingv1.NetworkPolicy{}, &rbacv1.Role{}, &rbacv1.RoleBinding{},
+// installNamespaceOnly restricts the cache, and so the operator's watches, to the install
+// namespace for every namespaced kind, those of custom resources the chart may render
+// (ServiceMonitors, cert-manager's Issuer and Certificate) included; cluster-scoped kinds are
+// cached cluster-wide. The Helm library watches each kind of the release to repair drift;
+// without this it would list and watch Secrets, Deployments and the rest in every namespace,
+// and the bundle would have to grant that cluster-wide (deploy/olm/rbac/role.yaml grants them
+// in the operator's namespace only).
+func installNamespaceOnly(namespace string, byObject map[client.Object]cache.ByObject) cache.Options {
+	return cache.Options{
+		DefaultNamespaces: map[string]cache.Config{namespace: {}},
+		ByObject:          byObject,
 	}
-	out := make(map[client.Object]cache.ByObject, len(kinds))
-	for _, k := range kinds {
-		out[k] = only
-	}
-	return out
 }
 
 // detectOpenShift resolves --openshift: auto asks discovery whether SecurityContextConstraints

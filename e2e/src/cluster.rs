@@ -49,6 +49,10 @@ pub struct ClusterConfig {
     /// JSON list) for kube-scheduler; `None`: its defaults. The harness adds the client
     /// connection and turns leader election off, as its flags do without a config.
     pub scheduler_profiles: Option<serde_json::Value>,
+    /// Feature gates (`Name=true|false`) for the control plane beyond those the Kubernetes
+    /// version needs, e.g. `DRAResourceClaimGranularStatusAuthorization=false` to show what a
+    /// 1.36+ server checks itself as a 1.34 or 1.35 server would leave it.
+    pub feature_gates: Vec<String>,
 }
 
 impl ClusterConfig {
@@ -62,6 +66,7 @@ impl ClusterConfig {
             k8s_bin: k8s_binary(),
             service_network: false,
             scheduler_profiles: None,
+            feature_gates: Vec::new(),
         }
     }
 }

@@ -97,8 +97,8 @@ pub fn set_tls_profile(cluster: &Cluster, profile: &str) -> Result<String> {
 
 /// Starts `.local/bin/das-operator` on the cluster as OLM would run it: under its own service
 /// account with exactly the bundle's RBAC (deploy/olm/rbac, the CSV's clusterPermissions and
-/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs)
-/// and `--install-crds=false`, installing into das-system.
+/// permissions), the AllocationClaim CRD installed beforehand (OLM installs the bundle's CRDs),
+/// `--install-crds=false` and `--leader-elect`, installing into das-system.
 ///
 /// # Errors
 /// `.local/bin/das-operator` missing (`make operator`), kubectl failing, or the process not
@@ -118,6 +118,30 @@ pub async fn start_with(cluster: &mut Cluster, extra: &[String]) -> Result<()> {
         "{} is missing: run `make operator`",
         bin.display()
     );
+    let kubeconfig = grant_bundle_rbac(cluster).await?;
+    let env = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
+    let mut args = vec![
+        format!("--namespace={NAMESPACE}"),
+        "--install-crds=false".into(),
+        "--metrics-bind-address=0".into(),
+        "--health-probe-bind-address=0".into(),
+        "--openshift=false".into(),
+        // As the CSV's Deployment runs it: the Lease is held under the bundle's Role.
+        "--leader-elect".into(),
+    ];
+    args.extend_from_slice(extra);
+    cluster.spawn_program_with_env("das-operator", &bin, args, &env)
+}
+
+/// The operator's identity as OLM sets it up from the bundle: the install namespace
+/// ([`NAMESPACE`], the operator's own), the AllocationClaim CRD, the service account
+/// `das-operator` bound to the ClusterRole of `deploy/olm/rbac/cluster-role.yaml` and, in the
+/// namespace, to the Role of `role.yaml` (what OLM does with install mode OwnNamespace).
+/// Returns the path of a kubeconfig with that service account's token.
+///
+/// # Errors
+/// kubectl failing, or the TokenRequest refused.
+pub async fn grant_bundle_rbac(cluster: &Cluster) -> Result<PathBuf> {
     let root = workspace_root();
     kubectl(cluster, &["create", "namespace", NAMESPACE], None)?;
     chart::apply_path(
@@ -155,17 +179,7 @@ pub async fn start_with(cluster: &mut Cluster, extra: &[String]) -> Result<()> {
     ] {
         kubectl(cluster, &args, None)?;
     }
-    let kubeconfig = install::identity(cluster, "das-operator", None, "operator").await?;
-    let env = [("KUBECONFIG".to_string(), kubeconfig.display().to_string())];
-    let mut args = vec![
-        format!("--namespace={NAMESPACE}"),
-        "--install-crds=false".into(),
-        "--metrics-bind-address=0".into(),
-        "--health-probe-bind-address=0".into(),
-        "--openshift=false".into(),
-    ];
-    args.extend_from_slice(extra);
-    cluster.spawn_program_with_env("das-operator", &bin, args, &env)
+    install::identity(cluster, "das-operator", None, "operator").await
 }
 
 /// A copy of the chart in the cluster's directory whose `values.yaml` has `defaults` merged in

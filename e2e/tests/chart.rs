@@ -160,10 +160,13 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
         mwc["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]["ca.crt"],
         "the caBundle is the CA of the generated serving certificate"
     );
-    assert!(
-        d.find("ValidatingAdmissionPolicy", "das-resourceslices-own-node")
-            .is_some()
-    );
+    for policy in [
+        "das-resourceslices-own-node",
+        "das-resourceclaim-status-own-node",
+    ] {
+        assert!(d.find("ValidatingAdmissionPolicy", policy).is_some());
+        assert!(d.find("ValidatingAdmissionPolicyBinding", policy).is_some());
+    }
     assert!(
         d.find(
             "CustomResourceDefinition",
@@ -198,6 +201,10 @@ fn chart_lints_and_renders_what_each_values_set_asks_for() {
         ("Deployment", "das-webhook"),
         ("MutatingWebhookConfiguration", "das-webhook"),
         ("ValidatingAdmissionPolicy", "das-resourceslices-own-node"),
+        (
+            "ValidatingAdmissionPolicy",
+            "das-resourceclaim-status-own-node",
+        ),
         (
             "CustomResourceDefinition",
             "allocationclaims.inference.redhat.com",

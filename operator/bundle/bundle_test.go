@@ -87,7 +87,7 @@ func TestCSVCarriesImagesAndPermissions(t *testing.T) {
 	scc := false
 	for _, r := range perms[0].Rules {
 		if len(r.APIGroups) == 1 && r.APIGroups[0] == "security.openshift.io" {
-			scc = strings.Join(r.ResourceNames, ",") == "privileged,nonroot-v2" && strings.Join(r.Verbs, ",") == "use"
+			scc = strings.Join(r.ResourceNames, ",") == "nonroot-v2,privileged" && strings.Join(r.Verbs, ",") == "use"
 		}
 	}
 	if !scc {
@@ -113,5 +113,44 @@ func TestUnknownFieldInTheBaseIsAnError(t *testing.T) {
 	in.BaseCSV = bad
 	if _, err := Generate(in); err == nil || !strings.Contains(err.Error(), "minKubeVersoin") {
 		t.Fatalf("want an error naming minKubeVersoin, got %v", err)
+	}
+}
+
+// The operator's roles go into the CSV only without escalation verbs or wildcards, and only
+// with an install mode that keeps the namespaced permissions in the operator's namespace.
+func TestEscalationAndClusterWidePermissionsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, c := range []struct{ rule, want string }{
+		{"[{apiGroups: [rbac.authorization.k8s.io], resources: [clusterroles], verbs: [escalate]}]", `grants "escalate"`},
+		{"[{apiGroups: [rbac.authorization.k8s.io], resources: [clusterrolebindings], verbs: [bind]}]", `grants "bind"`},
+		{"[{apiGroups: [\"\"], resources: [\"*\"], verbs: [get]}]", `grants "*"`},
+	} {
+		in := repoInputs()
+		in.ClusterRole = write("cluster-role.yaml", "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\n"+
+			"metadata: {name: das-operator}\nrules: "+c.rule+"\n")
+		if _, err := Generate(in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rules %s: want an error with %s, got %v", c.rule, c.want, err)
+		}
+	}
+	base, err := os.ReadFile(repoInputs().BaseCSV)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Replace(string(base), "    - type: AllNamespaces\n      supported: false",
+		"    - type: AllNamespaces\n      supported: true", 1)
+	if all == string(base) {
+		t.Fatal("the base CSV has no unsupported AllNamespaces mode to turn on")
+	}
+	in := repoInputs()
+	in.BaseCSV = write("csv.yaml", all)
+	if _, err := Generate(in); err == nil || !strings.Contains(err.Error(), "supports AllNamespaces") {
+		t.Fatalf("want AllNamespaces refused, got %v", err)
 	}
 }

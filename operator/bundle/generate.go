@@ -180,9 +180,38 @@ func setPermissions(csv *operatorsv1alpha1.ClusterServiceVersion, clusterRolePat
 	if err := readStrict(rolePath, &role); err != nil {
 		return err
 	}
+	if err := leastPrivilege(clusterRolePath, clusterRole.Rules); err != nil {
+		return err
+	}
+	if err := leastPrivilege(rolePath, role.Rules); err != nil {
+		return err
+	}
+	for _, m := range csv.Spec.InstallModes {
+		if m.Type == operatorsv1alpha1.InstallModeTypeAllNamespaces && m.Supported && len(role.Rules) > 0 {
+			return fmt.Errorf("base CSV supports AllNamespaces: OLM would grant the namespaced permissions of %s "+
+				"cluster-wide; support OwnNamespace only", rolePath)
+		}
+	}
 	spec := &csv.Spec.InstallStrategy.StrategySpec
 	spec.ClusterPermissions = []operatorsv1alpha1.StrategyDeploymentPermissions{{ServiceAccountName: sa, Rules: clusterRole.Rules}}
 	spec.Permissions = []operatorsv1alpha1.StrategyDeploymentPermissions{{ServiceAccountName: sa, Rules: role.Rules}}
+	return nil
+}
+
+// leastPrivilege refuses rules with which the operator could grant itself more than it holds
+// (escalate, bind, impersonate) or that name everything (a wildcard): deploy/olm/rbac is
+// derived from the chart without them (operator/internal/rbac).
+func leastPrivilege(path string, rules []rbacv1.PolicyRule) error {
+	for _, r := range rules {
+		for _, list := range [][]string{r.APIGroups, r.Resources, r.Verbs, r.NonResourceURLs} {
+			for _, s := range list {
+				if s == "*" || s == "escalate" || s == "bind" || s == "impersonate" {
+					return fmt.Errorf("%s grants %q (%v): the operator must hold no escalation verb and no wildcard; "+
+						"regenerate it with `make operator-rbac`", path, s, r)
+				}
+			}
+		}
+	}
 	return nil
 }
 

@@ -19,13 +19,19 @@ pub(super) fn scheduler_config(
 }
 
 /// The feature gates the control plane of Kubernetes 1.`minor` needs for DAS, as the README's
-/// compatibility table tells users: shared counters (`DRAPartitionableDevices`) are alpha and
-/// off before 1.36.
-pub(super) fn feature_gates(minor: u32) -> Vec<String> {
-    if minor < 36 {
-        vec!["--feature-gates=DRAPartitionableDevices=true".into()]
+/// compatibility table tells users (shared counters, `DRAPartitionableDevices`, are alpha and
+/// off before 1.36), then `extra` (`Name=bool`, a test's own), as one `--feature-gates` flag.
+pub(super) fn feature_gates(minor: u32, extra: &[String]) -> Vec<String> {
+    let mut gates: Vec<String> = if minor < 36 {
+        vec!["DRAPartitionableDevices=true".into()]
     } else {
         Vec::new()
+    };
+    gates.extend_from_slice(extra);
+    if gates.is_empty() {
+        Vec::new()
+    } else {
+        vec![format!("--feature-gates={}", gates.join(","))]
     }
 }
 
@@ -100,9 +106,20 @@ mod tests {
     #[test]
     fn gates_follow_the_minor_version() {
         assert_eq!(
-            feature_gates(34),
+            feature_gates(34, &[]),
             ["--feature-gates=DRAPartitionableDevices=true"]
         );
-        assert!(feature_gates(36).is_empty());
+        assert!(feature_gates(36, &[]).is_empty());
+        let off = ["DRAResourceClaimGranularStatusAuthorization=false".to_string()];
+        assert_eq!(
+            feature_gates(34, &off),
+            [
+                "--feature-gates=DRAPartitionableDevices=true,DRAResourceClaimGranularStatusAuthorization=false"
+            ]
+        );
+        assert_eq!(
+            feature_gates(37, &off),
+            ["--feature-gates=DRAResourceClaimGranularStatusAuthorization=false"]
+        );
     }
 }

@@ -86,7 +86,7 @@ impl Cluster {
 
     async fn boot(&mut self, cfg: &ClusterConfig) -> Result<()> {
         let t0 = Instant::now();
-        let gates = feature_gates(k8s_minor_version(&cfg.k8s_bin)?);
+        let gates = feature_gates(k8s_minor_version(&cfg.k8s_bin)?, &cfg.feature_gates);
         let pki = Pki::create(&self.pki_dir)?;
         let host_ip = if cfg.service_network {
             Some(runtime::host_ip()?)

@@ -100,7 +100,14 @@ func NamespaceHook(c client.Client, namespace string) hook.PreHook {
 		if apierrors.IsNotFound(err) {
 			ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace, Labels: PodSecurityLabels}}
 			log.Info("creating the install namespace", "namespace", namespace)
-			return client.IgnoreAlreadyExists(c.Create(ctx, ns))
+			err := client.IgnoreAlreadyExists(c.Create(ctx, ns))
+			if apierrors.IsForbidden(err) {
+				// The bundle's RBAC has no namespace create: under OLM the install namespace is
+				// the operator's own, which exists (docs/openshift.md, "What the operator may do").
+				return fmt.Errorf("the install namespace %s does not exist and the operator may not create it "+
+					"(%w): create it, or install DAS into the operator's own namespace (--namespace)", namespace, err)
+			}
+			return err
 		}
 		if err != nil {
 			return fmt.Errorf("read namespace %s: %w", namespace, err)

@@ -2,13 +2,18 @@ package release
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 )
 
 func labelsOf(t *testing.T, c client.Client, name string) map[string]string {
@@ -43,5 +48,19 @@ func TestNamespaceHookLabelsAnExistingNamespace(t *testing.T) {
 	if got["team"] != "gpu" || got["pod-security.kubernetes.io/enforce"] != "privileged" ||
 		got["pod-security.kubernetes.io/warn"] != "privileged" {
 		t.Fatalf("labels %v", got)
+	}
+}
+
+// Under the bundle's RBAC the operator may not create namespaces: a missing install namespace
+// is an error that says what to do, not a bare "forbidden".
+func TestNamespaceHookSaysWhatToDoWhenTheNamespaceCannotBeCreated(t *testing.T) {
+	forbidden := interceptor.Funcs{Create: func(context.Context, client.WithWatch, client.Object, ...client.CreateOption) error {
+		return apierrors.NewForbidden(schema.GroupResource{Resource: "namespaces"}, "das-system", errors.New("RBAC"))
+	}}
+	c := fake.NewClientBuilder().WithInterceptorFuncs(forbidden).Build()
+	err := NamespaceHook(c, "das-system").Exec(nil, nil, logr.Discard())
+	if err == nil || !strings.Contains(err.Error(), "does not exist and the operator may not create it") ||
+		!apierrors.IsForbidden(errors.Unwrap(err)) {
+		t.Fatalf("want the forbidden create explained, got %v", err)
 	}
 }
