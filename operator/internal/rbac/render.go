@@ -21,6 +21,8 @@ const Namespace = "das-operator"
 var NotFeatures = map[string]string{
 	"crds.install":     "OLM installs the AllocationClaim CRD from the bundle (--install-crds=false)",
 	"namespace.create": "the operator's namespace exists before the operator (OLM installs it there)",
+	"sharing.acrossNamespaces": "on only leaves the shared-claims webhook out of das-webhook's " +
+		"MutatingWebhookConfiguration, an object the render with it off has already",
 }
 
 // FeatureSets are the chart values rendered, each over the chart's defaults: every optional
@@ -41,7 +43,7 @@ func FeatureSets(profiles []any) []map[string]any {
 			"wholeGpus": map[string]any{
 				"enabled": true, "switchMigMode": true, "extendedResourceName": true,
 			},
-			"sharing":         map[string]any{"profiles": profiles},
+			"sharing":         map[string]any{"profiles": profiles, "acrossNamespaces": false},
 			"carveBeforeBind": map[string]any{"enabled": true},
 			"kubeletPlugin": map[string]any{
 				"enableMigMode": true, "reclaimForeignSlices": true,
