@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use das_driver::metrics::Metrics;
 use das_driver::mps::stand_in::{Record, Run};
-use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, daemon};
+use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, control};
 
 mod common;
 use common::{LIMIT, sigkill, until};
@@ -51,7 +51,7 @@ async fn a_daemon_runs_with_its_limits_comes_back_after_a_kill_and_leaves_nothin
     };
     let spec = mps.spec("ns/c (uid-1)", "uid-1", "gpu-0-mig-1g-10gb-6", MIG, &limits);
     let dirs = spec.dirs.clone();
-    mps.start(spec.clone()).await.unwrap();
+    mps.start(spec.clone(), None).await.unwrap();
     assert_eq!(mps.supervised(), 1);
     // Started: pinned to its slice, its limits set before start returned.
     let first = runs(&dirs);
@@ -63,14 +63,14 @@ async fn a_daemon_runs_with_its_limits_comes_back_after_a_kill_and_leaves_nothin
     // The daemon answers as NVIDIA's does; a command it refuses is an error, though the
     // client's status is 0.
     let binary = mps.binary().unwrap().clone();
-    let asked = daemon::send(&binary, &dirs, "get_default_active_thread_percentage").await;
+    let asked = control::send(&binary, &dirs, "get_default_active_thread_percentage").await;
     assert_eq!(asked.unwrap(), "40.0");
-    let e = daemon::send(&binary, &dirs, "bogus_command")
+    let e = control::send(&binary, &dirs, "bogus_command")
         .await
         .unwrap_err();
     assert!(e.to_string().contains("Unknown command"), "{e}");
     // Starting it again with the same spec keeps the running daemon.
-    mps.start(spec.clone()).await.unwrap();
+    mps.start(spec.clone(), None).await.unwrap();
     assert_eq!(runs(&dirs).len(), 1);
 
     // Killed: the supervisor starts it again and applies its limits again, in the same pipe
@@ -93,7 +93,13 @@ async fn a_daemon_runs_with_its_limits_comes_back_after_a_kill_and_leaves_nothin
     // The old supervisor lets go of it without stopping it, as a plugin that exits does.
     drop(mps);
     let restarted = daemons(state.path());
-    assert!(restarted.bring_back(spec.clone()).await.unwrap(), "adopted");
+    assert!(
+        restarted
+            .bring_back(spec.clone(), Vec::new())
+            .await
+            .unwrap(),
+        "adopted"
+    );
     assert_eq!(restarted.pid(&dirs), Some(new_pid));
     let adopted = runs(&dirs);
     assert_eq!(adopted.len(), 2, "no new daemon: {adopted:?}");
@@ -130,7 +136,7 @@ async fn a_daemon_that_cannot_start_is_an_error_and_leaves_nothing() {
         MIG,
         &MpsLimits::default(),
     );
-    let e = mps.start(spec.clone()).await.unwrap_err();
+    let e = mps.start(spec.clone(), None).await.unwrap_err();
     assert!(e.to_string().contains("no-such-binary"), "{e}");
     assert_eq!(mps.supervised(), 0);
     assert!(!spec.dirs.root.exists());
@@ -154,12 +160,17 @@ async fn unrecorded_daemons_are_stopped_at_start_up() {
         MIG,
         &MpsLimits::default(),
     );
-    mps.start(keep.clone()).await.unwrap();
-    mps.start(stray.clone()).await.unwrap();
+    mps.start(keep.clone(), None).await.unwrap();
+    mps.start(stray.clone(), None).await.unwrap();
     let stray_pid = mps.pid(&stray.dirs).unwrap();
     drop(mps);
     let restarted = daemons(state.path());
-    assert!(restarted.bring_back(keep.clone()).await.unwrap());
+    assert!(
+        restarted
+            .bring_back(keep.clone(), Vec::new())
+            .await
+            .unwrap()
+    );
     let stopped = restarted
         .stop_unrecorded(&[keep.id.clone()].into_iter().collect())
         .await;
@@ -203,11 +214,11 @@ async fn nvidias_daemon_takes_its_limits_comes_back_after_a_kill_and_stops() {
     let spec = mps.spec("ns/c (uid-9)", "uid-9", "gpu-0", &uuid, &limits);
     let dirs = spec.dirs.clone();
     let t0 = Instant::now();
-    mps.start(spec.clone()).await.unwrap();
+    mps.start(spec.clone(), None).await.unwrap();
     println!("started with its limits in {:?}", t0.elapsed());
     let ask = |command: String| {
         let (binary, dirs) = (binary.clone(), dirs.clone());
-        async move { daemon::send(&binary, &dirs, &command).await }
+        async move { control::send(&binary, &dirs, &command).await }
     };
     let percentage = || ask("get_default_active_thread_percentage".into());
     assert_eq!(percentage().await.unwrap(), "40.0");
