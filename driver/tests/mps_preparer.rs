@@ -32,6 +32,8 @@ mod claim_store;
 use claim_store::ClaimStore;
 #[path = "mps_preparer/shares.rs"]
 mod shares;
+#[path = "mps_preparer/v3.rs"]
+mod v3;
 
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";

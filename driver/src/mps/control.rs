@@ -105,8 +105,9 @@ pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), 
 }
 
 /// Configures a daemon that runs: protocol 2, its limits ([`apply_limits`]); protocol 3, the
-/// slice's server (created unless listed, with the slice-wide limits), each of `namespaces` with
-/// its limits ([`add_namespace`]), then checks the server is still listed: a server whose
+/// slice's server (created unless listed, and checked listed right after, with the slice-wide
+/// limits), each of `namespaces` with its limits ([`add_namespace`]), then checks the server is
+/// still listed: a server whose
 /// `--allowed-devices` names a device the daemon does not see is created, then exits, and its
 /// clients would run without MPS and without limits (NVIDIA's Dynamo guide, "Verified
 /// Behavior"). Idempotent: what exists is kept and its limits set again.
@@ -124,6 +125,9 @@ pub async fn configure(
     let servers = send_args(bin, &spec.dirs, &commands::v3_server_list()).await?;
     if !commands::listed(&servers, SERVER) {
         send_args(bin, &spec.dirs, &commands::v3_server_create(&spec.mig_uuid)).await?;
+        // Before anything else is asked of it: a server that exits at once fails here with
+        // what it means, not with whatever the next command answers.
+        check_server(bin, spec).await?;
     }
     if let Some(c) = commands::v3_server_set(&spec.limits) {
         send_args(bin, &spec.dirs, &c).await?;

@@ -6,12 +6,18 @@
 
 use super::*;
 
-const SHARED: &str = "gpu-0-mig-1g-10gb-6-shared";
+pub(super) const SHARED: &str = "gpu-0-mig-1g-10gb-6-shared";
 
 impl ClaimStore {
     /// Claim `ns/<name>` with `uid`, allocated a share (`shares` of 4, `memory`) of [`SHARED`]
     /// with MPS at `percent`.
-    fn allocate_share(&self, name: &str, uid: &str, shares: u32, percent: u8) -> ClaimRef {
+    pub(super) fn allocate_share(
+        &self,
+        name: &str,
+        uid: &str,
+        shares: u32,
+        percent: u8,
+    ) -> ClaimRef {
         let result = json!({"request": "gpu", "driver": das_api::DRIVER_NAME, "pool": NODE,
             "device": SHARED, "shareID": format!("share-{uid}"),
             "consumedCapacity": {"shares": shares.to_string(), "memory": "2560Mi"}});
@@ -21,13 +27,13 @@ impl ClaimStore {
 
 impl Node {
     /// The directories of the shared slice's daemon (keyed by its GPU, not by a claim).
-    fn slice_dirs(&self) -> MpsDirs {
+    pub(super) fn slice_dirs(&self) -> MpsDirs {
         let gpu = self.gpus.inventory().unwrap()[0].uuid.clone();
         MpsDirs::new(self.dir.path(), &layout::daemon_id(&gpu, SHARED))
     }
 
     /// The environment of claim `uid`'s CDI spec.
-    fn cdi_env(&self, uid: &str) -> Vec<String> {
+    pub(super) fn cdi_env(&self, uid: &str) -> Vec<String> {
         let dir = self.dir.path().join("cdi");
         let spec = std::fs::read_dir(&dir)
             .unwrap()
