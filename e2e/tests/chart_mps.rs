@@ -11,7 +11,9 @@ use serde_json::Value;
 
 fn plugin(opts: &RenderOptions) -> Value {
     let r = Rendered::new(opts).unwrap_or_else(|e| panic!("render: {e:#}"));
-    r.container("DaemonSet", "das-kubelet-plugin").unwrap().clone()
+    r.container("DaemonSet", "das-kubelet-plugin")
+        .unwrap()
+        .clone()
 }
 
 /// The propagation of the plugin's state-dir mount, if any.
@@ -79,7 +81,10 @@ fn bad_mps_values_are_refused_with_what_is_valid() {
             .to_string()
     };
     let e = err("mps.pipeMount=readonly");
-    assert!(e.contains("/mps/pipeMount") && e.contains("'ro', 'rw'"), "{e}");
+    assert!(
+        e.contains("/mps/pipeMount") && e.contains("'ro', 'rw'"),
+        "{e}"
+    );
     let e = err("mps.protocol=4");
     assert!(e.contains("/mps/protocol"), "{e}");
     let e = err("mps.protocol=v3");
