@@ -84,3 +84,23 @@ fn the_mount_a_path_lies_on_tells_whether_it_propagates() {
         mount_containing(&private, Path::new("/var/lib/das")).unwrap()
     ));
 }
+
+#[test]
+fn a_mount_refused_for_privilege_says_what_to_do() {
+    let e = crate::mps::shm::ShmError::NotPermitted {
+        path: "/var/lib/das/mps/0123456789abcdef/shm".into(),
+        size_bytes: 8 << 30,
+        source: rustix::io::Errno::PERM,
+    }
+    .to_string();
+    for says in [
+        "/var/lib/das/mps/0123456789abcdef/shm",
+        "8589934592-byte tmpfs",
+        "CAP_SYS_ADMIN",
+        "privileged",
+        "mps.shmOnEmulatedGpus",
+        "--mps-shm-size=0",
+    ] {
+        assert!(e.contains(says), "{says}: {e}");
+    }
+}
