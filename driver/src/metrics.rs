@@ -56,6 +56,11 @@ struct SwitchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DaemonLabels {
+    daemon: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
     gpu: String,
 }
@@ -104,6 +109,8 @@ pub struct Metrics {
     mps_daemons: Gauge,
     mps_daemons_up: Gauge,
     mps_daemon_restarts: Family<ResultLabels, Counter>,
+    mps_shm_size: Family<DaemonLabels, Gauge>,
+    mps_shm_used: Family<DaemonLabels, Gauge>,
     carves: Family<ResultLabels, Counter>,
     carved: Gauge,
     repairing: Gauge,
@@ -149,6 +156,8 @@ impl Metrics {
         let mps_daemons = Gauge::default();
         let mps_daemons_up = Gauge::default();
         let mps_daemon_restarts = Family::<ResultLabels, Counter>::default();
+        let mps_shm_size = Family::<DaemonLabels, Gauge>::default();
+        let mps_shm_used = Family::<DaemonLabels, Gauge>::default();
         registry.register(
             "mps_daemons",
             "MPS control daemons the plugin supervises, one per prepared MPS slice (docs/design.md, \"MPS on a slice\"): running, or being started again after an exit",
@@ -163,6 +172,16 @@ impl Metrics {
             "mps_daemon_restarts",
             "Starts of an MPS control daemon after it exited (with its limits applied again), by result: ok, or failure (retried with backoff up to 30 s)",
             mps_daemon_restarts.clone(),
+        );
+        registry.register(
+            "mps_shm_size_bytes",
+            "Size of each supervised MPS daemon's shm tmpfs (the /dev/shm of its slice's containers, --mps-shm-size), by daemon id (docs/design.md, \"MPS on a slice\"); a plain directory (--mps-shm-size=0) reports its file system's size",
+            mps_shm_size.clone(),
+        );
+        registry.register(
+            "mps_shm_used_bytes",
+            "Bytes in use in each supervised MPS daemon's shm tmpfs, by daemon id (charged to the memory cgroups of the processes that wrote them); a client that reaches the size gets ENOSPC",
+            mps_shm_used.clone(),
         );
         registry.register(
             "mig_mode_switches",
@@ -305,6 +324,8 @@ impl Metrics {
             mps_daemons,
             mps_daemons_up,
             mps_daemon_restarts,
+            mps_shm_size,
+            mps_shm_used,
             carves,
             carved,
             repairing,
@@ -423,6 +444,25 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Sets the size and the bytes in use of daemon `daemon`'s shm directory.
+    pub fn set_mps_shm(&self, daemon: &str, size: u64, used: u64) {
+        let labels = DaemonLabels {
+            daemon: daemon.to_string(),
+        };
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.mps_shm_size.get_or_create(&labels).set(gauge(size));
+        self.mps_shm_used.get_or_create(&labels).set(gauge(used));
+    }
+
+    /// Drops daemon `daemon`'s shm gauges (it is no longer supervised).
+    pub fn forget_mps_shm(&self, daemon: &str) {
+        let labels = DaemonLabels {
+            daemon: daemon.to_string(),
+        };
+        self.mps_shm_size.remove(&labels);
+        self.mps_shm_used.remove(&labels);
     }
 
     /// Counts one carve before bind of a claim's slices (`ok` or `failed`).

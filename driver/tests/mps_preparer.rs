@@ -18,13 +18,16 @@ use das_driver::gpu::{
 };
 use das_driver::metrics::Metrics;
 use das_driver::mps::stand_in::Record;
-use das_driver::mps::{Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, daemon, layout};
+use das_driver::mps::supervisor::{MpsSettings, PipeMount};
+use das_driver::mps::{
+    Backoff, ControlBinary, MpsDaemons, MpsDirs, MpsLimits, Protocol, daemon, layout,
+};
 use das_driver::publish::resource_slices::SharePolicy;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
 mod common;
-use common::{running, sigkill, until};
+use common::{UnmountBelow, running, sigkill, test_shm, until};
 #[path = "support/claim_store.rs"]
 mod claim_store;
 use claim_store::ClaimStore;
@@ -32,6 +35,8 @@ use claim_store::ClaimStore;
 mod shares;
 #[path = "mps_preparer/tenants.rs"]
 mod tenants;
+#[path = "mps_preparer/v3.rs"]
+mod v3;
 
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
@@ -158,6 +163,8 @@ impl GpuBackend for InUseWhileServed {
 
 /// One node: its state dir, GPUs and API server, for preparers that come and go (restarts).
 struct Node {
+    /// Dropped before `dir`: nothing stays mounted below it.
+    _mounts: UnmountBelow,
     dir: tempfile::TempDir,
     gpus: Arc<InUseWhileServed>,
     api: Arc<Api>,
@@ -174,6 +181,7 @@ impl Node {
             gate: Mutex::new(None),
         });
         Self {
+            _mounts: UnmountBelow(dir.path().to_path_buf()),
             dir,
             gpus,
             api: Arc::new(Api::default()),
@@ -184,15 +192,25 @@ impl Node {
         ControlBinary::stand_in(PathBuf::from(env!("CARGO_BIN_EXE_das-kubelet-plugin")))
     }
 
-    /// The daemons of a plugin on this node running `binary`.
+    /// The daemons of a plugin on this node running `binary`, each with a tmpfs as its shm
+    /// ([`test_shm`]), speaking protocol 2.
     fn daemons(&self, binary: ControlBinary) -> Arc<MpsDaemons> {
+        self.daemons_with(binary, Protocol::V2)
+    }
+
+    /// The same, speaking `protocol`.
+    fn daemons_with(&self, binary: ControlBinary, protocol: Protocol) -> Arc<MpsDaemons> {
         Arc::new(
-            MpsDaemons::new(Some(binary), self.dir.path(), Arc::new(Metrics::new())).with_backoff(
-                Backoff {
+            MpsDaemons::new(Some(binary), self.dir.path(), Arc::new(Metrics::new()))
+                .with_backoff(Backoff {
                     first: Duration::from_millis(50),
                     max: Duration::from_millis(400),
-                },
-            ),
+                })
+                .with_settings(MpsSettings {
+                    protocol,
+                    shm: test_shm(),
+                    pipe_mount: PipeMount::ReadOnly,
+                }),
         )
     }
 
@@ -342,7 +360,7 @@ async fn start_up_brings_a_recorded_daemon_back_and_stops_an_unrecorded_one_firs
         &MpsLimits::default(),
     );
     let unrecorded = spec.dirs.clone();
-    mps.start(spec).await.unwrap();
+    mps.start(spec, None).await.unwrap();
     let stray = mps.pid(&unrecorded).unwrap();
 
     // The plugin restarts: the old instance lets go of its daemons, the recorded one dies.

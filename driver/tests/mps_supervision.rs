@@ -93,7 +93,10 @@ async fn a_pid_reused_by_another_process_is_neither_adopted_nor_killed() {
     std::fs::write(&spec.dirs.pid_file, format!("{} 1\n", other.id())).unwrap();
     assert_eq!(daemon::live_pid(&spec.dirs), None);
 
-    assert!(!mps.bring_back(spec.clone()).await.unwrap(), "not adopted");
+    assert!(
+        !mps.bring_back(spec.clone(), Vec::new()).await.unwrap(),
+        "not adopted"
+    );
     let started = mps.pid(&spec.dirs).expect("a daemon started");
     assert_ne!(started, other.id());
     mps.stop(&spec.dirs).await.unwrap();
@@ -108,7 +111,7 @@ async fn a_daemon_that_does_not_answer_quit_is_killed_at_once_with_its_server() 
     let metrics = Arc::new(Metrics::new());
     let mps = daemons(state.path(), scripted(), metrics.clone());
     let spec = spec(&mps, MpsLimits::default());
-    mps.start(spec.clone()).await.unwrap();
+    mps.start(spec.clone(), None).await.unwrap();
     assert_eq!(gauge(&metrics, "mps_daemons_up").as_deref(), Some("1"));
     let server = until("the server", || server_pid(&spec.dirs.log)).await;
 
@@ -130,7 +133,7 @@ async fn the_server_of_a_daemon_that_exited_is_killed_before_it_is_started_again
     let state = tempfile::tempdir().unwrap();
     let mps = daemons(state.path(), scripted(), Arc::new(Metrics::new()));
     let spec = spec(&mps, MpsLimits::default());
-    mps.start(spec.clone()).await.unwrap();
+    mps.start(spec.clone(), None).await.unwrap();
     let server = until("the server", || server_pid(&spec.dirs.log)).await;
     let first = mps.pid(&spec.dirs).unwrap();
     // The daemon alone dies; its server would run on.
@@ -153,7 +156,7 @@ async fn a_retried_start_adopts_an_untracked_daemon_and_a_handover_lets_go_of_it
     let metrics = Arc::new(Metrics::new());
     let mps = daemons(state.path(), stand_in(), metrics.clone());
     let spec = spec(&mps, limits());
-    mps.start(spec.clone()).await.unwrap();
+    mps.start(spec.clone(), None).await.unwrap();
     let pid = mps.pid(&spec.dirs).unwrap();
     // The handover: supervision ends, the daemon runs on.
     mps.let_go().await;
@@ -164,7 +167,7 @@ async fn a_retried_start_adopts_an_untracked_daemon_and_a_handover_lets_go_of_it
     // A start that finds it (a prepare retried after the first failed past the daemon's start)
     // adopts it with its limits instead of starting a second, untracked daemon.
     let again = daemons(state.path(), stand_in(), Arc::new(Metrics::new()));
-    again.start(spec.clone()).await.unwrap();
+    again.start(spec.clone(), None).await.unwrap();
     assert_eq!(again.pid(&spec.dirs), Some(pid));
     let runs = Record::read(&spec.dirs.log).unwrap().runs;
     assert_eq!(runs.len(), 1, "{runs:?}");

@@ -294,9 +294,15 @@ impl Cluster {
             p.stop(Duration::from_secs(5));
         }
         self.processes.clear();
+        // The plugins' MPS daemons, which outlive them (before the unmounts: they are found by
+        // their working directory).
+        runtime::kill_mps_stand_ins(&self.dir);
         for files in self.nodes.iter().filter_map(NodeInfo::runtime_files) {
             runtime::teardown(&files);
         }
+        // The plugins' MPS shm tmpfs of claims never unprepared (hollow nodes' plugins run as
+        // processes in this mount namespace).
+        runtime::unmount_below(&self.dir);
         if let Some(bin) = self.service_network.take() {
             runtime::cleanup_service_network(&bin);
         }
@@ -325,9 +331,11 @@ pub fn stop_detached(state: &ClusterState) {
             process::stop_group(pid, Duration::from_secs(10));
         }
     }
+    runtime::kill_mps_stand_ins(&state.dir);
     for files in state.nodes.iter().filter_map(NodeInfo::runtime_files) {
         runtime::teardown(&files);
     }
+    runtime::unmount_below(&state.dir);
     if state.service_network {
         runtime::cleanup_service_network(&k8s_binary());
     }

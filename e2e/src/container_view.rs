@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 /// What one container would get from its CDI devices: the environment of the CDI edits merged
 /// by key, the device node paths, the mounts (container path → host path) and the device IDs;
 /// or, read back from a container's probe (`runtime::probe_view`), what it got, with
-/// the first line of each file below `/usr/local/nvidia` in `files`.
+/// the first line of each file below `/usr/local/nvidia` in `files` and what an MPS client could
+/// do in `mps`.
 #[derive(Debug, Default, Clone)]
 pub struct ContainerView {
     pub env: BTreeMap<String, String>,
@@ -15,6 +16,10 @@ pub struct ContainerView {
     pub mounts: BTreeMap<String, String>,
     pub files: BTreeMap<String, String>,
     pub cdi_devices: Vec<String>,
+    /// Read back from a probe only: what an MPS client of the container could do, by fact
+    /// (`shm`, `shm-fill`, `pipe`, `pipe-create`, `pipe-remove-control`, `connect`; the probe's
+    /// `das-probe: mps <fact> <value>` lines, e2e/containerd/probe).
+    pub mps: BTreeMap<String, String>,
 }
 
 /// Prefix of the per-slice variables DAS's CDI devices set to their MIG UUIDs.

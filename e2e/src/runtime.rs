@@ -30,7 +30,7 @@ mod config;
 mod teardown;
 
 pub use config::{cni_config, containerd_config, kubelet_config, write_configs};
-pub use teardown::teardown;
+pub use teardown::{kill_mps_stand_ins, teardown, unmount_below};
 
 /// The images every real-runtime node has (imported at start; pods use `imagePullPolicy: Never`).
 pub const PROBE_IMAGE: &str = "das.local/probe:1";
@@ -206,8 +206,8 @@ pub fn container_pid(files: &RuntimeFiles, container_id: &str) -> Result<i32> {
 }
 
 /// What the probe of a container reported (`das-probe:` lines of its log, see
-/// e2e/containerd/probe): its DAS, NVIDIA and CUDA variables, its character devices and the
-/// files below `/usr/local/nvidia` with their first lines.
+/// e2e/containerd/probe): its DAS, NVIDIA and CUDA variables, its character devices, the
+/// files below `/usr/local/nvidia` with their first lines, and with MPS what a client could do.
 pub fn probe_view(log: &str) -> Result<ContainerView> {
     let mut view = ContainerView::default();
     let mut ready = false;
@@ -224,6 +224,9 @@ pub fn probe_view(log: &str) -> Result<ContainerView> {
         } else if let Some(file) = fact.strip_prefix("file ") {
             let (path, line) = file.split_once(' ').unwrap_or((file, ""));
             view.files.insert(path.to_string(), line.to_string());
+        } else if let Some(mps) = fact.strip_prefix("mps ") {
+            let (what, value) = mps.split_once(' ').unwrap_or((mps, ""));
+            view.mps.insert(what.to_string(), value.to_string());
         } else if fact == "ready" {
             ready = true;
         }

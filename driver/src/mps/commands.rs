@@ -1,10 +1,134 @@
-//! What an MPS daemon is told (pure): its environment, the control commands that set a slice's
-//! limits, and the check of the limits against the slice. The commands are NVIDIA's
-//! (`nvidia-cuda-mps-control` manual, "Control daemon commands"), written one per line to the
-//! control binary's standard input in client mode, as NVIDIA's DRA driver does.
+//! What an MPS daemon is told (pure): its environment, its arguments, the control commands that
+//! set a slice's limits, and the check of the limits against the slice.
+//!
+//! - Protocol 2 (every driver): the commands of NVIDIA's MPS documentation ("Control daemon
+//!   commands", https://docs.nvidia.com/deploy/mps/mpsv2-interface.html), written one per line to
+//!   the control binary's standard input in client mode, as NVIDIA's DRA driver does.
+//! - Protocol 3 (driver r615+, CUDA 13.4; https://docs.nvidia.com/deploy/mps/mpsv3-interface.html):
+//!   the daemon runs `-p 3`; DAS creates one named server per slice ([`SERVER`], its
+//!   `--allowed-devices` the slice's MIG UUID) and one namespace per claim or share
+//!   ([`namespace_name`]) with its own limits; the commands are the control binary's arguments
+//!   (`nvidia-cuda-mps-control <module> <verb> [args] [--key=value]`).
 
 use super::MpsLimits;
 use super::layout::{LOG_DIR_ENV, MpsDirs, PIPE_DIR_ENV, VISIBLE_DEVICES_ENV};
+pub use super::layout::{SERVER, namespace_name};
+pub use super::settings::{Protocol, ProtocolChoice};
+
+/// A namespace of a protocol-3 daemon's server: its name and its limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// [`namespace_name`].
+    pub name: String,
+    /// Its limits (a namespace without limits gets the whole slice: named namespaces do not
+    /// inherit the server's).
+    pub limits: MpsLimits,
+}
+
+/// The arguments of the daemon: foreground, and `-p 3` for protocol 3.
+pub fn daemon_args(protocol: Protocol) -> Vec<String> {
+    match protocol {
+        Protocol::V2 => vec!["-f".to_string()],
+        Protocol::V3 => ["-f", "-p", "3"].map(str::to_string).to_vec(),
+    }
+}
+
+/// The `--key=value` flags that set `limits` in a protocol-3 command.
+fn v3_limit_flags(limits: &MpsLimits) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = limits.active_thread_percentage {
+        out.push(format!("--active-thread-percentage={p}"));
+    }
+    if let Some(mib) = limits.pinned_device_memory_limit_mib {
+        out.push(format!("--pinned-memory-limit={mib}M"));
+    }
+    out
+}
+
+fn words(w: &[&str]) -> Vec<String> {
+    w.iter().map(|s| s.to_string()).collect()
+}
+
+/// `server list`: the answer names every running server.
+pub fn v3_server_list() -> Vec<String> {
+    words(&["server", "list"])
+}
+
+/// `server create` of the slice's server, allowed the slice alone.
+pub fn v3_server_create(mig_uuid: &str) -> Vec<String> {
+    let mut c = words(&["server", "create", SERVER]);
+    c.push(format!("--allowed-devices={mig_uuid}"));
+    c
+}
+
+/// `server set` of the slice-wide limits (they apply to the server's `default` namespace, which
+/// no container reaches); `None` without limits.
+pub fn v3_server_set(limits: &MpsLimits) -> Option<Vec<String>> {
+    let flags = v3_limit_flags(limits);
+    (!flags.is_empty()).then(|| {
+        let mut c = words(&["server", "set", SERVER]);
+        c.extend(flags);
+        c
+    })
+}
+
+/// `namespace list` of the slice's server.
+pub fn v3_namespace_list() -> Vec<String> {
+    let mut c = words(&["namespace", "list"]);
+    c.push(format!("--server={SERVER}"));
+    c
+}
+
+/// `namespace create` of `name` on the slice's server.
+pub fn v3_namespace_create(name: &str) -> Vec<String> {
+    let mut c = words(&["namespace", "create", name]);
+    c.push(format!("--server={SERVER}"));
+    c
+}
+
+/// `namespace set` of `ns`'s limits; `None` without limits.
+pub fn v3_namespace_set(ns: &Namespace) -> Option<Vec<String>> {
+    let flags = v3_limit_flags(&ns.limits);
+    (!flags.is_empty()).then(|| {
+        let mut c = words(&["namespace", "set", &ns.name]);
+        c.push(format!("--server={SERVER}"));
+        c.extend(flags);
+        c
+    })
+}
+
+/// `namespace delete` of `name` on the slice's server.
+pub fn v3_namespace_delete(name: &str) -> Vec<String> {
+    let mut c = words(&["namespace", "delete", name]);
+    c.push(format!("--server={SERVER}"));
+    c
+}
+
+/// Whether a `list` answer names `name` (a whole word: the answer's layout beyond that is not
+/// relied on).
+pub fn listed(answer: &str, name: &str) -> bool {
+    answer
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|w| w == name)
+}
+
+/// The limits of one namespace: a claim's own (its config), or for a share of a shared slice the
+/// tighter of the slice's config and the share's part (its thread percentage and memory), since
+/// a namespace's limits replace, not narrow, the server's.
+pub fn namespace_limits(config: &MpsLimits, share: Option<(u8, u64)>) -> MpsLimits {
+    let Some((percent, mib)) = share else {
+        return config.clone();
+    };
+    let tighter = |a: Option<u64>, b: u64| Some(a.map_or(b, |a| a.min(b)));
+    MpsLimits {
+        active_thread_percentage: tighter(
+            config.active_thread_percentage.map(u64::from),
+            u64::from(percent),
+        )
+        .map(|p| p as u8),
+        pinned_device_memory_limit_mib: tighter(config.pinned_device_memory_limit_mib, mib),
+    }
+}
 
 /// The command that stops the daemon (and its server, once its clients are gone).
 pub const QUIT: &str = "quit";

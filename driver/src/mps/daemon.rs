@@ -1,7 +1,7 @@
-//! One MPS control daemon as a process: the control binary, starting it in the foreground
-//! (`-f`, so the plugin sees it exit), control commands through the binary's client mode, the
-//! pid file that lets a restarted plugin adopt a daemon still running, and stopping it. All of
-//! [`super`]'s process and file I/O; [`super::supervisor`] decides when.
+//! One MPS control daemon as a process: the control binary, its directories (and its shm tmpfs,
+//! [`super::shm`]), starting it in the foreground (`-f`, so the plugin sees it exit), the pid
+//! file that lets a restarted plugin adopt a daemon still running, and killing it. Its control
+//! commands are [`super::control`]'s; [`super::supervisor`] decides when.
 
 use std::ffi::CString;
 use std::io;
@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncWriteExt;
 use tokio::process::{Child, Command};
 
 use super::MpsLimits;
-use super::commands::{self, QUIT};
+use super::commands::{self, Protocol};
 use super::layout::MpsDirs;
+use super::shm::{self, Shm};
 use super::stand_in;
 
 /// How long a started daemon may take to create its control socket.
@@ -93,7 +93,8 @@ impl ControlBinary {
         }
     }
 
-    fn command(&self, env: &[(String, String)]) -> Command {
+    /// The binary with its environment and `env`, standard input closed.
+    pub(super) fn command(&self, env: &[(String, String)]) -> Command {
         let mut c = Command::new(&self.program);
         c.args(&self.leading_args)
             .envs(self.env.iter().cloned())
@@ -112,10 +113,14 @@ pub struct DaemonSpec {
     pub dirs: MpsDirs,
     /// The slice's MIG UUID (its `CUDA_VISIBLE_DEVICES`).
     pub mig_uuid: String,
-    /// Its limits.
+    /// Its limits: the daemon's defaults (protocol 2), the server's (protocol 3).
     pub limits: MpsLimits,
     /// Claim and device, for logs and errors (`namespace/name (uid) device`).
     pub owner: String,
+    /// The protocol it speaks.
+    pub protocol: Protocol,
+    /// What backs its shm directory.
+    pub shm: Shm,
 }
 
 /// Creates the daemon's directories: `pipe` and `log` (mode 0755: containers of any user reach
@@ -137,11 +142,36 @@ pub fn make_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
     Ok(())
 }
 
-/// Removes the daemon's directories (all of `root`); already gone is fine.
+/// Backs the shm directory of a daemon whose directories were just made (`fresh`) as `spec.shm`
+/// says: mounts its tmpfs (never a second one). A daemon started again in directories that
+/// exist keeps what is there, since running containers have that very directory bind-mounted;
+/// one left a plain directory (made by a plugin before tmpfs mounts) says so in the log.
 ///
 /// # Errors
-/// They could not be removed.
+/// The tmpfs could not be mounted (the error says what privilege or flag it needs).
+pub fn prepare_shm(spec: &DaemonSpec, fresh: bool) -> Result<(), MpsError> {
+    let Some(size) = spec.shm.size_bytes() else {
+        return Ok(());
+    };
+    if fresh {
+        shm::ensure_mounted(&spec.dirs.shm, spec.shm)
+            .map_err(|e| MpsError(format!("the shm directory of the MPS control daemon: {e}")))?;
+        return Ok(());
+    }
+    if !shm::is_mounted(&spec.dirs.shm) {
+        tracing::warn!(daemon = %spec.id, owner = %spec.owner, shm = %spec.dirs.shm.display(), size,
+            "the daemon's shm directory is a plain directory, not a tmpfs (made by an older plugin): kept, as its containers have it mounted; it is bounded only once its claim is prepared again");
+    }
+    Ok(())
+}
+
+/// Removes the daemon's directories (all of `root`), its shm tmpfs unmounted first; already
+/// gone is fine.
+///
+/// # Errors
+/// The tmpfs could not be unmounted or the directories removed.
 pub fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
+    shm::unmount(&dirs.shm).map_err(|e| MpsError(e.to_string()))?;
     match std::fs::remove_dir_all(&dirs.root) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -171,7 +201,7 @@ pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsE
         .try_clone()
         .map_err(|e| MpsError(format!("open {}: {e}", out_path.display())))?;
     let mut cmd = bin.command(&commands::daemon_env(&spec.dirs, &spec.mig_uuid));
-    cmd.arg("-f")
+    cmd.args(commands::daemon_args(spec.protocol))
         .stdout(out)
         .stderr(err)
         .process_group(0)
@@ -278,73 +308,6 @@ pub async fn wait_ready(
         }
         tokio::time::sleep(POLL).await;
     }
-}
-
-/// Sends `command` to the daemon through the binary's client mode (the command on its standard
-/// input, the daemon's pipe directory in its environment); returns what the daemon answered.
-///
-/// # Errors
-/// The client could not run, failed, or took longer than [`COMMAND_TIMEOUT`].
-pub async fn send(bin: &ControlBinary, dirs: &MpsDirs, command: &str) -> Result<String, MpsError> {
-    let failed = |why: String| MpsError(format!("MPS control command {command:?}: {why}"));
-    let mut child = bin
-        .command(&commands::client_env(dirs))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| failed(format!("run {}: {e}", bin.program.display())))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .map_err(|e| failed(format!("write: {e}")))?;
-    }
-    let out = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
-        .await
-        .map_err(|_| failed(format!("no answer within {} s", COMMAND_TIMEOUT.as_secs())))?
-        .map_err(|e| failed(e.to_string()))?;
-    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        return Err(failed(format!("{} {err} {text}", out.status)));
-    }
-    if refused(&text) {
-        return Err(failed(format!("the daemon answered {text:?}")));
-    }
-    Ok(text)
-}
-
-/// Whether the daemon's answer refuses the command. NVIDIA's client exits 0 even then (seen on
-/// an H200: `Unknown command "…"`, status 0), so the answer is what tells.
-pub fn refused(answer: &str) -> bool {
-    let a = answer.to_ascii_lowercase();
-    [
-        "unknown command",
-        "error",
-        "invalid",
-        "failed",
-        "not supported",
-    ]
-    .iter()
-    .any(|w| a.contains(w))
-}
-
-/// Sets the daemon's limits ([`commands::limit_commands`]), one command at a time.
-///
-/// # Errors
-/// The first command that failed.
-pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
-    for c in commands::limit_commands(&spec.limits) {
-        send(bin, &spec.dirs, &c).await?;
-    }
-    Ok(())
-}
-
-/// Asks the daemon to quit ([`QUIT`]); a daemon that does not answer is for the caller to kill.
-pub async fn quit(bin: &ControlBinary, dirs: &MpsDirs) -> Result<(), MpsError> {
-    send(bin, dirs, QUIT).await.map(|_| ())
 }
 
 /// A daemon process as its pid file records it: the pid and the start time from

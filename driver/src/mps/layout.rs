@@ -1,13 +1,17 @@
 //! Where an MPS daemon's files are (pure). One directory per daemon,
 //! `<state dir>/mps/<id>/`, with `pipe/` (the daemon's `CUDA_MPS_PIPE_DIRECTORY`: its control
-//! socket and the pipes of its server), `log/` (`CUDA_MPS_LOG_DIRECTORY`; in the foreground
+//! socket and the pipes of its server; with protocol 3 also `pipe/<server>/<namespace>/`, each
+//! namespace's own control socket), `log/` (`CUDA_MPS_LOG_DIRECTORY`; in the foreground
 //! NVIDIA's daemon writes its control and server log to its output, which goes to
-//! `log/daemon.out`), `shm/` (the containers' `/dev/shm`) and `daemon.pid` (the plugin's record of
-//! the process, to adopt it after a restart). The plugin's state dir is mounted at the same path
+//! `log/daemon.out`), `shm/` (the containers' `/dev/shm`, a tmpfs of `--mps-shm-size`, see
+//! [`super::shm`]) and `daemon.pid` (the plugin's record of the process, to adopt it after a
+//! restart). The plugin's state dir is mounted at the same path
 //! on the host (the chart's `hostPath`), so these paths are also the host paths the CDI mounts
 //! name.
 
 use std::path::{Path, PathBuf};
+
+use super::settings::Protocol;
 
 /// Where a container finds its slice's MPS pipe directory (NVIDIA's DRA driver uses the same).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
@@ -36,6 +40,20 @@ pub fn daemon_id(claim_uid: &str, device: &str) -> String {
     )
 }
 
+/// The name of the one server a protocol-3 daemon runs: the slice's.
+pub const SERVER: &str = "slice";
+
+/// The namespace of `device` of claim `claim_uid` on its slice's server: `c` and 16 hex digits
+/// of the 64-bit FNV-1a of `<claim UID>/<device>` (names allow lowercase letters, digits and
+/// `_`, at most 64 characters; short, as its control socket's path must fit a unix socket
+/// address). Derived, never stored: the checkpoint's claim UID and device name give it back.
+pub fn namespace_name(claim_uid: &str, device: &str) -> String {
+    format!(
+        "c{:016x}",
+        das_runtime::hash::fnv1a64(format!("{claim_uid}/{device}").as_bytes())
+    )
+}
+
 /// The longest path a unix socket address holds (`sun_path`, 108 bytes with its NUL).
 pub const SOCKET_PATH_MAX: usize = 107;
 
@@ -55,14 +73,21 @@ pub struct SocketPathTooLong {
     pub max_state_dir: usize,
 }
 
-/// Checks that the control socket of any daemon (`<state dir>/mps/<id>/pipe/control`; every id
-/// has the same length) fits a unix socket address: NVIDIA's daemon binds it by that path.
+/// Checks that the longest control socket of any daemon fits a unix socket address: NVIDIA's
+/// daemon binds it by that path. Protocol 2: `<state dir>/mps/<id>/pipe/control`; protocol 3:
+/// a namespace's, `<state dir>/mps/<id>/pipe/<server>/<namespace>/control` (every id and
+/// namespace name has the same length).
 ///
 /// # Errors
 /// It does not fit.
-pub fn check_socket_path(state_dir: &Path) -> Result<(), SocketPathTooLong> {
+pub fn check_socket_path(state_dir: &Path, protocol: Protocol) -> Result<(), SocketPathTooLong> {
     let dirs = MpsDirs::new(state_dir, &daemon_id("", ""));
-    let socket = dirs.control_socket();
+    let socket = match protocol {
+        Protocol::V2 => dirs.control_socket(),
+        Protocol::V3 => dirs
+            .namespace_dir(&namespace_name("", ""))
+            .join(CONTROL_SOCKET),
+    };
     let len = socket.as_os_str().len();
     if len <= SOCKET_PATH_MAX {
         return Ok(());
@@ -85,9 +110,8 @@ pub struct MpsDirs {
     pub pipe: PathBuf,
     /// `<root>/log`.
     pub log: PathBuf,
-    /// `<root>/shm`: a plain directory (NVIDIA's DRA driver mounts a tmpfs there; DAS keeps
-    /// the state dir's file system, so clients' shared memory lives on the node's disk-backed or
-    /// tmpfs state dir, whichever it is).
+    /// `<root>/shm`: the mount point of the daemon's tmpfs ([`super::shm`]; a plain directory
+    /// with `--mps-shm-size=0`).
     pub shm: PathBuf,
     /// `<root>/daemon.pid`: `<pid> <start time>` of the running daemon, written by the plugin.
     pub pid_file: PathBuf,
@@ -109,5 +133,22 @@ impl MpsDirs {
     /// The control socket in the pipe directory.
     pub fn control_socket(&self) -> PathBuf {
         self.pipe.join(CONTROL_SOCKET)
+    }
+
+    /// Protocol 3: the directory of namespace `name` of the slice's server,
+    /// `<pipe>/<server>/<name>` (NVIDIA's MPS v3 namespaces page: a client connecting to the
+    /// `control` socket there is in that namespace). It is all a container of that namespace
+    /// mounts.
+    pub fn namespace_dir(&self, name: &str) -> PathBuf {
+        self.pipe.join(SERVER).join(name)
+    }
+
+    /// The directory a container of namespace `namespace` mounts as its pipe directory: the
+    /// namespace's with protocol 3, the daemon's whole pipe directory with protocol 2.
+    pub fn client_pipe_dir(&self, protocol: Protocol, namespace: &str) -> PathBuf {
+        match protocol {
+            Protocol::V2 => self.pipe.clone(),
+            Protocol::V3 => self.namespace_dir(namespace),
+        }
     }
 }

@@ -6,10 +6,14 @@
 //! - [`layout`]: where a daemon's directories are and what a container sees of them. Pure.
 //! - [`commands`]: the daemon's environment, the control commands that set its limits, and the
 //!   check of the limits against the slice. Pure.
+//! - [`shm`]: the daemon's shm directory, a tmpfs of `--mps-shm-size` (mountinfo parsing pure;
+//!   the mount, unmount and statvfs calls).
 //! - [`daemon`]: one daemon process: the control binary (NVIDIA's `nvidia-cuda-mps-control`
-//!   from the driver files, or the emulated GPUs' stand-in), starting it in the foreground,
-//!   sending it control commands through the binary's client mode, its pid file (to adopt a
-//!   live daemon after a plugin restart), stopping it. All of this module's process I/O.
+//!   from the driver files, or the emulated GPUs' stand-in), its directories, starting it in
+//!   the foreground, its pid file (to adopt a live daemon after a plugin restart), killing it.
+//! - [`control`]: its control commands through the binary's client mode: limits, and with
+//!   protocol 3 the slice's server and its namespaces.
+//! - [`settings`]: the node-wide settings of the flags: protocol, shm, pipe mount. Pure.
 //! - [`supervisor`]: [`MpsDaemons`], the daemons the plugin runs: started by a prepare,
 //!   restarted with bounded backoff when one exits (its limits applied again), brought back at
 //!   start-up, stopped by the release of their claim; and their metrics.
@@ -20,13 +24,18 @@
 use serde::{Deserialize, Serialize};
 
 pub mod commands;
+pub mod control;
 pub mod daemon;
 pub mod layout;
+pub mod settings;
+pub mod shm;
 pub mod stand_in;
 pub mod supervisor;
 
+pub use commands::{Namespace, Protocol, ProtocolChoice};
 pub use daemon::{ControlBinary, DaemonSpec, MpsError};
 pub use layout::MpsDirs;
+pub use shm::Shm;
 pub use supervisor::{Backoff, MpsDaemons};
 
 /// The limits an MPS device's daemon sets as its defaults for every client (from the claim's

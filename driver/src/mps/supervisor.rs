@@ -9,122 +9,38 @@
 //! ([`MpsDaemons::stop`]: `quit`, then a kill of its process group, the daemon and its MPS
 //! server, after [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent) and removes its
 //! directories. A handover lets go of them all ([`MpsDaemons::let_go`]).
+//!
+//! With protocol 3 each daemon also has its namespaces (one per claim or share of its slice,
+//! [`Namespace`]): [`MpsDaemons::start`] adds one, [`MpsDaemons::leave`] deletes one, and every
+//! start, restart or adoption of the daemon creates them all again. Every daemon's shm tmpfs is
+//! reported in `das_kubelet_plugin_mps_shm_size_bytes` and `_used_bytes` while it is supervised.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-use tokio::process::Child;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::MpsLimits;
-use super::daemon::{self, ControlBinary, DaemonProcess, DaemonSpec, MpsError};
+use super::commands::{Namespace, Protocol};
+use super::control;
+use super::daemon::{self, ControlBinary, DaemonSpec, MpsError};
 use super::layout::{self, MPS_DIR, MpsDirs};
 use crate::metrics::Metrics;
 
-/// Why an MPS device cannot be served when the plugin has no control binary.
-pub const NO_BINARY: &str = "MPS is not available on this node: the plugin found no nvidia-cuda-mps-control among the driver files (--driver-root, chart kubeletPlugin.driverRoot) and was given no --mps-control-binary";
+mod task;
 
-/// How long a supervisor waits before starting an exited daemon again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first wait, and the wait after a run that lasted `max` or longer.
-    pub first: Duration,
-    /// The longest wait (the waits double up to it).
-    pub max: Duration,
-}
-
-impl Backoff {
-    /// 1 s doubling to 30 s: a daemon that crashes at once is tried twice a minute, not in a
-    /// loop.
-    pub const DEFAULT: Backoff = Backoff {
-        first: Duration::from_secs(1),
-        max: Duration::from_secs(30),
-    };
-}
-
-/// A daemon process the supervisor watches: its child, or, adopted after a restart, the process
-/// its pid file names (pid and start time, so a reused pid is never taken for it).
-enum Proc {
-    Child(Child),
-    Adopted(DaemonProcess),
-}
-
-impl Proc {
-    fn pid(&self) -> Option<u32> {
-        match self {
-            Proc::Child(c) => c.id(),
-            Proc::Adopted(p) => Some(p.pid),
-        }
-    }
-
-    /// Waits until the process has exited.
-    async fn exited(&mut self) {
-        match self {
-            Proc::Child(c) => {
-                let _ = c.wait().await;
-            }
-            Proc::Adopted(p) => {
-                while p.alive() {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
-        }
-    }
-
-    /// Kills the process's group (the daemon and its MPS server) and waits for the daemon (an
-    /// adopted one until it is gone, at most 2 s).
-    async fn kill(&mut self) {
-        match self {
-            Proc::Child(c) => daemon::kill_child(c).await,
-            Proc::Adopted(p) => {
-                p.kill();
-                let _ = tokio::time::timeout(Duration::from_secs(2), self.exited()).await;
-            }
-        }
-    }
-
-    /// After the daemon exited on its own: kills what is left of its group (an MPS server it
-    /// started and that outlived it would keep the slice in use and the next daemon from
-    /// serving it).
-    fn kill_leftovers(&self, pgid: Option<u32>) {
-        if let Some(pgid) = pgid {
-            daemon::kill_group(pgid);
-        }
-    }
-}
-
-/// Counts the daemon as up in the metrics while it lives; dropped (the daemon exited, was
-/// stopped, or its supervision ended) it no longer does.
-struct Up(Arc<Metrics>);
-
-impl Up {
-    fn new(metrics: &Arc<Metrics>) -> Self {
-        metrics.mps_daemon_up(true);
-        Self(metrics.clone())
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        self.0.mps_daemon_up(false);
-    }
-}
-
-/// What a supervision task needs.
-#[derive(Clone)]
-struct Ctx {
-    /// `None`: MPS is not available on this node (see [`NO_BINARY`]).
-    binary: Option<ControlBinary>,
-    backoff: Backoff,
-    metrics: Arc<Metrics>,
-}
+pub use super::settings::{MpsSettings, PipeMount};
+pub use task::{Backoff, NO_BINARY};
+use task::{
+    Ctx, Namespaces, Proc, Up, launch, lock_ns, report_shm, shut_down, snapshot, supervise,
+};
 
 /// A supervised daemon.
 struct Supervised {
     spec: DaemonSpec,
+    namespaces: Namespaces,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -132,6 +48,7 @@ struct Supervised {
 /// The daemons the plugin runs; see the module docs.
 pub struct MpsDaemons {
     ctx: Ctx,
+    settings: MpsSettings,
     state_dir: PathBuf,
     running: Mutex<HashMap<String, Supervised>>,
 }
@@ -146,6 +63,7 @@ impl MpsDaemons {
                 backoff: Backoff::DEFAULT,
                 metrics,
             },
+            settings: MpsSettings::default(),
             state_dir: state_dir.to_path_buf(),
             running: Mutex::new(HashMap::new()),
         }
@@ -155,6 +73,17 @@ impl MpsDaemons {
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.ctx.backoff = backoff;
         self
+    }
+
+    /// The same, with the node-wide `settings` (protocol, shm, pipe mount).
+    pub fn with_settings(mut self, settings: MpsSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The node-wide settings.
+    pub fn settings(&self) -> MpsSettings {
+        self.settings
     }
 
     /// The control binary, if MPS is available.
@@ -178,6 +107,8 @@ impl MpsDaemons {
             mig_uuid: mig_uuid.to_string(),
             limits: limits.clone(),
             owner: format!("{claim} device {device}"),
+            protocol: self.settings.protocol,
+            shm: self.settings.shm,
         }
     }
 
@@ -186,29 +117,94 @@ impl MpsDaemons {
         MpsDirs::new(&self.state_dir, &layout::daemon_id(claim_uid, device))
     }
 
-    /// Starts the daemon of `spec` and supervises it; returns once it runs with its limits. A
-    /// daemon already supervised with the same spec is kept, even while it is down and waits
-    /// for its next start (backoff): a retried prepare then succeeds, and the supervisor goes on
-    /// starting it (`das_kubelet_plugin_mps_daemons_up` tells). One supervised with another spec
-    /// is stopped first. A daemon no supervisor holds but its pid file names (a prepare that
-    /// failed after starting it, retried) is adopted if it takes its limits, else killed, so no
-    /// daemon runs untracked beside the new one.
+    /// Starts the daemon of `spec` with `namespace` (protocol 3: the claim's or share's) and
+    /// supervises it; returns once it runs with its limits. A daemon already supervised with the
+    /// same spec is kept, even while it is down and waits for its next start (backoff): a
+    /// retried prepare then succeeds, and the supervisor goes on starting it
+    /// (`das_kubelet_plugin_mps_daemons_up` tells); a namespace new to it is created now if it
+    /// runs, else at its next start. One supervised with another spec is stopped first. A daemon
+    /// no supervisor holds but its pid file names (a prepare that failed after starting it,
+    /// retried) is adopted if it takes its configuration, else killed, so no daemon runs
+    /// untracked beside the new one.
     ///
     /// # Errors
-    /// It could not be started or configured: its process is gone, and so are its directories
-    /// if this start made them.
-    pub async fn start(&self, spec: DaemonSpec) -> Result<(), MpsError> {
-        if self.keep_running(&spec).await {
+    /// It could not be started or configured (its process is gone, and so are its directories
+    /// if this start made them), or the namespace could not be created on a running daemon.
+    pub async fn start(
+        &self,
+        spec: DaemonSpec,
+        namespace: Option<Namespace>,
+    ) -> Result<(), MpsError> {
+        let namespaces = match self.keep_running(&spec).await {
+            Kept::Running(namespaces) => {
+                return match namespace {
+                    Some(ns) => self.join(&spec, &namespaces, ns).await,
+                    None => Ok(()),
+                };
+            }
+            Kept::Replaced(namespaces) => namespaces,
+            Kept::None => Namespaces::default(),
+        };
+        if let Some(ns) = namespace {
+            lock_ns(&namespaces).insert(ns.name, ns.limits);
+        }
+        let all = snapshot(&namespaces);
+        if let Some(p) = self.adopt(&spec, &all).await {
+            self.supervise(spec, namespaces, Some(p));
             return Ok(());
         }
-        if let Some(p) = self.adopt(&spec).await {
-            self.supervise(spec, Some(p));
-            return Ok(());
-        }
-        let proc = launch(&self.ctx, &spec).await?;
-        tracing::info!(daemon = %spec.id, owner = %spec.owner, mig = %spec.mig_uuid, pipe = %spec.dirs.pipe.display(), "MPS control daemon started");
-        self.supervise(spec, Some(proc));
+        let proc = launch(&self.ctx, &spec, &all).await?;
+        tracing::info!(daemon = %spec.id, owner = %spec.owner, mig = %spec.mig_uuid, pipe = %spec.dirs.pipe.display(),
+            protocol = ?spec.protocol, shm_bytes = ?spec.shm.size_bytes(), "MPS control daemon started");
+        self.supervise(spec, namespaces, Some(proc));
         Ok(())
+    }
+
+    /// A namespace joins a supervised daemon: recorded (every later start creates it), and
+    /// created now on a running protocol-3 daemon unless it has it with these limits.
+    async fn join(
+        &self,
+        spec: &DaemonSpec,
+        namespaces: &Namespaces,
+        ns: Namespace,
+    ) -> Result<(), MpsError> {
+        let known = lock_ns(namespaces).get(&ns.name) == Some(&ns.limits);
+        if known || spec.protocol == Protocol::V2 {
+            lock_ns(namespaces).insert(ns.name, ns.limits);
+            return Ok(());
+        }
+        if daemon::live_process(&spec.dirs).is_some()
+            && let Some(bin) = self.ctx.binary.as_ref()
+        {
+            control::ensure_namespace(bin, &spec.dirs, &ns).await?;
+        }
+        lock_ns(namespaces).insert(ns.name, ns.limits);
+        Ok(())
+    }
+
+    /// Namespace `name` leaves the daemon of `dirs` (a share that left a slice other shares
+    /// keep): forgotten, and deleted from a running protocol-3 daemon. A failure is only logged:
+    /// the share's containers have stopped, and the namespace goes with the daemon.
+    pub async fn leave(&self, dirs: &MpsDirs, name: &str) {
+        let id = dir_id(dirs);
+        let held = {
+            let running = self.lock();
+            running
+                .get(&id)
+                .map(|s| (s.spec.protocol, s.namespaces.clone()))
+        };
+        let Some((protocol, namespaces)) = held else {
+            return;
+        };
+        let had = lock_ns(&namespaces).remove(name).is_some();
+        if !had || protocol == Protocol::V2 || daemon::live_process(dirs).is_none() {
+            return;
+        }
+        if let Some(bin) = self.ctx.binary.as_ref()
+            && let Err(e) = control::delete_namespace(bin, dirs, name).await
+        {
+            tracing::warn!(daemon = %id, namespace = name, error = %e, "deleting the MPS namespace of a share that left failed; it goes with the daemon");
+        }
     }
 
     /// At start-up: supervises the daemon of a checkpointed MPS device again. Adopts the live
@@ -219,32 +215,41 @@ impl MpsDaemons {
     ///
     /// # Errors
     /// The daemon could not be started now (it is retried).
-    pub async fn bring_back(&self, spec: DaemonSpec) -> Result<bool, MpsError> {
-        if self.keep_running(&spec).await {
+    pub async fn bring_back(
+        &self,
+        spec: DaemonSpec,
+        namespaces: Vec<Namespace>,
+    ) -> Result<bool, MpsError> {
+        let held = match self.keep_running(&spec).await {
+            Kept::Running(_) => return Ok(true),
+            Kept::Replaced(held) => held,
+            Kept::None => Namespaces::default(),
+        };
+        lock_ns(&held).extend(namespaces.into_iter().map(|n| (n.name, n.limits)));
+        let all = snapshot(&held);
+        if let Some(p) = self.adopt(&spec, &all).await {
+            self.supervise(spec, held, Some(p));
             return Ok(true);
         }
-        if let Some(p) = self.adopt(&spec).await {
-            self.supervise(spec, Some(p));
-            return Ok(true);
-        }
-        match launch(&self.ctx, &spec).await {
+        match launch(&self.ctx, &spec, &all).await {
             Ok(proc) => {
-                self.supervise(spec, Some(proc));
+                self.supervise(spec, held, Some(proc));
                 Ok(false)
             }
             Err(e) => {
-                self.supervise(spec, None);
+                self.supervise(spec, held, None);
                 Err(e)
             }
         }
     }
 
     /// The live daemon `spec`'s pid file names, if there is one that is still the one started
-    /// and takes `spec`'s limits; one that does not take them is killed (its group with it).
-    async fn adopt(&self, spec: &DaemonSpec) -> Option<Proc> {
+    /// and takes `spec`'s configuration (limits, and with protocol 3 its server and
+    /// `namespaces`); one that does not take it is killed (its group with it).
+    async fn adopt(&self, spec: &DaemonSpec, namespaces: &[Namespace]) -> Option<Proc> {
         let (p, binary) = (daemon::live_process(&spec.dirs)?, self.ctx.binary.as_ref());
         let applied = match binary {
-            Some(b) => daemon::apply_limits(b, spec).await,
+            Some(b) => control::configure(b, spec, namespaces).await,
             None => Err(MpsError(NO_BINARY.to_string())),
         };
         match applied {
@@ -274,6 +279,7 @@ impl MpsDaemons {
         // next await, never in the middle of a step.
         for s in released {
             let _ = s.task.await;
+            self.ctx.metrics.forget_mps_shm(&s.spec.id);
         }
         self.update_gauge();
     }
@@ -284,16 +290,13 @@ impl MpsDaemons {
     /// # Errors
     /// The directories could not be removed.
     pub async fn stop(&self, dirs: &MpsDirs) -> Result<(), MpsError> {
-        let id = dirs
-            .root
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let id = dir_id(dirs);
         let entry = self.lock().remove(&id);
         if let Some(s) = entry {
             s.stop.cancel();
             let _ = s.task.await;
         }
+        self.ctx.metrics.forget_mps_shm(&id);
         self.update_gauge();
         // Not supervised (only on disk), or stopped while a restart was starting it: whatever
         // its pid file still names, if ours, goes too.
@@ -348,37 +351,52 @@ impl MpsDaemons {
         daemon::live_pid(dirs)
     }
 
-    /// Whether `spec`'s daemon is supervised with that very spec (keep it); one supervised with
-    /// another spec is stopped (its directories stay for the new one).
-    async fn keep_running(&self, spec: &DaemonSpec) -> bool {
+    /// Whether `spec`'s daemon is supervised with that very spec (keep it, with its
+    /// namespaces); one supervised with another spec is stopped (its directories stay for the
+    /// new one, and its namespaces are handed on).
+    async fn keep_running(&self, spec: &DaemonSpec) -> Kept {
         let old = {
             let mut running = self.lock();
             match running.get(&spec.id) {
-                Some(s) if s.spec == *spec && !s.task.is_finished() => return true,
+                Some(s) if s.spec == *spec && !s.task.is_finished() => {
+                    return Kept::Running(s.namespaces.clone());
+                }
                 Some(_) => running.remove(&spec.id),
                 None => None,
             }
         };
-        if let Some(s) = old {
-            s.stop.cancel();
-            let _ = s.task.await;
+        match old {
+            Some(s) => {
+                s.stop.cancel();
+                let _ = s.task.await;
+                Kept::Replaced(s.namespaces)
+            }
+            None => Kept::None,
         }
-        false
     }
 
-    fn supervise(&self, spec: DaemonSpec, proc: Option<Proc>) {
+    fn supervise(&self, spec: DaemonSpec, namespaces: Namespaces, proc: Option<Proc>) {
         let stop = CancellationToken::new();
         // Counted up now, not once the task first runs: the daemon runs when a start returns.
         let up = proc.as_ref().map(|_| Up::new(&self.ctx.metrics));
+        report_shm(&self.ctx.metrics, &spec);
         let task = tokio::spawn(supervise(
             self.ctx.clone(),
             spec.clone(),
+            namespaces.clone(),
             proc,
             up,
             stop.clone(),
         ));
-        self.lock()
-            .insert(spec.id.clone(), Supervised { spec, stop, task });
+        self.lock().insert(
+            spec.id.clone(),
+            Supervised {
+                spec,
+                namespaces,
+                stop,
+                task,
+            },
+        );
         self.update_gauge();
     }
 
@@ -392,6 +410,24 @@ impl MpsDaemons {
     }
 }
 
+/// What [`MpsDaemons::keep_running`] found.
+enum Kept {
+    /// Supervised with the same spec: keep it (its namespaces).
+    Running(Namespaces),
+    /// Supervised with another spec, now stopped: its namespaces.
+    Replaced(Namespaces),
+    /// Not supervised.
+    None,
+}
+
+/// The id of the daemon of `dirs` (its directory's name).
+fn dir_id(dirs: &MpsDirs) -> String {
+    dirs.root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// Dropping the daemons lets go of them without stopping them, as a plugin that exits does: the
 /// supervision tasks end, the processes run on, and the next plugin adopts them
 /// ([`MpsDaemons::bring_back`]).
@@ -400,120 +436,5 @@ impl Drop for MpsDaemons {
         for s in self.lock().values() {
             s.task.abort();
         }
-    }
-}
-
-/// Starts the daemon of `spec`, waits for its control socket and applies its limits. Its
-/// directories are made if missing and kept as they are otherwise: running containers have the
-/// pipe and shm directories bind-mounted, and a directory made anew would not be the one they
-/// see.
-///
-/// # Errors
-/// Any step failed; the process is killed, and the directories removed if this call made them
-/// (a first start's; never those of a daemon started again).
-async fn launch(ctx: &Ctx, spec: &DaemonSpec) -> Result<Proc, MpsError> {
-    let binary = ctx
-        .binary
-        .as_ref()
-        .ok_or_else(|| MpsError(NO_BINARY.to_string()))?;
-    let fresh = !spec.dirs.root.exists();
-    let clean_up = || {
-        if fresh {
-            let _ = daemon::remove_dirs(&spec.dirs);
-        }
-    };
-    let mut child = daemon::spawn(binary, spec)
-        .await
-        .inspect_err(|_| clean_up())?;
-    let ready = async {
-        daemon::wait_ready(spec, Some(&mut child), daemon::READY_TIMEOUT).await?;
-        daemon::apply_limits(binary, spec).await
-    }
-    .await;
-    match ready {
-        Ok(()) => Ok(Proc::Child(child)),
-        Err(e) => {
-            daemon::kill_child(&mut child).await;
-            clean_up();
-            Err(e)
-        }
-    }
-}
-
-/// Asks the daemon to quit, kills it (its group) if it has not exited after
-/// [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent (nothing would make it exit in
-/// the meantime).
-async fn shut_down(binary: Option<&ControlBinary>, dirs: &MpsDirs, proc: &mut Proc) {
-    let asked = match binary {
-        Some(b) => daemon::quit(b, dirs).await,
-        None => Err(MpsError(NO_BINARY.to_string())),
-    };
-    let exited = match &asked {
-        Ok(()) => tokio::time::timeout(daemon::QUIT_GRACE, proc.exited())
-            .await
-            .is_ok(),
-        Err(_) => false,
-    };
-    if !exited {
-        tracing::warn!(pid = ?proc.pid(), dirs = %dirs.root.display(), quit = ?asked.err(),
-            "the MPS control daemon did not quit: killing it");
-        proc.kill().await;
-    }
-}
-
-/// The supervision of one daemon until `stop`: see the module docs.
-async fn supervise(
-    ctx: Ctx,
-    spec: DaemonSpec,
-    mut proc: Option<Proc>,
-    mut up: Option<Up>,
-    stop: CancellationToken,
-) {
-    let mut delay = ctx.backoff.first;
-    let mut since = Instant::now();
-    loop {
-        if let Some(p) = proc.as_mut() {
-            let up = up.take().unwrap_or_else(|| Up::new(&ctx.metrics));
-            let pgid = p.pid();
-            tokio::select! {
-                _ = stop.cancelled() => {
-                    shut_down(ctx.binary.as_ref(), &spec.dirs, p).await;
-                    return;
-                }
-                _ = p.exited() => {}
-            }
-            drop(up);
-            p.kill_leftovers(pgid);
-            tracing::warn!(daemon = %spec.id, owner = %spec.owner, log = %daemon::log_tail(&spec.dirs),
-                "the MPS control daemon exited: starting it again");
-            delay = if since.elapsed() >= ctx.backoff.max {
-                ctx.backoff.first
-            } else {
-                delay
-            };
-            proc = None;
-        }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
-        }
-        let launched = tokio::select! {
-            _ = stop.cancelled() => return,
-            r = launch(&ctx, &spec) => r,
-        };
-        match launched {
-            Ok(p) => {
-                ctx.metrics.mps_daemon_restarted(true);
-                tracing::info!(daemon = %spec.id, owner = %spec.owner, "MPS control daemon started again with its limits");
-                proc = Some(p);
-                since = Instant::now();
-            }
-            Err(e) => {
-                ctx.metrics.mps_daemon_restarted(false);
-                tracing::error!(daemon = %spec.id, owner = %spec.owner, error = %e, retry_s = delay.as_secs_f64(),
-                    "starting the MPS control daemon again failed");
-            }
-        }
-        delay = (delay * 2).min(ctx.backoff.max);
     }
 }

@@ -168,16 +168,16 @@ fn the_stand_in_takes_a_pinned_limit_for_device_0_only_and_reads_it_back() {
         "get_default_device_pinned_mem_limit 1".to_string(),
     ] {
         let answer = stand_in_answer(&record, &other).unwrap();
-        assert!(daemon::refused(&answer), "{other}: {answer}");
+        assert!(control::refused(&answer), "{other}: {answer}");
     }
 }
 
 #[test]
 fn a_refusal_is_told_by_the_answer_not_the_status() {
-    assert!(daemon::refused("Unknown command \"bogus_command\""));
-    assert!(!daemon::refused("30.0"));
-    assert!(!daemon::refused("2G"));
-    assert!(!daemon::refused(""));
+    assert!(control::refused("Unknown command \"bogus_command\""));
+    assert!(!control::refused("30.0"));
+    assert!(!control::refused("2G"));
+    assert!(!control::refused(""));
 }
 
 fn stand_in_answer(record: &stand_in::Record, command: &str) -> Option<String> {
@@ -189,9 +189,15 @@ fn a_state_dir_too_long_for_the_control_socket_is_refused_with_the_longest_that_
     use super::layout::{SOCKET_PATH_MAX, check_socket_path};
     // `<state dir>/mps/<16 hex digits>/pipe/control`: 34 bytes after the state dir.
     let fits = format!("/{}", "s".repeat(SOCKET_PATH_MAX - 34 - 1));
-    assert_eq!(check_socket_path(std::path::Path::new(&fits)), Ok(()));
+    assert_eq!(
+        check_socket_path(std::path::Path::new(&fits), Protocol::V2),
+        Ok(())
+    );
     let long = format!("{fits}x");
-    let e = check_socket_path(std::path::Path::new(&long)).unwrap_err();
+    let e = check_socket_path(std::path::Path::new(&long), Protocol::V2).unwrap_err();
     assert_eq!((e.len, e.max_state_dir), (SOCKET_PATH_MAX + 1, fits.len()));
     assert!(e.to_string().contains("--state-dir"), "{e}");
 }
+
+mod shm;
+mod v3;

@@ -34,3 +34,47 @@ pub fn sigkill(pid: u32) {
         libc::kill(pid as i32, libc::SIGKILL);
     }
 }
+
+/// Whether the tests run as root (mounting a tmpfs needs it).
+pub fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The shm of the daemons these tests start: a 4 MiB tmpfs, as the plugin mounts one, when the
+/// tests run as root; else a plain directory (`--mps-shm-size=0`), so they still run without
+/// privileges (`mps_shm.rs` checks the tmpfs itself, and needs root).
+pub fn test_shm() -> das_driver::mps::Shm {
+    if root() {
+        das_driver::mps::Shm::Tmpfs {
+            size_bytes: 4 << 20,
+        }
+    } else {
+        das_driver::mps::Shm::Directory
+    }
+}
+
+/// Unmounts (lazily) every mount below its directory when dropped: a test that ends with a
+/// daemon's tmpfs still mounted (a daemon a restarted "plugin" adopted and never stopped)
+/// leaves nothing mounted in the host's mount table. Declare it before the directory's
+/// `TempDir`, which is removed after it.
+pub struct UnmountBelow(pub std::path::PathBuf);
+
+impl Drop for UnmountBelow {
+    fn drop(&mut self) {
+        let Ok(dir) = std::fs::canonicalize(&self.0) else {
+            return;
+        };
+        let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let mut below: Vec<std::path::PathBuf> = das_driver::mps::shm::parse_mountinfo(&text)
+            .into_iter()
+            .map(|e| e.mount_point)
+            .filter(|m| m.starts_with(&dir))
+            .collect();
+        // Deepest first.
+        below.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+        for m in below {
+            let _ = rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH);
+        }
+    }
+}

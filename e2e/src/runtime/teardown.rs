@@ -49,8 +49,35 @@ fn kill_shims(socket: &Path) {
     }
 }
 
-/// Lazily unmounts every mount point below `dir`, deepest first.
-fn unmount_below(dir: &Path) {
+/// SIGKILLs the emulated GPUs' stand-in MPS daemons (`das-kubelet-plugin mps-control-stand-in
+/// -f`) working in a directory below `dir`: a plugin's daemons run in process groups of their
+/// own and outlive it (for a restarted plugin to adopt), and one whose directory is kept (a
+/// failed test) or whose mount is detached would run on, holding whatever descriptors it
+/// inherited (the runtime-node tests' `flock`). Call it before [`unmount_below`]: a daemon's
+/// working directory is its pipe directory, which must still be seen below `dir`.
+pub fn kill_mps_stand_ins(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in entries.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let below = std::fs::read_link(e.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir));
+        if cmdline.contains("mps-control-stand-in") && below {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Lazily unmounts every mount point below `dir`, deepest first (also what DAS plugins that ran
+/// as processes left mounted there: the MPS daemons' shm tmpfs of claims never unprepared).
+pub fn unmount_below(dir: &Path) {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return;
     };

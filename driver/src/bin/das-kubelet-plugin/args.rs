@@ -90,6 +90,25 @@ pub(crate) struct Args {
     /// daemon.
     #[arg(long, env = "DAS_MPS_CONTROL_BINARY")]
     pub(crate) mps_control_binary: Option<PathBuf>,
+    /// The size of the tmpfs each MPS daemon gets as its slice's `/dev/shm` (a Kubernetes
+    /// quantity, at least 1Mi), mounted on `<state dir>/mps/<id>/shm` before the daemon starts
+    /// (needs CAP_SYS_ADMIN; in a container, the state dir mounted with
+    /// `mountPropagation: Bidirectional`). `0`: a plain directory on the state dir's file
+    /// system instead, unbounded (development without privileges only).
+    #[arg(long, env = "DAS_MPS_SHM_SIZE", default_value = das_driver::mps::shm::DEFAULT_SIZE, value_parser = parse_shm_size)]
+    pub(crate) mps_shm_size: das_driver::mps::Shm,
+    /// How containers of an MPS claim mount their MPS pipe directory: `ro` (no container can
+    /// create or remove anything there; clients still connect to the daemon's sockets) or `rw`
+    /// (as NVIDIA's DRA driver mounts it: the escape hatch should an MPS client need to write
+    /// there).
+    #[arg(long, env = "DAS_MPS_PIPE_MOUNT", default_value = "ro", value_parser = das_driver::mps::supervisor::PipeMount::parse)]
+    pub(crate) mps_pipe_mount: das_driver::mps::supervisor::PipeMount,
+    /// The MPS protocol of the daemons: `2`, `3` (a named server per slice and a namespace per
+    /// claim or share with its own limits, which the client cannot change; NVIDIA driver r615+)
+    /// or `auto` (3 where the GPUs' driver version is 615 or newer, else 2; emulated GPUs
+    /// report 580, so 2).
+    #[arg(long, env = "DAS_MPS_PROTOCOL", default_value = "auto", value_parser = parse_mps_protocol)]
+    pub(crate) mps_protocol: das_driver::mps::ProtocolChoice,
     /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
     /// during a rolling update.
     #[arg(long, env = "POD_UID")]
@@ -252,6 +271,14 @@ pub(crate) fn share_policy(args: &Args) -> SharePolicy {
     }
 }
 
+fn parse_shm_size(value: &str) -> Result<das_driver::mps::Shm, String> {
+    das_driver::mps::Shm::parse(value).map_err(|e| e.to_string())
+}
+
+fn parse_mps_protocol(value: &str) -> Result<das_driver::mps::ProtocolChoice, String> {
+    das_driver::mps::ProtocolChoice::parse(value).map_err(|e| e.to_string())
+}
+
 fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, RuntimeError> {
     CriRuntime::new(endpoint)
 }
@@ -349,6 +376,40 @@ mod tests {
         let args = parse(&["--shares-across-namespaces"]).unwrap();
         assert!(share_policy(&args).across_namespaces);
         assert!(shared_profiles(&args).policy.across_namespaces);
+    }
+
+    #[test]
+    fn mps_flags_default_to_an_8gi_tmpfs_a_read_only_pipe_and_the_drivers_protocol() {
+        use das_driver::mps::supervisor::PipeMount;
+        use das_driver::mps::{Protocol, ProtocolChoice, Shm};
+        let args = parse(&[]).unwrap();
+        assert_eq!(
+            args.mps_shm_size,
+            Shm::Tmpfs {
+                size_bytes: 8 << 30
+            }
+        );
+        assert_eq!(args.mps_pipe_mount, PipeMount::ReadOnly);
+        assert_eq!(args.mps_protocol, ProtocolChoice::Auto);
+        let args = parse(&[
+            "--mps-shm-size=0",
+            "--mps-pipe-mount=rw",
+            "--mps-protocol=3",
+        ])
+        .unwrap();
+        assert_eq!(args.mps_shm_size, Shm::Directory);
+        assert_eq!(args.mps_pipe_mount, PipeMount::ReadWrite);
+        assert_eq!(args.mps_protocol, ProtocolChoice::Fixed(Protocol::V3));
+        for (flag, bad, says) in [
+            ("--mps-shm-size", "lots", "such as 8Gi"),
+            ("--mps-shm-size", "100Ki", "less than 1Mi"),
+            ("--mps-pipe-mount", "readonly", "valid: ro"),
+            ("--mps-protocol", "4", "valid: auto"),
+        ] {
+            let err = parse(&[&format!("{flag}={bad}")]).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            assert!(err.to_string().contains(says), "{err}");
+        }
     }
 
     #[test]

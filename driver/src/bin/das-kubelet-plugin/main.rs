@@ -44,8 +44,8 @@ use tokio_util::sync::CancellationToken;
 
 use args::{Args, health_policy, orphan_policy, share_policy, shared_profiles};
 use node::{
-    Gpus, check_node, device_nodes, load_checkpoint, mps_control_binary, open_emulated,
-    stand_in_driver_mounts,
+    Gpus, check_node, device_nodes, load_checkpoint, mps_control_binary, mps_settings,
+    open_emulated, stand_in_driver_mounts,
 };
 use print::{print_inventory, print_resource_slices};
 
@@ -201,11 +201,15 @@ async fn run(args: Args) -> Result<()> {
         Some(mounts) => mounts,
         None => stand_in_driver_mounts(&args, &inventory)?,
     };
-    let mps = Arc::new(MpsDaemons::new(
-        mps_control_binary(&args, node.mps_control)?,
-        &args.state_dir,
-        metrics.clone(),
-    ));
+    let mps_settings = mps_settings(&args, &inventory);
+    let mps = Arc::new(
+        MpsDaemons::new(
+            mps_control_binary(&args, node.mps_control, mps_settings.protocol)?,
+            &args.state_dir,
+            metrics.clone(),
+        )
+        .with_settings(mps_settings),
+    );
     let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
     let (cp, rebuild) = load_checkpoint(&cp_path, &node.boot_id)?;
     let api = Arc::new(

@@ -14,7 +14,8 @@ use das_driver::gpu::emulated::device_nodes;
 use das_driver::gpu::emulated::driver_files::create_stand_in_driver;
 use das_driver::gpu::nvml::procfs;
 use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml};
-use das_driver::mps::ControlBinary;
+use das_driver::mps::supervisor::MpsSettings;
+use das_driver::mps::{ControlBinary, Protocol, Shm, shm};
 use das_driver::node_checks::{self, HostView, NodeChecks};
 
 use crate::args::Args;
@@ -209,6 +210,34 @@ pub(crate) fn stand_in_driver_mounts(args: &Args, inventory: &[GpuInfo]) -> Resu
     .mounts())
 }
 
+/// How the node's MPS daemons run (docs/design.md §7, "MPS on a slice"): the protocol of
+/// --mps-protocol for the GPUs' driver version (`inventory`'s first), the shm of
+/// --mps-shm-size, the pipe mount of --mps-pipe-mount. With a tmpfs, warns when the state dir's
+/// mount does not propagate mounts (a plugin in a container without
+/// `mountPropagation: Bidirectional` would mount each tmpfs where no container sees it).
+pub(crate) fn mps_settings(args: &Args, inventory: &[GpuInfo]) -> MpsSettings {
+    let driver = inventory.first().map(|g| g.driver_version.as_str());
+    let settings = MpsSettings {
+        protocol: args.mps_protocol.resolve(driver),
+        shm: args.mps_shm_size,
+        pipe_mount: args.mps_pipe_mount,
+    };
+    tracing::info!(protocol = ?settings.protocol, driver = ?driver, shm_bytes = ?settings.shm.size_bytes(),
+        pipe_mount = ?settings.pipe_mount, "MPS settings");
+    match settings.shm {
+        Shm::Directory => tracing::warn!(
+            "--mps-shm-size=0: MPS shm directories are plain directories on the state dir's file system, unbounded: a client can fill the node's disk through its /dev/shm"
+        ),
+        Shm::Tmpfs { .. } => {
+            if shm::state_dir_propagates(&args.state_dir) == Some(false) {
+                tracing::warn!(state_dir = %args.state_dir.display(),
+                    "the state dir's mount does not propagate mounts (no shared: peer group): if this plugin runs in a container, mount the state dir with mountPropagation: Bidirectional (the chart does), or the MPS tmpfs it mounts will not be what the containers see");
+            }
+        }
+    }
+    settings
+}
+
 /// The MPS control binary (docs/design.md §7, "MPS on a slice"): --mps-control-binary; else
 /// the emulated GPUs' stand-in (this binary's hidden subcommand); else NVIDIA's
 /// `nvidia-cuda-mps-control` among the driver files; else none (MPS devices are refused with
@@ -216,10 +245,11 @@ pub(crate) fn stand_in_driver_mounts(args: &Args, inventory: &[GpuInfo]) -> Resu
 ///
 /// # Errors
 /// This binary's path is unknown (the stand-in), or `--state-dir` is too long for the daemons'
-/// control sockets ([`das_driver::mps::layout::check_socket_path`]).
+/// control sockets with `protocol` ([`das_driver::mps::layout::check_socket_path`]).
 pub(crate) fn mps_control_binary(
     args: &Args,
     found: Option<(PathBuf, Option<PathBuf>)>,
+    protocol: Protocol,
 ) -> Result<Option<ControlBinary>> {
     let emulated = args.emulated_gpus.is_some();
     let binary = match (&args.mps_control_binary, emulated, found) {
@@ -239,7 +269,7 @@ pub(crate) fn mps_control_binary(
     match &binary {
         Some(b) => {
             // Fails now, not at the first MPS prepare: the daemon could never bind its socket.
-            das_driver::mps::layout::check_socket_path(&args.state_dir)?;
+            das_driver::mps::layout::check_socket_path(&args.state_dir, protocol)?;
             tracing::info!(program = %b.program.display(), "MPS devices are served with this MPS control binary")
         }
         None => tracing::warn!("{}", das_driver::mps::supervisor::NO_BINARY),

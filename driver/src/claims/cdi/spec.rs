@@ -99,8 +99,11 @@ pub struct SpecDevice {
 /// memory there), as NVIDIA's DRA driver gives its MPS claims.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsMounts {
-    /// Host path of the daemon's pipe directory.
+    /// Host path of the pipe directory the container mounts: the daemon's (MPS protocol 2), or
+    /// its namespace's (protocol 3).
     pub pipe_dir: String,
+    /// Whether that mount is read-only (`--mps-pipe-mount=ro`, the default).
+    pub pipe_read_only: bool,
     /// Host path of the slice's shm directory.
     pub shm_dir: String,
     /// The limits of one share of a shared slice (docs/design.md §7, "Shared slices"), given
@@ -142,32 +145,33 @@ impl MpsMounts {
     }
 
     /// The two bind mounts: the pipe directory and the shm directory (without exec, as
-    /// `/dev/shm` is mounted). The pipe directory is mounted read-write as NVIDIA's DRA driver
-    /// mounts it, but stays root's with mode 0755 ([`crate::mps::daemon::make_dirs`]): MPS
-    /// clients make nothing there, they connect to the sockets the daemon and its server (both
-    /// root) create, and a connect needs write permission on the socket, not on its directory;
-    /// so a client of any user reaches the daemon and none, unless root, can add or remove a
-    /// socket.
+    /// `/dev/shm` is mounted). The pipe directory is read-only by default
+    /// (docs/design.md §7, "MPS on a slice"): MPS clients connect to the sockets the daemon and
+    /// its server (both root) create there, and a connect needs write permission on the
+    /// socket's inode, which a read-only mount does not take away, while creating, renaming or
+    /// removing anything there fails (`EROFS`), for root in the container too. It stays root's
+    /// with mode 0755 ([`crate::mps::daemon::make_dirs`]) under `--mps-pipe-mount=rw` as well.
     pub fn mounts(&self) -> Vec<Mount> {
-        let options = |extra: &[&str]| {
-            ["rw", "nosuid", "nodev"]
+        let options = |access: &str, extra: &[&str]| {
+            [access, "nosuid", "nodev"]
                 .iter()
                 .chain(extra)
                 .chain(&["bind"])
                 .map(|o| o.to_string())
                 .collect()
         };
+        let pipe_access = if self.pipe_read_only { "ro" } else { "rw" };
         vec![
             Mount {
                 host_path: self.pipe_dir.clone(),
                 container_path: crate::mps::layout::CONTAINER_PIPE_DIR.to_string(),
-                options: options(&[]),
+                options: options(pipe_access, &[]),
                 mount_type: None,
             },
             Mount {
                 host_path: self.shm_dir.clone(),
                 container_path: crate::mps::layout::CONTAINER_SHM_DIR.to_string(),
-                options: options(&["noexec"]),
+                options: options("rw", &["noexec"]),
                 mount_type: None,
             },
         ]

@@ -4,7 +4,7 @@
 //! daemon behind it), the stop before its slice is destroyed (a live MPS server keeps the slice
 //! in use), and their return at start-up. [`crate::mps::MpsDaemons`] runs and supervises them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::Preparer;
 use crate::claims::PrepareError;
@@ -12,7 +12,9 @@ use crate::claims::cdi::{MpsMounts, ShareLimits};
 use crate::claims::checkpoint::RecordedDevice;
 use crate::claims::handler::ClaimRef;
 use crate::claims::plan::{self, Planned};
-use crate::mps::{DaemonSpec, layout, supervisor::NO_BINARY};
+use crate::mps::commands::{namespace_limits, namespace_name};
+use crate::mps::supervisor::{NO_BINARY, PipeMount};
+use crate::mps::{DaemonSpec, Namespace, Protocol, layout};
 
 impl Preparer {
     /// Before anything is created: each MPS device's limits fit its slice, and MPS is available
@@ -54,7 +56,22 @@ impl Preparer {
         ))
     }
 
-    /// Starts the daemons of `devices`' MPS devices (a daemon already running for one is kept).
+    /// The MPS namespace of `d` of claim `claim_uid` (protocol 3): named after the claim and
+    /// device, with the claim's limits, or for a share the tighter of its slice's and its own.
+    fn mps_namespace(claim_uid: &str, d: &RecordedDevice) -> Option<Namespace> {
+        let config = d.mps.as_ref()?;
+        let share = d.share.as_ref().map(|s| {
+            let percent = u8::try_from(s.thread_percentage()).unwrap_or(100);
+            (percent, s.memory_mib())
+        });
+        Some(Namespace {
+            name: namespace_name(claim_uid, &d.device),
+            limits: namespace_limits(config, share),
+        })
+    }
+
+    /// Starts the daemons of `devices`' MPS devices (a daemon already running for one is kept),
+    /// each with the device's namespace (protocol 3).
     ///
     /// # Errors
     /// [`PrepareError::MpsDaemon`] for the first that could not be started; the caller rolls
@@ -71,7 +88,7 @@ impl Preparer {
             // The shares of one slice start its daemon concurrently: one at a time.
             let _one = self.mps_locks.lock(&spec.id).await;
             self.mps
-                .start(spec)
+                .start(spec, Self::mps_namespace(&claim.uid, d))
                 .await
                 .map_err(|e| PrepareError::MpsDaemon {
                     device: d.device.clone(),
@@ -96,31 +113,52 @@ impl Preparer {
         }
     }
 
+    /// A share whose slice other shares keep leaves it: its namespace is deleted from the
+    /// slice's daemon (protocol 3; nothing to do with protocol 2, whose shares have none).
+    pub(crate) async fn leave_mps(&self, claim: &ClaimRef, kept: &[RecordedDevice]) {
+        for d in kept.iter().filter(|d| d.mps.is_some()) {
+            let owner = daemon_owner(&claim.uid, d);
+            let id = layout::daemon_id(owner, &d.device);
+            let _one = self.mps_locks.lock(&id).await;
+            let dirs = self.mps.dirs(owner, &d.device);
+            self.mps
+                .leave(&dirs, &namespace_name(&claim.uid, &d.device))
+                .await;
+        }
+    }
+
     /// At start-up, for the prepared claims whose instances exist: supervises their MPS devices'
-    /// daemons again (adopting those still running), all at once: each may wait for its
-    /// daemon's control socket and limits, and the plugin serves only after start-up. One that
-    /// cannot be started now is logged and retried by its supervisor.
+    /// daemons again (adopting those still running) with the namespaces of every claim and
+    /// share they serve, all at once: each may wait for its daemon's control socket and
+    /// configuration, and the plugin serves only after start-up. One that cannot be started
+    /// now is logged and retried by its supervisor.
     pub(crate) async fn bring_back_mps(&self, claims: Vec<(ClaimRef, Vec<RecordedDevice>)>) {
-        // A shared slice's daemon once, however many shares hold it.
-        let mut seen = BTreeSet::new();
-        let mut specs = Vec::new();
+        // A shared slice's daemon once, however many shares hold it, with all their namespaces.
+        let mut daemons: BTreeMap<String, (&ClaimRef, &RecordedDevice, DaemonSpec)> =
+            BTreeMap::new();
+        let mut namespaces: BTreeMap<String, Vec<Namespace>> = BTreeMap::new();
         for (claim, devices) in &claims {
             for d in devices {
-                if let Some(spec) = self.mps_spec(claim, d)
-                    && seen.insert(spec.id.clone())
-                {
-                    specs.push((claim, d, spec));
+                let Some(spec) = self.mps_spec(claim, d) else {
+                    continue;
+                };
+                if let Some(ns) = Self::mps_namespace(&claim.uid, d) {
+                    namespaces.entry(spec.id.clone()).or_default().push(ns);
                 }
+                daemons.entry(spec.id.clone()).or_insert((claim, d, spec));
             }
         }
-        let back = specs.into_iter().map(|(claim, d, spec)| async move {
-            match self.mps.bring_back(spec).await {
+        let back = daemons.into_iter().map(|(id, (claim, d, spec))| {
+            let ns = namespaces.remove(&id).unwrap_or_default();
+            async move {
+            match self.mps.bring_back(spec, ns).await {
                 Ok(adopted) => {
                     tracing::info!(claim = %claim, device = %d.device, adopted, "the slice's MPS control daemon runs")
                 }
                 Err(e) => {
                     tracing::error!(claim = %claim, device = %d.device, error = %e, "the slice's MPS control daemon could not be started; retried with backoff")
                 }
+            }
             }
         });
         futures::future::join_all(back).await;
@@ -144,16 +182,31 @@ impl Preparer {
         }
     }
 
-    /// What a container of MPS device `d` of claim `claim_uid` mounts of its daemon.
+    /// What a container of MPS device `d` of claim `claim_uid` mounts of its daemon: protocol
+    /// 2, the daemon's pipe directory, and a share's limits in its environment (cooperative: a
+    /// client may change them); protocol 3, only its namespace's directory (the server applies
+    /// the namespace's limits, so none are set in the environment: a
+    /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` naming a device the client cannot see would drop every
+    /// pinned limit, the namespace's included).
     pub(crate) fn mps_mounts(&self, claim_uid: &str, d: &RecordedDevice) -> MpsMounts {
         let dirs = self.mps.dirs(daemon_owner(claim_uid, d), &d.device);
+        let settings = self.mps.settings();
+        let namespace = namespace_name(claim_uid, &d.device);
         MpsMounts {
-            pipe_dir: dirs.pipe.display().to_string(),
+            pipe_dir: dirs
+                .client_pipe_dir(settings.protocol, &namespace)
+                .display()
+                .to_string(),
+            pipe_read_only: settings.pipe_mount == PipeMount::ReadOnly,
             shm_dir: dirs.shm.display().to_string(),
-            share: d.share.as_ref().map(|s| ShareLimits {
-                thread_percentage: s.thread_percentage(),
-                pinned_memory_mib: s.memory_mib(),
-            }),
+            share: d
+                .share
+                .as_ref()
+                .filter(|_| settings.protocol == Protocol::V2)
+                .map(|s| ShareLimits {
+                    thread_percentage: s.thread_percentage(),
+                    pinned_memory_mib: s.memory_mib(),
+                }),
         }
     }
 }

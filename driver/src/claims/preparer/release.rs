@@ -156,6 +156,7 @@ impl Preparer {
         for d in &kept {
             tracing::debug!(claim = %claim, device = %d.device, "other shares keep the slice");
         }
+        self.leave_mps(claim, &kept).await;
         // An MPS server keeps its slice in use: its daemon goes first.
         self.stop_mps(claim, &devices).await;
         let remaining = self.destroy_devices(&claim.uid, devices).await;

@@ -11,6 +11,7 @@ use crate::claims::plan::add_mps_mounts;
 fn mounts() -> MpsMounts {
     MpsMounts {
         pipe_dir: "/var/lib/das/mps/0123456789abcdef/pipe".into(),
+        pipe_read_only: true,
         shm_dir: "/var/lib/das/mps/0123456789abcdef/shm".into(),
         share: None,
     }
@@ -61,7 +62,7 @@ fn an_mps_device_gets_the_pipe_directory_its_variable_and_the_shm_directory() {
         edits["mounts"],
         json!([
             {"hostPath": "/var/lib/das/mps/0123456789abcdef/pipe", "containerPath": "/tmp/nvidia-mps",
-             "options": ["rw", "nosuid", "nodev", "bind"]},
+             "options": ["ro", "nosuid", "nodev", "bind"]},
             {"hostPath": "/var/lib/das/mps/0123456789abcdef/shm", "containerPath": "/dev/shm",
              "options": ["rw", "nosuid", "nodev", "noexec", "bind"]},
         ])
@@ -72,6 +73,21 @@ fn an_mps_device_gets_the_pipe_directory_its_variable_and_the_shm_directory() {
     assert!(other.get("mounts").is_none(), "{other}");
     // Bind mounts without a type: the spec still needs no more than the version it had.
     assert_eq!(value["cdiVersion"], "0.5.0");
+}
+
+#[test]
+fn the_pipe_directory_is_read_only_unless_the_escape_hatch_says_rw() {
+    let ro = mounts().mounts();
+    assert_eq!(ro[0].options, ["ro", "nosuid", "nodev", "bind"]);
+    let rw = MpsMounts {
+        pipe_read_only: false,
+        ..mounts()
+    }
+    .mounts();
+    assert_eq!(rw[0].options, ["rw", "nosuid", "nodev", "bind"]);
+    // The shm directory is the containers' to write either way.
+    assert_eq!(ro[1].options, ["rw", "nosuid", "nodev", "noexec", "bind"]);
+    assert_eq!(rw[1].options, ro[1].options);
 }
 
 #[test]
