@@ -31,6 +31,7 @@ use crate::mirror::{
     carry_transition_time, desired_allocation_claims, desired_names, object_apply, writes_needed,
 };
 use crate::triggers::{Triggers, allocation_claim_key};
+use crate::watching::Synced;
 
 /// Field manager of every write (server-side apply).
 pub const FIELD_MANAGER: &str = "das-controller";
@@ -52,7 +53,7 @@ pub struct Context {
 impl Context {
     /// The state of the reconciles: writes through `client`, reads `caches`, counts in
     /// `metrics`, publishes Events with `recorder` and records its own writes in `triggers`.
-    /// Reconciles wait until [`Self::set_synced`].
+    /// Reconciles wait until [`Self::mark_synced`].
     pub fn new(
         client: Client,
         caches: Caches,
@@ -71,9 +72,28 @@ impl Context {
         }
     }
 
-    /// Every cache has its first complete list: reconciles may write from now on.
-    pub fn set_synced(&self) {
+    /// Every cache has its first complete list, as `_synced` proves: reconciles may write
+    /// from now on, and the controller is ready (`/readyz`).
+    pub fn mark_synced(&self, _synced: Synced) {
+        self.set_synced();
+        self.metrics.probe.set_ready(true);
+        tracing::info!("caches synced");
+    }
+
+    /// Lets reconciles write. Private: outside this module only [`Self::mark_synced`], with
+    /// its proof, reaches it; the unit tests' stores are complete from the start.
+    fn set_synced(&self) {
         self.synced.store(true, Ordering::Release);
+    }
+
+    /// The client the reconciles (and the sweep) write through.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The controller's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 }
 
