@@ -10,7 +10,7 @@
 //! [`crate::sweep`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -121,7 +121,19 @@ fn ready_since(claim: &ResourceClaim, device: &str) -> Option<String> {
     Some(c.last_transition_time.0.to_string())
 }
 
-/// Makes `claim`'s AllocationClaims what they should be.
+/// This replica's sequence number of reconciles, the `trace_id` of each reconcile's span.
+static RECONCILES: AtomicU64 = AtomicU64::new(0);
+
+/// Makes `claim`'s AllocationClaims what they should be. Runs in a span `reconcile` (inside
+/// kube-runtime's `reconciling object`) with the claim's `claim.uid`, `claim.namespace`,
+/// `claim.name` and a `trace_id`: this replica's sequence number of the reconcile, which joins
+/// the log lines of one reconcile (two reconciles of one claim have different ones).
+#[tracing::instrument(name = "reconcile", skip_all, fields(
+    claim.uid = claim.metadata.uid.as_deref().unwrap_or_default(),
+    claim.namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
+    claim.name = claim.metadata.name.as_deref().unwrap_or_default(),
+    trace_id = RECONCILES.fetch_add(1, Ordering::Relaxed),
+))]
 pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.synced.load(Ordering::Acquire) {
         return Ok(Action::requeue(Duration::from_millis(500)));
