@@ -109,6 +109,7 @@ pub async fn run(
         let ctx = ctx.clone();
         async move {
             ctx.mark_synced(synced.await);
+            tracing::info!("caches synced");
             std::future::pending::<()>().await
         }
     };

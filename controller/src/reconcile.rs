@@ -77,7 +77,6 @@ impl Context {
     pub fn mark_synced(&self, _synced: Synced) {
         self.set_synced();
         self.metrics.probe.set_ready(true);
-        tracing::info!("caches synced");
     }
 
     /// Lets reconciles write. Private: outside this module only [`Self::mark_synced`], with
