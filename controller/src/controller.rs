@@ -6,31 +6,35 @@
 //! starts a reconcile, and the controller's own writes coming back do not. The triggers come
 //! from the same shared streams as the caches ([`crate::cache`]), so a reconcile always sees the
 //! change that caused it.
+//!
+//! Start-up is in types, each phase making what the next requires: a [`Role`] (elected by
+//! [`crate::lease::Elector::acquire`], or [`Role::Single`]) → [`watch`] → a [`Watching`] →
+//! [`context`] and [`run`], where [`Watching::synced`] gives the
+//! [`crate::watching::Synced`] proof that [`Context::mark_synced`] requires before any reconcile
+//! writes. [`run`] ends when stopped or when the role is lost ([`Ended`]).
 
 use std::future::Future;
 use std::sync::Arc;
 
-use das_api::allocation::AllocationClaim;
-use das_runtime::client::Clients;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
-use kube::runtime::controller::Controller;
+use kube::Client;
+use kube::runtime::controller::{Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 
-use crate::cache::{
-    Caches, claims_in_pool, keep_what_the_mirror_needs, shared, slice_watch_config,
-};
+use crate::cache::claims_in_pool;
 use crate::device_info::{DeviceInfo, cached_rows};
+use crate::lease::Role;
 use crate::metrics::Metrics;
 use crate::mirror::results_to_mirror;
 use crate::published::PublishedSlice;
 use crate::reconcile::{Context, FIELD_MANAGER, error_policy, reconcile};
 use crate::sweep::{Sweep, sweep_loop};
 use crate::triggers::Triggers;
+use crate::watching::{Parts, Streams};
+pub use crate::watching::{Watching, watch};
 
 /// Default of how many ResourceClaims are reconciled at once (`--concurrent-reconciles`).
 ///
@@ -40,118 +44,120 @@ use crate::triggers::Triggers;
 /// "AllocationClaim controller"). Each in-flight reconcile holds at most one API request.
 pub const DEFAULT_CONCURRENT_RECONCILES: u16 = 64;
 
-/// Runs the controller until `shutdown` resolves, with at most `concurrent_reconciles`
-/// reconciles at once (0 means no limit). Watches use `clients.watches`; reads and writes
-/// (AllocationClaims, Events, the sweep) use `clients.calls`, whose timeouts bound them.
-pub async fn run(
-    clients: Clients,
+/// The state of the reconciles over `watching`'s caches and trigger filters: writes (and the
+/// Events of reporter `identity`, this replica) go through `client` (the one with read
+/// timeouts), counts go to `metrics`. Reconciles write nothing until it is marked synced.
+pub fn context(
+    watching: &Watching,
+    client: Client,
     metrics: Arc<Metrics>,
     identity: String,
-    concurrent_reconciles: u16,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    let Clients {
-        calls: client,
-        watches,
-    } = clients;
-    let all = watcher::Config::default();
-    let (pods, pod_events, pod_drive) = shared(
-        Api::<Pod>::all(watches.clone()),
-        all.clone(),
-        keep_what_the_mirror_needs,
-    );
-    let (allocs, alloc_events, alloc_drive) = shared(
-        Api::<AllocationClaim>::all(watches.clone()),
-        all.clone(),
-        |_| {},
-    );
-    let (slices, slice_events, slice_drive) = shared(
-        Api::<PublishedSlice>::all(watches.clone()),
-        slice_watch_config(),
-        |_| {},
-    );
-    let triggers = Arc::new(Triggers::default());
-    // The claims' own reflector: the controller's trigger stream, filtered by what changed.
-    let (claims, claim_writer) = reflector::store();
-    let claim_filter = triggers.clone();
-    let claim_events = watcher(Api::<ResourceClaim>::all(watches), all)
-        .default_backoff()
-        .reflect(claim_writer)
-        .applied_objects()
-        .try_filter(move |c| std::future::ready(claim_filter.on_claim(c)));
+) -> Arc<Context> {
     let reporter = Reporter {
         controller: FIELD_MANAGER.into(),
         instance: Some(identity),
     };
-    let caches = Caches {
-        pods: pods.clone(),
-        slices: slices.clone(),
-        allocs: allocs.clone(),
-    };
-    let ctx = Arc::new(Context::new(
+    Arc::new(Context::new(
         client.clone(),
+        watching.caches().clone(),
+        metrics,
+        Recorder::new(client, reporter),
+        watching.triggers().clone(),
+    ))
+}
+
+/// How [`run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// `shutdown` resolved (or a watch ended): the role may be released.
+    Stopped,
+    /// The role was lost (another replica leads): this replica must not write any more.
+    Lost,
+}
+
+/// Runs the controller over `watching` with the reconciles' `ctx` (from [`context`] on the
+/// same watches) while `role` holds, until `shutdown` resolves, with at most
+/// `concurrent_reconciles` reconciles at once (0 means no limit); beside it the sweep, and the
+/// wait for the caches' first lists that marks `ctx` synced and the controller ready. Reads
+/// and writes (AllocationClaims, Events, the sweep) use `ctx`'s client, whose timeouts bound
+/// them.
+pub async fn run(
+    watching: Watching,
+    ctx: Arc<Context>,
+    role: &Role,
+    concurrent_reconciles: u16,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> Ended {
+    let synced = watching.synced();
+    let Parts {
         caches,
-        metrics.clone(),
-        Recorder::new(client.clone(), reporter),
-        triggers.clone(),
-    ));
-    let (info_claims, info_pods) = (claims.clone(), pods.clone());
-    metrics.export_device_info(move || {
-        cached_rows(&info_claims, &info_pods)
-            .iter()
-            .map(DeviceInfo::labels)
-            .collect()
+        claims,
+        triggers,
+        streams,
+        drive,
+    } = watching.into_parts();
+    export_device_info(ctx.metrics(), &claims, &caches.pods);
+    let sweeper = sweep_loop(Sweep {
+        client: ctx.client().clone(),
+        claims: claims.clone(),
+        allocs: caches.allocs.clone(),
+        pods: caches.pods.clone(),
+        metrics: ctx.metrics().clone(),
+        triggers: triggers.clone(),
     });
+    let ready = {
+        let ctx = ctx.clone();
+        async move {
+            ctx.mark_synced(synced.await);
+            tracing::info!("caches synced");
+            std::future::pending::<()>().await
+        }
+    };
+    let run = controller(streams, claims, triggers, concurrent_reconciles)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {});
+    tokio::select! {
+        _ = run => Ended::Stopped,
+        _ = drive => Ended::Stopped,
+        _ = sweeper => Ended::Stopped,
+        _ = ready => Ended::Stopped,
+        _ = role.lost() => Ended::Lost,
+    }
+}
+
+/// The kube-runtime controller over the ResourceClaims' stream and store, triggered also by
+/// AllocationClaims (their owner), pods (the claims they use that have results to mirror) and
+/// our ResourceSlices (the claims allocated in their pool), each filtered by `triggers`.
+fn controller(
+    streams: Streams,
+    claims: Store<ResourceClaim>,
+    triggers: Arc<Triggers>,
+    concurrent_reconciles: u16,
+) -> Controller<ResourceClaim> {
     let (claims_of_pod, claims_of_slice) = (claims.clone(), claims.clone());
-    let (pod_filter, alloc_filter) = (triggers.clone(), triggers.clone());
-    let own_changes =
-        alloc_events.filter(move |a| std::future::ready(alloc_filter.on_allocation_claim(a)));
-    let controller = Controller::for_stream(claim_events, claims.clone())
-        .with_config(
-            kube::runtime::controller::Config::default().concurrency(concurrent_reconciles),
-        )
-        .owns_shared_stream(own_changes)
-        .watches_shared_stream(pod_events, move |p: Arc<Pod>| {
-            pod_filter.on_pod(&p, |r| {
+    Controller::for_stream(streams.claims, claims)
+        .with_config(Config::default().concurrency(concurrent_reconciles))
+        .owns_shared_stream(streams.allocs)
+        .watches_shared_stream(streams.pods, move |p: Arc<Pod>| {
+            triggers.on_pod(&p, |r| {
                 claims_of_pod
                     .get(r)
                     .is_some_and(|c| !results_to_mirror(&c).is_empty())
             })
         })
-        .watches_shared_stream(slice_events, move |s: Arc<PublishedSlice>| {
+        .watches_shared_stream(streams.slices, move |s: Arc<PublishedSlice>| {
             claims_in_pool(&s, &claims_of_slice)
-        });
-    let sweeper = sweep_loop(Sweep {
-        client,
-        claims: claims.clone(),
-        allocs: allocs.clone(),
-        pods: pods.clone(),
-        metrics: metrics.clone(),
-        triggers,
+        })
+}
+
+/// Exports `das_mig_device_info` from the claims' and pods' stores, computed on each scrape.
+fn export_device_info(metrics: &Metrics, claims: &Store<ResourceClaim>, pods: &Store<Pod>) {
+    let (claims, pods) = (claims.clone(), pods.clone());
+    metrics.export_device_info(move || {
+        cached_rows(&claims, &pods)
+            .iter()
+            .map(DeviceInfo::labels)
+            .collect()
     });
-    let synced = ctx.clone();
-    let ready = async {
-        let _ = tokio::join!(
-            pods.wait_until_ready(),
-            allocs.wait_until_ready(),
-            slices.wait_until_ready(),
-            claims.wait_until_ready()
-        );
-        synced.set_synced();
-        metrics.probe.set_ready(true);
-        tracing::info!("caches synced");
-        std::future::pending::<()>().await
-    };
-    let run = controller
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| async {});
-    tokio::select! {
-        _ = run => {},
-        _ = pod_drive => {},
-        _ = alloc_drive => {},
-        _ = slice_drive => {},
-        _ = sweeper => {},
-        _ = ready => {},
-    }
 }

@@ -6,6 +6,12 @@
 //!
 //! Like client-go, expiry is judged against this replica's clock; replicas on one cluster are
 //! assumed to have clocks within a fraction of the lease duration.
+//!
+//! Start-up order in types: only [`Elector::acquire`] makes a [`Leadership`] (its field is
+//! private), and the controller's [`Role`], which its watches and its run require, is either
+//! that leadership or [`Role::Single`], the explicit choice of running without election. So
+//! the controller cannot start writing before it leads, and a leader's renewals and release go
+//! through the value that proves it leads.
 
 use std::time::Duration;
 
@@ -135,7 +141,7 @@ impl Elector {
 
     /// One round: creates, renews or takes over the lease. `Ok(true)` while we lead; a 409
     /// Conflict (another replica won the race) is `Ok(false)`.
-    pub async fn try_acquire_or_renew(&self) -> Result<bool> {
+    async fn try_acquire_or_renew(&self) -> Result<bool> {
         let now = Timestamp::now();
         let pp = PostParams::default();
         let Some(mut lease) = self
@@ -166,7 +172,8 @@ impl Elector {
     }
 
     /// Gives the lease up (clears the holder) so a standby takes over at once; best effort.
-    pub async fn release(&self) {
+    /// Reached through [`Leadership::release`].
+    async fn release(&self) {
         let Ok(Some(mut lease)) = self.api.get_opt(&self.cfg.name).await else {
             return;
         };
@@ -201,13 +208,16 @@ impl Elector {
             .map_err(|_| Error::LeaseTimeout(self.cfg.renew_deadline))?
     }
 
-    /// Waits until this replica leads; retries every `renew_every`.
-    pub async fn acquire(&self) {
+    /// Waits until this replica leads (retrying every `renew_every`) and returns the proof,
+    /// the one way to get a [`Leadership`]. Dropping the future stops the candidacy.
+    pub async fn acquire(self) -> Leadership {
         loop {
             match self.bounded_round().await {
                 Ok(true) => {
                     tracing::info!(identity = %self.cfg.identity, lease = %self.cfg.name, "became leader");
-                    return;
+                    return Leadership {
+                        elector: Box::new(self),
+                    };
                 }
                 Ok(false) => tracing::debug!("lease held by another replica"),
                 Err(e) => {
@@ -221,8 +231,8 @@ impl Elector {
 
     /// Renews until leadership is lost: returns when another replica holds the lease or no
     /// renewal succeeded within the renew deadline (each call is bounded by it too), which is
-    /// before the lease expires for the other replicas.
-    pub async fn keep(&self) {
+    /// before the lease expires for the other replicas. Reached through [`Leadership::keep`].
+    async fn keep(&self) {
         let mut last_ok = tokio::time::Instant::now();
         loop {
             tokio::time::sleep(self.cfg.renew_every).await;
@@ -242,6 +252,67 @@ impl Elector {
                     "could not renew the leader lease within the renew deadline: stepping down");
                 return;
             }
+        }
+    }
+}
+
+/// Proof that this replica acquired the leader lease: made only by [`Elector::acquire`]. It
+/// keeps the lease ([`Self::keep`]) and gives it up ([`Self::release`], which consumes it).
+///
+/// ```compile_fail,E0451
+/// use das_controller::lease::{Elector, Leadership};
+/// // Leading without acquiring the lease does not compile: the field is private.
+/// fn lead(e: Elector) -> Leadership {
+///     Leadership { elector: Box::new(e) }
+/// }
+/// ```
+pub struct Leadership {
+    /// Boxed: a [`Role`] is either this or nothing.
+    elector: Box<Elector>,
+}
+
+impl Leadership {
+    /// Renews the lease every `renew_every`; returns once leadership is lost (another replica
+    /// holds the lease, or no renewal succeeded within the renew deadline).
+    pub async fn keep(&self) {
+        self.elector.keep().await
+    }
+
+    /// Gives the lease up so a standby takes over at once; best effort.
+    pub async fn release(self) {
+        self.elector.release().await
+    }
+
+    /// The settings of the lease held.
+    pub fn config(&self) -> &LeaseConfig {
+        self.elector.config()
+    }
+}
+
+/// Whether, and by what right, this replica runs the controller: the watches and the run of
+/// `crate::controller` require one.
+pub enum Role {
+    /// Elected: holds the leader lease (`--leader-elect`, the default).
+    Leading(Leadership),
+    /// The only replica, without election (`--leader-elect=false`).
+    Single,
+}
+
+impl Role {
+    /// Resolves when this replica must stop writing: leadership lost. A [`Role::Single`]
+    /// never loses its role.
+    pub async fn lost(&self) {
+        match self {
+            Self::Leading(l) => l.keep().await,
+            Self::Single => std::future::pending().await,
+        }
+    }
+
+    /// Steps down after a clean stop: the leader releases the lease for a standby to take over
+    /// at once (best effort); a single replica has nothing to give up.
+    pub async fn release(self) {
+        if let Self::Leading(l) = self {
+            l.release().await
         }
     }
 }

@@ -10,19 +10,24 @@
 //! - [`reconcile`]: one reconcile of a ResourceClaim (the writes that make its AllocationClaims
 //!   what they should be);
 //! - [`sweep`]: the periodic deletion of AllocationClaims no live allocation wants;
+//! - [`watching`]: the controller's watches, started (stores, trigger streams), and the proof
+//!   that their caches are synced;
 //! - [`controller`]: the kube-runtime controller that wires the watches, caches, triggers,
-//!   reconciles and sweep together;
+//!   reconciles and sweep together, and its start-up order in types (role → watching →
+//!   synced → writing);
 //! - [`triggers`]: which watch events start a reconcile (what the mirror reads changed, and not
 //!   our own writes coming back);
 //! - [`device_info`]: which pod and container hold each prepared MIG device (the
 //!   `das_mig_device_info` gauge);
-//! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease;
+//! - [`lease`]: leader election on a `coordination.k8s.io/v1` Lease, and the [`lease::Role`]
+//!   (leading, or the single replica) the controller's watches and run require;
 //! - [`metrics`]: Prometheus metrics and health endpoints (it depends on no other module);
 //! - [`error`]: the one error type, with the metric label of each kind of failure.
 //!
 //! Module dependencies have no cycle: `error`, `metrics` and `mirror` use nothing of the crate
 //! (`lease` only `error`); then, each using only modules before it: `published` → `cache` →
-//! `device_info` → `triggers` → `reconcile` → `sweep` → `controller`.
+//! `device_info` → `triggers` → `watching` (also `lease`) → `reconcile` → `sweep` →
+//! `controller`.
 
 pub mod cache;
 pub mod controller;
@@ -35,5 +40,6 @@ pub mod published;
 pub mod reconcile;
 pub mod sweep;
 pub mod triggers;
+pub mod watching;
 
 pub use error::{Error, Result};

@@ -10,7 +10,7 @@
 //! [`crate::sweep`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +31,7 @@ use crate::mirror::{
     carry_transition_time, desired_allocation_claims, desired_names, object_apply, writes_needed,
 };
 use crate::triggers::{Triggers, allocation_claim_key};
+use crate::watching::Synced;
 
 /// Field manager of every write (server-side apply).
 pub const FIELD_MANAGER: &str = "das-controller";
@@ -52,7 +53,7 @@ pub struct Context {
 impl Context {
     /// The state of the reconciles: writes through `client`, reads `caches`, counts in
     /// `metrics`, publishes Events with `recorder` and records its own writes in `triggers`.
-    /// Reconciles wait until [`Self::set_synced`].
+    /// Reconciles wait until [`Self::mark_synced`].
     pub fn new(
         client: Client,
         caches: Caches,
@@ -71,9 +72,27 @@ impl Context {
         }
     }
 
-    /// Every cache has its first complete list: reconciles may write from now on.
-    pub fn set_synced(&self) {
+    /// Every cache has its first complete list, as `_synced` proves: reconciles may write
+    /// from now on, and the controller is ready (`/readyz`).
+    pub fn mark_synced(&self, _synced: Synced) {
+        self.set_synced();
+        self.metrics.probe.set_ready(true);
+    }
+
+    /// Lets reconciles write. Private: outside this module only [`Self::mark_synced`], with
+    /// its proof, reaches it; the unit tests' stores are complete from the start.
+    fn set_synced(&self) {
         self.synced.store(true, Ordering::Release);
+    }
+
+    /// The client the reconciles (and the sweep) write through.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The controller's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 }
 
@@ -101,7 +120,19 @@ fn ready_since(claim: &ResourceClaim, device: &str) -> Option<String> {
     Some(c.last_transition_time.0.to_string())
 }
 
-/// Makes `claim`'s AllocationClaims what they should be.
+/// This replica's sequence number of reconciles, the `trace_id` of each reconcile's span.
+static RECONCILES: AtomicU64 = AtomicU64::new(0);
+
+/// Makes `claim`'s AllocationClaims what they should be. Runs in a span `reconcile` (inside
+/// kube-runtime's `reconciling object`) with the claim's `claim.uid`, `claim.namespace`,
+/// `claim.name` and a `trace_id`: this replica's sequence number of the reconcile, which joins
+/// the log lines of one reconcile (two reconciles of one claim have different ones).
+#[tracing::instrument(name = "reconcile", skip_all, fields(
+    claim.uid = claim.metadata.uid.as_deref().unwrap_or_default(),
+    claim.namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
+    claim.name = claim.metadata.name.as_deref().unwrap_or_default(),
+    trace_id = RECONCILES.fetch_add(1, Ordering::Relaxed),
+))]
 pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
     if !ctx.synced.load(Ordering::Acquire) {
         return Ok(Action::requeue(Duration::from_millis(500)));

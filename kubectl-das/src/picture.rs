@@ -159,76 +159,117 @@ fn holder_style(i: usize) -> Style {
 /// The picture and its legend as text. Holders get their symbols in the order they first
 /// appear (node, GPU, memory slice), so the same occupancy always draws the same.
 pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
-    let mut holders: Vec<(String, String)> = Vec::new();
-    // A holder's symbol and what it holds: one Held, or the shares of one shared slice.
-    let mut legend: Vec<(usize, Vec<&Held>)> = Vec::new();
-    let mut foreign = false;
-    let mut rows: Vec<Vec<Cell>> = vec![{
-        let mut h = vec!["NODE", "GPU", "PRODUCT", "MEMORY SLICES"];
-        if opts.wide {
-            h.insert(3, "UUID");
-        }
-        h.into_iter().map(Cell::from).collect()
-    }];
+    let mut legend = Legend::default();
+    let mut rows: Vec<Vec<Cell>> = vec![gpu_header(opts)];
     for p in pics {
-        let mut cells: Vec<Cell> =
-            vec![Cell::styled(".", Style::new().dimmed()); p.gpu.memory_slices as usize];
-        for slot in slots(&p.held) {
-            let h = slot[0];
-            // Of a shared slice, the shares of the namespace shown (`-n`); `#` if none is.
-            let mine: Vec<&Held> = slot
-                .iter()
-                .copied()
-                .filter(|h| opts.namespace.as_ref().is_none_or(|ns| *ns == h.namespace))
-                .collect();
-            let cell = if mine.is_empty() {
-                foreign = true;
-                Cell::styled("#", Style::new().dimmed())
-            } else {
-                let who = if h.share.is_some() {
-                    share_holder(&mine, slot.len() - mine.len())
-                } else {
-                    holder(h)
-                };
-                let i = holders.iter().position(|x| *x == who).unwrap_or_else(|| {
-                    holders.push(who);
-                    holders.len() - 1
-                });
-                legend.push((i, mine));
-                Cell::styled(symbol(i).to_string(), holder_style(i))
-            };
-            for s in h.start..h.start + h.size {
-                if let Some(c) = cells.get_mut(s as usize) {
-                    *c = cell.clone();
-                }
-            }
-        }
-        let mut row: Vec<Cell> = vec![
-            p.gpu.node.clone().into(),
-            format!("gpu-{}", p.gpu.index).into(),
-            p.gpu.product.clone().into(),
-        ];
-        if opts.wide {
-            row.push(p.gpu.uuid.clone().into());
-        }
-        row.push(picture_cell(&cells, opts.color));
-        rows.push(row);
+        let cells = legend.paint(p, opts);
+        rows.push(gpu_row(p, &cells, opts));
     }
     let mut out = render(&rows, opts.color);
-    if foreign {
+    if legend.foreign {
         out.push_str("(# = held by a claim of another namespace)\n");
     }
-    if legend.is_empty() {
+    if legend.entries.is_empty() {
         out.push_str("\nNo slices are held");
-        out.push_str(if foreign {
+        out.push_str(if legend.foreign {
             " in this namespace.\n"
         } else {
             ".\n"
         });
         return out;
     }
-    legend.sort_by_key(|(i, h)| (*i, h[0].node.clone(), h[0].gpu, h[0].start));
-    let mut rows: Vec<Vec<Cell>> = vec![{
+    out.push('\n');
+    out.push_str(&legend.render(opts));
+    out
+}
+
+/// The picture's header: `NODE GPU PRODUCT [UUID] MEMORY SLICES`.
+fn gpu_header(opts: &Options) -> Vec<Cell> {
+    let mut h = vec!["NODE", "GPU", "PRODUCT", "MEMORY SLICES"];
+    if opts.wide {
+        h.insert(3, "UUID");
+    }
+    h.into_iter().map(Cell::from).collect()
+}
+
+/// GPU `p`'s row of the picture, its memory slices drawn as `cells`.
+fn gpu_row(p: &GpuPicture, cells: &[Cell], opts: &Options) -> Vec<Cell> {
+    let mut row: Vec<Cell> = vec![
+        p.gpu.node.clone().into(),
+        format!("gpu-{}", p.gpu.index).into(),
+        p.gpu.product.clone().into(),
+    ];
+    if opts.wide {
+        row.push(p.gpu.uuid.clone().into());
+    }
+    row.push(picture_cell(cells, opts.color));
+    row
+}
+
+/// Who holds what, gathered while the GPUs are painted in order.
+#[derive(Default)]
+struct Legend<'a> {
+    /// Each holder (namespace, who) once, in order of first appearance: its index is its
+    /// [`symbol`].
+    holders: Vec<(String, String)>,
+    /// A holder's index and what it holds: one Held, or the shares of one shared slice.
+    entries: Vec<(usize, Vec<&'a Held>)>,
+    /// A slot held only by claims of other namespaces was drawn as `#`.
+    foreign: bool,
+}
+
+impl<'a> Legend<'a> {
+    /// GPU `p`'s memory slices as cells: `.` free, the holder's symbol, `#` for a slot of
+    /// another namespace (`-n`); each holder drawn is entered in the legend.
+    fn paint(&mut self, p: &'a GpuPicture, opts: &Options) -> Vec<Cell> {
+        let mut cells: Vec<Cell> =
+            vec![Cell::styled(".", Style::new().dimmed()); p.gpu.memory_slices as usize];
+        for slot in slots(&p.held) {
+            let h = slot[0];
+            let cell = self.slot_cell(&slot, opts);
+            for s in h.start..h.start + h.size {
+                if let Some(c) = cells.get_mut(s as usize) {
+                    *c = cell.clone();
+                }
+            }
+        }
+        cells
+    }
+
+    /// The cell of one slot (a slice, a GPU, or the shares of one shared slice).
+    fn slot_cell(&mut self, slot: &[&'a Held], opts: &Options) -> Cell {
+        let h = slot[0];
+        // Of a shared slice, the shares of the namespace shown (`-n`); `#` if none is.
+        let mine: Vec<&Held> = slot
+            .iter()
+            .copied()
+            .filter(|h| opts.namespace.as_ref().is_none_or(|ns| *ns == h.namespace))
+            .collect();
+        if mine.is_empty() {
+            self.foreign = true;
+            return Cell::styled("#", Style::new().dimmed());
+        }
+        let who = if h.share.is_some() {
+            share_holder(&mine, slot.len() - mine.len())
+        } else {
+            holder(h)
+        };
+        let i = self
+            .holders
+            .iter()
+            .position(|x| *x == who)
+            .unwrap_or_else(|| {
+                self.holders.push(who);
+                self.holders.len() - 1
+            });
+        self.entries.push((i, mine));
+        Cell::styled(symbol(i).to_string(), holder_style(i))
+    }
+
+    /// The legend table: a row per entry, by symbol, then node, GPU and start.
+    fn render(mut self, opts: &Options) -> String {
+        self.entries
+            .sort_by_key(|(i, h)| (*i, h[0].node.clone(), h[0].gpu, h[0].start));
         let mut h = vec![
             "",
             "NAMESPACE",
@@ -241,39 +282,40 @@ pub fn render_text(pics: &[GpuPicture], opts: &Options) -> String {
         if opts.wide {
             h.extend(["CLAIM", "DEVICE"]);
         }
-        h.into_iter().map(Cell::from).collect()
-    }];
-    for (i, held) in legend {
-        let h = held[0];
-        let (ns, who) = &holders[i];
-        let mut row: Vec<Cell> = vec![
-            Cell::styled(symbol(i).to_string(), holder_style(i)),
-            ns.clone().into(),
-            who.clone().into(),
-            h.profile.clone().into(),
-            format!("{} gpu-{}", h.node, h.gpu).into(),
-            h.start.to_string().into(),
-            h.mig_uuid
-                .clone()
-                .unwrap_or_else(|| {
-                    if h.is_whole_gpu() {
-                        "(whole GPU)".into()
-                    } else {
-                        "(not carved yet)".into()
-                    }
-                })
-                .into(),
-        ];
-        if opts.wide {
-            let claims: Vec<&str> = held.iter().map(|h| h.claim.as_str()).collect();
-            row.push(claims.join(", ").into());
-            row.push(h.device.clone().into());
+        let mut rows: Vec<Vec<Cell>> = vec![h.into_iter().map(Cell::from).collect()];
+        for (i, held) in &self.entries {
+            rows.push(legend_row(*i, held, &self.holders[*i], opts));
         }
-        rows.push(row);
+        render(&rows, opts.color)
     }
-    out.push('\n');
-    out.push_str(&render(&rows, opts.color));
-    out
+}
+
+/// The legend's row of holder `i` (`holder`: namespace, who) holding `held`.
+fn legend_row(i: usize, held: &[&Held], holder: &(String, String), opts: &Options) -> Vec<Cell> {
+    let h = held[0];
+    let (ns, who) = holder;
+    let mig_uuid = h.mig_uuid.clone().unwrap_or_else(|| {
+        if h.is_whole_gpu() {
+            "(whole GPU)".into()
+        } else {
+            "(not carved yet)".into()
+        }
+    });
+    let mut row: Vec<Cell> = vec![
+        Cell::styled(symbol(i).to_string(), holder_style(i)),
+        ns.clone().into(),
+        who.clone().into(),
+        h.profile.clone().into(),
+        format!("{} gpu-{}", h.node, h.gpu).into(),
+        h.start.to_string().into(),
+        mig_uuid.into(),
+    ];
+    if opts.wide {
+        let claims: Vec<&str> = held.iter().map(|h| h.claim.as_str()).collect();
+        row.push(claims.join(", ").into());
+        row.push(h.device.clone().into());
+    }
+    row
 }
 
 /// `[. A B B]`: the cells in brackets, one space apart, each in its own style.

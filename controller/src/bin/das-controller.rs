@@ -4,6 +4,10 @@
 //! `<namespace>/das-controller` reconciles; the others stand by. SIGTERM or SIGINT stops the
 //! controller, releases the lease and exits 0; losing the lease exits 1 (a restart then stands by
 //! as a candidate again, as client-go based controllers do).
+//!
+//! Start-up, each phase making what the next requires: [`elect`] → [`Role`] → [`serve`]
+//! (`controller::watch` → `controller::context` → `controller::run`, which marks the
+//! controller ready once its caches are synced) → [`Ended`] → the exit code.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -12,8 +16,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use das_controller::controller;
-use das_controller::lease::{Elector, LeaseConfig};
+use das_controller::controller::{self, Ended};
+use das_controller::lease::{Elector, LeaseConfig, Role};
 use das_controller::metrics::Metrics;
 use das_runtime::client::{self, Clients, KubeArgs, Timeouts};
 use das_runtime::logging::LogArgs;
@@ -99,13 +103,12 @@ async fn run(args: Args) -> Result<u8> {
         }
     });
     let id = identity(&args);
-    let code = if args.leader_elect {
-        run_elected(&args, clients, metrics, id, stopped, stop_tx).await
-    } else {
-        metrics.leader.set(1);
-        controller::run(clients, metrics, id, args.concurrent_reconciles, stopped()).await;
-        0
+    let code = match elect(&args, &clients, &metrics, &id, stopped()).await {
+        Some(role) => serve(&args, role, clients, metrics, id, stopped()).await,
+        None => 0,
     };
+    // Stops the metrics server too when the controller ended by itself (the lease was lost).
+    let _ = stop_tx.send(true);
     server
         .await
         .context("the metrics server task")?
@@ -114,21 +117,22 @@ async fn run(args: Args) -> Result<u8> {
     Ok(code)
 }
 
-/// Waits for the lease, runs the controller while leading; returns the exit code.
-async fn run_elected<F, Fut>(
+/// The role this replica runs the controller by: [`Role::Single`] without `--leader-elect`;
+/// else, once it holds the lease, [`Role::Leading`] (ready as a standby meanwhile). `None`:
+/// `stopped` resolved while standing by.
+async fn elect(
     args: &Args,
-    clients: Clients,
-    metrics: Arc<Metrics>,
-    id: String,
-    stopped: F,
-    stop_tx: watch::Sender<bool>,
-) -> u8
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + Sync + 'static,
-{
+    clients: &Clients,
+    metrics: &Arc<Metrics>,
+    id: &str,
+    stopped: impl std::future::Future<Output = ()>,
+) -> Option<Role> {
+    if !args.leader_elect {
+        metrics.leader.set(1);
+        return Some(Role::Single);
+    }
     let duration = Duration::from_secs(args.lease_duration_seconds.max(3));
-    let cfg = LeaseConfig::for_duration("das-controller", &id, duration);
+    let cfg = LeaseConfig::for_duration("das-controller", id, duration);
     let api = kube::Api::namespaced(clients.calls.clone(), &args.leader_elect_namespace);
     let elector = Elector::new(api, cfg).counting_errors({
         let metrics = metrics.clone();
@@ -136,21 +140,37 @@ where
     });
     // A standby is ready: it serves as soon as it leads.
     metrics.probe.set_ready(true);
-    tokio::select! {
-        _ = elector.acquire() => {},
-        _ = stopped() => return 0,
-    }
+    let leadership = tokio::select! {
+        l = elector.acquire() => l,
+        _ = stopped => return None,
+    };
+    // Not ready again until the caches are synced.
     metrics.probe.set_ready(false);
     metrics.leader.set(1);
-    let lost = tokio::select! {
-        _ = controller::run(clients, metrics.clone(), id, args.concurrent_reconciles, stopped()) => false,
-        _ = elector.keep() => true,
-    };
-    metrics.leader.set(0);
-    let _ = stop_tx.send(true);
-    if lost {
-        return 1;
+    Some(Role::Leading(leadership))
+}
+
+/// Runs the controller by `role` until `stopped` or the role is lost; returns the exit code:
+/// 0 after a stop (a leader releases the lease first), 1 when the lease was lost.
+async fn serve(
+    args: &Args,
+    role: Role,
+    clients: Clients,
+    metrics: Arc<Metrics>,
+    id: String,
+    stopped: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> u8 {
+    let watching = controller::watch(&role, clients.watches);
+    let ctx = controller::context(&watching, clients.calls, metrics.clone(), id);
+    let ended = controller::run(watching, ctx, &role, args.concurrent_reconciles, stopped).await;
+    if let Role::Leading(_) = role {
+        metrics.leader.set(0);
     }
-    elector.release().await;
-    0
+    match ended {
+        Ended::Lost => 1,
+        Ended::Stopped => {
+            role.release().await;
+            0
+        }
+    }
 }

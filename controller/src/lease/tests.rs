@@ -65,3 +65,77 @@ fn decisions() {
     assert_eq!(decide(Some(&spec("b", 16)), "a", now), Decision::TakeOver);
     assert_eq!(decide(Some(&spec("", 1)), "a", now), Decision::TakeOver);
 }
+
+/// The one way to lead: [`Elector::acquire`] creates the missing lease with our identity and
+/// returns the [`Leadership`], whose release then clears the holder for a standby.
+#[tokio::test]
+async fn acquire_gives_the_leadership_that_releases_the_lease() {
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    const URL: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
+    let server = tokio::spawn(async move {
+        let mut answer = async |method: Method, uri: String, status: StatusCode, reply_with| {
+            let (request, reply) = handle.next_request().await.expect("a request");
+            assert_eq!(
+                (request.method(), request.uri().path()),
+                (&method, uri.as_str())
+            );
+            let body = request.into_body().collect_bytes().await.unwrap();
+            let sent: Option<Lease> = serde_json::from_slice(&body).ok();
+            let out: serde_json::Value = match reply_with {
+                Some(v) => v,
+                None => serde_json::to_value(sent.as_ref().expect("a lease sent")).unwrap(),
+            };
+            reply.send_response(
+                Response::builder()
+                    .status(status)
+                    .body(Body::from(serde_json::to_vec(&out).unwrap()))
+                    .unwrap(),
+            );
+            sent
+        };
+        let not_found = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+            "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+        answer(
+            Method::GET,
+            format!("{URL}/l"),
+            StatusCode::NOT_FOUND,
+            Some(not_found),
+        )
+        .await;
+        let created = answer(Method::POST, URL.into(), StatusCode::CREATED, None)
+            .await
+            .expect("the lease created");
+        let spec = created.spec.clone().unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some("me"));
+        assert_eq!(spec.lease_duration_seconds, Some(15));
+        let stored = serde_json::to_value(&created).unwrap();
+        answer(
+            Method::GET,
+            format!("{URL}/l"),
+            StatusCode::OK,
+            Some(stored),
+        )
+        .await;
+        let released = answer(Method::PUT, format!("{URL}/l"), StatusCode::OK, None)
+            .await
+            .expect("the lease replaced");
+        let spec = released.spec.unwrap();
+        assert_eq!(spec.holder_identity, None, "released: {spec:?}");
+        assert_eq!(spec.renew_time, None);
+    });
+    let cfg = LeaseConfig::for_duration("l", "me", Duration::from_secs(15));
+    let elector = Elector::new(Api::namespaced(client, "ns"), cfg);
+    let leadership = tokio::time::timeout(Duration::from_secs(5), elector.acquire())
+        .await
+        .expect("acquired");
+    assert_eq!(leadership.config().identity, "me");
+    Role::Leading(leadership).release().await;
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("every request made")
+        .expect("the API server saw what it expected");
+}
