@@ -17,6 +17,8 @@
 //! Every write is observed, a withdrawn one too (it carries nothing gated, so it tells
 //! nothing). The guard works on ResourceSlice specs and their field names only.
 
+use std::time::Duration;
+
 use k8s_openapi::api::resource::v1::ResourceSliceSpec;
 use tokio::time::Instant;
 
@@ -193,7 +195,7 @@ pub struct Guard {
 impl Guard {
     /// A guard that probes shared counters again after `min_retry` doubling to `max_retry`
     /// while they are dropped ([`CounterGuard::new`]).
-    pub fn new(min_retry: std::time::Duration, max_retry: std::time::Duration) -> Self {
+    pub fn new(min_retry: Duration, max_retry: Duration) -> Self {
         Self {
             counters: CounterGuard::new(min_retry, max_retry),
             ..Self::default()
