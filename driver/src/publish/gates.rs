@@ -1,10 +1,10 @@
 //! The API server's feature gates, as the publisher sees them in what the server stores (pure).
 //!
-//! On Kubernetes 1.34 and 1.35 `DRAPartitionableDevices` and `DRADeviceTaints` are alpha and off
-//! by default; a server with a gate off silently drops that gate's fields when a ResourceSlice is
+//! On Kubernetes 1.34 and 1.35 the four gates below are alpha and off by default (beta and on
+//! from 1.36); a server with a gate off silently drops that gate's fields when a ResourceSlice is
 //! created, and when it is updated unless the stored slice already used them (kubernetes
 //! `pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`; docs/reference/dra.md,
-//! "ResourceSlice publishing"). The two cost different things:
+//! "ResourceSlice publishing"). The gated fields DAS acts on cost different things:
 //!
 //! - **Shared counters** (`sharedCounters` of a slice, `consumesCounters` of a device;
 //!   `DRAPartitionableDevices`): without them every placement of a GPU looks independent, so
@@ -12,35 +12,42 @@
 //!   pool is published empty) until a probe shows the counters kept ([`CounterGuard`]).
 //! - **Device taints** (`DRADeviceTaints`): an unhealthy GPU's devices stay offered untainted;
 //!   nothing overlaps, and the health stream and the Node events still report the GPU. The
-//!   devices stay published; a Node event says so ([`CounterGuard::taints_written`]).
+//!   devices stay published; a Node event says so ([`Notice::TaintsDropped`]).
 //! - **Consumable capacity** (`allowMultipleAllocations` of a device, the `requestPolicy` of its
 //!   capacities; `DRAConsumableCapacity`): a shareable device (docs/design.md §7, "Shared
 //!   slices") stored without them looks exclusive, and would be given whole to one claim of a
 //!   shared class. Once a write shows them dropped, every shareable device is left out of what
 //!   is published ([`without_shareable_devices`]) until the plugin restarts; the exclusive
-//!   devices stay published, and a Node event says so ([`CounterGuard::shares_written`]).
+//!   devices stay published, and a Node event says so ([`Notice::SharesDropped`]).
 //! - **Binding conditions** (`bindingConditions`, `bindingFailureConditions` of a device;
 //!   `DRADeviceBindingConditions`; carve before bind, [`super::binding`]): a scheduler whose
 //!   gate is off never picks a device that has them, and a server that drops them would give
 //!   the devices without them, so the carve would never be waited for. Once a write shows them
 //!   dropped, the devices are published without them until the plugin restarts (prepare then
 //!   carves, as without carve before bind), and a Node event says so
-//!   ([`CounterGuard::binding_written`]).
+//!   ([`Notice::BindingConditionsDropped`]).
 //!
 //! The probe is a dry-run create of one of the node's counter slices: the server runs the
 //! same field dropping on a dry run (`BeforeCreate` before the dry-run store) and returns what
 //! it would store, and nothing is stored, so no device is ever offered without its counters.
+//!
+//! [`Guard`] (`gates/guard.rs`) is what the publisher calls, twice per attempt: it plans each
+//! attempt of a publish from the desired slices and observes what the server kept. The
+//! schedule of the counter probes is [`CounterGuard`]'s; `gates/fields.rs` reads the gated
+//! fields of a spec, `gates/shares.rs` leaves the shareable devices out.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 mod fields;
+mod guard;
 mod shares;
 
 pub use fields::{
     Dropped, carries_binding_conditions, carries_counters, carries_shares, carries_taints, dropped,
 };
+pub use guard::{Attempt, Guard, MAX_ATTEMPTS, Observed, Written};
 pub use shares::without_shareable_devices;
 
 /// The feature gate of shared counters (KEP-4815; beta and on from 1.36).
@@ -227,8 +234,9 @@ pub struct Decision {
     pub notice: Option<Notice>,
 }
 
-/// Decides when to probe whether the API server keeps shared counters, and whether the node's
-/// devices are published or withdrawn ("no silent overlap", docs/design.md §4):
+/// The shared-counter half of [`Guard`]: decides when to probe whether the API server keeps
+/// shared counters, and whether the node's devices are published or withdrawn ("no silent
+/// overlap", docs/design.md §4):
 ///
 /// - until the counters are known kept, a publish whose slices carry counters first probes with
 ///   a dry run; kept → the desired slices are published; dropped → the pool is published empty,
@@ -252,11 +260,6 @@ pub struct CounterGuard {
     next_probe: Option<Instant>,
     /// When the counters were last seen kept.
     kept_at: Option<Instant>,
-    taints_dropped: bool,
-    /// The server was seen dropping consumable capacity: shareable devices stay withdrawn.
-    shares_dropped: bool,
-    /// The server was seen dropping binding conditions: they stay left out.
-    binding_dropped: bool,
 }
 
 impl Default for CounterGuard {
@@ -275,9 +278,6 @@ impl CounterGuard {
             retry: min_retry,
             next_probe: None,
             kept_at: None,
-            taints_dropped: false,
-            shares_dropped: false,
-            binding_dropped: false,
         }
     }
 
@@ -290,17 +290,6 @@ impl CounterGuard {
     /// Whether the node's devices are withdrawn (counters dropped).
     pub fn withdrawn(&self) -> bool {
         self.counters == Counters::Dropped
-    }
-
-    /// Whether the last write with taints lost them.
-    pub fn taints_dropped(&self) -> bool {
-        self.taints_dropped
-    }
-
-    /// Whether the shareable devices are withdrawn: the server was seen dropping consumable
-    /// capacity ([`without_shareable_devices`]).
-    pub fn shares_dropped(&self) -> bool {
-        self.shares_dropped
     }
 
     /// When to probe again, while the devices are withdrawn.
@@ -368,47 +357,6 @@ impl CounterGuard {
         if wrote_counters && self.counters == Counters::Unknown {
             self.counters = Counters::Kept;
             self.kept_at = Some(now);
-        }
-        None
-    }
-
-    /// Takes what a publish wrote of device taints: whether any written slice carried taints,
-    /// and whether the server dropped any. A notice on a change.
-    pub fn taints_written(&mut self, wrote_taints: bool, dropped_taints: bool) -> Option<Notice> {
-        if dropped_taints && !self.taints_dropped {
-            self.taints_dropped = true;
-            return Some(Notice::TaintsDropped);
-        }
-        if wrote_taints && !dropped_taints && self.taints_dropped {
-            self.taints_dropped = false;
-            return Some(Notice::TaintsKept);
-        }
-        None
-    }
-
-    /// Takes whether a publish's writes lost consumable capacity. A notice the first time: from
-    /// then on the shareable devices are withdrawn, until the plugin restarts (a server whose
-    /// gate is turned on again needs a restart, and so does the plugin to see it).
-    pub fn shares_written(&mut self, dropped_shares: bool) -> Option<Notice> {
-        if dropped_shares && !self.shares_dropped {
-            self.shares_dropped = true;
-            return Some(Notice::SharesDropped);
-        }
-        None
-    }
-
-    /// Whether the devices are published without binding conditions: the server was seen
-    /// dropping them.
-    pub fn binding_dropped(&self) -> bool {
-        self.binding_dropped
-    }
-
-    /// Takes whether a publish's writes lost binding conditions. A notice the first time: from
-    /// then on the devices are published without them, until the plugin restarts.
-    pub fn binding_written(&mut self, dropped: bool) -> Option<Notice> {
-        if dropped && !self.binding_dropped {
-            self.binding_dropped = true;
-            return Some(Notice::BindingConditionsDropped);
         }
         None
     }

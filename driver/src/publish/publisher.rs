@@ -42,8 +42,8 @@
 //! Parts, one file each under `publisher/`: `api` (the calls), `outcome` (what a publish did or
 //! why it failed), `writes` (listing, planning and writing one publish), `run` (the loop that
 //! keeps the pool published, from desired specs or from [`super::desired::HealthFacts`]); this
-//! file holds the publisher, the shared-counter guard around each publish, and the completion of
-//! desired specs.
+//! file holds the publisher, its loop over the attempts the guard plans ([`super::gates::Guard`]:
+//! probe or write, then observe what the server kept), and the completion of desired specs.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -55,8 +55,7 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::binding;
-use super::gates::{self, CounterGuard, Notice, Offer, ProbeAnswer, Step};
+use super::gates::{self, Attempt, Guard, Notice, Observed, ProbeAnswer};
 use super::plan::{self, Baseline};
 use crate::events::{EventKind, EventTarget};
 use crate::metrics::Metrics;
@@ -90,8 +89,8 @@ pub struct Publisher {
     /// match are our own writes.
     known: BTreeMap<String, String>,
     totals: PublishTotals,
-    /// Whether the API server keeps shared counters; when to probe again.
-    guard: CounterGuard,
+    /// What the API server was seen keeping of the gated fields: plans each publish's attempts.
+    guard: Guard,
     /// Where the feature-gate gauge goes.
     metrics: Option<Arc<Metrics>>,
 }
@@ -124,7 +123,7 @@ impl Publisher {
             warned: HashSet::new(),
             known: BTreeMap::new(),
             totals: PublishTotals::default(),
-            guard: CounterGuard::default(),
+            guard: Guard::default(),
             metrics: None,
         }
     }
@@ -145,7 +144,7 @@ impl Publisher {
     /// Probes again after `min` doubling to `max` while the API server drops shared counters
     /// (defaults [`gates::MIN_PROBE_RETRY`], [`gates::MAX_PROBE_RETRY`]).
     pub fn with_probe_retry(mut self, min: Duration, max: Duration) -> Self {
-        self.guard = CounterGuard::new(min, max);
+        self.guard = Guard::new(min, max);
         self
     }
 
@@ -214,126 +213,60 @@ impl Publisher {
         Ok(deleted)
     }
 
-    /// Publishes `desired`, or the pool without devices while the API server drops shared
-    /// counters ([`CounterGuard`]), without its shareable devices once it dropped consumable
-    /// capacity.
+    /// Publishes `desired` as the guard plans it: a loop of at most [`gates::MAX_ATTEMPTS`]
+    /// attempts, each a dry-run probe or a write, whose outcome the guard observes ([`Guard`]:
+    /// the pool without devices while the API server drops shared counters, no shareable
+    /// devices once it dropped consumable capacity, no binding conditions once it dropped them).
     async fn publish_guarded(
         &mut self,
         desired: Vec<ResourceSliceSpec>,
     ) -> Result<PublishStats, PublishError> {
-        let desired = if self.guard.shares_dropped() {
-            gates::without_shareable_devices(desired)
-        } else {
-            desired
-        };
-        let desired = if self.guard.binding_dropped() {
-            binding::strip_binding_conditions(desired)
-        } else {
-            desired
-        };
-        // What to publish again should this write show consumable capacity, or binding
-        // conditions, dropped.
-        let without_shares = desired
-            .iter()
-            .any(|s| gates::carries_shares(&plan::spec_key(s)))
-            .then(|| gates::without_shareable_devices(desired.clone()));
-        let without_binding = desired
-            .iter()
-            .any(|s| gates::carries_binding_conditions(&plan::spec_key(s)))
-            .then(|| binding::strip_binding_conditions(desired.clone()));
         let desired = complete_specs(&self.node, desired)?;
-        let has_counters = desired
-            .iter()
-            .any(|s| gates::carries_counters(&plan::spec_key(s)));
-        let offer = match self.guard.before_publish(has_counters, Instant::now()) {
-            Step::Publish(offer) => offer,
-            Step::Probe => {
-                let answer = self.probe(&desired).await;
-                let decision = self.guard.probed(answer, Instant::now());
-                self.notify(decision.notice).await;
-                decision.offer
+        let mut stats: Option<PublishStats> = None;
+        for _ in 0..gates::MAX_ATTEMPTS {
+            let seen = match self.guard.plan(&desired, Instant::now()) {
+                Attempt::Probe(spec) => Observed::Probe(self.probe(spec).await),
+                Attempt::Write { specs, withdrawn } => {
+                    // A withdrawn pool (no specs) is one empty slice, complete as always.
+                    let specs = complete_specs(&self.node, specs)?;
+                    let (mut wrote, written) = self.publish_once(specs).await?;
+                    wrote.withdrawn = withdrawn;
+                    stats = Some(match stats {
+                        Some(before) => then(before, wrote),
+                        None => wrote,
+                    });
+                    Observed::Wrote(written)
+                }
+            };
+            let observation = self.guard.observe(seen, Instant::now());
+            for notice in observation.notices {
+                self.notify(notice).await;
             }
-        };
-        if offer == Offer::Withdrawn {
-            return self.publish_withdrawn().await;
-        }
-        let (stats, written) = self.publish_once(desired).await?;
-        let taints = self
-            .guard
-            .taints_written(written.taints, written.dropped.taints);
-        self.notify(taints).await;
-        let shares = self.guard.shares_written(written.dropped.shares);
-        self.notify(shares).await;
-        let bound = self.guard.binding_written(written.dropped.binding);
-        self.notify(bound).await;
-        if let Some(decision) =
-            self.guard
-                .written(written.counters, written.dropped.counters, Instant::now())
-        {
-            // The server dropped the counters of what was just written: withdraw at once.
-            self.notify(decision.notice).await;
-            let withdrawn = self.publish_withdrawn().await?;
-            return Ok(then(stats, withdrawn));
-        }
-        // The server dropped consumable capacity: withdraw the shareable devices at once; or
-        // binding conditions: publish the devices again without them at once (a scheduler
-        // with the gate off would never pick them).
-        let rest = match (without_shares, without_binding) {
-            (Some(rest), _) if shares.is_some() && self.guard.binding_dropped() => {
-                Some(binding::strip_binding_conditions(rest))
+            if !observation.again {
+                break;
             }
-            (Some(rest), _) if shares.is_some() => Some(rest),
-            (_, Some(rest)) if bound.is_some() => Some(if self.guard.shares_dropped() {
-                gates::without_shareable_devices(rest)
-            } else {
-                rest
-            }),
-            _ => None,
-        };
-        match rest {
-            Some(rest) => {
-                let rest = complete_specs(&self.node, rest)?;
-                let (again, _) = self.publish_once(rest).await?;
-                Ok(then(stats, again))
-            }
-            None => Ok(stats),
         }
+        // Every publish writes: the guard follows a probe with a write.
+        Ok(stats.unwrap_or_default())
     }
 
-    /// Publishes the pool as one empty slice: no device can be allocated from it, and the pool
-    /// stays complete (count and generation as always).
-    async fn publish_withdrawn(&mut self) -> Result<PublishStats, PublishError> {
-        let empty = complete_specs(&self.node, Vec::new())?;
-        let (mut stats, _) = self.publish_once(empty).await?;
-        stats.withdrawn = true;
-        Ok(stats)
-    }
-
-    /// Dry-run creates the first desired slice that carries counters (under a generated name,
-    /// so it cannot collide with a stored slice) and compares what the server would store.
-    async fn probe(&mut self, desired: &[ResourceSliceSpec]) -> ProbeAnswer {
-        let Some(spec) = desired
-            .iter()
-            .find(|s| gates::carries_counters(&plan::spec_key(s)))
-        else {
-            return ProbeAnswer::Kept;
-        };
+    /// Dry-run creates `spec`, a desired slice that carries counters (under a generated name,
+    /// so it cannot collide with a stored slice), and compares what the server would store.
+    async fn probe(&mut self, spec: ResourceSliceSpec) -> ProbeAnswer {
         let slice = ResourceSlice {
             metadata: ObjectMeta {
                 generate_name: Some(format!("{DRIVER_NAME}-counter-probe-")),
                 ..Default::default()
             },
-            spec: with_generation(spec, 1),
+            spec: with_generation(&spec, 1),
         };
         match self.api.create(&slice, true).await {
             Ok(stored) => {
-                let sent = plan::spec_key(&slice.spec);
-                if gates::dropped(&sent, &plan::spec_key(&stored.spec)).counters {
-                    ProbeAnswer::Dropped
-                } else {
+                let answer = ProbeAnswer::of(&slice.spec, &stored.spec);
+                if answer == ProbeAnswer::Kept {
                     debug!(node = %self.node, "the API server keeps shared counters (dry run)");
-                    ProbeAnswer::Kept
                 }
+                answer
             }
             Err(e) => {
                 let withdrawn = self.guard.withdrawn();
@@ -353,8 +286,7 @@ impl Publisher {
     }
 
     /// Logs a notice and posts it as a Node event.
-    async fn notify(&self, notice: Option<Notice>) {
-        let Some(notice) = notice else { return };
+    async fn notify(&self, notice: Notice) {
         let note = notice.note(&self.node);
         let (node, gate, reason) = (&self.node, notice.gate(), notice.reason());
         match notice {
@@ -379,13 +311,9 @@ impl Publisher {
 
     fn set_gate_metrics(&self) {
         if let Some(m) = &self.metrics {
-            m.set_feature_gate_off(gates::PARTITIONABLE_DEVICES, self.guard.withdrawn());
-            m.set_feature_gate_off(gates::DEVICE_TAINTS, self.guard.taints_dropped());
-            m.set_feature_gate_off(gates::CONSUMABLE_CAPACITY, self.guard.shares_dropped());
-            m.set_feature_gate_off(
-                gates::DEVICE_BINDING_CONDITIONS,
-                self.guard.binding_dropped(),
-            );
+            for (gate, off) in self.guard.gates_off() {
+                m.set_feature_gate_off(gate, off);
+            }
         }
     }
 }

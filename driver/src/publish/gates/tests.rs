@@ -331,7 +331,7 @@ fn a_write_that_keeps_its_counters_confirms_them() {
 
 #[test]
 fn dropped_taints_keep_the_devices_and_warn_once_per_change() {
-    let mut g = CounterGuard::default();
+    let mut g = Guard::default();
     assert_eq!(g.taints_written(false, false), None);
     let notice = g.taints_written(true, true).expect("a notice");
     assert_eq!(notice, Notice::TaintsDropped);
@@ -412,7 +412,7 @@ fn dropped_consumable_capacity_is_told_from_other_differences() {
 
 #[test]
 fn dropped_consumable_capacity_withdraws_the_shareable_devices_and_warns_once() {
-    let mut g = CounterGuard::default();
+    let mut g = Guard::default();
     assert_eq!(g.shares_written(false), None);
     assert!(!g.shares_dropped());
     let notice = g.shares_written(true).expect("a notice");
@@ -463,7 +463,7 @@ fn dropped_binding_conditions_are_seen() {
             ..Dropped::default()
         }
     );
-    let mut guard = CounterGuard::default();
+    let mut guard = Guard::default();
     assert!(!guard.binding_dropped());
     assert_eq!(guard.binding_written(false), None);
     let notice = guard.binding_written(true).unwrap();

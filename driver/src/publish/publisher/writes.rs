@@ -7,7 +7,7 @@ use kube::api::Preconditions;
 use tracing::{debug, info, warn};
 
 use super::{PublishError, PublishStats, Publisher, with_generation};
-use crate::publish::gates;
+use crate::publish::gates::Written;
 use crate::publish::plan::{self, Adopted, Plan, PlanInput};
 
 impl Publisher {
@@ -239,30 +239,5 @@ impl Publisher {
             },
         );
         true
-    }
-}
-
-/// What one publish wrote of the gated fields DAS acts on (shared counters, device taints), and
-/// what the server dropped of them ([`gates::dropped`]).
-#[derive(Debug, Default)]
-pub(super) struct Written {
-    /// A written slice carried counters.
-    pub(super) counters: bool,
-    /// A written slice carried taints.
-    pub(super) taints: bool,
-    /// What the server dropped, over every written slice.
-    pub(super) dropped: gates::Dropped,
-}
-
-impl Written {
-    fn add(&mut self, sent: &ResourceSliceSpec, stored: &ResourceSliceSpec) {
-        let (sent, stored) = (plan::spec_key(sent), plan::spec_key(stored));
-        self.counters |= gates::carries_counters(&sent);
-        self.taints |= gates::carries_taints(&sent);
-        let dropped = gates::dropped(&sent, &stored);
-        self.dropped.counters |= dropped.counters;
-        self.dropped.taints |= dropped.taints;
-        self.dropped.shares |= dropped.shares;
-        self.dropped.binding |= dropped.binding;
     }
 }
