@@ -2,7 +2,8 @@
 """Module graph of the workspace's crates: the "no circles" rule of CONTRIBUTING.md, and the
 shape figures the codebase is judged by.
 
-    python3 tools/modgraph.py check     # exit 1 and print each circle between sibling modules
+    python3 tools/modgraph.py check     # exit 1 and print each circle between sibling modules,
+                                        # and each crossing of a crate boundary (BOUNDARIES)
     python3 tools/modgraph.py figures   # files, lines, largest files, public items, crate edges
     python3 tools/modgraph.py graph CRATE_DIR  # the edges between sibling modules of one crate
 
@@ -16,6 +17,12 @@ Test code is left out: files named `tests.rs`, `*_tests.rs`, `testing.rs`, folde
 `tests`, and inline `#[cfg(test)] mod … { … }` blocks (tests may reach anywhere). Comments and
 string literals are stripped first, so doc links do not count. Binaries (`src/bin`) are crate
 roots of their own and are not part of the library's graph.
+
+Boundaries: a crate listed in BOUNDARIES (by folder) must not depend on the crates its rule
+names, directly (any dependency kind) or through other workspace crates (their normal and build
+dependencies), and no identifier in its Rust files (code, not comments or strings; tests too)
+may contain one of its rule's words. Identifiers are split into words at `_` and at case changes
+(`MigSlice` → mig, slice; `allGPUs` → all, gpus), so `mpsc` or `migrate` is no `mps` or `mig`.
 
 Why our own: the tools that exist (cargo-modules) build rust-analyzer's whole analysis, minutes
 of compile on a 2-core CI for a check that needs the `use` lines only.
@@ -31,6 +38,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+# The generic DRA layer (dra/, issue 42 item 2) serves any driver: it knows no DAS crate but the
+# protos and the runtime, no NVIDIA library, and no word of one vendor's devices.
+BOUNDARIES = {
+    "dra": {
+        "deps_not": {"das-driver", "das-api", "nvml-wrapper", "nvml-wrapper-sys"},
+        "words_not": {"mig", "nvml", "gpu", "gpus", "cuda", "mps"},
+    },
+}
 
 
 def strip_comments_and_strings(src: str) -> str:
@@ -276,9 +292,78 @@ def cmd_check() -> int:
     if found:
         print("modules in a circle cannot be understood or tested one at a time: move what both need "
               "into a lower module (CONTRIBUTING.md, \"Where a change goes\")")
+    meta = json.loads(subprocess.check_output(["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"], cwd=ROOT))
+    crossings = boundary_violations(meta["packages"], ROOT)
+    for line in crossings:
+        print("boundary:", line)
+    if crossings:
+        print("a generic crate serves any driver: keep what is one driver's (its crates, its devices' "
+              "words) in that driver's crate, and pass it in (CONTRIBUTING.md, \"Where a change goes\")")
+    if found or crossings:
         return 1
-    print("modgraph: no import circles between sibling modules")
+    print("modgraph: no import circles between sibling modules; crate boundaries kept")
     return 0
+
+
+def identifier_words(ident: str) -> list[str]:
+    """The lower-case words of an identifier: split at `_` and at case changes, an upper-case
+    run with a plural `s` kept whole (`NVMLError` → nvml, error; `allGPUs` → all, gpus)."""
+    words = []
+    for part in filter(None, ident.split("_")):
+        words += re.findall(r"[A-Z]{2,}s(?=[A-Z0-9]|$)|[A-Z]+(?=[A-Z][a-z]|[0-9]|$)|[A-Z]?[a-z]+|[A-Z]+|[0-9]+", part)
+    return [w.lower() for w in words]
+
+
+def identifier_violations(crate_dir: Path, words_not: set[str]) -> list[str]:
+    """`file:line: identifier (word)` for each identifier in the crate's Rust files (outside
+    `target/`; comments and string literals left out) that contains one of `words_not`."""
+    found = []
+    for f in sorted(crate_dir.rglob("*.rs")):
+        if "target" in f.relative_to(crate_dir).parts:
+            continue
+        code = strip_comments_and_strings(f.read_text())
+        for n, line in enumerate(code.splitlines(), 1):
+            for ident in re.findall(r"(?<![A-Za-z0-9_'])" + IDENT, line):
+                bad = sorted(set(identifier_words(ident)) & words_not)
+                if bad:
+                    found.append(f"{f.relative_to(crate_dir.parent)}:{n}: `{ident}` ({', '.join(bad)})")
+    return found
+
+
+def dependency_violations(packages: list[dict], crate: str, deps_not: set[str]) -> list[str]:
+    """The chains by which package `crate` reaches a package of `deps_not`: its own dependencies
+    of any kind, then the normal and build dependencies of the workspace packages on the way
+    (`packages`: cargo metadata's, `--no-deps`)."""
+    by_name = {p["name"]: p for p in packages}
+    found, seen = [], {crate}
+    queue = [(crate, [crate])]
+    while queue:
+        name, chain = queue.pop(0)
+        for d in by_name[name]["dependencies"]:
+            if name != crate and d.get("kind") == "dev":
+                continue
+            if d["name"] in deps_not:
+                found.append(" -> ".join(chain + [d["name"]]))
+            elif d["name"] in by_name and d["name"] not in seen:
+                seen.add(d["name"])
+                queue.append((d["name"], chain + [d["name"]]))
+    return sorted(set(found))
+
+
+def boundary_violations(packages: list[dict], root: Path) -> list[str]:
+    """Every crossing of BOUNDARIES by the workspace's crates (`packages`: cargo metadata's)."""
+    found = []
+    for folder, rule in sorted(BOUNDARIES.items()):
+        crate_dir = root / folder
+        names = [p["name"] for p in packages if Path(p["manifest_path"]).parent == crate_dir]
+        if not names:
+            found.append(f"{folder}: no workspace crate in this folder (BOUNDARIES names it)")
+            continue
+        for chain in dependency_violations(packages, names[0], rule["deps_not"]):
+            found.append(f"{folder}: depends on {chain}")
+        for hit in identifier_violations(crate_dir, rule["words_not"]):
+            found.append(f"{folder}: identifier {hit}")
+    return found
 
 
 def product_files() -> list[Path]:

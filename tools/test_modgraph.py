@@ -82,5 +82,96 @@ class ModGraph(unittest.TestCase):
         self.assertEqual(modgraph.cycles(edges[("p",)]), [["a", "b"]])
 
 
+def package(name: str, folder: Path, deps: list[tuple[str, str | None]]) -> dict:
+    """A package as `cargo metadata --no-deps` lists it: (dependency, kind) pairs."""
+    return {
+        "name": name,
+        "manifest_path": str(folder / "Cargo.toml"),
+        "dependencies": [{"name": d, "kind": k} for d, k in deps],
+    }
+
+
+class Boundaries(unittest.TestCase):
+    RULE = modgraph.BOUNDARIES["dra"]
+
+    def words(self, files: dict[str, str]) -> list[str]:
+        root = Path(tempfile.mkdtemp()) / "dra"
+        for name, text in files.items():
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(textwrap.dedent(text))
+        return modgraph.identifier_violations(root, self.RULE["words_not"])
+
+    def test_identifiers_are_split_into_words(self):
+        self.assertEqual(modgraph.identifier_words("MigSlice"), ["mig", "slice"])
+        self.assertEqual(modgraph.identifier_words("NVMLError"), ["nvml", "error"])
+        self.assertEqual(modgraph.identifier_words("allGPUs"), ["all", "gpus"])
+        self.assertEqual(modgraph.identifier_words("GPUState"), ["gpu", "state"])
+        self.assertEqual(modgraph.identifier_words("open_gpu0"), ["open", "gpu", "0"])
+        self.assertEqual(modgraph.identifier_words("MAX_MPS_CLIENTS"), ["max", "mps", "clients"])
+
+    def test_a_vendor_word_in_an_identifier_is_a_crossing(self):
+        found = self.words(
+            {
+                "src/lib.rs": "pub mod slices;\npub struct MigSlice;\n",
+                "src/slices.rs": "fn open_nvml() {}\nconst MAX_GPUS: u32 = 8;\n",
+                "tests/it.rs": "fn t() { let cudaCtx = 1; }\n",
+            }
+        )
+        self.assertEqual(
+            found,
+            [
+                "dra/src/lib.rs:2: `MigSlice` (mig)",
+                "dra/src/slices.rs:1: `open_nvml` (nvml)",
+                "dra/src/slices.rs:2: `MAX_GPUS` (gpus)",
+                "dra/tests/it.rs:1: `cudaCtx` (cuda)",
+            ],
+        )
+
+    def test_words_inside_other_words_comments_and_strings_are_not(self):
+        files = {
+            "src/lib.rs": textwrap.dedent(
+                """\
+                //! Serves any device: a GPU, say.
+                use tokio::sync::mpsc;
+                fn migrate(gpuless: bool) -> &'static str { "gpu-0-mig-1g.10gb" }
+                /* nvml */
+                """
+            ),
+            "target/debug/build/gen.rs": "struct MigFromABuildScript;\n",
+        }
+        self.assertEqual(self.words(files), [])
+
+    def test_a_banned_crate_is_found_directly_or_through_the_workspace(self):
+        root = Path("/ws")
+        packages = [
+            package("dra-plugin", root / "dra", [("das-runtime", None), ("tokio", None), ("das-driver", "dev")]),
+            package("das-runtime", root / "runtime", [("das-api", None), ("tokio", None)]),
+            package("das-api", root / "api", [("serde", None)]),
+            package("das-driver", root / "driver", [("nvml-wrapper", None), ("dra-plugin", None)]),
+        ]
+        self.assertEqual(
+            modgraph.dependency_violations(packages, "dra-plugin", self.RULE["deps_not"]),
+            ["dra-plugin -> das-driver", "dra-plugin -> das-runtime -> das-api"],
+        )
+
+    def test_dev_dependencies_of_other_crates_do_not_count(self):
+        root = Path("/ws")
+        packages = [
+            package("dra-plugin", root / "dra", [("das-proto", None)]),
+            package("das-proto", root / "proto", [("tonic", None), ("das-api", "dev")]),
+        ]
+        self.assertEqual(modgraph.dependency_violations(packages, "dra-plugin", self.RULE["deps_not"]), [])
+
+    def test_the_workspace_keeps_its_boundaries(self):
+        """The real workspace, as `make lint` checks it."""
+        meta = modgraph.json.loads(
+            modgraph.subprocess.check_output(
+                ["cargo", "metadata", "--no-deps", "--format-version", "1", "--offline"], cwd=modgraph.ROOT
+            )
+        )
+        self.assertEqual(modgraph.boundary_violations(meta["packages"], modgraph.ROOT), [])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -3,7 +3,10 @@
 //! claim. Four paths, one folder each, plus the GPUs underneath:
 //!
 //! - [`plugin`]: the kubelet-facing server (registration, DRA and health gRPC services) and the
-//!   handover between plugin instances on one node.
+//!   handover between plugin instances on one node: the generic DRA layer's (crate
+//!   `dra_plugin`, folder `dra/`, which knows no MIG, NVML or GPU), re-exported. The request
+//!   path implements its `Driver` trait (`claims::ClaimHandler`), the health monitor its
+//!   `HealthSource`.
 //! - [`claims`]: the request path: prepare and unprepare of claims (pure decisions in
 //!   `claims::plan`, I/O in `claims::preparer`, which holds every method of the `Preparer`),
 //!   start-up reconciliation, the reaper, the checkpoint and the CDI specs (each its format,
@@ -27,10 +30,11 @@
 //! - [`events`]: the Kubernetes Events the plugin posts (about the Node or a claim), behind a
 //!   trait every part posts through.
 //!
-//! Dependencies point one way, without circles: `plugin` → `claims` → `health` → `publish` →
+//! Dependencies point one way, without circles: `claims` → `health` → `publish` →
 //! `gpu` → `blocking`, each part also using any further down the chain and `events` and
-//! `metrics`; `claims` → `mps` → `metrics`; `node_checks` → `events`, `metrics`; `events`, `metrics` and `blocking` depend on nothing of
-//! the crate. (`claims` → `health`: the request path tells the health monitor which MIG
+//! `metrics`; `claims` → `mps` → `metrics`; `node_checks` → `events`, `metrics`; `events`,
+//! `metrics`, `blocking` and `plugin` (re-exports of the DRA layer) depend on nothing of the
+//! crate. (`claims` → `health`: the request path tells the health monitor which MIG
 //! instances no claim holds; health never reads claims.) The design is in
 //! docs/design.md; how the parts run together in docs/architecture.md.
 

@@ -1,24 +1,15 @@
-//! What the kubelet-facing server calls: the claim and device types of the DRA gRPC API as
-//! the request path sees them, and the trait the request path implements. The server
-//! (`crate::plugin::server`) only translates between gRPC messages and these. (Device health,
-//! the other service the server answers, comes from `crate::health::source`.)
+//! What the kubelet-facing server calls, from the generic DRA layer (`dra_plugin`): the claim
+//! and device types of the DRA gRPC API ([`ClaimRef`], [`PreparedDevice`]) and the trait the
+//! request path implements ([`ClaimHandler`], `dra_plugin::Driver` with [`PrepareError`] as its
+//! error). This module only ties them to the request path's own types: a claim is an Event
+//! target, and the handover gate's answers are prepare errors.
 
-use std::collections::HashMap;
+pub use dra_plugin::Driver as ClaimHandler;
+pub use dra_plugin::{ClaimRef, PreparedDevice};
 
 use super::PrepareError;
 use crate::events::EventTarget;
-
-/// A claim as the kubelet names it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct ClaimRef {
-    /// Namespace of the ResourceClaim.
-    pub namespace: String,
-    /// Name of the ResourceClaim.
-    pub name: String,
-    /// UID of the ResourceClaim: the key of every per-claim state (a claim deleted and
-    /// re-created under the same name is another claim).
-    pub uid: String,
-}
+use dra_plugin::handover::GateError;
 
 impl From<&ClaimRef> for EventTarget {
     /// An event about the claim `c`, by namespace, name and UID.
@@ -31,36 +22,37 @@ impl From<&ClaimRef> for EventTarget {
     }
 }
 
-impl std::fmt::Display for ClaimRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{} (uid {})", self.namespace, self.name, self.uid)
+impl From<GateError> for PrepareError {
+    /// The gate's answer in the request path's words: [`PrepareError::HandedOver`] (DAS's text
+    /// the kubelet shows), or an internal error for a call whose task failed.
+    fn from(e: GateError) -> Self {
+        match e {
+            GateError::HandedOver => PrepareError::HandedOver,
+            GateError::CallFailed(_) => PrepareError::Internal(e.to_string()),
+        }
     }
 }
 
-/// One prepared device of a claim, as reported to the kubelet.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PreparedDevice {
-    /// Base request names (without `/<subrequest>`) the device serves.
-    pub requests: Vec<String>,
-    /// Pool of the device (this node).
-    pub pool: String,
-    /// Published device name, `gpu-<index>-mig-<profile>-<start>`.
-    pub device: String,
-    /// Fully-qualified CDI device IDs (`das.com/mig=<name>`).
-    pub cdi_device_ids: Vec<String>,
-    /// The allocation result's `shareID`, for a share of a shareable device (KEP-5075; the
-    /// kubelet's v1 `Device.share_id`).
-    pub share_id: Option<String>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// What prepares and unprepares claims; the gRPC layer only translates.
-#[tonic::async_trait]
-pub trait ClaimHandler: Send + Sync + 'static {
-    /// Prepares every claim; the map has one entry per claim UID.
-    async fn prepare(
-        &self,
-        claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>>;
-    /// Unprepares every claim; idempotent; one entry per claim UID.
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>>;
+    /// The kubelet sees the same texts as when the gate was DAS's own.
+    #[test]
+    fn gate_answers_keep_the_request_paths_texts() {
+        let handed_over = PrepareError::from(GateError::HandedOver);
+        assert!(matches!(handed_over, PrepareError::HandedOver));
+        assert!(
+            handed_over
+                .to_string()
+                .starts_with("this DAS node plugin instance has handed over to a newer one"),
+            "{handed_over}"
+        );
+        let failed = PrepareError::from(GateError::CallFailed("task 7 panicked".into()));
+        assert_eq!(
+            failed.to_string(),
+            "internal error: the call failed: task 7 panicked"
+        );
+        assert_eq!(failed.metric_label(), "internal");
+    }
 }

@@ -11,8 +11,8 @@
 //!   and acts on transitions: reports the facts publication needs (device taints, withdrawn
 //!   devices) to the publisher, posts Events on the Node, sets metrics, and wakes the kubelet's
 //!   health stream.
-//! - [`source`]: what the kubelet's health stream reads ([`HealthSource`], which the monitor
-//!   implements, and [`DeviceHealthReport`]).
+//! - What the kubelet's health stream reads ([`HealthSource`], which the monitor implements, and
+//!   [`DeviceHealthReport`]) is the generic DRA layer's (`dra_plugin::health`).
 //!
 //! Health reports facts; it never decides what is published: `crate::publish::desired` turns
 //! the facts ([`crate::publish::desired::HealthFacts`]) into ResourceSlices. Dependencies:
@@ -21,13 +21,12 @@
 
 pub(crate) mod book;
 pub mod monitor;
-pub(crate) mod source;
 pub(crate) mod unclaimed;
 pub mod xid;
 
 pub use book::{
     Cause, GpuInstance, GpuTaint, HealthBook, HealthPolicy, Scope, TaintEffect, Transition,
 };
+pub use dra_plugin::{DeviceHealthReport, HealthSource};
 pub use monitor::HealthMonitor;
-pub use source::{DeviceHealthReport, HealthSource};
 pub use unclaimed::UnclaimedInstances;

@@ -28,13 +28,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::book::{GpuTaint, HealthBook, TaintEffect, Transition};
-use super::source::{DeviceHealthReport, HealthSource};
 use super::unclaimed::{UnclaimedInstances, UnclaimedTracker};
 use crate::events::EventSink;
 use crate::gpu::{GpuCalls, GpuInfo, HealthEvent, MigInstance, Placement};
 use crate::metrics::Metrics;
 use crate::publish::desired::HealthFacts;
 use crate::publish::devices::{DeviceRef, device_index};
+use dra_plugin::{DeviceHealthReport, HealthSource};
 
 mod notices;
 

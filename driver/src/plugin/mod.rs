@@ -1,18 +1,14 @@
-//! The kubelet-facing side of the node plugin.
+//! The kubelet-facing side of the node plugin, from the generic DRA layer (crate `dra_plugin`,
+//! folder `dra/`), under the names the plugin has always used:
 //!
-//! - [`server`]: socket paths, plugin registration, and the DRA (`v1` and `v1beta1`) and
-//!   resource-health gRPC services; it only translates between gRPC and
-//!   [`crate::claims::ClaimHandler`]. The DRA logic is the `v1` service's; the `v1beta1` service
-//!   converts its messages at the edge (`server/v1beta1_edge.rs`) and calls it. Failures are
-//!   [`server::SocketPathError`] and [`server::ServeError`].
-//! - [`handover`]: one active plugin instance per node (a file lock in the state dir) and the
-//!   handover between instances in a rolling update, each wait bounded:
-//!   - `handover/lock.rs`: the lock files ([`handover::Active`], [`handover::Waiting`]);
-//!   - `handover/takeover.rs`: a new instance checks its GPUs before it asks
-//!     ([`handover::check_then_take_over`], failing with [`handover::TakeOverError`]);
-//!   - `handover/gate.rs`: the active one drains calls ([`handover::Gate`], [`handover::Gated`]);
-//!   - `handover/background.rs`: and stops its background tasks ([`handover::Background`]);
-//!   - `handover/mod.rs`: the limits and the sequence ([`handover::hand_over_when_asked`]).
+//! - [`server`] (`dra_plugin::kubeletplugin`): socket paths, plugin registration, and the DRA
+//!   (`v1` and `v1beta1`) and resource-health gRPC services; it only translates between gRPC and
+//!   [`crate::claims::ClaimHandler`] (the [`crate::claims::Preparer`] behind the handover gate)
+//!   and [`crate::health::HealthSource`] (the health monitor).
+//! - [`handover`] (`dra_plugin::handover`): one active plugin instance per node (a file lock in
+//!   the state dir) and the handover between instances in a rolling update, each wait bounded
+//!   (docs/design.md §7, "One active instance per node"). The plugin's limits are
+//!   [`handover::Limits::PLUGIN`]; the chart's grace period covers [`handover::SHUTDOWN_LIMIT`].
 
-pub mod handover;
-pub mod server;
+pub use dra_plugin::handover;
+pub use dra_plugin::kubeletplugin as server;

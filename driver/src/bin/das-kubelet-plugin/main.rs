@@ -25,7 +25,7 @@ use das_api::DRIVER_NAME;
 use das_driver::blocking::BlockingCalls;
 use das_driver::claims::carve_watch::CarveWatch;
 use das_driver::claims::checkpoint::{self, CheckpointStore};
-use das_driver::claims::{ClaimHandler, KubeClaimApi, Preparer, PreparerConfig};
+use das_driver::claims::{KubeClaimApi, Preparer, PreparerConfig};
 use das_driver::health::{HealthBook, HealthMonitor, HealthSource};
 use das_driver::metrics::Metrics;
 use das_driver::mps::MpsDaemons;
@@ -168,7 +168,7 @@ async fn run(args: Args) -> Result<()> {
     let (options, carve_before_bind) = slice_options(&client, &args).await?;
     // Then the node's GPUs and driver files, still before asking: a bad image or a broken
     // driver fails here while the active instance keeps serving. Only the node's active
-    // instance touches the state dir and the GPUs' MIG instances (see plugin/handover/).
+    // instance touches the state dir and the GPUs' MIG instances (see dra/src/handover/).
     let check = {
         let args = args.clone();
         move || check_node(&args)
@@ -340,7 +340,7 @@ async fn run(args: Args) -> Result<()> {
         mps.let_go().await;
     });
     let gate = Arc::new(Gate::default());
-    let handler: Arc<dyn ClaimHandler> = Arc::new(Gated {
+    let handler = Arc::new(Gated {
         inner: preparer.clone(),
         gate: gate.clone(),
     });

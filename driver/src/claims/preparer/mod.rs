@@ -331,6 +331,8 @@ impl Preparer {
 
 #[tonic::async_trait]
 impl ClaimHandler for Preparer {
+    type Error = PrepareError;
+
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,

@@ -1,4 +1,5 @@
-//! Unit tests of [`super`] (`server.rs`): socket paths, and the v1beta1 face answering as v1.
+//! Unit tests of [`super`] (`kubeletplugin.rs`): socket paths, and the v1beta1 face answering as
+//! v1.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,45 +10,45 @@ use das_proto::dra::v1beta1::dra_plugin_server::DraPlugin as _;
 use das_proto::dra::{v1, v1beta1};
 use tonic::Request;
 
-use super::{MAX_SOCKET_PATH, SocketPaths, V1, V1beta1, v1beta1_edge};
-use crate::claims::{ClaimHandler, ClaimRef, PrepareError, PreparedDevice};
+use super::{MAX_SOCKET_PATH, SocketPathError, SocketPaths, V1, V1beta1, v1beta1_edge};
+use crate::driver::{ClaimRef, Driver, PreparedDevice};
 
 #[test]
 fn socket_names_follow_the_kubelet_plugin_conventions() {
     let p = SocketPaths::new(
         Path::new("/var/lib/kubelet/plugins_registry"),
         Path::new("/var/lib/kubelet/plugins"),
-        "mig.das.com",
+        "dev.example.com",
         None,
     )
     .unwrap();
     assert_eq!(
         p.registration,
-        Path::new("/var/lib/kubelet/plugins_registry/mig.das.com-reg.sock")
+        Path::new("/var/lib/kubelet/plugins_registry/dev.example.com-reg.sock")
     );
     assert_eq!(
         p.dra,
-        Path::new("/var/lib/kubelet/plugins/mig.das.com/dra.sock")
+        Path::new("/var/lib/kubelet/plugins/dev.example.com/dra.sock")
     );
 
     let uid = "0a1b2c3d-0000-1111-2222-333344445555";
     let p = SocketPaths::new(
         Path::new("/var/lib/kubelet/plugins_registry"),
         Path::new("/var/lib/kubelet/plugins"),
-        "mig.das.com",
+        "dev.example.com",
         Some(uid),
     )
     .unwrap();
     assert_eq!(
         p.registration,
         Path::new(&format!(
-            "/var/lib/kubelet/plugins_registry/mig.das.com-{uid}-reg.sock"
+            "/var/lib/kubelet/plugins_registry/dev.example.com-{uid}-reg.sock"
         ))
     );
     assert_eq!(
         p.dra,
         Path::new(&format!(
-            "/var/lib/kubelet/plugins/mig.das.com/dra-{uid}.sock"
+            "/var/lib/kubelet/plugins/dev.example.com/dra-{uid}.sock"
         ))
     );
 }
@@ -59,7 +60,7 @@ fn long_registry_dirs_get_a_hashed_rolling_update_name_or_a_clear_error() {
     let p = SocketPaths::new(
         &reg,
         Path::new("/var/lib/kubelet/plugins"),
-        "mig.das.com",
+        "dev.example.com",
         Some(uid),
     )
     .unwrap();
@@ -68,51 +69,78 @@ fn long_registry_dirs_get_a_hashed_rolling_update_name_or_a_clear_error() {
     let err = SocketPaths::new(
         Path::new(&format!("/{}", "x".repeat(120))),
         Path::new("/p"),
-        "mig.das.com",
+        "dev.example.com",
         None,
     )
     .unwrap_err();
     assert!(err.to_string().contains("more than the 107"), "{err}");
-    assert!(SocketPaths::new(Path::new("rel"), Path::new("/p"), "mig.das.com", None).is_err());
+    assert!(SocketPaths::new(Path::new("rel"), Path::new("/p"), "dev.example.com", None).is_err());
 }
 
-/// A handler that prepares claim `ok` with one device, fails claim `bad`, and unprepares `ok`
+#[test]
+fn explicit_socket_paths_are_checked_like_conventional_ones() {
+    let p = SocketPaths::explicit("/run/reg.sock".into(), "/run/dev/dra.sock".into()).unwrap();
+    assert_eq!(p.registration, Path::new("/run/reg.sock"));
+    assert_eq!(p.dra, Path::new("/run/dev/dra.sock"));
+    let err = SocketPaths::explicit("/run/reg.sock".into(), "dra.sock".into()).unwrap_err();
+    assert!(matches!(err, SocketPathError::Relative { .. }), "{err}");
+    assert!(err.to_string().contains("must be absolute"), "{err}");
+    let long = PathBuf::from(format!("/{}.sock", "s".repeat(MAX_SOCKET_PATH)));
+    let err = SocketPaths::explicit(long.clone(), "/run/dra.sock".into()).unwrap_err();
+    assert!(
+        matches!(err, SocketPathError::TooLong { len, .. } if len == long.as_os_str().len()),
+        "{err}"
+    );
+}
+
+/// The test driver's failures.
+#[derive(Debug, thiserror::Error)]
+enum TestError {
+    #[error("the claim is not allocated")]
+    NotAllocated,
+    #[error("the claim is gone")]
+    ClaimGone,
+}
+
+/// A driver that prepares claim `ok` with one device, fails claim `bad`, and unprepares `ok`
 /// while failing `bad`, whatever version asked.
 struct OneGoodOneBad;
 
 #[tonic::async_trait]
-impl ClaimHandler for OneGoodOneBad {
+impl Driver for OneGoodOneBad {
+    type Error = TestError;
+
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, TestError>> {
         claims
             .into_iter()
             .map(|c| {
                 let r = if c.uid == "ok" {
                     Ok(vec![PreparedDevice {
-                        requests: vec!["gpu".into()],
+                        requests: vec!["dev".into()],
                         pool: "node-a".into(),
-                        device: "gpu-0-mig-1g.10gb-6".into(),
-                        cdi_device_ids: vec!["das.com/mig=gpu-0-mig-1g.10gb-6".into()],
+                        device: "dev-0".into(),
+                        cdi_device_ids: vec!["example.com/dev=dev-0".into()],
                         share_id: None,
                     }])
                 } else {
-                    Err(PrepareError::NotAllocated)
+                    Err(TestError::NotAllocated)
                 };
                 (c.uid, r)
             })
             .collect()
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), TestError>> {
         claims
             .into_iter()
             .map(|c| {
                 let r = if c.uid == "ok" {
                     Ok(())
                 } else {
-                    Err(PrepareError::ClaimGone)
+                    Err(TestError::ClaimGone)
                 };
                 (c.uid, r)
             })
@@ -144,7 +172,7 @@ fn v1beta1_claims() -> Vec<v1beta1::Claim> {
 /// texts included: the v1beta1 face only converts messages.
 #[tokio::test]
 async fn v1beta1_answers_exactly_as_v1() {
-    let handler: Arc<dyn ClaimHandler> = Arc::new(OneGoodOneBad);
+    let handler = Arc::new(OneGoodOneBad);
     let v1_service = V1(handler.clone());
     let v1beta1_service = V1beta1(V1(handler));
 
@@ -167,18 +195,14 @@ async fn v1beta1_answers_exactly_as_v1() {
     let ok = &by_v1beta1.claims["ok"];
     assert!(ok.error.is_empty(), "{}", ok.error);
     assert_eq!(ok.devices.len(), 1);
-    assert_eq!(ok.devices[0].device_name, "gpu-0-mig-1g.10gb-6");
-    assert_eq!(
-        ok.devices[0].cdi_device_ids,
-        ["das.com/mig=gpu-0-mig-1g.10gb-6"]
-    );
+    assert_eq!(ok.devices[0].device_name, "dev-0");
+    assert_eq!(ok.devices[0].cdi_device_ids, ["example.com/dev=dev-0"]);
     let bad = &by_v1beta1.claims["bad"];
     assert!(bad.devices.is_empty());
     assert_eq!(bad.error, by_v1.claims["bad"].error);
-    assert!(
-        bad.error.starts_with("claim ns/claim-bad (uid bad): "),
-        "{}",
-        bad.error
+    assert_eq!(
+        bad.error,
+        "claim ns/claim-bad (uid bad): the claim is not allocated"
     );
 
     let by_v1 = v1_service

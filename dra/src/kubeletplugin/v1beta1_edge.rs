@@ -1,6 +1,7 @@
-//! The v1beta1 messages as v1 messages and back. They differ only in `Device.share_id` (v1), which
-//! DAS never sets (its devices are not shared), so nothing is lost either way. Functions rather
-//! than `From` impls: both types are das-proto's, so the orphan rule keeps `From` there.
+//! The v1beta1 messages as v1 messages and back. They differ only in `Device.share_id` (v1,
+//! docs/reference/dra.md, "Kubelet plugin protocol"), which v1beta1 cannot carry: it is dropped
+//! on the way back; requests lose nothing. Functions rather than `From` impls: both types are
+//! das-proto's, so the orphan rule keeps `From` there.
 
 use das_proto::dra::{v1, v1beta1};
 
@@ -34,7 +35,7 @@ pub(super) fn unprepare_request(
     }
 }
 
-/// The v1 answer to a NodePrepareResources call as v1beta1 (`share_id` dropped: unset).
+/// The v1 answer to a NodePrepareResources call as v1beta1 (`share_id` dropped).
 pub(super) fn prepare_response(
     resp: v1::NodePrepareResourcesResponse,
 ) -> v1beta1::NodePrepareResourcesResponse {

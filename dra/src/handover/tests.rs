@@ -11,10 +11,10 @@ use das_runtime::probes::Probe;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::claims::{ClaimHandler, ClaimRef, PrepareError, PreparedDevice};
+use crate::driver::{ClaimRef, Driver, PreparedDevice};
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("das-handover-{name}-{}", std::process::id()));
+    let d = std::env::temp_dir().join(format!("dra-handover-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -74,18 +74,19 @@ async fn close_waits_for_calls_in_flight_and_refuses_new_ones() {
     assert!(gate.is_closed());
 }
 
-/// A handler whose prepare takes `delay`.
+/// A driver whose prepare takes `delay`.
 struct Slow(Duration);
 #[tonic::async_trait]
-impl ClaimHandler for Slow {
+impl Driver for Slow {
+    type Error = GateError;
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, GateError>> {
         tokio::time::sleep(self.0).await;
         claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
     }
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), GateError>> {
         claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
     }
 }
@@ -116,14 +117,15 @@ async fn a_cancelled_call_still_holds_the_gate_until_its_work_ends() {
 
 struct Ok1;
 #[tonic::async_trait]
-impl ClaimHandler for Ok1 {
+impl Driver for Ok1 {
+    type Error = GateError;
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, GateError>> {
         claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
     }
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), GateError>> {
         claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
     }
 }
@@ -144,7 +146,7 @@ async fn a_closed_gate_answers_every_claim_with_the_handover() {
     let err = gated.unprepare(vec![claim]).await["u1"]
         .clone()
         .unwrap_err();
-    assert!(matches!(err, PrepareError::HandedOver), "{err}");
+    assert!(matches!(err, GateError::HandedOver), "{err}");
     assert!(err.to_string().contains("handed over"), "{err}");
 }
 
@@ -176,7 +178,7 @@ async fn closing_is_bounded_when_a_call_hangs() {
     assert!(gate.is_closed(), "no new calls either way");
 }
 
-/// Issue 30 item 4: a task that never ends (one waiting for a GPU call on a wedged GPU) is
+/// Issue 30 item 4: a task that never ends (one waiting for a device call on a wedged device) is
 /// aborted at the limit, and stop returns then; the tasks that stopped are not reported.
 #[tokio::test(start_paused = true)]
 async fn a_background_task_that_never_ends_is_aborted_at_the_limit() {
@@ -280,7 +282,7 @@ async fn a_stuck_instance_ends_within_the_drain_and_stop_limits() {
     assert_eq!(t0.elapsed(), TEST_LIMITS.drain + TEST_LIMITS.stop);
 }
 
-/// Issue 30 item 4: a new instance whose GPU backend cannot be opened fails before it asks
+/// Issue 30 item 4: a new instance whose devices cannot be opened fails before it asks
 /// the active instance to hand over, so the active one keeps serving.
 #[tokio::test]
 async fn a_failing_start_up_check_never_asks_for_the_node() {
@@ -294,7 +296,7 @@ async fn a_failing_start_up_check_never_asks_for_the_node() {
             Duration::from_millis(5),
             move || -> anyhow::Result<()> {
                 assert!(!seen.handover_requested(), "checked before asking");
-                anyhow::bail!("initialise NVML (libnvidia-ml.so.1): driver not loaded")
+                anyhow::bail!("open the device library (libdevice.so.1): driver not loaded")
             },
         ),
     )
@@ -302,7 +304,7 @@ async fn a_failing_start_up_check_never_asks_for_the_node() {
     .expect("a failed check returns at once, without waiting for the node");
     // The typed error with its cause chain, as the binary prints it (`{:#}` through anyhow).
     let err = format!("{:#}", anyhow::Error::from(started.unwrap_err()));
-    assert!(err.contains("initialise NVML"), "{err}");
+    assert!(err.contains("open the device library"), "{err}");
     assert!(
         !active.handover_requested(),
         "the active instance was never asked"
@@ -335,4 +337,50 @@ async fn a_passing_start_up_check_comes_before_the_wait() {
         .unwrap()
         .unwrap();
     assert!(!asked_while_checking, "no wait announced while checking");
+}
+
+/// A driver whose calls panic (a bug).
+struct Panics;
+#[tonic::async_trait]
+impl Driver for Panics {
+    type Error = GateError;
+    async fn prepare(
+        &self,
+        _: Vec<ClaimRef>,
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, GateError>> {
+        panic!("a bug in prepare")
+    }
+    async fn unprepare(&self, _: Vec<ClaimRef>) -> HashMap<String, Result<(), GateError>> {
+        panic!("a bug in unprepare")
+    }
+}
+
+/// A call whose task panics still answers every claim (with the task's failure), and leaves
+/// the gate free to close: the panic released its pass.
+#[tokio::test]
+async fn a_panicking_call_answers_every_claim_and_releases_the_gate() {
+    let gated = Gated {
+        inner: Arc::new(Panics),
+        gate: Arc::default(),
+    };
+    let claims: Vec<ClaimRef> = ["u1", "u2"]
+        .map(|uid| ClaimRef {
+            namespace: "ns".into(),
+            name: format!("c-{uid}"),
+            uid: uid.into(),
+        })
+        .to_vec();
+    let answers = gated.prepare(claims.clone()).await;
+    assert_eq!(answers.len(), 2, "one entry per claim");
+    for uid in ["u1", "u2"] {
+        let err = answers[uid].clone().unwrap_err();
+        assert!(matches!(err, GateError::CallFailed(_)), "{err}");
+        assert!(err.to_string().contains("panic"), "{err}");
+    }
+    let answers = gated.unprepare(claims).await;
+    assert!(matches!(answers["u1"], Err(GateError::CallFailed(_))));
+    assert!(
+        gated.gate.close_within(Duration::from_secs(5)).await,
+        "no pass left behind"
+    );
 }

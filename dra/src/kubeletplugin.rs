@@ -1,16 +1,19 @@
-//! The kubelet side of the node plugin: socket paths, plugin registration and the DRA gRPC
-//! services (`v1.DRAPlugin` and `v1beta1.DRAPlugin` on one socket).
+//! The kubelet side of a DRA driver (the counterpart of Go's
+//! `k8s.io/dynamic-resource-allocation/kubeletplugin`): socket paths, plugin registration and
+//! the DRA gRPC services (`v1.DRAPlugin` and `v1beta1.DRAPlugin` on one socket, with the
+//! `v1alpha1` resource-health stream).
 //!
 //! The DRA logic exists once, in the `v1` service. The `v1beta1` service carries the same
 //! messages without `Device.share_id`: it converts its request to `v1` at the edge
-//! (`server/v1beta1_edge.rs`), calls the `v1` service and converts the answer back, so both
-//! versions answer alike.
+//! (`kubeletplugin/v1beta1_edge.rs`), calls the `v1` service and converts the answer back, so
+//! both versions answer alike.
 //!
-//! Protocol facts (KEP-4381 and the kubelet's `pkg/kubelet/cm/dra`): the kubelet's plugin watcher
-//! finds `<registry dir>/<name>-reg.sock`, calls `GetInfo`, dials the returned endpoint and picks
-//! the first service in `supported_versions` it knows, then calls `NotifyRegistrationStatus`.
-//! One NodePrepareResources call carries every claim of one pod for this driver; the response
-//! must have one entry per claim UID; per-claim failures go in `error`, never as a gRPC error.
+//! Protocol facts (docs/reference/dra.md, "Kubelet plugin protocol"): the kubelet's plugin
+//! watcher finds `<registry dir>/<name>-reg.sock`, calls `GetInfo`, dials the returned endpoint
+//! and picks the first service in `supported_versions` it knows, then calls
+//! `NotifyRegistrationStatus`. One NodePrepareResources call carries every claim of one pod for
+//! this driver; the response must have one entry per claim UID; per-claim failures go in
+//! `error`, never as a gRPC error.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -29,8 +32,8 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
-use crate::claims::{ClaimHandler, ClaimRef, PrepareError};
-use crate::health::source::{DeviceHealthReport, HealthSource};
+use crate::driver::{ClaimRef, Driver};
+use crate::health::{DeviceHealthReport, HealthSource};
 
 /// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -99,7 +102,7 @@ pub enum ServeError {
 }
 
 /// The kubelet's error text for a claim: the claim, then the cause.
-fn error_text(claims: &[ClaimRef], uid: &str, e: &PrepareError) -> String {
+fn error_text(claims: &[ClaimRef], uid: &str, e: &dyn std::error::Error) -> String {
     match claims.iter().find(|c| c.uid == uid) {
         Some(c) => format!("claim {c}: {e}"),
         None => format!("claim (uid {uid}): {e}"),
@@ -111,20 +114,23 @@ pub const HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 /// After this long without an update the kubelet reports a device's health as Unknown.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Where the plugin's two sockets go.
+/// Where the plugin's two sockets go: made by [`SocketPaths::new`] (the kubelet plugin
+/// conventions) or [`SocketPaths::explicit`] (names of the caller's choosing), both checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SocketPaths {
     /// Registration socket in the kubelet's plugin registry dir.
     pub registration: PathBuf,
-    /// DRA service socket, under `<plugins dir>/<driver>/`.
+    /// DRA service socket, conventionally under `<plugins dir>/<driver>/`.
     pub dra: PathBuf,
 }
 
 impl SocketPaths {
-    /// Socket paths for `driver`. With `pod_uid` (a DaemonSet pod during a rolling update, so two
-    /// instances can run side by side) both names are made unique per pod, as the Go
-    /// `kubeletplugin` package does: `dra-<uid>.sock` and `<driver>-<uid>-reg.sock`, or, when that
-    /// path is too long, `<driver>-<first 16 hex digits of a hash of the uid>-reg.sock`.
+    /// Socket paths for the driver named `driver` (its DRA driver name, e.g. `dev.example.com`):
+    /// `<registry_dir>/<driver>-reg.sock` and `<plugins_dir>/<driver>/dra.sock`. With `pod_uid` (a
+    /// DaemonSet pod during a rolling update, so two instances can run side by side) both names
+    /// are made unique per pod, as the Go `kubeletplugin` package does: `dra-<uid>.sock` and
+    /// `<driver>-<uid>-reg.sock`, or, when that path is too long,
+    /// `<driver>-<first 16 hex digits of the uid's 64-bit FNV-1a>-reg.sock`.
     ///
     /// # Errors
     /// A path longer than [`MAX_SOCKET_PATH`] bytes, or a relative one.
@@ -153,6 +159,15 @@ impl SocketPaths {
                 (reg, dra_dir.join(format!("dra-{uid}.sock")))
             }
         };
+        Self::explicit(registration, dra)
+    }
+
+    /// Socket paths of the caller's choosing, for a kubelet set up with other names. Both must be
+    /// absolute (the kubelet rejects relative endpoints) and fit a unix socket address.
+    ///
+    /// # Errors
+    /// A path longer than [`MAX_SOCKET_PATH`] bytes, or a relative one.
+    pub fn explicit(registration: PathBuf, dra: PathBuf) -> Result<Self, SocketPathError> {
         for p in [&registration, &dra] {
             let len = p.as_os_str().len();
             if len > MAX_SOCKET_PATH {
@@ -169,16 +184,18 @@ impl SocketPaths {
     }
 }
 
-/// Serves the DRA services and then the registration service until `shutdown` resolves; removes
-/// both sockets afterwards. The DRA socket is served first so the kubelet never learns of an
-/// endpoint that does not answer yet.
+/// Serves `handler` and `health` to the kubelet as the DRA driver named `driver` until
+/// `shutdown` resolves: the DRA services first, then the registration service, so the kubelet
+/// never learns of an endpoint that does not answer yet; removes both sockets afterwards (the
+/// registration socket first: the kubelet deregisters the plugin when it disappears). A socket
+/// file left at either path by a crashed instance is replaced.
 ///
 /// # Errors
 /// A socket cannot be set up, or a server stopped with an error (reported once both stopped).
-pub async fn serve(
+pub async fn serve<D: Driver + ?Sized>(
     paths: &SocketPaths,
     driver: &str,
-    handler: Arc<dyn ClaimHandler>,
+    handler: Arc<D>,
     health: Arc<dyn HealthSource>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
@@ -332,12 +349,12 @@ fn health_response(reports: Vec<DeviceHealthReport>) -> health::NodeWatchResourc
 }
 
 /// The v1 service: the one implementation of NodePrepareResources and NodeUnprepareResources.
-struct V1(Arc<dyn ClaimHandler>);
+struct V1<D: ?Sized>(Arc<D>);
 
 /// The v1beta1 service: the v1 service behind a conversion of its messages ([`v1beta1_edge`]).
-struct V1beta1(V1);
+struct V1beta1<D: ?Sized>(V1<D>);
 
-/// The request path's names of the kubelet's claims.
+/// The driver's names of the kubelet's claims.
 fn claim_refs(claims: Vec<v1::Claim>) -> Vec<ClaimRef> {
     claims
         .into_iter()
@@ -350,7 +367,7 @@ fn claim_refs(claims: Vec<v1::Claim>) -> Vec<ClaimRef> {
 }
 
 #[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for V1 {
+impl<D: Driver + ?Sized> v1::dra_plugin_server::DraPlugin for V1<D> {
     async fn node_prepare_resources(
         &self,
         req: Request<v1::NodePrepareResourcesRequest>,
@@ -408,7 +425,7 @@ impl v1::dra_plugin_server::DraPlugin for V1 {
 }
 
 #[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
+impl<D: Driver + ?Sized> v1beta1::dra_plugin_server::DraPlugin for V1beta1<D> {
     async fn node_prepare_resources(
         &self,
         req: Request<v1beta1::NodePrepareResourcesRequest>,

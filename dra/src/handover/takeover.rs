@@ -39,7 +39,7 @@ pub async fn take_over(dir: &Path, poll: Duration) -> io::Result<Active> {
     }
     tracing::info!(
         state_dir = %dir.display(),
-        "another DAS plugin instance is active on this node (rolling update): waiting for it to hand over"
+        "another plugin instance is active on this node (rolling update): waiting for it to hand over"
     );
     let _waiting = Waiting::announce(dir)?;
     loop {
@@ -53,7 +53,7 @@ pub async fn take_over(dir: &Path, poll: Duration) -> io::Result<Active> {
 
 /// Start-up in the order that keeps a broken instance from stopping a healthy one: `check` first,
 /// on the blocking pool (everything that can fail without touching the node's shared state:
-/// opening the GPU backend, reading the inventory, finding the driver's files), and
+/// opening the devices, reading their inventory, finding the files the driver needs), and
 /// [`take_over`] only once it succeeded. A failing `check` returns its error before any wait is
 /// announced: the active instance never hears of this one and keeps serving. Cancel it by
 /// dropping the future (a `check` in flight then runs on in its thread).

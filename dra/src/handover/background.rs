@@ -1,15 +1,14 @@
-//! The active instance's background tasks (publisher, reaper, health monitor, the MPS daemons'
-//! supervision), stopped within a
-//! bound before the node is handed over ([`Background::stop_within`]).
+//! The active instance's background tasks (a ResourceSlice publisher, a health monitor, ...),
+//! stopped within a bound before the node is handed over ([`Background::stop_within`]).
 
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The tasks that touch the node's state besides the kubelet's calls (the ResourceSlice
-/// publisher, the reaper, the health monitor, the MPS daemons' supervision), each with the token
-/// that stops it. All end, or are aborted, before the node is handed over.
+/// The tasks that touch the node's state besides the kubelet's calls (a ResourceSlice
+/// publisher, a health monitor, a reaper of what failed to go, ...), each with the token that
+/// stops it. All end, or are aborted, before the node is handed over.
 #[derive(Debug, Default)]
 pub struct Background {
     tasks: Vec<BackgroundTask>,
@@ -37,9 +36,9 @@ impl Background {
     }
 
     /// Cancels every task's token, then waits for the tasks, at most `limit` for all of them
-    /// together ([`STOP_LIMIT`](super::STOP_LIMIT) in the plugin). A task still running then is aborted: it never
-    /// runs again, though a blocking call it started (a GPU call on the blocking pool) runs on in
-    /// its thread until the call returns, its result dropped. Logs each task that ended badly or
+    /// together ([`STOP_LIMIT`](super::STOP_LIMIT) in a plugin). A task still running then is
+    /// aborted: it never runs again, though a blocking call it started (a device call on the
+    /// blocking pool) runs on in its thread until the call returns, its result dropped. Logs each task that ended badly or
     /// had to be aborted; returns the names of the latter (empty when all stopped).
     pub async fn stop_within(self, limit: Duration) -> Vec<&'static str> {
         for t in &self.tasks {
@@ -58,7 +57,7 @@ impl Background {
                     tracing::error!(
                         task = name,
                         ?limit,
-                        "a background task did not stop in time (a GPU call that does not return?): aborted"
+                        "a background task did not stop in time (a blocking call that does not return?): aborted"
                     );
                     aborted.push(name);
                 }
