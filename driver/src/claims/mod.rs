@@ -65,6 +65,7 @@ pub mod cri;
 pub mod driver_files;
 pub(crate) mod error;
 pub(crate) mod handler;
+pub(crate) mod kinds;
 pub(crate) mod locks;
 pub mod orphans;
 pub(crate) mod plan;

@@ -16,9 +16,10 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
 use super::handler::ClaimRef;
+use super::kinds::Kinds;
 use super::orphans::RuntimeError;
 use crate::claims::checkpoint::{
-    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
+    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
 };
 use crate::gpu::MigInstance;
 
@@ -29,27 +30,10 @@ pub(crate) mod spec;
 pub(crate) mod whole_gpu;
 
 // The published devices' index lives with what is published; re-exported for the request path.
+pub use super::kinds::{Holding, Planned};
 pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
-pub use spec::{Holding, add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
+pub use spec::{add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 pub use whole_gpu::{is_whole_gpu_name, whole_gpu_unavailable};
-
-/// A device of a claim's allocation, resolved against what this node publishes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Planned {
-    /// Request name of the allocation result (`<request>` or `<request>/<subrequest>`).
-    pub request: String,
-    /// Pool (this node).
-    pub pool: String,
-    /// Published device name.
-    pub device: String,
-    /// Where the device lives.
-    pub at: DeviceRef,
-    /// The limits of its MPS control daemon, when its claim's config asks for MPS
-    /// ([`mps::with_mps`]); `None` for an exclusive device.
-    pub mps: Option<crate::mps::MpsLimits>,
-    /// The claim's share, when the device is a shareable one ([`share::share_of`]).
-    pub share: Option<Share>,
-}
 
 /// Resolves the allocation of `claim` (read from the API server as `rc`) for this node; a
 /// shareable device's share is of `shares_per_slice` (the `shares` capacity this node publishes).
@@ -171,7 +155,7 @@ pub fn with_instance(d: &RecordedDevice, s: &MigInstance) -> RecordedDevice {
 /// lists our GI after a destroy removed its compute instance but failed on the GI. A whole GPU
 /// is no instance: a live MIG instance on its GPU is never its.
 pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
-    let Some(i) = d.instance.as_ref().filter(|_| !d.is_whole_gpu()) else {
+    let Some(i) = d.instance.as_ref().filter(|_| creates_instance(d)) else {
         return false;
     };
     s.gpu_uuid == d.gpu_uuid
@@ -179,6 +163,21 @@ pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
         && s.placement.start == d.placement_start
         && s.gi_id == i.gi_id
         && (s.mig_uuid.is_empty() || (s.mig_uuid == i.mig_uuid && s.ci_id == i.ci_id))
+}
+
+/// Whether preparing recorded device `d` made a MIG instance that its record names (its kind
+/// says; a whole GPU makes none).
+fn creates_instance(d: &RecordedDevice) -> bool {
+    Kinds::standard().of_record(d).creates_instance()
+}
+
+/// The memory slices of `d`'s placement as a mask ([`crate::gpu::Placement::mask`]).
+fn placement_mask(d: &RecordedDevice) -> u64 {
+    crate::gpu::Placement {
+        start: d.placement_start,
+        size: d.placement_size,
+    }
+    .mask()
 }
 
 /// Whether `s` is recorded as an instance of any claim but `except`.
@@ -202,7 +201,7 @@ pub fn match_devices(
     devices
         .iter()
         .map(|d| {
-            if d.is_whole_gpu() {
+            if !creates_instance(d) {
                 return None;
             }
             live.iter()
@@ -461,16 +460,17 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
 /// Per profile of `model`, how many of its placements a new instance could take right now on a
 /// GPU holding `devices` (one at a time: NVML's rules of
 /// [`crate::gpu::layout::Occupancy::check_hardware`] against the recorded placements). Tells why
-/// a pod waits: 0 for its profile on every GPU. A GPU held whole has none.
+/// a pod waits: 0 for its profile on every GPU. A device that makes no instance takes the
+/// placements its own overlaps, so a GPU held whole has none.
 pub fn free_placements<'a>(
     model: &crate::gpu::GpuModel,
     devices: impl Iterator<Item = &'a RecordedDevice>,
 ) -> Vec<(String, u64)> {
     let mut occ = crate::gpu::layout::Occupancy::empty(model);
-    let mut whole = false;
+    let mut taken = 0u64;
     for d in devices {
-        if d.is_whole_gpu() {
-            whole = true;
+        if !creates_instance(d) {
+            taken |= placement_mask(d);
         } else if let Some((i, _)) = model.profile(&d.profile) {
             occ.add(model, i, d.placement_start);
         }
@@ -483,7 +483,13 @@ pub fn free_placements<'a>(
             let n = p
                 .placement_starts
                 .iter()
-                .filter(|&&start| !whole && occ.check_hardware(model, i, start).is_ok())
+                .filter(|&&start| {
+                    let at = crate::gpu::Placement {
+                        start,
+                        size: p.placement_size,
+                    };
+                    at.mask() & taken == 0 && occ.check_hardware(model, i, start).is_ok()
+                })
                 .count();
             (p.name.clone(), n as u64)
         })
@@ -494,26 +500,20 @@ pub fn free_placements<'a>(
 /// placement some record holds (a prepare records the placement before it creates the
 /// instance, so an instance being created is not listed). Such an instance, foreign or left
 /// over, makes every overlapping device impossible to prepare; the publisher withdraws them.
-/// A whole GPU's record claims no instance, even on its own GPU: nothing is ever created for it.
+/// A device of a kind that makes no instance (a whole GPU) claims none, even on its own GPU:
+/// nothing is ever created for it.
 pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
     let devices: Vec<&RecordedDevice> = cp
         .claims
         .values()
         .flat_map(|r| &r.devices)
-        .filter(|d| !d.is_whole_gpu())
+        .filter(|d| creates_instance(d))
         .collect();
     live.iter()
         .filter(|s| {
             !devices.iter().any(|d| {
                 is_instance(d, s)
-                    || (d.gpu_index == s.gpu_index
-                        && crate::gpu::Placement {
-                            start: d.placement_start,
-                            size: d.placement_size,
-                        }
-                        .mask()
-                            & s.placement.mask()
-                            != 0)
+                    || (d.gpu_index == s.gpu_index && placement_mask(d) & s.placement.mask() != 0)
             })
         })
         .cloned()
@@ -523,7 +523,7 @@ pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
 /// What the prepared devices of one GPU take.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuUse {
-    /// MIG instances (a whole GPU is none).
+    /// MIG instances (a device of a kind that makes none, such as a whole GPU, is none).
     pub instances: u64,
     /// Memory slices their placements cover (a whole GPU: all of its GPU's).
     pub memory_slices: u64,
@@ -534,7 +534,7 @@ pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMa
     let mut m: BTreeMap<u32, GpuUse> = BTreeMap::new();
     for d in devices {
         let u = m.entry(d.gpu_index).or_default();
-        u.instances += u64::from(!d.is_whole_gpu());
+        u.instances += u64::from(creates_instance(d));
         u.memory_slices += u64::from(d.placement_size);
     }
     m

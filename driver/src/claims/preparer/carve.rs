@@ -118,7 +118,7 @@ impl Preparer {
             .checkpoint
             .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
             .await?;
-        let (devices, _held) = self.create_planned(claim, planned).await?;
+        let (devices, _held) = self.acquire_planned(claim, planned).await?;
         let carved = devices.clone();
         let saved = self
             .records

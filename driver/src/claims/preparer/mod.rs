@@ -3,8 +3,8 @@
 //! serve:
 //!
 //! - [`prepare`]: NodePrepareResources of one claim, and the claim's CDI spec.
-//! - [`create`]: the creates of a prepare and of a carve (MIG mode, create or join, the
-//!   roll-back of a failure).
+//! - [`acquire`]: the acquires of a prepare and of a carve (MIG mode, each device's kind's
+//!   acquire or a share's join, the roll-back of a failure).
 //! - [`release`]: NodeUnprepareResources, and the release of a claim's instances that it, the
 //!   roll-back of a failed prepare, the reaper and the orphan rule share.
 //! - [`startup`]: the start-up reconciliation of checkpoint, GPUs and API server.
@@ -54,6 +54,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Notify;
 
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
+use super::kinds::Kinds;
 use super::orphans::{OrphanPolicy, OrphanWatch};
 use super::plan::{self, DeviceRef};
 use super::reaper::{PendingDaemons, ReaperState};
@@ -68,8 +69,8 @@ use crate::mps::MpsDaemons;
 use crate::publish::resource_slices::SharePolicy;
 pub use carve::Carved;
 
+pub(crate) mod acquire;
 pub(crate) mod carve;
-pub(crate) mod create;
 pub(crate) mod gauges;
 pub(crate) mod mig_mode;
 pub(crate) mod mps;
@@ -124,6 +125,9 @@ pub struct PreparerConfig {
 pub struct Preparer {
     /// This node and the devices it publishes.
     pub(crate) node: NodeDevices,
+    /// The kinds of device it serves ([`crate::claims::kinds`]): the transaction asks each
+    /// device's kind what differs between kinds.
+    pub(crate) kinds: Kinds,
     /// The GPU backend, where its calls run, and one lock per GPU.
     pub(crate) gpus: GpuCalls,
     /// What is prepared (the checkpoint) and the per-claim locks.
@@ -221,6 +225,7 @@ impl Preparer {
                 shares_per_slice: u64::from(config.share_policy.shares.max(1)),
                 shares_across_namespaces: config.share_policy.across_namespaces,
             },
+            kinds: Kinds::standard(),
             gpus: GpuCalls::new(config.backend, config.blocking),
             records: Records {
                 checkpoint: config.checkpoint,

@@ -184,7 +184,7 @@ impl Preparer {
         record: &ClaimRecord,
     ) -> Result<Option<Vec<Holding>>, PrepareError> {
         let mut live = Vec::new();
-        for gpu in gpus_of(&record.devices) {
+        for gpu in self.gpus_of(&record.devices) {
             live.extend(
                 self.gpus
                     .instances_on(gpu)
@@ -200,13 +200,8 @@ impl Preparer {
         // A GPU instance whose compute instance is gone (an administrator's `nvidia-smi mig
         // -dci`) is listed without a MIG UUID: no container can use it, so it is repaired like
         // a missing one (released and created again), never answered with.
-        let usable = |h: &Option<Holding>| match h {
-            Some(Holding::Instance(s)) => !s.mig_uuid.is_empty(),
-            Some(Holding::WholeGpu { .. }) => true,
-            None => false,
-        };
         let held = self.holdings(&record.devices, &matched);
-        if !held.iter().all(usable) {
+        if !held.iter().all(|h| h.as_ref().is_some_and(Holding::usable)) {
             tracing::warn!(claim = %claim, "slices recorded for this claim are gone or have lost their compute instance (or its whole GPU is no longer published); preparing it again");
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
@@ -275,7 +270,7 @@ impl Preparer {
             })
             .await?;
         let t_started = t0.elapsed();
-        let (devices, held) = self.create_planned(claim, planned).await?;
+        let (devices, held) = self.acquire_planned(claim, planned).await?;
         self.finish_prepare(claim, devices, held, (t0, t_started))
             .await
     }
@@ -343,6 +338,19 @@ impl Preparer {
         Ok(plan::kubelet_devices(&record))
     }
 
+    /// The GPU indices the instances of `devices` live on, each once (a device of a kind that
+    /// makes no instance, a whole GPU, has none to look for).
+    fn gpus_of(&self, devices: &[RecordedDevice]) -> Vec<u32> {
+        let mut gpus: Vec<u32> = devices
+            .iter()
+            .filter(|d| self.kinds.of_record(d).creates_instance())
+            .map(|d| d.gpu_index)
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
     /// Releases the instances of a failed prepare; a failure to destroy is already recorded for
     /// the reaper by [`Self::release`], so only logged here.
     pub(super) async fn roll_back(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) {
@@ -355,19 +363,6 @@ impl Preparer {
 fn unreachable_record() -> ClaimRecord {
     // `set_completed` just inserted it under the claim's lock.
     panic!("the completed record is missing right after it was written")
-}
-
-/// The GPU indices the MIG devices of `devices` live on, each once (a whole GPU has no
-/// instance to look for).
-fn gpus_of(devices: &[RecordedDevice]) -> Vec<u32> {
-    let mut gpus: Vec<u32> = devices
-        .iter()
-        .filter(|d| !d.is_whole_gpu())
-        .map(|d| d.gpu_index)
-        .collect();
-    gpus.sort_unstable();
-    gpus.dedup();
-    gpus
 }
 
 /// Milliseconds with a fraction, for logs.

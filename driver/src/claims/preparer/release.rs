@@ -191,11 +191,12 @@ impl Preparer {
     }
 
     /// Destroys the instances of `devices`, GPUs in parallel, each under its GPU's lock; returns
-    /// the devices whose instance is still there. Whole GPUs are skipped: nothing was created
-    /// for them, so their "destroy" is done.
+    /// the devices whose instance is still there. Devices of a kind that makes no instance (a
+    /// whole GPU) are skipped: nothing was created for them, so their "destroy" is done.
     async fn destroy_devices(&self, uid: &str, devices: Vec<RecordedDevice>) -> Vec<Remaining> {
         let mut by_gpu: BTreeMap<u32, Vec<RecordedDevice>> = BTreeMap::new();
-        for d in devices.into_iter().filter(|d| !d.is_whole_gpu()) {
+        let makes = |d: &RecordedDevice| self.kinds.of_record(d).creates_instance();
+        for d in devices.into_iter().filter(makes) {
             by_gpu.entry(d.gpu_index).or_default().push(d);
         }
         join_all(

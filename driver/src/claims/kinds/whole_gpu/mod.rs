@@ -1,0 +1,65 @@
+//! A whole GPU (docs/design.md §7, "Whole GPUs"): a GPU with MIG mode off, held by one claim.
+//! Nothing is created, looked for or destroyed on the GPU: its record holds no instance, its
+//! CDI device gives the GPU's device node `/dev/nvidia<minor>` and its UUID, and its placement
+//! is every memory slice of its GPU, so it overlaps every slice of that GPU.
+
+use crate::claims::cdi::{PreparedGpu, SpecDevice};
+use crate::claims::checkpoint::RecordedDevice;
+use crate::claims::kinds::{CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned};
+use crate::gpu::MigInstance;
+use crate::publish::devices::{DeviceKind, DeviceRef};
+
+/// The whole-GPU kind.
+pub struct WholeGpuKind;
+
+#[tonic::async_trait]
+impl Kind for WholeGpuKind {
+    fn id(&self) -> KindId {
+        KindId::WholeGpu
+    }
+
+    fn serves(&self, at: &DeviceRef) -> bool {
+        at.kind == DeviceKind::WholeGpu
+    }
+
+    fn recorded(&self, d: &RecordedDevice) -> bool {
+        d.kind == DeviceKind::WholeGpu
+    }
+
+    fn gpu_mode(&self) -> GpuMode {
+        GpuMode::MigOff
+    }
+
+    fn creates_instance(&self) -> bool {
+        false
+    }
+
+    /// Nothing to create: the GPU's device node, as published.
+    async fn acquire(&self, p: &Planned, _tx: &GpuTxn<'_>) -> Result<Holding, Failed> {
+        Ok(Holding::WholeGpu {
+            minor: p.at.gpu_minor,
+        })
+    }
+
+    /// Its GPU's device node while this node publishes it whole; a live MIG instance on its
+    /// GPU is never its.
+    fn holding(
+        &self,
+        _d: &RecordedDevice,
+        _live: Option<&MigInstance>,
+        minor: Option<u32>,
+    ) -> Option<Holding> {
+        minor.map(|minor| Holding::WholeGpu { minor })
+    }
+
+    fn cdi_edits(&self, d: &RecordedDevice, h: &Holding, at: CdiPlace<'_>, dev: &mut SpecDevice) {
+        if let Holding::WholeGpu { minor } = h {
+            dev.gpus.push(PreparedGpu {
+                gpu_uuid: d.gpu_uuid.clone(),
+                minor: *minor,
+                request: at.request.to_string(),
+                index: at.index,
+            });
+        }
+    }
+}
