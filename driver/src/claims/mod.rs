@@ -64,6 +64,7 @@ pub mod container_marks;
 pub mod cri;
 pub mod driver_files;
 pub(crate) mod error;
+pub(crate) mod gpu_mode;
 pub(crate) mod handler;
 pub(crate) mod kinds;
 pub(crate) mod locks;

@@ -1,13 +1,14 @@
-//! The decisions of the request path, as pure functions of what the API server, the checkpoint
-//! and the GPUs say: which allocation results are ours, which live instance is which recorded
+//! The transaction's rules, as pure functions of what the API server, the checkpoint and the
+//! GPUs say: which allocation results are ours, which live instance is which recorded
 //! instance, what a retried prepare may reuse, what the CDI spec of a claim holds ([`spec`]),
-//! whether a whole GPU can be prepared ([`whole_gpu`]), what start-up releases and destroys.
-//! [`super::Preparer`] carries them out.
+//! what start-up releases and destroys. [`super::Preparer`] carries them out. What differs
+//! between kinds of device is each kind's ([`super::kinds`]), asked through the registry.
 //!
-//! A whole GPU (docs/design.md §7, "Whole GPUs") is recorded like a MIG device without an
-//! instance: profile `gpu`, placement every memory slice of its GPU. So it overlaps every
-//! placement of its GPU ([`placement_holders`]), and it is never matched to a live instance
-//! ([`is_instance`], [`match_devices`]): nothing is created, looked for or destroyed for it.
+//! A device whose kind makes no instance (a whole GPU, docs/design.md §7, "Whole GPUs") is
+//! recorded like a MIG device without an instance: a whole GPU's profile is `gpu`, its
+//! placement every memory slice of its GPU. So it overlaps every placement of its GPU
+//! ([`placement_holders`]), and it is never matched to a live instance ([`is_instance`],
+//! [`match_devices`]): nothing is created, looked for or destroyed for it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -23,17 +24,14 @@ use crate::claims::checkpoint::{
 };
 use crate::gpu::MigInstance;
 
-pub(crate) mod mig_mode;
 pub(crate) mod mps;
 pub(crate) mod share;
 pub(crate) mod spec;
-pub(crate) mod whole_gpu;
 
 // The published devices' index lives with what is published; re-exported for the request path.
 pub use super::kinds::{Holding, Planned};
 pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
 pub use spec::{add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
-pub use whole_gpu::{is_whole_gpu_name, whole_gpu_unavailable};
 
 /// Resolves the allocation of `claim` (read from the API server as `rc`) for this node; a
 /// shareable device's share is of `shares_per_slice` (the `shares` capacity this node publishes).
@@ -90,15 +88,8 @@ pub fn resolve_allocation(
                     node: node.to_string(),
                 });
             }
-            let at = match devices.get(&r.device) {
-                Some(at) => at.clone(),
-                None if is_whole_gpu_name(&r.device) => {
-                    return Err(PrepareError::WholeGpuUnavailable {
-                        reason: whole_gpu::UNPUBLISHED.to_string(),
-                        device: r.device,
-                    });
-                }
-                None => return Err(PrepareError::UnknownDevice { device: r.device }),
+            let Some(at) = devices.get(&r.device).cloned() else {
+                return Err(Kinds::standard().unpublished(r.device));
             };
             let share = at
                 .shared

@@ -12,7 +12,7 @@
 use crate::claims::PrepareError;
 use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::{InstanceId, RecordedDevice, Share};
-use crate::gpu::{BackendError, GpuCalls, MigInstance};
+use crate::gpu::{BackendError, GpuCalls, MigInstance, MigSwitch};
 use crate::metrics::Metrics;
 use crate::publish::devices::DeviceRef;
 
@@ -154,6 +154,15 @@ impl<'a> GpuTxn<'a> {
     }
 }
 
+/// What a kind's checks before anything is recorded for a claim may read and call.
+pub struct Precheck<'a> {
+    /// The GPU calls.
+    pub gpus: &'a GpuCalls,
+    /// Whether DAS may switch GPU `index`'s MIG mode now (docs/design.md §7, "MIG mode follows
+    /// demand").
+    pub switch_of: &'a (dyn Fn(u32) -> MigSwitch + Sync),
+}
+
 /// One kind of device: everything the transaction needs to know that differs between kinds.
 #[tonic::async_trait]
 pub trait Kind: Send + Sync + 'static {
@@ -166,12 +175,32 @@ pub trait Kind: Send + Sync + 'static {
     /// Whether the recorded device `d` is of this kind.
     fn recorded(&self, d: &RecordedDevice) -> bool;
 
+    /// Why an allocated device named `device`, which this node does not publish, cannot be
+    /// prepared, when the name is of this kind; `None` when it is not.
+    fn unpublished(&self, _device: &str) -> Option<PrepareError> {
+        None
+    }
+
     /// The MIG mode its GPU must have while it is prepared.
     fn gpu_mode(&self) -> GpuMode;
 
     /// Whether preparing it makes (or joins) a MIG instance that its record names: the
     /// instance is then matched by identity, destroyed by its release and counted as claimed.
     fn creates_instance(&self) -> bool;
+
+    /// Checks a claim's planned devices of this kind (`planned`, never empty) before anything is
+    /// recorded for it, and before it waits for the holders of its placements: what fails
+    /// here fails at once.
+    ///
+    /// # Errors
+    /// Why the first of them cannot be prepared; nothing was recorded.
+    async fn precheck(
+        &self,
+        _planned: &[&Planned],
+        _cx: &Precheck<'_>,
+    ) -> Result<(), PrepareError> {
+        Ok(())
+    }
 
     /// Acquires planned device `p` on its GPU (lock held, MIG mode as [`Self::gpu_mode`]
     /// asks): what it then holds.
@@ -216,6 +245,19 @@ impl Kinds {
     /// The kinds of [`STANDARD`].
     pub fn standard() -> Self {
         Kinds { all: STANDARD }
+    }
+
+    /// Every kind, in the order they are asked.
+    pub fn all(&self) -> impl Iterator<Item = &'static dyn Kind> + '_ {
+        self.all.iter().copied()
+    }
+
+    /// Why allocated device `device`, which this node does not publish, cannot be prepared:
+    /// the first kind's reason that knows the name, else [`PrepareError::UnknownDevice`].
+    pub fn unpublished(&self, device: String) -> PrepareError {
+        self.all()
+            .find_map(|k| k.unpublished(&device))
+            .unwrap_or(PrepareError::UnknownDevice { device })
     }
 
     /// The kind of published device `at`; the last kind, the base one (a MIG instance), for a

@@ -111,7 +111,7 @@ impl Preparer {
     ) -> Result<Vec<RecordedDevice>, PrepareError> {
         self.check_mps(planned)?;
         self.check_share_namespace(claim, planned)?;
-        self.check_whole_gpus(planned).await?;
+        self.check_kinds(claim, planned).await?;
         self.wait_for_placements(claim, planned).await?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
         self.records

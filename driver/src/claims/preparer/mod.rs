@@ -13,10 +13,9 @@
 //! - [`carve`]: carve before bind (issue 34): the carve of a claim allocated here, the prepare
 //!   of a carved claim, the release of a carved claim that never reached a prepare.
 //! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
-//! - [`whole_gpu`]: the check a prepare makes of a whole GPU (docs/design.md §7, "Whole GPUs"),
-//!   and the device node its CDI spec gives.
-//! - [`mig_mode`]: the switch of a GPU's MIG mode a prepare needs (docs/design.md §7, "MIG mode
-//!   follows demand"), and its recovery at start-up.
+//! - [`devices`]: what the transaction asks of the device kinds ([`crate::claims::kinds`]: their
+//!   checks before anything is recorded, what a recorded device holds) and of the GPUs' MIG
+//!   modes ([`crate::claims::gpu_mode`]).
 //! - [`mps`]: the MPS control daemons of MPS devices (docs/design.md §7, "MPS on a slice"):
 //!   started once their slices exist, stopped before they are destroyed, brought back at
 //!   start-up.
@@ -53,6 +52,7 @@ use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Notify;
 
+use super::gpu_mode::GpuModes;
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
 use super::kinds::Kinds;
 use super::orphans::{OrphanPolicy, OrphanWatch};
@@ -71,8 +71,8 @@ pub use carve::Carved;
 
 pub(crate) mod acquire;
 pub(crate) mod carve;
+pub(crate) mod devices;
 pub(crate) mod gauges;
-pub(crate) mod mig_mode;
 pub(crate) mod mps;
 pub(crate) mod orphans;
 pub(crate) mod prepare;
@@ -80,7 +80,6 @@ pub(crate) mod reaper;
 pub(crate) mod release;
 pub(crate) mod startup;
 pub(crate) mod tenants;
-pub(crate) mod whole_gpu;
 
 #[cfg(test)]
 pub(crate) use prepare::PLACEMENT_WAIT;
@@ -139,7 +138,7 @@ pub struct Preparer {
     /// What outlives a call: the reaper's schedule and the orphan rule's suspects.
     pub(crate) lifecycle: Lifecycle,
     /// Whether each GPU's MIG mode may be switched.
-    pub(crate) modes: mig_mode::MigModes,
+    pub(crate) modes: GpuModes,
     /// The MPS control daemons of MPS devices.
     pub(crate) mps: Arc<MpsDaemons>,
     /// One lock per MPS daemon ID, held while a daemon of a shared slice is started or stopped:
@@ -248,7 +247,7 @@ impl Preparer {
                 orphan_policy: config.orphans,
                 mps_pending: PendingDaemons::default(),
             },
-            modes: mig_mode::MigModes::new(&config.inventory, &config.metrics),
+            modes: GpuModes::new(&config.inventory, &config.metrics),
             mps: config.mps,
             mps_locks: ClaimLocks::default(),
             metrics: config.metrics,

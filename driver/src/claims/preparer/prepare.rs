@@ -67,8 +67,9 @@ impl Preparer {
         // A share of a slice another namespace's claims hold is refused before anything is
         // recorded (a completed claim, answered above, is never refused here).
         self.check_share_namespace(claim, &planned)?;
-        // A whole GPU whose GPU cannot serve it fails at once, not after a wait for its holders.
-        self.check_whole_gpus(&planned).await?;
+        // A device its kind refuses (a whole GPU whose GPU cannot serve it) fails at once, not
+        // after a wait for its holders.
+        self.check_kinds(claim, &planned).await?;
         self.wait_for_placements(claim, &planned).await?;
         let known = self
             .record_of(&claim.uid)

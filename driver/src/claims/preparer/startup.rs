@@ -286,8 +286,10 @@ impl Preparer {
                 .read(|cp| plan::share::recorded_unshared_elsewhere(cp, &claim.uid, s))
         });
         let held = self.holdings(&started, &matched);
+        // A kind that makes no instance leaves nothing on the GPU: its CDI spec is the evidence.
+        let traceless = |d: &RecordedDevice| !self.kinds.of_record(d).creates_instance();
         if held.iter().any(Option::is_none)
-            || (started.iter().any(RecordedDevice::is_whole_gpu) && !self.spec_on_disk(claim))
+            || (started.iter().any(traceless) && !self.spec_on_disk(claim))
         {
             return None;
         }
@@ -295,9 +297,9 @@ impl Preparer {
         let devices = started
             .iter()
             .zip(&held)
-            .map(|(d, h)| match h {
-                Holding::Instance(s) => plan::with_instance(d, s),
-                Holding::WholeGpu { .. } => d.clone(),
+            .map(|(d, h)| match h.instance() {
+                Some(s) => plan::with_instance(d, s),
+                None => d.clone(),
             })
             .collect();
         Some((devices, held))

@@ -1,13 +1,24 @@
 //! A whole GPU (docs/design.md §7, "Whole GPUs"): a GPU with MIG mode off, held by one claim.
 //! Nothing is created, looked for or destroyed on the GPU: its record holds no instance, its
 //! CDI device gives the GPU's device node `/dev/nvidia<minor>` and its UUID, and its placement
-//! is every memory slice of its GPU, so it overlaps every slice of that GPU.
+//! is every memory slice of its GPU, so it overlaps every slice of that GPU. Before anything is
+//! recorded its GPU must answer with the UUID it was published with and MIG mode off, or one
+//! DAS may switch off ([`check`], [`plan`]).
 
+use crate::claims::PrepareError;
 use crate::claims::cdi::{PreparedGpu, SpecDevice};
 use crate::claims::checkpoint::RecordedDevice;
-use crate::claims::kinds::{CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned};
+use crate::claims::kinds::{
+    CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned, Precheck,
+};
 use crate::gpu::MigInstance;
 use crate::publish::devices::{DeviceKind, DeviceRef};
+
+mod check;
+pub(crate) mod plan;
+
+#[cfg(test)]
+mod tests;
 
 /// The whole-GPU kind.
 pub struct WholeGpuKind;
@@ -26,8 +37,22 @@ impl Kind for WholeGpuKind {
         d.kind == DeviceKind::WholeGpu
     }
 
+    /// A device named like a whole GPU (`gpu-<index>`) this node does not publish.
+    fn unpublished(&self, device: &str) -> Option<PrepareError> {
+        plan::is_whole_gpu_name(device).then(|| PrepareError::WholeGpuUnavailable {
+            reason: plan::UNPUBLISHED.to_string(),
+            device: device.to_string(),
+        })
+    }
+
     fn gpu_mode(&self) -> GpuMode {
         GpuMode::MigOff
+    }
+
+    /// Its GPU against the backend's inventory, read now: the GPU answers, has the UUID it was
+    /// published with, and MIG mode off or switchable.
+    async fn precheck(&self, planned: &[&Planned], cx: &Precheck<'_>) -> Result<(), PrepareError> {
+        check::against_inventory(planned, cx).await
     }
 
     fn creates_instance(&self) -> bool {
