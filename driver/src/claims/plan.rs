@@ -17,24 +17,23 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
 use super::handler::ClaimRef;
-use super::kinds::Kinds;
+use super::kinds::{Kinds, PlanCx};
 use super::orphans::RuntimeError;
-use crate::claims::checkpoint::{
-    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice,
-};
+use crate::claims::checkpoint::{Checkpoint, ClaimRecord, PrepareState, RecordedDevice};
 use crate::gpu::MigInstance;
 
 pub(crate) mod mps;
-pub(crate) mod share;
 pub(crate) mod spec;
 
 // The published devices' index lives with what is published; re-exported for the request path.
-pub use super::kinds::{Holding, Planned};
+pub use super::kinds::{Holding, Planned, is_instance, record, with_instance};
 pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
 pub use spec::{add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 
-/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node; a
-/// shareable device's share is of `shares_per_slice` (the `shares` capacity this node publishes).
+/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node: each
+/// result planned by its device's kind ([`crate::claims::kinds::Kind::plan`]; a shareable
+/// device's share is of `shares_per_slice`, the `shares` capacity this node publishes), the
+/// claim's configs applied, then each checked by its kind.
 ///
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
@@ -44,7 +43,7 @@ pub use spec::{add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`], [`PrepareError::Share`] (a share without `shareID`, or not
-/// served with MPS: [`share::check_mps`]).
+/// served with MPS).
 pub fn resolve_allocation(
     claim: &ClaimRef,
     rc: Option<&ResourceClaim>,
@@ -75,6 +74,8 @@ pub fn resolve_allocation(
     // instead of being ignored.
     let configs = das_api::device_config::resolve(rc)
         .map_err(|reason| PrepareError::InvalidConfig { reason })?;
+    let kinds = Kinds::standard();
+    let cx = PlanCx { shares_per_slice };
     let planned = ours
         .into_iter()
         .map(|r| {
@@ -89,71 +90,16 @@ pub fn resolve_allocation(
                 });
             }
             let Some(at) = devices.get(&r.device).cloned() else {
-                return Err(Kinds::standard().unpublished(r.device));
+                return Err(kinds.unpublished(r.device));
             };
-            let share = at
-                .shared
-                .then(|| share::share_of(&r.device, &r, shares_per_slice))
-                .transpose()?;
-            Ok(Planned {
-                request: r.request,
-                pool: r.pool,
-                device: r.device,
-                at,
-                mps: None,
-                share,
-            })
+            kinds.of(&at).plan(r, at, &cx)
         })
         .collect::<Result<Vec<_>, _>>()?;
     let planned = mps::with_mps(planned, &configs)?;
-    share::check_mps(&planned)?;
+    for p in &planned {
+        kinds.of(&p.at).check(p)?;
+    }
     Ok(planned)
-}
-
-/// The checkpoint entry of a planned device, before its instance exists (a whole GPU never has
-/// one).
-pub fn record(p: &Planned) -> RecordedDevice {
-    RecordedDevice {
-        kind: p.at.kind,
-        request: p.request.clone(),
-        pool: p.pool.clone(),
-        device: p.device.clone(),
-        gpu_index: p.at.gpu_index,
-        gpu_uuid: p.at.gpu_uuid.clone(),
-        profile: p.at.profile.clone(),
-        placement_start: p.at.start,
-        placement_size: p.at.size,
-        instance: None,
-        mps: p.mps.clone(),
-        share: p.share.clone(),
-    }
-}
-
-/// `d` with the identity of the live instance `s` filled in.
-pub fn with_instance(d: &RecordedDevice, s: &MigInstance) -> RecordedDevice {
-    RecordedDevice {
-        instance: Some(InstanceId {
-            gi_id: s.gi_id,
-            ci_id: s.ci_id,
-            mig_uuid: s.mig_uuid.clone(),
-        }),
-        ..d.clone()
-    }
-}
-
-/// Whether live instance `s` is the instance recorded as `d`: same GPU (by UUID), profile,
-/// placement, GI ID, and CI ID and MIG UUID — or no MIG UUID at all, which is how the backend
-/// lists our GI after a destroy removed its compute instance but failed on the GI. A whole GPU
-/// is no instance: a live MIG instance on its GPU is never its.
-pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
-    let Some(i) = d.instance.as_ref().filter(|_| creates_instance(d)) else {
-        return false;
-    };
-    s.gpu_uuid == d.gpu_uuid
-        && s.profile == d.profile
-        && s.placement.start == d.placement_start
-        && s.gi_id == i.gi_id
-        && (s.mig_uuid.is_empty() || (s.mig_uuid == i.mig_uuid && s.ci_id == i.ci_id))
 }
 
 /// Whether preparing recorded device `d` made a MIG instance that its record names (its kind
@@ -171,12 +117,31 @@ fn placement_mask(d: &RecordedDevice) -> u64 {
     .mask()
 }
 
+/// Whether several claims' records may hold `d`'s instance (each a share): its kind says.
+fn shared_by_claims(d: &RecordedDevice) -> bool {
+    Kinds::standard().of_record(d).shared_by_claims()
+}
+
 /// Whether `s` is recorded as an instance of any claim but `except`.
 pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
     cp.claims
         .iter()
         .filter(|(uid, _)| uid.as_str() != except)
         .any(|(_, r)| r.devices.iter().any(|d| is_instance(d, s)))
+}
+
+/// Whether `s` is recorded as the instance of a device some claim but `except` holds alone (of
+/// a kind not several claims share): when a lost checkpoint is rebuilt, a share may match a
+/// slice that another share of it already recorded.
+pub fn recorded_unshared_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
+    cp.claims
+        .iter()
+        .filter(|(uid, _)| uid.as_str() != except)
+        .any(|(_, r)| {
+            r.devices
+                .iter()
+                .any(|d| !shared_by_claims(d) && is_instance(d, s))
+        })
 }
 
 /// For each recorded device, the live instance that is it, if any. A device with its instance
@@ -224,13 +189,14 @@ pub fn placement_holders(
     uid: &str,
     planned: &[Planned],
 ) -> BTreeMap<String, String> {
-    // Another share of the same shareable device is no holder: the share joins its slice
-    // ([`share::on_share`] decides, under the GPU's lock).
+    // Another holder of the same device of a kind several claims share is no holder: it
+    // joins (its kind decides, under the GPU's lock).
+    let kinds = Kinds::standard();
     let overlaps = |d: &RecordedDevice, p: &Planned| {
         d.gpu_uuid == p.at.gpu_uuid
             && d.placement_start < p.at.start + p.at.size
             && p.at.start < d.placement_start + d.placement_size
-            && !(d.share.is_some() && p.share.is_some() && d.device == p.device)
+            && !(shared_by_claims(d) && kinds.of(&p.at).shared_by_claims() && d.device == p.device)
     };
     cp.claims
         .iter()

@@ -9,14 +9,22 @@
 //! isolated rule): what two kinds share is here, in the vocabulary of this module ([`Planned`],
 //! [`Holding`], [`GpuTxn`], [`Failed`]).
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
+
 use crate::claims::PrepareError;
-use crate::claims::cdi::SpecDevice;
-use crate::claims::checkpoint::{InstanceId, RecordedDevice, Share};
-use crate::gpu::{BackendError, GpuCalls, MigInstance, MigSwitch};
+use crate::claims::cdi::{PreparedInstance, SpecDevice};
+use crate::claims::checkpoint::{Checkpoint, CheckpointStore, InstanceId, RecordedDevice, Share};
+use crate::claims::handler::ClaimRef;
+use crate::gpu::{BackendError, GpuCalls, GpuModel, MigInstance, MigSwitch};
 use crate::metrics::Metrics;
+use crate::publish::desired::HealthFacts;
 use crate::publish::devices::DeviceRef;
 
 pub(crate) mod mig_instance;
+pub(crate) mod shared_slice;
 pub(crate) mod whole_gpu;
 
 /// Which kind a device is.
@@ -28,6 +36,9 @@ pub enum KindId {
     /// A GPU with MIG mode off, held whole: nothing is created (docs/design.md §7, "Whole
     /// GPUs").
     WholeGpu,
+    /// A share of a shareable MIG slice: the first share creates the slice, later ones join it,
+    /// the last one's release destroys it (docs/design.md §7, "Shared slices").
+    SharedSlice,
 }
 
 /// A device of a claim's allocation, resolved against what this node publishes.
@@ -46,6 +57,104 @@ pub struct Planned {
     pub mps: Option<crate::mps::MpsLimits>,
     /// The claim's share, when the device is a shareable one.
     pub share: Option<Share>,
+}
+
+impl Planned {
+    /// Allocation result `r` of published device `at`, exclusive (no MPS, no share yet).
+    pub fn of(r: DeviceRequestAllocationResult, at: DeviceRef) -> Self {
+        Planned {
+            request: r.request,
+            pool: r.pool,
+            device: r.device,
+            at,
+            mps: None,
+            share: None,
+        }
+    }
+}
+
+/// This node as the request path sees it: what it publishes and how.
+pub(crate) struct NodeDevices {
+    /// The node's name: the pool of every device it publishes.
+    pub(crate) name: String,
+    /// Every device the node publishes, by device name ([`crate::publish::devices::device_index`]).
+    pub(crate) devices: HashMap<String, DeviceRef>,
+    /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
+    pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
+    /// The `shares` capacity of every shareable device this node publishes.
+    pub(crate) shares_per_slice: u64,
+    /// Whether claims of different namespaces may share a slice (docs/design.md §7, "Shares
+    /// are a tenant's own").
+    pub(crate) shares_across_namespaces: bool,
+}
+
+impl NodeDevices {
+    /// The one namespace a shared slice of a claim of namespace `ns` may serve: `ns`, or
+    /// `None` where shares may cross namespaces.
+    pub(crate) fn share_scope<'a>(&self, ns: &'a str) -> Option<&'a str> {
+        (!self.shares_across_namespaces).then_some(ns)
+    }
+}
+
+/// What an allocation result is read against when it is planned: what this node publishes
+/// beside the device itself.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanCx {
+    /// The `shares` capacity of every shareable device this node publishes (a share's
+    /// denominator).
+    pub shares_per_slice: u64,
+}
+
+/// The checkpoint entry of a planned device, before its instance exists (a device of a kind
+/// that makes none never has one).
+pub fn record(p: &Planned) -> RecordedDevice {
+    RecordedDevice {
+        kind: p.at.kind,
+        request: p.request.clone(),
+        pool: p.pool.clone(),
+        device: p.device.clone(),
+        gpu_index: p.at.gpu_index,
+        gpu_uuid: p.at.gpu_uuid.clone(),
+        profile: p.at.profile.clone(),
+        placement_start: p.at.start,
+        placement_size: p.at.size,
+        instance: None,
+        mps: p.mps.clone(),
+        share: p.share.clone(),
+    }
+}
+
+/// `d` with the identity of the live instance `s` filled in.
+pub fn with_instance(d: &RecordedDevice, s: &MigInstance) -> RecordedDevice {
+    RecordedDevice {
+        instance: Some(InstanceId {
+            gi_id: s.gi_id,
+            ci_id: s.ci_id,
+            mig_uuid: s.mig_uuid.clone(),
+        }),
+        ..d.clone()
+    }
+}
+
+/// Whether live instance `s` is the instance recorded as `d`: same GPU (by UUID), profile,
+/// placement, GI ID, and CI ID and MIG UUID — or no MIG UUID at all, which is how the backend
+/// lists our GI after a destroy removed its compute instance but failed on the GI. A device of
+/// a kind that makes no instance (a whole GPU) is no instance: a live MIG instance on its GPU
+/// is never its.
+pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
+    let kinds = Kinds::standard();
+    let Some(i) = d
+        .instance
+        .as_ref()
+        .filter(|_| kinds.of_record(d).creates_instance())
+    else {
+        return false;
+    };
+    s.gpu_uuid == d.gpu_uuid
+        && s.profile == d.profile
+        && s.placement.start == d.placement_start
+        && s.gi_id == i.gi_id
+        && (s.mig_uuid.is_empty() || (s.mig_uuid == i.mig_uuid && s.ci_id == i.ci_id))
 }
 
 /// What a prepared device gives a container on its GPU.
@@ -103,6 +212,21 @@ impl From<PrepareError> for Failed {
     }
 }
 
+/// The CDI part of live MIG instance `s` at `at` in its claim's spec (docs/design.md §7,
+/// "CDI"): the parent GPU's device node, the GI and CI capability nodes, its MIG UUID.
+pub fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInstance {
+    PreparedInstance {
+        mig_uuid: s.mig_uuid.clone(),
+        parent_minor: s.gpu_minor,
+        gi_cap_minor: s.gi_cap_minor,
+        ci_cap_minor: s.ci_cap_minor,
+        caps_major: at.caps_major,
+        caps_file_mode: Some(0o444),
+        request: at.request.to_string(),
+        index: at.index,
+    }
+}
+
 /// Where a device's CDI edits go in its claim's spec: its request (base name) and its position
 /// among the request's devices, in allocation order (it names its `DAS_…_UUID_…` variable).
 #[derive(Clone, Copy, Debug)]
@@ -115,47 +239,82 @@ pub struct CdiPlace<'a> {
     pub caps_major: u32,
 }
 
-/// The GPU calls a kind makes while acquiring a device, on one GPU whose lock the transaction
-/// holds: each is timed into `backend_duration_seconds`.
+/// What a kind may call and change while it acquires a device of claim `claim` on one GPU,
+/// whose lock the transaction holds: the GPU's calls (each timed into
+/// `backend_duration_seconds`) and the claim's record.
 pub struct GpuTxn<'a> {
     /// The GPU's index.
     pub gpu: u32,
+    /// The claim.
+    pub claim: &'a ClaimRef,
+    /// The checkpoint: a change made here is saved with the prepare's next write.
+    pub checkpoint: &'a CheckpointStore,
+    /// This node.
+    pub node: &'a NodeDevices,
     calls: &'a GpuCalls,
     metrics: &'a Metrics,
 }
 
 impl<'a> GpuTxn<'a> {
-    /// Calls on GPU `gpu` (its lock held by the caller).
-    pub fn new(gpu: u32, calls: &'a GpuCalls, metrics: &'a Metrics) -> Self {
+    /// Calls on GPU `gpu` (its lock held by the caller) for claim `claim`.
+    pub(crate) fn new(
+        gpu: u32,
+        claim: &'a ClaimRef,
+        checkpoint: &'a CheckpointStore,
+        node: &'a NodeDevices,
+        calls: &'a GpuCalls,
+        metrics: &'a Metrics,
+    ) -> Self {
         Self {
             gpu,
+            claim,
+            checkpoint,
+            node,
             calls,
             metrics,
         }
     }
 
-    /// Creates a MIG instance of `profile` at memory slice `start` (metric `create`).
+    /// Creates the MIG instance of `p` at exactly its placement (metric `create`).
     ///
     /// # Errors
-    /// What the backend answered.
-    pub async fn create_instance(
-        &self,
-        profile: &str,
-        start: u32,
-    ) -> Result<MigInstance, BackendError> {
-        let (gpu, profile) = (self.gpu, profile.to_string());
+    /// [`PrepareError::Create`] with what the backend answered; a GPU instance the failed
+    /// create left behind (its target names a GI ID) is [`Failed::left`], for the roll-back.
+    pub async fn create_instance(&self, p: &Planned) -> Result<MigInstance, Failed> {
+        let (gpu, profile, start) = (self.gpu, p.at.profile.clone(), p.at.start);
         let t0 = std::time::Instant::now();
         let r = self
             .calls
             .call(gpu, move |b| b.create_instance(gpu, &profile, start))
             .await;
         self.metrics.observe_backend("create", t0.elapsed());
-        r
+        r.map_err(|e| Failed {
+            left: e.target().gi_id.map(|gi_id| InstanceId {
+                gi_id,
+                ci_id: 0,
+                mig_uuid: String::new(),
+            }),
+            error: PrepareError::create(&p.device, e),
+        })
+    }
+
+    /// The MIG instances on the GPU now.
+    ///
+    /// # Errors
+    /// What the backend answered.
+    pub async fn instances(&self) -> Result<Vec<MigInstance>, BackendError> {
+        self.calls.instances_on(self.gpu).await
     }
 }
 
 /// What a kind's checks before anything is recorded for a claim may read and call.
 pub struct Precheck<'a> {
+    /// The claim.
+    pub claim: &'a ClaimRef,
+    /// This node.
+    pub node: &'a NodeDevices,
+    /// The checkpoint (read only).
+    pub checkpoint: &'a CheckpointStore,
     /// The GPU calls.
     pub gpus: &'a GpuCalls,
     /// Whether DAS may switch GPU `index`'s MIG mode now (docs/design.md §7, "MIG mode follows
@@ -181,8 +340,52 @@ pub trait Kind: Send + Sync + 'static {
         None
     }
 
+    /// Planned device of allocation result `r` of published device `at` (of this kind).
+    ///
+    /// # Errors
+    /// Why the result cannot be prepared as allocated.
+    fn plan(
+        &self,
+        r: DeviceRequestAllocationResult,
+        at: DeviceRef,
+        _cx: &PlanCx,
+    ) -> Result<Planned, PrepareError> {
+        Ok(Planned::of(r, at))
+    }
+
+    /// Checks planned device `p` once its claim's configs are applied (its MPS limits known).
+    ///
+    /// # Errors
+    /// Why it cannot be prepared so configured.
+    fn check(&self, _p: &Planned) -> Result<(), PrepareError> {
+        Ok(())
+    }
+
     /// The MIG mode its GPU must have while it is prepared.
     fn gpu_mode(&self) -> GpuMode;
+
+    /// Whether several claims' records may hold one instance of it (each a share): another
+    /// holder of the same device is then no holder of its placement (it joins), its release
+    /// marks its record `Releasing` before anything else whatever its state (the mark tells the
+    /// others it is leaving), and at a rebuild an instance another claim recorded for it is
+    /// not that claim's alone.
+    fn shared_by_claims(&self) -> bool {
+        false
+    }
+
+    /// Whether, releasing `d` of claim `uid`, another claim's record not being released keeps
+    /// its instance (and what runs on it): then `d` leaves it to them instead of destroying it.
+    fn kept_by_others(&self, _cp: &Checkpoint, _uid: &str, _d: &RecordedDevice) -> bool {
+        false
+    }
+
+    /// This kind's part of the facts the publisher derives from the records, on this node
+    /// (docs/design.md §7, "Shares are a tenant's own"): a function of the checkpoint, called
+    /// after every change, that updates `facts` and says whether it changed them; `None` when
+    /// the kind derives none here.
+    fn record_facts(&self, _node: &NodeDevices) -> Option<RecordFacts> {
+        None
+    }
 
     /// Whether preparing it makes (or joins) a MIG instance that its record names: the
     /// instance is then matched by identity, destroyed by its release and counted as claimed.
@@ -202,12 +405,13 @@ pub trait Kind: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Acquires planned device `p` on its GPU (lock held, MIG mode as [`Self::gpu_mode`]
-    /// asks): what it then holds.
+    /// Acquires planned device `p`, the claim's `i`th, on its GPU (lock held, MIG mode as
+    /// [`Self::gpu_mode`] asks): what it then holds. The transaction notes an instance in the
+    /// claim's record once this returns it.
     ///
     /// # Errors
     /// [`Failed`]: nothing is held, except what [`Failed::left`] names.
-    async fn acquire(&self, p: &Planned, tx: &GpuTxn<'_>) -> Result<Holding, Failed>;
+    async fn acquire(&self, i: usize, p: &Planned, tx: &GpuTxn<'_>) -> Result<Holding, Failed>;
 
     /// What recorded device `d` holds now: `live` is the live instance matched to it, `minor`
     /// the minor of the device node this node publishes for it (`None`: no longer published
@@ -223,9 +427,17 @@ pub trait Kind: Send + Sync + 'static {
     fn cdi_edits(&self, d: &RecordedDevice, h: &Holding, at: CdiPlace<'_>, dev: &mut SpecDevice);
 }
 
-/// The kinds this plugin serves, in the order they are asked: the first that serves a device
-/// is its kind. The registration lines.
-const STANDARD: &[&dyn Kind] = &[&whole_gpu::WholeGpuKind, &mig_instance::MigInstanceKind];
+/// A kind's part of the facts the publisher derives from the records ([`Kind::record_facts`]).
+pub type RecordFacts = Box<dyn Fn(&Checkpoint, &mut HealthFacts) -> bool + Send + Sync>;
+
+/// The kinds this plugin serves, in the order they are asked (their checks before anything is
+/// recorded run in this order too): the first that serves a device is its kind, the last is
+/// the base kind. The registration lines.
+const STANDARD: &[&dyn Kind] = &[
+    &shared_slice::SharedSliceKind,
+    &whole_gpu::WholeGpuKind,
+    &mig_instance::MigInstanceKind,
+];
 
 /// The registry of kinds: which kind a published or recorded device is.
 #[derive(Clone, Copy)]

@@ -1,7 +1,7 @@
 //! The acquires of a prepare and of a carve before bind: each GPU put in the MIG mode its
 //! devices' kinds need, each device acquired by its kind ([`crate::claims::kinds::Kind::acquire`]:
-//! a MIG instance created at exactly its placement, a whole GPU's device node) or, for a share,
-//! its slice joined (GPUs in parallel, one GPU's calls in turn), and each instance noted in the
+//! a MIG instance created at exactly its placement, a share's slice created or joined, a whole
+//! GPU's device node; GPUs in parallel, one GPU's calls in turn), and each instance noted in the
 //! claim's record as soon as it exists; a failure rolled back. Nothing here names a kind.
 
 use std::collections::BTreeMap;
@@ -10,12 +10,10 @@ use futures::future::join_all;
 
 use super::Preparer;
 use crate::claims::PrepareError;
-use crate::claims::checkpoint::{Checkpoint, InstanceId, RecordedDevice};
+use crate::claims::checkpoint::RecordedDevice;
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::{Failed, GpuMode, GpuTxn};
-use crate::claims::plan::share::OnShare;
 use crate::claims::plan::{self, Holding, Planned};
-use crate::gpu::MigInstance;
 
 /// What one GPU's acquires came to: what each acquired device holds, by position in the plan,
 /// and the first failure with its position, if any.
@@ -111,10 +109,17 @@ impl Preparer {
         if let Err(e) = self.ensure_mig_mode(uid, gpu, want_mig, &p.device).await {
             return (Vec::new(), Some((first, e.into())));
         }
-        let tx = GpuTxn::new(gpu, &self.gpus, &self.metrics);
+        let tx = GpuTxn::new(
+            gpu,
+            claim,
+            &self.records.checkpoint,
+            &self.node,
+            &self.gpus,
+            &self.metrics,
+        );
         let mut made = Vec::new();
         for (i, p) in items {
-            let held = match self.acquire_one(claim, &tx, i, p).await {
+            let held = match self.kinds.of(&p.at).acquire(i, p, &tx).await {
                 Ok(h) => h,
                 Err(e) => return (made, Some((i, e))),
             };
@@ -128,89 +133,6 @@ impl Preparer {
             made.push((i, held));
         }
         (made, None)
-    }
-}
-
-impl Preparer {
-    /// What planned device `p` (claim `claim`'s `i`th) holds once acquired on GPU `tx.gpu`,
-    /// whose lock the caller holds: what its kind acquired, or, for a share of a slice other
-    /// shares hold, theirs ([`plan::share::on_share`]; refused where those serve another
-    /// namespace). A share that joins records the slice's instance in the same change of the
-    /// checkpoint that decides it: a release of another share that decides between the two
-    /// (after its record is marked `Releasing`) sees this share as a holder, so it never stops
-    /// the daemon or destroys the slice this share just joined.
-    ///
-    /// # Errors
-    /// [`Failed`]: [`PrepareError::Share`], the share can neither create nor join its slice
-    /// (nothing was created), or what the kind's acquire answered.
-    async fn acquire_one(
-        &self,
-        claim: &ClaimRef,
-        tx: &GpuTxn<'_>,
-        i: usize,
-        p: &Planned,
-    ) -> Result<Holding, Failed> {
-        let uid = claim.uid.as_str();
-        if p.share.is_some() {
-            let only = self.node.share_scope(&claim.namespace);
-            let (on, _) = self.records.checkpoint.change(|cp| {
-                let on = plan::share::on_share(cp, uid, only, p);
-                if let OnShare::Join(id) = &on {
-                    set_instance(cp, uid, i, Some(id.clone()));
-                }
-                on
-            });
-            tracing::debug!(claim = uid, device = %p.device, decision = ?on, "a share of a shared slice");
-            match on {
-                OnShare::Create => {}
-                OnShare::Refuse(e) => return Err(e.into()),
-                OnShare::Join(id) => {
-                    let joined = self.join_slice(tx.gpu, p, id).await;
-                    if joined.is_err() {
-                        self.records
-                            .checkpoint
-                            .change(|cp| set_instance(cp, uid, i, None));
-                    }
-                    return joined.map(Holding::Instance).map_err(Failed::from);
-                }
-            }
-        }
-        self.kinds.of(&p.at).acquire(p, tx).await
-    }
-
-    /// The live instance `id` other shares of `p`'s slice hold, on GPU `gpu` (its lock held).
-    ///
-    /// # Errors
-    /// [`PrepareError::Share`]: the GPU does not answer, or the instance is gone.
-    async fn join_slice(
-        &self,
-        gpu: u32,
-        p: &Planned,
-        id: InstanceId,
-    ) -> Result<MigInstance, PrepareError> {
-        let fail = |reason: String| PrepareError::Share {
-            device: p.device.clone(),
-            reason,
-        };
-        let live = self
-            .gpus
-            .instances_on(gpu)
-            .await
-            .map_err(|e| fail(format!("its slice's GPU does not answer: {e}")))?;
-        let held = RecordedDevice {
-            instance: Some(id),
-            ..plan::record(p)
-        };
-        live.into_iter()
-            .find(|s| plan::is_instance(&held, s) && !s.mig_uuid.is_empty())
-            .ok_or_else(|| fail("the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared".into()))
-    }
-}
-
-/// Sets (or clears) the instance of claim `uid`'s `i`th recorded device.
-fn set_instance(cp: &mut Checkpoint, uid: &str, i: usize, id: Option<InstanceId>) {
-    if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
-        d.instance = id;
     }
 }
 

@@ -110,7 +110,6 @@ impl Preparer {
         planned: &[plan::Planned],
     ) -> Result<Vec<RecordedDevice>, PrepareError> {
         self.check_mps(planned)?;
-        self.check_share_namespace(claim, planned)?;
         self.check_kinds(claim, planned).await?;
         self.wait_for_placements(claim, planned).await?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();

@@ -12,14 +12,14 @@ use crate::claims::PrepareError;
 use crate::claims::checkpoint::{CheckpointError, RecordedDevice};
 use crate::claims::gpu_mode::ModeCalls;
 use crate::claims::handler::ClaimRef;
-use crate::claims::kinds::{Holding, Precheck};
+use crate::claims::kinds::{Holding, Precheck, RecordFacts};
 use crate::claims::plan::{self, Planned};
 use crate::gpu::MigInstance;
 use crate::publish::desired::HealthFacts;
 use crate::publish::devices::DeviceKind;
 
 impl Preparer {
-    /// Each kind's checks of claim `_claim`'s planned devices of that kind, kinds in the
+    /// Each kind's checks of claim `claim`'s planned devices of that kind, kinds in the
     /// registry's order ([`crate::claims::kinds::Kind::precheck`]): before anything is recorded
     /// and before the prepare waits for holders.
     ///
@@ -27,11 +27,14 @@ impl Preparer {
     /// The first kind's refusal; nothing was recorded.
     pub(crate) async fn check_kinds(
         &self,
-        _claim: &ClaimRef,
+        claim: &ClaimRef,
         planned: &[Planned],
     ) -> Result<(), PrepareError> {
         let switch_of = |gpu| self.modes.switch_of(gpu);
         let cx = Precheck {
+            claim,
+            node: &self.node,
+            checkpoint: &self.records.checkpoint,
             gpus: &self.gpus,
             switch_of: &switch_of,
         };
@@ -45,6 +48,33 @@ impl Preparer {
             }
         }
         Ok(())
+    }
+
+    /// Has the publisher learn, through `facts`, what the kinds derive from the records (the
+    /// namespace each shareable device serves, [`HealthFacts::share_namespaces`]), now and after
+    /// every change of the records, whatever made it (a share recorded by a prepare or carve,
+    /// the last share's record dropped by an unprepare, a roll-back, the reaper or the orphan
+    /// rule). Nothing is reported where no kind derives anything (shares may cross
+    /// namespaces). Call once, before publishing.
+    pub fn report_share_namespaces_to(&self, facts: watch::Sender<HealthFacts>) {
+        let parts: Vec<RecordFacts> = self
+            .kinds
+            .all()
+            .filter_map(|k| k.record_facts(&self.node))
+            .collect();
+        if parts.is_empty() {
+            return;
+        }
+        self.records.checkpoint.observe(move |cp| {
+            // Every part updates its facts: no part is skipped because another changed.
+            facts.send_if_modified(|f| {
+                let mut changed = false;
+                for part in &parts {
+                    changed |= part(cp, f);
+                }
+                changed
+            });
+        });
     }
 
     /// The minor of the device node this node publishes for recorded device `d`: the device of

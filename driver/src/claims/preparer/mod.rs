@@ -19,9 +19,6 @@
 //! - [`mps`]: the MPS control daemons of MPS devices (docs/design.md §7, "MPS on a slice"):
 //!   started once their slices exist, stopped before they are destroyed, brought back at
 //!   start-up.
-//! - [`tenants`]: a shared slice serves one namespace (docs/design.md §7, "Shares are a
-//!   tenant's own"): the check before a share is recorded, and the namespaces the publisher
-//!   puts on the shareable devices.
 //!
 //! A whole GPU goes through the same steps with nothing created: its record holds no instance,
 //! its CDI spec gives its GPU's device node, and its release destroys nothing.
@@ -43,7 +40,7 @@
 //! recorded instances, delete the CDI spec, and drop the record only when every instance is
 //! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,16 +51,16 @@ use tokio::sync::Notify;
 
 use super::gpu_mode::GpuModes;
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
-use super::kinds::Kinds;
+use super::kinds::{Kinds, NodeDevices};
 use super::orphans::{OrphanPolicy, OrphanWatch};
-use super::plan::{self, DeviceRef};
+use super::plan;
 use super::reaper::{PendingDaemons, ReaperState};
 use super::status::StatusWriters;
 use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
 use crate::claims::cdi::{self, CdiWriter};
 use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
-use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
+use crate::gpu::{GpuBackend, GpuCalls, GpuInfo};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::publish::resource_slices::SharePolicy;
@@ -79,7 +76,6 @@ pub(crate) mod prepare;
 pub(crate) mod reaper;
 pub(crate) mod release;
 pub(crate) mod startup;
-pub(crate) mod tenants;
 
 #[cfg(test)]
 pub(crate) use prepare::PLACEMENT_WAIT;
@@ -146,29 +142,6 @@ pub struct Preparer {
     pub(crate) mps_locks: ClaimLocks,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
-}
-
-/// This node as the request path sees it.
-pub(crate) struct NodeDevices {
-    /// The node's name: the pool of every device it publishes.
-    pub(crate) name: String,
-    /// Every device the node publishes, by device name ([`plan::device_index`]).
-    pub(crate) devices: HashMap<String, DeviceRef>,
-    /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
-    pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
-    /// The `shares` capacity of every shareable device this node publishes.
-    pub(crate) shares_per_slice: u64,
-    /// Whether claims of different namespaces may share a slice (docs/design.md §7, "Shares
-    /// are a tenant's own").
-    pub(crate) shares_across_namespaces: bool,
-}
-
-impl NodeDevices {
-    /// The one namespace a shared slice of a claim of namespace `ns` may serve: `ns`, or
-    /// `None` where shares may cross namespaces.
-    pub(crate) fn share_scope<'a>(&self, ns: &'a str) -> Option<&'a str> {
-        (!self.shares_across_namespaces).then_some(ns)
-    }
 }
 
 /// The records of what is prepared, and who may change a claim's record now.

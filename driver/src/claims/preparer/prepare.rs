@@ -64,11 +64,9 @@ impl Preparer {
             }
             _ => {}
         }
-        // A share of a slice another namespace's claims hold is refused before anything is
-        // recorded (a completed claim, answered above, is never refused here).
-        self.check_share_namespace(claim, &planned)?;
-        // A device its kind refuses (a whole GPU whose GPU cannot serve it) fails at once, not
-        // after a wait for its holders.
+        // A device its kind refuses fails at once, before anything is recorded and not after a
+        // wait for its holders: a share of a slice another namespace's claims hold (a completed
+        // claim, answered above, is never refused here), a whole GPU whose GPU cannot serve it.
         self.check_kinds(claim, &planned).await?;
         self.wait_for_placements(claim, &planned).await?;
         let known = self

@@ -283,7 +283,7 @@ impl Preparer {
         let matched = plan::match_devices(&started, live, |s| {
             self.records
                 .checkpoint
-                .read(|cp| plan::share::recorded_unshared_elsewhere(cp, &claim.uid, s))
+                .read(|cp| plan::recorded_unshared_elsewhere(cp, &claim.uid, s))
         });
         let held = self.holdings(&started, &matched);
         // A kind that makes no instance leaves nothing on the GPU: its CDI spec is the evidence.

@@ -1,17 +1,18 @@
 //! The MIG slice one claim holds (docs/design.md §7, "Prepare"): preparing it creates a MIG
-//! instance at exactly its allocated placement ([`acquire`]), its CDI device gives that
-//! instance's device nodes and MIG UUID ([`cdi`]), its release destroys exactly the recorded
-//! instance (the transaction's, which destroys every kind's recorded instances alike). It is
-//! the base kind: a MIG device no other kind serves is one.
+//! instance at exactly its allocated placement, its CDI device gives that instance's device
+//! nodes and MIG UUID, its release destroys exactly the recorded instance. It is the base kind:
+//! a MIG device no other kind serves is one. What it does with MIG instances (create, identity,
+//! CDI edits, destroy) is what the shared slice does too, so it is the vocabulary of
+//! [`crate::claims::kinds`] ([`GpuTxn::create_instance`], [`instance_edits`]) and the
+//! transaction's (the destroy of every recorded instance).
 
 use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::RecordedDevice;
-use crate::claims::kinds::{CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned};
+use crate::claims::kinds::{
+    CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned, instance_edits,
+};
 use crate::gpu::MigInstance;
 use crate::publish::devices::{DeviceKind, DeviceRef};
-
-mod acquire;
-mod cdi;
 
 /// The MIG slice kind.
 pub struct MigInstanceKind;
@@ -38,8 +39,8 @@ impl Kind for MigInstanceKind {
         true
     }
 
-    async fn acquire(&self, p: &Planned, tx: &GpuTxn<'_>) -> Result<Holding, Failed> {
-        acquire::create(p, tx).await.map(Holding::Instance)
+    async fn acquire(&self, _i: usize, p: &Planned, tx: &GpuTxn<'_>) -> Result<Holding, Failed> {
+        tx.create_instance(p).await.map(Holding::Instance)
     }
 
     fn holding(
@@ -53,7 +54,7 @@ impl Kind for MigInstanceKind {
 
     fn cdi_edits(&self, _d: &RecordedDevice, h: &Holding, at: CdiPlace<'_>, dev: &mut SpecDevice) {
         if let Some(s) = h.instance() {
-            dev.instances.push(cdi::prepared_instance(s, at));
+            dev.instances.push(instance_edits(s, at));
         }
     }
 }

@@ -60,7 +60,7 @@ impl Kind for WholeGpuKind {
     }
 
     /// Nothing to create: the GPU's device node, as published.
-    async fn acquire(&self, p: &Planned, _tx: &GpuTxn<'_>) -> Result<Holding, Failed> {
+    async fn acquire(&self, _i: usize, p: &Planned, _tx: &GpuTxn<'_>) -> Result<Holding, Failed> {
         Ok(Holding::WholeGpu {
             minor: p.at.gpu_minor,
         })
