@@ -67,6 +67,7 @@ pub(crate) mod error;
 pub(crate) mod gpu_mode;
 pub(crate) mod handler;
 pub(crate) mod kinds;
+pub(crate) mod layers;
 pub(crate) mod locks;
 pub mod orphans;
 pub(crate) mod plan;

@@ -18,28 +18,31 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::PrepareError;
 use super::handler::ClaimRef;
 use super::kinds::{Kinds, PlanCx};
+use super::layers;
 use super::orphans::RuntimeError;
 use crate::claims::checkpoint::{Checkpoint, ClaimRecord, PrepareState, RecordedDevice};
 use crate::gpu::MigInstance;
 
-pub(crate) mod mps;
 pub(crate) mod spec;
 
 // The published devices' index lives with what is published; re-exported for the request path.
 pub use super::kinds::{Holding, Planned, is_instance, record, with_instance};
-pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
-pub use spec::{add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
+pub use crate::publish::devices::{DeviceRef, device_index};
+// The tests of the request path name a device's kind as published through here.
+#[cfg(test)]
+pub use crate::publish::devices::DeviceKind;
+pub use spec::{holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 
 /// Resolves the allocation of `claim` (read from the API server as `rc`) for this node: each
 /// result planned by its device's kind ([`crate::claims::kinds::Kind::plan`]; a shareable
 /// device's share is of `shares_per_slice`, the `shares` capacity this node publishes), the
-/// claim's configs applied, then each checked by its kind.
+/// claim's configs applied by the layers ([`layers::plan`]: MPS), then each checked by its kind.
 ///
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
 /// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
-/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode, or MPS where DAS
-/// does not serve it: [`mps::with_mps`]),
+/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode, or one a device
+/// cannot wear: MPS where DAS does not serve it, [`layers::plan`]),
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`], [`PrepareError::Share`] (a share without `shareID`, or not
@@ -95,7 +98,7 @@ pub fn resolve_allocation(
             kinds.of(&at).plan(r, at, &cx)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let planned = mps::with_mps(planned, &configs)?;
+    let planned = layers::plan(planned, &configs)?;
     for p in &planned {
         kinds.of(&p.at).check(p)?;
     }

@@ -373,6 +373,12 @@ pub trait Kind: Send + Sync + 'static {
         false
     }
 
+    /// Whose instance `d` of claim `claim_uid` holds, the key of what runs on it (its MPS
+    /// daemon): the claim's UID, or for a kind several claims share the shared thing's own name.
+    fn owner<'a>(&self, claim_uid: &'a str, _d: &'a RecordedDevice) -> &'a str {
+        claim_uid
+    }
+
     /// Whether, releasing `d` of claim `uid`, another claim's record not being released keeps
     /// its instance (and what runs on it): then `d` leaves it to them instead of destroying it.
     fn kept_by_others(&self, _cp: &Checkpoint, _uid: &str, _d: &RecordedDevice) -> bool {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::claims::cdi::{MpsMounts, SpecDevice};
+use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::{ClaimRecord, RecordedDevice};
 use crate::claims::handler::PreparedDevice;
 use crate::claims::kinds::{CdiPlace, Holding, Kinds};
@@ -115,21 +115,6 @@ pub fn spec_devices(
         })
         .filter(|d| !d.instances.is_empty() || !d.gpus.is_empty())
         .collect()
-}
-
-/// Gives each CDI device of a device served with MPS (`RecordedDevice::mps`) its daemon's
-/// mounts (`mounts`, from the device). Records of the first release, whose CDI devices are
-/// per request, have no MPS device.
-pub fn add_mps_mounts(
-    specs: &mut [SpecDevice],
-    devices: &[RecordedDevice],
-    mounts: impl Fn(&RecordedDevice) -> MpsMounts,
-) {
-    for d in devices.iter().filter(|d| d.mps.is_some()) {
-        if let Some(s) = specs.iter_mut().find(|s| s.key == d.device) {
-            s.mps = Some(mounts(d));
-        }
-    }
 }
 
 /// The keys of a record's CDI device IDs that are request names, not device names: present only

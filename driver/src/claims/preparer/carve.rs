@@ -109,7 +109,7 @@ impl Preparer {
         claim: &ClaimRef,
         planned: &[plan::Planned],
     ) -> Result<Vec<RecordedDevice>, PrepareError> {
-        self.check_mps(planned)?;
+        self.layers.check(planned, &self.node)?;
         self.check_kinds(claim, planned).await?;
         self.wait_for_placements(claim, planned).await?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();

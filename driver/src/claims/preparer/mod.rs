@@ -16,9 +16,6 @@
 //! - [`devices`]: what the transaction asks of the device kinds ([`crate::claims::kinds`]: their
 //!   checks before anything is recorded, what a recorded device holds) and of the GPUs' MIG
 //!   modes ([`crate::claims::gpu_mode`]).
-//! - [`mps`]: the MPS control daemons of MPS devices (docs/design.md §7, "MPS on a slice"):
-//!   started once their slices exist, stopped before they are destroyed, brought back at
-//!   start-up.
 //!
 //! A whole GPU goes through the same steps with nothing created: its record holds no instance,
 //! its CDI spec gives its GPU's device node, and its release destroys nothing.
@@ -52,6 +49,7 @@ use tokio::sync::Notify;
 use super::gpu_mode::GpuModes;
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
 use super::kinds::{Kinds, NodeDevices};
+use super::layers::Layers;
 use super::orphans::{OrphanPolicy, OrphanWatch};
 use super::plan;
 use super::reaper::{PendingDaemons, ReaperState};
@@ -70,7 +68,6 @@ pub(crate) mod acquire;
 pub(crate) mod carve;
 pub(crate) mod devices;
 pub(crate) mod gauges;
-pub(crate) mod mps;
 pub(crate) mod orphans;
 pub(crate) mod prepare;
 pub(crate) mod reaper;
@@ -135,11 +132,8 @@ pub struct Preparer {
     pub(crate) lifecycle: Lifecycle,
     /// Whether each GPU's MIG mode may be switched.
     pub(crate) modes: GpuModes,
-    /// The MPS control daemons of MPS devices.
-    pub(crate) mps: Arc<MpsDaemons>,
-    /// One lock per MPS daemon ID, held while a daemon of a shared slice is started or stopped:
-    /// its shares' prepares start it concurrently (each under its own claim's lock).
-    pub(crate) mps_locks: ClaimLocks,
+    /// The layers devices wear ([`crate::claims::layers`]: MPS).
+    pub(crate) layers: Layers,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -221,8 +215,7 @@ impl Preparer {
                 mps_pending: PendingDaemons::default(),
             },
             modes: GpuModes::new(&config.inventory, &config.metrics),
-            mps: config.mps,
-            mps_locks: ClaimLocks::default(),
+            layers: Layers::standard(config.mps),
             metrics: config.metrics,
         }
     }

@@ -42,7 +42,7 @@ impl Preparer {
             &self.node.devices,
             self.node.shares_per_slice,
         )?;
-        self.check_mps(&planned)?;
+        self.layers.check(&planned, &self.node)?;
         let pods = rc.as_ref().map(plan::reserving_pods).unwrap_or_default();
         let record = self.record_of(&claim.uid);
         match (plan::on_prepare(record.as_ref(), &planned), record) {
@@ -168,8 +168,9 @@ impl Preparer {
         let Some(held) = self.live_holdings(claim, record).await? else {
             return Ok(None);
         };
-        // Its MPS daemons run (supervised since the prepare or start-up); a missing one starts.
-        self.start_mps(claim, &record.devices).await?;
+        // Its layers are on (its MPS daemons run, supervised since the prepare or start-up); a
+        // missing one is put on.
+        self.layers.put_on(claim, &record.devices).await?;
         self.ensure_cdi_spec(claim, record, &held)?;
         self.start_status(claim, record);
         Ok(Some(plan::kubelet_devices(record)))
@@ -245,9 +246,8 @@ impl Preparer {
     ) -> Result<ClaimSpec, crate::claims::cdi::CdiError> {
         let mut spec_devices =
             plan::spec_devices(devices, held, self.cdi.caps_major(), legacy_keys);
-        plan::add_mps_mounts(&mut spec_devices, devices, |d| {
-            self.mps_mounts(&claim.uid, d)
-        });
+        self.layers
+            .cdi_edits(&claim.uid, devices, &mut spec_devices);
         self.cdi.claim_spec(&claim.uid, &spec_devices)
     }
 
@@ -285,8 +285,9 @@ impl Preparer {
         held: Vec<Holding>,
         (t0, t_started): (Instant, Duration),
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
-        // The daemons before the spec: no container gets a pipe directory without one behind it.
-        if let Err(e) = self.start_mps(claim, &devices).await {
+        // The layers before the spec: no container gets an MPS pipe directory without a daemon
+        // behind it.
+        if let Err(e) = self.layers.put_on(claim, &devices).await {
             self.roll_back(claim, devices).await;
             return Err(e);
         }

@@ -96,7 +96,7 @@ impl Preparer {
             match self.check_kept(&claim, &record, &live, &mut Report::default()) {
                 super::startup::Kept::Live => {
                     tracing::info!(claim = %claim, "its GPU answers again: bringing back its MPS daemons");
-                    self.bring_back_mps(vec![(claim, record.devices)]).await;
+                    self.layers.restore(&[(claim, record.devices)]).await;
                     self.lifecycle.mps_pending.done(&uid);
                     back.push(uid);
                 }

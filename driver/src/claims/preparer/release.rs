@@ -158,9 +158,8 @@ impl Preparer {
         for d in &kept {
             tracing::debug!(claim = %claim, device = %d.device, "other shares keep the slice");
         }
-        self.leave_mps(claim, &kept).await;
-        // An MPS server keeps its slice in use: its daemon goes first.
-        self.stop_mps(claim, &devices).await;
+        // What runs there keeps an instance in use (an MPS server): the layers go first.
+        self.layers.take_off(claim, &devices, &kept).await;
         let remaining = self.destroy_devices(&claim.uid, devices).await;
         let spec = self.cdi.delete(&claim.uid);
         if remaining.is_empty() && spec.is_ok() {

@@ -55,10 +55,12 @@ impl Preparer {
                 .await?;
         }
         self.learn_pods_of_kept().await;
-        self.bring_back_mps(mps_back).await;
+        self.layers.restore(&mps_back).await;
         // Before the orphans are destroyed: an unrecorded daemon's MPS server keeps its slice in
         // use, and the slice's destroy would fail.
-        self.stop_unrecorded_mps().await;
+        self.layers
+            .remove_unrecorded(&self.records.checkpoint)
+            .await;
         self.destroy_orphans(reclaim_foreign, &mut report).await;
         self.remove_stale_cdi_specs(&mut report)?;
         self.update_gauges();
@@ -99,7 +101,7 @@ impl Preparer {
                 match self.check_kept(claim, &record, live, report) {
                     Kept::Live => mps_back.push((claim.clone(), record.devices)),
                     // Its daemons come back once the GPU answers (the reaper's passes).
-                    Kept::GpuUnavailable if record.devices.iter().any(|d| d.mps.is_some()) => {
+                    Kept::GpuUnavailable if self.layers.worn(&record.devices) => {
                         self.lifecycle.mps_pending.add(&claim.uid);
                     }
                     Kept::GpuUnavailable | Kept::Missing => {}

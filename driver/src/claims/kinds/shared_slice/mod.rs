@@ -65,6 +65,12 @@ impl Kind for SharedSliceKind {
         true
     }
 
+    /// The slice's: named by its GPU's UUID (the device name gives the placement), whichever
+    /// share asks.
+    fn owner<'a>(&self, _claim_uid: &'a str, d: &'a RecordedDevice) -> &'a str {
+        &d.gpu_uuid
+    }
+
     fn kept_by_others(&self, cp: &Checkpoint, uid: &str, d: &RecordedDevice) -> bool {
         plan::kept_by_other_shares(cp, uid, d)
     }
