@@ -1,31 +1,36 @@
-//! [`Preparer`]: carries out the request path's decisions ([`super::plan`]) against the GPU
-//! backend, the checkpoint, the CDI directory and the API server. Its methods, by what they
-//! serve:
+//! [`Preparer`]: the transaction. It carries out the request path's rules ([`super::plan`])
+//! against the GPU backend, the checkpoint, the CDI directory and the API server, and asks each
+//! device's kind ([`super::kinds`]) and the layers ([`super::layers`]) what differs between
+//! them; it names no kind. Its methods, by what they serve:
 //!
 //! - [`prepare`]: NodePrepareResources of one claim, and the claim's CDI spec.
 //! - [`acquire`]: the acquires of a prepare and of a carve (MIG mode, each device's kind's
-//!   acquire or a share's join, the roll-back of a failure).
+//!   acquire, the roll-back of a failure).
 //! - [`release`]: NodeUnprepareResources, and the release of a claim's instances that it, the
-//!   roll-back of a failed prepare, the reaper and the orphan rule share.
+//!   roll-back of a failed prepare, the reaper and the orphan rule share; the guard of a record
+//!   the kubelet holds (issue 41) is kept here, never in a kind.
 //! - [`startup`]: the start-up reconciliation of checkpoint, GPUs and API server.
 //! - [`reaper`]: the passes of the reaper ([`super::reaper`] keeps its schedule).
 //! - [`orphans`]: the checks of the orphan rule ([`super::orphans`] states it).
 //! - [`carve`]: carve before bind (issue 34): the carve of a claim allocated here, the prepare
 //!   of a carved claim, the release of a carved claim that never reached a prepare.
+//! - [`devices`]: what the transaction asks of the kinds (their checks before anything is
+//!   recorded, what a recorded device holds, what they tell the publisher) and of the GPUs'
+//!   MIG modes ([`super::gpu_mode`]).
 //! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
-//! - [`devices`]: what the transaction asks of the device kinds ([`crate::claims::kinds`]: their
-//!   checks before anything is recorded, what a recorded device holds) and of the GPUs' MIG
-//!   modes ([`crate::claims::gpu_mode`]).
 //!
-//! A whole GPU goes through the same steps with nothing created: its record holds no instance,
-//! its CDI spec gives its GPU's device node, and its release destroys nothing.
+//! A device whose kind makes no instance (a whole GPU) goes through the same steps with nothing
+//! created: its record holds no instance, its CDI spec gives its GPU's device node, and its
+//! release destroys nothing.
 //!
 //! Prepare of one claim, under the claim's lock: read the claim → resolve its allocation →
 //! settle what the checkpoint has for it (reuse a completed record after checking that its
-//! instances and CDI spec still exist, or release a half-done or stale one) → checkpoint
-//! `PrepareStarted` → create each instance at exactly the allocated placement (GPUs in parallel,
-//! one GPU's calls in turn), noting each instance in the record as soon as it exists → start
-//! the MPS control daemon of an MPS device → write the CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
+//! instances and CDI spec still exist, or release a half-done or stale one) → each kind's
+//! checks → checkpoint `PrepareStarted` → acquire each device (GPUs in parallel, one GPU's
+//! calls in turn; a MIG instance created at exactly the allocated placement), noting each
+//! instance in the record as soon as it exists → put on the layers (the MPS control daemon of
+//! an MPS device) → write the CDI spec → checkpoint `PrepareCompleted` → answer → write
+//! `status.devices` (retried).
 //!
 //! A placement that overlaps a slice another claim's record still holds is never taken from it:
 //! the prepare waits a little for the kubelet's unprepare of that claim (the force-delete race)
@@ -33,9 +38,10 @@
 //! kubelet's unprepare, or the orphan rule with the container runtime's evidence
 //! ([`super::orphans`]), ever releases a prepared claim.
 //!
-//! Unprepare, and the roll-back of a failed prepare, release the claim: destroy exactly the
-//! recorded instances, delete the CDI spec, and drop the record only when every instance is
-//! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
+//! Unprepare, and the roll-back of a failed prepare, release the claim: take off its layers,
+//! destroy exactly the recorded instances, delete the CDI spec, and drop the record only when
+//! every instance is confirmed gone; what could not be destroyed stays recorded as `Releasing`
+//! for the reaper.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
