@@ -12,6 +12,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use das_api::allocation::MigPlacement;
+use das_api::claim_status::DeviceStatusData;
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 
 use crate::claims::PrepareError;
@@ -227,6 +229,39 @@ pub fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInstance {
     }
 }
 
+/// Whether `path` is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`): a GI's or CI's,
+/// which only the device of that instance has (the parent `/dev/nvidia<N>` every slice of the
+/// GPU shares).
+pub fn is_capability_node(path: &str) -> bool {
+    path.contains("/nvidia-caps/")
+}
+
+/// The `status.devices` data of a device holding a MIG instance, and its `Ready` condition's
+/// message (docs/design.md §7, "Device status"), ready since `ready_time`.
+pub fn instance_status(
+    d: &RecordedDevice,
+    ready_time: Option<String>,
+) -> (DeviceStatusData, String) {
+    let data = DeviceStatusData {
+        mig_uuid: d.mig_uuid().unwrap_or_default().to_string(),
+        gpu_uuid: d.gpu_uuid.clone(),
+        profile: d.profile.clone(),
+        // Placements are at most 8 memory slices (docs/reference/mig.md).
+        placement: MigPlacement {
+            start: i32::try_from(d.placement_start).unwrap_or(i32::MAX),
+            size: i32::try_from(d.placement_size).unwrap_or(i32::MAX),
+        },
+        gpu_instance_id: d.instance.as_ref().map(|i| i.gi_id),
+        compute_instance_id: d.instance.as_ref().map(|i| i.ci_id),
+        ready_time,
+    };
+    let message = format!(
+        "MIG {} at memory slice {} on GPU {} ({})",
+        d.profile, d.placement_start, d.gpu_index, data.mig_uuid
+    );
+    (data, message)
+}
+
 /// Where a device's CDI edits go in its claim's spec: its request (base name) and its position
 /// among the request's devices, in allocation order (it names its `DAS_…_UUID_…` variable).
 #[derive(Clone, Copy, Debug)]
@@ -431,6 +466,21 @@ pub trait Kind: Send + Sync + 'static {
 
     /// Adds what `d`, holding `h`, gives a container to its CDI device `dev`.
     fn cdi_edits(&self, d: &RecordedDevice, h: &Holding, at: CdiPlace<'_>, dev: &mut SpecDevice);
+
+    /// Whether the device node at container path `path` of its CDI device is one only it has
+    /// (the orphan rule's marks, docs/design.md §7, "A slice leaves its claim"): a container
+    /// holding it can still reach the device.
+    fn own_node(&self, path: &str) -> bool;
+
+    /// The `status.devices` data of prepared device `d` and its `Ready` condition's message
+    /// (docs/design.md §7, "Device status"), ready since `ready_time`.
+    fn status(&self, d: &RecordedDevice, ready_time: Option<String>) -> (DeviceStatusData, String);
+
+    /// Whether its devices are carved before bind (published with the binding conditions of
+    /// docs/design.md §7, "Carve before bind"): their status entries then carry `SliceReady`.
+    fn carved_before_bind(&self) -> bool {
+        true
+    }
 }
 
 /// A kind's part of the facts the publisher derives from the records ([`Kind::record_facts`]).

@@ -55,13 +55,7 @@ impl Preparer {
             return Ok(Carved::Skipped);
         }
         let t0 = Instant::now();
-        let planned = plan::resolve_allocation(
-            claim,
-            rc.as_ref(),
-            &self.node.name,
-            &self.node.devices,
-            self.node.shares_per_slice,
-        );
+        let planned = self.resolve(claim, rc.as_ref());
         let result = match planned {
             Ok(planned) => {
                 let devices: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
 
 use super::Preparer;
@@ -19,6 +20,25 @@ use crate::publish::desired::HealthFacts;
 use crate::publish::devices::DeviceKind;
 
 impl Preparer {
+    /// Claim `claim`'s allocation (read as `rc`) resolved against what this node publishes
+    /// ([`plan::resolve_allocation`]).
+    ///
+    /// # Errors
+    /// As [`plan::resolve_allocation`].
+    pub(crate) fn resolve(
+        &self,
+        claim: &ClaimRef,
+        rc: Option<&ResourceClaim>,
+    ) -> Result<Vec<Planned>, PrepareError> {
+        plan::resolve_allocation(
+            claim,
+            rc,
+            &self.node.name,
+            &self.node.devices,
+            self.node.shares_per_slice,
+        )
+    }
+
     /// Each kind's checks of claim `claim`'s planned devices of that kind, kinds in the
     /// registry's order ([`crate::claims::kinds::Kind::precheck`]): before anything is recorded
     /// and before the prepare waits for holders.

@@ -177,8 +177,9 @@ pub(crate) struct Lifecycle {
     pub(crate) orphans: OrphanWatch,
     /// When the plugin may release a prepared claim the kubelet never unprepares.
     pub(crate) orphan_policy: OrphanPolicy,
-    /// Kept claims whose MPS daemons start-up could not bring back (a GPU did not answer).
-    pub(crate) mps_pending: PendingDaemons,
+    /// Kept claims whose layers (MPS daemons) start-up could not bring back (a GPU did not
+    /// answer).
+    pub(crate) layers_pending: PendingDaemons,
 }
 
 impl Preparer {
@@ -218,7 +219,7 @@ impl Preparer {
                 reaper: ReaperState::default(),
                 orphans: OrphanWatch::default(),
                 orphan_policy: config.orphans,
-                mps_pending: PendingDaemons::default(),
+                layers_pending: PendingDaemons::default(),
             },
             modes: GpuModes::new(&config.inventory, &config.metrics),
             layers: Layers::standard(config.mps),

@@ -35,13 +35,7 @@ impl Preparer {
             .read_claim(claim)
             .await
             .map_err(PrepareError::ApiRead)?;
-        let planned = plan::resolve_allocation(
-            claim,
-            rc.as_ref(),
-            &self.node.name,
-            &self.node.devices,
-            self.node.shares_per_slice,
-        )?;
+        let planned = self.resolve(claim, rc.as_ref())?;
         self.layers.check(&planned, &self.node)?;
         let pods = rc.as_ref().map(plan::reserving_pods).unwrap_or_default();
         let record = self.record_of(&claim.uid);

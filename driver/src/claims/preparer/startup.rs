@@ -43,19 +43,19 @@ impl Preparer {
                 report.unavailable_gpus.push(*gpu);
             }
         }
-        // The MPS devices of the kept and rebuilt claims, whose daemons come back all together
-        // once the records are settled (each may wait for its daemon's socket and limits).
-        let mut mps_back = Vec::new();
+        // The kept and rebuilt claims whose layers (MPS daemons) come back all together once the
+        // records are settled (each may wait for its daemon's socket and limits).
+        let mut layers_back = Vec::new();
         for (claim, record) in self.recorded_claims() {
-            self.settle(&claim, record, &live, &mut report, &mut mps_back)
+            self.settle(&claim, record, &live, &mut report, &mut layers_back)
                 .await;
         }
         if rebuild {
-            self.rebuild_from_api(&live, &mut report, &mut mps_back)
+            self.rebuild_from_api(&live, &mut report, &mut layers_back)
                 .await?;
         }
         self.learn_pods_of_kept().await;
-        self.layers.restore(&mps_back).await;
+        self.layers.restore(&layers_back).await;
         // Before the orphans are destroyed: an unrecorded daemon's MPS server keeps its slice in
         // use, and the slice's destroy would fail.
         self.layers
@@ -84,25 +84,25 @@ impl Preparer {
         })
     }
 
-    /// Steps 2 and 3 for one record; a kept claim whose instances exist goes to `mps_back`
-    /// (its MPS daemons come back with the others').
+    /// Steps 2 and 3 for one record; a kept claim whose instances exist goes to `layers_back`
+    /// (its layers, MPS daemons, come back with the others').
     async fn settle(
         &self,
         claim: &ClaimRef,
         record: ClaimRecord,
         live: &LivePerGpu,
         report: &mut Report,
-        mps_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
+        layers_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
     ) {
         let what = match record.state {
             PrepareState::PrepareCompleted => {
                 self.suspect_holders(std::iter::once(&claim.uid));
                 report.kept.push(claim.to_string());
                 match self.check_kept(claim, &record, live, report) {
-                    Kept::Live => mps_back.push((claim.clone(), record.devices)),
+                    Kept::Live => layers_back.push((claim.clone(), record.devices)),
                     // Its daemons come back once the GPU answers (the reaper's passes).
                     Kept::GpuUnavailable if self.layers.worn(&record.devices) => {
-                        self.lifecycle.mps_pending.add(&claim.uid);
+                        self.lifecycle.layers_pending.add(&claim.uid);
                     }
                     Kept::GpuUnavailable | Kept::Missing => {}
                 }
@@ -209,7 +209,7 @@ impl Preparer {
         &self,
         live: &LivePerGpu,
         report: &mut Report,
-        mps_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
+        layers_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
     ) -> Result<(), StartupError> {
         let live: Vec<MigInstance> = live
             .values()
@@ -248,7 +248,7 @@ impl Preparer {
             } else {
                 self.rebuild_prepared(&claim, &rc, devices.clone(), &held)
                     .await?;
-                mps_back.push((claim.clone(), devices));
+                layers_back.push((claim.clone(), devices));
                 tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
             }
             report.rebuilt.push(claim.to_string());
@@ -271,14 +271,7 @@ impl Preparer {
         rc: &ResourceClaim,
         live: &[MigInstance],
     ) -> Option<(Vec<RecordedDevice>, Vec<Holding>)> {
-        let planned = plan::resolve_allocation(
-            claim,
-            Some(rc),
-            &self.node.name,
-            &self.node.devices,
-            self.node.shares_per_slice,
-        )
-        .ok()?;
+        let planned = self.resolve(claim, Some(rc)).ok()?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
         // A share's slice may already be recorded by another share of it: that is no other
         // claim's instance.

@@ -12,10 +12,11 @@ use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
 use crate::claims::kinds::{
     CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, NodeDevices, PlanCx, Planned,
-    Precheck, RecordFacts, instance_edits,
+    Precheck, RecordFacts, instance_edits, instance_status, is_capability_node,
 };
 use crate::gpu::MigInstance;
 use crate::publish::devices::{DeviceKind, DeviceRef};
+use das_api::claim_status::DeviceStatusData;
 
 mod acquire;
 pub(crate) mod plan;
@@ -108,5 +109,14 @@ impl Kind for SharedSliceKind {
         if let Some(s) = h.instance() {
             dev.instances.push(instance_edits(s, at));
         }
+    }
+
+    /// Its GI's and CI's capability nodes (the parent node every slice of the GPU shares).
+    fn own_node(&self, path: &str) -> bool {
+        is_capability_node(path)
+    }
+
+    fn status(&self, d: &RecordedDevice, ready_time: Option<String>) -> (DeviceStatusData, String) {
+        instance_status(d, ready_time)
     }
 }

@@ -13,6 +13,7 @@ use crate::claims::kinds::{
 };
 use crate::gpu::MigInstance;
 use crate::publish::devices::{DeviceKind, DeviceRef};
+use das_api::claim_status::DeviceStatusData;
 
 mod check;
 pub(crate) mod plan;
@@ -86,5 +87,22 @@ impl Kind for WholeGpuKind {
                 index: at.index,
             });
         }
+    }
+
+    /// Its GPU's device node: the GPU is its alone.
+    fn own_node(&self, _path: &str) -> bool {
+        true
+    }
+
+    /// Reason `GpuPrepared`, profile `gpu`, every memory slice of its GPU, no instance.
+    fn status(&self, d: &RecordedDevice, ready_time: Option<String>) -> (DeviceStatusData, String) {
+        let size = i32::try_from(d.placement_size).unwrap_or(i32::MAX);
+        let data = DeviceStatusData::whole_gpu(&d.gpu_uuid, size, ready_time);
+        (data, format!("whole GPU {} ({})", d.gpu_index, d.gpu_uuid))
+    }
+
+    /// A whole GPU is never carved: it is published without binding conditions.
+    fn carved_before_bind(&self) -> bool {
+        false
     }
 }
