@@ -544,3 +544,6 @@ impl Kinds {
         self.all.iter().copied().find(|k| is(*k)).unwrap_or(base)
     }
 }
+
+#[cfg(test)]
+mod tests;
