@@ -24,6 +24,12 @@ dependencies), and no identifier in its Rust files (code, not comments or string
 may contain one of its rule's words. Identifiers are split into words at `_` and at case changes
 (`MigSlice` → mig, slice; `allGPUs` → all, gpus), so `mpsc` or `migrate` is no `mps` or `mig`.
 
+Isolated folders (`ISOLATED`): the children of such a module (the device kinds under
+`claims::kinds`, the layers under `claims::layers`) are plug-ins of one interface. None of them
+names another (no edge between siblings there, whatever the direction), and code outside the
+folder names only the folder's own module (`claims::kinds`: the trait, the registry, their
+vocabulary), never a child: a kind is reached through the registry. `check` fails on either.
+
 Why our own: the tools that exist (cargo-modules) build rust-analyzer's whole analysis, minutes
 of compile on a 2-core CI for a check that needs the `use` lines only.
 """
@@ -38,6 +44,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+# Folders of plug-ins (module paths from the crate root): siblings under them never name each
+# other, and the rest of the crate reaches them only through the folder's module.
+ISOLATED = [("claims", "kinds"), ("claims", "layers")]
 
 # The generic DRA layer (dra/, issue 42 item 2) serves any driver: it knows no DAS crate but the
 # protos and the runtime, no NVIDIA library, and no word of one vendor's devices.
@@ -226,6 +235,36 @@ class Crate:
         return edges
 
 
+def isolation_breaches(crate: Crate, isolated=None) -> list[str]:
+    """Every edge that breaks an isolated folder (`ISOLATED`): one child of the folder naming
+    another, or a module outside the folder naming one of its children."""
+    found = []
+    for parent in ISOLATED if isolated is None else isolated:
+        if parent not in crate.files:
+            continue
+        where = "::".join(parent)
+        n = len(parent)
+        for mod in sorted(crate.files):
+            inside = mod[:n] == parent
+            for ref in sorted(crate.references(mod)):
+                if len(ref) <= n or ref[:n] != parent:
+                    continue  # not below the folder
+                if inside and len(mod) > n and mod[n] != ref[n]:
+                    found.append(f"{where}: {mod[n]} names its sibling {ref[n]} (in {'::'.join(mod)})")
+                elif not inside:
+                    found.append(f"{where}: {'::'.join(mod)} names {'::'.join(ref[: n + 1])}, "
+                                 f"not through {where}")
+    return sorted(set(found))
+
+
+def all_breaches() -> list[str]:
+    found = []
+    for cdir in crates():
+        if (cdir / "src" / "lib.rs").exists():
+            found += [f"{cdir.name}: {b}" for b in isolation_breaches(Crate(cdir / "src"))]
+    return found
+
+
 def is_test_name(name: str) -> bool:
     return name in ("tests", "testing") or name.endswith("_tests")
 
@@ -299,9 +338,16 @@ def cmd_check() -> int:
     if crossings:
         print("a generic crate serves any driver: keep what is one driver's (its crates, its devices' "
               "words) in that driver's crate, and pass it in (CONTRIBUTING.md, \"Where a change goes\")")
-    if found or crossings:
+    breaches = all_breaches()
+    for line in breaches:
+        print("isolated folder:", line)
+    if breaches:
+        print("a device kind (or layer) is a plug-in: it names no other, and the rest reaches it through "
+              "its folder's trait and registry; move what two of them need into the folder's module "
+              "(CONTRIBUTING.md, \"Where a change goes\")")
+    if found or crossings or breaches:
         return 1
-    print("modgraph: no import circles between sibling modules; crate boundaries kept")
+    print("modgraph: no import circles between sibling modules; crate boundaries and isolated folders kept")
     return 0
 
 

@@ -173,5 +173,47 @@ class Boundaries(unittest.TestCase):
         self.assertEqual(modgraph.boundary_violations(meta["packages"], modgraph.ROOT), [])
 
 
+KINDS = {
+    "lib.rs": "pub mod claims;\n",
+    "claims/mod.rs": "pub mod kinds;\npub mod preparer;\n",
+    "claims/kinds/mod.rs": "pub mod a;\npub mod b;\npub use a::A;\npub trait Kind {}\npub struct Kinds;\n"
+                           "fn standard() { let _ = (a::A, b::B); }\n",
+    "claims/kinds/a/mod.rs": "mod x;\nmod y;\nuse super::Kind;\npub struct A;\n",
+    "claims/kinds/a/x.rs": "use super::y::Z;\n",
+    "claims/kinds/a/y.rs": "pub struct Z;\n",
+    "claims/kinds/b.rs": "use crate::claims::kinds::Kind;\npub struct B;\n",
+    "claims/preparer.rs": "use super::kinds::{Kind, Kinds};\n",
+}
+
+
+def breaches(files: dict[str, str]) -> list[str]:
+    return modgraph.isolation_breaches(crate(files), [("claims", "kinds")])
+
+
+class Isolated(unittest.TestCase):
+    def test_kinds_that_use_the_folders_vocabulary_and_their_own_parts_are_kept(self):
+        self.assertEqual(breaches(KINDS), [])
+
+    def test_a_kind_naming_another_breaks_it_either_way(self):
+        files = dict(KINDS, **{"claims/kinds/b.rs": "use super::a::A;\npub struct B;\n"})
+        self.assertEqual(breaches(files), ["claims::kinds: b names its sibling a (in claims::kinds::b)"])
+        files = dict(KINDS, **{"claims/kinds/a/y.rs": "pub struct Z;\nfn f() { crate::claims::kinds::b::B; }\n"})
+        self.assertEqual(breaches(files), ["claims::kinds: a names its sibling b (in claims::kinds::a::y)"])
+
+    def test_outside_code_reaches_a_kind_only_through_the_folder(self):
+        files = dict(KINDS, **{"claims/preparer.rs": "use super::kinds::b::B;\n"})
+        self.assertEqual(breaches(files), ["claims::kinds: claims::preparer names claims::kinds::b, not through claims::kinds"])
+        # A re-export of a kind's item by the folder is followed to the kind.
+        files = dict(KINDS, **{"claims/preparer.rs": "use super::kinds::A;\n"})
+        self.assertEqual(breaches(files), ["claims::kinds: claims::preparer names claims::kinds::a, not through claims::kinds"])
+
+    def test_tests_may_reach_a_kind(self):
+        files = dict(KINDS, **{"claims/preparer.rs": "#[cfg(test)]\nmod tests { use crate::claims::kinds::b::B; }\n"})
+        self.assertEqual(breaches(files), [])
+
+    def test_a_crate_without_the_folder_has_nothing_to_keep(self):
+        self.assertEqual(breaches({"lib.rs": "pub mod a;\n", "a.rs": ""}), [])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -8,14 +8,13 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 
-use das_api::allocation::MigPlacement;
-use das_api::claim_status::DeviceStatusData;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::handler::ClaimRef;
 use crate::claims::carve::{self, CarveOutcome};
 use crate::claims::checkpoint::RecordedDevice;
 pub use crate::claims::error::ApiError;
+use crate::claims::kinds::Kinds;
 use crate::events::{EventKind, EventSink, EventTarget, KubeEvents};
 
 /// Field manager of the plugin's writes to `ResourceClaim.status.devices` (the reporter of its
@@ -206,7 +205,8 @@ impl EventSink for KubeClaimApi {
 
 /// The server-side-apply body of the plugin's `status.devices` entries: per device the
 /// [`das_api::claim_status::CONDITION_READY`] condition and the [`DeviceStatusData`] the AllocationClaim
-/// controller reads (a whole GPU's: reason `GpuPrepared`, [`DeviceStatusData::whole_gpu`]).
+/// controller reads, as each device's kind gives them (a whole GPU's: reason `GpuPrepared`,
+/// [`das_api::claim_status::DeviceStatusData::whole_gpu`]).
 /// `metadata.uid` makes the API server refuse the write (409) when the name now belongs to
 /// another claim.
 #[cfg(test)]
@@ -219,46 +219,27 @@ pub fn status_apply_body(
 }
 
 /// [`status_apply_body`], with `slice_ready` (carve before bind on) each MIG device's entry
-/// also carrying the `mig.das.com/SliceReady` condition of its carve (a whole GPU is never
-/// carved).
+/// also carrying the `mig.das.com/SliceReady` condition of its carve (a device of a kind that
+/// is not carved, a whole GPU, does not).
 pub fn status_apply_body_with(
     claim: &ClaimRef,
     devices: &[RecordedDevice],
     now: Time,
     slice_ready: bool,
 ) -> serde_json::Value {
+    let kinds = Kinds::standard();
     let entries: Vec<_> = devices
         .iter()
         .map(|d| {
             let ready_time = Some(now.0.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string());
-            if d.is_whole_gpu() {
-                let size = i32::try_from(d.placement_size).unwrap_or(i32::MAX);
-                let data = DeviceStatusData::whole_gpu(&d.gpu_uuid, size, ready_time);
-                let message = format!("whole GPU {} ({})", d.gpu_index, d.gpu_uuid);
-                return data.ready_entry(&d.pool, &d.device, message, now.clone());
-            }
-            let data = DeviceStatusData {
-                mig_uuid: d.mig_uuid().unwrap_or_default().to_string(),
-                gpu_uuid: d.gpu_uuid.clone(),
-                profile: d.profile.clone(),
-                // Placements are at most 8 memory slices (docs/reference/mig.md).
-                placement: MigPlacement {
-                    start: i32::try_from(d.placement_start).unwrap_or(i32::MAX),
-                    size: i32::try_from(d.placement_size).unwrap_or(i32::MAX),
-                },
-                gpu_instance_id: d.instance.as_ref().map(|i| i.gi_id),
-                compute_instance_id: d.instance.as_ref().map(|i| i.ci_id),
-                ready_time,
-            };
-            let message = format!(
-                "MIG {} at memory slice {} on GPU {} ({})",
-                d.profile, d.placement_start, d.gpu_index, data.mig_uuid
-            );
+            // Its data and message are its kind's (a whole GPU's: reason `GpuPrepared`).
+            let kind = kinds.of_record(d);
+            let (data, message) = kind.status(d, ready_time);
             let mut entry = data.ready_entry(&d.pool, &d.device, message, now.clone());
             // A share's entry is keyed by its shareID too (KEP-5075): several claims hold the
             // device, each with its own entry.
             entry.share_id = d.share.as_ref().map(|s| s.id.clone());
-            if slice_ready {
+            if slice_ready && kind.carved_before_bind() {
                 let c = carve::slice_ready(d, &now);
                 entry.conditions.get_or_insert_with(Vec::new).push(c);
             }

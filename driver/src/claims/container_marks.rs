@@ -29,6 +29,7 @@ use std::collections::BTreeMap;
 
 use super::cdi::{GPU_UUID_ENV_PREFIX, MIG_UUID_ENV_PREFIX, Spec};
 use super::checkpoint::ClaimRecord;
+use super::kinds::{Kind, Kinds};
 
 /// The marks of one claim (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -47,22 +48,24 @@ pub fn claim_marks(uid: &str, record: &ClaimRecord, spec: Option<&Spec>) -> Clai
         .iter()
         .map(|p| format!("{p}{escaped}_"))
         .collect();
-    // The CDI device of each recorded device is `<claim UID>-<device>` (docs/design.md §3).
-    let whole: BTreeMap<String, bool> = record
+    // The CDI device of each recorded device is `<claim UID>-<device>` (docs/design.md §3);
+    // which of its nodes only it has is its kind's to say.
+    let kinds = Kinds::standard();
+    let kind_of: BTreeMap<String, &dyn Kind> = record
         .devices
         .iter()
-        .map(|d| (format!("{uid}-{}", d.device), d.is_whole_gpu()))
+        .map(|d| (format!("{uid}-{}", d.device), kinds.of_record(d)))
         .collect();
     let mut device_paths: Vec<String> = spec
         .map(|s| s.devices.as_slice())
         .unwrap_or_default()
         .iter()
-        .filter_map(|d| whole.get(&d.name).map(|w| (d, *w)))
-        .flat_map(|(d, whole)| {
+        .filter_map(|d| kind_of.get(&d.name).map(|k| (d, *k)))
+        .flat_map(|(d, kind)| {
             d.container_edits
                 .device_nodes
                 .iter()
-                .filter(move |n| whole || is_capability_node(&n.path))
+                .filter(move |n| kind.own_node(&n.path))
                 .map(|n| n.path.clone())
         })
         .collect();
@@ -72,11 +75,6 @@ pub fn claim_marks(uid: &str, record: &ClaimRecord, spec: Option<&Spec>) -> Clai
         env_prefixes,
         device_paths,
     }
-}
-
-/// Whether `path` is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`).
-fn is_capability_node(path: &str) -> bool {
-    path.contains("/nvidia-caps/")
 }
 
 /// Which of `marks` the OCI runtime spec `spec` (JSON, as the runtime reports it) carries, if

@@ -1,13 +1,22 @@
 //! The request path: what NodePrepareResources and NodeUnprepareResources do to a claim, the
 //! start-up reconciliation, and the reaper that finishes destroys that failed.
 //!
-//! - [`plan`]: the decisions, as pure functions (which allocation results are ours, which live
-//!   instance is which recorded instance, what a retried prepare may reuse, whether a whole GPU
-//!   can be prepared, what start-up destroys). Unit-tested without I/O.
-//! - [`preparer`]: [`Preparer`], the thin I/O layer that carries the decisions out against the
-//!   GPU backend, the checkpoint, the CDI directory and the API server; every one of its
-//!   methods (prepare, release, start-up, reaper and orphan-rule passes, gauges) is in one of
-//!   its submodules.
+//! - [`preparer`]: [`Preparer`], the transaction: the claim's lock, reading the claim, the
+//!   checkpoint's changes, the wait for placements another claim holds, the GPU locks, the
+//!   roll-back, the guard of a record the kubelet holds, the CDI spec and the status. Every one
+//!   of its methods (prepare, acquire, release, start-up, reaper and orphan-rule passes,
+//!   gauges) is in one of its submodules.
+//! - [`plan`]: the transaction's rules, as pure functions (which allocation results are ours,
+//!   which live instance is which recorded instance, what a retried prepare may reuse, what
+//!   start-up destroys). Unit-tested without I/O.
+//! - [`kinds`]: the device kinds behind one trait ([`kinds::Kind`], the registry
+//!   [`kinds::Kinds`]): a MIG slice, a whole GPU, a shared slice, each in its own folder with
+//!   its pure decisions beside its I/O. The transaction asks each device's kind what differs
+//!   between kinds and never names one; no kind imports another.
+//! - [`layers`]: what any kind can wear ([`layers::Layer`]): MPS, whose control daemon runs on a
+//!   prepared slice for its claim's containers.
+//! - [`gpu_mode`]: MIG mode follows demand: whether a prepare switches its GPU's MIG mode, the
+//!   switch under the GPU's lock, its recovery at start-up.
 //! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server: its steps, its
 //!   [`Report`] and its [`StartupError`].
 //! - [`reaper`]: retries the destroys of instances whose claim is gone, with backoff (its
@@ -44,16 +53,17 @@
 //!    wants the placement, nor because the API server no longer has the claim.
 //!
 //! A device whose claim asks for MPS (docs/design.md §7, "MPS on a slice") takes the same path
-//! with one step more: once its instance exists, and before the CDI spec is written, its
-//! slice's MPS control daemon is started ([`crate::mps`], [`preparer::mps`]); its release stops
-//! the daemon before it destroys the instance. Its record carries its limits (checkpoint
-//! version 6), so start-up brings the daemon back.
+//! wearing the MPS layer: once its instance exists, and before the CDI spec is written, its
+//! slice's MPS control daemon is started ([`crate::mps`], [`layers`]); its release stops the
+//! daemon before it destroys the instance. Its record carries its limits (checkpoint version
+//! 6), so start-up brings the daemon back.
 //!
-//! A whole GPU (docs/design.md §7, "Whole GPUs") takes the same path with nothing created: a
-//! prepare checks that its GPU has MIG mode off ([`PrepareError::WholeGpuUnavailable`]), records
-//! it (profile `gpu`, every memory slice of the GPU, no instance: checkpoint version 4) and
-//! writes a CDI spec with the GPU's device node; its release destroys nothing. Its placement
-//! overlaps every placement of its GPU, so rules 3 and 4 hold between it and the GPU's slices.
+//! A whole GPU (docs/design.md §7, "Whole GPUs") takes the same path with nothing created (its
+//! kind makes no instance): a prepare checks that its GPU has MIG mode off
+//! ([`PrepareError::WholeGpuUnavailable`]), records it (profile `gpu`, every memory slice of the
+//! GPU, no instance: checkpoint version 4) and writes a CDI spec with the GPU's device node; its
+//! release destroys nothing. Its placement overlaps every placement of its GPU, so rules 3 and
+//! 4 hold between it and the GPU's slices.
 
 pub(crate) mod api;
 pub mod carve;
@@ -64,7 +74,10 @@ pub mod container_marks;
 pub mod cri;
 pub mod driver_files;
 pub(crate) mod error;
+pub(crate) mod gpu_mode;
 pub(crate) mod handler;
+pub(crate) mod kinds;
+pub(crate) mod layers;
 pub(crate) mod locks;
 pub mod orphans;
 pub(crate) mod plan;

@@ -1,13 +1,14 @@
-//! The decisions of the request path, as pure functions of what the API server, the checkpoint
-//! and the GPUs say: which allocation results are ours, which live instance is which recorded
+//! The transaction's rules, as pure functions of what the API server, the checkpoint and the
+//! GPUs say: which allocation results are ours, which live instance is which recorded
 //! instance, what a retried prepare may reuse, what the CDI spec of a claim holds ([`spec`]),
-//! whether a whole GPU can be prepared ([`whole_gpu`]), what start-up releases and destroys.
-//! [`super::Preparer`] carries them out.
+//! what start-up releases and destroys. [`super::Preparer`] carries them out. What differs
+//! between kinds of device is each kind's ([`super::kinds`]), asked through the registry.
 //!
-//! A whole GPU (docs/design.md §7, "Whole GPUs") is recorded like a MIG device without an
-//! instance: profile `gpu`, placement every memory slice of its GPU. So it overlaps every
-//! placement of its GPU ([`placement_holders`]), and it is never matched to a live instance
-//! ([`is_instance`], [`match_devices`]): nothing is created, looked for or destroyed for it.
+//! A device whose kind makes no instance (a whole GPU, docs/design.md §7, "Whole GPUs") is
+//! recorded like a MIG device without an instance: a whole GPU's profile is `gpu`, its
+//! placement every memory slice of its GPU. So it overlaps every placement of its GPU
+//! ([`placement_holders`]), and it is never matched to a live instance ([`is_instance`],
+//! [`match_devices`]): nothing is created, looked for or destroyed for it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -16,53 +17,36 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::PrepareError;
 use super::handler::ClaimRef;
+use super::kinds::{Kinds, PlanCx};
+use super::layers;
 use super::orphans::RuntimeError;
-use crate::claims::checkpoint::{
-    Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
-};
+use crate::claims::checkpoint::{Checkpoint, ClaimRecord, PrepareState, RecordedDevice};
 use crate::gpu::MigInstance;
 
-pub(crate) mod mig_mode;
-pub(crate) mod mps;
-pub(crate) mod share;
 pub(crate) mod spec;
-pub(crate) mod whole_gpu;
 
 // The published devices' index lives with what is published; re-exported for the request path.
-pub use crate::publish::devices::{DeviceKind, DeviceRef, device_index};
-pub use spec::{Holding, add_mps_mounts, holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
-pub use whole_gpu::{is_whole_gpu_name, whole_gpu_unavailable};
+pub use super::kinds::{Holding, Planned, is_instance, record, with_instance};
+pub use crate::publish::devices::{DeviceRef, device_index};
+// The tests of the request path name a device's kind as published through here.
+#[cfg(test)]
+pub use crate::publish::devices::DeviceKind;
+pub use spec::{holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 
-/// A device of a claim's allocation, resolved against what this node publishes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Planned {
-    /// Request name of the allocation result (`<request>` or `<request>/<subrequest>`).
-    pub request: String,
-    /// Pool (this node).
-    pub pool: String,
-    /// Published device name.
-    pub device: String,
-    /// Where the device lives.
-    pub at: DeviceRef,
-    /// The limits of its MPS control daemon, when its claim's config asks for MPS
-    /// ([`mps::with_mps`]); `None` for an exclusive device.
-    pub mps: Option<crate::mps::MpsLimits>,
-    /// The claim's share, when the device is a shareable one ([`share::share_of`]).
-    pub share: Option<Share>,
-}
-
-/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node; a
-/// shareable device's share is of `shares_per_slice` (the `shares` capacity this node publishes).
+/// Resolves the allocation of `claim` (read from the API server as `rc`) for this node: each
+/// result planned by its device's kind ([`crate::claims::kinds::Kind::plan`]; a shareable
+/// device's share is of `shares_per_slice`, the `shares` capacity this node publishes), the
+/// claim's configs applied by the layers ([`layers::plan`]: MPS), then each checked by its kind.
 ///
 /// # Errors
 /// [`PrepareError::ClaimGone`], [`PrepareError::ClaimReplaced`] (another UID),
 /// [`PrepareError::NotAllocated`], [`PrepareError::NoDeviceOfOurs`],
-/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode, or MPS where DAS
-/// does not serve it: [`mps::with_mps`]),
+/// [`PrepareError::InvalidConfig`] (a config for DAS that does not decode, or one a device
+/// cannot wear: MPS where DAS does not serve it, [`layers::plan`]),
 /// [`PrepareError::ForeignPool`] (a device of another node), [`PrepareError::UnknownDevice`],
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`], [`PrepareError::Share`] (a share without `shareID`, or not
-/// served with MPS: [`share::check_mps`]).
+/// served with MPS).
 pub fn resolve_allocation(
     claim: &ClaimRef,
     rc: Option<&ResourceClaim>,
@@ -93,6 +77,8 @@ pub fn resolve_allocation(
     // instead of being ignored.
     let configs = das_api::device_config::resolve(rc)
         .map_err(|reason| PrepareError::InvalidConfig { reason })?;
+    let kinds = Kinds::standard();
+    let cx = PlanCx { shares_per_slice };
     let planned = ours
         .into_iter()
         .map(|r| {
@@ -106,79 +92,37 @@ pub fn resolve_allocation(
                     node: node.to_string(),
                 });
             }
-            let at = match devices.get(&r.device) {
-                Some(at) => at.clone(),
-                None if is_whole_gpu_name(&r.device) => {
-                    return Err(PrepareError::WholeGpuUnavailable {
-                        reason: whole_gpu::UNPUBLISHED.to_string(),
-                        device: r.device,
-                    });
-                }
-                None => return Err(PrepareError::UnknownDevice { device: r.device }),
+            let Some(at) = devices.get(&r.device).cloned() else {
+                return Err(kinds.unpublished(r.device));
             };
-            let share = at
-                .shared
-                .then(|| share::share_of(&r.device, &r, shares_per_slice))
-                .transpose()?;
-            Ok(Planned {
-                request: r.request,
-                pool: r.pool,
-                device: r.device,
-                at,
-                mps: None,
-                share,
-            })
+            kinds.of(&at).plan(r, at, &cx)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let planned = mps::with_mps(planned, &configs)?;
-    share::check_mps(&planned)?;
+    let planned = layers::plan(planned, &configs)?;
+    for p in &planned {
+        kinds.of(&p.at).check(p)?;
+    }
     Ok(planned)
 }
 
-/// The checkpoint entry of a planned device, before its instance exists (a whole GPU never has
-/// one).
-pub fn record(p: &Planned) -> RecordedDevice {
-    RecordedDevice {
-        kind: p.at.kind,
-        request: p.request.clone(),
-        pool: p.pool.clone(),
-        device: p.device.clone(),
-        gpu_index: p.at.gpu_index,
-        gpu_uuid: p.at.gpu_uuid.clone(),
-        profile: p.at.profile.clone(),
-        placement_start: p.at.start,
-        placement_size: p.at.size,
-        instance: None,
-        mps: p.mps.clone(),
-        share: p.share.clone(),
-    }
+/// Whether preparing recorded device `d` made a MIG instance that its record names (its kind
+/// says; a whole GPU makes none).
+fn creates_instance(d: &RecordedDevice) -> bool {
+    Kinds::standard().of_record(d).creates_instance()
 }
 
-/// `d` with the identity of the live instance `s` filled in.
-pub fn with_instance(d: &RecordedDevice, s: &MigInstance) -> RecordedDevice {
-    RecordedDevice {
-        instance: Some(InstanceId {
-            gi_id: s.gi_id,
-            ci_id: s.ci_id,
-            mig_uuid: s.mig_uuid.clone(),
-        }),
-        ..d.clone()
+/// The memory slices of `d`'s placement as a mask ([`crate::gpu::Placement::mask`]).
+fn placement_mask(d: &RecordedDevice) -> u64 {
+    crate::gpu::Placement {
+        start: d.placement_start,
+        size: d.placement_size,
     }
+    .mask()
 }
 
-/// Whether live instance `s` is the instance recorded as `d`: same GPU (by UUID), profile,
-/// placement, GI ID, and CI ID and MIG UUID — or no MIG UUID at all, which is how the backend
-/// lists our GI after a destroy removed its compute instance but failed on the GI. A whole GPU
-/// is no instance: a live MIG instance on its GPU is never its.
-pub fn is_instance(d: &RecordedDevice, s: &MigInstance) -> bool {
-    let Some(i) = d.instance.as_ref().filter(|_| !d.is_whole_gpu()) else {
-        return false;
-    };
-    s.gpu_uuid == d.gpu_uuid
-        && s.profile == d.profile
-        && s.placement.start == d.placement_start
-        && s.gi_id == i.gi_id
-        && (s.mig_uuid.is_empty() || (s.mig_uuid == i.mig_uuid && s.ci_id == i.ci_id))
+/// Whether several claims' records may hold `d`'s instance (each a share): its kind says.
+fn shared_by_claims(d: &RecordedDevice) -> bool {
+    Kinds::standard().of_record(d).shared_by_claims()
 }
 
 /// Whether `s` is recorded as an instance of any claim but `except`.
@@ -187,6 +131,20 @@ pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> boo
         .iter()
         .filter(|(uid, _)| uid.as_str() != except)
         .any(|(_, r)| r.devices.iter().any(|d| is_instance(d, s)))
+}
+
+/// Whether `s` is recorded as the instance of a device some claim but `except` holds alone (of
+/// a kind not several claims share): when a lost checkpoint is rebuilt, a share may match a
+/// slice that another share of it already recorded.
+pub fn recorded_unshared_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
+    cp.claims
+        .iter()
+        .filter(|(uid, _)| uid.as_str() != except)
+        .any(|(_, r)| {
+            r.devices
+                .iter()
+                .any(|d| !shared_by_claims(d) && is_instance(d, s))
+        })
 }
 
 /// For each recorded device, the live instance that is it, if any. A device with its instance
@@ -202,7 +160,7 @@ pub fn match_devices(
     devices
         .iter()
         .map(|d| {
-            if d.is_whole_gpu() {
+            if !creates_instance(d) {
                 return None;
             }
             live.iter()
@@ -234,13 +192,14 @@ pub fn placement_holders(
     uid: &str,
     planned: &[Planned],
 ) -> BTreeMap<String, String> {
-    // Another share of the same shareable device is no holder: the share joins its slice
-    // ([`share::on_share`] decides, under the GPU's lock).
+    // Another holder of the same device of a kind several claims share is no holder: it
+    // joins (its kind decides, under the GPU's lock).
+    let kinds = Kinds::standard();
     let overlaps = |d: &RecordedDevice, p: &Planned| {
         d.gpu_uuid == p.at.gpu_uuid
             && d.placement_start < p.at.start + p.at.size
             && p.at.start < d.placement_start + d.placement_size
-            && !(d.share.is_some() && p.share.is_some() && d.device == p.device)
+            && !(shared_by_claims(d) && kinds.of(&p.at).shared_by_claims() && d.device == p.device)
     };
     cp.claims
         .iter()
@@ -461,16 +420,17 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
 /// Per profile of `model`, how many of its placements a new instance could take right now on a
 /// GPU holding `devices` (one at a time: NVML's rules of
 /// [`crate::gpu::layout::Occupancy::check_hardware`] against the recorded placements). Tells why
-/// a pod waits: 0 for its profile on every GPU. A GPU held whole has none.
+/// a pod waits: 0 for its profile on every GPU. A device that makes no instance takes the
+/// placements its own overlaps, so a GPU held whole has none.
 pub fn free_placements<'a>(
     model: &crate::gpu::GpuModel,
     devices: impl Iterator<Item = &'a RecordedDevice>,
 ) -> Vec<(String, u64)> {
     let mut occ = crate::gpu::layout::Occupancy::empty(model);
-    let mut whole = false;
+    let mut taken = 0u64;
     for d in devices {
-        if d.is_whole_gpu() {
-            whole = true;
+        if !creates_instance(d) {
+            taken |= placement_mask(d);
         } else if let Some((i, _)) = model.profile(&d.profile) {
             occ.add(model, i, d.placement_start);
         }
@@ -483,7 +443,13 @@ pub fn free_placements<'a>(
             let n = p
                 .placement_starts
                 .iter()
-                .filter(|&&start| !whole && occ.check_hardware(model, i, start).is_ok())
+                .filter(|&&start| {
+                    let at = crate::gpu::Placement {
+                        start,
+                        size: p.placement_size,
+                    };
+                    at.mask() & taken == 0 && occ.check_hardware(model, i, start).is_ok()
+                })
                 .count();
             (p.name.clone(), n as u64)
         })
@@ -494,26 +460,20 @@ pub fn free_placements<'a>(
 /// placement some record holds (a prepare records the placement before it creates the
 /// instance, so an instance being created is not listed). Such an instance, foreign or left
 /// over, makes every overlapping device impossible to prepare; the publisher withdraws them.
-/// A whole GPU's record claims no instance, even on its own GPU: nothing is ever created for it.
+/// A device of a kind that makes no instance (a whole GPU) claims none, even on its own GPU:
+/// nothing is ever created for it.
 pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
     let devices: Vec<&RecordedDevice> = cp
         .claims
         .values()
         .flat_map(|r| &r.devices)
-        .filter(|d| !d.is_whole_gpu())
+        .filter(|d| creates_instance(d))
         .collect();
     live.iter()
         .filter(|s| {
             !devices.iter().any(|d| {
                 is_instance(d, s)
-                    || (d.gpu_index == s.gpu_index
-                        && crate::gpu::Placement {
-                            start: d.placement_start,
-                            size: d.placement_size,
-                        }
-                        .mask()
-                            & s.placement.mask()
-                            != 0)
+                    || (d.gpu_index == s.gpu_index && placement_mask(d) & s.placement.mask() != 0)
             })
         })
         .cloned()
@@ -523,7 +483,7 @@ pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
 /// What the prepared devices of one GPU take.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuUse {
-    /// MIG instances (a whole GPU is none).
+    /// MIG instances (a device of a kind that makes none, such as a whole GPU, is none).
     pub instances: u64,
     /// Memory slices their placements cover (a whole GPU: all of its GPU's).
     pub memory_slices: u64,
@@ -534,7 +494,7 @@ pub fn per_gpu<'a>(devices: impl Iterator<Item = &'a RecordedDevice>) -> BTreeMa
     let mut m: BTreeMap<u32, GpuUse> = BTreeMap::new();
     for d in devices {
         let u = m.entry(d.gpu_index).or_default();
-        u.instances += u64::from(!d.is_whole_gpu());
+        u.instances += u64::from(creates_instance(d));
         u.memory_slices += u64::from(d.placement_size);
     }
     m

@@ -4,23 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::claims::cdi::{MpsMounts, PreparedGpu, PreparedInstance, SpecDevice};
+use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::{ClaimRecord, RecordedDevice};
 use crate::claims::handler::PreparedDevice;
+use crate::claims::kinds::{CdiPlace, Holding, Kinds};
 use crate::gpu::MigInstance;
-
-/// What a prepared device gives a container on its GPU.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Holding {
-    /// A MIG device: the live MIG instance created for it.
-    Instance(MigInstance),
-    /// A whole GPU: the minor of its device node `/dev/nvidia<minor>` (its UUID is the
-    /// device's).
-    WholeGpu {
-        /// Minor of `/dev/nvidia<minor>`.
-        minor: u32,
-    },
-}
 
 /// What each of `devices` holds, from the live instances matched to them (same order,
 /// [`super::match_devices`]): its instance for a MIG device (`None` when it has none), its GPU's
@@ -31,16 +19,11 @@ pub fn holdings(
     matched: &[Option<MigInstance>],
     minor: impl Fn(&RecordedDevice) -> Option<u32>,
 ) -> Vec<Option<Holding>> {
+    let kinds = Kinds::standard();
     devices
         .iter()
         .zip(matched)
-        .map(|(d, m)| {
-            if d.is_whole_gpu() {
-                minor(d).map(|minor| Holding::WholeGpu { minor })
-            } else {
-                m.clone().map(Holding::Instance)
-            }
-        })
+        .map(|(d, m)| kinds.of_record(d).holding(d, m.as_ref(), minor(d)))
         .collect()
 }
 
@@ -74,105 +57,64 @@ pub fn kubelet_devices(record: &ClaimRecord) -> Vec<PreparedDevice> {
         .collect()
 }
 
-/// What one device gives its CDI device.
-#[derive(Clone)]
-enum Prepared {
-    Instance(PreparedInstance),
-    Gpu(PreparedGpu),
-}
-
-impl Prepared {
-    fn spec_device(key: String, all: Vec<Prepared>) -> SpecDevice {
-        let mut device = SpecDevice {
-            key,
-            instances: Vec::new(),
-            gpus: Vec::new(),
-            mps: None,
-        };
-        for p in all {
-            match p {
-                Prepared::Instance(s) => device.instances.push(s),
-                Prepared::Gpu(g) => device.gpus.push(g),
-            }
-        }
-        device
-    }
-}
-
 /// The CDI devices of a claim whose devices are `devices`, holding `held` (same order): one per
 /// device, keyed by its name — or, for a record of the first release whose CDI device IDs were
 /// per request (`legacy_keys`), one per request holding all of the request's instances, so the
 /// IDs the kubelet already has keep resolving. A device's position in its request (which names
-/// its `DAS_MIG_UUID_…` or `DAS_GPU_UUID_…` variable) counts MIG devices and whole GPUs alike,
-/// in allocation order.
+/// its `DAS_MIG_UUID_…` or `DAS_GPU_UUID_…` variable) counts the devices of every kind alike,
+/// in allocation order; each device's kind writes its own edits.
 pub fn spec_devices(
     devices: &[RecordedDevice],
     held: &[Holding],
     caps_major: u32,
     legacy_keys: &[String],
 ) -> Vec<SpecDevice> {
+    let kinds = Kinds::standard();
     let mut position: BTreeMap<&str, usize> = BTreeMap::new();
-    let prepared: Vec<(&RecordedDevice, Prepared)> = devices
+    let placed: Vec<(&RecordedDevice, &Holding, CdiPlace<'_>)> = devices
         .iter()
         .zip(held)
         .map(|(d, h)| {
             let request = base_request(&d.request);
             let index = position.entry(request).or_default();
-            let p = match h {
-                Holding::Instance(s) => Prepared::Instance(PreparedInstance {
-                    mig_uuid: s.mig_uuid.clone(),
-                    parent_minor: s.gpu_minor,
-                    gi_cap_minor: s.gi_cap_minor,
-                    ci_cap_minor: s.ci_cap_minor,
-                    caps_major,
-                    caps_file_mode: Some(0o444),
-                    request: request.to_string(),
-                    index: *index,
-                }),
-                Holding::WholeGpu { minor } => Prepared::Gpu(PreparedGpu {
-                    gpu_uuid: d.gpu_uuid.clone(),
-                    minor: *minor,
-                    request: request.to_string(),
-                    index: *index,
-                }),
+            let at = CdiPlace {
+                request,
+                index: *index,
+                caps_major,
             };
             *index += 1;
-            (d, p)
+            (d, h, at)
         })
         .collect();
+    let device =
+        |key: &str, of: &mut dyn Iterator<Item = &(&RecordedDevice, &Holding, CdiPlace<'_>)>| {
+            let mut dev = SpecDevice {
+                key: key.to_string(),
+                instances: Vec::new(),
+                gpus: Vec::new(),
+                mps: None,
+            };
+            for (d, h, at) in of {
+                kinds.of_record(d).cdi_edits(d, h, *at, &mut dev);
+            }
+            dev
+        };
     if legacy_keys.is_empty() {
-        return prepared
-            .into_iter()
-            .map(|(d, p)| Prepared::spec_device(d.device.clone(), vec![p]))
+        return placed
+            .iter()
+            .map(|p| device(&p.0.device, &mut std::iter::once(p)))
             .collect();
     }
     legacy_keys
         .iter()
         .map(|key| {
-            let of_request = prepared
+            let mut of_request = placed
                 .iter()
-                .filter(|(d, _)| base_request(&d.request) == key)
-                .map(|(_, p)| p.clone())
-                .collect();
-            Prepared::spec_device(key.clone(), of_request)
+                .filter(|(d, _, _)| base_request(&d.request) == key);
+            device(key, &mut of_request)
         })
         .filter(|d| !d.instances.is_empty() || !d.gpus.is_empty())
         .collect()
-}
-
-/// Gives each CDI device of a device served with MPS (`RecordedDevice::mps`) its daemon's
-/// mounts (`mounts`, from the device). Records of the first release, whose CDI devices are
-/// per request, have no MPS device.
-pub fn add_mps_mounts(
-    specs: &mut [SpecDevice],
-    devices: &[RecordedDevice],
-    mounts: impl Fn(&RecordedDevice) -> MpsMounts,
-) {
-    for d in devices.iter().filter(|d| d.mps.is_some()) {
-        if let Some(s) = specs.iter_mut().find(|s| s.key == d.device) {
-            s.mps = Some(mounts(d));
-        }
-    }
 }
 
 /// The keys of a record's CDI device IDs that are request names, not device names: present only

@@ -1,16 +1,14 @@
-//! Unit tests of the request path's decisions about whole GPUs ([`super`], [`super::whole_gpu`],
-//! [`super::spec`]): a whole GPU overlaps every placement of its GPU, is never matched to a
-//! live instance, takes every free placement and no instance count, and is checked against the
-//! inventory before it is prepared.
+//! Unit tests of the transaction's rules about whole GPUs ([`super`], [`super::spec`]): a whole
+//! GPU overlaps every placement of its GPU, is never matched to a live instance, and takes
+//! every free placement and no instance count. (The whole-GPU kind's own checks are tested in
+//! `crate::claims::kinds::whole_gpu`.)
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
-use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use serde_json::json;
+use das_api::{WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
 
 use super::*;
-use crate::gpu::{GpuInfo, Placement, find_model};
+use crate::gpu::{Placement, find_model};
 
 /// A device published on GPU `gpu` (UUID `GPU-<gpu>`, minor `gpu`): `1g.5gb` at `start`, or the
 /// whole GPU (8 memory slices) for `None`.
@@ -133,67 +131,6 @@ fn a_gpu_held_whole_has_no_free_placement_and_no_instance() {
             instances: 0,
             memory_slices: 8
         }
-    );
-}
-
-/// A device named like a whole GPU that this node does not publish gets the whole-GPU error,
-/// with what to do; a record of the same name but another kind is another allocation.
-#[test]
-fn an_unpublished_whole_gpu_is_refused_as_such() {
-    let devices: HashMap<_, _> = [("gpu-0".to_string(), planned(0, None, "gpu").at)].into();
-    let rc = |device: &str| -> ResourceClaim {
-        serde_json::from_value(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "c", "namespace": "ns", "uid": "uid-1"},
-            "spec": {},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER_NAME, "pool": "n0", "device": device}
-            ]}}}
-        }))
-        .unwrap()
-    };
-    let claim = ClaimRef {
-        namespace: "ns".into(),
-        name: "c".into(),
-        uid: "uid-1".into(),
-    };
-    let p = resolve_allocation(&claim, Some(&rc("gpu-0")), "n0", &devices, 4).unwrap();
-    assert_eq!(p, [planned(0, None, "gpu")]);
-    let e = resolve_allocation(&claim, Some(&rc("gpu-1")), "n0", &devices, 4).unwrap_err();
-    assert_eq!(e.metric_label(), "whole_gpu_unavailable");
-    assert!(e.to_string().contains("--whole-gpus"), "{e}");
-    for name in ["gpu-", "gpu-1x", "gpu-1-mig-1g-5gb-0"] {
-        assert!(!is_whole_gpu_name(name), "{name}");
-    }
-    let mut other_kind = record(&p[0]);
-    other_kind.kind = DeviceKind::Mig;
-    let mut r = holding("uid-1", vec![other_kind])
-        .claims
-        .remove("uid-1")
-        .unwrap();
-    assert!(!same_devices(&r, &p));
-    r.devices[0].kind = DeviceKind::WholeGpu;
-    assert!(same_devices(&r, &p));
-}
-
-/// Before a whole GPU is prepared: its GPU answers, with the UUID it was published with, and
-/// MIG mode off; each refusal says what is wrong and what to do.
-#[test]
-fn a_whole_gpu_is_prepared_only_on_its_gpu_with_mig_mode_off() {
-    let gpu = |uuid: &str, mig_enabled: bool| GpuInfo {
-        uuid: uuid.into(),
-        mig_enabled,
-        ..GpuInfo::for_tests(0, "A100-SXM4-40GB")
-    };
-    let p = planned(0, None, "gpu");
-    assert_eq!(whole_gpu_unavailable(&p, &[gpu("GPU-0", false)]), None);
-    let why = |inventory: &[GpuInfo]| whole_gpu_unavailable(&p, inventory).unwrap();
-    assert!(why(&[]).contains("not in this node's inventory"));
-    assert!(why(&[gpu("GPU-9", false)]).contains("now has UUID GPU-9"));
-    let on = why(&[gpu("GPU-0", true)]);
-    assert!(
-        on.contains("MIG mode on") && on.contains("nvidia-smi -i 0 -mig 0"),
-        "{on}"
     );
 }
 

@@ -55,13 +55,7 @@ impl Preparer {
             return Ok(Carved::Skipped);
         }
         let t0 = Instant::now();
-        let planned = plan::resolve_allocation(
-            claim,
-            rc.as_ref(),
-            &self.node.name,
-            &self.node.devices,
-            self.node.shares_per_slice,
-        );
+        let planned = self.resolve(claim, rc.as_ref());
         let result = match planned {
             Ok(planned) => {
                 let devices: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
@@ -109,16 +103,15 @@ impl Preparer {
         claim: &ClaimRef,
         planned: &[plan::Planned],
     ) -> Result<Vec<RecordedDevice>, PrepareError> {
-        self.check_mps(planned)?;
-        self.check_share_namespace(claim, planned)?;
-        self.check_whole_gpus(planned).await?;
+        self.layers.check(planned, &self.node)?;
+        self.check_kinds(claim, planned).await?;
         self.wait_for_placements(claim, planned).await?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
         self.records
             .checkpoint
             .commit(|cp| cp.set_started(&claim.uid, &claim.namespace, &claim.name, started))
             .await?;
-        let (devices, _held) = self.create_planned(claim, planned).await?;
+        let (devices, _held) = self.acquire_planned(claim, planned).await?;
         let carved = devices.clone();
         let saved = self
             .records

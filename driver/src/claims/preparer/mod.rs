@@ -1,38 +1,36 @@
-//! [`Preparer`]: carries out the request path's decisions ([`super::plan`]) against the GPU
-//! backend, the checkpoint, the CDI directory and the API server. Its methods, by what they
-//! serve:
+//! [`Preparer`]: the transaction. It carries out the request path's rules ([`super::plan`])
+//! against the GPU backend, the checkpoint, the CDI directory and the API server, and asks each
+//! device's kind ([`super::kinds`]) and the layers ([`super::layers`]) what differs between
+//! them; it names no kind. Its methods, by what they serve:
 //!
 //! - [`prepare`]: NodePrepareResources of one claim, and the claim's CDI spec.
-//! - [`create`]: the creates of a prepare and of a carve (MIG mode, create or join, the
-//!   roll-back of a failure).
+//! - [`acquire`]: the acquires of a prepare and of a carve (MIG mode, each device's kind's
+//!   acquire, the roll-back of a failure).
 //! - [`release`]: NodeUnprepareResources, and the release of a claim's instances that it, the
-//!   roll-back of a failed prepare, the reaper and the orphan rule share.
+//!   roll-back of a failed prepare, the reaper and the orphan rule share; the guard of a record
+//!   the kubelet holds (issue 41) is kept here, never in a kind.
 //! - [`startup`]: the start-up reconciliation of checkpoint, GPUs and API server.
 //! - [`reaper`]: the passes of the reaper ([`super::reaper`] keeps its schedule).
 //! - [`orphans`]: the checks of the orphan rule ([`super::orphans`] states it).
 //! - [`carve`]: carve before bind (issue 34): the carve of a claim allocated here, the prepare
 //!   of a carved claim, the release of a carved claim that never reached a prepare.
+//! - [`devices`]: what the transaction asks of the kinds (their checks before anything is
+//!   recorded, what a recorded device holds, what they tell the publisher) and of the GPUs'
+//!   MIG modes ([`super::gpu_mode`]).
 //! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
-//! - [`whole_gpu`]: the check a prepare makes of a whole GPU (docs/design.md §7, "Whole GPUs"),
-//!   and the device node its CDI spec gives.
-//! - [`mig_mode`]: the switch of a GPU's MIG mode a prepare needs (docs/design.md §7, "MIG mode
-//!   follows demand"), and its recovery at start-up.
-//! - [`mps`]: the MPS control daemons of MPS devices (docs/design.md §7, "MPS on a slice"):
-//!   started once their slices exist, stopped before they are destroyed, brought back at
-//!   start-up.
-//! - [`tenants`]: a shared slice serves one namespace (docs/design.md §7, "Shares are a
-//!   tenant's own"): the check before a share is recorded, and the namespaces the publisher
-//!   puts on the shareable devices.
 //!
-//! A whole GPU goes through the same steps with nothing created: its record holds no instance,
-//! its CDI spec gives its GPU's device node, and its release destroys nothing.
+//! A device whose kind makes no instance (a whole GPU) goes through the same steps with nothing
+//! created: its record holds no instance, its CDI spec gives its GPU's device node, and its
+//! release destroys nothing.
 //!
 //! Prepare of one claim, under the claim's lock: read the claim → resolve its allocation →
 //! settle what the checkpoint has for it (reuse a completed record after checking that its
-//! instances and CDI spec still exist, or release a half-done or stale one) → checkpoint
-//! `PrepareStarted` → create each instance at exactly the allocated placement (GPUs in parallel,
-//! one GPU's calls in turn), noting each instance in the record as soon as it exists → start
-//! the MPS control daemon of an MPS device → write the CDI spec → checkpoint `PrepareCompleted` → answer → write `status.devices` (retried).
+//! instances and CDI spec still exist, or release a half-done or stale one) → each kind's
+//! checks → checkpoint `PrepareStarted` → acquire each device (GPUs in parallel, one GPU's
+//! calls in turn; a MIG instance created at exactly the allocated placement), noting each
+//! instance in the record as soon as it exists → put on the layers (the MPS control daemon of
+//! an MPS device) → write the CDI spec → checkpoint `PrepareCompleted` → answer → write
+//! `status.devices` (retried).
 //!
 //! A placement that overlaps a slice another claim's record still holds is never taken from it:
 //! the prepare waits a little for the kubelet's unprepare of that claim (the force-delete race)
@@ -40,11 +38,12 @@
 //! kubelet's unprepare, or the orphan rule with the container runtime's evidence
 //! ([`super::orphans`]), ever releases a prepared claim.
 //!
-//! Unprepare, and the roll-back of a failed prepare, release the claim: destroy exactly the
-//! recorded instances, delete the CDI spec, and drop the record only when every instance is
-//! confirmed gone; what could not be destroyed stays recorded as `Releasing` for the reaper.
+//! Unprepare, and the roll-back of a failed prepare, release the claim: take off its layers,
+//! destroy exactly the recorded instances, delete the CDI spec, and drop the record only when
+//! every instance is confirmed gone; what could not be destroyed stays recorded as `Releasing`
+//! for the reaper.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -53,33 +52,33 @@ use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Notify;
 
+use super::gpu_mode::GpuModes;
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
+use super::kinds::{Kinds, NodeDevices};
+use super::layers::Layers;
 use super::orphans::{OrphanPolicy, OrphanWatch};
-use super::plan::{self, DeviceRef};
+use super::plan;
 use super::reaper::{PendingDaemons, ReaperState};
 use super::status::StatusWriters;
 use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
 use crate::claims::cdi::{self, CdiWriter};
 use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
-use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, GpuModel};
+use crate::gpu::{GpuBackend, GpuCalls, GpuInfo};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::publish::resource_slices::SharePolicy;
 pub use carve::Carved;
 
+pub(crate) mod acquire;
 pub(crate) mod carve;
-pub(crate) mod create;
+pub(crate) mod devices;
 pub(crate) mod gauges;
-pub(crate) mod mig_mode;
-pub(crate) mod mps;
 pub(crate) mod orphans;
 pub(crate) mod prepare;
 pub(crate) mod reaper;
 pub(crate) mod release;
 pub(crate) mod startup;
-pub(crate) mod tenants;
-pub(crate) mod whole_gpu;
 
 #[cfg(test)]
 pub(crate) use prepare::PLACEMENT_WAIT;
@@ -124,6 +123,9 @@ pub struct PreparerConfig {
 pub struct Preparer {
     /// This node and the devices it publishes.
     pub(crate) node: NodeDevices,
+    /// The kinds of device it serves ([`crate::claims::kinds`]): the transaction asks each
+    /// device's kind what differs between kinds.
+    pub(crate) kinds: Kinds,
     /// The GPU backend, where its calls run, and one lock per GPU.
     pub(crate) gpus: GpuCalls,
     /// What is prepared (the checkpoint) and the per-claim locks.
@@ -135,37 +137,11 @@ pub struct Preparer {
     /// What outlives a call: the reaper's schedule and the orphan rule's suspects.
     pub(crate) lifecycle: Lifecycle,
     /// Whether each GPU's MIG mode may be switched.
-    pub(crate) modes: mig_mode::MigModes,
-    /// The MPS control daemons of MPS devices.
-    pub(crate) mps: Arc<MpsDaemons>,
-    /// One lock per MPS daemon ID, held while a daemon of a shared slice is started or stopped:
-    /// its shares' prepares start it concurrently (each under its own claim's lock).
-    pub(crate) mps_locks: ClaimLocks,
+    pub(crate) modes: GpuModes,
+    /// The layers devices wear ([`crate::claims::layers`]: MPS).
+    pub(crate) layers: Layers,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
-}
-
-/// This node as the request path sees it.
-pub(crate) struct NodeDevices {
-    /// The node's name: the pool of every device it publishes.
-    pub(crate) name: String,
-    /// Every device the node publishes, by device name ([`plan::device_index`]).
-    pub(crate) devices: HashMap<String, DeviceRef>,
-    /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
-    pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
-    /// The `shares` capacity of every shareable device this node publishes.
-    pub(crate) shares_per_slice: u64,
-    /// Whether claims of different namespaces may share a slice (docs/design.md §7, "Shares
-    /// are a tenant's own").
-    pub(crate) shares_across_namespaces: bool,
-}
-
-impl NodeDevices {
-    /// The one namespace a shared slice of a claim of namespace `ns` may serve: `ns`, or
-    /// `None` where shares may cross namespaces.
-    pub(crate) fn share_scope<'a>(&self, ns: &'a str) -> Option<&'a str> {
-        (!self.shares_across_namespaces).then_some(ns)
-    }
 }
 
 /// The records of what is prepared, and who may change a claim's record now.
@@ -201,8 +177,9 @@ pub(crate) struct Lifecycle {
     pub(crate) orphans: OrphanWatch,
     /// When the plugin may release a prepared claim the kubelet never unprepares.
     pub(crate) orphan_policy: OrphanPolicy,
-    /// Kept claims whose MPS daemons start-up could not bring back (a GPU did not answer).
-    pub(crate) mps_pending: PendingDaemons,
+    /// Kept claims whose layers (MPS daemons) start-up could not bring back (a GPU did not
+    /// answer).
+    pub(crate) layers_pending: PendingDaemons,
 }
 
 impl Preparer {
@@ -221,6 +198,7 @@ impl Preparer {
                 shares_per_slice: u64::from(config.share_policy.shares.max(1)),
                 shares_across_namespaces: config.share_policy.across_namespaces,
             },
+            kinds: Kinds::standard(),
             gpus: GpuCalls::new(config.backend, config.blocking),
             records: Records {
                 checkpoint: config.checkpoint,
@@ -241,11 +219,10 @@ impl Preparer {
                 reaper: ReaperState::default(),
                 orphans: OrphanWatch::default(),
                 orphan_policy: config.orphans,
-                mps_pending: PendingDaemons::default(),
+                layers_pending: PendingDaemons::default(),
             },
-            modes: mig_mode::MigModes::new(&config.inventory, &config.metrics),
-            mps: config.mps,
-            mps_locks: ClaimLocks::default(),
+            modes: GpuModes::new(&config.inventory, &config.metrics),
+            layers: Layers::standard(config.mps),
             metrics: config.metrics,
         }
     }

@@ -35,14 +35,8 @@ impl Preparer {
             .read_claim(claim)
             .await
             .map_err(PrepareError::ApiRead)?;
-        let planned = plan::resolve_allocation(
-            claim,
-            rc.as_ref(),
-            &self.node.name,
-            &self.node.devices,
-            self.node.shares_per_slice,
-        )?;
-        self.check_mps(&planned)?;
+        let planned = self.resolve(claim, rc.as_ref())?;
+        self.layers.check(&planned, &self.node)?;
         let pods = rc.as_ref().map(plan::reserving_pods).unwrap_or_default();
         let record = self.record_of(&claim.uid);
         match (plan::on_prepare(record.as_ref(), &planned), record) {
@@ -64,11 +58,10 @@ impl Preparer {
             }
             _ => {}
         }
-        // A share of a slice another namespace's claims hold is refused before anything is
-        // recorded (a completed claim, answered above, is never refused here).
-        self.check_share_namespace(claim, &planned)?;
-        // A whole GPU whose GPU cannot serve it fails at once, not after a wait for its holders.
-        self.check_whole_gpus(&planned).await?;
+        // A device its kind refuses fails at once, before anything is recorded and not after a
+        // wait for its holders: a share of a slice another namespace's claims hold (a completed
+        // claim, answered above, is never refused here), a whole GPU whose GPU cannot serve it.
+        self.check_kinds(claim, &planned).await?;
         self.wait_for_placements(claim, &planned).await?;
         let known = self
             .record_of(&claim.uid)
@@ -169,8 +162,9 @@ impl Preparer {
         let Some(held) = self.live_holdings(claim, record).await? else {
             return Ok(None);
         };
-        // Its MPS daemons run (supervised since the prepare or start-up); a missing one starts.
-        self.start_mps(claim, &record.devices).await?;
+        // Its layers are on (its MPS daemons run, supervised since the prepare or start-up); a
+        // missing one is put on.
+        self.layers.put_on(claim, &record.devices).await?;
         self.ensure_cdi_spec(claim, record, &held)?;
         self.start_status(claim, record);
         Ok(Some(plan::kubelet_devices(record)))
@@ -184,7 +178,7 @@ impl Preparer {
         record: &ClaimRecord,
     ) -> Result<Option<Vec<Holding>>, PrepareError> {
         let mut live = Vec::new();
-        for gpu in gpus_of(&record.devices) {
+        for gpu in self.gpus_of(&record.devices) {
             live.extend(
                 self.gpus
                     .instances_on(gpu)
@@ -200,13 +194,8 @@ impl Preparer {
         // A GPU instance whose compute instance is gone (an administrator's `nvidia-smi mig
         // -dci`) is listed without a MIG UUID: no container can use it, so it is repaired like
         // a missing one (released and created again), never answered with.
-        let usable = |h: &Option<Holding>| match h {
-            Some(Holding::Instance(s)) => !s.mig_uuid.is_empty(),
-            Some(Holding::WholeGpu { .. }) => true,
-            None => false,
-        };
         let held = self.holdings(&record.devices, &matched);
-        if !held.iter().all(usable) {
+        if !held.iter().all(|h| h.as_ref().is_some_and(Holding::usable)) {
             tracing::warn!(claim = %claim, "slices recorded for this claim are gone or have lost their compute instance (or its whole GPU is no longer published); preparing it again");
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
@@ -251,9 +240,8 @@ impl Preparer {
     ) -> Result<ClaimSpec, crate::claims::cdi::CdiError> {
         let mut spec_devices =
             plan::spec_devices(devices, held, self.cdi.caps_major(), legacy_keys);
-        plan::add_mps_mounts(&mut spec_devices, devices, |d| {
-            self.mps_mounts(&claim.uid, d)
-        });
+        self.layers
+            .cdi_edits(&claim.uid, devices, &mut spec_devices);
         self.cdi.claim_spec(&claim.uid, &spec_devices)
     }
 
@@ -275,7 +263,7 @@ impl Preparer {
             })
             .await?;
         let t_started = t0.elapsed();
-        let (devices, held) = self.create_planned(claim, planned).await?;
+        let (devices, held) = self.acquire_planned(claim, planned).await?;
         self.finish_prepare(claim, devices, held, (t0, t_started))
             .await
     }
@@ -291,8 +279,9 @@ impl Preparer {
         held: Vec<Holding>,
         (t0, t_started): (Instant, Duration),
     ) -> Result<Vec<PreparedDevice>, PrepareError> {
-        // The daemons before the spec: no container gets a pipe directory without one behind it.
-        if let Err(e) = self.start_mps(claim, &devices).await {
+        // The layers before the spec: no container gets an MPS pipe directory without a daemon
+        // behind it.
+        if let Err(e) = self.layers.put_on(claim, &devices).await {
             self.roll_back(claim, devices).await;
             return Err(e);
         }
@@ -343,6 +332,19 @@ impl Preparer {
         Ok(plan::kubelet_devices(&record))
     }
 
+    /// The GPU indices the instances of `devices` live on, each once (a device of a kind that
+    /// makes no instance, a whole GPU, has none to look for).
+    fn gpus_of(&self, devices: &[RecordedDevice]) -> Vec<u32> {
+        let mut gpus: Vec<u32> = devices
+            .iter()
+            .filter(|d| self.kinds.of_record(d).creates_instance())
+            .map(|d| d.gpu_index)
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus
+    }
+
     /// Releases the instances of a failed prepare; a failure to destroy is already recorded for
     /// the reaper by [`Self::release`], so only logged here.
     pub(super) async fn roll_back(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) {
@@ -355,19 +357,6 @@ impl Preparer {
 fn unreachable_record() -> ClaimRecord {
     // `set_completed` just inserted it under the claim's lock.
     panic!("the completed record is missing right after it was written")
-}
-
-/// The GPU indices the MIG devices of `devices` live on, each once (a whole GPU has no
-/// instance to look for).
-fn gpus_of(devices: &[RecordedDevice]) -> Vec<u32> {
-    let mut gpus: Vec<u32> = devices
-        .iter()
-        .filter(|d| !d.is_whole_gpu())
-        .map(|d| d.gpu_index)
-        .collect();
-    gpus.sort_unstable();
-    gpus.dedup();
-    gpus
 }
 
 /// Milliseconds with a fraction, for logs.

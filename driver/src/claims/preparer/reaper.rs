@@ -76,7 +76,7 @@ impl Preparer {
     /// claims whose daemons were brought back.
     pub async fn retry_pending_mps(&self) -> Vec<String> {
         let mut back = Vec::new();
-        for uid in self.lifecycle.mps_pending.all() {
+        for uid in self.lifecycle.layers_pending.all() {
             let Some(_held) = self.records.locks.try_lock(&uid) else {
                 continue;
             };
@@ -84,7 +84,7 @@ impl Preparer {
                 .record_of(&uid)
                 .filter(|r| r.state == PrepareState::PrepareCompleted)
             else {
-                self.lifecycle.mps_pending.done(&uid);
+                self.lifecycle.layers_pending.done(&uid);
                 continue;
             };
             let claim = ClaimRef {
@@ -96,11 +96,11 @@ impl Preparer {
             match self.check_kept(&claim, &record, &live, &mut Report::default()) {
                 super::startup::Kept::Live => {
                     tracing::info!(claim = %claim, "its GPU answers again: bringing back its MPS daemons");
-                    self.bring_back_mps(vec![(claim, record.devices)]).await;
-                    self.lifecycle.mps_pending.done(&uid);
+                    self.layers.restore(&[(claim, record.devices)]).await;
+                    self.lifecycle.layers_pending.done(&uid);
                     back.push(uid);
                 }
-                super::startup::Kept::Missing => self.lifecycle.mps_pending.done(&uid),
+                super::startup::Kept::Missing => self.lifecycle.layers_pending.done(&uid),
                 super::startup::Kept::GpuUnavailable => {}
             }
         }
@@ -115,8 +115,8 @@ impl Preparer {
             self.reap_due().await;
             self.check_orphans().await;
             self.retry_pending_mps().await;
-            let pending =
-                (!self.lifecycle.mps_pending.all().is_empty()).then(|| Instant::now() + MPS_RETRY);
+            let pending = (!self.lifecycle.layers_pending.all().is_empty())
+                .then(|| Instant::now() + MPS_RETRY);
             let next = [
                 self.lifecycle.reaper.next_due(),
                 self.lifecycle.orphans.next_due(),

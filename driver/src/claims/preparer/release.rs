@@ -1,7 +1,8 @@
 //! NodeUnprepareResources, and the release of a claim's instances it shares with the roll-back
 //! of a failed prepare, the reaper and the orphan rule: stop the MPS control daemons of its MPS
-//! devices, destroy exactly the recorded instances (a share's only when no other share keeps
-//! its slice) (GPUs in parallel, each under its lock),
+//! devices, destroy exactly the recorded instances (GPUs in parallel, each under its lock; a
+//! device whose kind says other claims keep its instance, a share of a slice other shares
+//! hold, leaves it to them),
 //! delete the CDI spec, and drop the record only once every instance is confirmed gone; what is
 //! left stays recorded as `Releasing`. A whole GPU has no instance: its release is its spec's
 //! and its record's, and never touches the GPU.
@@ -121,13 +122,13 @@ impl Preparer {
         // with instances missing. A record with a share is marked too, whatever its state:
         // the mark is what tells other shares (and their releases) that this one is leaving.
         // A release for good marks every record the kubelet holds: the mark ends its guard.
+        let shared = |d: &RecordedDevice| self.kinds.of_record(d).shared_by_claims();
         let mark = self.records.checkpoint.read(|cp| {
             cp.get(&claim.uid).is_some_and(|r| {
                 matches!(
                     r.state,
                     PrepareState::PrepareCompleted | PrepareState::Carved
-                ) || (r.state == PrepareState::PrepareStarted
-                    && r.devices.iter().any(|d| d.share.is_some()))
+                ) || (r.state == PrepareState::PrepareStarted && r.devices.iter().any(shared))
                     || (for_good && r.is_handed())
             })
         });
@@ -145,20 +146,20 @@ impl Preparer {
                 .await?;
         }
         // A share whose slice other shares keep leaves it, and its MPS daemon, to them
-        // (docs/design.md §7, "Shared slices"). Decided after the mark: a share joins only a
-        // slice some share holds that is not being released, so none joins after this.
+        // (docs/design.md §7, "Shared slices"; its kind decides). Decided after the mark: a
+        // share joins only a slice some share holds that is not being released, so none joins
+        // after this.
         let (devices, kept): (Vec<RecordedDevice>, Vec<RecordedDevice>) =
             self.records.checkpoint.read(|cp| {
                 devices
                     .into_iter()
-                    .partition(|d| !plan::share::kept_by_other_shares(cp, &claim.uid, d))
+                    .partition(|d| !self.kinds.of_record(d).kept_by_others(cp, &claim.uid, d))
             });
         for d in &kept {
             tracing::debug!(claim = %claim, device = %d.device, "other shares keep the slice");
         }
-        self.leave_mps(claim, &kept).await;
-        // An MPS server keeps its slice in use: its daemon goes first.
-        self.stop_mps(claim, &devices).await;
+        // What runs there keeps an instance in use (an MPS server): the layers go first.
+        self.layers.take_off(claim, &devices, &kept).await;
         let remaining = self.destroy_devices(&claim.uid, devices).await;
         let spec = self.cdi.delete(&claim.uid);
         if remaining.is_empty() && spec.is_ok() {
@@ -191,11 +192,12 @@ impl Preparer {
     }
 
     /// Destroys the instances of `devices`, GPUs in parallel, each under its GPU's lock; returns
-    /// the devices whose instance is still there. Whole GPUs are skipped: nothing was created
-    /// for them, so their "destroy" is done.
+    /// the devices whose instance is still there. Devices of a kind that makes no instance (a
+    /// whole GPU) are skipped: nothing was created for them, so their "destroy" is done.
     async fn destroy_devices(&self, uid: &str, devices: Vec<RecordedDevice>) -> Vec<Remaining> {
         let mut by_gpu: BTreeMap<u32, Vec<RecordedDevice>> = BTreeMap::new();
-        for d in devices.into_iter().filter(|d| !d.is_whole_gpu()) {
+        let makes = |d: &RecordedDevice| self.kinds.of_record(d).creates_instance();
+        for d in devices.into_iter().filter(makes) {
             by_gpu.entry(d.gpu_index).or_default().push(d);
         }
         join_all(

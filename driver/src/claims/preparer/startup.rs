@@ -43,22 +43,24 @@ impl Preparer {
                 report.unavailable_gpus.push(*gpu);
             }
         }
-        // The MPS devices of the kept and rebuilt claims, whose daemons come back all together
-        // once the records are settled (each may wait for its daemon's socket and limits).
-        let mut mps_back = Vec::new();
+        // The kept and rebuilt claims whose layers (MPS daemons) come back all together once the
+        // records are settled (each may wait for its daemon's socket and limits).
+        let mut layers_back = Vec::new();
         for (claim, record) in self.recorded_claims() {
-            self.settle(&claim, record, &live, &mut report, &mut mps_back)
+            self.settle(&claim, record, &live, &mut report, &mut layers_back)
                 .await;
         }
         if rebuild {
-            self.rebuild_from_api(&live, &mut report, &mut mps_back)
+            self.rebuild_from_api(&live, &mut report, &mut layers_back)
                 .await?;
         }
         self.learn_pods_of_kept().await;
-        self.bring_back_mps(mps_back).await;
+        self.layers.restore(&layers_back).await;
         // Before the orphans are destroyed: an unrecorded daemon's MPS server keeps its slice in
         // use, and the slice's destroy would fail.
-        self.stop_unrecorded_mps().await;
+        self.layers
+            .remove_unrecorded(&self.records.checkpoint)
+            .await;
         self.destroy_orphans(reclaim_foreign, &mut report).await;
         self.remove_stale_cdi_specs(&mut report)?;
         self.update_gauges();
@@ -82,25 +84,25 @@ impl Preparer {
         })
     }
 
-    /// Steps 2 and 3 for one record; a kept claim whose instances exist goes to `mps_back`
-    /// (its MPS daemons come back with the others').
+    /// Steps 2 and 3 for one record; a kept claim whose instances exist goes to `layers_back`
+    /// (its layers, MPS daemons, come back with the others').
     async fn settle(
         &self,
         claim: &ClaimRef,
         record: ClaimRecord,
         live: &LivePerGpu,
         report: &mut Report,
-        mps_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
+        layers_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
     ) {
         let what = match record.state {
             PrepareState::PrepareCompleted => {
                 self.suspect_holders(std::iter::once(&claim.uid));
                 report.kept.push(claim.to_string());
                 match self.check_kept(claim, &record, live, report) {
-                    Kept::Live => mps_back.push((claim.clone(), record.devices)),
+                    Kept::Live => layers_back.push((claim.clone(), record.devices)),
                     // Its daemons come back once the GPU answers (the reaper's passes).
-                    Kept::GpuUnavailable if record.devices.iter().any(|d| d.mps.is_some()) => {
-                        self.lifecycle.mps_pending.add(&claim.uid);
+                    Kept::GpuUnavailable if self.layers.worn(&record.devices) => {
+                        self.lifecycle.layers_pending.add(&claim.uid);
                     }
                     Kept::GpuUnavailable | Kept::Missing => {}
                 }
@@ -207,7 +209,7 @@ impl Preparer {
         &self,
         live: &LivePerGpu,
         report: &mut Report,
-        mps_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
+        layers_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
     ) -> Result<(), StartupError> {
         let live: Vec<MigInstance> = live
             .values()
@@ -246,7 +248,7 @@ impl Preparer {
             } else {
                 self.rebuild_prepared(&claim, &rc, devices.clone(), &held)
                     .await?;
-                mps_back.push((claim.clone(), devices));
+                layers_back.push((claim.clone(), devices));
                 tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
             }
             report.rebuilt.push(claim.to_string());
@@ -269,25 +271,20 @@ impl Preparer {
         rc: &ResourceClaim,
         live: &[MigInstance],
     ) -> Option<(Vec<RecordedDevice>, Vec<Holding>)> {
-        let planned = plan::resolve_allocation(
-            claim,
-            Some(rc),
-            &self.node.name,
-            &self.node.devices,
-            self.node.shares_per_slice,
-        )
-        .ok()?;
+        let planned = self.resolve(claim, Some(rc)).ok()?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
         // A share's slice may already be recorded by another share of it: that is no other
         // claim's instance.
         let matched = plan::match_devices(&started, live, |s| {
             self.records
                 .checkpoint
-                .read(|cp| plan::share::recorded_unshared_elsewhere(cp, &claim.uid, s))
+                .read(|cp| plan::recorded_unshared_elsewhere(cp, &claim.uid, s))
         });
         let held = self.holdings(&started, &matched);
+        // A kind that makes no instance leaves nothing on the GPU: its CDI spec is the evidence.
+        let traceless = |d: &RecordedDevice| !self.kinds.of_record(d).creates_instance();
         if held.iter().any(Option::is_none)
-            || (started.iter().any(RecordedDevice::is_whole_gpu) && !self.spec_on_disk(claim))
+            || (started.iter().any(traceless) && !self.spec_on_disk(claim))
         {
             return None;
         }
@@ -295,9 +292,9 @@ impl Preparer {
         let devices = started
             .iter()
             .zip(&held)
-            .map(|(d, h)| match h {
-                Holding::Instance(s) => plan::with_instance(d, s),
-                Holding::WholeGpu { .. } => d.clone(),
+            .map(|(d, h)| match h.instance() {
+                Some(s) => plan::with_instance(d, s),
+                None => d.clone(),
             })
             .collect();
         Some((devices, held))

@@ -6,7 +6,7 @@ use serde_json::json;
 use super::super::*;
 use super::{UID, one};
 use crate::claims::checkpoint::RecordedDevice;
-use crate::claims::plan::add_mps_mounts;
+use crate::claims::layers::mps::cdi::add_mps_mounts;
 
 fn mounts() -> MpsMounts {
     MpsMounts {

@@ -1,11 +1,12 @@
 //! Whether a prepare must switch its GPU's MIG mode before it can serve a device, and whether it
-//! may (pure; docs/design.md §7, "MIG mode follows demand"). A MIG slice needs MIG mode on, a
-//! whole GPU needs it off. A GPU is switched only when switching is allowed for it
+//! may (pure; docs/design.md §7, "MIG mode follows demand"). Each device's kind says which mode
+//! it needs ([`crate::claims::kinds::Kind::gpu_mode`]): a MIG slice on, a whole GPU off. A GPU is switched only when switching is allowed for it
 //! ([`MigSwitch::Allowed`]), no other claim's record holds a device of it that needs the other
 //! mode, and, to switch it off, no MIG instance exists on it: the caller reads all of this under the GPU's lock, so no
 //! create, destroy or other switch on that GPU runs in between.
 
 use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
+use crate::claims::kinds::{GpuMode, Kinds};
 use crate::gpu::{MigModeState, MigSwitch, on_off};
 
 /// What the GPU looks like to a prepare that needs a mode on it, read under the GPU's lock.
@@ -82,7 +83,10 @@ pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
 /// of the wanted kind do not stand in the way: two slices prepared at once on a GPU with MIG
 /// mode off both need it on.
 pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32, want_mig: bool) -> Vec<String> {
-    let other_kind = |d: &RecordedDevice| d.gpu_index == gpu && d.is_whole_gpu() == want_mig;
+    let kinds = Kinds::standard();
+    let other_kind = |d: &RecordedDevice| {
+        d.gpu_index == gpu && (kinds.of_record(d).gpu_mode() == GpuMode::MigOn) != want_mig
+    };
     cp.claims
         .iter()
         .filter(|(u, r)| *u != uid && r.devices.iter().any(other_kind))

@@ -7,16 +7,17 @@ use std::collections::BTreeMap;
 
 use das_api::device_config::MigDeviceConfig;
 
-use super::Planned;
 use crate::claims::PrepareError;
+use crate::claims::kinds::{Kinds, Planned};
 use crate::mps::{MpsLimits, commands};
 
 /// Fills in each planned device's MPS limits from `configs` (by request name; a request no
 /// config names is exclusive).
 ///
 /// # Errors
-/// [`PrepareError::InvalidConfig`]: a whole GPU with MPS (DAS serves MPS on MIG slices only:
-/// a whole GPU's MPS would also need its compute mode set, and a slice gives the same sharing
+/// [`PrepareError::InvalidConfig`]: MPS on a device of a kind that makes no MIG instance, a
+/// whole GPU (DAS serves MPS on MIG slices only: the daemon is given the slice's MIG UUID, a
+/// whole GPU's MPS would also need its compute mode set, and a slice gives the same sharing
 /// with hardware isolation around it), or more than one MPS device in the claim (a container
 /// has one `CUDA_MPS_PIPE_DIRECTORY`, so it could reach one daemon only).
 pub fn with_mps(
@@ -24,11 +25,12 @@ pub fn with_mps(
     configs: &BTreeMap<String, MigDeviceConfig>,
 ) -> Result<Vec<Planned>, PrepareError> {
     let invalid = |reason: String| PrepareError::InvalidConfig { reason };
+    let kinds = Kinds::standard();
     for p in &mut planned {
         let Some(mps) = configs.get(&p.request).and_then(MigDeviceConfig::mps) else {
             continue;
         };
-        if p.at.kind == super::DeviceKind::WholeGpu {
+        if !kinds.of(&p.at).creates_instance() {
             return Err(invalid(format!(
                 "request {:?}: device {} is a whole GPU, and DAS serves MPS on MIG slices only; ask for a slice (DeviceClass {} or a profile's class) or use sharing.strategy Exclusive",
                 p.request,

@@ -1,13 +1,14 @@
 //! Whether a whole GPU can be prepared (pure; docs/design.md §7, "Whole GPUs"): it must be a GPU
 //! of this node's inventory, the one it was published as, with MIG mode off or one DAS may
-//! switch off ([`super::mig_mode`] decides the switch). DAS creates no instance for it.
+//! switch off (`crate::claims::gpu_mode` decides the switch, under the GPU's lock). DAS
+//! creates no instance for it.
 
-use super::Planned;
+use crate::claims::kinds::Planned;
 use crate::gpu::{GpuInfo, MigSwitch};
 
 /// Why a device named like a whole GPU (`gpu-<index>`) that this node does not publish cannot be
 /// prepared, and what to do.
-pub(crate) const UNPUBLISHED: &str = "this node does not publish it: the plugin serves whole GPUs only with --whole-gpus (chart wholeGpus.enabled), and only GPUs whose MIG mode was off when it started or that it may switch (--mig-mode-switching, chart wholeGpus.switchMigMode); check `kubectl get resourceslices` for this node, then delete the pod so that its claim is allocated again";
+pub(super) const UNPUBLISHED: &str = "this node does not publish it: the plugin serves whole GPUs only with --whole-gpus (chart wholeGpus.enabled), and only GPUs whose MIG mode was off when it started or that it may switch (--mig-mode-switching, chart wholeGpus.switchMigMode); check `kubectl get resourceslices` for this node, then delete the pod so that its claim is allocated again";
 
 /// Whether `device` is a whole GPU's name, `gpu-<index>` (das_api::whole_gpu_device_name).
 pub fn is_whole_gpu_name(device: &str) -> bool {

@@ -1,4 +1,4 @@
-//! Unit tests of [`super`] (`plan/mps.rs`): which devices get MPS, with which limits, and what
+//! Unit tests of [`super`] (`layers/mps/plan.rs`): which devices get MPS, with which limits, and what
 //! is refused.
 
 use std::collections::BTreeMap;

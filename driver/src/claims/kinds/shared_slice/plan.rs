@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use das_api::capacities;
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 
-use super::Planned;
 use crate::claims::PrepareError;
 use crate::claims::checkpoint::{
     Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
 };
+use crate::claims::kinds::Planned;
 
 /// The share `r` gives its claim of shareable device `device`, whose `shares` capacity is `of`.
 ///
@@ -251,24 +251,6 @@ pub fn kept_by_other_shares(cp: &Checkpoint, uid: &str, d: &RecordedDevice) -> b
     d.share.is_some()
         && instance_holders(cp, uid, &d.gpu_uuid, &d.device)
             .any(|(_, r, _)| r.state != PrepareState::Releasing)
-}
-
-/// Whether `s` is recorded as the instance of a device some claim but `except` holds alone (not
-/// as a share): when a lost checkpoint is rebuilt, a share may match a slice that another share
-/// of it already recorded.
-pub fn recorded_unshared_elsewhere(
-    cp: &Checkpoint,
-    except: &str,
-    s: &crate::gpu::MigInstance,
-) -> bool {
-    cp.claims
-        .iter()
-        .filter(|(uid, _)| uid.as_str() != except)
-        .any(|(_, r)| {
-            r.devices
-                .iter()
-                .any(|d| d.share.is_none() && super::is_instance(d, s))
-        })
 }
 
 /// The claims of `holders`, for messages: `ns/name` each.

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::*;
-use crate::claims::plan::{DeviceKind, DeviceRef, placement_holders, record};
+use crate::claims::plan::{
+    DeviceKind, DeviceRef, placement_holders, record, recorded_unshared_elsewhere,
+};
 use crate::mps::MpsLimits;
 
 const DEVICE: &str = "gpu-0-mig-1g-10gb-2-shared";

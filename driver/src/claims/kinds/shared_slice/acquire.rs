@@ -1,0 +1,79 @@
+//! A share's prepare under its GPU's lock (docs/design.md §7, "Shared slices"): it creates the
+//! slice, or joins the one other shares hold, decided from the records ([`plan::on_share`]).
+
+use super::plan::{self, OnShare};
+use crate::claims::PrepareError;
+use crate::claims::checkpoint::{Checkpoint, InstanceId, RecordedDevice};
+use crate::claims::kinds::{Failed, GpuTxn, Planned, is_instance, record};
+use crate::gpu::MigInstance;
+
+/// The instance of planned share `p` (its claim's `i`th device) on GPU `tx.gpu`, whose lock
+/// the caller holds: created, or, for a share of a slice other shares hold, theirs (refused
+/// where those serve another namespace). A share that joins records the slice's instance in
+/// the same change of the checkpoint that decides it: a release of another share that decides
+/// between the two (after its record is marked `Releasing`) sees this share as a holder, so it
+/// never stops the daemon or destroys the slice this share just joined.
+///
+/// # Errors
+/// [`PrepareError::Share`]: the share can neither create nor join its slice (nothing was
+/// created); or what the create answered.
+pub(super) async fn create_or_join(
+    i: usize,
+    p: &Planned,
+    tx: &GpuTxn<'_>,
+) -> Result<MigInstance, Failed> {
+    let uid = tx.claim.uid.as_str();
+    let only = tx.node.share_scope(&tx.claim.namespace);
+    let (on, _) = tx.checkpoint.change(|cp| {
+        let on = plan::on_share(cp, uid, only, p);
+        if let OnShare::Join(id) = &on {
+            set_instance(cp, uid, i, Some(id.clone()));
+        }
+        on
+    });
+    tracing::debug!(claim = uid, device = %p.device, decision = ?on, "a share of a shared slice");
+    match on {
+        OnShare::Create => tx.create_instance(p).await,
+        OnShare::Refuse(e) => Err(e.into()),
+        OnShare::Join(id) => {
+            let joined = join_slice(tx, p, id).await;
+            if joined.is_err() {
+                tx.checkpoint.change(|cp| set_instance(cp, uid, i, None));
+            }
+            joined.map_err(Failed::from)
+        }
+    }
+}
+
+/// The live instance `id` other shares of `p`'s slice hold, on GPU `tx.gpu` (its lock held).
+///
+/// # Errors
+/// [`PrepareError::Share`]: the GPU does not answer, or the instance is gone.
+async fn join_slice(
+    tx: &GpuTxn<'_>,
+    p: &Planned,
+    id: InstanceId,
+) -> Result<MigInstance, PrepareError> {
+    let fail = |reason: String| PrepareError::Share {
+        device: p.device.clone(),
+        reason,
+    };
+    let live = tx
+        .instances()
+        .await
+        .map_err(|e| fail(format!("its slice's GPU does not answer: {e}")))?;
+    let held = RecordedDevice {
+        instance: Some(id),
+        ..record(p)
+    };
+    live.into_iter()
+        .find(|s| is_instance(&held, s) && !s.mig_uuid.is_empty())
+        .ok_or_else(|| fail("the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared".into()))
+}
+
+/// Sets (or clears) the instance of claim `uid`'s `i`th recorded device.
+fn set_instance(cp: &mut Checkpoint, uid: &str, i: usize, id: Option<InstanceId>) {
+    if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+        d.instance = id;
+    }
+}
