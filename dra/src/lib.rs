@@ -118,6 +118,9 @@ pub mod driver;
 pub mod handover;
 pub mod health;
 pub mod kubeletplugin;
+pub mod resourceslice;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use driver::{ClaimRef, Driver, PreparedDevice};
 pub use health::{DeviceHealthReport, HealthSource};
