@@ -42,8 +42,9 @@
 //!   or `nodeName` (the publisher sets them): once to [`Publisher::publish`], or as a
 //!   [`tokio::sync::watch`] channel to [`Publisher::run`];
 //! - optionally [`NodeEvents`] (the Events its notices become, and their notes: the default
-//!   notes are [`Notice::note`]), a [`GateGauge`], and which devices are shareable when it marks
-//!   them otherwise than by `allowMultipleAllocations` ([`Publisher::with_shareable`]).
+//!   notes are [`Notice::note`]; [`KubeNodeEvents`] posts them with a kube event recorder), a
+//!   [`GateGauge`], and which devices are shareable when it marks them otherwise than by
+//!   `allowMultipleAllocations` ([`Publisher::with_shareable`]).
 //!
 //! The API calls go through [`PublishApi`] ([`KubePublishApi`] over a kube client), so tests can
 //! drive the publisher with chosen answers (`testing::FakeSliceApi`, feature `testing`).
@@ -53,11 +54,13 @@
 //! Parts: [`plan`] (the pure write plan), [`gates`] (the pure publication guard and its
 //! notices), `publisher` (the I/O: [`Publisher`], its API, the run loop), `version`.
 
+mod events;
 pub mod gates;
 pub mod plan;
 mod publisher;
 mod version;
 
+pub use events::{KubeNodeEvents, MAX_NOTE_BYTES, POST_TIMEOUT};
 pub use gates::{Notice, Shareable, allows_multiple_allocations};
 pub use publisher::{
     KubePublishApi, PublishApi, PublishError, PublishStats, PublishTotals, Publisher, RunConfig,
