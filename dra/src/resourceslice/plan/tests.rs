@@ -94,6 +94,10 @@ fn names_sort_like_indices_and_parse_back() {
         None
     );
     assert_eq!(index_of("zzzzz-dev.example.com-n0", DRIVER, "n0", 5), None);
+    // Another driver's slice of the same node is never taken for one of ours.
+    let other = slice_name("other.example.com", "n0", 0, 5);
+    assert_eq!(other, "00000-other.example.com-n0");
+    assert_eq!(index_of(&other, DRIVER, "n0", 5), None);
 }
 
 #[test]
