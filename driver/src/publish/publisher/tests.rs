@@ -20,8 +20,8 @@ use kube::api::Preconditions;
 use tokio::time::Instant;
 
 use crate::events::{EventKind, EventTarget};
-use crate::publish::PublishApi;
 use crate::gpu::GpuInfo;
+use crate::publish::PublishApi;
 use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
 
 struct FakeApi {
