@@ -1,10 +1,11 @@
-//! `dra-plugin`: the kubelet side of a Kubernetes DRA (Dynamic Resource Allocation) driver, for
-//! any kind of device. The Rust counterpart of Go's
-//! `k8s.io/dynamic-resource-allocation/kubeletplugin`: plugin registration, the DRA `v1` and
-//! `v1beta1` gRPC services on one socket, the `v1alpha1` resource-health stream, and the
-//! handover between two instances of the plugin on one node during a rolling update. It knows
-//! nothing of any one driver's devices: the driver name, the socket directories, what a prepare
-//! does and where device health comes from are the caller's.
+//! `dra-plugin`: the node side of a Kubernetes DRA (Dynamic Resource Allocation) driver, for any
+//! kind of device. The Rust counterpart of Go's `k8s.io/dynamic-resource-allocation/kubeletplugin`
+//! and `resourceslice`: plugin registration, the DRA `v1` and `v1beta1` gRPC services on one
+//! socket, the `v1alpha1` resource-health stream, the handover between two instances of the
+//! plugin on one node during a rolling update, and the controller that keeps the node's
+//! ResourceSlices published. It knows nothing of any one driver's devices: the driver name, the
+//! socket directories, what a prepare does, where device health comes from and which devices
+//! are published are the caller's.
 //!
 //! # What a driver implements
 //!
@@ -18,6 +19,15 @@
 //! To run behind the handover gate ([`handover::Gated`]) the driver's error also converts from
 //! [`handover::GateError`] (the gate's answers: handed over, or a call that panicked).
 //!
+//! To publish, a driver gives the [`resourceslice::Pool`] (its name, the node) and its devices
+//! as the desired ResourceSlice specs, in priority order, without `driver`, `pool` or
+//! `nodeName`: once to [`resourceslice::Publisher::publish`], then as a `watch` channel to
+//! [`resourceslice::Publisher::run`] (or any input and a function of it to
+//! [`resourceslice::Publisher::run_with`]). Optionally it implements
+//! [`resourceslice::NodeEvents`] (where the publisher's notices about the API server's feature
+//! gates go, and in which words; [`resourceslice::KubeNodeEvents`] posts them with a kube event
+//! recorder) and [`resourceslice::GateGauge`] (a gauge per feature gate).
+//!
 //! # What the crate does
 //!
 //! - [`kubeletplugin`]: [`kubeletplugin::SocketPaths`] (the kubelet's naming conventions, per pod
@@ -27,10 +37,19 @@
 //! - [`handover`]: one active instance per node (a `flock` on `<state dir>/plugin.lock`), and
 //!   the bounded handover to a newer instance: [`handover::check_then_take_over`],
 //!   [`handover::Gate`], [`handover::Background`], [`handover::hand_over_when_asked`].
+//! - [`resourceslice`]: the node's pool on the API server ([`resourceslice::Publisher`]): slice
+//!   names, `resourceSliceCount` and generations as upstream keeps them, the writes and the
+//!   deletes of obsolete slices, republishing when someone else changes them, a resync and, since
+//!   an API server with a feature gate off silently drops that gate's fields, a guard that never
+//!   offers a device without them (shared counters probed with a dry run; the pool published
+//!   empty while they are dropped; shareable devices and binding conditions left out once
+//!   dropped; docs/design.md §4). Publish before serving, so the scheduler can place pods as soon
+//!   as the kubelet reaches the plugin.
+//! - `testing` (feature `testing`): a mocked API server and a fake ResourceSlice registry whose
+//!   gates can be off, for a driver's tests.
 //!
-//! Publishing the driver's ResourceSlices is the driver's own (publish them before serving, so
-//! the scheduler can place pods as soon as the kubelet reaches the plugin). Protocol facts, with
-//! their sources, are in docs/reference/dra.md, "Kubelet plugin protocol".
+//! Protocol facts, with their sources, are in docs/reference/dra.md, "Kubelet plugin protocol"
+//! and "ResourceSlice publishing".
 //!
 //! # Wiring
 //!
@@ -45,7 +64,10 @@
 //!
 //! use dra_plugin::handover::{self, Background, Ended, Gate, GateError, Gated, Limits};
 //! use dra_plugin::kubeletplugin::{self, SocketPaths};
+//! use dra_plugin::resourceslice::{KubeNodeEvents, Pool, Publisher, RunConfig};
 //! use dra_plugin::{ClaimRef, DeviceHealthReport, Driver, HealthSource, PreparedDevice};
+//! use k8s_openapi::api::resource::v1::{Device, ResourceSliceSpec};
+//! use tokio::sync::watch;
 //! use tokio_util::sync::CancellationToken;
 //!
 //! #[derive(Debug, thiserror::Error)]
@@ -86,8 +108,20 @@
 //! let check = || -> Result<(), std::io::Error> { Ok(()) };
 //! let ((), active) = handover::check_then_take_over(state_dir, handover::POLL, check).await?;
 //! // Active: load the records, reconcile, publish the ResourceSlices, then serve.
+//! let client = kube::Client::try_default().await?;
+//! let pool = Pool::new("dev.example.com", "node-a");
+//! let events = KubeNodeEvents::new(client.clone(), "example-kubelet-plugin", &pool.node);
+//! let mut publisher = Publisher::new(client, pool).with_events(Arc::new(events));
+//! let device = Device { name: "dev-0".into(), ..Default::default() };
+//! let desired = vec![ResourceSliceSpec { devices: Some(vec![device]), ..Default::default() }];
+//! publisher.publish(desired.clone()).await?;
+//! let (_slices, slices) = watch::channel(desired); // send the new specs when devices change
 //! let stop = CancellationToken::new();
-//! let background = Background::default(); // .spawn("publisher", token, task) for each task
+//! let mut background = Background::default();
+//! let publish_stop = stop.child_token();
+//! background.spawn("ResourceSlice publisher", publish_stop.clone(), async move {
+//!     publisher.run(slices, publish_stop, RunConfig::default()).await;
+//! });
 //! let devices = Arc::new(Devices);
 //! let gate = Arc::new(Gate::default());
 //! let driver = Arc::new(Gated { inner: devices.clone(), gate: gate.clone() });
@@ -118,6 +152,9 @@ pub mod driver;
 pub mod handover;
 pub mod health;
 pub mod kubeletplugin;
+pub mod resourceslice;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use driver::{ClaimRef, Driver, PreparedDevice};
 pub use health::{DeviceHealthReport, HealthSource};

@@ -14,7 +14,8 @@
 //! - [`publish`]: the desired ResourceSlices (devices, counter sets, layout), the placement
 //!   policy (the order devices are listed in), what the node's health changes in them (device
 //!   taints, withdrawn devices: `publish::desired`, pure) and the publisher that keeps them on
-//!   the API server. The one owner of what is published.
+//!   the API server (the generic DRA layer's, `dra_plugin::resourceslice`, for the
+//!   `mig.das.com` pool, with DAS's Node events and gauge). The one owner of what is published.
 //! - [`health`]: GPU health (XIDs, ECC errors, lost GPUs) and MIG instances no claim holds: a
 //!   pure state machine and the monitor task, which reports facts to the publisher, posts Node
 //!   events and serves the kubelet's health stream.

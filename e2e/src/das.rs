@@ -54,7 +54,7 @@ pub fn plugin_args(
         format!("--emulated-gpus={gpus}"),
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--metrics-address=127.0.0.1:{metrics_port}"),
-        "--log-level=info,das_driver=debug".into(),
+        "--log-level=info,das_driver=debug,dra_plugin=debug".into(),
     ];
     // A real runtime injects device nodes: give it the emulated GPUs' stand-ins.
     if let Some(files) = node.runtime_files() {

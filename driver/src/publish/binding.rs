@@ -7,9 +7,10 @@
 //! none: nothing is carved for them.
 
 use das_api::attributes as attr;
-use k8s_openapi::api::resource::v1::{Device, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::Device;
 
 use super::resource_slices::{DesiredResourceSlice, ServerVersion};
+pub use dra_plugin::resourceslice::gates::{strip_binding_conditions, without_binding_conditions};
 
 /// The binding condition of a MIG device: the plugin carved its slice
 /// ([`das_api::claim_status::CONDITION_SLICE_READY`], which the controller reads too).
@@ -17,23 +18,16 @@ pub const SLICE_READY: &str = das_api::claim_status::CONDITION_SLICE_READY;
 /// The binding failure condition of a MIG device: the plugin could not carve its slice.
 pub const SLICE_FAILED: &str = das_api::claim_status::CONDITION_SLICE_FAILED;
 
-/// Whether a server of `version` may be given devices with binding conditions: 1.36 and newer
-/// (`DRADeviceBindingConditions` beta and on). On 1.34–1.35 the gate is alpha and off: the API
+/// Whether a server of `version` may be given devices with binding conditions, so carve before
+/// bind can be on: 1.36 and newer (`DRADeviceBindingConditions` beta and on;
+/// [`ServerVersion::binding_conditions`]). On 1.34–1.35 the gate is alpha and off: the API
 /// server drops the fields, and a scheduler with the gate off treats such devices as
 /// unselectable.
 ///
 /// # Errors
 /// Why not, for the log.
 pub fn binding_supported(version: ServerVersion) -> Result<(), String> {
-    match (version.major, version.minor) {
-        (1, m) if m >= 36 => Ok(()),
-        (1, m @ (34 | 35)) => Err(format!(
-            "Kubernetes 1.{m} has binding conditions (DRADeviceBindingConditions) alpha and off: its scheduler would treat devices with binding conditions as unselectable; carve before bind needs 1.36 or newer"
-        )),
-        (major, minor) => Err(format!(
-            "Kubernetes {major}.{minor} is not supported for carve before bind; it needs 1.36 or newer"
-        )),
-    }
+    version.binding_conditions().map_err(|e| e.to_string())
 }
 
 /// `desired` with the binding conditions of carve before bind on every MIG device.
@@ -59,25 +53,6 @@ fn is_mig(d: &Device) -> bool {
         .and_then(|a| a.get(attr::TYPE))
         .and_then(|t| t.string.as_deref());
     matches!(kind, Some(attr::TYPE_MIG | attr::TYPE_MIG_SHARED))
-}
-
-/// A device `d` without binding conditions (what is published once the server was seen
-/// dropping them).
-pub fn without_binding_conditions(d: &mut Device) {
-    d.binding_conditions = None;
-    d.binding_failure_conditions = None;
-}
-
-/// `specs` without any binding conditions (the publisher's, once the server was seen dropping
-/// them).
-pub fn strip_binding_conditions(mut specs: Vec<ResourceSliceSpec>) -> Vec<ResourceSliceSpec> {
-    for d in specs
-        .iter_mut()
-        .flat_map(|s| s.devices.iter_mut().flatten())
-    {
-        without_binding_conditions(d);
-    }
-    specs
 }
 
 #[cfg(test)]

@@ -15,15 +15,14 @@
 //! - [`placement`]: the placement policy, i.e. the order devices are listed in (pure); its
 //!   allocator simulation and offline optimum for the packing benchmark are behind the
 //!   `testing` feature.
-//! - [`plan`]: the pure half of the publisher: ResourceSlice names, comparison keys, the
-//!   reconcile plan (what to create, update, delete) and pool generations.
-//! - [`gates`]: the API server's feature gates as seen in what it stores (pure): which gated
-//!   fields it dropped, and when the node's devices are withdrawn because shared counters are
-//!   dropped ("no silent overlap", docs/design.md §4).
-//! - [`publisher`]: [`Publisher`], which carries a plan out against the API server and keeps
-//!   the pool published (watch, resync, desired-state changes); in the plugin it runs
-//!   [`Publisher::run_with_facts`], applying [`desired::desired_slices`] to each report of the
-//!   health monitor.
+//! - [`publisher`]: [`Publisher`], DAS's ResourceSlice publisher: the generic one of the DRA
+//!   layer (`dra_plugin::resourceslice`: the pure write plan, the publication guard that keeps
+//!   the devices from being offered without the fields the API server drops, "no silent
+//!   overlap", docs/design.md §4, and the I/O that keeps the pool published) for the pool of
+//!   driver `mig.das.com` on the node, with DAS's Node events and their notes ([`notices`]), the
+//!   `das_kubelet_plugin_apiserver_feature_gate_off` gauge, and DAS's shareable devices; in the
+//!   plugin it runs [`Publisher::run_with_facts`], applying [`desired::desired_slices`] to each
+//!   report of the health monitor.
 //!
 //! Dependencies: `gpu` (the inventory), `events` (Node events about dropped feature gates) and
 //! `metrics`; nothing else of the crate, so `health` and `claims` may depend on it.
@@ -31,10 +30,12 @@
 pub mod binding;
 pub mod desired;
 pub(crate) mod devices;
-pub(crate) mod gates;
+pub(crate) mod notices;
 pub mod placement;
-pub(crate) mod plan;
 pub(crate) mod publisher;
 pub mod resource_slices;
 
-pub use publisher::{KubePublishApi, PublishApi, PublishError, PublishStats, Publisher, RunConfig};
+pub use dra_plugin::resourceslice::{
+    KubePublishApi, PublishApi, PublishError, PublishStats, PublishTotals, RunConfig,
+};
+pub use publisher::Publisher;

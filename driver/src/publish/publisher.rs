@@ -1,172 +1,114 @@
-//! The ResourceSlice publisher of the node plugin: keeps this node's pool of `mig.das.com`
-//! slices on the API server equal to the desired slices, the way the upstream Go controller
-//! does (kubernetes/dynamic-resource-allocation `resourceslice/resourceslicecontroller.go`;
-//! docs/reference/dra.md, "ResourceSlice publishing"; KEP-4815 for counter slices).
+//! [`Publisher`]: DAS's ResourceSlice publisher. The DRA layer's generic publisher
+//! ([`dra_plugin::resourceslice::Publisher`]: pools, generations, `resourceSliceCount`, the
+//! writes, the run loop with resyncs and probes, and the guard against dropped feature-gate
+//! fields, docs/design.md §4) for the pool of driver `mig.das.com` on one node, with what DAS
+//! adds:
 //!
-//! - Pool: one per node, named after the node; `spec.nodeName` = the node; every slice carries
-//!   `resourceSliceCount` = number of desired slices and the pool generation.
-//! - Names: `<index hex, ≥5 digits>-mig.das.com-<node>` ([`plan::slice_name`]): deterministic,
-//!   and sorted by name in the desired (priority) order, which the 1.36+ allocator follows.
-//! - Generation: kept when no slice is new and at most one changes, otherwise bumped and every
-//!   slice rewritten ([`plan::decide_generation`]).
-//! - Obsolete slices (other pool, lower generation, foreign name, index beyond the count) are
-//!   deleted first, with UID and resourceVersion preconditions.
-//! - Nothing is written when the stored slices already match ([`plan::spec_key`]).
-//! - Dropped fields: after each write the stored spec is compared with the sent one; a
-//!   difference (a disabled feature gate, a canonicalized value) is logged once and adopted as
-//!   the baseline ([`plan::Adopted`]), so the next publish does not update again.
-//! - No silent overlap ([`super::gates`]): before slices with shared counters are published
-//!   the first time (and again at most every 5 min), a dry-run create of one of them shows
-//!   whether the API server keeps the counters (`DRAPartitionableDevices`), and every write is
-//!   checked; while the server drops them the pool is published empty
-//!   (devices withdrawn), a Warning event `SharedCountersDropped` on the Node names the gate,
-//!   the gauge `das_kubelet_plugin_apiserver_feature_gate_off` is 1, and the probe is repeated
-//!   with backoff until the devices can be republished. Dropped device taints
-//!   (`DRADeviceTaints`) leave the devices published and post `DeviceTaintsDropped`. Dropped
-//!   consumable capacity (`DRAConsumableCapacity`: `allowMultipleAllocations`, capacity request
-//!   policies) withdraws the shareable devices at once and for the plugin's life, and posts
-//!   `ConsumableCapacityDropped`.
-//!   Dropped binding conditions (`DRADeviceBindingConditions`; carve before bind) republish the
-//!   devices without them at once and for the plugin's life, and post `BindingConditionsDropped`.
-//! - Owner: the Node (`controller: true`), so slices go with the Node.
-//! - An empty desired list publishes one empty slice: "empty pool" differs from "no pool".
+//! - Node events in DAS's words ([`super::notices`]), reported as `das-kubelet-plugin`;
+//! - the gauge `das_kubelet_plugin_apiserver_feature_gate_off{gate}` ([`Metrics`]);
+//! - DAS's shareable devices: `allowMultipleAllocations`, or attribute `type: mig-shared`
+//!   ([`shareable`]), left out while the API server drops consumable capacity;
+//! - [`Publisher::run_with_facts`]: the plugin's loop, publishing the inventory's slices with
+//!   the health monitor's facts ([`desired_slices`]).
 //!
-//! [`Publisher::run`] republishes when someone else changes or deletes our slices (the kubelet
-//! wipes a node's slices when it starts and 30 s after a plugin disconnects), when the desired
-//! slices change, on a periodic resync, and when the withdrawn devices' next probe is due.
-//!
-//! The API calls go through [`PublishApi`] ([`KubePublishApi`] in the plugin), so that unit tests
-//! can drive the publisher with chosen answers; its behaviour against a real API server is
-//! covered by `e2e/tests/plugin_publisher.rs`.
-//!
-//! Parts, one file each under `publisher/`: `api` (the calls), `outcome` (what a publish did or
-//! why it failed), `writes` (listing, planning and writing one publish), `run` (the loop that
-//! keeps the pool published, from desired specs or from [`super::desired::HealthFacts`]); this
-//! file holds the publisher, its loop over the attempts the guard plans ([`super::gates::Guard`]:
-//! probe or write, then observe what the server kept), and the completion of desired specs.
+//! Its behaviour against a real API server is covered by `e2e/tests/plugin_publisher.rs`.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::{Api, Client};
-use tokio::time::Instant;
-use tracing::{debug, info, warn};
-
-use super::gates::{self, Attempt, Guard, Notice, Observed, ProbeAnswer};
-use super::plan::{self, Baseline};
-use crate::events::{EventKind, EventTarget};
-use crate::metrics::Metrics;
 use das_api::DRIVER_NAME;
+use das_api::attributes as attr;
+use dra_plugin::resourceslice::{self as rs, GateGauge, Pool};
+use k8s_openapi::api::resource::v1::{Device, ResourceSliceSpec};
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
-mod api;
-mod outcome;
-mod run;
-mod writes;
+use super::desired::{HealthFacts, desired_slices};
+use super::notices::NodeNotices;
+use super::{PublishError, PublishStats, PublishTotals, RunConfig};
+use crate::events::{EventSink, KubeEvents};
+use crate::metrics::Metrics;
 
-pub use api::{KubePublishApi, PublishApi};
-pub use outcome::{PublishError, PublishStats, PublishTotals};
-pub use run::RunConfig;
-
-/// Publishes the ResourceSlices of one node's pool. See the module docs.
+/// Publishes the ResourceSlices of one node's `mig.das.com` pool (see the module docs); the
+/// calls of [`rs::Publisher`] under DAS's names.
 pub struct Publisher {
-    api: Arc<dyn PublishApi>,
-    /// Where the watch goes (see [`Publisher::with_watch_client`]); none: [`Publisher::run`]
-    /// republishes on changes of the desired slices, resyncs and probes only.
-    watch_api: Option<Api<ResourceSlice>>,
-    node: String,
-    /// UID given by the caller (never refreshed).
-    given_uid: Option<String>,
-    /// UID looked up from the Node (refreshed before creating slices).
-    looked_up_uid: Option<String>,
-    baseline: Baseline,
-    /// Summaries of dropped-field differences (and a failed counter probe) already logged at
-    /// warn level.
-    warned: HashSet<String>,
-    /// `name → resourceVersion` of our slices as the last publish left them; watch events that
-    /// match are our own writes.
-    known: BTreeMap<String, String>,
-    totals: PublishTotals,
-    /// What the API server was seen keeping of the gated fields: plans each publish's attempts.
-    guard: Guard,
-    /// Where the feature-gate gauge goes.
-    metrics: Option<Arc<Metrics>>,
+    inner: rs::Publisher,
 }
 
 impl Publisher {
-    /// A publisher for `node_name`'s pool. With `node_uid` `None` the Node's UID is looked up
-    /// at the first publish (and again before creating slices, in case the Node was
-    /// re-registered).
+    /// A publisher for `node_name`'s pool, its Node events posted through `client` as
+    /// `das-kubelet-plugin`. With `node_uid` `None` the Node's UID is looked up at the first
+    /// publish (and again before creating slices, in case the Node was re-registered).
     pub fn new(client: Client, node_name: impl Into<String>, node_uid: Option<String>) -> Self {
-        let node = node_name.into();
-        let api = Arc::new(KubePublishApi::new(client.clone(), &node));
-        let mut publisher = Self::with_api(api, node, node_uid);
-        publisher.watch_api = Some(Api::all(client));
-        publisher
+        let pool = pool(node_name.into(), node_uid);
+        let events = Arc::new(KubeEvents::new(client.clone(), &pool.node));
+        Self::of(rs::Publisher::new(client, pool), events)
     }
 
-    /// A publisher whose calls go to `api`, without a watch (for tests; see [`PublishApi`]).
-    pub fn with_api(
-        api: Arc<dyn PublishApi>,
+    /// A publisher whose calls go to `api` and whose Node events go to `events`, without a
+    /// watch (for tests).
+    #[cfg(test)]
+    pub(crate) fn with_api(
+        api: Arc<dyn rs::PublishApi>,
+        events: Arc<dyn EventSink>,
         node_name: impl Into<String>,
         node_uid: Option<String>,
     ) -> Self {
-        Self {
-            api,
-            watch_api: None,
-            node: node_name.into(),
-            given_uid: node_uid,
-            looked_up_uid: None,
-            baseline: Baseline::new(),
-            warned: HashSet::new(),
-            known: BTreeMap::new(),
-            totals: PublishTotals::default(),
-            guard: Guard::default(),
-            metrics: None,
-        }
+        let pool = pool(node_name.into(), node_uid);
+        Self::of(rs::Publisher::with_api(api, pool), events)
+    }
+
+    fn of(inner: rs::Publisher, events: Arc<dyn EventSink>) -> Self {
+        let inner = inner
+            .with_events(Arc::new(NodeNotices { sink: events }))
+            .with_shareable(shareable);
+        Self { inner }
     }
 
     /// Watches through `client` instead: one without a read timeout, since a quiet watch is not a
     /// hung call (the other calls keep the client given to [`Self::new`]).
-    pub fn with_watch_client(mut self, client: Client) -> Self {
-        self.watch_api = Some(Api::all(client));
-        self
+    pub fn with_watch_client(self, client: Client) -> Self {
+        Self {
+            inner: self.inner.with_watch_client(client),
+        }
     }
 
     /// Sets `das_kubelet_plugin_apiserver_feature_gate_off` in `metrics` after each publish.
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = Some(metrics);
-        self
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner: self.inner.with_gauge(metrics),
+        }
     }
 
     /// Probes again after `min` doubling to `max` while the API server drops shared counters
-    /// (defaults [`gates::MIN_PROBE_RETRY`], [`gates::MAX_PROBE_RETRY`]).
-    pub fn with_probe_retry(mut self, min: Duration, max: Duration) -> Self {
-        self.guard = Guard::new(min, max);
-        self
+    /// (defaults `dra_plugin::resourceslice::gates::{MIN_PROBE_RETRY, MAX_PROBE_RETRY}`: 10 s,
+    /// 5 min).
+    pub fn with_probe_retry(self, min: Duration, max: Duration) -> Self {
+        Self {
+            inner: self.inner.with_probe_retry(min, max),
+        }
     }
 
     /// Whether the node's devices are withdrawn because the API server drops shared counters.
     pub fn withdrawn(&self) -> bool {
-        self.guard.withdrawn()
+        self.inner.withdrawn()
     }
 
     /// The node (and pool) name.
     pub fn node_name(&self) -> &str {
-        &self.node
+        self.inner.node_name()
     }
 
     /// The field selector for this node's slices of our driver:
     /// `spec.driver=mig.das.com,spec.nodeName=<node>`.
     pub fn field_selector(&self) -> String {
-        format!("spec.driver={DRIVER_NAME},spec.nodeName={}", self.node)
+        self.inner.field_selector()
     }
 
     /// Counters since creation.
     pub fn totals(&self) -> &PublishTotals {
-        &self.totals
+        self.inner.totals()
     }
 
     /// Makes the server's slices of this node equal to `desired` (priority order: slice `i` is
@@ -176,211 +118,71 @@ impl Publisher {
         &mut self,
         desired: Vec<ResourceSliceSpec>,
     ) -> Result<PublishStats, PublishError> {
-        let result = self.publish_guarded(desired).await;
-        self.set_gate_metrics();
-        match &result {
-            Ok(stats) => {
-                self.totals.publishes += 1;
-                self.totals.created += stats.created as u64;
-                self.totals.updated += stats.updated as u64;
-                self.totals.deleted += stats.deleted as u64;
-            }
-            Err(_) => {
-                self.totals.failures += 1;
-                self.known.clear();
-            }
-        }
-        result
+        self.inner.publish(desired).await
     }
 
     /// Deletes every slice of our driver on this node (for uninstall). Returns how many.
     pub async fn unpublish(&mut self) -> Result<usize, PublishError> {
-        let existing = self.list().await?;
-        let mut deleted = 0;
-        for slice in &existing {
-            let name = slice.metadata.name.clone().unwrap_or_default();
-            let d = plan::Deletion {
-                name,
-                uid: slice.metadata.uid.clone(),
-                resource_version: slice.metadata.resource_version.clone(),
-                reason: plan::ObsoleteReason::Unpublished,
-            };
-            self.delete(&d).await?;
-            deleted += 1;
-        }
-        self.known.clear();
-        self.baseline.clear();
-        Ok(deleted)
+        self.inner.unpublish().await
     }
 
-    /// Publishes `desired` as the guard plans it: a loop of at most [`gates::MAX_ATTEMPTS`]
-    /// attempts, each a dry-run probe or a write, whose outcome the guard observes ([`Guard`]:
-    /// the pool without devices while the API server drops shared counters, no shareable
-    /// devices once it dropped consumable capacity, no binding conditions once it dropped them).
-    async fn publish_guarded(
-        &mut self,
-        desired: Vec<ResourceSliceSpec>,
-    ) -> Result<PublishStats, PublishError> {
-        let desired = complete_specs(&self.node, desired)?;
-        let mut stats: Option<PublishStats> = None;
-        for _ in 0..gates::MAX_ATTEMPTS {
-            let seen = match self.guard.plan(&desired, Instant::now()) {
-                Attempt::Probe(spec) => Observed::Probe(self.probe(spec).await),
-                Attempt::Write { specs, withdrawn } => {
-                    // A withdrawn pool (no specs) is one empty slice, complete as always.
-                    let specs = complete_specs(&self.node, specs)?;
-                    let (mut wrote, written) = self.publish_once(specs).await?;
-                    wrote.withdrawn = withdrawn;
-                    stats = Some(match stats {
-                        Some(before) => then(before, wrote),
-                        None => wrote,
-                    });
-                    Observed::Wrote(written)
-                }
-            };
-            let observation = self.guard.observe(seen, Instant::now());
-            for notice in observation.notices {
-                self.notify(notice).await;
-            }
-            if !observation.again {
-                break;
-            }
-        }
-        // Every publish writes: the guard follows a probe with a write.
-        Ok(stats.unwrap_or_default())
-    }
-
-    /// Dry-run creates `spec`, a desired slice that carries counters (under a generated name,
-    /// so it cannot collide with a stored slice), and compares what the server would store.
-    async fn probe(&mut self, spec: ResourceSliceSpec) -> ProbeAnswer {
-        let slice = ResourceSlice {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{DRIVER_NAME}-counter-probe-")),
-                ..Default::default()
-            },
-            spec: with_generation(&spec, 1),
-        };
-        match self.api.create(&slice, true).await {
-            Ok(stored) => {
-                let answer = ProbeAnswer::of(&slice.spec, &stored.spec);
-                if answer == ProbeAnswer::Kept {
-                    debug!(node = %self.node, "the API server keeps shared counters (dry run)");
-                }
-                answer
-            }
-            Err(e) => {
-                let withdrawn = self.guard.withdrawn();
-                if self.warned.insert("probe failed".into()) {
-                    warn!(
-                        node = %self.node, error = %e, withdrawn,
-                        "could not check with a dry run whether the API server keeps shared \
-                         counters: withdrawn devices stay withdrawn, other slices are written \
-                         and what the server stored is checked"
-                    );
-                } else {
-                    debug!(node = %self.node, error = %e, withdrawn, "counter probe failed again");
-                }
-                ProbeAnswer::Failed
-            }
+    /// Publishes `desired` now and whenever it changes, when someone else changes or deletes
+    /// this node's slices, and every `config.resync` ([`rs::Publisher::run`]). Returns the
+    /// publisher when `shutdown` is cancelled; the slices stay published.
+    pub async fn run(
+        self,
+        desired: watch::Receiver<Vec<ResourceSliceSpec>>,
+        shutdown: CancellationToken,
+        config: RunConfig,
+    ) -> Self {
+        Self {
+            inner: self.inner.run(desired, shutdown, config).await,
         }
     }
 
-    /// Logs a notice and posts it as a Node event.
-    async fn notify(&self, notice: Notice) {
-        let note = notice.note(&self.node);
-        let (node, gate, reason) = (&self.node, notice.gate(), notice.reason());
-        match notice {
-            Notice::CountersDropped { first: true, .. }
-            | Notice::TaintsDropped
-            | Notice::SharesDropped
-            | Notice::BindingConditionsDropped => {
-                warn!(%node, gate, reason, "{note}");
-            }
-            Notice::CountersDropped { first: false, .. } => {
-                debug!(%node, gate, reason, "shared counters still dropped; devices stay withdrawn");
-            }
-            Notice::CountersKept | Notice::TaintsKept => info!(%node, gate, reason, "{note}"),
-        }
-        let kind = if notice.is_warning() {
-            EventKind::Warning
-        } else {
-            EventKind::Normal
-        };
-        self.api.event(&EventTarget::Node, kind, reason, note).await;
-    }
-
-    fn set_gate_metrics(&self) {
-        if let Some(m) = &self.metrics {
-            for (gate, off) in self.guard.gates_off() {
-                m.set_feature_gate_off(gate, off);
-            }
+    /// [`Self::run`] publishing [`desired_slices`]`(&base, facts)` for the latest `facts`: the
+    /// plugin's loop, where `base` are the slices built from the inventory and the health
+    /// monitor reports the facts (taints, withdrawn devices). This is the one place those facts
+    /// become what is published.
+    pub async fn run_with_facts(
+        self,
+        base: Vec<ResourceSliceSpec>,
+        facts: watch::Receiver<HealthFacts>,
+        shutdown: CancellationToken,
+        config: RunConfig,
+    ) -> Self {
+        let desired = move |f: &HealthFacts| desired_slices(&base, f);
+        Self {
+            inner: self.inner.run_with(facts, desired, shutdown, config).await,
         }
     }
 }
 
-/// The desired specs completed for `node`: `driver` = `mig.das.com`, `pool` = `{node, 0,
-/// count}`, `nodeName` = node, empty `devices`/`sharedCounters` lists unset. An empty list
-/// becomes one empty slice. Fails on specs that select nodes themselves.
-pub fn complete_specs(
-    node: &str,
-    mut desired: Vec<ResourceSliceSpec>,
-) -> Result<Vec<ResourceSliceSpec>, PublishError> {
-    if desired.is_empty() {
-        desired.push(ResourceSliceSpec::default());
-    }
-    let count = desired.len() as i64;
-    for (index, spec) in desired.iter_mut().enumerate() {
-        let field = if spec.node_selector.is_some() {
-            Some("nodeSelector")
-        } else if spec.all_nodes == Some(true) {
-            Some("allNodes")
-        } else if spec.per_device_node_selection == Some(true) {
-            Some("perDeviceNodeSelection")
-        } else {
-            None
-        };
-        if let Some(field) = field {
-            return Err(PublishError::NotNodeLocal {
-                index,
-                pool: node.to_string(),
-                field,
-            });
-        }
-        spec.all_nodes = None;
-        spec.per_device_node_selection = None;
-        // The server rejects `devices: []` next to `sharedCounters` ("only one of
-        // `sharedCounters` or `devices` is allowed", 1.36) and omits empty lists anyway.
-        spec.devices = spec.devices.take().filter(|d| !d.is_empty());
-        spec.shared_counters = spec.shared_counters.take().filter(|c| !c.is_empty());
-        spec.driver = DRIVER_NAME.to_string();
-        spec.node_name = Some(node.to_string());
-        spec.pool = ResourcePool {
-            name: node.to_string(),
-            generation: 0,
-            resource_slice_count: count,
-        };
-    }
-    Ok(desired)
-}
-
-/// The stats of a publish written in two steps: `first`'s writes added to `second`'s.
-fn then(first: PublishStats, second: PublishStats) -> PublishStats {
-    PublishStats {
-        created: first.created + second.created,
-        updated: first.updated + second.updated,
-        deleted: first.deleted + second.deleted,
-        dropped_fields: first.dropped_fields + second.dropped_fields,
-        ..second
+/// DAS's pool on `node`: driver `mig.das.com`.
+fn pool(node: String, node_uid: Option<String>) -> Pool {
+    Pool {
+        node_uid,
+        ..Pool::new(DRIVER_NAME, node)
     }
 }
 
-fn with_generation(spec: &ResourceSliceSpec, generation: i64) -> ResourceSliceSpec {
-    let mut spec = spec.clone();
-    spec.pool.generation = generation;
-    spec
+/// Whether `d` is one of DAS's shareable devices (docs/design.md §7, "Shared slices"):
+/// `allowMultipleAllocations: true`, or attribute `type: mig-shared` (which a device keeps even
+/// where the flag was lost).
+pub(crate) fn shareable(d: &Device) -> bool {
+    rs::allows_multiple_allocations(d)
+        || d.attributes
+            .as_ref()
+            .and_then(|a| a.get(attr::TYPE))
+            .and_then(|t| t.string.as_deref())
+            == Some(attr::TYPE_MIG_SHARED)
 }
 
-#[cfg(test)]
-mod api_tests;
+impl GateGauge for Metrics {
+    fn set_gate_off(&self, gate: &'static str, off: bool) {
+        self.set_feature_gate_off(gate, off);
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -35,7 +35,8 @@ use crate::gpu::GpuInfo;
 use crate::publish::placement::{GpuView, Listed, publish_order, with_whole_gpus};
 pub use device::{SharePolicy, shared_device};
 use device::{counter_set, device, whole_gpu_device};
-pub use shares::{ServerVersion, SharedProfiles, shares_supported};
+pub use dra_plugin::resourceslice::ServerVersion;
+pub use shares::{SharedProfiles, shares_supported};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
 pub const MAX_DEVICES_PER_SLICE: usize = 64;

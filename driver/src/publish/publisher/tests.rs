@@ -1,213 +1,64 @@
-//! Unit tests of [`super`] (`publisher.rs`).
+//! Unit tests of [`super`] (`publisher.rs`): DAS's publisher against a fake API server's
+//! answers (no silent overlap): DAS's slices, Node events in DAS's words, the
+//! `das_kubelet_plugin_apiserver_feature_gate_off` gauge, DAS's shareable devices. The generic
+//! publisher's own tests are dra-plugin's (`resourceslice/publisher/tests.rs`).
 
 use super::*;
 
-#[test]
-fn complete_specs_sets_pool_driver_and_node() {
-    let specs = complete_specs(
-        "n0",
-        vec![
-            ResourceSliceSpec::default(),
-            ResourceSliceSpec {
-                driver: "other".into(),
-                node_name: Some("elsewhere".into()),
-                ..Default::default()
-            },
-        ],
-    )
-    .unwrap();
-    for s in &specs {
-        assert_eq!(s.driver, DRIVER_NAME);
-        assert_eq!(s.node_name.as_deref(), Some("n0"));
-        assert_eq!(
-            (
-                s.pool.name.as_str(),
-                s.pool.generation,
-                s.pool.resource_slice_count
-            ),
-            ("n0", 0, 2)
-        );
-    }
-}
-
-#[test]
-fn empty_lists_are_unset() {
-    let spec = ResourceSliceSpec {
-        devices: Some(vec![]),
-        shared_counters: Some(vec![]),
-        ..Default::default()
-    };
-    let specs = complete_specs("n0", vec![spec]).unwrap();
-    assert!(specs[0].devices.is_none() && specs[0].shared_counters.is_none());
-}
-
-#[test]
-fn an_empty_pool_is_one_empty_slice() {
-    let specs = complete_specs("n0", vec![]).unwrap();
-    assert_eq!(specs.len(), 1);
-    assert_eq!(specs[0].pool.resource_slice_count, 1);
-    assert!(specs[0].devices.is_none() && specs[0].shared_counters.is_none());
-}
-
-#[test]
-fn node_selecting_specs_are_refused_with_their_index() {
-    let specs = vec![
-        ResourceSliceSpec::default(),
-        ResourceSliceSpec {
-            per_device_node_selection: Some(true),
-            ..Default::default()
-        },
-    ];
-    let err = complete_specs("n0", specs).unwrap_err();
-    assert!(matches!(
-        err,
-        PublishError::NotNodeLocal {
-            index: 1,
-            field: "perDeviceNodeSelection",
-            ..
-        }
-    ));
-    assert!(err.to_string().contains("#1 of pool n0"), "{err}");
-}
-
-// ---- The publisher against a fake API server's answers (no silent overlap) ----
-//
-// `FakeApi` answers like kube-apiserver's ResourceSlice registry: a create, dry run or not,
-// drops the fields of a gate that is off; an update keeps them only when the stored slice
-// already used them (kubernetes `pkg/registry/resource/resourceslice/strategy.go`,
-// `dropDisabledFields`). The real server is exercised by e2e/tests/plugin_publisher.rs.
+// `FakeApi` answers like kube-apiserver's ResourceSlice registry (dra-plugin's `FakeSliceApi`):
+// a create, dry run or not, drops the fields of a gate that is off; an update keeps them only
+// when the stored slice already used them (kubernetes
+// `pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`); and it records the
+// Node events. The real server is exercised by e2e/tests/plugin_publisher.rs.
 
 use std::sync::Mutex;
 
+use dra_plugin::testing::{FakeSliceApi, FakeState, uses_counters};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{Device, DeviceTaint};
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::Preconditions;
-use kube::core::Status;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+use tokio::time::Instant;
 
-use crate::events::EventSink;
+use crate::events::{EventKind, EventTarget};
 use crate::gpu::GpuInfo;
+use crate::publish::PublishApi;
 use crate::publish::resource_slices::{ResourceSliceLayout, desired_resource_slices};
 
-#[derive(Default)]
-struct FakeState {
-    slices: BTreeMap<String, ResourceSlice>,
-    next_rv: u64,
-    /// `DRAPartitionableDevices` on.
-    counters_gate: bool,
-    /// `DRADeviceTaints` on.
-    taints_gate: bool,
-    /// `DRAConsumableCapacity` on.
-    shares_gate: bool,
-    /// `DRADeviceBindingConditions` on.
-    binding_gate: bool,
-    /// Dry runs fail (an admission webhook without dry-run support).
-    refuse_dry_run: bool,
-    /// Dry-run creates answered, with when.
-    dry_runs: Vec<Instant>,
-    /// Devices of every slice a real (not dry-run) create or update sent.
-    devices_written: Vec<usize>,
-    /// Every slice the server stored, as stored (to check nothing was offered without counters).
-    stored_history: Vec<ResourceSliceSpec>,
+struct FakeApi {
+    slices: FakeSliceApi,
     /// Node events: (warning, reason, note).
-    events: Vec<(bool, String, String)>,
+    events: Mutex<Vec<(bool, String, String)>>,
 }
-
-struct FakeApi(Mutex<FakeState>);
 
 impl FakeApi {
     fn new(counters_gate: bool, taints_gate: bool) -> Arc<Self> {
-        Arc::new(Self(Mutex::new(FakeState {
-            counters_gate,
-            taints_gate,
-            ..Default::default()
-        })))
+        Arc::new(Self {
+            slices: FakeSliceApi::new(counters_gate, taints_gate),
+            events: Mutex::default(),
+        })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, FakeState> {
-        self.0.lock().unwrap()
+        self.slices.state()
     }
 
     fn stored(&self) -> Vec<ResourceSlice> {
-        self.state().slices.values().cloned().collect()
+        self.slices.stored()
     }
 
     fn events(&self) -> Vec<(bool, String, String)> {
-        self.state().events.clone()
+        self.events.lock().unwrap().clone()
     }
-}
-
-fn api_error(code: u16, reason: &str, message: &str) -> kube::Error {
-    kube::Error::Api(Status::failure(message, reason).with_code(code).boxed())
-}
-
-fn uses_counters(spec: &ResourceSliceSpec) -> bool {
-    spec.shared_counters.is_some()
-        || spec
-            .devices
-            .iter()
-            .flatten()
-            .any(|d| d.consumes_counters.is_some())
-}
-
-fn uses_taints(spec: &ResourceSliceSpec) -> bool {
-    spec.devices.iter().flatten().any(|d| d.taints.is_some())
-}
-
-fn uses_shares(spec: &ResourceSliceSpec) -> bool {
-    spec.devices
-        .iter()
-        .flatten()
-        .any(|d| d.allow_multiple_allocations.is_some())
-}
-
-/// `dropDisabledFields(new, old)` for the gates DAS acts on.
-fn drop_disabled(state: &FakeState, new: &mut ResourceSliceSpec, old: Option<&ResourceSliceSpec>) {
-    if !state.counters_gate && !old.is_some_and(uses_counters) {
-        new.shared_counters = None;
-        for d in new.devices.iter_mut().flatten() {
-            d.consumes_counters = None;
-        }
-    }
-    if !state.taints_gate && !old.is_some_and(uses_taints) {
-        for d in new.devices.iter_mut().flatten() {
-            d.taints = None;
-        }
-    }
-    if !state.shares_gate && !old.is_some_and(uses_shares) {
-        for d in new.devices.iter_mut().flatten() {
-            d.allow_multiple_allocations = None;
-            for c in d.capacity.iter_mut().flat_map(|c| c.values_mut()) {
-                c.request_policy = None;
-            }
-        }
-    }
-    if !state.binding_gate && !old.is_some_and(uses_binding) {
-        new.devices
-            .iter_mut()
-            .flatten()
-            .for_each(crate::publish::binding::without_binding_conditions);
-    }
-}
-
-fn uses_binding(spec: &ResourceSliceSpec) -> bool {
-    let bound =
-        |d: &Device| d.binding_conditions.is_some() || d.binding_failure_conditions.is_some();
-    spec.devices.iter().flatten().any(bound)
 }
 
 #[tonic::async_trait]
 impl PublishApi for FakeApi {
-    async fn list(&self, _field_selector: &str) -> Result<Vec<ResourceSlice>, kube::Error> {
-        Ok(self.stored())
+    async fn list(&self, field_selector: &str) -> Result<Vec<ResourceSlice>, kube::Error> {
+        self.slices.list(field_selector).await
     }
 
     async fn node(&self, name: &str) -> Result<Node, kube::Error> {
-        Ok(serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": "node-uid"}
-        }))
-        .unwrap())
+        self.slices.node(name).await
     }
 
     async fn create(
@@ -215,69 +66,15 @@ impl PublishApi for FakeApi {
         slice: &ResourceSlice,
         dry_run: bool,
     ) -> Result<ResourceSlice, kube::Error> {
-        let mut s = self.state();
-        if dry_run {
-            if s.refuse_dry_run {
-                return Err(api_error(
-                    400,
-                    "BadRequest",
-                    "webhook does not support dry run",
-                ));
-            }
-            s.dry_runs.push(Instant::now());
-        }
-        let mut slice = slice.clone();
-        if slice.metadata.name.is_none() {
-            let prefix = slice.metadata.generate_name.clone().unwrap_or_default();
-            slice.metadata.name = Some(format!("{prefix}x7k2p"));
-        }
-        let name = slice.metadata.name.clone().unwrap();
-        if s.slices.contains_key(&name) {
-            return Err(api_error(409, "AlreadyExists", "already exists"));
-        }
-        drop_disabled(&s, &mut slice.spec, None);
-        s.next_rv += 1;
-        slice.metadata.resource_version = Some(s.next_rv.to_string());
-        slice.metadata.uid = Some(format!("uid-{name}"));
-        if !dry_run {
-            s.devices_written
-                .push(slice.spec.devices.as_ref().map_or(0, Vec::len));
-            s.stored_history.push(slice.spec.clone());
-            s.slices.insert(name, slice.clone());
-        }
-        Ok(slice)
+        self.slices.create(slice, dry_run).await
     }
 
     async fn replace(&self, slice: &ResourceSlice) -> Result<ResourceSlice, kube::Error> {
-        let mut s = self.state();
-        let name = slice.metadata.name.clone().unwrap_or_default();
-        let Some(old) = s.slices.get(&name).cloned() else {
-            return Err(api_error(404, "NotFound", "not found"));
-        };
-        if slice.metadata.resource_version != old.metadata.resource_version {
-            return Err(api_error(409, "Conflict", "the object has been modified"));
-        }
-        let mut slice = slice.clone();
-        drop_disabled(&s, &mut slice.spec, Some(&old.spec));
-        s.next_rv += 1;
-        slice.metadata.resource_version = Some(s.next_rv.to_string());
-        s.devices_written
-            .push(slice.spec.devices.as_ref().map_or(0, Vec::len));
-        s.stored_history.push(slice.spec.clone());
-        s.slices.insert(name, slice.clone());
-        Ok(slice)
+        self.slices.replace(slice).await
     }
 
     async fn delete(&self, name: &str, preconditions: Preconditions) -> Result<(), kube::Error> {
-        let mut s = self.state();
-        let Some(old) = s.slices.get(name) else {
-            return Err(api_error(404, "NotFound", "not found"));
-        };
-        if preconditions.uid.is_some() && preconditions.uid != old.metadata.uid {
-            return Err(api_error(409, "Conflict", "uid precondition"));
-        }
-        s.slices.remove(name);
-        Ok(())
+        self.slices.delete(name, preconditions).await
     }
 }
 
@@ -289,8 +86,9 @@ impl EventSink for FakeApi {
             &EventTarget::Node,
             "the publisher posts about the Node only"
         );
-        self.state()
-            .events
+        self.events
+            .lock()
+            .unwrap()
             .push((kind == EventKind::Warning, reason.to_string(), note));
     }
 }
@@ -325,7 +123,7 @@ const LAYOUTS: [ResourceSliceLayout; 2] = [
 ];
 
 fn publisher(api: &Arc<FakeApi>, metrics: &Arc<Metrics>) -> Publisher {
-    Publisher::with_api(api.clone(), "n0", None)
+    Publisher::with_api(api.clone(), api.clone(), "n0", None)
         .with_metrics(metrics.clone())
         .with_probe_retry(Duration::from_secs(10), Duration::from_secs(40))
 }
@@ -575,7 +373,8 @@ async fn the_run_loop_probes_with_backoff_and_republishes_when_the_gate_is_turne
 async fn an_api_server_restarted_with_the_gate_off_is_found_at_the_next_recheck() {
     let api = FakeApi::new(true, true);
     let metrics = Arc::new(Metrics::new());
-    let mut p = Publisher::with_api(api.clone(), "n0", None).with_metrics(metrics.clone());
+    let mut p =
+        Publisher::with_api(api.clone(), api.clone(), "n0", None).with_metrics(metrics.clone());
     let want = desired(ResourceSliceLayout::SeparateCounterSlices, false);
     p.publish(want.clone()).await.unwrap();
     // Restarted with the gate off: the stored slices keep their counters (updates keep fields
@@ -596,5 +395,7 @@ async fn an_api_server_restarted_with_the_gate_off_is_found_at_the_next_recheck(
     );
 }
 
+mod api;
 mod binding;
+mod shareable;
 mod shares;

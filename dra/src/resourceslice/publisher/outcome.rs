@@ -26,7 +26,7 @@ pub enum PublishError {
         /// API error.
         source: kube::Error,
     },
-    /// A desired slice selects nodes itself; this publisher manages node-local slices only.
+    /// A desired slice selects nodes itself; the publisher manages node-local slices only.
     #[error(
         "desired slice #{index} of pool {pool} sets spec.{field}: only node-local slices \
          (spec.nodeName = the node) are published, because the publisher lists them by \
@@ -88,10 +88,11 @@ pub struct PublishStats {
     /// Desired slices already up to date (no write).
     pub unchanged: usize,
     /// Written slices the server stored differently from what was sent (see
-    /// [`crate::publish::plan::Adopted`]).
+    /// [`crate::resourceslice::plan::Adopted`]).
     pub dropped_fields: usize,
     /// The node's devices are withdrawn: the API server drops shared counters
-    /// (`DRAPartitionableDevices` off), so the pool was published empty ([`crate::publish::gates`]).
+    /// (`DRAPartitionableDevices` off), so the pool was published empty
+    /// ([`crate::resourceslice::gates`]).
     pub withdrawn: bool,
     /// Pool generation after the publish.
     pub generation: i64,

@@ -4,9 +4,13 @@
 use super::*;
 use serde_json::{Value, json};
 
+fn pool() -> Pool {
+    Pool::new("dev.example.com", "n0")
+}
+
 /// A 1.35 counter-only slice key.
 fn counter_slice() -> Value {
-    json!({"driver": "mig.das.com", "nodeName": "n0",
+    json!({"driver": "dev.example.com", "nodeName": "n0",
            "pool": {"name": "n0", "generation": 0, "resourceSliceCount": 2},
            "sharedCounters": [{"name": "gpu-0", "counters": {"memory-slice-0": {"value": "1"}}}]})
 }
@@ -19,9 +23,9 @@ fn device_slice(counters: bool, tainted: bool) -> Value {
             "counters": {"memory-slice-0": {"value": "1"}}}]);
     }
     if tainted {
-        device["taints"] = json!([{"key": "mig.das.com/unhealthy", "effect": "NoSchedule"}]);
+        device["taints"] = json!([{"key": "dev.example.com/unhealthy", "effect": "NoSchedule"}]);
     }
-    json!({"driver": "mig.das.com", "nodeName": "n0",
+    json!({"driver": "dev.example.com", "nodeName": "n0",
            "pool": {"name": "n0", "generation": 0, "resourceSliceCount": 2},
            "devices": [device]})
 }
@@ -188,7 +192,7 @@ fn dropped_counters_withdraw_the_devices_warn_and_probe_again_with_backoff() {
     assert!(notice.is_warning());
     assert_eq!(notice.gate(), "DRAPartitionableDevices");
     assert_eq!(notice.reason(), "SharedCountersDropped");
-    let note = notice.note("n0");
+    let note = notice.note(&pool());
     for want in [
         "DRAPartitionableDevices",
         "kube-apiserver and kube-scheduler",
@@ -340,7 +344,7 @@ fn dropped_taints_keep_the_devices_and_warn_once_per_change() {
         (notice.gate(), notice.reason()),
         ("DRADeviceTaints", "DeviceTaintsDropped")
     );
-    let note = notice.note("n0");
+    let note = notice.note(&pool());
     assert!(
         note.contains("DRADeviceTaints") && note.contains("kube-apiserver"),
         "{note}"
@@ -361,7 +365,7 @@ fn dropped_taints_keep_the_devices_and_warn_once_per_change() {
 /// A device slice key with the shareable device `gpu-0-1g-0-shared` (`allowMultipleAllocations`,
 /// capacities with request policies) beside an exclusive one.
 fn shared_slice() -> Value {
-    json!({"driver": "mig.das.com", "nodeName": "n0",
+    json!({"driver": "dev.example.com", "nodeName": "n0",
            "pool": {"name": "n0", "generation": 0, "resourceSliceCount": 2},
            "devices": [
                {"name": "gpu-0-1g-0", "attributes": {"type": {"string": "mig"}},
@@ -422,7 +426,7 @@ fn dropped_consumable_capacity_withdraws_the_shareable_devices_and_warns_once() 
         (notice.gate(), notice.reason()),
         ("DRAConsumableCapacity", "ConsumableCapacityDropped")
     );
-    let note = notice.note("n0");
+    let note = notice.note(&pool());
     for want in [
         "DRAConsumableCapacity",
         "allowMultipleAllocations",
@@ -446,8 +450,8 @@ fn dropped_consumable_capacity_withdraws_the_shareable_devices_and_warns_once() 
 #[test]
 fn dropped_binding_conditions_are_seen() {
     let sent = json!({"devices": [
-        {"name": "gpu-0-mig-1g-5gb-0", "bindingConditions": ["mig.das.com/SliceReady"],
-         "bindingFailureConditions": ["mig.das.com/SliceFailed"]},
+        {"name": "gpu-0-mig-1g-5gb-0", "bindingConditions": ["dev.example.com/SliceReady"],
+         "bindingFailureConditions": ["dev.example.com/SliceFailed"]},
         {"name": "gpu-1"}
     ]});
     assert!(carries_binding_conditions(&sent));
@@ -469,7 +473,7 @@ fn dropped_binding_conditions_are_seen() {
     let notice = guard.binding_written(true).unwrap();
     assert_eq!(notice, Notice::BindingConditionsDropped);
     assert!(notice.is_warning() && notice.gate() == "DRADeviceBindingConditions");
-    assert!(notice.note("n0").contains("restart the node plugin"));
+    assert!(notice.note(&pool()).contains("restart the node plugin"));
     assert!(guard.binding_dropped());
     assert_eq!(guard.binding_written(true), None, "told once");
 }

@@ -1,5 +1,6 @@
-//! [`Publisher::run`]: the loop that keeps the pool published, from desired specs or, in the
-//! plugin, from the health monitor's [`HealthFacts`] turned into specs by [`desired_slices`].
+//! [`Publisher::run`]: the loop that keeps the pool published, from desired specs or, with
+//! [`Publisher::run_with`], from whatever the driver turns into specs (its health
+//! monitor's facts, say).
 
 use std::time::Duration;
 
@@ -14,14 +15,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::{PublishStats, Publisher};
-use crate::publish::desired::{HealthFacts, desired_slices};
 
 /// Timers of [`Publisher::run`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RunConfig {
-    /// Delay between a foreign change of our slices and the republish; changes in that window
-    /// are coalesced (upstream waits 30 s; DAS republishes sooner because a missing slice makes
-    /// the whole pool unallocatable).
+    /// Delay between a foreign change of the pool's slices and the republish; changes in that
+    /// window are coalesced (upstream waits 30 s; this publisher republishes sooner because a
+    /// missing slice makes the whole pool unallocatable).
     pub debounce: Duration,
     /// Republish at least this often, even without events.
     pub resync: Duration,
@@ -86,26 +86,14 @@ impl Publisher {
         shutdown: CancellationToken,
         config: RunConfig,
     ) -> Self {
-        self.run_on(desired, Vec::clone, shutdown, config).await
+        self.run_with(desired, Vec::clone, shutdown, config).await
     }
 
-    /// [`Self::run`] publishing [`desired_slices`]`(&base, facts)` for the latest `facts`: the
-    /// plugin's loop, where `base` are the slices built from the inventory and the health
-    /// monitor reports the facts (taints, withdrawn devices). This is the one place those facts
-    /// become what is published.
-    pub async fn run_with_facts(
-        self,
-        base: Vec<ResourceSliceSpec>,
-        facts: watch::Receiver<HealthFacts>,
-        shutdown: CancellationToken,
-        config: RunConfig,
-    ) -> Self {
-        let desired = move |f: &HealthFacts| desired_slices(&base, f);
-        self.run_on(facts, desired, shutdown, config).await
-    }
-
-    /// The loop of [`Self::run`], publishing `desired(input)` for the latest `input`.
-    async fn run_on<T: Send + Sync>(
+    /// [`Self::run`] publishing `desired(input)` for the latest `input`: for a driver whose
+    /// desired slices follow from something else (the slices built from its inventory, with
+    /// the taints its health monitor reports, say). `desired` is called
+    /// once per publish, with the channel's value borrowed.
+    pub async fn run_with<T: Send + Sync>(
         mut self,
         mut input: watch::Receiver<T>,
         desired: impl Fn(&T) -> Vec<ResourceSliceSpec> + Send,
@@ -123,7 +111,7 @@ impl Publisher {
                     let specs = desired(&input.borrow_and_update());
                     next = match self.publish(specs).await {
                         Ok(stats) => {
-                            log_publish(&self.node, &stats);
+                            log_publish(&self.pool.node, &stats);
                             backoff = config.min_backoff;
                             let resync = Instant::now() + config.resync;
                             // While the devices are withdrawn, the next probe may come sooner.

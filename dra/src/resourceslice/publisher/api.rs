@@ -1,18 +1,16 @@
 //! [`PublishApi`]: the API-server calls of the publisher, and [`KubePublishApi`], the kube
-//! client behind them in the plugin.
+//! client behind them.
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{DeleteParams, ListParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
-use crate::events::{EventKind, EventSink, EventTarget, KubeEvents};
-
-/// The API-server calls of [`super::Publisher`], behind a trait so unit tests can answer them (the
-/// way `claims::api::ClaimApi` is for the request path), and the Node events it posts
-/// ([`EventSink`], about [`EventTarget::Node`]). Errors are the client's.
+/// The API-server calls of [`super::Publisher`], behind a trait so unit tests can answer them
+/// (`testing::FakeSliceApi` answers like kube-apiserver's ResourceSlice registry). Errors are
+/// the client's.
 #[tonic::async_trait]
-pub trait PublishApi: EventSink {
+pub trait PublishApi: Send + Sync + 'static {
     /// The ResourceSlices matching `field_selector`.
     async fn list(&self, field_selector: &str) -> Result<Vec<ResourceSlice>, kube::Error>;
     /// The Node `name`.
@@ -34,17 +32,14 @@ pub trait PublishApi: EventSink {
 pub struct KubePublishApi {
     slices: Api<ResourceSlice>,
     nodes: Api<Node>,
-    events: KubeEvents,
 }
 
 impl KubePublishApi {
-    /// Calls through `client` (built with connect and read timeouts); events are reported as
-    /// `das-kubelet-plugin` on `node`.
-    pub fn new(client: Client, node: &str) -> Self {
+    /// Calls through `client` (built with connect and read timeouts).
+    pub fn new(client: Client) -> Self {
         Self {
             slices: Api::all(client.clone()),
-            nodes: Api::all(client.clone()),
-            events: KubeEvents::new(client, node),
+            nodes: Api::all(client),
         }
     }
 }
@@ -85,12 +80,5 @@ impl PublishApi for KubePublishApi {
             ..Default::default()
         };
         self.slices.delete(name, &dp).await.map(drop)
-    }
-}
-
-#[tonic::async_trait]
-impl EventSink for KubePublishApi {
-    async fn event(&self, about: &EventTarget, kind: EventKind, reason: &str, note: String) {
-        self.events.event(about, kind, reason, note).await;
     }
 }

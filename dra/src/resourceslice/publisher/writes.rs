@@ -1,5 +1,5 @@
-//! One publish's I/O: list the node's slices, plan against them ([`crate::publish::plan`]), and
-//! carry the plan out (deletes, updates, creates), checking what the server stored.
+//! One publish's I/O: list the node's slices, plan against them ([`crate::resourceslice::plan`]),
+//! and carry the plan out (deletes, updates, creates), checking what the server stored.
 
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -7,8 +7,8 @@ use kube::api::Preconditions;
 use tracing::{debug, info, warn};
 
 use super::{PublishError, PublishStats, Publisher, with_generation};
-use crate::publish::gates::Written;
-use crate::publish::plan::{self, Adopted, Plan, PlanInput};
+use crate::resourceslice::gates::Written;
+use crate::resourceslice::plan::{self, Adopted, Plan, PlanInput};
 
 impl Publisher {
     /// Makes the server's slices equal to `desired` (completed specs).
@@ -22,10 +22,10 @@ impl Publisher {
         let mut plan = self.plan(&uid, &desired, &existing);
         // Creating with a stale UID would let the garbage collector delete the new slices
         // (the Node was re-registered): check the cached UID before creating.
-        if !plan.create.is_empty() && self.given_uid.is_none() && cached {
+        if !plan.create.is_empty() && self.pool.node_uid.is_none() && cached {
             let fresh = self.node_uid(true).await?;
             if fresh != uid {
-                info!(node = %self.node, old = %uid, new = %fresh, "Node UID changed; re-planning");
+                info!(node = %self.pool.node, old = %uid, new = %fresh, "Node UID changed; re-planning");
                 uid = fresh;
                 plan = self.plan(&uid, &desired, &existing);
             }
@@ -45,7 +45,8 @@ impl Publisher {
     fn plan(&self, uid: &str, desired: &[ResourceSliceSpec], existing: &[ResourceSlice]) -> Plan {
         plan::plan(
             PlanInput {
-                node: &self.node,
+                driver: &self.pool.driver,
+                node: &self.pool.node,
                 node_uid: uid,
                 desired,
                 baseline: &self.baseline,
@@ -63,25 +64,25 @@ impl Publisher {
     }
 
     async fn node_uid(&mut self, refresh: bool) -> Result<String, PublishError> {
-        if let Some(uid) = &self.given_uid {
+        if let Some(uid) = &self.pool.node_uid {
             return Ok(uid.clone());
         }
         if let (Some(uid), false) = (&self.looked_up_uid, refresh) {
             return Ok(uid.clone());
         }
-        let node = self
-            .api
-            .node(&self.node)
-            .await
-            .map_err(|source| PublishError::NodeLookup {
-                node: self.node.clone(),
-                source,
-            })?;
+        let node =
+            self.api
+                .node(&self.pool.node)
+                .await
+                .map_err(|source| PublishError::NodeLookup {
+                    node: self.pool.node.clone(),
+                    source,
+                })?;
         let uid = node
             .metadata
             .uid
             .ok_or_else(|| PublishError::NodeWithoutUid {
-                node: self.node.clone(),
+                node: self.pool.node.clone(),
             })?;
         self.looked_up_uid = Some(uid.clone());
         Ok(uid)
@@ -102,7 +103,7 @@ impl Publisher {
         };
         if plan.writes() > 0 {
             debug!(
-                node = %self.node, generation = plan.generation, bumped = plan.bumped,
+                node = %self.pool.node, generation = plan.generation, bumped = plan.bumped,
                 delete = plan.delete.len(), update = plan.update.len(), create = plan.create.len(),
                 "publishing ResourceSlices"
             );
@@ -116,7 +117,7 @@ impl Publisher {
         for (index, existing) in plan.update {
             let mut slice = existing;
             slice.spec = with_generation(&desired[index], plan.generation);
-            slice.metadata.owner_references = Some(vec![plan::node_owner(&self.node, uid)]);
+            slice.metadata.owner_references = Some(vec![plan::node_owner(&self.pool.node, uid)]);
             let stored = self.replace(index, &slice).await?;
             stats.dropped_fields += usize::from(self.check_stored(index, &slice.spec, &stored));
             written.add(&slice.spec, &stored.spec);
@@ -125,8 +126,13 @@ impl Publisher {
         for index in plan.create {
             let slice = ResourceSlice {
                 metadata: ObjectMeta {
-                    name: Some(plan::slice_name(&self.node, index, width)),
-                    owner_references: Some(vec![plan::node_owner(&self.node, uid)]),
+                    name: Some(plan::slice_name(
+                        &self.pool.driver,
+                        &self.pool.node,
+                        index,
+                        width,
+                    )),
+                    owner_references: Some(vec![plan::node_owner(&self.pool.node, uid)]),
                     ..Default::default()
                 },
                 spec: with_generation(&desired[index], plan.generation),
@@ -172,7 +178,7 @@ impl Publisher {
             .map_err(|source| PublishError::Update {
                 slice: name.clone(),
                 index,
-                pool: self.node.clone(),
+                pool: self.pool.node.clone(),
                 source,
             })?;
         self.remember(&stored);
@@ -191,7 +197,7 @@ impl Publisher {
                 .map_err(|source| PublishError::Create {
                     slice: slice.metadata.name.clone().unwrap_or_default(),
                     index,
-                    pool: self.node.clone(),
+                    pool: self.pool.node.clone(),
                     source,
                 })?;
         self.remember(&stored);
@@ -224,7 +230,7 @@ impl Publisher {
         let slice = stored.metadata.name.as_deref().unwrap_or_default();
         if self.warned.insert(summary) {
             warn!(
-                slice, index, pool = %self.node, fields = ?paths, likely_disabled_gates = ?gates,
+                slice, index, pool = %self.pool.node, fields = ?paths, likely_disabled_gates = ?gates,
                 "the API server stored this ResourceSlice differently from what was sent \
                  (dropped fields or canonicalized values); adopting the stored version"
             );

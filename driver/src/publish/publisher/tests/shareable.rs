@@ -1,10 +1,12 @@
-//! Unit tests of [`super`] (`gates/shares.rs`): what is left once the shareable devices go.
+//! DAS's shareable devices ([`shareable`]): what is left of DAS's slices once they go
+//! (`dra_plugin::resourceslice::gates::without_shareable_devices`).
 
 use super::*;
-use crate::gpu::GpuInfo;
-use crate::publish::resource_slices::{
-    ResourceSliceLayout, SharePolicy, SharedProfiles, SliceOptions, desired_resource_slices,
-};
+use crate::publish::resource_slices::{SharePolicy, SharedProfiles, SliceOptions};
+
+fn without_shareable_devices(desired: Vec<ResourceSliceSpec>) -> Vec<ResourceSliceSpec> {
+    rs::gates::without_shareable_devices(desired, shareable)
+}
 
 fn specs(gpus: &[GpuInfo], selectors: &[&str]) -> Vec<ResourceSliceSpec> {
     let options = SliceOptions {

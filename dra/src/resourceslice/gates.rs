@@ -4,28 +4,28 @@
 //! from 1.36); a server with a gate off silently drops that gate's fields when a ResourceSlice is
 //! created, and when it is updated unless the stored slice already used them (kubernetes
 //! `pkg/registry/resource/resourceslice/strategy.go`, `dropDisabledFields`; docs/reference/dra.md,
-//! "ResourceSlice publishing"). The gated fields DAS acts on cost different things:
+//! "ResourceSlice publishing"). The gated fields the publisher acts on cost different things:
 //!
 //! - **Shared counters** (`sharedCounters` of a slice, `consumesCounters` of a device;
-//!   `DRAPartitionableDevices`): without them every placement of a GPU looks independent, so
-//!   the scheduler hands out overlapping MIG placements. The node's devices are withdrawn (the
-//!   pool is published empty) until a probe shows the counters kept ([`CounterGuard`]).
-//! - **Device taints** (`DRADeviceTaints`): an unhealthy GPU's devices stay offered untainted;
-//!   nothing overlaps, and the health stream and the Node events still report the GPU. The
-//!   devices stay published; a Node event says so ([`Notice::TaintsDropped`]).
+//!   `DRAPartitionableDevices`): without them every device that shares a counter looks
+//!   independent, so the scheduler hands out devices that overlap. The node's devices are
+//!   withdrawn (the pool is published empty) until a probe shows the counters kept
+//!   ([`CounterGuard`]).
+//! - **Device taints** (`DRADeviceTaints`): an unhealthy device stays offered untainted;
+//!   nothing overlaps. The devices stay published; a Node event says so
+//!   ([`Notice::TaintsDropped`]).
 //! - **Consumable capacity** (`allowMultipleAllocations` of a device, the `requestPolicy` of its
-//!   capacities; `DRAConsumableCapacity`): a shareable device (docs/design.md §7, "Shared
-//!   slices") stored without them looks exclusive, and would be given whole to one claim of a
-//!   shared class. Once a write shows them dropped, every shareable device is left out of what
-//!   is published ([`without_shareable_devices`]) until the plugin restarts; the exclusive
-//!   devices stay published, and a Node event says so ([`Notice::SharesDropped`]).
+//!   capacities; `DRAConsumableCapacity`): a shareable device stored without them looks
+//!   exclusive, and would be given whole to one claim. Once a write shows them dropped, every
+//!   shareable device ([`Shareable`]) is left out of what is published
+//!   ([`without_shareable_devices`]) until the publisher restarts; the other devices stay
+//!   published, and a Node event says so ([`Notice::SharesDropped`]).
 //! - **Binding conditions** (`bindingConditions`, `bindingFailureConditions` of a device;
-//!   `DRADeviceBindingConditions`; carve before bind, [`super::binding`]): a scheduler whose
-//!   gate is off never picks a device that has them, and a server that drops them would give
-//!   the devices without them, so the carve would never be waited for. Once a write shows them
-//!   dropped, the devices are published without them until the plugin restarts (prepare then
-//!   carves, as without carve before bind), and a Node event says so
-//!   ([`Notice::BindingConditionsDropped`]).
+//!   `DRADeviceBindingConditions`, KEP-5007): a scheduler whose gate is off never picks a device
+//!   that has them, and a server that drops them would give the devices without them, so what
+//!   they wait for would never be waited for. Once a write shows them dropped, the devices are
+//!   published without them ([`strip_binding_conditions`]) until the publisher restarts, and a
+//!   Node event says so ([`Notice::BindingConditionsDropped`]).
 //!
 //! The probe is a dry-run create of one of the node's counter slices: the server runs the
 //! same field dropping on a dry run (`BeforeCreate` before the dry-run store) and returns what
@@ -34,21 +34,26 @@
 //! [`Guard`] (`gates/guard.rs`) is what the publisher calls, twice per attempt: it plans each
 //! attempt of a publish from the desired slices and observes what the server kept. The
 //! schedule of the counter probes is [`CounterGuard`]'s; `gates/fields.rs` reads the gated
-//! fields of a spec, `gates/shares.rs` leaves the shareable devices out.
+//! fields of a spec, `gates/shares.rs` leaves the shareable devices out, `gates/binding.rs` the
+//! binding conditions.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Pool;
+
+mod binding;
 mod fields;
 mod guard;
 mod shares;
 
+pub use binding::{strip_binding_conditions, without_binding_conditions};
 pub use fields::{
     Dropped, carries_binding_conditions, carries_counters, carries_shares, carries_taints, dropped,
 };
-pub use guard::{Attempt, Guard, MAX_ATTEMPTS, Observed, Written};
-pub use shares::without_shareable_devices;
+pub use guard::{Attempt, Guard, MAX_ATTEMPTS, Observation, Observed, Written};
+pub use shares::{Shareable, allows_multiple_allocations, without_shareable_devices};
 
 /// The feature gate of shared counters (KEP-4815; beta and on from 1.36).
 pub const PARTITIONABLE_DEVICES: &str = "DRAPartitionableDevices";
@@ -113,8 +118,8 @@ pub enum ProbeAnswer {
     Failed,
 }
 
-/// Something users must see: a Node event, a log line and the
-/// `das_kubelet_plugin_apiserver_feature_gate_off` gauge.
+/// Something users must see: a log line, a Node event ([`super::NodeEvents`]) and the gauge
+/// ([`super::GateGauge`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
     /// The server drops shared counters: the devices are withdrawn. `first` on the change from
@@ -127,20 +132,20 @@ pub enum Notice {
     },
     /// The server keeps shared counters again: the devices are published again.
     CountersKept,
-    /// The server dropped device taints (sent for an unhealthy GPU).
+    /// The server dropped device taints (sent for an unhealthy device).
     TaintsDropped,
     /// The server keeps device taints again.
     TaintsKept,
     /// The server dropped consumable capacity (sent on the shareable devices): they are left
-    /// out of what is published until the plugin restarts.
+    /// out of what is published until the publisher restarts.
     SharesDropped,
-    /// The server dropped binding conditions (carve before bind): the devices are published
-    /// without them until the plugin restarts.
+    /// The server dropped binding conditions: the devices are published without them until
+    /// the publisher restarts.
     BindingConditionsDropped,
 }
 
 impl Notice {
-    /// The event's reason (`UpperCamelCase`, like the plugin's other Node events).
+    /// The event's reason (`UpperCamelCase`, as Kubernetes event reasons are).
     pub fn reason(&self) -> &'static str {
         match self {
             Self::CountersDropped { .. } => "SharedCountersDropped",
@@ -173,51 +178,50 @@ impl Notice {
         }
     }
 
-    /// The event's note for `node`: what happened, what the plugin did, what to do.
-    pub fn note(&self, node: &str) -> String {
+    /// The event's note about `pool`, in terms of any driver: what happened, what the
+    /// publisher did, what to do. A driver may word it its own way ([`super::NodeEvents::note`]).
+    pub fn note(&self, pool: &Pool) -> String {
+        let (node, driver) = (&pool.node, &pool.driver);
         match self {
             Self::CountersDropped { retry_in, .. } => format!(
                 "kube-apiserver drops the shared counters (sharedCounters, consumesCounters) of \
-                 node {node}'s mig.das.com ResourceSlices: the feature gate \
-                 {PARTITIONABLE_DEVICES} is off there. Without the counters the scheduler would \
-                 hand out overlapping MIG placements, so the node's MIG devices are withdrawn \
-                 (its pool is published empty). Start kube-apiserver and kube-scheduler with \
+                 node {node}'s {driver} ResourceSlices: the feature gate {PARTITIONABLE_DEVICES} \
+                 is off there. Without the counters the scheduler would hand out overlapping \
+                 devices, so the node's devices are withdrawn (its pool is published empty). \
+                 Start kube-apiserver and kube-scheduler with \
                  --feature-gates={PARTITIONABLE_DEVICES}=true (Kubernetes 1.34 and 1.35); the \
-                 plugin checks again in {}s and republishes the devices by itself.",
+                 node plugin checks again in {}s and republishes the devices by itself.",
                 retry_in.as_secs()
             ),
             Self::CountersKept => format!(
-                "kube-apiserver keeps the shared counters of node {node}'s mig.das.com \
-                 ResourceSlices ({PARTITIONABLE_DEVICES} is on): the node's MIG devices are \
+                "kube-apiserver keeps the shared counters of node {node}'s {driver} \
+                 ResourceSlices ({PARTITIONABLE_DEVICES} is on): the node's devices are \
                  published again. kube-scheduler must run with the gate on too."
             ),
             Self::TaintsDropped => format!(
-                "kube-apiserver dropped the device taints of node {node}'s unhealthy GPUs: the \
-                 feature gate {DEVICE_TAINTS} is off there. Their devices stay offered untainted, \
-                 so new pods may be placed on a failed GPU (the GpuUnhealthy events, the \
-                 das_kubelet_plugin_gpu_healthy metric and the kubelet's resource health still \
-                 report it). Turn --feature-gates={DEVICE_TAINTS}=true on for kube-apiserver and \
-                 kube-scheduler (and kube-controller-manager for NoExecute eviction)."
+                "kube-apiserver dropped the device taints of node {node}'s {driver} devices: the \
+                 feature gate {DEVICE_TAINTS} is off there. The tainted devices stay offered \
+                 untainted, so new pods may be placed on a failed device. Turn \
+                 --feature-gates={DEVICE_TAINTS}=true on for kube-apiserver and kube-scheduler \
+                 (and kube-controller-manager for NoExecute eviction)."
             ),
             Self::TaintsKept => format!(
-                "kube-apiserver keeps the device taints of node {node}'s unhealthy GPUs again \
+                "kube-apiserver keeps the device taints of node {node}'s {driver} devices again \
                  ({DEVICE_TAINTS} is on)."
             ),
             Self::SharesDropped => format!(
                 "kube-apiserver dropped allowMultipleAllocations or the capacity request \
-                 policies of node {node}'s shareable mig.das.com devices (type mig-shared): the \
-                 feature gate {CONSUMABLE_CAPACITY} is off there. Stored without them a \
-                 shareable device would be given whole to one claim, so the node's shareable \
-                 devices are withdrawn; its exclusive devices stay published. Turn \
+                 policies of node {node}'s shareable {driver} devices: the feature gate \
+                 {CONSUMABLE_CAPACITY} is off there. Stored without them a shareable device \
+                 would be given whole to one claim, so the node's shareable devices are \
+                 withdrawn; its other devices stay published. Turn \
                  --feature-gates={CONSUMABLE_CAPACITY}=true on for kube-apiserver and \
-                 kube-scheduler (shared slices need Kubernetes 1.36.2 or newer), then restart \
-                 the node plugin to publish them again."
+                 kube-scheduler, then restart the node plugin to publish them again."
             ),
             Self::BindingConditionsDropped => format!(
-                "kube-apiserver dropped the binding conditions of node {node}'s mig.das.com \
-                 devices (carve before bind): the feature gate {DEVICE_BINDING_CONDITIONS} is \
-                 off there. The devices are published without them, so slices are carved at \
-                 prepare as without --carve-before-bind. Turn \
+                "kube-apiserver dropped the binding conditions of node {node}'s {driver} \
+                 devices: the feature gate {DEVICE_BINDING_CONDITIONS} is off there. The devices \
+                 are published without them, so nothing waits for what they stand for. Turn \
                  --feature-gates={DEVICE_BINDING_CONDITIONS}=true on for kube-apiserver and \
                  kube-scheduler, then restart the node plugin."
             ),
@@ -298,8 +302,8 @@ impl CounterGuard {
     }
 
     /// What to do before publishing slices that carry counters (`desired_has_counters`) or not,
-    /// at `now`. Slices without counters (a node without MIG GPUs) are published as they are:
-    /// there is nothing to overlap.
+    /// at `now`. Slices without counters (devices that share nothing) are published as they
+    /// are: there is nothing to overlap.
     pub fn before_publish(&self, desired_has_counters: bool, now: Instant) -> Step {
         if !desired_has_counters {
             return Step::Publish(Offer::Full);

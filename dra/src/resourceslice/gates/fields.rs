@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
-/// The gated fields one spec carries, from its [`crate::publish::plan::spec_key`] (camelCase JSON, empty
+/// The gated fields one spec carries, from its [`crate::resourceslice::plan::spec_key`] (camelCase JSON, empty
 /// lists pruned, so present means non-empty).
 #[derive(Debug, Default)]
 struct Uses {
@@ -81,7 +81,7 @@ pub fn carries_taints(key: &Value) -> bool {
     !uses(key).tainted.is_empty()
 }
 
-/// What the server dropped of one written spec, among the fields whose loss DAS acts on.
+/// What the server dropped of one written spec, among the fields whose loss the guard acts on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Dropped {
     /// `sharedCounters` was sent and not stored, or a device's `consumesCounters` was
@@ -97,7 +97,7 @@ pub struct Dropped {
     pub binding: bool,
 }
 
-/// Compares the keys ([`crate::publish::plan::spec_key`]) of a sent spec and of what the server stored
+/// Compares the keys ([`crate::resourceslice::plan::spec_key`]) of a sent spec and of what the server stored
 /// (or, for a dry run, would store). Devices are matched by name.
 pub fn dropped(sent: &Value, stored: &Value) -> Dropped {
     let (s, t) = (uses(sent), uses(stored));

@@ -11,8 +11,6 @@ use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::Value;
 
-use das_api::DRIVER_NAME;
-
 /// Fewest hex digits of the index at the start of a slice name (upstream
 /// `resourceSliceIndexMinLength`).
 pub const INDEX_MIN_WIDTH: usize = 5;
@@ -28,8 +26,8 @@ pub fn index_width(count: usize) -> usize {
     digits.max(INDEX_MIN_WIDTH)
 }
 
-/// The name of slice `index` of `node`'s pool: `<index as zero-padded hex>-mig.das.com-<node>`,
-/// e.g. `00000-mig.das.com-n0`, `0000a-mig.das.com-n0`.
+/// The name of slice `index` of `driver`'s pool on `node`: `<index as zero-padded
+/// hex>-<driver>-<node>`, e.g. `00000-dev.example.com-n0`, `0000a-dev.example.com-n0`.
 ///
 /// Why deterministic names and not upstream's `generateName` (`<index hex>-<driver>-<node>-`
 /// plus a random suffix): the same index prefix gives the same allocation priority (the 1.36+
@@ -40,8 +38,8 @@ pub fn index_width(count: usize) -> usize {
 ///
 /// Node names longer than fit in [`MAX_NAME_LEN`] are cut and get `-<crc32 of the node name>`
 /// appended, so names stay unique per node and valid DNS subdomains.
-pub fn slice_name(node: &str, index: usize, width: usize) -> String {
-    let prefix = format!("{index:0width$x}-{DRIVER_NAME}-");
+pub fn slice_name(driver: &str, node: &str, index: usize, width: usize) -> String {
+    let prefix = format!("{index:0width$x}-{driver}-");
     if prefix.len() + node.len() <= MAX_NAME_LEN {
         return format!("{prefix}{node}");
     }
@@ -55,14 +53,15 @@ pub fn slice_name(node: &str, index: usize, width: usize) -> String {
     format!("{prefix}{head}-{hash}")
 }
 
-/// The index encoded in `name` if `name` is exactly [`slice_name`]`(node, index, width)`.
-pub fn index_of(name: &str, node: &str, width: usize) -> Option<usize> {
+/// The index encoded in `name` if `name` is exactly [`slice_name`]`(driver, node, index,
+/// width)`.
+pub fn index_of(name: &str, driver: &str, node: &str, width: usize) -> Option<usize> {
     let (hex, _) = name.split_once('-')?;
     if hex.len() != width {
         return None;
     }
     let index = usize::from_str_radix(hex, 16).ok()?;
-    (slice_name(node, index, width) == name).then_some(index)
+    (slice_name(driver, node, index, width) == name).then_some(index)
 }
 
 /// The owner reference every slice of `node` carries: the Node, as controller, so the garbage
@@ -256,7 +255,7 @@ impl std::fmt::Display for ObsoleteReason {
                 generation,
                 current,
             } => write!(f, "generation {generation} is below the pool's {current}"),
-            Self::ForeignName => write!(f, "name does not follow <index>-{DRIVER_NAME}-<node>"),
+            Self::ForeignName => write!(f, "name does not follow <index>-<driver>-<node>"),
             Self::BeyondCount { index, count } => {
                 write!(f, "index {index} is not below the slice count {count}")
             }
@@ -314,11 +313,13 @@ pub fn decide_generation(current: i64, new_slices: usize, changed: usize) -> (i6
     }
 }
 
-/// What the publisher must know to plan: the pool (node) name, the Node UID for the owner
-/// reference, the desired specs (already completed with driver, pool and node name, generation
-/// 0) and the adopted baselines.
+/// What the publisher must know to plan: the driver, the pool (node) name, the Node UID for the
+/// owner reference, the desired specs (already completed with driver, pool and node name,
+/// generation 0) and the adopted baselines.
 #[derive(Debug, Clone, Copy)]
 pub struct PlanInput<'a> {
+    /// Driver name (part of every slice name).
+    pub driver: &'a str,
     /// Node name = pool name.
     pub node: &'a str,
     /// Node UID.
@@ -329,10 +330,10 @@ pub struct PlanInput<'a> {
     pub baseline: &'a Baseline,
 }
 
-/// Plans a publish of `target` over `existing` (this node's slices of our driver, as listed).
+/// Plans a publish of `target` over `existing` (this node's slices of the driver, as listed).
 ///
 /// Matching: a slice is matched to desired index `i` when its name is exactly
-/// [`slice_name`]`(node, i, width)`; everything else (other pools, lower generations, foreign
+/// [`slice_name`]`(driver, node, i, width)`; everything else (other pools, lower generations, foreign
 /// names, indices beyond the count) is obsolete. A matched slice is changed when its
 /// [`spec_key`] differs from the desired one (unless an [`Adopted`] baseline explains the
 /// difference) or it lacks the Node controller reference.
@@ -347,7 +348,7 @@ pub fn plan(target: PlanInput<'_>, existing: &[ResourceSlice]) -> Plan {
         .unwrap_or(0);
     let mut matched: BTreeMap<usize, &ResourceSlice> = BTreeMap::new();
     for slice in in_pool {
-        match classify(slice, target.node, width, count, current) {
+        match classify(slice, target, width, current) {
             Ok(i) => {
                 matched.insert(i, slice);
             }
@@ -393,13 +394,15 @@ fn split_other_pools<'a>(
     (mine, deletions)
 }
 
+/// The desired index `slice` holds, or why it is obsolete. `width`: the pool's index width;
+/// `current`: its highest generation.
 fn classify(
     slice: &ResourceSlice,
-    node: &str,
+    target: PlanInput<'_>,
     width: usize,
-    count: usize,
     current: i64,
 ) -> Result<usize, ObsoleteReason> {
+    let count = target.desired.len();
     let generation = slice.spec.pool.generation;
     if generation < current {
         return Err(ObsoleteReason::LowerGeneration {
@@ -408,7 +411,8 @@ fn classify(
         });
     }
     let name = slice.metadata.name.as_deref().unwrap_or_default();
-    let index = index_of(name, node, width).ok_or(ObsoleteReason::ForeignName)?;
+    let index =
+        index_of(name, target.driver, target.node, width).ok_or(ObsoleteReason::ForeignName)?;
     if index >= count {
         return Err(ObsoleteReason::BeyondCount { index, count });
     }

@@ -24,11 +24,11 @@ use tokio::time::Instant;
 
 use super::{
     CONSUMABLE_CAPACITY, CounterGuard, DEVICE_BINDING_CONDITIONS, DEVICE_TAINTS, Dropped, Notice,
-    Offer, PARTITIONABLE_DEVICES, ProbeAnswer, Step, carries_binding_conditions, carries_counters,
-    carries_shares, carries_taints, dropped, without_shareable_devices,
+    Offer, PARTITIONABLE_DEVICES, ProbeAnswer, Shareable, Step, allows_multiple_allocations,
+    carries_binding_conditions, carries_counters, carries_shares, carries_taints, dropped,
+    strip_binding_conditions, without_shareable_devices,
 };
-use crate::publish::binding::strip_binding_conditions;
-use crate::publish::plan::spec_key;
+use crate::resourceslice::plan::spec_key;
 
 /// The most attempts of one publish: a probe, a write, a write again without what that write
 /// showed dropped, and the pool without devices should that one lose counters.
@@ -70,7 +70,7 @@ pub struct Observation {
     pub again: bool,
 }
 
-/// What one write attempt sent of the gated fields DAS acts on, and what the server dropped of
+/// What one write attempt sent of the gated fields the guard acts on, and what the server dropped of
 /// them ([`dropped`]), over the slices it created or updated.
 #[derive(Debug, Default)]
 pub struct Written {
@@ -177,29 +177,58 @@ struct Round {
 ///   dropped the pool is published without devices.
 /// - Device taints ([`DEVICE_TAINTS`]): followed both ways; the devices stay published.
 /// - Consumable capacity ([`CONSUMABLE_CAPACITY`]) and binding conditions
-///   ([`DEVICE_BINDING_CONDITIONS`]): once a write loses them, the shareable devices, or the
-///   binding conditions, are left out until the plugin restarts, that publish included.
+///   ([`DEVICE_BINDING_CONDITIONS`]): once a write loses them, the shareable devices (as
+///   [`Shareable`] tells them), or the binding conditions, are left out until the plugin
+///   restarts, that publish included.
 ///
 /// A publish is the attempts from a [`Self::plan`] until an [`Self::observe`] says not to try
 /// again; a plan whose attempt was never observed (its write failed, and the publish with it)
 /// is followed by a new publish.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Guard {
     counters: CounterGuard,
     taints: Seen,
     shares: Seen,
     binding: Seen,
     round: Round,
+    /// Which devices go once consumable capacity is seen dropped.
+    shareable: Shareable,
+}
+
+impl Default for Guard {
+    /// Probes on [`CounterGuard::default`]'s schedule; shareable devices are those that
+    /// [`allows_multiple_allocations`].
+    fn default() -> Self {
+        Self {
+            counters: CounterGuard::default(),
+            taints: Seen::default(),
+            shares: Seen::default(),
+            binding: Seen::default(),
+            round: Round::default(),
+            shareable: allows_multiple_allocations,
+        }
+    }
 }
 
 impl Guard {
     /// A guard that probes shared counters again after `min_retry` doubling to `max_retry`
     /// while they are dropped ([`CounterGuard::new`]).
     pub fn new(min_retry: Duration, max_retry: Duration) -> Self {
-        Self {
-            counters: CounterGuard::new(min_retry, max_retry),
-            ..Self::default()
-        }
+        Self::default().with_probe_retry(min_retry, max_retry)
+    }
+
+    /// This guard, probing shared counters again after `min_retry` doubling to `max_retry`
+    /// while they are dropped (before any publish: what was seen is forgotten).
+    pub fn with_probe_retry(mut self, min_retry: Duration, max_retry: Duration) -> Self {
+        self.counters = CounterGuard::new(min_retry, max_retry);
+        self
+    }
+
+    /// This guard, leaving out the devices `shareable` tells once the server drops consumable
+    /// capacity.
+    pub fn with_shareable(mut self, shareable: Shareable) -> Self {
+        self.shareable = shareable;
+        self
     }
 
     /// The next attempt of a publish of `desired` (complete specs: driver, pool and node set,
@@ -267,8 +296,8 @@ impl Guard {
         self.counters.next_probe()
     }
 
-    /// Each gate (its name) and whether the server was last seen with it off, for the
-    /// `das_kubelet_plugin_apiserver_feature_gate_off` gauge.
+    /// Each gate (its name) and whether the server was last seen with it off, for the gauge
+    /// ([`crate::resourceslice::GateGauge`]).
     pub fn gates_off(&self) -> [(&'static str, bool); 4] {
         [
             (PARTITIONABLE_DEVICES, self.withdrawn()),
@@ -329,7 +358,7 @@ impl Guard {
     /// conditions.
     fn offered(&self, desired: Vec<ResourceSliceSpec>) -> Vec<ResourceSliceSpec> {
         let mut specs = if self.shares.dropped {
-            without_shareable_devices(desired)
+            without_shareable_devices(desired, self.shareable)
         } else {
             desired
         };

@@ -5,13 +5,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::publish::gates::MAX_PROBE_RETRY;
+use crate::resourceslice::gates::MAX_PROBE_RETRY;
 
 const S: Duration = Duration::from_secs(1);
 
 fn spec(v: Value) -> ResourceSliceSpec {
     let mut v = v;
-    v["driver"] = json!("mig.das.com");
+    v["driver"] = json!("dev.example.com");
     v["nodeName"] = json!("n0");
     v["pool"] = json!({"name": "n0", "generation": 0, "resourceSliceCount": 2});
     serde_json::from_value(v).unwrap()
@@ -26,8 +26,8 @@ fn desired(shared: bool, bound: bool) -> Vec<ResourceSliceSpec> {
     let mut exclusive = json!({"name": "gpu-0-1g-0", "consumesCounters": consumes,
                                "attributes": {"type": {"string": "mig"}}});
     if bound {
-        exclusive["bindingConditions"] = json!(["mig.das.com/SliceReady"]);
-        exclusive["bindingFailureConditions"] = json!(["mig.das.com/SliceFailed"]);
+        exclusive["bindingConditions"] = json!(["dev.example.com/SliceReady"]);
+        exclusive["bindingFailureConditions"] = json!(["dev.example.com/SliceFailed"]);
     }
     let mut devices = vec![exclusive];
     if shared {

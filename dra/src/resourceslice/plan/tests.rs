@@ -5,12 +5,13 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourcePool};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 
+const DRIVER: &str = "dev.example.com";
 const NODE: &str = "n0";
 const UID: &str = "uid-n0";
 
 fn spec(devices: &[&str], count: usize) -> ResourceSliceSpec {
     ResourceSliceSpec {
-        driver: DRIVER_NAME.into(),
+        driver: DRIVER.into(),
         node_name: Some(NODE.into()),
         pool: ResourcePool {
             name: NODE.into(),
@@ -46,7 +47,7 @@ fn stored(index: usize, width: usize, s: &ResourceSliceSpec, generation: i64) ->
     spec.pool.generation = generation;
     ResourceSlice {
         metadata: ObjectMeta {
-            name: Some(slice_name(NODE, index, width)),
+            name: Some(slice_name(DRIVER, NODE, index, width)),
             uid: Some(format!("uid-{index}")),
             resource_version: Some(format!("{}", 100 + index)),
             owner_references: Some(vec![node_owner(NODE, UID)]),
@@ -66,6 +67,7 @@ fn published(d: &[ResourceSliceSpec], generation: i64) -> Vec<ResourceSlice> {
 
 fn target<'a>(d: &'a [ResourceSliceSpec], b: &'a Baseline) -> PlanInput<'a> {
     PlanInput {
+        driver: DRIVER,
         node: NODE,
         node_uid: UID,
         desired: d,
@@ -75,20 +77,27 @@ fn target<'a>(d: &'a [ResourceSliceSpec], b: &'a Baseline) -> PlanInput<'a> {
 
 #[test]
 fn names_sort_like_indices_and_parse_back() {
-    assert_eq!(slice_name("n0", 0, 5), "00000-mig.das.com-n0");
-    assert_eq!(slice_name("n0", 10, 5), "0000a-mig.das.com-n0");
+    assert_eq!(slice_name(DRIVER, "n0", 0, 5), "00000-dev.example.com-n0");
+    assert_eq!(slice_name(DRIVER, "n0", 10, 5), "0000a-dev.example.com-n0");
     let w = index_width(300);
-    let names: Vec<String> = (0..300).map(|i| slice_name("n0", i, w)).collect();
+    let names: Vec<String> = (0..300).map(|i| slice_name(DRIVER, "n0", i, w)).collect();
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted);
     for (i, n) in names.iter().enumerate() {
-        assert_eq!(index_of(n, "n0", w), Some(i));
+        assert_eq!(index_of(n, DRIVER, "n0", w), Some(i));
     }
-    assert_eq!(index_of("00000-mig.das.com-n1", "n0", 5), None);
-    assert_eq!(index_of("0000-mig.das.com-n0", "n0", 5), None);
-    assert_eq!(index_of("00000-mig.das.com-n0-x7k2p", "n0", 5), None);
-    assert_eq!(index_of("zzzzz-mig.das.com-n0", "n0", 5), None);
+    assert_eq!(index_of("00000-dev.example.com-n1", DRIVER, "n0", 5), None);
+    assert_eq!(index_of("0000-dev.example.com-n0", DRIVER, "n0", 5), None);
+    assert_eq!(
+        index_of("00000-dev.example.com-n0-x7k2p", DRIVER, "n0", 5),
+        None
+    );
+    assert_eq!(index_of("zzzzz-dev.example.com-n0", DRIVER, "n0", 5), None);
+    // Another driver's slice of the same node is never taken for one of ours.
+    let other = slice_name("other.example.com", "n0", 0, 5);
+    assert_eq!(other, "00000-other.example.com-n0");
+    assert_eq!(index_of(&other, DRIVER, "n0", 5), None);
 }
 
 #[test]
@@ -102,12 +111,12 @@ fn index_width_grows_past_five_hex_digits() {
 #[test]
 fn long_node_names_are_cut_hashed_and_stay_valid() {
     let node = format!("{}.{}", "a".repeat(200), "b-".repeat(30));
-    let name = slice_name(&node, 3, 5);
+    let name = slice_name(DRIVER, &node, 3, 5);
     assert_eq!(name.len(), MAX_NAME_LEN);
-    assert!(name.starts_with("00003-mig.das.com-aaaa"));
+    assert!(name.starts_with("00003-dev.example.com-aaaa"));
     assert!(!name.contains("-.") && !name.contains(".-") && !name.contains("--"));
-    assert_ne!(name, slice_name(&format!("{node}x"), 3, 5));
-    assert_eq!(index_of(&name, &node, 5), Some(3));
+    assert_ne!(name, slice_name(DRIVER, &format!("{node}x"), 3, 5));
+    assert_eq!(index_of(&name, DRIVER, &node, 5), Some(3));
 }
 
 #[test]
@@ -226,7 +235,7 @@ fn lower_generations_foreign_names_and_other_pools_are_obsolete() {
     let mut existing = published(&d, 3);
     existing[1].spec.pool.generation = 2;
     let mut foreign = existing[0].clone();
-    foreign.metadata.name = Some("00000-mig.das.com-n0-abcde".into());
+    foreign.metadata.name = Some("00000-dev.example.com-n0-abcde".into());
     let mut other = existing[0].clone();
     other.metadata.name = Some("other".into());
     other.spec.pool.name = "elsewhere".into();
