@@ -394,7 +394,7 @@ fn unknown_gpu_gets_a_model_from_nvml_tables() {
     assert_eq!(m.name, "A100X-FUTURE");
     assert_eq!(m.memory_slices, 8);
     assert_eq!(m.max_gpu_instances, 7);
-    assert!(m.mig_mode_change_requires_reset);
+    assert!(m.mig_mode_change_requires_reset());
     let mut ids: Vec<(u32, &str, &[u32], u32)> = m
         .profiles
         .iter()
@@ -892,3 +892,5 @@ fn a_read_overlapped_by_a_create_is_not_kept() {
 mod attributes;
 /// GPUs with MIG mode off kept with `--whole-gpus`.
 mod whole_gpus;
+/// GPUs without MIG (T4, L4, …) discovered and served whole.
+mod without_mig;
