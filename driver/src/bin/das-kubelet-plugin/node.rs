@@ -150,7 +150,8 @@ pub(crate) fn open_emulated(args: &Args, spec: &str) -> Result<(Arc<dyn GpuBacke
 }
 
 /// The emulated GPUs of `spec` the backend serves, without opening its state: those with MIG
-/// mode off only with --whole-gpus (logged and skipped otherwise, as on real GPUs).
+/// mode off or without MIG only with --whole-gpus (logged and skipped otherwise, as on real
+/// GPUs).
 pub(crate) fn emulated_inventory(args: &Args, spec: &str, node: &str) -> Result<Vec<GpuInfo>> {
     let all = das_driver::gpu::emulated::emulated_inventory(spec, node)
         .with_context(|| format!("emulated GPUs {spec:?}"))?;
@@ -158,9 +159,12 @@ pub(crate) fn emulated_inventory(args: &Args, spec: &str, node: &str) -> Result<
         .into_iter()
         .filter(|g| {
             let served = g.served(args.whole_gpus);
-            if !served {
+            if !served && g.model.mig {
                 tracing::warn!(gpu = g.index, model = %g.model.name,
                     "MIG mode is off (mig-off); pass --whole-gpus to serve it as a whole GPU; skipped");
+            } else if !served {
+                tracing::warn!(gpu = g.index, model = %g.model.name,
+                    "the GPU has no MIG: DAS serves it whole only with --whole-gpus (chart wholeGpus.enabled=true); skipped");
             }
             served
         })
