@@ -91,7 +91,8 @@ async fn scenarios(cluster: &Cluster, kubectl_das: &Path) -> Result<()> {
     a_whole_gpu_pod_gets_the_l4_and_a_slice_pod_the_h100(cluster, &l4).await?;
     kubectl_das_draws_the_l4(cluster, kubectl_das).await?;
     delete_pods(&c, &["l4", "s1", "w2"]).await?;
-    a_legacy_gpu_pod_lands_on_the_l4(cluster, &l4).await
+    a_legacy_gpu_pod_lands_on_the_l4(cluster, &l4).await?;
+    cel_written_for_nvidias_driver_selects_the_l4(&c).await
 }
 
 /// GPU `index`'s UUID, from the emulated GPUs' state.
@@ -431,6 +432,46 @@ async fn kubectl_das_draws_the_l4(cluster: &Cluster, bin: &Path) -> Result<()> {
         "free 1g.10gb: {free}"
     );
     Ok(())
+}
+
+/// A ResourceClaimTemplate `name` for one whole GPU (`gpu.das.com`) that also matches the CEL
+/// `expression`.
+async fn create_selector_template(c: &Client, name: &str, expression: &str) -> Result<()> {
+    let api: Api<k8s_openapi::api::resource::v1::ResourceClaimTemplate> =
+        Api::namespaced(c.clone(), NS);
+    let t = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DEVICE_CLASS_WHOLE_GPU,
+            "selectors": [{"cel": {"expression": expression}}]}}]}}}
+    }))?;
+    api.create(&PostParams::default(), &t).await?;
+    Ok(())
+}
+
+/// The selector of docs/operations.md ("Whole GPUs"), as written for NVIDIA's driver with the
+/// driver name changed: at least 20 GiB and compute capability 8.9 or newer gets the L4; asking
+/// for Hopper's 9.0 waits (the H100 is not offered whole).
+async fn cel_written_for_nvidias_driver_selects_the_l4(c: &Client) -> Result<()> {
+    let memory = "device.capacity['mig.das.com'].memory.compareTo(quantity('20Gi')) >= 0";
+    let cc = |v: &str| {
+        format!(
+            "device.attributes['mig.das.com'].cudaComputeCapability.compareTo(semver('{v}')) >= 0"
+        )
+    };
+    let ada = "device.attributes['mig.das.com'].architecture == 'Ada Lovelace' \
+               && device.attributes['resource.kubernetes.io'].numaNode == 0";
+    create_selector_template(c, "ada", &format!("{memory} && {} && {ada}", cc("8.9.0"))).await?;
+    create_selector_template(c, "hopper", &format!("{memory} && {}", cc("9.0.0"))).await?;
+    create_pod(c, "ada", "ada", None).await?;
+    wait_running(c, "ada").await?;
+    let got = allocated(c, "ada").await?;
+    ensure!(got == [L4], "ada got {got:?}");
+    create_pod(c, "hopper", "hopper", None).await?;
+    let why = wait_unschedulable(c, "hopper").await?;
+    eprintln!("a whole GPU of compute capability 9.0 waits: {why}");
+    delete_pods(c, &["ada", "hopper"]).await
 }
 
 /// `nvidia.com/gpu: 1` becomes a claim from `das-gpu-x1` and runs on the L4 with its UUID;
