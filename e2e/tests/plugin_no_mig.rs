@@ -11,7 +11,8 @@
 //! the L4 at `{0, 1}`; a slice pod beside it gets a MIG instance on the H100; a second
 //! whole-GPU pod waits (the H100 is not offered whole); `kubectl das gpus` draws the L4 held
 //! whole and `kubectl das free` counts it; a legacy `nvidia.com/gpu: 1` pod is translated by the
-//! webhook and lands on the L4.
+//! webhook and lands on the L4. A second test takes the other route for legacy pods on
+//! Kubernetes 1.36+: `gpu.das.com` with `extendedResourceName: nvidia.com/gpu`, no webhook.
 
 use std::path::Path;
 use std::process::Command;
@@ -60,6 +61,70 @@ async fn a_gpu_without_mig_is_served_whole_beside_mig_slices() {
         return cluster.check(Err(e));
     }
     cluster.check(scenarios(&cluster, &kubectl_das).await);
+}
+
+/// `nvidia.com/gpu: 1` reaches the L4 without the webhook: the chart renders `gpu.das.com` with
+/// `extendedResourceName: nvidia.com/gpu` (`wholeGpus.extendedResourceName`, 1.36+), and the
+/// scheduler makes the pod's claim itself (DRAExtendedResource). Skipped before 1.36.
+#[tokio::test]
+async fn a_legacy_gpu_pod_reaches_the_l4_through_the_extended_resource_name() {
+    let mut cluster = Cluster::start(ClusterConfig::with_nodes(&[NODE]))
+        .await
+        .expect("cluster starts");
+    let r = extended_resource(&mut cluster).await;
+    cluster.check(r);
+}
+
+async fn extended_resource(cluster: &mut Cluster) -> Result<()> {
+    let c = cluster.client();
+    let minor: u32 = c
+        .apiserver_version()
+        .await?
+        .minor
+        .trim_end_matches('+')
+        .parse()?;
+    if minor < 36 {
+        eprintln!("Kubernetes 1.{minor}: no extendedResourceName on DeviceClasses; skipped");
+        return Ok(());
+    }
+    let rendered = chart::render_with(&[
+        "wholeGpus.enabled=true",
+        "wholeGpus.extendedResourceName=true",
+    ])?;
+    let class = rendered
+        .get("DeviceClass", DEVICE_CLASS_WHOLE_GPU)
+        .context("gpu.das.com")?;
+    ensure!(
+        class["spec"]["extendedResourceName"] == "nvidia.com/gpu",
+        "gpu.das.com without the extended resource name: {class}"
+    );
+    install::apply_access(cluster, &rendered).await?;
+    start_plugin_with(cluster, NODE, GPUS, &["--whole-gpus"])?;
+    wait_pool_complete(&c, NODE).await?;
+    let pods: Api<Pod> = Api::namespaced(c.clone(), NS);
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "extended"},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+            "terminationGracePeriodSeconds": 0}
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let claim = wait::until("the extended-resource pod to run", TIMEOUT, || async {
+        let status = pods.get("extended").await?.status.unwrap_or_default();
+        if status.phase.as_deref() != Some("Running") {
+            return Ok(None);
+        }
+        Ok(status
+            .extended_resource_claim_status
+            .map(|s| s.resource_claim_name))
+    })
+    .await?;
+    let claim = Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(c.clone(), NS)
+        .get(&claim)
+        .await?;
+    let got: Vec<String> = our_results(&claim).map(|r| r.device.clone()).collect();
+    ensure!(got == [L4], "the scheduler's claim got {got:?}");
+    delete_pod(&c, "extended").await
 }
 
 /// The chart's cluster objects with whole GPUs on (CRD, DeviceClasses, RBAC), the plugin with
