@@ -127,7 +127,20 @@ fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
     let b = NvmlBackend::with_whole_gpus(api, options, args.whole_gpus)
         .context("read the GPUs through NVML")?
         .with_sys_root(&args.sys_root);
-    let major = procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
+    // A node of GPUs without MIG only (T4, L4) names no capability node: no major is fine.
+    let mig = b
+        .inventory()
+        .context("read the GPUs through NVML")?
+        .iter()
+        .any(|g| g.model.mig);
+    let major = procfs::caps_major_if_needed(&args.proc_root, mig)
+        .context("read the nvidia-caps major")?
+        .unwrap_or_else(|| {
+            tracing::info!(
+                "no nvidia-caps character device; none is needed: no GPU of this node has MIG"
+            );
+            0
+        });
     Ok((Arc::new(b), major))
 }
 

@@ -4,7 +4,9 @@ use std::fs;
 use std::path::Path;
 
 use super::backend::map_error;
-use super::procfs::{ci_access_path, gi_access_path, parse_caps_major, read_caps_major};
+use super::procfs::{
+    caps_major_if_needed, ci_access_path, gi_access_path, parse_caps_major, read_caps_major,
+};
 use super::*;
 use crate::gpu::catalog::find_model;
 use std::time::Duration;
@@ -253,6 +255,21 @@ fn caps_major_needs_the_exact_name() {
         Some(238)
     );
     assert!(read_caps_major(Path::new("/nonexistent-proc")).is_err());
+    // A node whose GPUs all lack MIG needs no capability nodes: no major is no error there.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fs::write(
+        root.join("devices"),
+        "Character devices:
+237 nvidia-caps
+",
+    )
+    .unwrap();
+    assert_eq!(caps_major_if_needed(root, true).unwrap(), Some(237));
+    assert_eq!(caps_major_if_needed(root, false).unwrap(), Some(237));
+    let none = Path::new("/nonexistent-proc");
+    assert_eq!(caps_major_if_needed(none, false).unwrap(), None);
+    assert!(caps_major_if_needed(none, true).is_err());
 }
 
 #[test]
