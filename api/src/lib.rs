@@ -136,8 +136,9 @@ pub mod attributes {
     /// `productName` (string): the GPU's product name as NVML reports it (`nvmlDeviceGetName`),
     /// e.g. `NVIDIA H100 80GB HBM3`.
     pub const PRODUCT_NAME: &str = "productName";
-    /// `architecture` (string): `Ampere`, `Hopper`, `Blackwell`, ... (the model data file's, or
-    /// `nvmlDeviceGetArchitecture` for a GPU without one; NVIDIA's DRA driver's spelling).
+    /// `architecture` (string): `Turing`, `Ampere`, `Ada Lovelace`, `Hopper`, `Blackwell`, ...
+    /// (the model data file's, or `nvmlDeviceGetArchitecture` for a GPU without one; NVIDIA's
+    /// DRA driver's spelling, go-nvlib `GetArchitectureAsString`).
     pub const ARCHITECTURE: &str = "architecture";
     /// `cudaComputeCapability` (version, semver), e.g. `9.0.0` (the model data file's, or
     /// `nvmlDeviceGetCudaComputeCapability` for a GPU without one).
@@ -165,6 +166,13 @@ pub mod attributes {
     /// different drivers with equal values share a root complex: a claim aligns a GPU with a NIC
     /// by `matchAttribute: resource.kubernetes.io/pcieRoot`. Published only where sysfs tells.
     pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+    /// The standard NUMA node attribute (int): the NUMA node of the GPU's PCI device, the
+    /// kernel's `/sys/bus/pci/devices/<bus id>/numa_node`, as Kubernetes'
+    /// `deviceattribute.GetNUMANodeAttributeByPCIBusID` reads it (its scalar form). Devices of
+    /// different drivers with equal values sit on one NUMA node: a claim aligns a GPU with a NIC
+    /// or CPUs by `matchAttribute: resource.kubernetes.io/numaNode`. Published only where sysfs
+    /// tells one (never `-1`, which would match every other device without one).
+    pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
     /// `shareNamespace` (string), on a shareable device ([`TYPE_MIG_SHARED`]) while claims hold
     /// shares of its slice: the namespace of those claims, or [`SHARE_NAMESPACE_SEVERAL`] when
     /// claims of several namespaces hold it (docs/design.md §7, "Shares are a tenant's own").

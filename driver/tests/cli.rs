@@ -152,3 +152,32 @@ fn the_emulated_inventory_shows_what_each_gpu_serves() {
         "{text}"
     );
 }
+
+/// A mixed node (`L4:1,H100-80GB:1`): the L4 has no MIG, so it serves nothing without
+/// --whole-gpus and its whole GPU `gpu-0`, listed first, with it; `:mig-on` is refused for it.
+#[test]
+fn a_gpu_without_mig_is_served_whole_with_the_flag() {
+    let spec = "--emulated-gpus=L4:1,H100-80GB:1";
+    let (code, text) = run(&["--print-inventory", spec]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("NVIDIA L4")
+            && text.contains("MIG none model L4 profiles none (no MIG: served whole)")
+            && text.contains("serves nothing (no MIG, no --whole-gpus)"),
+        "{text}"
+    );
+    let (code, text) = run(&["--print-inventory", spec, "--whole-gpus"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("serves whole GPU"), "{text}");
+    let without = printed_devices(&[spec], &[]);
+    assert!(
+        !without.is_empty() && without.iter().all(|n| n.starts_with("gpu-1-mig-")),
+        "{without:?}"
+    );
+    let with = printed_devices(&[spec, "--whole-gpus"], &[]);
+    assert_eq!(with[0], "gpu-0", "{with:?}");
+    assert_eq!(with[1..], without[..]);
+    let (code, text) = run(&["--print-inventory", "--emulated-gpus=L4:1:mig-on"]);
+    assert_ne!(code, 0);
+    assert!(text.contains("L4 has no MIG"), "{text}");
+}

@@ -3,7 +3,8 @@
 //! - `kubectl das gpus [--node N]`: every GPU's memory slices, a letter per pod that holds one,
 //!   and a legend (namespace, pod, profile, placement, MIG UUID) — from the published
 //!   ResourceSlices, the allocated ResourceClaims and the pods they are reserved for
-//!   ([`picture`]). A whole GPU (`--whole-gpus`, profile `gpu`) held by a pod fills its row.
+//!   ([`picture`]). A whole GPU (`--whole-gpus`, profile `gpu`) held by a pod fills its row; a
+//!   GPU without MIG (a T4, an L4) has one memory slice, the whole GPU, so its row is one cell.
 //! - `kubectl das free [--node N] [--profile P]`: how many slices of each profile each node can
 //!   still take, by the scheduler's first fit on the live occupancy ([`free`]); whole GPUs are
 //!   profile `gpu`.

@@ -1,6 +1,6 @@
 //! `kubectl das gpus`: every GPU's memory slices as a row of cells, a letter for each slice a
-//! pod holds (a whole GPU held by one pod: its letter on every cell), and a legend of who holds
-//! what. A shared slice (docs/design.md §7, "Shared slices") is one letter whose legend names
+//! pod holds (a whole GPU held by one pod: its letter on every cell; a GPU without MIG, a T4 or
+//! an L4, is one cell), and a legend of who holds what. A shared slice (docs/design.md §7, "Shared slices") is one letter whose legend names
 //! every claim holding a share and its shares (`shared: s1 (1 of 4 shares), s2 (2 of 4 shares)`).
 //!
 //! ```text

@@ -1,17 +1,20 @@
 //! The built-in GPU models: the TOML data files in `driver/data/gpus/`, embedded with
 //! `include_str!` so the plugin binary is self-contained, parsed and validated on first use (a
-//! wrong table fails loudly with the file name and the problem, never silently), and looked up
-//! by name, alias or PCI device ID. A new GPU model is a new data file plus a line in
-//! [`BUILTIN_MODEL_FILES`] (CONTRIBUTING.md).
+//! wrong table fails loudly with the file name and the problem, never silently; the rules are in
+//! `catalog/validate.rs`), and looked up by name, alias, or PCI device and subsystem ID. A new
+//! GPU model is a new data file plus a line in [`BUILTIN_MODEL_FILES`] (CONTRIBUTING.md).
+//!
+//! Models of GPUs without MIG (`mig = false`: T4, L4, …) have no profile table: on load they get
+//! one memory slice (the whole GPU) and counter totals of their memory and multiprocessors.
 
-use std::collections::{BTreeSet, HashSet};
+mod validate;
+
+use std::collections::BTreeSet;
 use std::sync::{Arc, OnceLock};
 
 use super::layout;
-use super::model::{
-    CI_PROFILE_ENUMS, GI_PROFILE_ENUMS, GiProfile, GpuModel, MAX_MEMORY_SLICES, enum_value,
-    parse_compute_capability,
-};
+use super::model::{GpuModel, ResourceAmounts};
+use das_api::counters;
 
 /// The embedded data files: `(file name, contents)`.
 pub const BUILTIN_MODEL_FILES: &[(&str, &str)] = &[
@@ -55,6 +58,20 @@ pub const BUILTIN_MODEL_FILES: &[(&str, &str)] = &[
         "rtx-pro-6000-blackwell.toml",
         include_str!("../../data/gpus/rtx-pro-6000-blackwell.toml"),
     ),
+    // GPUs without MIG (`mig = false`), served whole.
+    ("t4.toml", include_str!("../../data/gpus/t4.toml")),
+    ("a2.toml", include_str!("../../data/gpus/a2.toml")),
+    ("a10.toml", include_str!("../../data/gpus/a10.toml")),
+    ("a10g.toml", include_str!("../../data/gpus/a10g.toml")),
+    ("a16.toml", include_str!("../../data/gpus/a16.toml")),
+    ("a40.toml", include_str!("../../data/gpus/a40.toml")),
+    ("l4.toml", include_str!("../../data/gpus/l4.toml")),
+    ("l40.toml", include_str!("../../data/gpus/l40.toml")),
+    ("l40s.toml", include_str!("../../data/gpus/l40s.toml")),
+    (
+        "rtx-6000-ada.toml",
+        include_str!("../../data/gpus/rtx-6000-ada.toml"),
+    ),
 ];
 
 /// A data file that does not parse or does not describe a consistent GPU.
@@ -76,7 +93,34 @@ pub fn parse_model(file: &str, text: &str) -> Result<GpuModel, ModelError> {
     let mut model: GpuModel =
         toml::from_str(text).map_err(|e| err(format!("invalid TOML: {e}")))?;
     model.source_file = file.to_string();
-    validate_model(&model).map_err(err)?;
+    if !model.mig && model.multiprocessors.is_none() {
+        return Err(err(
+            "a GPU without MIG (mig = false) needs multiprocessors (its SM count)".into(),
+        ));
+    }
+    complete_model(model)
+}
+
+/// Validates `model` (its [`GpuModel::source_file`] names it in errors) and fills in what is
+/// derived on load: for a MIG model its counter totals and published counters from its layouts;
+/// for a GPU without MIG one memory slice (the whole GPU), counter totals of its memory and
+/// multiprocessors, and `memory` as the one resource counter.
+pub fn complete_model(mut model: GpuModel) -> Result<GpuModel, ModelError> {
+    let err = |problem: String| ModelError {
+        file: model.source_file.clone(),
+        problem,
+    };
+    validate::validate_model(&model).map_err(err)?;
+    if !model.mig {
+        model.memory_slices = 1;
+        model.counter_totals = ResourceAmounts {
+            memory_mib: model.memory_mib,
+            multiprocessors: model.multiprocessors.map_or(0, u64::from),
+            ..ResourceAmounts::default()
+        };
+        model.published_counters = vec![counters::MEMORY];
+        return Ok(model);
+    }
     model.counter_totals = layout::max_consumption(&model).ok_or_else(|| {
         err(format!(
             "more than {} valid layouts; the table is too large to derive counters from",
@@ -86,133 +130,6 @@ pub fn parse_model(file: &str, text: &str) -> Result<GpuModel, ModelError> {
     // Past the budget every resource counter stays (empty list): more counters, same layouts.
     model.published_counters = layout::needed_counters(&model).unwrap_or_default();
     Ok(model)
-}
-
-fn validate_model(m: &GpuModel) -> Result<(), String> {
-    validate_geometry(m)?;
-    if m.profiles.is_empty() {
-        return Err("no [[profiles]]".into());
-    }
-    let mut ids = HashSet::new();
-    let mut labels = HashSet::new();
-    for p in &m.profiles {
-        validate_profile(m, p).map_err(|e| format!("profile {}: {e}", p.name))?;
-        if !ids.insert(p.id) {
-            return Err(format!("profile id {} appears twice", p.id));
-        }
-        if !labels.insert(p.dns_label()) {
-            return Err(format!(
-                "profile {} maps to the device-name label {} of another profile",
-                p.name,
-                p.dns_label()
-            ));
-        }
-    }
-    Ok(())
-}
-
-fn validate_geometry(m: &GpuModel) -> Result<(), String> {
-    if m.name.trim().is_empty() {
-        return Err("empty name".into());
-    }
-    if m.memory_slices == 0 || m.memory_slices > MAX_MEMORY_SLICES {
-        return Err(format!(
-            "memory_slices = {} (must be 1..={MAX_MEMORY_SLICES}: one counter per memory slice, 32 counters per set)",
-            m.memory_slices
-        ));
-    }
-    if m.compute_slices == 0 || m.max_gpu_instances == 0 {
-        return Err("compute_slices and max_gpu_instances must be positive".into());
-    }
-    if m.pci_device_ids.is_empty() {
-        return Err("pci_device_ids is empty".into());
-    }
-    parse_compute_capability(&m.cuda_compute_capability).ok_or_else(|| {
-        format!(
-            "cuda_compute_capability {:?} is not <major>.<minor>",
-            m.cuda_compute_capability
-        )
-    })?;
-    Ok(())
-}
-
-fn validate_profile(m: &GpuModel, p: &GiProfile) -> Result<(), String> {
-    if enum_value(GI_PROFILE_ENUMS, &p.nvml_enum).is_none() {
-        return Err(format!("unknown GI profile enum {}", p.nvml_enum));
-    }
-    if enum_value(CI_PROFILE_ENUMS, &p.compute_instance.nvml_enum) != Some(p.compute_instance.id) {
-        return Err(format!(
-            "compute_instance id {} does not match enum {}",
-            p.compute_instance.id, p.compute_instance.nvml_enum
-        ));
-    }
-    if !p.name.starts_with(&format!("{}g.", p.compute_slices)) {
-        return Err(format!(
-            "name does not start with {}g. (compute_slices)",
-            p.compute_slices
-        ));
-    }
-    if p.compute_slices == 0 || p.compute_slices > m.compute_slices {
-        return Err(format!(
-            "compute_slices {} outside 1..={}",
-            p.compute_slices, m.compute_slices
-        ));
-    }
-    if p.media_extension != p.name.ends_with("+me") {
-        return Err("media_extension must be true exactly for `+me` profiles".into());
-    }
-    if p.max_instances == 0 || p.max_instances > m.max_gpu_instances {
-        return Err(format!(
-            "max_instances {} outside 1..={}",
-            p.max_instances, m.max_gpu_instances
-        ));
-    }
-    validate_placements(m, p)?;
-    validate_memory(m, p)
-}
-
-fn validate_placements(m: &GpuModel, p: &GiProfile) -> Result<(), String> {
-    if p.placement_size == 0 || p.placement_size > m.memory_slices {
-        return Err(format!(
-            "placement_size {} outside 1..={} memory slices",
-            p.placement_size, m.memory_slices
-        ));
-    }
-    if p.placement_starts.is_empty() {
-        return Err("placement_starts is empty".into());
-    }
-    if !p.placement_starts.windows(2).all(|w| w[0] < w[1]) {
-        return Err(format!(
-            "placement_starts {:?} not strictly ascending",
-            p.placement_starts
-        ));
-    }
-    if let Some(s) = p
-        .placement_starts
-        .iter()
-        .find(|&&s| s + p.placement_size > m.memory_slices)
-    {
-        return Err(format!(
-            "placement start {s} + size {} exceeds the {} memory slices",
-            p.placement_size, m.memory_slices
-        ));
-    }
-    Ok(())
-}
-
-/// A profile's memory must not exceed its share of the GPU: `memory × slices ≤ total × size`.
-fn validate_memory(m: &GpuModel, p: &GiProfile) -> Result<(), String> {
-    if p.memory_mib == 0 {
-        return Err("memory_mib is 0".into());
-    }
-    let share = m.memory_mib * u64::from(p.placement_size);
-    if p.memory_mib * u64::from(m.memory_slices) > share {
-        return Err(format!(
-            "memory_mib {} exceeds {}/{} of the GPU's {} MiB",
-            p.memory_mib, p.placement_size, m.memory_slices, m.memory_mib
-        ));
-    }
-    Ok(())
 }
 
 /// Parses and validates every embedded data file. Names and aliases must be unique across files.
@@ -228,6 +145,18 @@ pub fn load_builtin_models() -> Result<Vec<Arc<GpuModel>>, ModelError> {
                     problem: format!("name or alias {n} is used by another model"),
                 });
             }
+        }
+        if let Some(other) = models
+            .iter()
+            .find(|m: &&Arc<GpuModel>| validate::pci_overlap(m, &model))
+        {
+            return Err(ModelError {
+                file: file.to_string(),
+                problem: format!(
+                    "a PCI device ID of {} is also {}'s ({}), and their pci_subsystem_ids do not tell them apart",
+                    model.name, other.name, other.source_file
+                ),
+            });
         }
         models.push(Arc::new(model));
     }
@@ -252,12 +181,26 @@ pub fn find_model(name: &str) -> Result<Option<Arc<GpuModel>>, ModelError> {
         .cloned())
 }
 
-/// The embedded model for PCI device ID `pci_device_id` (`0xDDDDVVVV`).
-pub fn find_model_by_pci_id(pci_device_id: u32) -> Result<Option<Arc<GpuModel>>, ModelError> {
-    Ok(builtin_models()?
+/// The embedded model for PCI device ID `pci_device_id` (`0xDDDDVVVV`) with subsystem ID
+/// `pci_subsystem_id` (`0xSSSSVVVV`, NVML's `pciSubSystemId`; 0 when unknown) and NVML name
+/// `name` (`nvmlDeviceGetName`): the file that lists both IDs, else one of that device ID whose
+/// `product_name` is `name` (a subsystem a shared device ID's files do not list, e.g. an OEM
+/// board of an A2 or A16, is told apart by name), else `None`.
+pub fn find_model_for_gpu(
+    pci_device_id: u32,
+    pci_subsystem_id: u32,
+    name: &str,
+) -> Result<Option<Arc<GpuModel>>, ModelError> {
+    let models = builtin_models()?;
+    let by_id = models
         .iter()
-        .find(|m| m.pci_device_ids.contains(&pci_device_id))
-        .cloned())
+        .find(|m| m.matches_pci(pci_device_id, pci_subsystem_id));
+    let by_name = || {
+        models.iter().find(|m| {
+            m.pci_device_ids.contains(&pci_device_id) && m.product_name.eq_ignore_ascii_case(name)
+        })
+    };
+    Ok(by_id.or_else(by_name).cloned())
 }
 
 /// One line per embedded model, `NAME (aliases: …): profiles …`, for docs and error messages.

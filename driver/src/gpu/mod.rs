@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 pub use calls::GpuCalls;
 pub use catalog::{
-    ModelError, builtin_models, find_model, find_model_by_pci_id, model_list, model_names,
+    ModelError, builtin_models, find_model, find_model_for_gpu, model_list, model_names,
 };
 pub use emulated::{
     EmulatedBackend, EmulatedError, EmulatedGpuSpec, FaultKind, Latency, parse_emulated_spec,
@@ -45,7 +45,8 @@ pub struct GpuInfo {
     pub index: u32,
     /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
     pub uuid: String,
-    /// The model's profile and placement tables.
+    /// The model's profile and placement tables (none for a GPU without MIG,
+    /// [`GpuModel::mig`]).
     pub model: Arc<GpuModel>,
     /// Product name as NVML reports it (published as `productName`).
     pub product_name: String,
@@ -57,6 +58,13 @@ pub struct GpuInfo {
     /// PCIe root complex (`pci0000:3a`, [`pci::pcie_root`]) where known; published as
     /// `resource.kubernetes.io/pcieRoot`.
     pub pcie_root: Option<String>,
+    /// NUMA node of the GPU's PCI device (sysfs `numa_node`, [`pci::numa_node`]) where sysfs
+    /// tells one (not -1); published as `resource.kubernetes.io/numaNode`.
+    pub numa_node: Option<u32>,
+    /// Total memory (MiB): NVML's (`nvmlDeviceGetMemoryInfo`) on real GPUs, where ECC may
+    /// reserve part of the board's memory; the model's on emulated GPUs. A GPU without MIG
+    /// publishes it as its whole GPU's `memory` (a MIG-capable one publishes the model's).
+    pub memory_mib: u64,
     /// Brand as NVIDIA's DRA driver names it (`Nvidia`, `Tesla`, …, [`nvml::brand_name`]) where
     /// known; published as `brand`.
     pub brand: Option<String>,
@@ -96,6 +104,21 @@ impl MigSwitch {
         )
     }
 
+    /// Refused because the GPU has no MIG (a T4, an L4: [`GpuModel::mig`] is false).
+    pub fn no_mig() -> Self {
+        MigSwitch::Refused("the GPU has no MIG".into())
+    }
+
+    /// What a GPU of `model` reports while switching is off: [`Self::off`], or
+    /// [`Self::no_mig`] for a model without MIG.
+    pub fn base(model: &GpuModel) -> Self {
+        if model.mig {
+            Self::off()
+        } else {
+            Self::no_mig()
+        }
+    }
+
     /// Whether switching is allowed.
     pub fn allowed(&self) -> bool {
         matches!(self, MigSwitch::Allowed)
@@ -119,8 +142,9 @@ pub struct MigModeState {
 
 impl GpuInfo {
     /// A GPU of built-in `model` at `index` for unit tests: UUID
-    /// `GPU-0000000<index>-0000-0000-0000-000000000000`, minor `index`, MIG mode on, driver
-    /// `580.95.05`, no PCI facts. Tests change fields with struct update syntax.
+    /// `GPU-0000000<index>-0000-0000-0000-000000000000`, minor `index`, MIG mode on (off for a
+    /// model without MIG), the model's memory, driver `580.95.05`, no PCI facts. Tests change
+    /// fields with struct update syntax.
     #[cfg(test)]
     pub(crate) fn for_tests(index: u32, model: &str) -> Self {
         let model = catalog::find_model(model).unwrap().unwrap();
@@ -128,15 +152,17 @@ impl GpuInfo {
             index,
             uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
             product_name: model.product_name.clone(),
+            memory_mib: model.memory_mib,
+            mig_enabled: model.mig,
+            mig_switch: MigSwitch::base(&model),
             model,
             minor: index,
             pci_bus_id: None,
             pcie_root: None,
+            numa_node: None,
             brand: None,
             driver_version: "580.95.05".into(),
             cuda_driver_version: None,
-            mig_enabled: true,
-            mig_switch: MigSwitch::off(),
         }
     }
 
@@ -147,14 +173,30 @@ impl GpuInfo {
     }
 
     /// Whether DAS offers this GPU whole (one device `gpu-<index>`, docs/design.md §7, "Whole
-    /// GPUs"): MIG mode is off, or DAS may switch it off. Such a GPU is in the inventory only
-    /// with `--whole-gpus`.
+    /// GPUs"): MIG mode is off (always for a GPU without MIG), or DAS may switch it off. Such a
+    /// GPU is in the inventory only with `--whole-gpus`.
     pub fn offers_whole_gpu(&self) -> bool {
         !self.mig_enabled || self.mig_switch.allowed()
     }
 
+    /// Whether DAS offers this GPU whole and nothing else (no MIG, or MIG mode off and not
+    /// switchable): the placement policy lists such GPUs first (docs/design.md §5).
+    pub fn only_whole(&self) -> bool {
+        self.offers_whole_gpu() && !self.offers_mig()
+    }
+
+    /// The whole GPU's memory (bytes): NVML's total for a GPU without MIG
+    /// ([`Self::memory_mib`]), the model's for a MIG-capable one.
+    pub fn whole_gpu_memory_bytes(&self) -> u64 {
+        if self.model.mig {
+            self.model.memory_bytes()
+        } else {
+            self.memory_mib * model::MIB
+        }
+    }
+
     /// Whether a backend keeps this GPU in its inventory: MIG mode on, or off with `whole_gpus`
-    /// (`--whole-gpus`); a GPU with MIG mode off is skipped without it.
+    /// (`--whole-gpus`); a GPU with MIG mode off, or without MIG, is skipped without it.
     pub fn served(&self, whole_gpus: bool) -> bool {
         self.mig_enabled || whole_gpus
     }

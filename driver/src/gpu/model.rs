@@ -1,6 +1,7 @@
 //! GPU models: the types of the MIG profile and placement tables (facts in
-//! docs/reference/mig.md), and what a profile consumes. [`super::catalog`] loads them from the
-//! data files.
+//! docs/reference/mig.md), what a profile consumes, and the models of GPUs without MIG (T4, L4,
+//! …: no tables, served whole; docs/reference/gpus-without-mig.md). [`super::catalog`] loads them
+//! from the data files.
 
 use std::fmt;
 
@@ -137,7 +138,25 @@ impl GiProfile {
     }
 }
 
-/// A GPU model: identity, geometry and GI profile table from one data file.
+/// The architectures a model may name, spelled as NVIDIA's DRA driver publishes them in
+/// `architecture` (go-nvlib `GetArchitectureAsString`, from `nvmlDeviceGetArchitecture`), so CEL
+/// written for `gpu.nvidia.com` ports by renaming the driver. `Unknown` is what a GPU of an
+/// architecture newer than NVML's enum as DAS knows it gets (a model built from NVML's tables).
+pub const ARCHITECTURES: &[&str] = &[
+    "Kepler",
+    "Maxwell",
+    "Pascal",
+    "Volta",
+    "Turing",
+    "Ampere",
+    "Ada Lovelace",
+    "Hopper",
+    "Blackwell",
+    "Unknown",
+];
+
+/// A GPU model from one data file: identity, and either the geometry and GI profile table of a
+/// MIG-capable GPU, or (`mig = false`) the whole-GPU facts of a GPU without MIG.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuModel {
@@ -150,40 +169,88 @@ pub struct GpuModel {
     pub product_name: String,
     /// PCI device IDs (`0xDDDDVVVV`, NVML's `pciDeviceId`) the table applies to.
     pub pci_device_ids: Vec<u32>,
-    /// `Ampere`, `Hopper`, `Blackwell`.
+    /// PCI subsystem IDs (`0xSSSSVVVV`: subsystem device ID, subsystem vendor ID; NVML's
+    /// `pciSubSystemId`) the file is limited to; empty: every subsystem. Needed where one device
+    /// ID covers two products (A2 and A16 are both `0x25B610DE`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pci_subsystem_ids: Vec<u32>,
+    /// One of [`ARCHITECTURES`]: `Turing`, `Ampere`, `Ada Lovelace`, `Hopper`, `Blackwell`.
     pub architecture: String,
     /// CUDA compute capability, `major.minor`.
     pub cuda_compute_capability: String,
     /// Total device memory as nvidia-smi reports it (MiB).
     pub memory_mib: u64,
+    /// Whether the GPU has MIG (`mig = false` in the files of T4, L4, …: no profile table, no
+    /// geometry; the GPU is served whole, docs/design.md §7, "Whole GPUs"). Default `true`.
+    #[serde(default = "mig_default")]
+    pub mig: bool,
+    /// Streaming multiprocessors of the whole GPU, where known: every data file of a GPU without
+    /// MIG gives it (published as the whole GPU's `multiprocessors` capacity); MIG files leave it
+    /// out (their whole GPUs show the most a MIG layout holds, [`Self::counter_totals`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multiprocessors: Option<u32>,
     /// Memory slices: the placement grid (8 on A100/H100/H200/B200, 4 on A30, 12 on RTX PRO 6000).
+    /// A GPU without MIG has none in its file and 1 once loaded: the whole GPU is its one unit
+    /// (its counter `memory-slice-0`, its whole-GPU placement `{0, 1}`).
+    #[serde(default)]
     pub memory_slices: u32,
-    /// Compute (SM) slices (7 on A100/H100/H200/B200, 4 on A30 and RTX PRO 6000).
+    /// Compute (SM) slices (7 on A100/H100/H200/B200, 4 on A30 and RTX PRO 6000; 0 without MIG).
+    #[serde(default)]
     pub compute_slices: u32,
-    /// Most GPU instances at once.
+    /// Most GPU instances at once (0 without MIG).
+    #[serde(default)]
     pub max_gpu_instances: u32,
-    /// Ampere: toggling MIG mode needs a GPU reset, so DAS never toggles it (docs/reference/mig.md, "MIG mode").
-    pub mig_mode_change_requires_reset: bool,
-    /// The GI profiles, in file order (small to large).
+    /// Ampere: toggling MIG mode needs a GPU reset, so DAS never toggles it (docs/reference/mig.md,
+    /// "MIG mode"). Required in a MIG file, absent without MIG
+    /// ([`Self::mig_mode_change_requires_reset`]).
+    #[serde(
+        default,
+        rename = "mig_mode_change_requires_reset",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub mig_mode_reset: Option<bool>,
+    /// The GI profiles, in file order (small to large); none without MIG.
+    #[serde(default)]
     pub profiles: Vec<GiProfile>,
     /// The data file this model came from (set on load).
     #[serde(skip)]
     pub source_file: String,
     /// The most any hardware-valid layout of this GPU consumes of each resource: the values of the
-    /// GPU's shared counters (computed on load by enumerating every valid layout).
+    /// GPU's shared counters (computed on load by enumerating every valid layout). Without MIG:
+    /// the whole GPU's memory and multiprocessors.
     #[serde(skip)]
     pub counter_totals: ResourceAmounts,
     /// The resource counters DAS publishes in this GPU's counter set and device consumption,
     /// besides `memory-slice-<n>` (computed on load, [`crate::gpu::layout::needed_counters`]):
     /// `memory` and the few others the hardware rules need. Empty: every resource counter.
+    /// Without MIG: `memory` alone.
     #[serde(skip)]
     pub published_counters: Vec<&'static str>,
+}
+
+fn mig_default() -> bool {
+    true
 }
 
 impl GpuModel {
     /// Whether resource counter `name` (`memory`, `multiprocessors`, …) is published for this GPU.
     pub fn publishes_counter(&self, name: &str) -> bool {
         self.published_counters.is_empty() || self.published_counters.contains(&name)
+    }
+
+    /// Whether a MIG mode change needs a GPU reset: the file says so (Ampere); `false` for a GPU
+    /// without MIG (it has no mode to change).
+    pub fn mig_mode_change_requires_reset(&self) -> bool {
+        self.mig_mode_reset.unwrap_or(false)
+    }
+
+    /// Whether `pci_device_id` (`0xDDDDVVVV`) with subsystem `pci_subsystem_id` (`0xSSSSVVVV`,
+    /// 0 when unknown) is this model's: one of its device IDs, and one of its subsystem IDs
+    /// where it lists any.
+    pub fn matches_pci(&self, pci_device_id: u32, pci_subsystem_id: u32) -> bool {
+        self.pci_device_ids.contains(&pci_device_id)
+            && (self.pci_subsystem_ids.is_empty()
+                || self.pci_subsystem_ids.contains(&pci_subsystem_id))
     }
 
     /// The profile named `name` (exact match), with its index in [`Self::profiles`].
@@ -200,8 +267,11 @@ impl GpuModel {
             || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
     }
 
-    /// The profile names, comma-separated, for error messages.
+    /// The profile names, comma-separated, for error messages; `none (no MIG)` without MIG.
     pub fn profile_names(&self) -> String {
+        if !self.mig {
+            return "none (no MIG: served whole)".into();
+        }
         self.profiles
             .iter()
             .map(|p| p.name.as_str())

@@ -9,9 +9,13 @@
 //! - the PCIe root is the first directory under `/sys/devices` of the device's sysfs path:
 //!   `/sys/bus/pci/devices/<bus id>` is a symlink to
 //!   `/sys/devices/pci0000:00/<bridges…>/<bus id>`, whose root is `pci0000:00`
-//!   ([`pcie_root`]).
+//!   ([`pcie_root`]);
+//! - the NUMA node is the kernel's `/sys/bus/pci/devices/<bus id>/numa_node`, a scalar int, and a
+//!   device with none (`-1`) publishes no `resource.kubernetes.io/numaNode` (Kubernetes'
+//!   `deviceattribute.GetNUMANodeAttributeByPCIBusID`, `numa_linux.go`; [`numa_node`]).
 //!
-//! Emulated GPUs get synthetic, well-formed values ([`emulated_bus_id`], [`emulated_pcie_root`]).
+//! Emulated GPUs get synthetic, well-formed values ([`emulated_bus_id`], [`emulated_pcie_root`],
+//! [`emulated_numa_node`]).
 
 use std::ffi::OsStr;
 use std::fs;
@@ -77,6 +81,39 @@ pub fn pcie_root(sys_root: &Path, bus_id: &str) -> Result<String, String> {
     Ok(root.to_string())
 }
 
+/// Highest NUMA node Kubernetes' helper accepts (`maxNUMANodes` − 1 in `numa_linux.go`).
+pub const MAX_NUMA_NODE: u32 = 1023;
+
+/// The NUMA node of the device with standard bus ID `bus_id`: the integer in
+/// `<sys_root>/bus/pci/devices/<bus_id>/numa_node`. `Ok(None)` when the kernel reports `-1` (no
+/// NUMA affinity: such a device must not publish `numaNode`, or it would match every other
+/// device without one under `matchAttribute`).
+///
+/// # Errors
+/// What is wrong, for a log line: not a standard bus ID, an unreadable file, or a value that is
+/// not an integer in `-1..=1023`.
+pub fn numa_node(sys_root: &Path, bus_id: &str) -> Result<Option<u32>, String> {
+    if standard_bus_id(bus_id).as_deref() != Some(bus_id) {
+        return Err(format!(
+            "{bus_id:?} is not a PCI bus ID of the form 0000:3b:00.0"
+        ));
+    }
+    let path = sys_root
+        .join("bus/pci/devices")
+        .join(bus_id)
+        .join("numa_node");
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    match text.trim().parse::<i64>() {
+        Ok(-1) => Ok(None),
+        Ok(n) if (0..=i64::from(MAX_NUMA_NODE)).contains(&n) => Ok(Some(n as u32)),
+        _ => Err(format!(
+            "{}: {:?} is not a NUMA node (-1 or 0..={MAX_NUMA_NODE})",
+            path.display(),
+            text.trim()
+        )),
+    }
+}
+
 /// `path` with `.` and `..` resolved without touching the file system (`..` at the top stays at
 /// the top, as in a path lookup).
 fn normalize(path: &Path) -> PathBuf {
@@ -105,6 +142,13 @@ pub fn emulated_bus_id(index: u32) -> String {
 /// `matchAttribute: resource.kubernetes.io/pcieRoot` thus gets two GPUs of one pair.
 pub fn emulated_pcie_root(index: u32) -> String {
     format!("pci0000:{:02x}", 0x10 + (index & !1))
+}
+
+/// The synthetic NUMA node of emulated GPU `index`: four GPUs (two PCIe roots of
+/// [`emulated_pcie_root`]) per node, as on a two-socket server with eight GPUs (`0` for GPUs
+/// 0–3, `1` for 4–7, …).
+pub fn emulated_numa_node(index: u32) -> u32 {
+    index / 4
 }
 
 #[cfg(test)]

@@ -4,16 +4,19 @@
 //!   `gpu-<index>-mig-<profile>-<start>`, with the attributes and capacities of docs/design.md §3,
 //!   consuming its resources and the memory-slice counters `[start, start + size)` from its GPU's
 //!   counter set.
-//! - One whole-GPU device `gpu-<index>` per GPU with MIG mode off (in the inventory only with
-//!   `--whole-gpus`; docs/design.md §7, "Whole GPUs"), consuming every counter of its GPU's
-//!   counter set at its full value. Devices are built in `resource_slices/device.rs`.
+//! - One whole-GPU device `gpu-<index>` per GPU with MIG mode off or without MIG (in the
+//!   inventory only with `--whole-gpus`; docs/design.md §7, "Whole GPUs"), consuming every
+//!   counter of its GPU's counter set at its full value. Devices are built in
+//!   `resource_slices/device.rs`.
 //! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` (bytes), `multiprocessors`, the
 //!   engine counters, and `memory-slice-<n>` = 1 per memory slice. Overlapping placements consume
-//!   the same memory-slice counter, which stops the allocator from picking both.
+//!   the same memory-slice counter, which stops the allocator from picking both. A GPU without
+//!   MIG has `memory` and `memory-slice-0` only.
 //! - Devices are listed in the placement policy's order ([`crate::publish::placement::publish_order`],
-//!   whole GPUs placed by [`crate::publish::placement::with_whole_gpus`]: after the MIG devices
-//!   of their GPU and of every GPU with a lower index); slices carry an index whose zero-padded hex form sorts like the index, so the allocator (which
-//!   sorts slices by name from 1.36) walks devices in that order.
+//!   whole GPUs placed by [`crate::publish::placement::with_whole_gpus`]: GPUs offered only whole
+//!   first, a switchable GPU's after the MIG devices of its GPU and of every GPU with a lower
+//!   index); slices carry an index whose zero-padded hex form sorts like the index, so the
+//!   allocator (which sorts slices by name from 1.36) walks devices in that order.
 //! - Layout by server version (docs/reference/dra.md, "ResourceSlice limits"): 1.34 keeps a GPU's counter set
 //!   and its devices in one slice (several GPUs per slice while the limits allow); 1.35+ puts
 //!   counter sets in counter-only slices (`devices` unset) and devices in device-only slices.

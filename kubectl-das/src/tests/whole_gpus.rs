@@ -166,3 +166,74 @@ fn a_whole_gpu_without_published_counters_still_lists() {
     assert_eq!(inv.held.len(), 1);
     assert_eq!(inv.held[0].profile, "gpu");
 }
+
+/// A mixed node as das-driver publishes it (`L4:1,H100-80GB:1` with `--whole-gpus`): the L4 has
+/// no MIG, so its counter set has one memory slice and its row one cell, free or held whole;
+/// `free` counts it as profile `gpu` beside the H100's profiles.
+#[test]
+fn a_gpu_without_mig_is_one_cell_held_whole() {
+    let all = slices("n0", "L4:1,H100-80GB:1");
+    let inv = Inventory::new(&all, &[]).unwrap();
+    let gpus: Vec<(u32, u32, &str)> = inv
+        .gpus
+        .iter()
+        .map(|g| (g.index, g.memory_slices, g.product.as_str()))
+        .collect();
+    assert_eq!(gpus, [(0, 1, "NVIDIA L4"), (1, 8, "NVIDIA H100 80GB HBM3")]);
+    assert!(inv.gpus[0].uuid.starts_with("GPU-"), "{:?}", inv.gpus[0]);
+    let l4 = inv
+        .device("n0", "gpu-0")
+        .expect("the L4 is published whole");
+    assert_eq!((l4.profile.as_str(), l4.start, l4.size), ("gpu", 0, 1));
+    // Free: one whole GPU, and every H100 profile.
+    let rows = free_profiles(&inv);
+    let gpu = free_of(&rows, "n0", "gpu");
+    assert_eq!(
+        (gpu.count, gpu.size, gpu.per_gpu.clone()),
+        (1, 1, [(0, 1)].into())
+    );
+    assert_eq!(free_of(&rows, "n0", "1g.10gb").count, 7);
+    let text = render_text(&pictures(&inv, None), &plain(Options::default()));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[1].contains("NVIDIA L4") && lines[1].ends_with("[.]"),
+        "{text}"
+    );
+
+    // An L4 pod holds it whole (the plugin's status data: profile gpu, placement {0, 1}) and a
+    // slice pod a 1g.10gb of the H100.
+    let mut whole = whole_gpu_claim("a", "w", Some("l4-pod"), &[("n0", "gpu-0")]);
+    for d in whole.status.as_mut().unwrap().devices.iter_mut().flatten() {
+        d.data.as_mut().unwrap().0["placement"] = json!({"start": 0, "size": 1});
+    }
+    let slice = claim(
+        "a",
+        "s",
+        Some("slice-pod"),
+        &[("n0", "gpu-1-mig-1g-10gb-6")],
+        true,
+    );
+    let inv = Inventory::new(&all, &[whole, slice]).unwrap();
+    let pics = pictures(&inv, None);
+    assert_eq!(
+        (pics[0].free_memory_slices, pics[1].free_memory_slices),
+        (0, 7)
+    );
+    let text = render_text(&pics, &plain(Options::default()));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[1].ends_with("[A]"), "{text}");
+    assert!(lines[2].ends_with("[. . . . . . B .]"), "{text}");
+    let legend: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.starts_with("A "))
+        .copied()
+        .collect();
+    assert!(
+        legend.len() == 1
+            && legend[0].contains("l4-pod")
+            && legend[0].contains(" gpu ")
+            && legend[0].contains("(whole GPU)"),
+        "{text}"
+    );
+    assert_eq!(free_of(&free_profiles(&inv), "n0", "gpu").count, 0);
+}

@@ -62,7 +62,8 @@ pub(crate) struct Args {
     /// Plugin state: checkpoint, and the emulated GPUs' state.
     #[arg(long, env = "DAS_STATE_DIR", default_value = "/var/lib/das")]
     pub(crate) state_dir: PathBuf,
-    /// Emulate GPUs instead of using NVML, e.g. `A100-SXM4-40GB:2,H100-80GB:2`.
+    /// Emulate GPUs instead of using NVML, e.g. `A100-SXM4-40GB:2,H100-80GB:2`, or a mixed node
+    /// `L4:1,H100-80GB:1` (models without MIG are served with --whole-gpus).
     #[arg(long, env = "DAS_EMULATED_GPUS")]
     pub(crate) emulated_gpus: Option<String>,
     /// With --emulated-gpus: make stand-in character devices for the emulated GPUs (`nvidia<N>`,
@@ -162,11 +163,12 @@ pub(crate) struct Args {
     /// (they need a GPU reset).
     #[arg(long, env = "DAS_ENABLE_MIG_MODE")]
     pub(crate) enable_mig_mode: bool,
-    /// Also serve the GPUs whose MIG mode is off, each as one whole-GPU device `gpu-<index>`
-    /// (DeviceClass `gpu.das.com`) that holds every counter of its GPU. Off by default: such GPUs
-    /// are skipped. Without --mig-mode-switching a GPU keeps its mode: GPUs with MIG on serve
+    /// Also serve the GPUs whose MIG mode is off and the GPUs without MIG (T4, L4, …), each as
+    /// one whole-GPU device `gpu-<index>` (DeviceClass `gpu.das.com`) that holds every counter
+    /// of its GPU. Off by default: such GPUs are skipped (logged), since NVIDIA's device plugin
+    /// may serve them. Without --mig-mode-switching a GPU keeps its mode: GPUs with MIG on serve
     /// slices only, those with it off the whole GPU only. With --emulated-gpus: the entries
-    /// marked `:mig-off`.
+    /// marked `:mig-off` and the models without MIG.
     #[arg(long, env = "DAS_WHOLE_GPUS")]
     pub(crate) whole_gpus: bool,
     /// Let MIG mode follow demand on GPUs that switch without a reset (Hopper and newer, not a

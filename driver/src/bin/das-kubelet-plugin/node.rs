@@ -127,7 +127,20 @@ fn open_nvml(args: &Args) -> Result<(Arc<dyn GpuBackend>, u32)> {
     let b = NvmlBackend::with_whole_gpus(api, options, args.whole_gpus)
         .context("read the GPUs through NVML")?
         .with_sys_root(&args.sys_root);
-    let major = procfs::read_caps_major(&args.proc_root).context("read the nvidia-caps major")?;
+    // A node of GPUs without MIG only (T4, L4) names no capability node: no major is fine.
+    let mig = b
+        .inventory()
+        .context("read the GPUs through NVML")?
+        .iter()
+        .any(|g| g.model.mig);
+    let major = procfs::caps_major_if_needed(&args.proc_root, mig)
+        .context("read the nvidia-caps major")?
+        .unwrap_or_else(|| {
+            tracing::info!(
+                "no nvidia-caps character device; none is needed: no GPU of this node has MIG"
+            );
+            0
+        });
     Ok((Arc::new(b), major))
 }
 
@@ -150,7 +163,8 @@ pub(crate) fn open_emulated(args: &Args, spec: &str) -> Result<(Arc<dyn GpuBacke
 }
 
 /// The emulated GPUs of `spec` the backend serves, without opening its state: those with MIG
-/// mode off only with --whole-gpus (logged and skipped otherwise, as on real GPUs).
+/// mode off or without MIG only with --whole-gpus (logged and skipped otherwise, as on real
+/// GPUs).
 pub(crate) fn emulated_inventory(args: &Args, spec: &str, node: &str) -> Result<Vec<GpuInfo>> {
     let all = das_driver::gpu::emulated::emulated_inventory(spec, node)
         .with_context(|| format!("emulated GPUs {spec:?}"))?;
@@ -158,9 +172,12 @@ pub(crate) fn emulated_inventory(args: &Args, spec: &str, node: &str) -> Result<
         .into_iter()
         .filter(|g| {
             let served = g.served(args.whole_gpus);
-            if !served {
+            if !served && g.model.mig {
                 tracing::warn!(gpu = g.index, model = %g.model.name,
                     "MIG mode is off (mig-off); pass --whole-gpus to serve it as a whole GPU; skipped");
+            } else if !served {
+                tracing::warn!(gpu = g.index, model = %g.model.name,
+                    "the GPU has no MIG: DAS serves it whole only with --whole-gpus (chart wholeGpus.enabled=true); skipped");
             }
             served
         })

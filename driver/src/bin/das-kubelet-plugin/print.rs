@@ -18,15 +18,20 @@ pub(crate) fn print_inventory(args: &Args) -> Result<()> {
                 let serves = match (g.mig_enabled, args.whole_gpus) {
                     (true, _) => "MIG slices",
                     (false, true) => "whole GPU",
-                    (false, false) => "nothing (MIG off, no --whole-gpus)",
+                    (false, false) if g.model.mig => "nothing (MIG off, no --whole-gpus)",
+                    (false, false) => "nothing (no MIG, no --whole-gpus)",
+                };
+                let mig = match (g.model.mig, g.mig_enabled) {
+                    (false, _) => "none",
+                    (true, true) => "on",
+                    (true, false) => "off",
                 };
                 println!(
-                    "GPU {}: {} {} minor {} MIG {} model {} profiles {} serves {serves}",
+                    "GPU {}: {} {} minor {} MIG {mig} model {} profiles {} serves {serves}",
                     g.index,
                     g.product_name,
                     g.uuid,
                     g.minor,
-                    if g.mig_enabled { "on" } else { "off" },
                     g.model.name,
                     g.model.profile_names()
                 );

@@ -1,7 +1,7 @@
 //! The emulated GPUs' identities: GPU UUIDs from the node name and index (stable across
 //! restarts), MIG UUIDs from the GPU UUID and a serial, both in NVML's format, and the
-//! [`GpuInfo`] the inventory reports (with synthetic PCI bus IDs and PCIe roots from the index,
-//! `pci::emulated_bus_id`, and fixed brand and versions).
+//! [`GpuInfo`] the inventory reports (with synthetic PCI bus IDs, PCIe roots and NUMA nodes from
+//! the index, `pci::emulated_bus_id`, and fixed brand and versions).
 
 use das_runtime::hash::fnv1a64_from;
 
@@ -16,14 +16,14 @@ use crate::gpu::{GpuInfo, MigSwitch, pci};
 /// off (`mig-off`) are included, with `GpuInfo::mig_enabled` false; the backend reports those
 /// only with `--whole-gpus`, so keep `GpuInfo::served(whole_gpus)` for what it reports. The MIG
 /// mode is the spec's (a state file may hold another, switched by a plugin), and no GPU allows a
-/// switch ([`MigSwitch::off`]).
+/// switch ([`MigSwitch::off`], or [`MigSwitch::no_mig`] for a GPU without MIG).
 ///
 /// # Errors
 /// A bad spec.
 pub fn emulated_inventory(spec: &str, node_name: &str) -> Result<Vec<GpuInfo>, EmulatedError> {
     Ok(build_gpus(&parse_emulated_spec(spec)?, node_name)
         .iter()
-        .map(|g| gpu_info(g, g.mig_enabled, MigSwitch::off()))
+        .map(|g| gpu_info(g, g.mig_enabled, MigSwitch::base(&g.model)))
         .collect())
 }
 
@@ -37,6 +37,8 @@ pub(super) fn gpu_info(g: &EmuGpu, mig_enabled: bool, mig_switch: MigSwitch) -> 
         minor: g.index,
         pci_bus_id: Some(pci::emulated_bus_id(g.index)),
         pcie_root: Some(pci::emulated_pcie_root(g.index)),
+        numa_node: Some(pci::emulated_numa_node(g.index)),
+        memory_mib: g.model.memory_mib,
         brand: Some(EMULATED_BRAND.to_string()),
         driver_version: EMULATED_DRIVER_VERSION.to_string(),
         cuda_driver_version: Some(EMULATED_CUDA_DRIVER_VERSION.to_string()),

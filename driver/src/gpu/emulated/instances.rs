@@ -51,6 +51,13 @@ impl EmulatedBackend {
         start: u32,
         by_das: bool,
     ) -> Result<MigInstance, BackendError> {
+        if !gpu.model.mig {
+            // NVML's answer to a GPU-instance create on a GPU without MIG.
+            return Err(BackendError::NotSupported {
+                target: Target::at(gpu.index, profile, Placement { start, size: 0 }),
+                reason: format!("{} has no MIG (it is served whole)", gpu.model.name),
+            });
+        }
         let (profile_idx, size) = match gpu.model.profile(profile) {
             Some((i, p)) => (i, p.placement_size),
             None => {

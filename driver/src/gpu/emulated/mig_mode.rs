@@ -26,13 +26,16 @@ use crate::gpu::{BackendError, MigModeState, MigSwitch, Target, on_off};
 /// (`mig_mode_change_requires_reset`), or it is an Ampere GPU (only Hopper and newer toggle
 /// without a reset, NVIDIA's DRA driver's `supportsMIGModeToggle`).
 pub(super) fn needs_reset(model: &GpuModel) -> bool {
-    model.mig_mode_change_requires_reset || model.architecture.eq_ignore_ascii_case("Ampere")
+    model.mig_mode_change_requires_reset() || model.architecture.eq_ignore_ascii_case("Ampere")
 }
 
 impl EmulatedBackend {
     /// Whether DAS may switch GPU `gpu`'s MIG mode, which is `mode`: only with
     /// [`Self::with_mig_mode_switching`], on a model that needs no reset, with no change pending.
     pub(super) fn mig_switch(&self, gpu: &EmuGpu, mode: MigModeState) -> MigSwitch {
+        if !gpu.model.mig {
+            return MigSwitch::no_mig();
+        }
         if !self.mig_mode_switching {
             return MigSwitch::off();
         }
@@ -54,6 +57,13 @@ impl EmulatedBackend {
     /// `set_mig_mode` on a live GPU once no injected fault answered (see the module docs).
     pub(super) fn switch_mig_mode(&self, gpu: &EmuGpu, enabled: bool) -> Result<(), BackendError> {
         let target = Target::gpu(gpu.index);
+        if !gpu.model.mig {
+            // `nvmlDeviceSetMigMode` on a GPU without MIG.
+            return Err(BackendError::NotSupported {
+                target,
+                reason: format!("{} has no MIG", gpu.model.name),
+            });
+        }
         let now = MigModeState {
             current: enabled,
             pending: enabled,

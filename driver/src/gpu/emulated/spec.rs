@@ -1,5 +1,7 @@
 //! The `--emulated-gpus` spec: `<model>[:<count>[:<mode>]],…`, e.g.
-//! `A100-SXM4-40GB:1:mig-off,H100-80GB:2` (mode `mig-on`, the default, or `mig-off`).
+//! `A100-SXM4-40GB:1:mig-off,H100-80GB:2` (mode `mig-on`, the default, or `mig-off`), or
+//! `L4:1,H100-80GB:1`: a model without MIG (T4, L4, …) is always `mig-off` and takes no
+//! `mig-on`.
 
 use std::sync::Arc;
 
@@ -20,13 +22,14 @@ pub struct EmulatedGpuSpec {
     pub model: Arc<GpuModel>,
     /// How many GPUs of it.
     pub count: u32,
-    /// Whether their MIG mode is on (`mig-on`, the default) or off (`mig-off`). Static: the
-    /// emulated GPUs keep the mode the spec gives them.
+    /// Whether their MIG mode is on (`mig-on`, the default) or off (`mig-off`; always for a
+    /// model without MIG): the mode of a fresh state.
     pub mig_enabled: bool,
 }
 
 /// Parses `MODEL[:COUNT[:MODE]][,MODEL[:COUNT[:MODE]]...]` (count defaults to 1, mode to
-/// [`MODE_MIG_ON`], the other mode is [`MODE_MIG_OFF`]; model names, aliases and modes are
+/// [`MODE_MIG_ON`], the other mode is [`MODE_MIG_OFF`]; a model without MIG is always
+/// [`MODE_MIG_OFF`] and refuses [`MODE_MIG_ON`]; model names, aliases and modes are
 /// case-insensitive). GPUs get indices in spec order.
 pub fn parse_emulated_spec(spec: &str) -> Result<Vec<EmulatedGpuSpec>, EmulatedError> {
     let models = model_names()?;
@@ -46,9 +49,9 @@ pub fn parse_emulated_spec(spec: &str) -> Result<Vec<EmulatedGpuSpec>, EmulatedE
             Some(c) => parse_count(c).map_err(|p| bad(format!("{entry}: {p}")))?,
             None => 1,
         };
-        let mig_enabled = match fields.next() {
-            Some(m) => parse_mode(m).map_err(|p| bad(format!("{entry}: {p}")))?,
-            None => true,
+        let mode = match fields.next() {
+            Some(m) => Some(parse_mode(m).map_err(|p| bad(format!("{entry}: {p}")))?),
+            None => None,
         };
         if fields.next().is_some() {
             return Err(bad(format!(
@@ -56,6 +59,13 @@ pub fn parse_emulated_spec(spec: &str) -> Result<Vec<EmulatedGpuSpec>, EmulatedE
             )));
         }
         let model = find_model(name)?.ok_or_else(|| bad(format!("unknown GPU model {name}")))?;
+        if !model.mig && mode == Some(true) {
+            return Err(bad(format!(
+                "{entry}: {} has no MIG, so its MIG mode is always off (leave out :{MODE_MIG_ON})",
+                model.name
+            )));
+        }
+        let mig_enabled = mode.unwrap_or(model.mig);
         out.push(EmulatedGpuSpec {
             model,
             count,

@@ -169,8 +169,14 @@ pub(super) fn load_state(
 }
 
 /// Checks that a GPU's recorded instances are a layout the hardware accepts, with unique IDs
-/// (none with MIG mode off).
+/// (none with MIG mode off), and that a GPU without MIG has MIG mode off.
 pub(super) fn replay_instances(gpu: &EmuGpu, gs: &GpuState) -> Result<(), String> {
+    if !gpu.model.mig && (gs.mig_enabled || gs.mig_pending == Some(true)) {
+        return Err(format!(
+            "GPU {} ({}) has no MIG, yet its MIG mode is recorded on",
+            gpu.index, gpu.model.name
+        ));
+    }
     if !gs.mig_enabled && !gs.instances.is_empty() {
         return Err(format!(
             "GPU {}: MIG mode is off, yet {} MIG instances are recorded",

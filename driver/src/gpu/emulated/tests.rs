@@ -388,3 +388,6 @@ mod whole_gpus;
 
 /// MIG mode switches (`set_mig_mode`) and whether DAS may make them.
 mod mig_mode;
+
+/// GPUs without MIG (`L4:1,H100-80GB:1`, a mixed node).
+mod without_mig;

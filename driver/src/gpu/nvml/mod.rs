@@ -36,7 +36,9 @@ mod tests;
 
 use std::fmt;
 
-pub use backend::{Clock, INSTANCE_REFRESH, NvmlBackend, NvmlOptions, model_from_nvml};
+pub use backend::{
+    Clock, INSTANCE_REFRESH, NvmlBackend, NvmlOptions, model_from_nvml, model_without_mig,
+};
 #[cfg(any(test, feature = "testing"))]
 pub use fake::{FakeGpuSpec, FakeNvml};
 pub use real::RealNvml;
@@ -179,11 +181,15 @@ pub struct DeviceIdentity {
     pub minor: u32,
     /// `pciDeviceId`: `0xDDDDVVVV` (device ID, vendor ID).
     pub pci_device_id: u32,
+    /// `pciSubSystemId`: `0xSSSSVVVV` (subsystem device ID, subsystem vendor ID); 0 when NVML
+    /// does not fill it. Tells apart products that share a device ID (A2 and A16).
+    pub pci_subsystem_id: u32,
     /// PCI bus ID, e.g. `00000000:3B:00.0`.
     pub pci_bus_id: String,
     /// Total memory (MiB).
     pub memory_mib: u64,
-    /// `NVML_DEVICE_ARCH_*` (7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell).
+    /// `NVML_DEVICE_ARCH_*` (6 Turing, 7 Ampere, 8 Ada, 9 Hopper, 10 Blackwell;
+    /// [`architecture_name`]).
     pub architecture: u32,
     /// CUDA compute capability `(major, minor)`.
     pub cuda_compute_capability: (u32, u32),
@@ -426,14 +432,20 @@ pub(crate) fn full_ci_enum(slices: u32) -> Option<u32> {
         .map(|i| i as u32)
 }
 
-/// `NVML_DEVICE_ARCH_*` as a name.
+/// `NVML_DEVICE_ARCH_*` (`nvml.h` 13.3: 2 Kepler … 10 Blackwell) as NVIDIA's DRA driver names
+/// it in `architecture` (go-nvlib `GetArchitectureAsString`: `Ada Lovelace` for `ADA`); any
+/// other value is `Unknown`, as `NVML_DEVICE_ARCH_UNKNOWN` is.
 pub(crate) fn architecture_name(arch: u32) -> &'static str {
     match arch {
+        2 => "Kepler",
+        3 => "Maxwell",
+        4 => "Pascal",
+        5 => "Volta",
+        6 => "Turing",
         7 => "Ampere",
-        8 => "Ada",
+        8 => "Ada Lovelace",
         9 => "Hopper",
         10 => "Blackwell",
-        a if a > 10 => "Newer",
-        _ => "Older",
+        _ => "Unknown",
     }
 }

@@ -28,6 +28,21 @@ pub fn read_caps_major(proc_root: &Path) -> io::Result<u32> {
     })
 }
 
+/// The `nvidia-caps` major ([`read_caps_major`]) of a node where `mig` is whether any GPU DAS
+/// serves has MIG. A node whose GPUs all lack MIG (T4, L4, …) never names a capability node,
+/// so a missing `nvidia-caps` device there is `Ok(None)` (the plugin serves its GPUs whole),
+/// not a start-up failure.
+///
+/// # Errors
+/// `/proc/devices` unreadable, or no `nvidia-caps` where a GPU has MIG.
+pub fn caps_major_if_needed(proc_root: &Path, mig: bool) -> io::Result<Option<u32>> {
+    match read_caps_major(proc_root) {
+        Ok(major) => Ok(Some(major)),
+        Err(_) if !mig => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// The major of the exact name `nvidia-caps` in the "Character devices:" section of
 /// `/proc/devices` (not `nvidia-caps-imex-channels`, which newer drivers also list).
 pub fn parse_caps_major(devices: &str) -> Option<u32> {

@@ -252,6 +252,7 @@ impl NvmlApi for RealNvml {
                 .minor_number()
                 .map_err(|e| wrapper_error("nvmlDeviceGetMinorNumber", e))?,
             pci_device_id: pci.pci_device_id,
+            pci_subsystem_id: pci.pci_sub_system_id.unwrap_or(0),
             pci_bus_id: pci.bus_id,
             memory_mib: d
                 .memory_info()

@@ -1,5 +1,6 @@
 //! The read-only inventory report of `das-kubelet-plugin --print-inventory`: the driver and
-//! CUDA versions; every GPU, its brand and MIG mode, the data-file model it matches, every GI
+//! CUDA versions; every GPU, its PCI IDs, brand and MIG mode (or that it has none), the
+//! data-file model it matches, every GI
 //! profile NVML reports (enum → real ID, name, memory, SMs, count, placements) and the GPU
 //! instances that exist. It only reads: it never changes MIG mode and never creates or destroys
 //! instances.
@@ -14,7 +15,7 @@ use super::{
     cuda_version,
 };
 use crate::gpu::MigSwitch;
-use crate::gpu::catalog::find_model_by_pci_id;
+use crate::gpu::catalog::find_model_for_gpu;
 use crate::gpu::layout::Placement;
 use crate::gpu::model::GpuModel;
 
@@ -46,19 +47,21 @@ fn gpu_block<A: NvmlApi>(api: &A, dev: u32, out: &mut String) {
     };
     let _ = writeln!(
         out,
-        "\nGPU {dev}: {} {} minor {} pci {} ({:#010x}) {} MiB, {}",
+        "\nGPU {dev}: {} {} minor {} pci {} ({:#010x}, subsystem {:#010x}) {} MiB, {}",
         id.name,
         id.uuid,
         id.minor,
         id.pci_bus_id,
         id.pci_device_id,
+        id.pci_subsystem_id,
         id.memory_mib,
         architecture_name(id.architecture)
     );
-    let found = find_model_by_pci_id(id.pci_device_id);
+    let found = find_model_for_gpu(id.pci_device_id, id.pci_subsystem_id, &id.name);
     let model = match &found {
-        Ok(Some(m)) => format!("{} ({})", m.name, m.source_file),
-        Ok(None) => "none (profiles would be built from NVML's tables)".into(),
+        Ok(Some(m)) if m.mig => format!("{} ({})", m.name, m.source_file),
+        Ok(Some(m)) => format!("{} ({}, no MIG)", m.name, m.source_file),
+        Ok(None) => "none (built from what NVML reports)".into(),
         Err(e) => format!("invalid embedded data: {e}"),
     };
     let brand = match api.brand(dev) {
@@ -84,7 +87,10 @@ fn gpu_block<A: NvmlApi>(api: &A, dev: u32, out: &mut String) {
             }
         }
         Err(e) if e.code == code::NOT_SUPPORTED => {
-            let _ = writeln!(out, "  MIG: not supported");
+            let _ = writeln!(
+                out,
+                "  MIG: not supported (served whole with --whole-gpus, chart wholeGpus.enabled)"
+            );
             return;
         }
         Err(e) => {

@@ -4,7 +4,9 @@ use std::fs;
 use std::path::Path;
 
 use super::backend::map_error;
-use super::procfs::{ci_access_path, gi_access_path, parse_caps_major, read_caps_major};
+use super::procfs::{
+    caps_major_if_needed, ci_access_path, gi_access_path, parse_caps_major, read_caps_major,
+};
 use super::*;
 use crate::gpu::catalog::find_model;
 use std::time::Duration;
@@ -253,6 +255,21 @@ fn caps_major_needs_the_exact_name() {
         Some(238)
     );
     assert!(read_caps_major(Path::new("/nonexistent-proc")).is_err());
+    // A node whose GPUs all lack MIG needs no capability nodes: no major is no error there.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fs::write(
+        root.join("devices"),
+        "Character devices:
+237 nvidia-caps
+",
+    )
+    .unwrap();
+    assert_eq!(caps_major_if_needed(root, true).unwrap(), Some(237));
+    assert_eq!(caps_major_if_needed(root, false).unwrap(), Some(237));
+    let none = Path::new("/nonexistent-proc");
+    assert_eq!(caps_major_if_needed(none, false).unwrap(), None);
+    assert!(caps_major_if_needed(none, true).is_err());
 }
 
 #[test]
@@ -394,7 +411,7 @@ fn unknown_gpu_gets_a_model_from_nvml_tables() {
     assert_eq!(m.name, "A100X-FUTURE");
     assert_eq!(m.memory_slices, 8);
     assert_eq!(m.max_gpu_instances, 7);
-    assert!(m.mig_mode_change_requires_reset);
+    assert!(m.mig_mode_change_requires_reset());
     let mut ids: Vec<(u32, &str, &[u32], u32)> = m
         .profiles
         .iter()
@@ -892,3 +909,5 @@ fn a_read_overlapped_by_a_create_is_not_kept() {
 mod attributes;
 /// GPUs with MIG mode off kept with `--whole-gpus`.
 mod whole_gpus;
+/// GPUs without MIG (T4, L4, …) discovered and served whole.
+mod without_mig;

@@ -130,3 +130,39 @@ fn emulated_addresses_are_well_formed_and_paired() {
         ]
     );
 }
+
+/// `numa_node` is read through the device's link, as the kernel lays it out: a node, none
+/// (`-1`), or an error that names the file.
+#[test]
+fn the_numa_node_is_read_through_the_device_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path();
+    let device = |bus: &str, numa: &str| {
+        let target = format!("devices/pci0000:00/{bus}");
+        fs::create_dir_all(sys.join(&target)).unwrap();
+        fs::write(sys.join(&target).join("numa_node"), numa).unwrap();
+        link(sys, bus, &format!("../../../{target}"));
+    };
+    device("0000:3b:00.0", "1\n");
+    device("0000:3c:00.0", "-1\n");
+    device("0000:3d:00.0", "0");
+    device("0000:3e:00.0", "node 0\n");
+    device("0000:3f:00.0", "1024\n");
+    assert_eq!(numa_node(sys, "0000:3b:00.0"), Ok(Some(1)));
+    assert_eq!(numa_node(sys, "0000:3d:00.0"), Ok(Some(0)));
+    assert_eq!(numa_node(sys, "0000:3c:00.0"), Ok(None), "-1: no NUMA node");
+    for bad in ["0000:3e:00.0", "0000:3f:00.0"] {
+        let e = numa_node(sys, bad).unwrap_err();
+        assert!(e.contains("is not a NUMA node") && e.contains(bad), "{e}");
+    }
+    let missing = numa_node(sys, "0000:40:00.0").unwrap_err();
+    assert!(missing.contains("0000:40:00.0/numa_node"), "{missing}");
+    assert!(numa_node(sys, "00000000:3B:00.0").is_err());
+    assert!(numa_node(sys, "../../etc").is_err());
+}
+
+#[test]
+fn emulated_gpus_sit_four_to_a_numa_node() {
+    let nodes: Vec<u32> = (0..9).map(emulated_numa_node).collect();
+    assert_eq!(nodes, [0, 0, 0, 0, 1, 1, 1, 1, 2]);
+}

@@ -25,16 +25,20 @@
 //! - Across profiles (this matters only to claims that select by attributes, e.g. "any device
 //!   with ≥ 20 GB") smaller profiles come first, so such a claim gets the smallest that fits.
 //!
-//! - Whole GPUs (MIG mode off, with `--whole-gpus`; docs/design.md §7, "Whole GPUs") come in
-//!   index order, each after the MIG placements of its GPU and of every GPU with a lower index
-//!   ([`with_whole_gpus`]). On a GPU whose MIG mode is static a whole GPU never competes with
-//!   MIG placements: whole-GPU requests land on GPUs with MIG off, slices on GPUs with MIG on,
-//!   each packed as above. A switchable GPU (`--mig-mode-switching`) is listed both whole and as
-//!   its MIG placements, and its counters let it hold one or the other: a whole-GPU request takes
-//!   the lowest-index GPU that holds nothing, slices first-fit on the GPUs not held whole. On
-//!   alike GPUs which free GPU a whole-GPU request takes changes nothing (free GPUs are
-//!   interchangeable); the packing benchmark's switching rows measured index order against
-//!   the reverse and against the optimum split.
+//! - Whole GPUs (`--whole-gpus`; docs/design.md §7, "Whole GPUs") by what else their GPU offers
+//!   ([`with_whole_gpus`]). A GPU offered only whole (without MIG, like a T4 or an L4, or with MIG
+//!   mode off and not switched) comes first, before every MIG placement, in index order: it can
+//!   serve nothing but a whole GPU, so a request that takes whole GPUs (or selects by attributes
+//!   across both kinds) uses it before it cuts into a GPU that could serve slices, and a MIG
+//!   request never sees it. A switchable GPU (`--mig-mode-switching`) is listed both whole and as
+//!   its MIG placements, its whole device after the MIG placements of its GPU and of every GPU
+//!   with a lower index, and its counters let it hold one or the other: a whole-GPU request
+//!   takes a GPU offered only whole first, then the lowest-index switchable GPU that holds
+//!   nothing; slices first-fit on the GPUs not held whole. On alike GPUs which free GPU a
+//!   whole-GPU request takes changes nothing (free GPUs are interchangeable); the packing
+//!   benchmark's switching rows measured index order against the reverse and against the
+//!   optimum split. On Kubernetes 1.34 a GPU's devices share its slice, so GPUs are walked in
+//!   index order whatever their kind.
 //!
 //! [`order_for_occupancy`] recomputes the damage on the current occupancy (an optional
 //! refinement that needs republishing after every allocation); [`name_order`] is the baseline
@@ -130,22 +134,32 @@ impl Listed {
     }
 }
 
-/// The MIG order `mig` (e.g. [`publish_order`]) with the whole GPUs `whole` (GPU indices) put in:
-/// each right after the last device of every GPU with an index up to its own, so after its own
-/// GPU's MIG placements, and the whole GPUs in index order. A whole-GPU request only sees whole
-/// GPUs (its DeviceClass selects `type == "gpu"`), so what matters is that they come in index
-/// order: the first free GPU is taken, the rest stay free; and a MIG request never sees them, so
-/// the MIG devices keep their order.
+/// The MIG order `mig` (e.g. [`publish_order`]) with the whole GPUs `whole` (GPU indices) put in.
+/// A whole GPU with no MIG placement in `mig` is offered only whole (no MIG, or MIG mode off):
+/// those come first, in index order. A whole GPU that also has MIG placements (switchable)
+/// comes right after the last device of every GPU with an index up to its own, so after its own
+/// GPU's MIG placements; those in index order too. A whole-GPU request only sees whole GPUs
+/// (its DeviceClass selects `type == "gpu"`): it takes a GPU that serves nothing else before
+/// one that could serve slices, and the first free one of each kind. A MIG request never sees
+/// them, so the MIG devices keep their order.
 pub fn with_whole_gpus(mig: Vec<Candidate>, whole: &[u32]) -> Vec<Listed> {
-    let mut out: Vec<Listed> = mig.into_iter().map(Listed::Mig).collect();
     let mut whole = whole.to_vec();
     whole.sort_unstable();
     whole.dedup();
-    for gpu_index in whole {
-        let at = out
+    let (switchable, only_whole): (Vec<u32>, Vec<u32>) = whole
+        .into_iter()
+        .partition(|&i| mig.iter().any(|c| c.gpu_index == i));
+    let mut out: Vec<Listed> = only_whole
+        .into_iter()
+        .map(|gpu_index| Listed::WholeGpu { gpu_index })
+        .collect();
+    let front = out.len();
+    out.extend(mig.into_iter().map(Listed::Mig));
+    for gpu_index in switchable {
+        let at = out[front..]
             .iter()
             .rposition(|l| l.gpu_index() <= gpu_index)
-            .map_or(0, |i| i + 1);
+            .map_or(front, |i| front + i + 1);
         out.insert(at, Listed::WholeGpu { gpu_index });
     }
     out

@@ -8,9 +8,10 @@
 //! per-profile maximum counts and the single `+me`.
 //!
 //! Whole GPUs take requests for [`das_api::WHOLE_GPU_PROFILE`]: the first free one in listed
-//! order (index order, [`super::with_whole_gpus`]), as the allocator walks the devices of the
-//! whole-GPU class. Each consumes every counter of its GPU. A GPU with MIG mode off
-//! ([`FirstFit::with_whole_gpus`]) has no other device; a *switchable* GPU
+//! order ([`super::with_whole_gpus`]: GPUs offered only whole, then switchable ones, each in
+//! index order), as the allocator walks the devices of the whole-GPU class. Each consumes every
+//! counter of its GPU. A GPU with MIG mode off or without MIG ([`FirstFit::with_whole_gpus`])
+//! has no other device; a *switchable* GPU
 //! (`--mig-mode-switching`, [`FirstFit::with_switchable_gpus`]) is listed both whole and as every
 //! MIG placement, so its whole device fits only while none of its slices is allocated, and no
 //! slice fits on it while it is held whole (the counters exclude each other; the plugin switches
@@ -38,10 +39,12 @@ pub enum Policy {
 /// The order in which a whole-GPU request tries the whole GPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WholeOrder {
-    /// DAS's published order: GPU index ascending.
+    /// DAS's published order: GPUs offered only whole, then switchable ones, each by GPU index
+    /// ascending.
     #[default]
     Index,
-    /// GPU index descending (not published; the benchmark's alternative).
+    /// The reverse of [`Self::Index`] (not published; the benchmark's alternative: on GPUs of
+    /// one kind, GPU index descending).
     Reversed,
 }
 
@@ -85,8 +88,8 @@ impl<'a> FirstFit<'a> {
         }
     }
 
-    /// Adds whole GPUs (MIG mode off) with indices `indices`, none of which may be the index of a
-    /// GPU of the views: they take [`WHOLE_GPU_PROFILE`] requests.
+    /// Adds whole GPUs (MIG mode off, or no MIG) with indices `indices`, none of which may be the
+    /// index of a GPU of the views: they take [`WHOLE_GPU_PROFILE`] requests.
     pub fn with_whole_gpus(mut self, indices: &[u32]) -> Self {
         for &index in indices {
             assert!(
@@ -126,7 +129,9 @@ impl<'a> FirstFit<'a> {
                 view,
                 held: false,
             });
-            self.whole.sort_unstable_by_key(|w| w.index);
+            // As published: GPUs offered only whole first, then switchable ones.
+            self.whole
+                .sort_unstable_by_key(|w| (w.view.is_some(), w.index));
         }
     }
 

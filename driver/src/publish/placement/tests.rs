@@ -249,8 +249,11 @@ fn occupancy_order_puts_fitting_placements_first() {
     assert_eq!(starts_of(&order, &gpus, 0, "3g.40gb"), vec![0, 4]);
 }
 
+/// GPUs offered only whole (no MIG placement in the order: no MIG, or MIG mode off) come
+/// first, in index order; a switchable GPU's whole device follows the devices of its GPU and of
+/// the lower ones; the MIG devices keep their order.
 #[test]
-fn whole_gpus_follow_the_devices_of_their_gpu_and_the_lower_ones() {
+fn whole_gpus_go_first_unless_their_gpu_also_offers_slices() {
     let h = model("H100-80GB");
     let gpus = [
         GpuView {
@@ -263,19 +266,32 @@ fn whole_gpus_follow_the_devices_of_their_gpu_and_the_lower_ones() {
         },
     ];
     let mig = publish_order(&gpus);
-    let listed = with_whole_gpus(mig.clone(), &[4, 0, 2]);
-    assert_eq!(listed.len(), mig.len() + 3);
-    assert_eq!(listed[0], Listed::WholeGpu { gpu_index: 0 });
+    // 0, 2 and 4 are offered only whole; 1 and 3 also as MIG placements (switchable).
+    let listed = with_whole_gpus(mig.clone(), &[4, 3, 0, 2, 1]);
+    assert_eq!(listed.len(), mig.len() + 5);
+    assert_eq!(
+        listed[..3],
+        [
+            Listed::WholeGpu { gpu_index: 0 },
+            Listed::WholeGpu { gpu_index: 2 },
+            Listed::WholeGpu { gpu_index: 4 }
+        ]
+    );
     let at = |i: u32| {
         listed
             .iter()
             .position(|l| *l == Listed::WholeGpu { gpu_index: i })
             .unwrap()
     };
-    let last_of = |i: u32| listed.iter().rposition(|l| l.gpu_index() == i).unwrap();
-    assert_eq!(at(2), last_of(1) + 1);
-    assert_eq!(listed[at(2) + 1].gpu_index(), 3);
-    assert_eq!(at(4), listed.len() - 1);
+    let last_mig_of = |i: u32| {
+        listed
+            .iter()
+            .rposition(|l| matches!(l, Listed::Mig(c) if c.gpu_index == i))
+            .unwrap()
+    };
+    assert_eq!(at(1), last_mig_of(1) + 1);
+    assert_eq!(listed[at(1) + 1].gpu_index(), 3);
+    assert_eq!(at(3), listed.len() - 1);
     // The MIG devices keep their order.
     let kept: Vec<Candidate> = listed
         .iter()

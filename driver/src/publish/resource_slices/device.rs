@@ -2,14 +2,15 @@
 //!
 //! - a MIG placement ([`device`]): `gpu-<index>-mig-<profile>-<start>`, type `mig`, the
 //!   profile's capacities, consuming its resources and the memory slices `[start, start + size)`;
-//! - a whole GPU with MIG mode off ([`whole_gpu_device`]; docs/design.md §7, "Whole GPUs"):
-//!   `gpu-<index>`, type `gpu`, the GPU's capacities, consuming every counter of its GPU's set at
-//!   its full value, so that nothing else of the GPU can be allocated beside it;
+//! - a whole GPU with MIG mode off, or without MIG ([`whole_gpu_device`]; docs/design.md §7,
+//!   "Whole GPUs"): `gpu-<index>`, type `gpu`, the GPU's capacities, consuming every counter of
+//!   its GPU's set at its full value, so that nothing else of the GPU can be allocated beside it;
 //! - a shareable MIG placement ([`shared_device`]; docs/design.md §7, "Shared slices"):
 //!   `gpu-<index>-mig-<profile>-<start>-shared`, type `mig-shared`, `allowMultipleAllocations`,
 //!   capacities `memory` and `shares` with request policies, the same counters as the exclusive
 //!   device of that placement;
-//! - the GPU's counter set ([`counter_set`]), the same whatever the GPU's MIG mode.
+//! - the GPU's counter set ([`counter_set`]), the same whatever the GPU's MIG mode; a GPU without
+//!   MIG has `memory` (its NVML total) and the one `memory-slice-0`.
 
 use std::collections::BTreeMap;
 
@@ -27,11 +28,15 @@ use das_api::{
 use super::{MAX_ATTRIBUTE_STRING, bytes_quantity, count_quantity, semver};
 use crate::gpu::{GiProfile, GpuInfo, GpuModel, ResourceAmounts};
 
-/// The counter set of a GPU: its model's counter totals and one `memory-slice-<n>` per slice.
+/// The counter set of a GPU: its model's counter totals and one `memory-slice-<n>` per slice. A
+/// GPU without MIG counts its own memory (NVML's total, [`GpuInfo::whole_gpu_memory_bytes`]) and
+/// its one memory slice.
 pub(super) fn counter_set(g: &GpuInfo) -> CounterSet {
-    let mut c: BTreeMap<String, Counter> = g
-        .model
-        .counter_totals
+    let mut totals = g.model.counter_totals;
+    if !g.model.mig {
+        totals.memory_mib = g.memory_mib;
+    }
+    let mut c: BTreeMap<String, Counter> = totals
         .counters()
         .into_iter()
         .filter(|(name, _)| g.model.publishes_counter(name))
@@ -165,15 +170,23 @@ fn ranged(value: Quantity, default: Quantity, min: Quantity, step: Quantity) -> 
     }
 }
 
-/// The whole-GPU device of `g` (`gpu-<index>`): attributes without profile or placement;
-/// capacity `memory` = the model's total memory, `multiprocessors` and the engines = the most a
-/// MIG layout of the model holds ([`GpuModel::counter_totals`]: the data files list no non-MIG
-/// totals); it consumes every counter of the GPU's counter set at its full value.
+/// The whole-GPU device of `g` (`gpu-<index>`): attributes without profile or placement; of a
+/// MIG-capable GPU capacity `memory` = the model's total memory, `multiprocessors` and the
+/// engines = the most a MIG layout of the model holds ([`GpuModel::counter_totals`]: the MIG
+/// files list no non-MIG totals); of a GPU without MIG `memory` = NVML's total and
+/// `multiprocessors` where its data file gives it, as NVIDIA's DRA driver publishes a full GPU
+/// (memory only) plus the SM count. It consumes every counter of the GPU's counter set at its
+/// full value.
 pub(super) fn whole_gpu_device(g: &GpuInfo) -> Device {
+    let capacity = if g.model.mig {
+        capacity(g.model.memory_bytes(), &g.model.counter_totals)
+    } else {
+        whole_capacity_without_mig(g)
+    };
     Device {
         name: whole_gpu_device_name(g.index),
         attributes: Some(attributes(g, None)),
-        capacity: Some(capacity(g.model.memory_bytes(), &g.model.counter_totals)),
+        capacity: Some(capacity),
         consumes_counters: Some(vec![DeviceCounterConsumption {
             counter_set: counters::counter_set_name(g.index),
             counters: counter_set(g).counters,
@@ -193,6 +206,26 @@ fn consumption(model: &GpuModel, p: &GiProfile, start: u32) -> BTreeMap<String, 
         .collect();
     for n in start..start + p.placement_size {
         c.insert(counters::memory_slice(n), counter("", 1));
+    }
+    c
+}
+
+/// Capacities of a GPU without MIG: `memory` (bytes, NVML's total) and `multiprocessors` where
+/// the model knows it; no engine counts (no data sheet states them per GPU).
+fn whole_capacity_without_mig(g: &GpuInfo) -> BTreeMap<String, DeviceCapacity> {
+    let plain = |value| DeviceCapacity {
+        value,
+        request_policy: None,
+    };
+    let mut c = BTreeMap::from([(
+        cap::MEMORY.to_string(),
+        plain(bytes_quantity(g.whole_gpu_memory_bytes())),
+    )]);
+    if let Some(sms) = g.model.multiprocessors {
+        c.insert(
+            cap::MULTIPROCESSORS.to_string(),
+            plain(count_quantity(u64::from(sms))),
+        );
     }
     c
 }
@@ -224,8 +257,8 @@ fn capacity(memory_bytes: u64, r: &ResourceAmounts) -> BTreeMap<String, DeviceCa
 
 /// The attributes of a MIG device (`mig` = its profile and start) or of a whole GPU (`None`):
 /// those of docs/design.md §3, the GPU's facts on every device of it. Facts the GPU does not
-/// know (`None`: brand, CUDA driver version, PCI bus ID, PCIe root) are left out, as is a
-/// version that is not a semantic one.
+/// know (`None`: brand, CUDA driver version, PCI bus ID, PCIe root, NUMA node) are left out, as
+/// is a version that is not a semantic one.
 fn attributes(g: &GpuInfo, mig: Option<(&GiProfile, u32)>) -> BTreeMap<String, DeviceAttribute> {
     let model: &GpuModel = &g.model;
     let mut a = BTreeMap::new();
@@ -265,6 +298,9 @@ fn attributes(g: &GpuInfo, mig: Option<(&GiProfile, u32)>) -> BTreeMap<String, D
     }
     if let Some(root) = &g.pcie_root {
         put(attr::PCIE_ROOT, string(root));
+    }
+    if let Some(node) = g.numa_node {
+        put(attr::NUMA_NODE, int(i64::from(node)));
     }
     a
 }

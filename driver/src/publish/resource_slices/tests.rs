@@ -10,9 +10,14 @@ fn gpu(index: u32, model: &str) -> GpuInfo {
     gpu_of(index, find_model(model).unwrap().unwrap())
 }
 
+/// A GPU of `model` at `index` as `GpuInfo::for_tests` makes one: MIG mode on (off for a model
+/// without MIG), the model's memory.
 fn gpu_of(index: u32, model: Arc<GpuModel>) -> GpuInfo {
     GpuInfo {
         product_name: model.product_name.clone(),
+        memory_mib: model.memory_mib,
+        mig_enabled: model.mig,
+        mig_switch: crate::gpu::MigSwitch::base(&model),
         model,
         ..GpuInfo::for_tests(index, "A30")
     }
@@ -355,7 +360,7 @@ fn gpus_with_mig_off_offer_no_placements_and_empty_nodes() {
 #[test]
 fn gpu_too_large_for_1_34() {
     let mut text = String::from(
-        "name = \"BIG\"\nproduct_name = \"Big\"\npci_device_ids = [1]\narchitecture = \"Hopper\"\n\
+        "name = \"BIG\"\nproduct_name = \"Big\"\npci_device_ids = [0x000110DE]\narchitecture = \"Hopper\"\n\
          cuda_compute_capability = \"9.0\"\nmemory_mib = 100000\nmemory_slices = 1\ncompute_slices = 1\n\
          max_gpu_instances = 1\nmig_mode_change_requires_reset = false\n",
     );
@@ -382,6 +387,8 @@ fn gpu_too_large_for_1_34() {
     assert_eq!(ok.len(), 1 + 2);
 }
 
-/// Whole GPUs (MIG mode off, `--whole-gpus`) beside MIG placements.
 mod shared;
+/// Whole GPUs (MIG mode off, `--whole-gpus`) beside MIG placements.
 mod whole_gpus;
+/// GPUs without MIG (T4, L4, …), served whole.
+mod without_mig;

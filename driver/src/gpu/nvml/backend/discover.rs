@@ -1,21 +1,17 @@
 //! The inventory read at start-up: which GPUs DAS serves (MIG mode on, or switched on for Hopper+
-//! with `--enable-mig-mode`; with `--whole-gpus` also those whose MIG mode is still off, served
-//! whole), and each GPU's model: the data file for its PCI device ID, cross-checked against
-//! NVML, or one built from NVML's own tables (a GPU with MIG mode off still needs one: DAS reads
-//! a GPU's shape, its memory slices and counters, from its MIG tables).
+//! with `--enable-mig-mode`; with `--whole-gpus` also those whose MIG mode is still off, and
+//! those without MIG (`nvmlDeviceGetMigMode` answers `NOT_SUPPORTED`: T4, L4, …), served whole),
+//! and each GPU's model (`backend/models.rs`). Its NUMA node and PCIe root are read later, from
+//! sysfs ([`pcie_root`], [`numa_node`]).
 
 use std::path::Path;
-use std::sync::Arc;
 
 use super::NvmlOptions;
-use super::is_absent_profile;
 use super::mig_mode::{switch_base, with_pending};
-use crate::gpu::catalog::{find_model_by_pci_id, parse_model};
-use crate::gpu::layout::Placement;
-use crate::gpu::model::{CiProfile, GiProfile, GpuModel};
+use super::models::{resolve_model, resolve_model_without_mig};
+use crate::gpu::model::GpuModel;
 use crate::gpu::nvml::{
-    ARCH_HOPPER, CI_ENUMS, DeviceIdentity, GI_ENUM_NAMES, GI_PROFILE_ENUM_COUNT, GiProfileInfo,
-    MigModeState, NvmlApi, architecture_name, brand_name, code, cuda_version, full_ci_enum,
+    ARCH_HOPPER, DeviceIdentity, MigModeState, NvmlApi, brand_name, code, cuda_version,
 };
 use crate::gpu::pci;
 use crate::gpu::{GpuInfo, MigSwitch};
@@ -46,9 +42,8 @@ impl System {
 }
 
 /// One GPU of the inventory, with whether DAS may switch its MIG mode but for a pending change
-/// (`mig_mode::switch_base`), or `None` (logged) when DAS does not serve it: not MIG-capable, no
-/// usable model, or MIG mode off without `whole_gpus` (`--whole-gpus`). Its PCIe root is read
-/// later, from sysfs ([`pcie_root`]).
+/// (`mig_mode::switch_base`), or `None` (logged) when DAS does not serve it: no usable model,
+/// or MIG mode off (or no MIG) without `whole_gpus` (`--whole-gpus`).
 pub(super) fn discover<A: NvmlApi>(
     api: &A,
     options: &NvmlOptions,
@@ -66,8 +61,7 @@ pub(super) fn discover<A: NvmlApi>(
     let mode = match api.mig_mode(dev) {
         Ok(m) => m,
         Err(e) if e.code == code::NOT_SUPPORTED => {
-            tracing::info!(gpu = dev, name = %id.name, "GPU is not MIG-capable; skipped");
-            return None;
+            return discover_without_mig(api, whole_gpus, dev, id, system);
         }
         Err(e) => {
             tracing::warn!(gpu = dev, name = %id.name, error = %e, "cannot read the MIG mode; skipped");
@@ -103,12 +97,47 @@ pub(super) fn discover<A: NvmlApi>(
     {
         tracing::info!(gpu = dev, name = %id.name, reason = %why, "DAS does not switch this GPU's MIG mode");
     }
+    let info = gpu_info(api, dev, id, model, mig_enabled, mig_switch, system);
+    Some((info, switch))
+}
+
+/// A GPU without MIG (`nvmlDeviceGetMigMode` answered `NOT_SUPPORTED`): served whole with
+/// `whole_gpus`, with MIG mode off for good and never switched; skipped (logged, naming the
+/// flag) without it.
+fn discover_without_mig<A: NvmlApi>(
+    api: &A,
+    whole_gpus: bool,
+    dev: u32,
+    id: DeviceIdentity,
+    system: &System,
+) -> Option<(GpuInfo, MigSwitch)> {
+    if !whole_gpus {
+        tracing::warn!(gpu = dev, name = %id.name,
+            "the GPU has no MIG: DAS serves it whole only with --whole-gpus (chart wholeGpus.enabled=true); skipped");
+        return None;
+    }
+    let model = resolve_model_without_mig(dev, &id)?;
+    tracing::info!(gpu = dev, name = %id.name, model = %model.name, "the GPU has no MIG: served as a whole GPU (--whole-gpus)");
+    let info = gpu_info(api, dev, id, model, false, MigSwitch::no_mig(), system);
+    Some((info, MigSwitch::no_mig()))
+}
+
+/// What the inventory reports of GPU `dev` (identity `id`), before sysfs is read.
+fn gpu_info<A: NvmlApi>(
+    api: &A,
+    dev: u32,
+    id: DeviceIdentity,
+    model: std::sync::Arc<GpuModel>,
+    mig_enabled: bool,
+    mig_switch: MigSwitch,
+    system: &System,
+) -> GpuInfo {
     let pci_bus_id = pci::standard_bus_id(&id.pci_bus_id);
     if pci_bus_id.is_none() {
         tracing::debug!(gpu = dev, bus_id = %id.pci_bus_id,
-            "PCI bus ID not of the form 0000:3b:00.0: the pciBusID and pcieRoot attributes are left out");
+            "PCI bus ID not of the form 0000:3b:00.0: the pciBusID, pcieRoot and numaNode attributes are left out");
     }
-    let info = GpuInfo {
+    GpuInfo {
         index: dev,
         uuid: id.uuid,
         model,
@@ -116,13 +145,14 @@ pub(super) fn discover<A: NvmlApi>(
         minor: id.minor,
         pci_bus_id,
         pcie_root: None,
+        numa_node: None,
+        memory_mib: id.memory_mib,
         brand: brand(api, dev),
         driver_version: system.driver_version.clone(),
         cuda_driver_version: system.cuda_driver_version.clone(),
         mig_enabled,
         mig_switch,
-    };
-    Some((info, switch))
+    }
 }
 
 /// `nvmlDeviceGetBrand` by NVIDIA's DRA driver's name; `None` (logged) when NVML fails or
@@ -153,6 +183,27 @@ pub(super) fn pcie_root(sys_root: &Path, g: &GpuInfo) -> Option<String> {
     }
 }
 
+/// The NUMA node of `g` read under `sys_root` ([`pci::numa_node`]); `None` (logged) when its bus
+/// ID is unknown, sysfs does not tell, or the kernel reports none (`-1`).
+pub(super) fn numa_node(sys_root: &Path, g: &GpuInfo) -> Option<u32> {
+    let bus_id = g.pci_bus_id.as_deref()?;
+    match pci::numa_node(sys_root, bus_id) {
+        Ok(Some(node)) => Some(node),
+        Ok(None) => {
+            tracing::debug!(
+                gpu = g.index,
+                "no NUMA node (numa_node is -1): the resource.kubernetes.io/numaNode attribute is left out"
+            );
+            None
+        }
+        Err(e) => {
+            tracing::debug!(gpu = g.index, error = %e,
+                "no NUMA node: the resource.kubernetes.io/numaNode attribute is left out");
+            None
+        }
+    }
+}
+
 /// A GPU's MIG mode once start-up is done with it, with its (re-read) identity.
 enum MigMode {
     /// On, as found or switched on.
@@ -174,7 +225,7 @@ fn ensure_mig_mode<A: NvmlApi>(
     if mode.current {
         return Some(MigMode::On(id));
     }
-    if model.mig_mode_change_requires_reset || id.architecture < ARCH_HOPPER {
+    if model.mig_mode_change_requires_reset() || id.architecture < ARCH_HOPPER {
         let why = format!(
             "DAS never toggles it on this {} GPU (it needs a GPU reset; pending {}): run `nvidia-smi -i {dev} -mig 1` and reset the GPU",
             model.architecture, mode.pending
@@ -204,151 +255,4 @@ fn ensure_mig_mode<A: NvmlApi>(
             None
         }
     }
-}
-
-/// The data-file model for the GPU's PCI device ID (profile IDs and placements cross-checked
-/// against NVML, mismatches logged), else a model built from NVML's tables.
-fn resolve_model<A: NvmlApi>(api: &A, dev: u32, id: &DeviceIdentity) -> Option<Arc<GpuModel>> {
-    match find_model_by_pci_id(id.pci_device_id) {
-        Ok(Some(model)) => {
-            cross_check(api, dev, &model);
-            Some(model)
-        }
-        Ok(None) => match model_from_nvml(api, dev, id) {
-            Ok(model) => {
-                tracing::warn!(gpu = dev, name = %id.name, pci_device_id = format_args!("{:#010x}", id.pci_device_id),
-                    "no data file for this GPU; using the profile and placement tables NVML reports");
-                Some(Arc::new(model))
-            }
-            Err(reason) => {
-                tracing::warn!(gpu = dev, name = %id.name, pci_device_id = format_args!("{:#010x}", id.pci_device_id), %reason,
-                    "no data file for this GPU and NVML's tables do not make a usable model; skipped");
-                None
-            }
-        },
-        Err(e) => {
-            tracing::error!(error = %e, "the embedded GPU model data is invalid; GPU skipped");
-            None
-        }
-    }
-}
-
-/// Logs every data-file profile whose real ID or placements differ from what NVML reports.
-fn cross_check<A: NvmlApi>(api: &A, dev: u32, model: &GpuModel) {
-    for p in &model.profiles {
-        let checked = api
-            .gi_profile_info(dev, p.nvml_enum_value())
-            .and_then(|info| {
-                let placements = api.gi_possible_placements(dev, info.id)?;
-                Ok((info, placements))
-            });
-        match checked {
-            Ok((info, placements)) => {
-                let starts: Vec<u32> = placements.iter().map(|pl| pl.start).collect();
-                let sizes_ok = placements.iter().all(|pl| pl.size == p.placement_size);
-                if info.id != p.id || starts != p.placement_starts || !sizes_ok {
-                    tracing::warn!(gpu = dev, profile = %p.name, file = %model.source_file, data_id = p.id, nvml_id = info.id,
-                        data_starts = ?p.placement_starts, nvml_placements = ?placements,
-                        "the GPU model data file disagrees with NVML");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(gpu = dev, profile = %p.name, file = %model.source_file, error = %e,
-                    "NVML does not report a profile of the GPU model data file")
-            }
-        }
-    }
-}
-
-/// A [`GpuModel`] from NVML's own tables: every GI profile enum the GPU supports
-/// (`…GetGpuInstanceProfileInfoV`, enum → real ID), its possible placements, and the full-size CI
-/// by instance count; validated by the same rules as the data files.
-pub fn model_from_nvml<A: NvmlApi>(
-    api: &A,
-    dev: u32,
-    id: &DeviceIdentity,
-) -> Result<GpuModel, String> {
-    let mut profiles = Vec::new();
-    for e in 0..GI_PROFILE_ENUM_COUNT {
-        let info = match api.gi_profile_info(dev, e) {
-            Ok(info) => info,
-            Err(err) if is_absent_profile(&err) => continue,
-            Err(err) => return Err(err.to_string()),
-        };
-        let placements = api
-            .gi_possible_placements(dev, info.id)
-            .map_err(|err| err.to_string())?;
-        profiles.push(profile_from_nvml(e, &info, &placements)?);
-    }
-    let memory_slices = profiles
-        .iter()
-        .flat_map(|p| p.placement_starts.iter().map(|s| s + p.placement_size))
-        .max()
-        .ok_or("NVML reports no GPU instance profiles")?;
-    let model = GpuModel {
-        name: id
-            .name
-            .trim_start_matches("NVIDIA ")
-            .replace(char::is_whitespace, "-"),
-        aliases: Vec::new(),
-        product_name: id.name.clone(),
-        pci_device_ids: vec![id.pci_device_id],
-        architecture: architecture_name(id.architecture).to_string(),
-        cuda_compute_capability: format!(
-            "{}.{}",
-            id.cuda_compute_capability.0, id.cuda_compute_capability.1
-        ),
-        memory_mib: id.memory_mib,
-        memory_slices,
-        compute_slices: profiles.iter().map(|p| p.compute_slices).max().unwrap_or(0),
-        max_gpu_instances: profiles.iter().map(|p| p.max_instances).max().unwrap_or(0),
-        mig_mode_change_requires_reset: id.architecture < ARCH_HOPPER,
-        profiles,
-        source_file: String::new(),
-        counter_totals: Default::default(),
-        published_counters: Vec::new(),
-    };
-    let text = toml::to_string(&model).map_err(|e| e.to_string())?;
-    parse_model(&format!("nvml:{}", id.name), &text).map_err(|e| e.problem)
-}
-
-fn profile_from_nvml(
-    e: u32,
-    info: &GiProfileInfo,
-    placements: &[Placement],
-) -> Result<GiProfile, String> {
-    let name = info.short_name().to_string();
-    let size = placements
-        .first()
-        .map(|p| p.size)
-        .ok_or_else(|| format!("profile {name}: NVML reports no placements"))?;
-    let mut starts: Vec<u32> = placements.iter().map(|p| p.start).collect();
-    starts.sort_unstable();
-    let ci = full_ci_enum(info.slice_count).ok_or_else(|| {
-        format!(
-            "profile {name}: no CI profile with {} slices",
-            info.slice_count
-        )
-    })?;
-    Ok(GiProfile {
-        id: info.id,
-        nvml_enum: GI_ENUM_NAMES[e as usize].to_string(),
-        media_extension: name.ends_with("+me"),
-        name,
-        compute_slices: info.slice_count,
-        memory_mib: info.memory_mib,
-        multiprocessors: info.multiprocessors,
-        copy_engines: info.copy_engines,
-        decoders: info.decoders,
-        encoders: info.encoders,
-        jpeg_engines: info.jpeg_engines,
-        ofa_engines: info.ofa_engines,
-        max_instances: info.instance_count,
-        placement_size: size,
-        placement_starts: starts,
-        compute_instance: CiProfile {
-            id: ci,
-            nvml_enum: CI_ENUMS[ci as usize].0.to_string(),
-        },
-    })
 }

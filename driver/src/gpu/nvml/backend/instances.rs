@@ -154,9 +154,13 @@ impl<A: NvmlApi> NvmlBackend<A> {
     /// CI (a create interrupted between the two steps) is listed with CI 0 and an empty MIG UUID
     /// so orphan reconciliation can destroy it. A GPU served whole (MIG mode off at start-up) has
     /// none while its MIG mode is still off (one `nvmlDeviceGetMigMode`); should someone switch
-    /// it on behind DAS's back, its instances are listed as on any GPU.
+    /// it on behind DAS's back, its instances are listed as on any GPU. A GPU without MIG has
+    /// none, without an NVML call.
     pub(super) fn instances_of(&self, gpu: &GpuInfo) -> Result<Vec<MigInstance>, BackendError> {
         let fail = |e: NvmlCallError| map_error(Target::gpu(gpu.index), &e);
+        if !gpu.model.mig {
+            return Ok(Vec::new());
+        }
         if !gpu.mig_enabled && !self.api.mig_mode(gpu.index).map_err(fail)?.current {
             return Ok(Vec::new());
         }

@@ -39,6 +39,9 @@ pub(in crate::gpu::nvml) fn switch_base<A: NvmlApi>(
     id: &DeviceIdentity,
     model: &GpuModel,
 ) -> MigSwitch {
+    if !model.mig {
+        return MigSwitch::no_mig();
+    }
     if !options.mig_mode_switching {
         return MigSwitch::off();
     }
@@ -49,7 +52,7 @@ pub(in crate::gpu::nvml) fn switch_base<A: NvmlApi>(
             architecture_name(id.architecture)
         ));
     }
-    if model.mig_mode_change_requires_reset {
+    if model.mig_mode_change_requires_reset() {
         return MigSwitch::Refused(format!(
             "{}: its model data says a MIG mode change needs a GPU reset",
             model.name
@@ -77,10 +80,17 @@ pub(in crate::gpu::nvml) fn with_pending(base: &MigSwitch, mode: MigModeState) -
 }
 
 impl<A: NvmlApi> NvmlBackend<A> {
-    /// `nvmlDeviceGetMigMode` of GPU `gpu_index`.
+    /// `nvmlDeviceGetMigMode` of GPU `gpu_index`; off (now and pending) for a GPU without MIG,
+    /// which NVML answers `NOT_SUPPORTED` (its instance lists and whole-GPU prepares need no
+    /// special case).
     pub(super) fn read_mig_mode(&self, gpu_index: u32) -> Result<MigModeState, BackendError> {
         let target = Target::gpu(gpu_index);
-        self.gpu(&target)?;
+        if !self.gpu(&target)?.model.mig {
+            return Ok(MigModeState {
+                current: false,
+                pending: false,
+            });
+        }
         self.api
             .mig_mode(gpu_index)
             .map_err(|e| map_error(target, &e))

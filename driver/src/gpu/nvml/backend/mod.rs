@@ -1,10 +1,11 @@
 //! [`NvmlBackend`]: [`GpuBackend`] over an [`NvmlApi`] (docs/reference/mig.md, "Create and destroy").
 //!
-//! - Inventory discovered once at construction: MIG-capable GPUs with MIG mode on; non-MIG GPUs,
-//!   Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped, unless
-//!   `--whole-gpus` ([`NvmlBackend::with_whole_gpus`]) keeps those with MIG mode off as whole
-//!   GPUs (`GpuInfo::mig_enabled` false: no instance can be created there, NVML answers
-//!   `NOT_SUPPORTED`, and their instance lists are empty while MIG mode stays off). Every
+//! - Inventory discovered once at construction: MIG-capable GPUs with MIG mode on; GPUs without
+//!   MIG, Ampere with MIG off and (by default) Hopper+ with MIG off are logged and skipped,
+//!   unless `--whole-gpus` ([`NvmlBackend::with_whole_gpus`]) keeps those with MIG mode off and
+//!   those without MIG as whole GPUs (`GpuInfo::mig_enabled` false: no instance can be created
+//!   there, NVML answers `NOT_SUPPORTED`, and their instance lists are empty while MIG mode
+//!   stays off; a GPU without MIG reads as MIG mode off, never switched). Every
 //!   later [`GpuBackend::inventory`] asks NVML again whether each of those GPUs still answers
 //!   with the same UUID, so a GPU that fell off the bus drops out (and its devices turn
 //!   unhealthy) instead of being served from a start-up copy. `--enable-mig-mode`
@@ -13,11 +14,13 @@
 //!   GPU's MIG mode to follow demand ([`GpuBackend::set_mig_mode`], `backend/mig_mode.rs`); the
 //!   backend's copy of each GPU follows the mode it switched.
 //! - Each GPU's published facts are read once with the inventory: brand
-//!   (`nvmlDeviceGetBrand`), CUDA driver version (`nvmlSystemGetCudaDriverVersion_v2`), the PCI
-//!   bus ID in its standard form, and, with [`NvmlBackend::with_sys_root`], the PCIe root complex
-//!   from sysfs; one that cannot be read is left out, never fatal.
-//! - Models come from the data files by PCI device ID, cross-checked against NVML; an unknown
-//!   GPU gets a model built from NVML's own profile and placement tables ([`model_from_nvml`]).
+//!   (`nvmlDeviceGetBrand`), CUDA driver version (`nvmlSystemGetCudaDriverVersion_v2`), total
+//!   memory, the PCI bus ID in its standard form, and, with [`NvmlBackend::with_sys_root`], the
+//!   PCIe root complex and NUMA node from sysfs; one that cannot be read is left out, never fatal.
+//! - Models come from the data files by PCI device ID (and subsystem ID or name where one device
+//!   ID covers two products), cross-checked against NVML; an unknown GPU gets a model built from
+//!   NVML's own profile and placement tables ([`model_from_nvml`]), or, without MIG, from its
+//!   NVML identity ([`model_without_mig`]; `backend/models.rs`).
 //! - Create: GI at the exact placement, then the full-size CI, then the MIG UUID by walking the
 //!   MIG device handles, then the capability minors from procfs. On failure nothing is left.
 //! - Destroy: every CI of the GI, then the GI (docs/reference/mig.md, "Create and destroy").
@@ -37,6 +40,7 @@ mod discover;
 mod events;
 mod instances;
 mod mig_mode;
+mod models;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -45,10 +49,10 @@ use std::time::{Duration, Instant};
 
 use cache::KnownInstances;
 pub use cache::{Clock, INSTANCE_REFRESH};
-pub use discover::model_from_nvml;
-use discover::{System, discover, pcie_root};
+use discover::{System, discover, numa_node, pcie_root};
 use events::register_health_events;
 pub(in crate::gpu::nvml) use mig_mode::{switch_base, with_pending};
+pub use models::{model_from_nvml, model_without_mig};
 
 use super::procfs;
 use super::{NvmlApi, NvmlCallError, code};
@@ -152,13 +156,15 @@ impl<A: NvmlApi> NvmlBackend<A> {
     }
 
     /// Reads each GPU's PCIe root complex (`GpuInfo::pcie_root`, published as
-    /// `resource.kubernetes.io/pcieRoot`) from the sysfs mounted at `sys_root` (`--sys-root`,
+    /// `resource.kubernetes.io/pcieRoot`) and NUMA node (`GpuInfo::numa_node`,
+    /// `resource.kubernetes.io/numaNode`) from the sysfs mounted at `sys_root` (`--sys-root`,
     /// normally [`pci::SYS_ROOT`](crate::gpu::pci::SYS_ROOT)); a GPU sysfs does not place keeps
-    /// none (logged). Without this call no GPU has one (the unit tests' fake GPUs are not in
+    /// none (logged). Without this call no GPU has either (the unit tests' fake GPUs are not in
     /// the test machine's sysfs).
     pub fn with_sys_root(mut self, sys_root: &Path) -> Self {
         for g in self.gpus.get_mut().unwrap_or_else(|p| p.into_inner()) {
             g.info.pcie_root = pcie_root(sys_root, &g.info);
+            g.info.numa_node = numa_node(sys_root, &g.info);
         }
         self
     }
@@ -249,6 +255,12 @@ impl<A: NvmlApi> GpuBackend for NvmlBackend<A> {
         let target = Target::at(gpu_index, profile, Placement { start, size: 0 });
         let gpu = self.gpu(&target)?;
         let gpu = &gpu;
+        if !gpu.model.mig {
+            return Err(BackendError::NotSupported {
+                target,
+                reason: format!("{} has no MIG (it is served whole)", gpu.model.name),
+            });
+        }
         let (_, p) = gpu
             .model
             .profile(profile)

@@ -35,16 +35,16 @@ impl NvmlApi for FakeNvml {
 
     fn device_identity(&self, dev: u32) -> NvmlResult<DeviceIdentity> {
         let r = self.with_gpu("nvmlDeviceGetUUID", dev, |g, _| {
-            let memory_mib = g.spec.model.as_ref().map_or(16384, |m| m.memory_mib);
             Ok(DeviceIdentity {
                 name: g.spec.name.clone(),
                 uuid: format!("GPU-{:08x}-0000-4000-8000-000000000000", dev + 1),
                 minor: g.minor,
                 pci_device_id: g.spec.pci_device_id,
+                pci_subsystem_id: g.spec.pci_subsystem_id,
                 pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + dev),
-                memory_mib,
+                memory_mib: g.spec.memory_mib,
                 architecture: g.spec.architecture,
-                cuda_compute_capability: (8, 0),
+                cuda_compute_capability: g.spec.cuda_compute_capability,
             })
         });
         self.count(r, |_| {

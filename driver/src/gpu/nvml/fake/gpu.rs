@@ -60,9 +60,13 @@ pub(super) struct FakeGpu {
 }
 
 impl FakeGpu {
-    /// The model; `NOT_SUPPORTED` on a GPU without MIG.
+    /// The model; `NOT_SUPPORTED` on a GPU without MIG (no model, or a model without MIG).
     pub(super) fn model(&self) -> Result<&Arc<GpuModel>, u32> {
-        self.spec.model.as_ref().ok_or(code::NOT_SUPPORTED)
+        self.spec
+            .model
+            .as_ref()
+            .filter(|m| m.mig)
+            .ok_or(code::NOT_SUPPORTED)
     }
 
     /// Model and MIG mode on: what every instance call needs.

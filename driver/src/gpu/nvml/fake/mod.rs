@@ -8,7 +8,9 @@
 //! - GI IDs come from the "driver" in the order seen on hardware (9, 7, 8, 11, …; docs/reference/mig.md, "Create and destroy"),
 //!   never from the placement; every CI takes a MIG device slot and a fresh `MIG-` UUID.
 //! - Destroying a GI that still has CIs, or a CI marked busy, → `IN_USE`; MIG mode off →
-//!   `NOT_SUPPORTED` for instance calls; a lost GPU → `GPU_IS_LOST` for every call on it.
+//!   `NOT_SUPPORTED` for instance calls; a GPU without MIG (a model with `mig = false`, or
+//!   none) → `NOT_SUPPORTED` for `nvmlDeviceGetMigMode` and every MIG call; a lost GPU →
+//!   `GPU_IS_LOST` for every call on it.
 //! - `nvmlDeviceSetMigMode`: `IN_USE` while GIs exist; on Hopper and newer the mode changes at
 //!   once; on Ampere (or a GPU marked [`FakeNvml::set_needs_reset`]) it goes pending and the
 //!   call answers `RESET_REQUIRED` (the activation status, as `RealNvml` reports it).
@@ -31,15 +33,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{MigModeState, NvmlApi, NvmlCallError, NvmlResult, RawEvent, code};
 use crate::gpu::layout::{Occupancy, Placement};
-use crate::gpu::model::GpuModel;
+use crate::gpu::model::{ARCHITECTURES, GpuModel};
 use gpu::FakeGpu;
 
 /// One fake GPU.
 #[derive(Debug, Clone)]
 pub struct FakeGpuSpec {
-    /// The model (profiles, placements); `None` for a GPU without MIG (e.g. a T4).
+    /// The model (profiles, placements); a model without MIG ([`GpuModel::mig`] false: a T4,
+    /// an L4) or `None` (a GPU without MIG no data file knows) makes a GPU without MIG:
+    /// `nvmlDeviceGetMigMode` and every MIG call answer `NOT_SUPPORTED`.
     pub model: Option<Arc<GpuModel>>,
-    /// Product name when there is no model.
+    /// Product name (`nvmlDeviceGetName`; the model's by default).
     pub name: String,
     /// MIG mode at start.
     pub mig_enabled: bool,
@@ -47,6 +51,12 @@ pub struct FakeGpuSpec {
     pub architecture: u32,
     /// PCI device ID reported (the model's first by default).
     pub pci_device_id: u32,
+    /// PCI subsystem ID reported (the model's first by default, else 0x00000000: unknown).
+    pub pci_subsystem_id: u32,
+    /// Total memory reported (MiB; the model's by default).
+    pub memory_mib: u64,
+    /// CUDA compute capability reported (the model's by default).
+    pub cuda_compute_capability: (u32, u32),
     /// `nvmlBrandType_t` reported ([`BRAND_NVIDIA`] by default, as data-center GPUs report).
     pub brand: u32,
     /// `nvmlGpuVirtualizationMode_t` reported (0, `NONE`, by default; 2, `VGPU`, for a vGPU
@@ -64,30 +74,52 @@ pub const CUDA_DRIVER_VERSION: i32 = 13000;
 impl FakeGpuSpec {
     /// A MIG-capable GPU of `model` with MIG mode `mig_enabled`.
     pub fn mig(model: Arc<GpuModel>, mig_enabled: bool) -> Self {
-        let architecture = match model.architecture.as_str() {
-            "Ampere" => 7,
-            "Hopper" => 9,
-            _ => 10,
-        };
+        Self {
+            mig_enabled,
+            ..Self::of_model(model)
+        }
+    }
+
+    /// A GPU of `model`, a model without MIG (T4, L4, …: its data file says `mig = false`).
+    pub fn without_mig(model: Arc<GpuModel>) -> Self {
+        Self::of_model(model)
+    }
+
+    /// A GPU of `model` as NVML reports it: name, first PCI device and subsystem ID, memory,
+    /// architecture and compute capability from the model; MIG mode off.
+    fn of_model(model: Arc<GpuModel>) -> Self {
+        let architecture = ARCHITECTURES
+            .iter()
+            .position(|a| *a == model.architecture)
+            .map_or(10, |i| i as u32 + 2);
+        let cc = crate::gpu::model::parse_compute_capability(&model.cuda_compute_capability)
+            .unwrap_or((8, 0));
         Self {
             name: model.product_name.clone(),
             pci_device_id: model.pci_device_ids[0],
+            pci_subsystem_id: model.pci_subsystem_ids.first().copied().unwrap_or(0),
+            memory_mib: model.memory_mib,
+            cuda_compute_capability: cc,
             model: Some(model),
-            mig_enabled,
+            mig_enabled: false,
             architecture,
             brand: BRAND_NVIDIA,
             virtualization_mode: 0,
         }
     }
 
-    /// A GPU without MIG support.
+    /// A GPU without MIG that no data file describes (a Volta `Tesla V100-PCIE-16GB`, PCI
+    /// device ID `0x1DB410DE`, 16160 MiB, compute capability 7.0), named `name`.
     pub fn non_mig(name: &str) -> Self {
         Self {
             model: None,
             name: name.to_string(),
             mig_enabled: false,
-            architecture: 6,
-            pci_device_id: 0x1EB8_10DE,
+            architecture: 5,
+            pci_device_id: 0x1DB4_10DE,
+            pci_subsystem_id: 0x1214_10DE,
+            memory_mib: 16160,
+            cuda_compute_capability: (7, 0),
             brand: BRAND_NVIDIA,
             virtualization_mode: 0,
         }
@@ -130,7 +162,11 @@ impl FakeNvml {
                 },
                 lost: false,
                 needs_reset: false,
-                occupancy: spec.model.as_deref().map(Occupancy::empty),
+                occupancy: spec
+                    .model
+                    .as_deref()
+                    .filter(|m| m.mig)
+                    .map(Occupancy::empty),
                 gis: BTreeMap::new(),
                 spec,
             })

@@ -1,6 +1,7 @@
 //! The GPU facts discovery reads for the published attributes (docs/design.md §3) on the fake
-//! NVML: brand, CUDA driver version, the standard PCI bus ID, and the PCIe root from a sysfs
-//! tree ([`NvmlBackend::with_sys_root`]); each left out, never fatal, when it cannot be read.
+//! NVML: brand, CUDA driver version, the standard PCI bus ID, and the PCIe root and NUMA node
+//! from a sysfs tree ([`NvmlBackend::with_sys_root`]); each left out, never fatal, when it
+//! cannot be read.
 
 use std::os::unix::fs::symlink;
 
@@ -88,6 +89,32 @@ fn the_pcie_root_is_read_from_sysfs() {
     assert_eq!(inv[1].pci_bus_id.as_deref(), Some("0000:11:00.0"));
 }
 
+/// The NUMA node comes from the device's `numa_node` in sysfs: a node, none for `-1`, none for a
+/// GPU sysfs does not list; a GPU without MIG gets it as any other.
+#[test]
+fn the_numa_node_is_read_from_sysfs() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path();
+    let devices = sys.join("bus/pci/devices");
+    fs::create_dir_all(&devices).unwrap();
+    for (bus, numa) in [("0000:10:00.0", "1\n"), ("0000:11:00.0", "-1\n")] {
+        let target = format!("devices/pci0000:0f/{bus}");
+        fs::create_dir_all(sys.join(&target)).unwrap();
+        fs::write(sys.join(&target).join("numa_node"), numa).unwrap();
+        symlink(format!("../../../{target}"), devices.join(bus)).unwrap();
+    }
+    let l4 = FakeGpuSpec::without_mig(crate::gpu::find_model("L4").unwrap().unwrap());
+    let fake = FakeNvml::new(vec![l4, a100(true), h100(true)]);
+    let b = NvmlBackend::with_whole_gpus(fake, options(Path::new("/nonexistent-proc")), true)
+        .unwrap()
+        .with_sys_root(sys);
+    let inv = b.inventory().unwrap();
+    let numa: Vec<Option<u32>> = inv.iter().map(|g| g.numa_node).collect();
+    assert_eq!(numa, [Some(1), None, None]);
+    assert_eq!(inv[0].pcie_root.as_deref(), Some("pci0000:0f"));
+    assert_eq!(inv[1].pcie_root.as_deref(), Some("pci0000:0f"));
+}
+
 #[test]
 fn brand_names_and_cuda_versions_follow_nvidias_driver() {
     assert_eq!(brand_name(14), Some("Nvidia"));
@@ -98,4 +125,30 @@ fn brand_names_and_cuda_versions_follow_nvidias_driver() {
     assert_eq!(cuda_version(12090), "12.9");
     assert_eq!(cuda_version(13000), "13.0");
     assert_eq!(cuda_version(11080), "11.8");
+}
+
+/// `nvmlDeviceGetArchitecture` values by NVIDIA's DRA driver's names (go-nvlib
+/// `GetArchitectureAsString`), `Ada Lovelace` included; unknown ones are `Unknown`.
+#[test]
+fn architecture_names_follow_nvidias_driver() {
+    let names: Vec<&str> = (2..=11).map(architecture_name).collect();
+    assert_eq!(
+        names,
+        [
+            "Kepler",
+            "Maxwell",
+            "Pascal",
+            "Volta",
+            "Turing",
+            "Ampere",
+            "Ada Lovelace",
+            "Hopper",
+            "Blackwell",
+            "Unknown"
+        ]
+    );
+    assert_eq!(architecture_name(u32::MAX), "Unknown");
+    for name in &names {
+        assert!(crate::gpu::model::ARCHITECTURES.contains(name), "{name}");
+    }
 }

@@ -34,15 +34,18 @@ fn mig_off_gpus_are_kept_only_with_whole_gpus() {
         true,
     )
     .unwrap();
-    // The T4 has no MIG tables, so no model: still skipped. Hopper with MIG off is not switched
-    // on (no --enable-mig-mode) and offers no MIG placements.
-    assert_eq!(inventory_of(&with), [(0, true), (2, false), (3, false)]);
+    // The GPU without MIG is served whole too (`tests/without_mig.rs`). Hopper with MIG off is
+    // not switched on (no --enable-mig-mode) and offers no MIG placements.
+    assert_eq!(
+        inventory_of(&with),
+        [(0, true), (1, false), (2, false), (3, false)]
+    );
     let inv = with.inventory().unwrap();
-    assert!(inv[2].offers_whole_gpu() && !inv[2].offers_mig());
-    assert_eq!(inv[1].model.name, "A100-SXM4-40GB");
+    assert!(inv[3].offers_whole_gpu() && !inv[3].offers_mig());
+    assert_eq!(inv[2].model.name, "A100-SXM4-40GB");
     // NVML's `00000000:12:00.0` in the standard form of `resource.kubernetes.io/pciBusID`.
-    assert_eq!(inv[1].pci_bus_id.as_deref(), Some("0000:12:00.0"));
-    assert_eq!(with.gpu_indices(), [0, 2, 3]);
+    assert_eq!(inv[2].pci_bus_id.as_deref(), Some("0000:12:00.0"));
+    assert_eq!(with.gpu_indices(), [0, 1, 2, 3]);
     assert!(
         with.api()
             .calls()

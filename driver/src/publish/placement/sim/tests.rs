@@ -129,8 +129,10 @@ fn switchable_gpus_take_a_whole_gpu_request_or_slices_never_both() {
     assert_eq!(c.allocate_whole(), None);
 }
 
+/// GPUs offered only whole (MIG mode off, or no MIG) take whole-GPU requests before switchable
+/// ones, which keep their slices for slice requests meanwhile; each kind in index order.
 #[test]
-fn switchable_and_mig_off_gpus_share_the_index_order() {
+fn mig_off_gpus_take_whole_requests_before_switchable_ones() {
     let m = find_model("H100-80GB").unwrap().unwrap();
     let gpus = [GpuView {
         index: 2,
@@ -141,10 +143,23 @@ fn switchable_and_mig_off_gpus_share_the_index_order() {
         .with_whole_gpus(&[3, 1])
         .with_switchable_gpus(&[2]);
     assert_eq!(ff.allocate_whole(), Some(1));
-    assert_eq!(ff.allocate_whole(), Some(2));
-    assert!(ff.allocate("1g.10gb").is_none());
     assert_eq!(ff.allocate_whole(), Some(3));
+    // GPU 2 is still free for slices: two whole GPUs cost no MIG capacity.
+    assert_eq!(ff.allocate("1g.10gb").unwrap().gpu_index, 2);
     assert_eq!(ff.allocate_whole(), None);
+    // Without the slice, the third whole GPU is GPU 2.
+    let mut ff = FirstFit::new(&gpus, Policy::Das)
+        .with_switchable_gpus(&[2])
+        .with_whole_gpus(&[3, 1]);
+    assert_eq!(
+        [
+            ff.allocate_whole(),
+            ff.allocate_whole(),
+            ff.allocate_whole()
+        ],
+        [Some(1), Some(3), Some(2)]
+    );
+    assert!(ff.allocate("1g.10gb").is_none());
     // A slice first keeps GPU 2 from being taken whole.
     let mut ff = FirstFit::new(&gpus, Policy::DasAdaptive)
         .with_switchable_gpus(&[2])

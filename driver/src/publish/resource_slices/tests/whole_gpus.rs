@@ -90,7 +90,8 @@ fn a_whole_gpu_device_has_the_designed_shape() {
 
 #[test]
 fn a_whole_gpu_consumes_every_counter_at_its_full_value_on_every_model() {
-    for model in builtin_models().unwrap().iter() {
+    // Models without MIG: `without_mig.rs`.
+    for model in builtin_models().unwrap().iter().filter(|m| m.mig) {
         let on = gpu_of(0, model.clone());
         let mut whole = gpu_of(1, model.clone());
         whole.mig_enabled = false;
@@ -138,23 +139,31 @@ fn a_whole_gpu_consumes_every_counter_at_its_full_value_on_every_model() {
     }
 }
 
+/// GPUs offered only whole come first; a switchable GPU's whole device after the devices of its
+/// GPU and the lower ones (docs/design.md §5).
 #[test]
-fn whole_gpus_come_after_the_devices_of_their_gpu_and_the_lower_ones() {
+fn gpus_offered_only_whole_come_first_and_switchable_ones_after_their_slices() {
+    let switchable = |index| GpuInfo {
+        mig_switch: crate::gpu::MigSwitch::Allowed,
+        ..gpu(index, "H100-80GB")
+    };
     let gpus = [
-        gpu(0, "H100-80GB"),
+        switchable(0),
         off(1, "A100-SXM4-40GB"),
         gpu(2, "H100-80GB"),
         off(3, "A30"),
+        switchable(4),
     ];
     let slices =
         desired_resource_slices("n", &gpus, ResourceSliceLayout::SeparateCounterSlices).unwrap();
     let listed = names(&slices);
     let at = |n: &str| listed.iter().position(|x| x == n).unwrap();
     let last_of = |prefix: &str| listed.iter().rposition(|x| x.starts_with(prefix)).unwrap();
-    let first_of = |prefix: &str| listed.iter().position(|x| x.starts_with(prefix)).unwrap();
-    assert_eq!(at("gpu-1"), last_of("gpu-0-") + 1);
-    assert_eq!(first_of("gpu-2-"), at("gpu-1") + 1);
-    assert_eq!(at("gpu-3"), listed.len() - 1);
+    assert_eq!((at("gpu-1"), at("gpu-3")), (0, 1), "{listed:?}");
+    assert!(listed[2].starts_with("gpu-0-mig-"), "{listed:?}");
+    assert_eq!(at("gpu-0"), last_of("gpu-0-") + 1);
+    assert_eq!(at("gpu-4"), listed.len() - 1);
+    assert_eq!(at("gpu-4"), last_of("gpu-4-") + 1);
     // The MIG devices keep the order they have without whole GPUs.
     let mig_only: Vec<String> = listed
         .iter()
@@ -163,19 +172,21 @@ fn whole_gpus_come_after_the_devices_of_their_gpu_and_the_lower_ones() {
         .collect();
     let without = desired_resource_slices(
         "n",
-        &[gpu(0, "H100-80GB"), gpu(2, "H100-80GB")],
+        &[
+            gpu(0, "H100-80GB"),
+            gpu(2, "H100-80GB"),
+            gpu(4, "H100-80GB"),
+        ],
         ResourceSliceLayout::SeparateCounterSlices,
     )
     .unwrap();
     assert_eq!(mig_only, names(&without));
-    // A GPU with MIG off in front comes first.
-    let slices = desired_resource_slices(
-        "n",
-        &[off(0, "A30"), gpu(1, "A30")],
-        ResourceSliceLayout::SeparateCounterSlices,
-    )
-    .unwrap();
-    assert_eq!(all_devices(&slices)[0].name, "gpu-0");
+    // On 1.34 a GPU's devices stay in its slice: GPUs in index order whatever their kind.
+    let combined =
+        desired_resource_slices("n", &gpus, ResourceSliceLayout::CountersWithDevices).unwrap();
+    let listed = names(&combined);
+    let first = |prefix: &str| listed.iter().position(|x| x.starts_with(prefix)).unwrap();
+    assert!(first("gpu-0") < first("gpu-1") && first("gpu-1") < first("gpu-2-"));
 }
 
 #[test]
