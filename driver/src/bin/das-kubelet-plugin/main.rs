@@ -10,6 +10,8 @@
 //!   `das_driver` together. Publication: the health monitor sends `HealthFacts` on a watch
 //!   channel; the publisher turns them and the inventory's slices into what it publishes
 //!   (`das_driver::publish::desired::desired_slices`).
+//! - `slices`: the slices' options for the API server and the node, and the slices built from
+//!   the inventory.
 //! - `print`: the read-only modes `--print-inventory` and `--print-resource-slices`.
 //! - this file: the process (runtime, signals) and [`run`], the phases in their order.
 
@@ -17,6 +19,7 @@ mod args;
 mod node;
 mod phases;
 mod print;
+mod slices;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -39,23 +39,22 @@ use das_driver::mps::MpsDaemons;
 use das_driver::node_checks;
 use das_driver::plugin::handover::{self, Active, Background, Ended, Gate, Gated, Limits};
 use das_driver::plugin::server::{self, SocketPaths};
-use das_driver::publish::binding;
 use das_driver::publish::desired::{HealthFacts, desired_slices};
-use das_driver::publish::resource_slices::{self, ServerVersion, SliceOptions};
+use das_driver::publish::resource_slices::SliceOptions;
 use das_driver::publish::{FirstPublish, Publisher, RunConfig};
 use das_runtime::client::{self, Clients, Timeouts};
 use das_runtime::probes;
 use das_runtime::process::Shutdown;
-use k8s_openapi::api::resource::v1::ResourceSliceSpec;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::args::{Args, health_policy, orphan_policy, share_policy, shared_profiles};
+use crate::args::{Args, health_policy, orphan_policy, share_policy};
 use crate::node::{
     Gpus, NodeCheck, check_node, device_nodes, load_checkpoint, mps_control_binary, mps_settings,
     open_emulated, stand_in_driver_mounts,
 };
+use crate::slices::{base_slices, slice_options, unless_no_mps};
 
 /// What every phase carries: the flags, SIGTERM, the metrics and the task serving them with the
 /// probes, the API clients, and the token that stops every task.
@@ -329,31 +328,6 @@ impl Reconciled {
     }
 }
 
-/// The slices built from the inventory (without the health monitor's facts), with binding
-/// conditions when carve before bind is on; logged.
-fn base_slices(
-    args: &Args,
-    inventory: &[GpuInfo],
-    options: SliceOptions,
-    carve_before_bind: bool,
-) -> Result<Vec<ResourceSliceSpec>> {
-    let (layout, shared) = (options.layout, options.shared.selectors.clone());
-    let desired = resource_slices::desired_resource_slices(&args.node_name, inventory, options)?;
-    let desired = if carve_before_bind {
-        binding::with_binding_conditions(desired)
-    } else {
-        desired
-    };
-    tracing::info!(
-        slices = desired.len(),
-        ?layout,
-        ?shared,
-        carve_before_bind,
-        "publishing ResourceSlices"
-    );
-    Ok(desired.into_iter().map(|d| d.slice.spec).collect())
-}
-
 /// The health monitor, and the facts it reports for publication: taints of unhealthy GPUs,
 /// and the MIG instances no claim holds, found now while no prepare runs. The publisher alone
 /// turns them and the inventory's slices into what is published.
@@ -541,46 +515,4 @@ fn spawn_request_path_tasks(
         mps_stop.cancelled().await;
         mps.let_go().await;
     });
-}
-
-/// What the slices hold for the API server's version (its layout, and the shareable devices of
-/// --shared-profiles where it supports them; docs/design.md §7, "Shared slices"), and whether
-/// carve before bind is on (--carve-before-bind on a server that serves binding conditions,
-/// issue 34). When the flags ask for what the server cannot be given, the log says why.
-async fn slice_options(client: &kube::Client, args: &Args) -> Result<(SliceOptions, bool)> {
-    let info = client
-        .apiserver_version()
-        .await
-        .context("read the API server version")?;
-    let version = ServerVersion::from_info(&info);
-    let (options, why_not) = SliceOptions::for_server(version, shared_profiles(args));
-    if let Some(why) = why_not {
-        tracing::warn!(
-            profiles = ?args.shared_profiles.0, server = %info.git_version,
-            "no shareable devices are published: {why}"
-        );
-    }
-    let carve = args.carve_before_bind
-        && match binding::binding_supported(version) {
-            Ok(()) => true,
-            Err(why) => {
-                tracing::warn!(server = %info.git_version, "carve before bind is off: {why}");
-                false
-            }
-        };
-    Ok((options, carve))
-}
-
-/// `options` without shareable devices when this node cannot run MPS, which every share of a
-/// slice needs (docs/design.md §7, "Shared slices"); the log says why.
-fn unless_no_mps(mut options: SliceOptions, mps: &MpsDaemons) -> SliceOptions {
-    if !options.shared.selectors.is_empty() && !mps.available() {
-        tracing::warn!(
-            profiles = ?options.shared.selectors,
-            "no shareable devices are published: {}",
-            das_driver::mps::supervisor::NO_BINARY
-        );
-        options.shared.selectors.clear();
-    }
-    options
 }
