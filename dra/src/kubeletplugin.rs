@@ -34,6 +34,7 @@ use tonic::{Request, Response, Status};
 
 use crate::driver::{ClaimRef, Driver};
 use crate::health::{DeviceHealthReport, HealthSource};
+use crate::resourceslice::FirstPublish;
 
 /// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -190,9 +191,24 @@ impl SocketPaths {
 /// registration socket first: the kubelet deregisters the plugin when it disappears). A socket
 /// file left at either path by a crashed instance is replaced.
 ///
+/// `_published` is the proof that the driver's ResourceSlices were published
+/// ([`FirstPublish`], from [`crate::resourceslice::Publisher::publish_first`]): the kubelet
+/// learns of the plugin only once the scheduler can see its devices.
+///
+/// ```compile_fail,E0061
+/// # use std::sync::Arc;
+/// # use dra_plugin::kubeletplugin::{self, SocketPaths};
+/// # use dra_plugin::{Driver, HealthSource};
+/// // Serving the kubelet before the first publish does not compile: the proof is missing.
+/// async fn register_first<D: Driver>(paths: &SocketPaths, d: Arc<D>, h: Arc<dyn HealthSource>) {
+///     let _ = kubeletplugin::serve(paths, "dev.example.com", d, h, async {}).await;
+/// }
+/// ```
+///
 /// # Errors
 /// A socket cannot be set up, or a server stopped with an error (reported once both stopped).
 pub async fn serve<D: Driver + ?Sized>(
+    _published: &FirstPublish,
     paths: &SocketPaths,
     driver: &str,
     handler: Arc<D>,

@@ -21,7 +21,7 @@
 //!
 //! To publish, a driver gives the [`resourceslice::Pool`] (its name, the node) and its devices
 //! as the desired ResourceSlice specs, in priority order, without `driver`, `pool` or
-//! `nodeName`: once to [`resourceslice::Publisher::publish`], then as a `watch` channel to
+//! `nodeName`: once to [`resourceslice::Publisher::publish_first`], then as a `watch` channel to
 //! [`resourceslice::Publisher::run`] (or any input and a function of it to
 //! [`resourceslice::Publisher::run_with`]). Optionally it implements
 //! [`resourceslice::NodeEvents`] (where the publisher's notices about the API server's feature
@@ -33,7 +33,10 @@
 //! - [`kubeletplugin`]: [`kubeletplugin::SocketPaths`] (the kubelet's naming conventions, per pod
 //!   during a rolling update) and [`kubeletplugin::serve`], which serves a [`Driver`] and a
 //!   [`HealthSource`] until told to stop, registering with the kubelet once the DRA socket
-//!   answers and deregistering first on the way out.
+//!   answers and deregistering first on the way out. It requires the
+//!   [`resourceslice::FirstPublish`] that only a successful
+//!   [`resourceslice::Publisher::publish_first`] makes, so a plugin cannot register before its
+//!   devices are published.
 //! - [`handover`]: one active instance per node (a `flock` on `<state dir>/plugin.lock`), and
 //!   the bounded handover to a newer instance: [`handover::check_then_take_over`],
 //!   [`handover::Gate`], [`handover::Background`], [`handover::hand_over_when_asked`].
@@ -44,12 +47,26 @@
 //!   offers a device without them (shared counters probed with a dry run; the pool published
 //!   empty while they are dropped; shareable devices and binding conditions left out once
 //!   dropped; docs/design.md §4). Publish before serving, so the scheduler can place pods as soon
-//!   as the kubelet reaches the plugin.
+//!   as the kubelet reaches the plugin: the types keep that order (below).
 //! - `testing` (feature `testing`): a mocked API server and a fake ResourceSlice registry whose
 //!   gates can be off, for a driver's tests.
 //!
 //! Protocol facts, with their sources, are in docs/reference/dra.md, "Kubelet plugin protocol"
 //! and "ResourceSlice publishing".
+//!
+//! # Start-up order
+//!
+//! Each step makes what the next one requires, so the order cannot be broken by moving a line:
+//!
+//! 1. [`handover::check_then_take_over`] runs the driver's checks, then waits for the node: the
+//!    [`handover::Active`] it returns (made only by taking the node's lock) is what
+//!    [`handover::hand_over_when_asked`] later gives up;
+//! 2. the driver loads its records and reconciles them (its own order);
+//! 3. [`resourceslice::Publisher::publish_first`] publishes the node's pool and returns the
+//!    [`resourceslice::FirstPublish`] proof;
+//! 4. [`kubeletplugin::serve`] requires that proof, and registers with the kubelet only once
+//!    its DRA socket answers;
+//! 5. [`handover::hand_over_when_asked`] consumes the [`handover::Active`].
 //!
 //! # Wiring
 //!
@@ -114,7 +131,7 @@
 //! let mut publisher = Publisher::new(client, pool).with_events(Arc::new(events));
 //! let device = Device { name: "dev-0".into(), ..Default::default() };
 //! let desired = vec![ResourceSliceSpec { devices: Some(vec![device]), ..Default::default() }];
-//! publisher.publish(desired.clone()).await?;
+//! let (_stats, first) = publisher.publish_first(desired.clone()).await?;
 //! let (_slices, slices) = watch::channel(desired); // send the new specs when devices change
 //! let stop = CancellationToken::new();
 //! let mut background = Background::default();
@@ -134,8 +151,8 @@
 //! let server = tokio::spawn({
 //!     let stop = stop.clone();
 //!     async move {
-//!         kubeletplugin::serve(&paths, "dev.example.com", driver, devices, stop.cancelled_owned())
-//!             .await
+//!         let (name, shutdown) = ("dev.example.com", stop.cancelled_owned());
+//!         kubeletplugin::serve(&first, &paths, name, driver, devices, shutdown).await
 //!     }
 //! });
 //! let probe = Arc::new(das_runtime::probes::Probe::default());

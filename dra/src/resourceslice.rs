@@ -39,8 +39,10 @@
 //!
 //! - the [`Pool`]: its driver name and the node (and the Node's UID, if it knows it);
 //! - the desired slices, in priority order, as `ResourceSliceSpec`s without `driver`, `pool`
-//!   or `nodeName` (the publisher sets them): once to [`Publisher::publish`], or as a
-//!   [`tokio::sync::watch`] channel to [`Publisher::run`];
+//!   or `nodeName` (the publisher sets them): once to [`Publisher::publish`] (before the
+//!   plugin serves the kubelet: [`Publisher::publish_first`], whose [`FirstPublish`]
+//!   [`crate::kubeletplugin::serve`] requires), or as a [`tokio::sync::watch`] channel to
+//!   [`Publisher::run`];
 //! - optionally [`NodeEvents`] (the Events its notices become, and their notes: the default
 //!   notes are [`Notice::note`]; [`KubeNodeEvents`] posts them with a kube event recorder), a
 //!   [`GateGauge`], and which devices are shareable when it marks them otherwise than by
@@ -66,6 +68,21 @@ pub use publisher::{
     KubePublishApi, PublishApi, PublishError, PublishStats, PublishTotals, Publisher, RunConfig,
 };
 pub use version::{ServerVersion, Unsupported};
+
+/// Proof that the pool was published: made only by [`Publisher::publish_first`] once a publish
+/// succeeded (the API server holds the desired slices, or, while it drops shared counters, the
+/// pool without devices), and required by [`crate::kubeletplugin::serve`]. So a plugin never
+/// registers with the kubelet before its first publish: the scheduler can place pods on the
+/// node as soon as the kubelet reaches the plugin. (Go's `kubeletplugin` leaves this order to
+/// the driver.)
+///
+/// ```compile_fail,E0423
+/// use dra_plugin::resourceslice::FirstPublish;
+/// // Claiming a publish that never happened does not compile: the field is private.
+/// let first = FirstPublish(());
+/// ```
+#[derive(Debug)]
+pub struct FirstPublish(());
 
 /// The pool a [`Publisher`] keeps: one node's devices of one driver (upstream
 /// `resourceslice.Options.DriverName` and a `Pool` with `NodeName` set).

@@ -17,6 +17,8 @@ use das_proto::dra_health::v1alpha1::dra_resource_health_client::DraResourceHeal
 use das_proto::pluginregistration::registration_client::RegistrationClient;
 use das_proto::pluginregistration::{InfoRequest, RegistrationStatus};
 use dra_plugin::kubeletplugin::{self, ServeError, SocketPaths};
+use dra_plugin::resourceslice::{FirstPublish, Pool, Publisher};
+use dra_plugin::testing::FakeSliceApi;
 use dra_plugin::{ClaimRef, DeviceHealthReport, Driver, HealthSource, PreparedDevice};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
@@ -133,6 +135,14 @@ async fn wait_for(path: &Path) {
     }
 }
 
+/// The proof [`kubeletplugin::serve`] requires: the node's pool published (empty) on a fake
+/// ResourceSlice registry.
+async fn published() -> FirstPublish {
+    let api = Arc::new(FakeSliceApi::new(true, true));
+    let mut publisher = Publisher::with_api(api, Pool::new(DRIVER, "node-a"));
+    publisher.publish_first(vec![]).await.unwrap().1
+}
+
 fn claims<C>(make: impl Fn(String, String, String) -> C) -> Vec<C> {
     ["ok", "bad"]
         .map(|uid| make("ns".into(), format!("claim-{uid}"), uid.into()))
@@ -152,7 +162,18 @@ async fn the_kubelet_registers_prepares_watches_health_and_sees_the_sockets_go()
     let server = tokio::spawn({
         let (paths, driver, source, stop) =
             (paths.clone(), driver.clone(), source.clone(), stop.clone());
-        async move { kubeletplugin::serve(&paths, DRIVER, driver, source, stop.cancelled_owned()).await }
+        async move {
+            let first = published().await;
+            kubeletplugin::serve(
+                &first,
+                &paths,
+                DRIVER,
+                driver,
+                source,
+                stop.cancelled_owned(),
+            )
+            .await
+        }
     });
     wait_for(&paths.registration).await;
 
@@ -329,6 +350,7 @@ async fn a_stale_socket_is_replaced_and_a_bad_directory_named() {
         let source = Arc::new(Health(watch::channel(0).0, Mutex::new(true)));
         async move {
             kubeletplugin::serve(
+                &published().await,
                 &paths,
                 DRIVER,
                 Arc::new(OneDevice::default()),
@@ -353,6 +375,7 @@ async fn a_stale_socket_is_replaced_and_a_bad_directory_named() {
     let paths = SocketPaths::explicit(dir.join("reg.sock"), file.join("dra.sock")).unwrap();
     let source = Arc::new(Health(watch::channel(0).0, Mutex::new(true)));
     let err = kubeletplugin::serve(
+        &published().await,
         &paths,
         DRIVER,
         Arc::new(OneDevice::default()),

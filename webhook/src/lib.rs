@@ -6,8 +6,9 @@
 //! keeps shared slices within their namespace ([`shared_claims`]); see docs/design.md §8. [`translate`] is the pure translation; [`server`] the HTTPS admission
 //! server, [`profiles`] the cache of offered profiles, [`templates`] the
 //! watched cache of created templates, [`metrics`] its Prometheus metrics,
-//! [`tls`] the reloading certificate resolver and [`error`] the one error type (with the metric
-//! label of each kind of failure).
+//! [`tls`] the reloading certificate resolver, [`start`] the start-up phases (TLS → bound →
+//! serving, each made only by the previous one) and [`error`] the one error type (with the
+//! metric label of each kind of failure).
 
 pub mod device_configs;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod metrics;
 pub mod profiles;
 pub mod server;
 pub mod shared_claims;
+pub mod start;
 pub mod templates;
 pub mod tls;
 pub mod translate;

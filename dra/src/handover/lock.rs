@@ -40,7 +40,19 @@ fn open(dir: &Path, name: &str) -> io::Result<File> {
     Ok(file)
 }
 
-/// This process is the node's active plugin while this value lives.
+/// This process is the node's active plugin while this value lives. Made only by taking
+/// `plugin.lock` ([`Active::try_acquire`], [`super::take_over`],
+/// [`super::check_then_take_over`]); [`super::hand_over_when_asked`] consumes it.
+///
+/// ```compile_fail,E0451
+/// use std::path::PathBuf;
+/// use dra_plugin::handover::Active;
+/// // Acting as the node's active instance without its lock does not compile: the fields are
+/// // private.
+/// fn active(file: std::fs::File, dir: PathBuf) -> Active {
+///     Active { _lock: file, dir }
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Active {
     _lock: File,

@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::gates::{self, Attempt, Guard, Notice, Observed, ProbeAnswer, Shareable};
 use super::plan::{self, Baseline};
-use super::{GateGauge, NodeEvents, Pool};
+use super::{FirstPublish, GateGauge, NodeEvents, Pool};
 
 mod api;
 mod outcome;
@@ -165,6 +165,20 @@ impl Publisher {
             }
         }
         result
+    }
+
+    /// [`Self::publish`], and on success the [`FirstPublish`] proof that
+    /// [`crate::kubeletplugin::serve`] requires: a plugin publishes with it before it serves the
+    /// kubelet.
+    ///
+    /// # Errors
+    /// [`Self::publish`]'s: the plugin must not serve yet.
+    pub async fn publish_first(
+        &mut self,
+        desired: Vec<ResourceSliceSpec>,
+    ) -> Result<(PublishStats, FirstPublish), PublishError> {
+        let stats = self.publish(desired).await?;
+        Ok((stats, FirstPublish(())))
     }
 
     /// Deletes every slice of the driver on this node (for uninstall). Returns how many.

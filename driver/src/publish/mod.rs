@@ -36,6 +36,6 @@ pub(crate) mod publisher;
 pub mod resource_slices;
 
 pub use dra_plugin::resourceslice::{
-    KubePublishApi, PublishApi, PublishError, PublishStats, PublishTotals, RunConfig,
+    FirstPublish, KubePublishApi, PublishApi, PublishError, PublishStats, PublishTotals, RunConfig,
 };
 pub use publisher::Publisher;

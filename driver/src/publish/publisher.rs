@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::desired::{HealthFacts, desired_slices};
 use super::notices::NodeNotices;
-use super::{PublishError, PublishStats, PublishTotals, RunConfig};
+use super::{FirstPublish, PublishError, PublishStats, PublishTotals, RunConfig};
 use crate::events::{EventSink, KubeEvents};
 use crate::metrics::Metrics;
 
@@ -119,6 +119,19 @@ impl Publisher {
         desired: Vec<ResourceSliceSpec>,
     ) -> Result<PublishStats, PublishError> {
         self.inner.publish(desired).await
+    }
+
+    /// [`Self::publish`], and on success the [`FirstPublish`] proof the kubelet plugin's
+    /// `serve` requires ([`rs::Publisher::publish_first`]): the plugin registers only once its
+    /// devices are published.
+    ///
+    /// # Errors
+    /// [`Self::publish`]'s.
+    pub async fn publish_first(
+        &mut self,
+        desired: Vec<ResourceSliceSpec>,
+    ) -> Result<(PublishStats, FirstPublish), PublishError> {
+        self.inner.publish_first(desired).await
     }
 
     /// Deletes every slice of our driver on this node (for uninstall). Returns how many.

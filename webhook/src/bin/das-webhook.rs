@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use das_runtime::client::{self, KubeArgs, Timeouts};
 use das_runtime::logging::LogArgs;
@@ -18,8 +18,8 @@ use das_runtime::process::{self, Shutdown};
 use das_webhook::metrics::Metrics;
 use das_webhook::profiles::Profiles;
 use das_webhook::server::{self, App};
+use das_webhook::start::Tls;
 use das_webhook::templates::Templates;
-use das_webhook::tls::{ReloadingCert, TlsPolicy};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -90,20 +90,33 @@ async fn main() -> ExitCode {
     process::exit_status(run(args).await.map(|()| ExitCode::SUCCESS))
 }
 
+/// The webhook, in the order of its start-up phases ([`das_webhook::start`]): the TLS
+/// configuration checked, then the API clients and the app, then the port bound, then served
+/// until SIGTERM or SIGINT.
 async fn run(args: Args) -> Result<()> {
     let mut shutdown = Shutdown::listen()?;
-    let cert = ReloadingCert::new(&args.tls_cert_file, &args.tls_key_file)?;
-    let policy = TlsPolicy::parse(&args.tls_min_version, &args.tls_cipher_suites)
-        .map_err(|e| anyhow::anyhow!("--tls-min-version/--tls-cipher-suites: {e}"))?;
-    if !policy.not_offered.is_empty() {
-        tracing::warn!(suites = ?policy.not_offered, "listed TLS cipher suites the TLS library does not implement are not offered");
+    let tls = Tls::load(
+        &args.tls_cert_file,
+        &args.tls_key_file,
+        &args.tls_min_version,
+        &args.tls_cipher_suites,
+    )?;
+    let every = Duration::from_secs(args.cert_reload_interval_seconds.max(1));
+    tokio::spawn(tls.reload_every(every));
+    let app = app(&args).await?;
+    let bound = tls.bind(args.listen).await?;
+    tracing::info!(address = %bound.local_addr()?, "das-webhook serving HTTPS");
+    tokio::select! {
+        never = bound.serve(app, server::Limits::default()) => match never {},
+        _ = shutdown.wait() => Ok(()),
     }
-    let tls = cert.server_config(&policy)?;
-    tokio::spawn(cert.watch(Duration::from_secs(
-        args.cert_reload_interval_seconds.max(1),
-    )));
+}
+
+/// The handlers' state: the API clients, the offered profiles, the watched templates, the
+/// metrics and who may read them.
+async fn app(args: &Args) -> Result<Arc<App>> {
     let clients = client::clients(&args.kube, Timeouts::default()).await?;
-    let app = Arc::new(App {
+    Ok(Arc::new(App {
         profiles: Arc::new(
             Profiles::new(
                 clients.calls.clone(),
@@ -115,14 +128,5 @@ async fn run(args: Args) -> Result<()> {
         metrics: Metrics::default(),
         metrics_access: args.metrics_auth.access(&clients.calls),
         shares_across_namespaces: args.shares_across_namespaces,
-    });
-    let limits = server::Limits::default();
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("bind {}", args.listen))?;
-    tracing::info!(address = %listener.local_addr()?, "das-webhook serving HTTPS");
-    tokio::select! {
-        never = server::serve(listener, tls, server::router(app, limits), limits) => match never {},
-        _ = shutdown.wait() => Ok(()),
-    }
+    }))
 }

@@ -78,6 +78,14 @@ pub fn plan(
     mps::plan::with_mps(planned, configs)
 }
 
+/// Proof that start-up has settled the layers: brought back on the kept claims and taken off
+/// whatever no record wears. Made only by [`Layers::restore_at_startup`] (the field is private
+/// to this module); start-up's destroy of orphaned instances requires it, because what a layer
+/// runs on an instance keeps it in use (an unrecorded MPS daemon's server would make the
+/// destroy fail).
+#[derive(Debug)]
+pub(crate) struct Restored(());
+
 /// The layers this plugin runs, in the order they are put on (taken off in the same order).
 pub struct Layers {
     all: Vec<Box<dyn Layer>>,
@@ -147,10 +155,18 @@ impl Layers {
         }
     }
 
-    /// Every layer's [`Layer::remove_unrecorded`].
-    pub async fn remove_unrecorded(&self, records: &CheckpointStore) {
+    /// Start-up, once the records are settled: every layer's [`Layer::restore`] on `kept` (the
+    /// claims whose instances exist), then its [`Layer::remove_unrecorded`] against `records`;
+    /// the [`Restored`] proof that instances may now be destroyed.
+    pub(crate) async fn restore_at_startup(
+        &self,
+        kept: &[(ClaimRef, Vec<RecordedDevice>)],
+        records: &CheckpointStore,
+    ) -> Restored {
+        self.restore(kept).await;
         for l in &self.all {
             l.remove_unrecorded(records).await;
         }
+        Restored(())
     }
 }

@@ -11,6 +11,7 @@ use crate::claims::EventTarget;
 use crate::claims::cdi;
 use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
 use crate::claims::handler::ClaimRef;
+use crate::claims::layers::Restored;
 use crate::claims::plan::{self, Holding};
 use crate::claims::startup::{Report, StartupError};
 use crate::gpu::{BackendError, MigInstance};
@@ -55,13 +56,15 @@ impl Preparer {
                 .await?;
         }
         self.learn_pods_of_kept().await;
-        self.layers.restore(&layers_back).await;
-        // Before the orphans are destroyed: an unrecorded daemon's MPS server keeps its slice in
-        // use, and the slice's destroy would fail.
-        self.layers
-            .remove_unrecorded(&self.records.checkpoint)
+        // Before the orphans are destroyed (`destroy_orphans` requires the proof): an
+        // unrecorded daemon's MPS server keeps its slice in use, and the slice's destroy would
+        // fail.
+        let restored = self
+            .layers
+            .restore_at_startup(&layers_back, &self.records.checkpoint)
             .await;
-        self.destroy_orphans(reclaim_foreign, &mut report).await;
+        self.destroy_orphans(&restored, reclaim_foreign, &mut report)
+            .await;
         self.remove_stale_cdi_specs(&mut report)?;
         self.update_gauges();
         Ok(report)
@@ -326,8 +329,14 @@ impl Preparer {
         Ok(())
     }
 
-    /// Step 5, on the GPUs that answer (listed again: steps 2–4 changed them).
-    async fn destroy_orphans(&self, reclaim_foreign: bool, report: &mut Report) {
+    /// Step 5, on the GPUs that answer (listed again: steps 2–4 changed them), once the layers
+    /// are settled (`_layers`: nothing a layer runs keeps an orphan in use).
+    async fn destroy_orphans(
+        &self,
+        _layers: &Restored,
+        reclaim_foreign: bool,
+        report: &mut Report,
+    ) {
         for gpu in self.gpus.gpu_indices() {
             let Ok(live) = self.gpus.instances_on(gpu).await else {
                 continue;
