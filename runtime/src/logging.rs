@@ -6,6 +6,8 @@ use std::io::IsTerminal;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// The log flags every binary takes.
 #[derive(Args, Debug, Clone)]
@@ -21,9 +23,11 @@ pub struct LogArgs {
 /// How log lines are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
-    /// One human-readable line per event: `<time> <LEVEL> <target>: <message> <key>=<value>…`.
+    /// One human-readable line per event: `<time> <LEVEL> <spans>: <target>: <message>
+    /// <key>=<value>…`, `<spans>` as `name{field=value …}` joined by `:` (none outside a span).
     Text,
-    /// One JSON object per event (`timestamp`, `level`, `fields`, `target`).
+    /// One JSON object per event (`timestamp`, `level`, `fields`, `target`, and the spans it is
+    /// logged in: `span`, `spans`).
     Json,
 }
 
@@ -63,20 +67,46 @@ pub fn filter(level: &str) -> Result<tracing_subscriber::EnvFilter> {
         })
 }
 
-/// Installs the global subscriber for `args`.
+/// Installs the global subscriber for `args` ([`subscriber`] writing to stderr, colours only
+/// when stderr is a terminal).
 ///
 /// # Errors
 /// An invalid filter (see [`filter`]), or a subscriber already installed.
 pub fn init(args: &LogArgs) -> Result<()> {
+    let ansi = std::io::stderr().is_terminal();
+    let subscriber = subscriber(
+        args.log_format,
+        filter(&args.log_level)?,
+        std::io::stderr,
+        ansi,
+    );
+    subscriber
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
+}
+
+/// The subscriber every binary logs through, writing lines in `format` through `writer`, with
+/// ANSI colours when `ansi`. Text lines start with the spans the line is logged in
+/// (`name{field=value …}:`, outermost first); JSON objects carry the innermost span as `span`
+/// and all of them as `spans` (outermost first), each with its `name` and fields. Tests install
+/// it for one thread with [`tracing::subscriber::set_default`] to read what a binary would log.
+pub fn subscriber<W>(
+    format: LogFormat,
+    filter: tracing_subscriber::EnvFilter,
+    writer: W,
+    ansi: bool,
+) -> Box<dyn tracing::Subscriber + Send + Sync>
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter(&args.log_level)?)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let installed = match args.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-    installed.map_err(|e| anyhow::anyhow!("installing the log subscriber: {e}"))
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => Box::new(builder.finish()),
+        LogFormat::Json => Box::new(builder.json().finish()),
+    }
 }
 
 #[cfg(test)]

@@ -109,6 +109,7 @@ impl GpuModes {
                 tracing::info!(
                     gpu,
                     to = on_off(want_mig),
+                    // The span carries the claim too; the demo's report greps this field.
                     claim = uid,
                     ms = t0.elapsed().as_millis() as u64,
                     "MIG mode switched"

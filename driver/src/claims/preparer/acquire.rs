@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
+use tracing::Instrument;
 
 use super::Preparer;
 use crate::claims::PrepareError;
@@ -77,7 +78,9 @@ impl Preparer {
     /// Under GPU `gpu`'s lock: puts the GPU in the MIG mode `items`' kinds need
     /// ([`Self::ensure_mig_mode`]), then acquires each device in turn, noting each instance in
     /// the claim's record while still holding the lock, so a concurrent release on this GPU
-    /// sees it as recorded.
+    /// sees it as recorded. In a span `acquire` with the `gpu`, each device's acquire in a span
+    /// `acquire_device` with the `device`.
+    #[tracing::instrument(name = "acquire", level = "error", skip_all, fields(gpu = gpu))]
     async fn acquire_on_gpu(
         &self,
         claim: &ClaimRef,
@@ -119,7 +122,14 @@ impl Preparer {
         );
         let mut made = Vec::new();
         for (i, p) in items {
-            let held = match self.kinds.of(&p.at).acquire(i, p, &tx).await {
+            let span = tracing::error_span!("acquire_device", device = %p.device);
+            let held = match self
+                .kinds
+                .of(&p.at)
+                .acquire(i, p, &tx)
+                .instrument(span)
+                .await
+            {
                 Ok(h) => h,
                 Err(e) => return (made, Some((i, e))),
             };

@@ -31,7 +31,7 @@ pub(super) async fn create_or_join(
         }
         on
     });
-    tracing::debug!(claim = uid, device = %p.device, decision = ?on, "a share of a shared slice");
+    tracing::debug!(decision = ?on, "a share of a shared slice");
     match on {
         OnShare::Create => tx.create_instance(p).await,
         OnShare::Refuse(e) => Err(e.into()),
