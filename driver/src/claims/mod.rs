@@ -111,7 +111,7 @@ mod whole_gpu_tests;
 
 pub use crate::events::{EventKind, EventSink, EventTarget};
 pub use api::{ApiError, ClaimApi, KubeClaimApi};
-pub use error::PrepareError;
+pub use error::{PrepareError, ShareRefusal};
 pub use handler::{ClaimHandler, ClaimRef, PreparedDevice};
 pub use locks::ClaimLocks;
 pub use orphans::{OrphanPolicy, PodContainers, RuntimeError};

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use super::Preparer;
 use crate::claims::PrepareError;
 use crate::claims::checkpoint::RecordedDevice;
+use crate::claims::error::ModeRefusal;
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::{Failed, GpuMode, GpuTxn};
 use crate::claims::plan::{self, Holding, Planned};
@@ -102,10 +103,10 @@ impl Preparer {
                 device: other.device.clone(),
                 gpu,
                 mig_enabled: !want_mig,
-                reason: format!(
-                    "the claim was also allocated {} on this GPU, which needs the other mode; a whole GPU and a slice of one GPU are never allocated together while the counters are published (check `kubectl get resourceslices` for this node's counter sets), so delete the pod to have its claim allocated again",
-                    p.device
-                ),
+                reason: ModeRefusal::MixedModes {
+                    other: p.device.clone(),
+                }
+                .to_string(),
             };
             return (Vec::new(), Some((i, err.into())));
         }
