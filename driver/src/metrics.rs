@@ -127,6 +127,8 @@ impl Default for Metrics {
 impl Metrics {
     /// Registers every metric under the `das_kubelet_plugin` prefix (docs/operations.md lists
     /// them).
+    // Over the 80 lines of clippy.toml: issue 42's package 8 splits it (remove this then).
+    #[allow(clippy::too_many_lines)]
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("das_kubelet_plugin");
         let calls = Family::<CallLabels, Counter>::default();

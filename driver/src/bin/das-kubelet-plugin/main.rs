@@ -11,6 +11,9 @@
 //!   channel; the publisher turns them and the inventory's slices into what it publishes
 //!   (`das_driver::publish::desired::desired_slices`).
 
+// Product functions stay under 80 code lines (clippy.toml); tests may be longer.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 mod args;
 mod node;
 mod print;
@@ -139,6 +142,8 @@ fn unless_no_mps(mut options: SliceOptions, mps: &MpsDaemons) -> SliceOptions {
 
 /// The plugin: waits to take over the node, publishes, serves the kubelet, and hands over or
 /// stops on SIGTERM.
+// Over the 80 lines of clippy.toml: issue 42's package 8 splits it into phases (remove this then).
+#[allow(clippy::too_many_lines)]
 async fn run(args: Args) -> Result<()> {
     let args = Arc::new(args);
     std::fs::create_dir_all(&args.cdi_dir)
