@@ -14,11 +14,14 @@
 
 /// The span named `$name` (a literal) of claim `$claim` (a `&ClaimRef`), with fields
 /// `claim.uid`, `claim.namespace` and `claim.name`, at level `ERROR` (see the module docs).
-/// Attach it with [`tracing::Instrument::instrument`].
+/// A root: work started from inside another claim's span (a prepare starts its claim's status
+/// writer) does not carry that span's fields twice, nor keep it open. Attach it with
+/// [`tracing::Instrument::instrument`].
 macro_rules! claim_span {
     ($name:literal, $claim:expr) => {{
         let claim: &$crate::claims::handler::ClaimRef = $claim;
         tracing::error_span!(
+            parent: None,
             $name,
             claim.uid = %claim.uid,
             claim.namespace = %claim.namespace,

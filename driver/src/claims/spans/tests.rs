@@ -1,60 +1,17 @@
 //! The lines a prepare and an unprepare log carry their claim, in the binaries' own log formats
-//! (das-runtime's subscriber), at the level filters operators use.
+//! (das-runtime's subscriber; the test's runtime is current-thread and the backend calls run
+//! inline, so everything logs on the test's thread), at the level filters operators use.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use das_runtime::logging::{self, LogFormat};
+use das_runtime::logging::{LogFormat, capture};
 use serde_json::Value;
-use tracing_subscriber::fmt::MakeWriter;
 
 use crate::claims::handler::ClaimHandler;
 use crate::claims::testing::{MemoryApi, NODE, UID_A, inline, preparer};
 use crate::gpu::{EmulatedBackend, GpuBackend};
-
-/// Every byte the subscriber writes, shared with the test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap().clone();
-        String::from_utf8(bytes)
-            .unwrap()
-            .lines()
-            .map(String::from)
-            .collect()
-    }
-}
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Captured {
-    type Writer = Captured;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
-/// Installs the binaries' subscriber in `format` with `filter` on this thread (the test's
-/// runtime is current-thread, and the backend calls run inline).
-fn capture(format: LogFormat, filter: &str) -> (Captured, tracing::subscriber::DefaultGuard) {
-    let out = Captured::default();
-    let filter = logging::filter(filter).unwrap();
-    let guard =
-        tracing::subscriber::set_default(logging::subscriber(format, filter, out.clone(), false));
-    (out, guard)
-}
 
 /// The JSON line whose message is `message`.
 fn json_line(lines: &[String], message: &str) -> Value {
@@ -66,11 +23,18 @@ fn json_line(lines: &[String], message: &str) -> Value {
 }
 
 /// Claim `ns/a` (UID_A) allocated one slice on an emulated H100, and its preparer.
-fn setup(dir: &std::path::Path) -> (Arc<EmulatedBackend>, crate::claims::Preparer) {
+fn setup(
+    dir: &std::path::Path,
+) -> (
+    Arc<EmulatedBackend>,
+    Arc<MemoryApi>,
+    crate::claims::Preparer,
+) {
     let emu = Arc::new(EmulatedBackend::open("H100-80GB:1", NODE, &dir.join("emu")).unwrap());
     let api = Arc::new(MemoryApi::default());
     api.allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-6")]);
-    (emu.clone(), preparer(dir, emu, api, inline()))
+    let p = preparer(dir, emu.clone(), api.clone(), inline());
+    (emu, api, p)
 }
 
 fn claim_a() -> crate::claims::ClaimRef {
@@ -84,15 +48,23 @@ fn claim_a() -> crate::claims::ClaimRef {
 #[tokio::test(start_paused = true)]
 async fn json_lines_of_a_prepare_and_an_unprepare_carry_the_claim_in_their_span() {
     let dir = tempfile::tempdir().unwrap();
-    let (_emu, p) = setup(dir.path());
+    let (_emu, api, p) = setup(dir.path());
+    // The first status write fails: its writer, a task the prepare starts, logs in its own span.
+    api.failing_status_writes.store(1, Ordering::SeqCst);
     let (out, _guard) = capture(LogFormat::Json, "info");
     let done = p.prepare(vec![claim_a()]).await;
     assert!(done[UID_A].is_ok(), "{done:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let undone = p.unprepare(vec![claim_a()]).await;
     assert!(undone[UID_A].is_ok(), "{undone:?}");
 
     let lines = out.lines();
-    for (message, span) in [("prepared", "prepare"), ("unprepared", "unprepare")] {
+    let status = "writing the claim's device status failed; retrying";
+    for (message, span) in [
+        ("prepared", "prepare"),
+        (status, "status"),
+        ("unprepared", "unprepare"),
+    ] {
         let line = json_line(&lines, message);
         let want = serde_json::json!({
             "name": span, "claim.uid": UID_A, "claim.namespace": "ns", "claim.name": "a",
@@ -109,7 +81,7 @@ async fn json_lines_of_a_prepare_and_an_unprepare_carry_the_claim_in_their_span(
 #[tokio::test(start_paused = true)]
 async fn a_warning_inside_a_prepare_keeps_its_claim_under_a_warn_filter() {
     let dir = tempfile::tempdir().unwrap();
-    let (emu, p) = setup(dir.path());
+    let (emu, _api, p) = setup(dir.path());
     p.prepare_claim(&claim_a()).await.unwrap();
     // The slice is destroyed behind the plugin's back: the kubelet's retry warns and repairs.
     let instance = emu.all_instances().unwrap().remove(0);
