@@ -93,29 +93,56 @@ pub fn file_args(serves: Serves) -> Result<Vec<String>> {
 /// `make demo` runs it) the whole-GPU example too: its pod holds a whole GPU of n1, beside the
 /// slices, and that GPU's MIG mode is off.
 pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
-    let whole_gpus = serves.whole_gpus;
     let mut apply = vec!["apply".to_string()];
     apply.extend(file_args(serves)?);
     let apply: Vec<&str> = apply.iter().map(String::as_str).collect();
     chart::kubectl(&cluster.kubeconfig, &apply, None)?;
-    let client = cluster.client();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let whole = usize::from(whole_gpus);
-    // Each share is a claim with one device result (and one AllocationClaim); both hold one slice.
-    let shares = if serves.shares { SHARE_PODS.len() } else { 0 };
-    let (all_pods, devices) = (PODS + whole + shares, SLICES + whole + shares);
-    let all_claims_n = CLAIMS + whole + shares;
-    let running = wait::until("every example pod to run", TIMEOUT, || async {
+    let expected = Expected::of(serves);
+    let running = all_pods_running(cluster, expected.pods).await?;
+    legacy_pod_translated(&running)?;
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client().clone(), "default");
+    devices_reported(cluster, serves, &claims, &expected).await?;
+    cdi_specs_checked(cluster, serves, &claims, &expected).await?;
+    nothing_refused(cluster)
+}
+
+/// How many pods, claims and devices the applied examples make.
+struct Expected {
+    pods: usize,
+    claims: usize,
+    devices: usize,
+}
+
+impl Expected {
+    fn of(serves: Serves) -> Self {
+        let whole = usize::from(serves.whole_gpus);
+        // Each share is a claim with one device result (and one AllocationClaim); both hold one
+        // slice.
+        let shares = if serves.shares { SHARE_PODS.len() } else { 0 };
+        Expected {
+            pods: PODS + whole + shares,
+            claims: CLAIMS + whole + shares,
+            devices: SLICES + whole + shares,
+        }
+    }
+}
+
+/// Waits until the `default` namespace has `count` pods, all running; returns them.
+async fn all_pods_running(cluster: &Cluster, count: usize) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().clone(), "default");
+    wait::until("every example pod to run", TIMEOUT, || async {
         let list = pods.list(&Default::default()).await?.items;
         let running = list
             .iter()
             .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
             .count();
-        Ok((list.len() == all_pods && running == all_pods).then_some(list))
+        Ok((list.len() == count && running == count).then_some(list))
     })
-    .await?;
+    .await
+}
 
-    // The legacy pod was translated by the webhook into a claim of the 1g.5gb class.
+/// The legacy pod was translated by the webhook into a claim of the 1g.5gb class.
+fn legacy_pod_translated(running: &[Pod]) -> Result<()> {
     let legacy = running
         .iter()
         .find(|p| p.metadata.name.as_deref() == Some("legacy-slice"))
@@ -130,11 +157,19 @@ pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
             && claims[0].resource_claim_template_name.as_deref() == Some("das-mig-1g-5gb-x1"),
         "legacy pod not translated: {claims:?}"
     );
+    Ok(())
+}
 
-    // Every device was prepared by a plugin running under the chart's RBAC: its status is on
-    // the claim (resourceclaims/status + the 1.36 associated-node verbs), and the controller
-    // (chart RBAC too) mirrors it as inUse.
-    let all_claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+/// Every device was prepared by a plugin running under the chart's RBAC: its status is on the
+/// claim (resourceclaims/status + the 1.36 associated-node verbs), and the controller (chart
+/// RBAC too) mirrors it as inUse; with whole GPUs, the whole GPU sits beside the slices.
+async fn devices_reported(
+    cluster: &Cluster,
+    serves: Serves,
+    all_claims: &Api<ResourceClaim>,
+    expected: &Expected,
+) -> Result<()> {
+    let devices = expected.devices;
     wait::until(
         "every claim's devices reported by the plugin",
         TIMEOUT,
@@ -149,11 +184,11 @@ pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
                         .map_or(0, Vec::len)
                 })
                 .sum();
-            Ok((list.len() == all_claims_n && reported == devices).then_some(()))
+            Ok((list.len() == expected.claims && reported == devices).then_some(()))
         },
     )
     .await?;
-    let allocs: Api<AllocationClaim> = Api::namespaced(client.clone(), "default");
+    let allocs: Api<AllocationClaim> = Api::namespaced(cluster.client().clone(), "default");
     wait::until("an AllocationClaim inUse per device", TIMEOUT, || async {
         let list = allocs.list(&Default::default()).await?.items;
         let in_use = list
@@ -167,12 +202,21 @@ pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
         Ok((list.len() == devices && in_use == devices).then_some(()))
     })
     .await?;
-    if whole_gpus {
+    if serves.whole_gpus {
         whole_gpu_beside_the_slices(cluster, &allocs).await?;
     }
+    Ok(())
+}
 
-    // Emulated GPUs from the chart: CDI specs carry the MIG UUIDs but no device nodes, so a
-    // real runtime on a node without NVIDIA devices would start the containers.
+/// Emulated GPUs from the chart: CDI specs carry the MIG UUIDs but no device nodes, so a real
+/// runtime on a node without NVIDIA devices would start the containers. One spec per claim; the
+/// MPS example's and the shares' as their examples say.
+async fn cdi_specs_checked(
+    cluster: &Cluster,
+    serves: Serves,
+    all_claims: &Api<ResourceClaim>,
+    expected: &Expected,
+) -> Result<()> {
     let mut specs = Vec::new();
     for node in ["n0", "n1"] {
         specs.extend(crate::das::load_specs(
@@ -180,13 +224,14 @@ pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
         )?);
     }
     ensure!(
-        specs.len() == all_claims_n,
-        "{} CDI specs for {all_claims_n} claims",
-        specs.len()
+        specs.len() == expected.claims,
+        "{} CDI specs for {} claims",
+        specs.len(),
+        expected.claims
     );
-    mps_example_shares_one_slice(&specs, &all_claims).await?;
+    mps_example_shares_one_slice(&specs, all_claims).await?;
     if serves.shares {
-        shares_hold_one_slice(&specs, &all_claims).await?;
+        shares_hold_one_slice(&specs, all_claims).await?;
     }
     for spec in &specs {
         ensure!(
@@ -198,14 +243,17 @@ pub async fn apply_and_check(cluster: &Cluster, serves: Serves) -> Result<()> {
             ensure!(edits["deviceNodes"].is_null(), "device nodes in {spec}");
             let env = edits["env"].to_string();
             ensure!(
-                env.contains("=MIG-") || (whole_gpus && env.contains("DAS_GPU_UUID_")),
+                env.contains("=MIG-") || (serves.whole_gpus && env.contains("DAS_GPU_UUID_")),
                 "no MIG UUID (nor a whole GPU's UUID) in {spec}"
             );
         }
     }
+    Ok(())
+}
 
-    // Nothing a component tried was refused: the chart's RBAC covers every call they make
-    // (a missing verb shows up as a logged 403 even where the component recovers).
+/// Nothing a component tried was refused: the chart's RBAC covers every call they make (a
+/// missing verb shows up as a logged 403 even where the component recovers).
+fn nothing_refused(cluster: &Cluster) -> Result<()> {
     for name in [
         "das-plugin-n0",
         "das-plugin-n1",

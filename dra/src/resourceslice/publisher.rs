@@ -145,7 +145,13 @@ impl Publisher {
 
     /// Makes the server's slices of this node equal to `desired` (priority order: slice `i` is
     /// named with index `i`). `driver`, `pool` and `nodeName` of each spec are set here; specs
-    /// must not use `nodeSelector`, `allNodes` or `perDeviceNodeSelection`.
+    /// must not use `nodeSelector`, `allNodes` or `perDeviceNodeSelection`. Runs in a span
+    /// `publish` with the pool's `driver` and `pool` (the node), which every line it logs
+    /// carries.
+    #[tracing::instrument(name = "publish", level = "error", skip_all, fields(
+        driver = %self.pool.driver,
+        pool = %self.pool.node,
+    ))]
     pub async fn publish(
         &mut self,
         desired: Vec<ResourceSliceSpec>,
@@ -181,7 +187,12 @@ impl Publisher {
         Ok((stats, FirstPublish(())))
     }
 
-    /// Deletes every slice of the driver on this node (for uninstall). Returns how many.
+    /// Deletes every slice of the driver on this node (for uninstall). Returns how many. Runs in
+    /// a span `unpublish` with the pool's `driver` and `pool`.
+    #[tracing::instrument(name = "unpublish", level = "error", skip_all, fields(
+        driver = %self.pool.driver,
+        pool = %self.pool.node,
+    ))]
     pub async fn unpublish(&mut self) -> Result<usize, PublishError> {
         let existing = self.list().await?;
         let mut deleted = 0;
@@ -252,7 +263,7 @@ impl Publisher {
             Ok(stored) => {
                 let answer = ProbeAnswer::of(&slice.spec, &stored.spec);
                 if answer == ProbeAnswer::Kept {
-                    debug!(node = %self.pool.node, "the API server keeps shared counters (dry run)");
+                    debug!("the API server keeps shared counters (dry run)");
                 }
                 answer
             }
@@ -260,13 +271,13 @@ impl Publisher {
                 let withdrawn = self.guard.withdrawn();
                 if self.warned.insert("probe failed".into()) {
                     warn!(
-                        node = %self.pool.node, error = %e, withdrawn,
+                        error = %e, withdrawn,
                         "could not check with a dry run whether the API server keeps shared \
                          counters: withdrawn devices stay withdrawn, other slices are written \
                          and what the server stored is checked"
                     );
                 } else {
-                    debug!(node = %self.pool.node, error = %e, withdrawn, "counter probe failed again");
+                    debug!(error = %e, withdrawn, "counter probe failed again");
                 }
                 ProbeAnswer::Failed
             }
@@ -279,18 +290,21 @@ impl Publisher {
             Some(events) => events.note(&notice, &self.pool),
             None => notice.note(&self.pool),
         };
-        let (node, gate, reason) = (&self.pool.node, notice.gate(), notice.reason());
+        let (gate, reason) = (notice.gate(), notice.reason());
         match notice {
             Notice::CountersDropped { first: true, .. }
             | Notice::TaintsDropped
             | Notice::SharesDropped
             | Notice::BindingConditionsDropped => {
-                warn!(%node, gate, reason, "{note}");
+                warn!(gate, reason, "{note}");
             }
             Notice::CountersDropped { first: false, .. } => {
-                debug!(%node, gate, reason, "shared counters still dropped; devices stay withdrawn");
+                debug!(
+                    gate,
+                    reason, "shared counters still dropped; devices stay withdrawn"
+                );
             }
-            Notice::CountersKept | Notice::TaintsKept => info!(%node, gate, reason, "{note}"),
+            Notice::CountersKept | Notice::TaintsKept => info!(gate, reason, "{note}"),
         }
         if let Some(events) = &self.events {
             events.post(&notice, note).await;

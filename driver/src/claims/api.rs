@@ -101,8 +101,10 @@ impl KubeClaimApi {
         self
     }
 
-    /// Bounds every call (event posts included) by `limit` instead of [`CALL_TIMEOUT`].
-    pub fn with_call_timeout(mut self, limit: Duration) -> Self {
+    /// Bounds every call (event posts included) by `limit` instead of [`CALL_TIMEOUT`] (for
+    /// tests of the bound).
+    #[cfg(test)]
+    pub(crate) fn with_call_timeout(mut self, limit: Duration) -> Self {
         self.call_timeout = limit;
         self.events = self.events.with_timeout(limit);
         self
@@ -210,7 +212,7 @@ impl EventSink for KubeClaimApi {
 /// `metadata.uid` makes the API server refuse the write (409) when the name now belongs to
 /// another claim.
 #[cfg(test)]
-pub fn status_apply_body(
+pub(crate) fn status_apply_body(
     claim: &ClaimRef,
     devices: &[RecordedDevice],
     now: Time,

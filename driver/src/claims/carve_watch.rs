@@ -27,6 +27,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::carve::{OnClaimSeen, claim_ref, on_claim_seen};
 use crate::claims::api::allocated_to;
@@ -34,6 +35,7 @@ use crate::claims::checkpoint::{ClaimRecord, PrepareState};
 use crate::claims::handler::ClaimRef;
 use crate::claims::plan;
 use crate::claims::preparer::carve::Carved;
+use crate::claims::spans::claim_span;
 use crate::claims::{PrepareError, Preparer};
 
 /// Items per page of the watch's listings.
@@ -181,7 +183,8 @@ impl CarveWatch {
         }
         let preparer = self.preparer.clone();
         let claim = claim.clone();
-        tokio::spawn(async move { preparer.learn_pods(&claim, &pods).await });
+        let span = claim_span!("learn_pods", &claim);
+        tokio::spawn(async move { preparer.learn_pods(&claim, &pods).await }.instrument(span));
     }
 
     /// The claims whose records are `Carved`.
@@ -206,29 +209,31 @@ impl CarveWatch {
         }
         let preparer = self.preparer.clone();
         let stop = self.stop.clone();
-        self.tasks.spawn(async move {
+        let span = claim_span!("carve", &claim);
+        let task = async move {
             let mut delay = READ_RETRY;
             loop {
                 match preparer.carve_claim(&claim).await {
                     Err(PrepareError::ApiRead(e)) => {
-                        tracing::warn!(claim = %claim, error = %e, retry_in = ?delay, "cannot read a claim to carve; retrying");
+                        tracing::warn!(error = %e, retry_in = ?delay, "cannot read a claim to carve; retrying");
                         if !pause(&stop, &mut delay).await {
                             break;
                         }
                     }
                     Err(e) => {
-                        tracing::error!(claim = %claim, error = %e, "the claim could not be carved");
+                        tracing::error!(error = %e, "the claim could not be carved");
                         break;
                     }
                     Ok(Carved::Skipped) => {
-                        tracing::debug!(claim = %claim, "nothing to carve");
+                        tracing::debug!("nothing to carve");
                         break;
                     }
                     Ok(_) => break,
                 }
             }
             claim.uid
-        });
+        };
+        self.tasks.spawn(task.instrument(span));
     }
 
     /// Starts the release of `claim`'s carved record; once the call running for it ends, if one
@@ -240,25 +245,27 @@ impl CarveWatch {
         }
         let preparer = self.preparer.clone();
         let stop = self.stop.clone();
-        self.tasks.spawn(async move {
+        let span = claim_span!("release_carved", &claim);
+        let task = async move {
             let mut delay = READ_RETRY;
             loop {
                 match preparer.release_carved(&claim).await {
                     Err(PrepareError::ApiRead(e)) => {
-                        tracing::warn!(claim = %claim, error = %e, retry_in = ?delay, "cannot read a carved claim to release it; retrying");
+                        tracing::warn!(error = %e, retry_in = ?delay, "cannot read a carved claim to release it; retrying");
                         if !pause(&stop, &mut delay).await {
                             break;
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(claim = %claim, error = %e, "the carved slices of a claim no longer allocated here are left for the reaper (or the next listing)");
+                        tracing::warn!(error = %e, "the carved slices of a claim no longer allocated here are left for the reaper (or the next listing)");
                         break;
                     }
                     Ok(_) => break,
                 }
             }
             claim.uid
-        });
+        };
+        self.tasks.spawn(task.instrument(span));
     }
 
     /// Starts writing `SliceReady` again for `claim`'s carved record, unless a call for it runs.
@@ -267,10 +274,12 @@ impl CarveWatch {
             return;
         }
         let preparer = self.preparer.clone();
-        self.tasks.spawn(async move {
+        let span = claim_span!("announce_carved", &claim);
+        let task = async move {
             preparer.announce_carved(&claim).await;
             claim.uid
-        });
+        };
+        self.tasks.spawn(task.instrument(span));
     }
 }
 

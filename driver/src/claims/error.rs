@@ -6,6 +6,8 @@ use std::sync::Arc;
 
 use das_api::DRIVER_NAME;
 
+pub use reasons::{ModeRefusal, MpsConfigRefusal, ShareRefusal, WholeGpuRefusal};
+
 use crate::claims::cdi::CdiError;
 use crate::claims::checkpoint::CheckpointError;
 use crate::gpu::BackendError;
@@ -114,7 +116,7 @@ pub enum PrepareError {
         /// Allocated device, `…-shared`.
         device: String,
         /// What is wrong, and what to do.
-        reason: String,
+        reason: ShareRefusal,
     },
     /// Creating an instance failed.
     #[error("device {device}: {source}{hint}")]
@@ -220,6 +222,8 @@ impl PrepareError {
         }
     }
 }
+
+mod reasons;
 
 impl From<CdiError> for PrepareError {
     fn from(e: CdiError) -> Self {

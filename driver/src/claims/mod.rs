@@ -41,6 +41,8 @@
 //! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
 //! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
 //! - [`error`]: [`PrepareError`], turned into text only at the gRPC boundary.
+//! - [`spans`]: the `tracing` span of one claim's work (`claim.uid`, `claim.namespace`,
+//!   `claim.name` on every line logged for it).
 //!
 //! The rules (also in docs/architecture.md, "Concurrency and slice identity"):
 //! 1. Calls for one claim UID run one after another; calls for different claims run in
@@ -83,6 +85,7 @@ pub mod orphans;
 pub(crate) mod plan;
 pub(crate) mod preparer;
 pub(crate) mod reaper;
+pub(crate) mod spans;
 pub(crate) mod startup;
 pub(crate) mod status;
 pub(crate) mod unclaimed;
@@ -108,7 +111,7 @@ mod whole_gpu_tests;
 
 pub use crate::events::{EventKind, EventSink, EventTarget};
 pub use api::{ApiError, ClaimApi, KubeClaimApi};
-pub use error::PrepareError;
+pub use error::{PrepareError, ShareRefusal};
 pub use handler::{ClaimHandler, ClaimRef, PreparedDevice};
 pub use locks::ClaimLocks;
 pub use orphans::{OrphanPolicy, PodContainers, RuntimeError};

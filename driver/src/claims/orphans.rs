@@ -144,8 +144,9 @@ impl OrphanWatch {
             .retain(|(u, _)| u != uid);
     }
 
-    /// Whether claim `uid` is a suspect.
-    pub fn is_suspect(&self, uid: &str) -> bool {
+    /// Whether claim `uid` is a suspect (for tests).
+    #[cfg(test)]
+    pub(crate) fn is_suspect(&self, uid: &str) -> bool {
         self.due.lock().expect("orphans").contains_key(uid)
     }
 

@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::ClaimApi;
 use super::handler::ClaimRef;
+use super::spans::claim_span;
 use crate::claims::checkpoint::RecordedDevice;
 use crate::metrics::Metrics;
 
@@ -41,7 +43,9 @@ impl StatusWriters {
     ) {
         let stop = CancellationToken::new();
         let uid = claim.uid.clone();
-        let task = tokio::spawn(write_until_done(api, claim, devices, metrics, stop.clone()));
+        let span = claim_span!("status", &claim);
+        let writes = write_until_done(api, claim, devices, metrics, stop.clone());
+        let task = tokio::spawn(writes.instrument(span));
         let mut writers = self.writers.lock().expect("status writers");
         writers.retain(|_, w| !w.task.is_finished());
         if let Some(old) = writers.insert(uid, Writer { stop, task }) {
@@ -98,12 +102,12 @@ async fn write_until_done(
             Ok(()) => return,
             Err(e) if e.permanent => {
                 // Gone, replaced or deallocated: the status no longer belongs anywhere.
-                tracing::info!(claim = %claim, error = %e, "not writing the device status of a claim that changed");
+                tracing::info!(error = %e, "not writing the device status of a claim that changed");
                 return;
             }
             Err(e) => {
                 metrics.status_write_failed();
-                tracing::warn!(claim = %claim, error = %e, retry_in = ?delay,
+                tracing::warn!(error = %e, retry_in = ?delay,
                     "writing the claim's device status failed; retrying");
             }
         }

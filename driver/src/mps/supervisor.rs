@@ -69,7 +69,9 @@ impl MpsDaemons {
         }
     }
 
-    /// The same, restarting exited daemons after `backoff`.
+    /// The same, restarting exited daemons after `backoff` (for tests: the plugin keeps the
+    /// default).
+    #[cfg(any(test, feature = "testing"))]
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.ctx.backoff = backoff;
         self
@@ -341,7 +343,8 @@ impl MpsDaemons {
         self.ctx.binary.is_some()
     }
 
-    /// Whether daemon `id` is supervised.
+    /// Whether daemon `id` is supervised (for tests).
+    #[cfg(any(test, feature = "testing"))]
     pub fn is_supervised(&self, id: &str) -> bool {
         self.lock().contains_key(id)
     }

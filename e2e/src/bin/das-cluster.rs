@@ -5,6 +5,9 @@
 //! `.local/cluster/kubeconfig` and `.local/cluster/state.json`, and returns; `down` stops every
 //! process recorded there and removes the cluster's files.
 
+// Product functions stay under 80 code lines (clippy.toml); tests may be longer.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -294,7 +297,12 @@ async fn up(
             das_e2e::kueue::KueueFiles::built()?.version
         );
     }
-    let elapsed = t0.elapsed();
+    detach(state_dir, cluster, t0.elapsed())
+}
+
+/// Leaves the started cluster running (`elapsed` after its start): its state and kubeconfig
+/// in `state_dir`, and how to use and stop it printed.
+fn detach(state_dir: &Path, cluster: Cluster, elapsed: std::time::Duration) -> Result<()> {
     let kubeconfig = state_dir.join("kubeconfig");
     std::fs::copy(&cluster.kubeconfig, &kubeconfig)?;
     let mut state = cluster.detach();

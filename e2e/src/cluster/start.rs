@@ -13,10 +13,30 @@ use super::args::{apiserver_args, feature_gates, kubelet_client_args, scheduler_
 use super::{Cluster, ClusterConfig, NodeInfo, NodeKind};
 use crate::binaries::k8s_minor_version;
 use crate::kubeconfig;
-use crate::pki::{self, Pki, Usage};
+use crate::pki::{self, CertFiles, Pki, Usage};
 use crate::process;
 use crate::runtime;
 use crate::workload::free_port;
+
+/// The control plane's credentials and address, made before anything starts.
+struct Plane {
+    /// The cluster's CA.
+    pki: Pki,
+    /// The API server's serving certificate.
+    serving: CertFiles,
+    /// The service-account signing keys.
+    sa: CertFiles,
+    /// The API server's client certificate towards kubelets.
+    kubelet_client: CertFiles,
+    /// The host's address, for a Service network.
+    host_ip: Option<std::net::IpAddr>,
+    /// The API server's port.
+    api_port: u16,
+    /// The API server's URL.
+    server: String,
+    /// The `--feature-gates` flag of every control-plane component (none, or one).
+    gates: Vec<String>,
+}
 
 impl Cluster {
     fn spawn(&mut self, cfg: &ClusterConfig, name: &str, args: Vec<String>) -> Result<()> {
@@ -84,8 +104,33 @@ impl Cluster {
         }
     }
 
+    /// Starts every part in order, each waited for, marking when each is up.
     async fn boot(&mut self, cfg: &ClusterConfig) -> Result<()> {
         let t0 = Instant::now();
+        let plane = self.credentials(cfg)?;
+        let etcd_url = self.start_etcd(cfg).await?;
+        self.mark("etcd", t0);
+        self.start_apiserver(cfg, &plane, &etcd_url).await?;
+        self.mark("kube-apiserver ready", t0);
+        self.start_controllers(cfg, &plane)?;
+        self.wait_default_service_account(Duration::from_secs(60))
+            .await?;
+        self.mark("controller-manager + scheduler", t0);
+        self.start_nodes(cfg, &plane)?;
+        for name in cfg.nodes.iter().chain(&cfg.runtime_nodes) {
+            self.wait_node_ready(name, Duration::from_secs(90)).await?;
+        }
+        self.mark("nodes ready", t0);
+        if cfg.service_network {
+            let kc = self.kubeconfig.clone();
+            self.start_kube_proxy(cfg, &kc)?;
+        }
+        Ok(())
+    }
+
+    /// The cluster's CA and the control plane's certificates, its API server's port, and the
+    /// admin kubeconfig written for it.
+    fn credentials(&mut self, cfg: &ClusterConfig) -> Result<Plane> {
         let gates = feature_gates(k8s_minor_version(&cfg.k8s_bin)?, &cfg.feature_gates);
         let pki = Pki::create(&self.pki_dir)?;
         let host_ip = if cfg.service_network {
@@ -113,8 +158,6 @@ impl Cluster {
                 groups: vec!["system:masters".into()],
             },
         )?;
-        let etcd_port = free_port();
-        let etcd_peer_port = free_port();
         let api_port = free_port();
         let server = format!("https://127.0.0.1:{api_port}");
         kubeconfig::write(
@@ -124,7 +167,22 @@ impl Cluster {
             &admin,
             "das-e2e-admin",
         )?;
+        Ok(Plane {
+            gates,
+            pki,
+            serving,
+            sa,
+            kubelet_client,
+            host_ip,
+            api_port,
+            server,
+        })
+    }
 
+    /// etcd, on free ports, waited for; its client URL.
+    async fn start_etcd(&mut self, cfg: &ClusterConfig) -> Result<String> {
+        let etcd_port = free_port();
+        let etcd_peer_port = free_port();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
         self.spawn(
@@ -147,22 +205,41 @@ impl Cluster {
         )?;
         self.wait_tcp("etcd", etcd_port, Duration::from_secs(30))
             .await?;
-        self.mark("etcd", t0);
+        Ok(etcd_url)
+    }
 
+    /// kube-apiserver on etcd `etcd_url`, waited for until ready; the admin client.
+    async fn start_apiserver(
+        &mut self,
+        cfg: &ClusterConfig,
+        plane: &Plane,
+        etcd_url: &str,
+    ) -> Result<()> {
+        let (pki, port) = (&plane.pki, plane.api_port);
         self.spawn(
             cfg,
             "kube-apiserver",
             [
-                apiserver_args(&etcd_url, api_port, &pki.ca, &serving, &sa, host_ip),
-                kubelet_client_args(&kubelet_client),
-                gates.clone(),
+                apiserver_args(
+                    etcd_url,
+                    port,
+                    &pki.ca,
+                    &plane.serving,
+                    &plane.sa,
+                    plane.host_ip,
+                ),
+                kubelet_client_args(&plane.kubelet_client),
+                plane.gates.clone(),
             ]
             .concat(),
         )?;
         self.client = Some(kubeconfig::client(&self.kubeconfig).await?);
-        self.wait_readyz(Duration::from_secs(90)).await?;
-        self.mark("kube-apiserver ready", t0);
+        self.wait_readyz(Duration::from_secs(90)).await
+    }
 
+    /// kube-controller-manager and kube-scheduler (with the configured profiles, if any).
+    fn start_controllers(&mut self, cfg: &ClusterConfig, plane: &Plane) -> Result<()> {
+        let (pki, sa) = (&plane.pki, &plane.sa);
         let admin_kc = self.kubeconfig.display().to_string();
         self.spawn(
             cfg,
@@ -182,7 +259,7 @@ impl Cluster {
                 "--kube-api-burst=200".into(),
             ]
             .into_iter()
-            .chain(gates.clone())
+            .chain(plane.gates.clone())
             .collect(),
         )?;
         let scheduler_args = match &cfg.scheduler_profiles {
@@ -210,12 +287,16 @@ impl Cluster {
         self.spawn(
             cfg,
             "kube-scheduler",
-            scheduler_args.into_iter().chain(gates.clone()).collect(),
-        )?;
-        self.wait_default_service_account(Duration::from_secs(60))
-            .await?;
-        self.mark("controller-manager + scheduler", t0);
+            scheduler_args
+                .into_iter()
+                .chain(plane.gates.clone())
+                .collect(),
+        )
+    }
 
+    /// The kubelets of the hollow nodes, then the real-runtime nodes, each with its node
+    /// identity (not waited for).
+    fn start_nodes(&mut self, cfg: &ClusterConfig, plane: &Plane) -> Result<()> {
         let kinds = cfg
             .nodes
             .iter()
@@ -228,22 +309,7 @@ impl Cluster {
                 kind,
             };
             std::fs::create_dir_all(&node.root_dir)?;
-            // Node identity: the Node authorizer and NodeRestriction apply, as on a real node.
-            let creds = pki.issue(
-                &format!("node-{name}"),
-                &format!("system:node:{name}"),
-                Usage::Client {
-                    groups: vec!["system:nodes".into()],
-                },
-            )?;
-            let kc = self.dir.join(format!("node-{name}.kubeconfig"));
-            kubeconfig::write(
-                &kc,
-                &server,
-                &pki.ca.cert,
-                &creds,
-                &format!("system:node:{name}"),
-            )?;
+            let kc = self.node_kubeconfig(plane, name)?;
             // Registered before its processes start, so a failed start still tears it down.
             self.nodes.push(node.clone());
             match kind {
@@ -259,18 +325,33 @@ impl Cluster {
                         "--v=2".into(),
                     ],
                 )?,
-                NodeKind::Runtime => self.start_runtime_node(cfg, &node, &kc, &pki.ca.cert)?,
+                NodeKind::Runtime => {
+                    self.start_runtime_node(cfg, &node, &kc, &plane.pki.ca.cert)?
+                }
             }
         }
-        for name in cfg.nodes.iter().chain(&cfg.runtime_nodes) {
-            self.wait_node_ready(name, Duration::from_secs(90)).await?;
-        }
-        self.mark("nodes ready", t0);
-        if cfg.service_network {
-            let kc = self.kubeconfig.clone();
-            self.start_kube_proxy(cfg, &kc)?;
-        }
         Ok(())
+    }
+
+    /// The kubeconfig of node `name`'s kubelet: the node's identity, so that the Node
+    /// authorizer and NodeRestriction apply, as on a real node.
+    fn node_kubeconfig(&self, plane: &Plane, name: &str) -> Result<std::path::PathBuf> {
+        let creds = plane.pki.issue(
+            &format!("node-{name}"),
+            &format!("system:node:{name}"),
+            Usage::Client {
+                groups: vec!["system:nodes".into()],
+            },
+        )?;
+        let kc = self.dir.join(format!("node-{name}.kubeconfig"));
+        kubeconfig::write(
+            &kc,
+            &plane.server,
+            &plane.pki.ca.cert,
+            &creds,
+            &format!("system:node:{name}"),
+        )?;
+        Ok(kc)
     }
 
     /// kube-proxy for the Service network ([`ClusterConfig::service_network`]), as the proxy of

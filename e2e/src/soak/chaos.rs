@@ -53,58 +53,13 @@ pub(super) async fn chaos(
                 name
             }
             10 => {
-                // The next switch of one of its GPUs fails: the prepare that needed it fails and
-                // the GPU serves its current mode only until the plugin restarts.
-                let Some(node) = nodes.iter().find(|n| n.name == super::SWITCHING_NODE) else {
-                    continue;
-                };
-                let kind = if rng.random_bool(0.5) {
-                    "InUse"
-                } else {
-                    "ResetRequired"
-                };
-                let gpu = rng.random_range(0..2);
-                let control = json!({"setMigModeFaults": [{"gpu": gpu, "count": 1, "kind": kind}]});
-                write_control(node, &control)?;
-                run.switch_faults
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                *run.report
-                    .lock()
-                    .await
-                    .faults
-                    .entry("MIG mode switch failure")
-                    .or_default() += 1;
-                *last.lock().expect("last chaos") = Instant::now();
+                if switch_fault(run, nodes, &mut rng).await? {
+                    *last.lock().expect("last chaos") = Instant::now();
+                }
                 continue;
             }
             _ => {
-                let gpu = rng.random_range(0..2);
-                let (kind, control): (&'static str, Value) = match action {
-                    5 => (
-                        "IN_USE on destroy",
-                        json!({"destroyFaults": [{"gpu": gpu, "count": rng.random_range(1..6), "kind": "InUse"}]}),
-                    ),
-                    6 => (
-                        "create failure",
-                        json!({"createFaults": [{"gpu": gpu, "count": 1, "kind": "Other"}]}),
-                    ),
-                    7 => (
-                        "destroy failure",
-                        json!({"destroyFaults": [{"gpu": gpu, "count": 1, "kind": "Other"}]}),
-                    ),
-                    8 => (
-                        "latency",
-                        json!({"latencyMs": {"create": 1500, "destroy": 500}}),
-                    ),
-                    _ => ("GPU lost and back", json!({"lostGpus": [gpu]})),
-                };
-                write_control(node, &control)?;
-                *run.report.lock().await.faults.entry(kind).or_default() += 1;
-                if matches!(action, 8 | 9) {
-                    // Latency and a lost GPU last a few seconds, then the GPU is back.
-                    tokio::time::sleep(Duration::from_secs(rng.random_range(2..6))).await;
-                    write_control(node, &json!({}))?;
-                }
+                gpu_fault(run, node, action, &mut rng).await?;
                 *last.lock().expect("last chaos") = Instant::now();
                 continue;
             }
@@ -113,4 +68,62 @@ pub(super) async fn chaos(
         *run.report.lock().await.kills.entry(what).or_default() += 1;
         *last.lock().expect("last chaos") = Instant::now();
     }
+}
+
+/// The next switch of one of the switching node's GPUs fails: the prepare that needed it fails
+/// and the GPU serves its current mode only until the plugin restarts. `false` without that
+/// node.
+async fn switch_fault(run: &Arc<Run>, nodes: &[NodeInfo], rng: &mut StdRng) -> Result<bool> {
+    let Some(node) = nodes.iter().find(|n| n.name == super::SWITCHING_NODE) else {
+        return Ok(false);
+    };
+    let kind = if rng.random_bool(0.5) {
+        "InUse"
+    } else {
+        "ResetRequired"
+    };
+    let gpu = rng.random_range(0..2);
+    let control = json!({"setMigModeFaults": [{"gpu": gpu, "count": 1, "kind": kind}]});
+    write_control(node, &control)?;
+    run.switch_faults
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    *run.report
+        .lock()
+        .await
+        .faults
+        .entry("MIG mode switch failure")
+        .or_default() += 1;
+    Ok(true)
+}
+
+/// Emulated-GPU fault `action` (5 to 9) on one of `node`'s GPUs; latency and a lost GPU last a
+/// few seconds, then the GPU is back.
+async fn gpu_fault(run: &Arc<Run>, node: &NodeInfo, action: u32, rng: &mut StdRng) -> Result<()> {
+    let gpu = rng.random_range(0..2);
+    let (kind, control): (&'static str, Value) = match action {
+        5 => (
+            "IN_USE on destroy",
+            json!({"destroyFaults": [{"gpu": gpu, "count": rng.random_range(1..6), "kind": "InUse"}]}),
+        ),
+        6 => (
+            "create failure",
+            json!({"createFaults": [{"gpu": gpu, "count": 1, "kind": "Other"}]}),
+        ),
+        7 => (
+            "destroy failure",
+            json!({"destroyFaults": [{"gpu": gpu, "count": 1, "kind": "Other"}]}),
+        ),
+        8 => (
+            "latency",
+            json!({"latencyMs": {"create": 1500, "destroy": 500}}),
+        ),
+        _ => ("GPU lost and back", json!({"lostGpus": [gpu]})),
+    };
+    write_control(node, &control)?;
+    *run.report.lock().await.faults.entry(kind).or_default() += 1;
+    if matches!(action, 8 | 9) {
+        tokio::time::sleep(Duration::from_secs(rng.random_range(2..6))).await;
+        write_control(node, &json!({}))?;
+    }
+    Ok(())
 }

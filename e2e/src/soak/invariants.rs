@@ -96,169 +96,241 @@ async fn published(client: &Client) -> Result<BTreeMap<(String, String), Placed>
 ///    holds one, off while a prepared claim holds it whole, and no change left pending a reset
 ///    ([`mig_mode_violations`]).
 pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec<String>> {
+    let seen = Seen::read(client).await?;
     let mut v = Vec::new();
-    let devices = published(client).await?;
-    let claims: Vec<ResourceClaim> = Api::<ResourceClaim>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let pods: Vec<Pod> = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    let allocs: Vec<AllocationClaim> = Api::<AllocationClaim>::all(client.clone())
-        .list(&ListParams::default())
-        .await?
-        .items;
-    // Allocated devices of our driver: (node, device) → the UIDs of the claims holding it (one,
-    // or every share of a shareable device).
-    let mut allocated: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for c in &claims {
-        let uid = c.metadata.uid.clone().unwrap_or_default();
-        for r in das_api::claim_status::our_results(c) {
-            allocated
-                .entry((r.pool.clone(), r.device.clone()))
-                .or_default()
-                .insert(uid.clone());
-        }
-    }
-    let running: BTreeSet<String> = pods
-        .iter()
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .filter_map(|p| p.metadata.uid.clone())
-        .collect();
     for node in nodes {
-        let state = emulated_state(node)?;
-        let mut live: Vec<(Placed, String, bool)> = Vec::new();
-        for g in state["gpus"].as_array().into_iter().flatten() {
-            let gpu = g["index"].as_i64().unwrap_or_default();
-            for i in g["instances"].as_array().into_iter().flatten() {
-                let start = i["start"].as_i64().unwrap_or_default();
-                let profile = i["profile"].as_str().unwrap_or_default();
-                // The device of that placement, as the plugin names and publishes it.
-                let device = format!("gpu-{gpu}-mig-{}-{start}", profile.replace(['.', '+'], "-"));
-                let dev = devices.get_key_value(&(node.name.clone(), device));
-                let Some(((_, name), placed)) = dev else {
-                    v.push(format!(
-                        "{}: slice {profile} at {start} on GPU {gpu} is no published device",
-                        node.name
-                    ));
-                    continue;
-                };
-                let mig = i["migUuid"].as_str().unwrap_or_default().to_string();
-                let ours = i["createdByDas"].as_bool().unwrap_or(true);
-                // The placement's exclusive device, or its shareable twin, is allocated.
-                let held = |d: String| allocated.contains_key(&(node.name.clone(), d));
-                if ours && !held(name.clone()) && !held(format!("{name}-shared")) {
-                    v.push(format!(
-                        "1: {}: live slice {mig} ({name}) without an allocated claim",
-                        node.name
-                    ));
-                }
-                live.push((placed.clone(), mig, ours));
-            }
-        }
-        // 3.
-        for (i, (a, ma, _)) in live.iter().enumerate() {
-            for (b, mb, _) in &live[i + 1..] {
-                if a.gpu == b.gpu && a.start < b.start + b.size && b.start < a.start + a.size {
-                    v.push(format!(
-                        "3: {}: slices {ma} and {mb} overlap on GPU {}",
-                        node.name, a.gpu
-                    ));
-                }
-            }
-        }
-        // 2.
+        v.extend(node_violations(&seen, node)?);
+    }
+    v.extend(allocation_claim_violations(&seen));
+    v.extend(pod_violations(&seen.pods));
+    Ok(v)
+}
+
+/// What the API server has, read once per check.
+struct Seen {
+    /// Every published device of our driver.
+    devices: BTreeMap<(String, String), Placed>,
+    claims: Vec<ResourceClaim>,
+    pods: Vec<Pod>,
+    allocs: Vec<AllocationClaim>,
+    /// Allocated devices of our driver: (node, device) → the UIDs of the claims holding it
+    /// (one, or every share of a shareable device).
+    allocated: BTreeMap<(String, String), BTreeSet<String>>,
+    /// The UIDs of the running pods.
+    running: BTreeSet<String>,
+}
+
+impl Seen {
+    async fn read(client: &Client) -> Result<Self> {
+        let devices = published(client).await?;
+        let claims: Vec<ResourceClaim> = Api::<ResourceClaim>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let pods: Vec<Pod> = Api::<Pod>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let allocs: Vec<AllocationClaim> = Api::<AllocationClaim>::all(client.clone())
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let mut allocated: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
         for c in &claims {
-            let reserved_running = c
-                .status
-                .as_ref()
-                .and_then(|s| s.reserved_for.as_ref())
-                .into_iter()
-                .flatten()
-                .any(|r| running.contains(&r.uid));
-            if !reserved_running {
-                continue;
-            }
-            for ((n, d), uids) in &allocated {
-                let held = c.metadata.uid.as_ref().is_some_and(|u| uids.contains(u));
-                if n != &node.name || !held {
-                    continue;
-                }
-                let Some(p) = devices.get(&(n.clone(), d.clone())) else {
-                    continue;
-                };
-                if !live
-                    .iter()
-                    .any(|(l, _, _)| l.gpu == p.gpu && l.start == p.start)
-                {
-                    v.push(format!(
-                        "2: {}: claim {} runs without its slice {d}",
-                        node.name,
-                        c.metadata.name.clone().unwrap_or_default()
-                    ));
-                }
+            let uid = c.metadata.uid.clone().unwrap_or_default();
+            for r in das_api::claim_status::our_results(c) {
+                allocated
+                    .entry((r.pool.clone(), r.device.clone()))
+                    .or_default()
+                    .insert(uid.clone());
             }
         }
-        // 6.
-        let dirs = PluginDirs::of(node);
-        let on_node: BTreeSet<&String> = allocated
+        let running: BTreeSet<String> = pods
             .iter()
-            .filter(|((n, _), _)| n == &node.name)
-            .flat_map(|(_, uids)| uids)
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| p.metadata.uid.clone())
             .collect();
-        for spec in load_specs(&dirs.cdi)? {
-            let name = spec["devices"][0]["name"].as_str().unwrap_or_default();
-            let uid: String = name.chars().take(36).collect();
-            if !on_node.contains(&uid) {
+        Ok(Seen {
+            devices,
+            claims,
+            pods,
+            allocs,
+            allocated,
+            running,
+        })
+    }
+}
+
+/// A live slice on a node: where it is published, its MIG UUID, whether DAS created it.
+type Live = (Placed, String, bool);
+
+/// Invariants 1, 3, 2, 6, 7, 8 and 9 on `node`.
+fn node_violations(seen: &Seen, node: &NodeInfo) -> Result<Vec<String>> {
+    let state = emulated_state(node)?;
+    let mut v = Vec::new();
+    let live = live_slices(seen, node, &state, &mut v);
+    v.extend(overlaps(&node.name, &live));
+    v.extend(unserved_claims(seen, &node.name, &live));
+    let dirs = PluginDirs::of(node);
+    v.extend(stale_specs(seen, &node.name, &load_specs(&dirs.cdi)?));
+    let cp: Value = match std::fs::read(dirs.state.join("checkpoint.json")) {
+        Ok(b) => serde_json::from_slice(&b).context("checkpoint")?,
+        Err(_) => json!({"claims": {}}),
+    };
+    v.extend(checkpoint_violations(&node.name, &cp, &live));
+    // 8 and 9.
+    v.extend(mig_mode_violations(&node.name, &state, &cp));
+    Ok(v)
+}
+
+/// The live slices of `node`'s emulated GPUs (`state`), each a published device; 1 (and a
+/// slice that is no published device) into `v`.
+fn live_slices(seen: &Seen, node: &NodeInfo, state: &Value, v: &mut Vec<String>) -> Vec<Live> {
+    let mut live = Vec::new();
+    for g in state["gpus"].as_array().into_iter().flatten() {
+        let gpu = g["index"].as_i64().unwrap_or_default();
+        for i in g["instances"].as_array().into_iter().flatten() {
+            let start = i["start"].as_i64().unwrap_or_default();
+            let profile = i["profile"].as_str().unwrap_or_default();
+            // The device of that placement, as the plugin names and publishes it.
+            let device = format!("gpu-{gpu}-mig-{}-{start}", profile.replace(['.', '+'], "-"));
+            let dev = seen.devices.get_key_value(&(node.name.clone(), device));
+            let Some(((_, name), placed)) = dev else {
                 v.push(format!(
-                    "6: {}: CDI spec of claim {uid}, which is not allocated here",
+                    "{}: slice {profile} at {start} on GPU {gpu} is no published device",
+                    node.name
+                ));
+                continue;
+            };
+            let mig = i["migUuid"].as_str().unwrap_or_default().to_string();
+            let ours = i["createdByDas"].as_bool().unwrap_or(true);
+            // The placement's exclusive device, or its shareable twin, is allocated.
+            let held = |d: String| seen.allocated.contains_key(&(node.name.clone(), d));
+            if ours && !held(name.clone()) && !held(format!("{name}-shared")) {
+                v.push(format!(
+                    "1: {}: live slice {mig} ({name}) without an allocated claim",
                     node.name
                 ));
             }
+            live.push((placed.clone(), mig, ours));
         }
-        // 7.
-        let cp: Value = match std::fs::read(dirs.state.join("checkpoint.json")) {
-            Ok(b) => serde_json::from_slice(&b).context("checkpoint")?,
-            Err(_) => json!({"claims": {}}),
-        };
-        let migs: BTreeSet<&str> = live.iter().map(|(_, m, _)| m.as_str()).collect();
-        for (uid, r) in cp["claims"].as_object().into_iter().flatten() {
-            match r["state"].as_str() {
-                Some("PrepareCompleted") => {
-                    for d in r["devices"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter(|d| !is_whole(d))
-                    {
-                        // Version 2 records the instance; version 1 had the fields flat.
-                        let m = d["instance"]["migUUID"]
-                            .as_str()
-                            .or_else(|| d["migUUID"].as_str())
-                            .unwrap_or_default();
-                        if !migs.contains(m) {
-                            v.push(format!(
-                                "7: {}: claim {uid} records {m}, which is not live",
-                                node.name
-                            ));
-                        }
-                    }
-                }
-                other => v.push(format!(
-                    "7: {}: claim {uid} is {other:?} with nothing in flight",
-                    node.name
-                )),
+    }
+    live
+}
+
+/// 3: slices that overlap on a GPU.
+fn overlaps(node: &str, live: &[Live]) -> Vec<String> {
+    let mut v = Vec::new();
+    for (i, (a, ma, _)) in live.iter().enumerate() {
+        for (b, mb, _) in &live[i + 1..] {
+            if a.gpu == b.gpu && a.start < b.start + b.size && b.start < a.start + a.size {
+                v.push(format!(
+                    "3: {node}: slices {ma} and {mb} overlap on GPU {}",
+                    a.gpu
+                ));
             }
         }
-        // 8 and 9.
-        v.extend(mig_mode_violations(&node.name, &state, &cp));
     }
-    // 4.
-    for a in &allocs {
+    v
+}
+
+/// 2: claims reserved by a running pod whose slice on `node` is not live.
+fn unserved_claims(seen: &Seen, node: &str, live: &[Live]) -> Vec<String> {
+    let mut v = Vec::new();
+    for c in &seen.claims {
+        let reserved_running = c
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|r| seen.running.contains(&r.uid));
+        if !reserved_running {
+            continue;
+        }
+        for ((n, d), uids) in &seen.allocated {
+            let held = c.metadata.uid.as_ref().is_some_and(|u| uids.contains(u));
+            if n != node || !held {
+                continue;
+            }
+            let Some(p) = seen.devices.get(&(n.clone(), d.clone())) else {
+                continue;
+            };
+            if !live
+                .iter()
+                .any(|(l, _, _)| l.gpu == p.gpu && l.start == p.start)
+            {
+                v.push(format!(
+                    "2: {node}: claim {} runs without its slice {d}",
+                    c.metadata.name.clone().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    v
+}
+
+/// 6: CDI specs (`specs`, of `node`) of claims not allocated there.
+fn stale_specs(seen: &Seen, node: &str, specs: &[Value]) -> Vec<String> {
+    let on_node: BTreeSet<&String> = seen
+        .allocated
+        .iter()
+        .filter(|((n, _), _)| n == node)
+        .flat_map(|(_, uids)| uids)
+        .collect();
+    let mut v = Vec::new();
+    for spec in specs {
+        let name = spec["devices"][0]["name"].as_str().unwrap_or_default();
+        let uid: String = name.chars().take(36).collect();
+        if !on_node.contains(&uid) {
+            v.push(format!(
+                "6: {node}: CDI spec of claim {uid}, which is not allocated here"
+            ));
+        }
+    }
+    v
+}
+
+/// 7: records of checkpoint `cp` that are not at rest, or name a slice that is not live.
+fn checkpoint_violations(node: &str, cp: &Value, live: &[Live]) -> Vec<String> {
+    let migs: BTreeSet<&str> = live.iter().map(|(_, m, _)| m.as_str()).collect();
+    let mut v = Vec::new();
+    for (uid, r) in cp["claims"].as_object().into_iter().flatten() {
+        match r["state"].as_str() {
+            Some("PrepareCompleted") => {
+                for d in r["devices"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|d| !is_whole(d))
+                {
+                    // Version 2 records the instance; version 1 had the fields flat.
+                    let m = d["instance"]["migUUID"]
+                        .as_str()
+                        .or_else(|| d["migUUID"].as_str())
+                        .unwrap_or_default();
+                    if !migs.contains(m) {
+                        v.push(format!(
+                            "7: {node}: claim {uid} records {m}, which is not live"
+                        ));
+                    }
+                }
+            }
+            other => v.push(format!(
+                "7: {node}: claim {uid} is {other:?} with nothing in flight"
+            )),
+        }
+    }
+    v
+}
+
+/// 4: AllocationClaims without their claim and device allocated.
+fn allocation_claim_violations(seen: &Seen) -> Vec<String> {
+    let mut v = Vec::new();
+    for a in &seen.allocs {
         let r = &a.spec.resource_claim_ref;
-        let ok = allocated
+        let ok = seen
+            .allocated
             .get(&(a.spec.pool.clone(), a.spec.device.clone()))
             .is_some_and(|uids| uids.contains(&r.uid));
         if !ok {
@@ -269,8 +341,13 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
             ));
         }
     }
-    // 5.
-    for p in &pods {
+    v
+}
+
+/// 5: the workload's pods neither running nor pending with the scheduler's reason.
+fn pod_violations(pods: &[Pod]) -> Vec<String> {
+    let mut v = Vec::new();
+    for p in pods {
         if p.metadata.deletion_timestamp.is_some() || p.metadata.namespace.as_deref() != Some(NS) {
             continue;
         }
@@ -291,7 +368,7 @@ pub async fn check_invariants(client: &Client, nodes: &[NodeInfo]) -> Result<Vec
             ));
         }
     }
-    Ok(v)
+    v
 }
 
 /// Whether a checkpoint device is a whole GPU (kind `gpu`, profile `gpu`, no instance).

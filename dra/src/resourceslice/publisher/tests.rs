@@ -221,6 +221,28 @@ async fn with_the_gate_off_no_device_is_ever_offered_and_the_node_gets_a_warning
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_lines_of_a_publish_carry_its_driver_and_pool_in_its_span() {
+    use das_runtime::logging::{LogFormat, capture};
+    let (api, told) = fake(false, true);
+    let mut p = publisher(&api, &told);
+    let (out, _guard) = capture(LogFormat::Text, "warn");
+    p.publish(desired(Layout::Together, false)).await.unwrap();
+    let lines = out.lines();
+    let notice = lines
+        .iter()
+        .find(|l| l.contains("reason=\"SharedCountersDropped\""))
+        .unwrap_or_else(|| panic!("no notice in {lines:#?}"));
+    assert!(
+        notice.contains(&format!("publish{{driver={DRIVER} pool=n0}}: ")),
+        "{notice}"
+    );
+    assert!(
+        !notice.contains("node="),
+        "the pool is the span's: {notice}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn withdrawn_devices_come_back_once_a_probe_shows_the_gate_on() {
     for layout in LAYOUTS {
         let (api, told) = fake(false, true);

@@ -25,7 +25,7 @@ impl Publisher {
         if !plan.create.is_empty() && self.pool.node_uid.is_none() && cached {
             let fresh = self.node_uid(true).await?;
             if fresh != uid {
-                info!(node = %self.pool.node, old = %uid, new = %fresh, "Node UID changed; re-planning");
+                info!(old = %uid, new = %fresh, "Node UID changed; re-planning");
                 uid = fresh;
                 plan = self.plan(&uid, &desired, &existing);
             }
@@ -103,8 +103,11 @@ impl Publisher {
         };
         if plan.writes() > 0 {
             debug!(
-                node = %self.pool.node, generation = plan.generation, bumped = plan.bumped,
-                delete = plan.delete.len(), update = plan.update.len(), create = plan.create.len(),
+                generation = plan.generation,
+                bumped = plan.bumped,
+                delete = plan.delete.len(),
+                update = plan.update.len(),
+                create = plan.create.len(),
                 "publishing ResourceSlices"
             );
         }
@@ -230,7 +233,7 @@ impl Publisher {
         let slice = stored.metadata.name.as_deref().unwrap_or_default();
         if self.warned.insert(summary) {
             warn!(
-                slice, index, pool = %self.pool.node, fields = ?paths, likely_disabled_gates = ?gates,
+                slice, index, fields = ?paths, likely_disabled_gates = ?gates,
                 "the API server stored this ResourceSlice differently from what was sent \
                  (dropped fields or canonicalized values); adopting the stored version"
             );

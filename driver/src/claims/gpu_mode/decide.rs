@@ -6,6 +6,7 @@
 //! create, destroy or other switch on that GPU runs in between.
 
 use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
+use crate::claims::error::ModeRefusal;
 use crate::claims::kinds::{GpuMode, Kinds};
 use crate::gpu::{MigModeState, MigSwitch, on_off};
 
@@ -32,7 +33,8 @@ pub enum ModeStep {
     Ready,
     /// Switch the GPU, then go on.
     Switch,
-    /// Do not switch; fail the prepare with this reason (what is wrong and what to do).
+    /// Do not switch; fail the prepare with this reason (what is wrong and what to do): a
+    /// [`ModeRefusal`]'s text.
     Refuse(String),
 }
 
@@ -45,36 +47,27 @@ pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
     }
     let gpu = now.gpu;
     let have = on_off(now.mode.current);
-    if let MigSwitch::Refused(why) = now.switch {
-        let ask = if want_mig {
-            format!(
-                "ask for a whole GPU (DeviceClass {}) or switch MIG mode on by hand (`nvidia-smi -i {gpu} -mig 1`, then a GPU reset where needed) and restart the plugin",
-                das_api::DEVICE_CLASS_WHOLE_GPU
-            )
+    let refusal = if let MigSwitch::Refused(why) = now.switch {
+        let why = why.clone();
+        if want_mig {
+            ModeRefusal::NotSwitchedOn { gpu, have, why }
         } else {
-            format!(
-                "ask for a MIG slice (DeviceClass {}) or switch MIG mode off by hand (`nvidia-smi -i {gpu} -mig 0`, then a GPU reset where needed) and restart the plugin",
-                das_api::DEVICE_CLASS_ALL
-            )
-        };
-        return ModeStep::Refuse(format!(
-            "it has MIG mode {have} and DAS does not switch it ({why}); {ask}"
-        ));
-    }
-    if !now.holders.is_empty() {
-        return ModeStep::Refuse(format!(
-            "it has MIG mode {have} and devices on it that need that mode are still prepared for {}; the kubelet retries, and the switch happens once they are unprepared",
-            now.holders.join(", ")
-        ));
-    }
-    if !want_mig && now.instances > 0 {
-        return ModeStep::Refuse(format!(
-            "{} MIG instance(s) exist on it that no claim holds (made outside DAS, or not yet destroyed); MIG mode can be switched off only once they are gone: list them with `nvidia-smi mig -i {gpu} -lgi`, destroy those nobody uses (`nvidia-smi mig -i {gpu} -dci -gi <id>`, then `-dgi -gi <id>`), and the kubelet's retry switches; or delete the pod and ask for a MIG slice (DeviceClass {})",
-            now.instances,
-            das_api::DEVICE_CLASS_ALL
-        ));
-    }
-    ModeStep::Switch
+            ModeRefusal::NotSwitchedOff { gpu, have, why }
+        }
+    } else if !now.holders.is_empty() {
+        ModeRefusal::Held {
+            have,
+            holders: now.holders.clone(),
+        }
+    } else if !want_mig && now.instances > 0 {
+        ModeRefusal::UnclaimedInstances {
+            gpu,
+            count: now.instances,
+        }
+    } else {
+        return ModeStep::Switch;
+    };
+    ModeStep::Refuse(refusal.to_string())
 }
 
 /// The other claims (not `uid`) whose records hold a device on GPU `gpu` that needs the mode

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::decide::{self, GpuNow, ModeStep};
 use super::{GpuModes, ModeCalls};
+use crate::claims::error::ModeRefusal;
 use crate::claims::{EventTarget, PrepareError};
 use crate::gpu::{BackendError, MigModeState, on_off};
 
@@ -50,11 +51,7 @@ impl GpuModes {
             cx.gpus
                 .instances_on(gpu)
                 .await
-                .map_err(|e| {
-                    fail(format!(
-                        "its MIG instances cannot be listed ({e}); the kubelet retries"
-                    ))
-                })?
+                .map_err(|e| fail(ModeRefusal::Unlisted(e).to_string()))?
                 .len()
         };
         let now = GpuNow {
@@ -109,6 +106,7 @@ impl GpuModes {
                 tracing::info!(
                     gpu,
                     to = on_off(want_mig),
+                    // The span carries the claim too; the demo's report greps this field.
                     claim = uid,
                     ms = t0.elapsed().as_millis() as u64,
                     "MIG mode switched"
@@ -157,9 +155,11 @@ impl GpuModes {
             )
             .await;
         }
-        format!(
-            "switching failed ({e}); the GPU has MIG mode {have}, DAS no longer switches it and publishes only what that mode serves, so delete the pod to have its claim allocated elsewhere"
-        )
+        ModeRefusal::SwitchFailed {
+            error: e.clone(),
+            have,
+        }
+        .to_string()
     }
 
     /// GPU `gpu`'s MIG mode now (`assumed` when it cannot be read), after setting back a change

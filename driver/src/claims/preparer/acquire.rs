@@ -7,10 +7,12 @@
 use std::collections::BTreeMap;
 
 use futures::future::join_all;
+use tracing::Instrument;
 
 use super::Preparer;
 use crate::claims::PrepareError;
 use crate::claims::checkpoint::RecordedDevice;
+use crate::claims::error::ModeRefusal;
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::{Failed, GpuMode, GpuTxn};
 use crate::claims::plan::{self, Holding, Planned};
@@ -77,7 +79,9 @@ impl Preparer {
     /// Under GPU `gpu`'s lock: puts the GPU in the MIG mode `items`' kinds need
     /// ([`Self::ensure_mig_mode`]), then acquires each device in turn, noting each instance in
     /// the claim's record while still holding the lock, so a concurrent release on this GPU
-    /// sees it as recorded.
+    /// sees it as recorded. In a span `acquire` with the `gpu`, each device's acquire in a span
+    /// `acquire_device` with the `device`.
+    #[tracing::instrument(name = "acquire", level = "error", skip_all, fields(gpu = gpu))]
     async fn acquire_on_gpu(
         &self,
         claim: &ClaimRef,
@@ -99,10 +103,10 @@ impl Preparer {
                 device: other.device.clone(),
                 gpu,
                 mig_enabled: !want_mig,
-                reason: format!(
-                    "the claim was also allocated {} on this GPU, which needs the other mode; a whole GPU and a slice of one GPU are never allocated together while the counters are published (check `kubectl get resourceslices` for this node's counter sets), so delete the pod to have its claim allocated again",
-                    p.device
-                ),
+                reason: ModeRefusal::MixedModes {
+                    other: p.device.clone(),
+                }
+                .to_string(),
             };
             return (Vec::new(), Some((i, err.into())));
         }
@@ -119,7 +123,14 @@ impl Preparer {
         );
         let mut made = Vec::new();
         for (i, p) in items {
-            let held = match self.kinds.of(&p.at).acquire(i, p, &tx).await {
+            let span = tracing::error_span!("acquire_device", device = %p.device);
+            let held = match self
+                .kinds
+                .of(&p.at)
+                .acquire(i, p, &tx)
+                .instrument(span)
+                .await
+            {
                 Ok(h) => h,
                 Err(e) => return (made, Some((i, e))),
             };

@@ -66,7 +66,7 @@ impl Preparer {
         let (devices, outcome) = match result {
             (Ok(devices), _) => (devices, CarveOutcome::Ready),
             (Err(e), _) if !carve::fails_the_carve(&e) => {
-                tracing::info!(claim = %claim, error = %e, "not carving a claim that changed");
+                tracing::info!(error = %e, "not carving a claim that changed");
                 return Ok(Carved::Skipped);
             }
             (Err(e), planned) => {
@@ -83,10 +83,14 @@ impl Preparer {
         self.metrics.carve_done(ok);
         match &outcome {
             CarveOutcome::Ready => {
-                tracing::info!(claim = %claim, devices = devices.len(), ms = t0.elapsed().as_millis() as u64, "carved before bind")
+                tracing::info!(
+                    devices = devices.len(),
+                    ms = t0.elapsed().as_millis() as u64,
+                    "carved before bind"
+                )
             }
             CarveOutcome::Failed(e) => {
-                tracing::warn!(claim = %claim, error = %e, "carve before bind failed: the scheduler allocates the claim again")
+                tracing::warn!(error = %e, "carve before bind failed: the scheduler allocates the claim again")
             }
         }
         self.write_carve_status(claim, &devices, &outcome).await;
@@ -143,13 +147,13 @@ impl Preparer {
             {
                 Ok(()) => return,
                 Err(e) if e.permanent || attempt == STATUS_ATTEMPTS => {
-                    tracing::warn!(claim = %claim, error = %e, "the carve's device status was not written");
+                    tracing::warn!(error = %e, "the carve's device status was not written");
                     self.metrics.status_write_failed();
                     return;
                 }
                 Err(e) => {
                     self.metrics.status_write_failed();
-                    tracing::warn!(claim = %claim, error = %e, retry_in = ?delay, "writing the carve's device status failed; retrying");
+                    tracing::warn!(error = %e, retry_in = ?delay, "writing the carve's device status failed; retrying");
                 }
             }
             tokio::time::sleep(delay).await;
@@ -178,7 +182,7 @@ impl Preparer {
                 cp.set_pods(&claim.uid, all);
             })
             .await?;
-        tracing::info!(claim = %claim, "preparing a claim carved before bind: nothing to create");
+        tracing::info!("preparing a claim carved before bind: nothing to create");
         let done = self
             .finish_prepare(claim, record.devices.clone(), held, (t0, t0.elapsed()))
             .await?;
@@ -206,7 +210,9 @@ impl Preparer {
         if allocated {
             return Ok(false);
         }
-        tracing::info!(claim = %claim, "destroying a slice carved before bind whose claim is no longer allocated here");
+        tracing::info!(
+            "destroying a slice carved before bind whose claim is no longer allocated here"
+        );
         let r = self.release(claim, record.devices).await;
         self.update_gauges();
         r.map(|()| true)
@@ -224,7 +230,7 @@ impl Preparer {
         else {
             return;
         };
-        tracing::info!(claim = %claim, "writing SliceReady again for a carved claim that lacks it");
+        tracing::info!("writing SliceReady again for a carved claim that lacks it");
         self.write_carve_status(claim, &record.devices, &CarveOutcome::Ready)
             .await;
     }
@@ -239,7 +245,7 @@ impl Preparer {
         match self.allocated_as_recorded(claim, record).await {
             Ok(allocated) => allocated,
             Err(e) => {
-                tracing::warn!(claim = %claim, error = %e, "cannot read a carved claim: keeping its slices for now");
+                tracing::warn!(error = %e, "cannot read a carved claim: keeping its slices for now");
                 true
             }
         }

@@ -51,6 +51,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use super::gpu_mode::GpuModes;
 use super::handler::{ClaimHandler, ClaimRef, PreparedDevice};
@@ -59,6 +60,7 @@ use super::layers::Layers;
 use super::orphans::{OrphanPolicy, OrphanWatch};
 use super::plan;
 use super::reaper::{PendingDaemons, ReaperState};
+use super::spans::claim_span;
 use super::status::StatusWriters;
 use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
@@ -279,9 +281,9 @@ impl Preparer {
             cp.set_pods(&claim.uid, all).then_some(new)
         });
         let Some(new) = learned else { return };
-        tracing::info!(claim = %claim, pods = ?new, "the record learned pods that reserve its claim");
+        tracing::info!(pods = ?new, "the record learned pods that reserve its claim");
         if let Err(e) = checkpoint.persist(version).await {
-            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+            tracing::error!(error = %e, "saving the checkpoint failed");
         }
     }
 
@@ -314,38 +316,52 @@ impl ClaimHandler for Preparer {
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<Vec<PreparedDevice>, PrepareError>> {
-        let done = join_all(claims.iter().map(|c| async move {
-            let t0 = Instant::now();
-            let r = self.prepare_claim(c).await;
-            self.metrics.observe_call(
-                "prepare",
-                r.as_ref().err().map(PrepareError::metric_label),
-                t0.elapsed(),
-            );
-            match &r {
-                Ok(d) => tracing::info!(claim = %c, devices = d.len(), ms = t0.elapsed().as_millis() as u64, "prepared"),
-                Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "prepare failed"),
+        let done = join_all(claims.iter().map(|c| {
+            async move {
+                let t0 = Instant::now();
+                let r = self.prepare_claim(c).await;
+                self.metrics.observe_call(
+                    "prepare",
+                    r.as_ref().err().map(PrepareError::metric_label),
+                    t0.elapsed(),
+                );
+                match &r {
+                    Ok(d) => tracing::info!(
+                        devices = d.len(),
+                        ms = t0.elapsed().as_millis() as u64,
+                        "prepared"
+                    ),
+                    Err(e) => {
+                        tracing::error!(cause = e.metric_label(), error = %e, "prepare failed")
+                    }
+                }
+                (c.uid.clone(), r)
             }
-            (c.uid.clone(), r)
+            .instrument(claim_span!("prepare", c))
         }))
         .await;
         done.into_iter().collect()
     }
 
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), PrepareError>> {
-        let done = join_all(claims.iter().map(|c| async move {
-            let t0 = Instant::now();
-            let r = self.unprepare_claim(c).await;
-            self.metrics.observe_call(
-                "unprepare",
-                r.as_ref().err().map(PrepareError::metric_label),
-                t0.elapsed(),
-            );
-            match &r {
-                Ok(()) => tracing::info!(claim = %c, "unprepared"),
-                Err(e) => tracing::error!(claim = %c, cause = e.metric_label(), error = %e, "unprepare failed"),
+        let done = join_all(claims.iter().map(|c| {
+            async move {
+                let t0 = Instant::now();
+                let r = self.unprepare_claim(c).await;
+                self.metrics.observe_call(
+                    "unprepare",
+                    r.as_ref().err().map(PrepareError::metric_label),
+                    t0.elapsed(),
+                );
+                match &r {
+                    Ok(()) => tracing::info!("unprepared"),
+                    Err(e) => {
+                        tracing::error!(cause = e.metric_label(), error = %e, "unprepare failed")
+                    }
+                }
+                (c.uid.clone(), r)
             }
-            (c.uid.clone(), r)
+            .instrument(claim_span!("unprepare", c))
         }))
         .await;
         done.into_iter().collect()

@@ -2,6 +2,7 @@
 //! suspects): each due suspect is released on the container runtime's evidence, or kept.
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::Preparer;
 use crate::claims::EventTarget;
@@ -10,6 +11,7 @@ use crate::claims::container_marks::claim_marks;
 use crate::claims::handler::ClaimRef;
 use crate::claims::orphans::{OrphanReport, RECHECK};
 use crate::claims::plan::{self, OrphanVerdict, RuntimeEvidence};
+use crate::claims::spans::claim_span;
 
 impl Preparer {
     /// Notes every holder of a placement a prepare waits for as a suspect (see
@@ -47,26 +49,43 @@ impl Preparer {
                 name: record.name.clone(),
                 uid: uid.clone(),
             };
-            match self.orphan_verdict(&claim, &record).await {
-                OrphanVerdict::Allocated => {
-                    self.lifecycle.orphans.clear(&uid);
-                    report.allocated.push(uid);
-                }
-                OrphanVerdict::Keep(why) => {
-                    self.keep_orphan(&claim, &why).await;
+            let span = claim_span!("orphan_check", &claim);
+            self.check_suspect(&claim, record, now, &mut report)
+                .instrument(span)
+                .await;
+        }
+        report
+    }
+
+    /// The orphan rule's check of suspect `claim`, recorded as `record`, whose lock the caller
+    /// holds: clears it (allocated), keeps it and checks again after [`RECHECK`], or releases
+    /// it; notes the outcome in `report`.
+    async fn check_suspect(
+        &self,
+        claim: &ClaimRef,
+        record: ClaimRecord,
+        now: Instant,
+        report: &mut OrphanReport,
+    ) {
+        let uid = claim.uid.clone();
+        match self.orphan_verdict(claim, &record).await {
+            OrphanVerdict::Allocated => {
+                self.lifecycle.orphans.clear(&uid);
+                report.allocated.push(uid);
+            }
+            OrphanVerdict::Keep(why) => {
+                self.keep_orphan(claim, &why).await;
+                self.lifecycle.orphans.later(&uid, now + RECHECK);
+                report.kept.push((uid, why));
+            }
+            OrphanVerdict::Release => {
+                if self.release_orphan(claim, record).await {
+                    report.released.push(uid);
+                } else {
                     self.lifecycle.orphans.later(&uid, now + RECHECK);
-                    report.kept.push((uid, why));
-                }
-                OrphanVerdict::Release => {
-                    if self.release_orphan(&claim, record).await {
-                        report.released.push(uid);
-                    } else {
-                        self.lifecycle.orphans.later(&uid, now + RECHECK);
-                    }
                 }
             }
         }
-        report
     }
 
     /// The API server's answer, then the runtime's, for one suspect.
@@ -96,7 +115,7 @@ impl Preparer {
     }
 
     async fn keep_orphan(&self, claim: &ClaimRef, why: &str) {
-        tracing::warn!(claim = %claim, reason = %why,
+        tracing::warn!(reason = %why,
             "a prepared claim the API server no longer allocates keeps its slices: the kubelet has not unprepared it");
         if self.lifecycle.orphans.first_report(&claim.uid, why) {
             self.warn(
@@ -112,7 +131,7 @@ impl Preparer {
 
     /// Releases an orphan; `false` when something is left (the reaper takes it over).
     async fn release_orphan(&self, claim: &ClaimRef, record: ClaimRecord) -> bool {
-        tracing::warn!(claim = %claim, pods = ?record.pods,
+        tracing::warn!(pods = ?record.pods,
             "releasing an orphaned claim: no longer allocated, never unprepared, the container runtime has no sandbox or container of its pods and no container holds its devices");
         self.api.status.stop(&claim.uid).await;
         let pods = record.pods.join(", ");

@@ -52,7 +52,7 @@ impl Preparer {
                 }
             }
             (OnPrepare::ReleaseFirst, Some(r)) => {
-                tracing::warn!(claim = %claim, state = ?r.state,
+                tracing::warn!(state = ?r.state,
                     "releasing what an earlier prepare of this claim left before preparing it");
                 self.release(claim, r.devices).await?;
             }
@@ -116,14 +116,17 @@ impl Preparer {
             if holders.is_empty() {
                 if waited {
                     self.metrics.placement_wait("released", t0.elapsed());
-                    tracing::info!(claim = %claim, waited_ms = t0.elapsed().as_millis() as u64, "the placements are free");
+                    tracing::info!(
+                        waited_ms = t0.elapsed().as_millis() as u64,
+                        "the placements are free"
+                    );
                 }
                 return Ok(());
             }
             if !waited {
                 waited = true;
                 self.suspect_holders(holders.keys());
-                tracing::info!(claim = %claim, holders = ?holders,
+                tracing::info!(holders = ?holders,
                     "waiting for the kubelet to unprepare another claim's slices at these placements (a force-deleted pod whose containers are stopping)");
             }
             if t0.elapsed() >= PLACEMENT_WAIT {
@@ -196,7 +199,9 @@ impl Preparer {
         // a missing one (released and created again), never answered with.
         let held = self.holdings(&record.devices, &matched);
         if !held.iter().all(|h| h.as_ref().is_some_and(Holding::usable)) {
-            tracing::warn!(claim = %claim, "slices recorded for this claim are gone or have lost their compute instance (or its whole GPU is no longer published); preparing it again");
+            tracing::warn!(
+                "slices recorded for this claim are gone or have lost their compute instance (or its whole GPU is no longer published); preparing it again"
+            );
             self.release(claim, record.devices.clone()).await?;
             return Ok(None);
         }
@@ -220,7 +225,7 @@ impl Preparer {
         if on_disk.as_ref() == Some(&built.spec) {
             return Ok(false);
         }
-        tracing::info!(claim = %claim, "writing the claim's CDI spec again");
+        tracing::info!("writing the claim's CDI spec again");
         self.cdi.write(&claim.uid, &built.spec)?;
         Ok(true)
     }
@@ -325,8 +330,12 @@ impl Preparer {
             }
         };
         self.update_prepared_gauge();
-        tracing::debug!(claim = %claim, started_ms = ms(t_started), create_ms = ms(t_created - t_started),
-            finish_ms = ms(t0.elapsed() - t_created), "prepare phases");
+        tracing::debug!(
+            started_ms = ms(t_started),
+            create_ms = ms(t_created - t_started),
+            finish_ms = ms(t0.elapsed() - t_created),
+            "prepare phases"
+        );
         // The kubelet only needs the CDI devices: the status is written after answering.
         self.start_status(claim, &record);
         Ok(plan::kubelet_devices(&record))
@@ -349,7 +358,7 @@ impl Preparer {
     /// the reaper by [`Self::release`], so only logged here.
     pub(super) async fn roll_back(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) {
         if let Err(e) = self.release(claim, devices).await {
-            tracing::error!(claim = %claim, error = %e, "rolling back a failed prepare left slices behind; the reaper retries");
+            tracing::error!(error = %e, "rolling back a failed prepare left slices behind; the reaper retries");
         }
     }
 }

@@ -5,11 +5,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::Preparer;
-use crate::claims::checkpoint::PrepareState;
+use super::startup::Kept;
+use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
 use crate::claims::handler::ClaimRef;
 use crate::claims::reaper::{MAX_DELAY, MPS_RETRY, ReapReport};
+use crate::claims::spans::claim_span;
 use crate::claims::startup::Report;
 use crate::claims::{EventTarget, PrepareError};
 
@@ -48,27 +51,38 @@ impl Preparer {
             else {
                 continue;
             };
-            match self.release(&claim, record.devices).await {
-                Ok(()) => {
-                    self.metrics.reaper_attempt(true);
-                    tracing::info!(claim = %claim, "reaper: the claim's remaining slices are destroyed");
-                    report.finished.push(claim.uid);
-                }
-                Err(e) => {
-                    self.metrics.reaper_attempt(false);
-                    let retry = self.lifecycle.reaper.failed(&claim.uid);
-                    tracing::warn!(claim = %claim, error = %e, retry_in = ?retry, "reaper: destroying the claim's slices failed again");
-                    self.warn(
-                        EventTarget::from(&claim),
-                        "SliceDestroyFailed",
-                        note(&e, retry),
-                    )
-                    .await;
-                    report.failed.push(claim.uid);
-                }
+            let span = claim_span!("reap", &claim);
+            if self.reap(&claim, record.devices).instrument(span).await {
+                report.finished.push(claim.uid);
+            } else {
+                report.failed.push(claim.uid);
             }
         }
         report
+    }
+
+    /// The reaper's attempt at claim `claim`'s `Releasing` record, whose lock the caller holds:
+    /// releases `devices` again; `true` when they are all gone.
+    async fn reap(&self, claim: &ClaimRef, devices: Vec<RecordedDevice>) -> bool {
+        match self.release(claim, devices).await {
+            Ok(()) => {
+                self.metrics.reaper_attempt(true);
+                tracing::info!("reaper: the claim's remaining slices are destroyed");
+                true
+            }
+            Err(e) => {
+                self.metrics.reaper_attempt(false);
+                let retry = self.lifecycle.reaper.failed(&claim.uid);
+                tracing::warn!(error = %e, retry_in = ?retry, "reaper: destroying the claim's slices failed again");
+                self.warn(
+                    EventTarget::from(claim),
+                    "SliceDestroyFailed",
+                    note(&e, retry),
+                )
+                .await;
+                false
+            }
+        }
     }
 
     /// Brings back the MPS daemons of the kept claims start-up skipped because a GPU did not
@@ -92,19 +106,30 @@ impl Preparer {
                 name: record.name.clone(),
                 uid: uid.clone(),
             };
-            let live = self.live_per_gpu().await;
-            match self.check_kept(&claim, &record, &live, &mut Report::default()) {
-                super::startup::Kept::Live => {
-                    tracing::info!(claim = %claim, "its GPU answers again: bringing back its MPS daemons");
+            // Its layers open their own spans (start-up brings back many claims' at once).
+            let live = self.pending_live(&claim, &record);
+            match live.instrument(claim_span!("restore_layers", &claim)).await {
+                Kept::Live => {
                     self.layers.restore(&[(claim, record.devices)]).await;
                     self.lifecycle.layers_pending.done(&uid);
                     back.push(uid);
                 }
-                super::startup::Kept::Missing => self.lifecycle.layers_pending.done(&uid),
-                super::startup::Kept::GpuUnavailable => {}
+                Kept::Missing => self.lifecycle.layers_pending.done(&uid),
+                Kept::GpuUnavailable => {}
             }
         }
         back
+    }
+
+    /// Whether kept claim `claim`, recorded as `record`, whose layers start-up could not bring
+    /// back, has its instances live now that its GPUs are read again.
+    async fn pending_live(&self, claim: &ClaimRef, record: &ClaimRecord) -> Kept {
+        let live = self.live_per_gpu().await;
+        let kept = self.check_kept(claim, record, &live, &mut Report::default());
+        if kept == Kept::Live {
+            tracing::info!("its GPU answers again: bringing back its MPS daemons");
+        }
+        kept
     }
 
     /// Runs [`Self::reap_due`] whenever an attempt is due, the orphan rule's checks

@@ -72,7 +72,7 @@ impl Preparer {
                 only_lost_gpus: true,
                 failures,
             }) => {
-                tracing::warn!(claim = %claim, failures = ?failures,
+                tracing::warn!(failures = ?failures,
                     "unprepared; slices on a lost GPU stay recorded until it answers again");
                 Ok(())
             }
@@ -111,6 +111,9 @@ impl Preparer {
         self.release_as(claim, devices, true).await
     }
 
+    /// In a child span `release` of the claim's (the callers' spans carry the claim), with
+    /// `for_good`.
+    #[tracing::instrument(name = "release", level = "error", skip_all, fields(for_good = for_good))]
     async fn release_as(
         &self,
         claim: &ClaimRef,
@@ -156,7 +159,7 @@ impl Preparer {
                     .partition(|d| !self.kinds.of_record(d).kept_by_others(cp, &claim.uid, d))
             });
         for d in &kept {
-            tracing::debug!(claim = %claim, device = %d.device, "other shares keep the slice");
+            tracing::debug!(device = %d.device, "other shares keep the slice");
         }
         // What runs there keeps an instance in use (an MPS server): the layers go first.
         self.layers.take_off(claim, &devices, &kept).await;
@@ -173,7 +176,7 @@ impl Preparer {
             .commit(|cp| cp.set_releasing(&claim.uid, &claim.namespace, &claim.name, left))
             .await
         {
-            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+            tracing::error!(error = %e, "saving the checkpoint failed");
         }
         self.lifecycle.reaper.schedule(&claim.uid);
         self.update_pending_gauge();
@@ -213,7 +216,9 @@ impl Preparer {
 
     /// Destroys `devices` on GPU `gpu`: one pass under the GPU's lock, then, for instances NVML
     /// answers `IN_USE` (processes still exiting), more passes after the pauses of
-    /// [`DESTROY_RETRIES`], each paused without the lock so the GPU's other calls go on.
+    /// [`DESTROY_RETRIES`], each paused without the lock so the GPU's other calls go on. In a
+    /// span `destroy` with the `gpu`.
+    #[tracing::instrument(name = "destroy", level = "error", skip_all, fields(gpu = gpu))]
     async fn destroy_on_gpu(
         &self,
         uid: &str,
@@ -345,12 +350,14 @@ impl Preparer {
         if outcome != Forgot::Nothing
             && let Err(e) = checkpoint.persist(version).await
         {
-            tracing::error!(claim = %claim, error = %e, "saving the checkpoint failed");
+            tracing::error!(error = %e, "saving the checkpoint failed");
         }
         self.lifecycle.reaper.done(&claim.uid);
         self.update_pending_gauge();
         if outcome == Forgot::Guard {
-            tracing::info!(claim = %claim, "the claim's instances are gone, but the kubelet holds the claim: its record keeps guarding its placements until the kubelet unprepares it");
+            tracing::info!(
+                "the claim's instances are gone, but the kubelet holds the claim: its record keeps guarding its placements until the kubelet unprepares it"
+            );
             self.suspect_holders(std::iter::once(&claim.uid));
             return;
         }

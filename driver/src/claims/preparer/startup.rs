@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use tracing::Instrument;
 
 use super::Preparer;
 use crate::claims::EventTarget;
@@ -13,6 +14,7 @@ use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice};
 use crate::claims::handler::ClaimRef;
 use crate::claims::layers::Restored;
 use crate::claims::plan::{self, Holding};
+use crate::claims::spans::claim_span;
 use crate::claims::startup::{Report, StartupError};
 use crate::gpu::{BackendError, MigInstance};
 
@@ -48,7 +50,9 @@ impl Preparer {
         // records are settled (each may wait for its daemon's socket and limits).
         let mut layers_back = Vec::new();
         for (claim, record) in self.recorded_claims() {
+            let span = claim_span!("startup", &claim);
             self.settle(&claim, record, &live, &mut report, &mut layers_back)
+                .instrument(span)
                 .await;
         }
         if rebuild {
@@ -114,13 +118,15 @@ impl Preparer {
             PrepareState::Repairing => {
                 // A guard without instances: the kubelet holds the claim and its next prepare
                 // creates them again; nothing to check on the GPUs.
-                tracing::info!(claim = %claim, "keeping the guard of a claim whose repair did not finish: the kubelet holds it");
+                tracing::info!(
+                    "keeping the guard of a claim whose repair did not finish: the kubelet holds it"
+                );
                 self.suspect_holders(std::iter::once(&claim.uid));
                 report.kept.push(claim.to_string());
                 return;
             }
             PrepareState::Carved if self.carved_still_allocated(claim, &record).await => {
-                tracing::info!(claim = %claim, "keeping a claim carved before bind for the kubelet's prepare");
+                tracing::info!("keeping a claim carved before bind for the kubelet's prepare");
                 report.kept.push(claim.to_string());
                 return;
             }
@@ -130,14 +136,14 @@ impl Preparer {
             PrepareState::PrepareStarted => "rolling back a prepare that did not complete",
             PrepareState::Releasing => "destroying the slices a release left",
         };
-        tracing::info!(claim = %claim, "{what}");
+        tracing::info!("{what}");
         match self.release(claim, record.devices).await {
             Ok(()) if record.state == PrepareState::PrepareStarted => {
                 report.rolled_back.push(claim.to_string())
             }
             Ok(()) => report.released.push(claim.to_string()),
             Err(e) => {
-                tracing::warn!(claim = %claim, error = %e, "slices left for the reaper");
+                tracing::warn!(error = %e, "slices left for the reaper");
                 report.pending_destroy.push(claim.to_string());
             }
         }
@@ -168,7 +174,9 @@ impl Preparer {
         let matched = plan::match_devices(&record.devices, &on_gpus, |_| false);
         let held = self.holdings(&record.devices, &matched);
         if held.iter().any(Option::is_none) {
-            tracing::warn!(claim = %claim, "a slice recorded for a prepared claim no longer exists (or its whole GPU is no longer published here); the claim's next prepare creates it again");
+            tracing::warn!(
+                "a slice recorded for a prepared claim no longer exists (or its whole GPU is no longer published here); the claim's next prepare creates it again"
+            );
             report.missing_instances.push(claim.to_string());
             return Kept::Missing;
         }
@@ -177,7 +185,7 @@ impl Preparer {
             Ok(true) => report.cdi_specs_rewritten += 1,
             Ok(false) => {}
             Err(e) => {
-                tracing::error!(claim = %claim, error = %e, "writing the claim's CDI spec failed")
+                tracing::error!(error = %e, "writing the claim's CDI spec failed")
             }
         }
         Kept::Live
@@ -197,10 +205,13 @@ impl Preparer {
                 )
             })
             .collect();
-        let reads = kept.iter().map(|(claim, record)| async move {
-            if let Err(e) = self.allocated_as_recorded(claim, record).await {
-                tracing::debug!(claim = %claim, error = %e, "cannot read a kept claim to learn its pods; the orphan rule reads it later");
+        let reads = kept.iter().map(|(claim, record)| {
+            async move {
+                if let Err(e) = self.allocated_as_recorded(claim, record).await {
+                    tracing::debug!(error = %e, "cannot read a kept claim to learn its pods; the orphan rule reads it later");
+                }
             }
+            .instrument(claim_span!("learn_pods", claim))
         });
         futures::future::join_all(reads).await;
     }
@@ -231,31 +242,48 @@ impl Preparer {
             if rc.metadata.uid.is_none() || self.record_of(&claim.uid).is_some() {
                 continue;
             }
-            let Some((devices, held)) = self.held_for(&claim, &rc, &live) else {
-                continue; // not (fully) prepared here: the kubelet will prepare it
-            };
-            // Carved before bind and not prepared yet: the kubelet's prepare writes its CDI spec
-            // (no container was given it), so no spec on disk and SliceReady answered. Rebuilt
-            // as carved, the watch and start-up release it if its claim goes; as prepared with
-            // no pod, the orphan rule would keep it forever.
-            let node = &self.node.name;
-            if crate::claims::carve::waits_for_carve(&rc, node)
-                && crate::claims::carve::carve_answered(&rc, node)
-                && !self.spec_on_disk(&claim)
-            {
-                self.records
-                    .checkpoint
-                    .commit(|cp| cp.set_carved(&claim.uid, &claim.namespace, &claim.name, devices))
-                    .await?;
-                tracing::info!(claim = %claim, "rebuilt the record of a claim carved before bind from live slices");
-            } else {
-                self.rebuild_prepared(&claim, &rc, devices.clone(), &held)
-                    .await?;
-                layers_back.push((claim.clone(), devices));
-                tracing::info!(claim = %claim, "rebuilt the record of a prepared claim from live slices");
-            }
-            report.rebuilt.push(claim.to_string());
+            let span = claim_span!("rebuild", &claim);
+            self.rebuild_claim(&claim, &rc, &live, report, layers_back)
+                .instrument(span)
+                .await?;
         }
+        Ok(())
+    }
+
+    /// Step 4 for claim `claim` (`rc`), which has no record: its record, when every device of
+    /// its allocation here is held on the GPUs (`live`).
+    async fn rebuild_claim(
+        &self,
+        claim: &ClaimRef,
+        rc: &ResourceClaim,
+        live: &[MigInstance],
+        report: &mut Report,
+        layers_back: &mut Vec<(ClaimRef, Vec<RecordedDevice>)>,
+    ) -> Result<(), StartupError> {
+        let Some((devices, held)) = self.held_for(claim, rc, live) else {
+            return Ok(()); // not (fully) prepared here: the kubelet will prepare it
+        };
+        // Carved before bind and not prepared yet: the kubelet's prepare writes its CDI spec
+        // (no container was given it), so no spec on disk and SliceReady answered. Rebuilt
+        // as carved, the watch and start-up release it if its claim goes; as prepared with
+        // no pod, the orphan rule would keep it forever.
+        let node = &self.node.name;
+        if crate::claims::carve::waits_for_carve(rc, node)
+            && crate::claims::carve::carve_answered(rc, node)
+            && !self.spec_on_disk(claim)
+        {
+            self.records
+                .checkpoint
+                .commit(|cp| cp.set_carved(&claim.uid, &claim.namespace, &claim.name, devices))
+                .await?;
+            tracing::info!("rebuilt the record of a claim carved before bind from live slices");
+        } else {
+            self.rebuild_prepared(claim, rc, devices.clone(), &held)
+                .await?;
+            layers_back.push((claim.clone(), devices));
+            tracing::info!("rebuilt the record of a prepared claim from live slices");
+        }
+        report.rebuilt.push(claim.to_string());
         Ok(())
     }
 

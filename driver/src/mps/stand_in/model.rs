@@ -222,19 +222,40 @@ fn limits_of(flags: &BTreeMap<&str, &str>) -> Result<Limits, String> {
     })
 }
 
+/// An answer to a command and what to do: the text (none for a command that answers nothing)
+/// and the sockets to open or close.
+type Answer = (Option<String>, Vec<Effect>);
+
+/// A command that fails: answers `e`, changes nothing.
+fn failed(e: String) -> Answer {
+    (Some(e), Vec::new())
+}
+
 /// A protocol-3 answer (NVIDIA's MPS v3 interface): `server create|set|list|delete`,
 /// `namespace create|set|list|delete` (`--server=<name>`). A list names one server or namespace
 /// per line; a command that fails answers `Error: …`; the others answer nothing. A server
 /// allowed a device other than the one the daemon sees runs not (silently, as NVIDIA's).
-fn answer_v3(run: &mut Run, command: &str) -> (Option<String>, Vec<Effect>) {
+fn answer_v3(run: &mut Run, command: &str) -> Answer {
     let c = split_v3(command);
-    let verb = (c.words.first().copied(), c.words.get(1).copied());
     let name = c.words.get(2).copied().unwrap_or_default();
-    let err = |e: String| (Some(e), Vec::new());
-    let ok = |effects: Vec<Effect>| (None, effects);
-    let visible = run.visible_devices.clone();
-    match verb {
-        (Some("server"), Some("list")) => {
+    match (c.words.first().copied(), c.words.get(1).copied()) {
+        (Some("server"), Some(verb)) => server_command(run, verb, name, &c.flags)
+            .unwrap_or_else(|| (unknown(command), Vec::new())),
+        (Some("namespace"), Some(verb)) => namespace_command(run, verb, name, &c.flags)
+            .unwrap_or_else(|| (unknown(command), Vec::new())),
+        _ => (unknown(command), Vec::new()),
+    }
+}
+
+/// `server <verb> <name>` with `flags`; `None` for a verb the daemon does not know.
+fn server_command(
+    run: &mut Run,
+    verb: &str,
+    name: &str,
+    flags: &BTreeMap<&str, &str>,
+) -> Option<Answer> {
+    let answer = match verb {
+        "list" => {
             let names: Vec<&str> = run
                 .servers
                 .iter()
@@ -243,32 +264,10 @@ fn answer_v3(run: &mut Run, command: &str) -> (Option<String>, Vec<Effect>) {
                 .collect();
             (Some(names.join("\n")), Vec::new())
         }
-        (Some("server"), Some("create")) => {
-            if !valid_name(name) {
-                return err(format!("Error: invalid server name \"{name}\""));
-            }
-            if run.servers.contains_key(name) {
-                return err(format!("Error: server {name} already exists"));
-            }
-            let allowed = c.flags.get("allowed-devices").copied().unwrap_or_default();
-            let running = allowed.is_empty() || allowed == visible;
-            run.servers.insert(
-                name.to_string(),
-                Server {
-                    allowed_devices: allowed.to_string(),
-                    running,
-                    ..Server::default()
-                },
-            );
-            ok(if running {
-                vec![Effect::Listen(name.to_string())]
-            } else {
-                Vec::new()
-            })
-        }
-        (Some("server"), Some(verb @ ("set" | "delete"))) => {
+        "create" => create_server(run, name, flags),
+        "set" | "delete" => {
             let Some(server) = run.servers.get_mut(name).filter(|s| s.running) else {
-                return err(format!("Error: no server {name}"));
+                return Some(failed(format!("Error: no server {name}")));
             };
             if verb == "delete" {
                 let gone: Vec<Effect> = std::iter::once(name.to_string())
@@ -276,56 +275,93 @@ fn answer_v3(run: &mut Run, command: &str) -> (Option<String>, Vec<Effect>) {
                     .map(Effect::Unlisten)
                     .collect();
                 run.servers.remove(name);
-                return ok(gone);
+                return Some((None, gone));
             }
-            match limits_of(&c.flags) {
+            match limits_of(flags) {
                 Ok(l) => {
                     server.limits = l;
-                    ok(Vec::new())
+                    (None, Vec::new())
                 }
-                Err(e) => err(e),
+                Err(e) => failed(e),
             }
         }
-        (Some("namespace"), Some(verb)) => {
-            let server_name = c.flags.get("server").copied().unwrap_or_default();
-            let Some(server) = run.servers.get_mut(server_name).filter(|s| s.running) else {
-                return err(format!("Error: no server {server_name}"));
-            };
-            let dir = format!("{server_name}/{name}");
-            match verb {
-                "list" => {
-                    let names: Vec<&str> = server.namespaces.keys().map(String::as_str).collect();
-                    (Some(names.join("\n")), Vec::new())
-                }
-                "create" if !valid_name(name) => {
-                    err(format!("Error: invalid namespace name \"{name}\""))
-                }
-                "create" if server.namespaces.contains_key(name) => {
-                    err(format!("Error: namespace {name} already exists"))
-                }
-                "create" => {
-                    server
-                        .namespaces
-                        .insert(name.to_string(), Limits::default());
-                    ok(vec![Effect::Listen(dir)])
-                }
-                "set" => match (server.namespaces.get_mut(name), limits_of(&c.flags)) {
-                    (None, _) => err(format!("Error: no namespace {name}")),
-                    (_, Err(e)) => err(e),
-                    (Some(ns), Ok(l)) => {
-                        *ns = l;
-                        ok(Vec::new())
-                    }
-                },
-                "delete" => match server.namespaces.remove(name) {
-                    Some(_) => ok(vec![Effect::Unlisten(dir)]),
-                    None => err(format!("Error: no namespace {name}")),
-                },
-                _ => (unknown(command), Vec::new()),
-            }
-        }
-        _ => (unknown(command), Vec::new()),
+        _ => return None,
+    };
+    Some(answer)
+}
+
+/// `server create <name>`: a server allowed a device other than the one the daemon sees is
+/// created, and runs not.
+fn create_server(run: &mut Run, name: &str, flags: &BTreeMap<&str, &str>) -> Answer {
+    if !valid_name(name) {
+        return failed(format!("Error: invalid server name \"{name}\""));
     }
+    if run.servers.contains_key(name) {
+        return failed(format!("Error: server {name} already exists"));
+    }
+    let allowed = flags.get("allowed-devices").copied().unwrap_or_default();
+    let running = allowed.is_empty() || allowed == run.visible_devices;
+    run.servers.insert(
+        name.to_string(),
+        Server {
+            allowed_devices: allowed.to_string(),
+            running,
+            ..Server::default()
+        },
+    );
+    let effects = if running {
+        vec![Effect::Listen(name.to_string())]
+    } else {
+        Vec::new()
+    };
+    (None, effects)
+}
+
+/// `namespace <verb> <name> --server=<server>` with `flags`; `None` for a verb the daemon does
+/// not know (of a server that runs: a missing server fails first).
+fn namespace_command(
+    run: &mut Run,
+    verb: &str,
+    name: &str,
+    flags: &BTreeMap<&str, &str>,
+) -> Option<Answer> {
+    let server_name = flags.get("server").copied().unwrap_or_default();
+    let Some(server) = run.servers.get_mut(server_name).filter(|s| s.running) else {
+        return Some(failed(format!("Error: no server {server_name}")));
+    };
+    let dir = format!("{server_name}/{name}");
+    let answer = match verb {
+        "list" => {
+            let names: Vec<&str> = server.namespaces.keys().map(String::as_str).collect();
+            (Some(names.join("\n")), Vec::new())
+        }
+        "create" if !valid_name(name) => {
+            failed(format!("Error: invalid namespace name \"{name}\""))
+        }
+        "create" if server.namespaces.contains_key(name) => {
+            failed(format!("Error: namespace {name} already exists"))
+        }
+        "create" => {
+            server
+                .namespaces
+                .insert(name.to_string(), Limits::default());
+            (None, vec![Effect::Listen(dir)])
+        }
+        "set" => match (server.namespaces.get_mut(name), limits_of(flags)) {
+            (None, _) => failed(format!("Error: no namespace {name}")),
+            (_, Err(e)) => failed(e),
+            (Some(ns), Ok(l)) => {
+                *ns = l;
+                (None, Vec::new())
+            }
+        },
+        "delete" => match server.namespaces.remove(name) {
+            Some(_) => (None, vec![Effect::Unlisten(dir)]),
+            None => failed(format!("Error: no namespace {name}")),
+        },
+        _ => return None,
+    };
+    Some(answer)
 }
 
 /// The answer to `command` from a client connected to the control socket of `socket`

@@ -2,9 +2,9 @@
 //! slice, or joins the one other shares hold, decided from the records ([`plan::on_share`]).
 
 use super::plan::{self, OnShare};
-use crate::claims::PrepareError;
 use crate::claims::checkpoint::{Checkpoint, InstanceId, RecordedDevice};
 use crate::claims::kinds::{Failed, GpuTxn, Planned, is_instance, record};
+use crate::claims::{PrepareError, ShareRefusal};
 use crate::gpu::MigInstance;
 
 /// The instance of planned share `p` (its claim's `i`th device) on GPU `tx.gpu`, whose lock
@@ -31,7 +31,7 @@ pub(super) async fn create_or_join(
         }
         on
     });
-    tracing::debug!(claim = uid, device = %p.device, decision = ?on, "a share of a shared slice");
+    tracing::debug!(decision = ?on, "a share of a shared slice");
     match on {
         OnShare::Create => tx.create_instance(p).await,
         OnShare::Refuse(e) => Err(e.into()),
@@ -54,21 +54,21 @@ async fn join_slice(
     p: &Planned,
     id: InstanceId,
 ) -> Result<MigInstance, PrepareError> {
-    let fail = |reason: String| PrepareError::Share {
+    let fail = |reason: ShareRefusal| PrepareError::Share {
         device: p.device.clone(),
         reason,
     };
     let live = tx
         .instances()
         .await
-        .map_err(|e| fail(format!("its slice's GPU does not answer: {e}")))?;
+        .map_err(|e| fail(ShareRefusal::GpuUnavailable(e)))?;
     let held = RecordedDevice {
         instance: Some(id),
         ..record(p)
     };
     live.into_iter()
         .find(|s| is_instance(&held, s) && !s.mig_uuid.is_empty())
-        .ok_or_else(|| fail("the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared".into()))
+        .ok_or_else(|| fail(ShareRefusal::Gone))
 }
 
 /// Sets (or clears) the instance of claim `uid`'s `i`th recorded device.

@@ -15,11 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use das_api::capacities;
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 
-use crate::claims::PrepareError;
 use crate::claims::checkpoint::{
     Checkpoint, ClaimRecord, InstanceId, PrepareState, RecordedDevice, Share,
 };
 use crate::claims::kinds::Planned;
+use crate::claims::{PrepareError, ShareRefusal};
 
 /// The share `r` gives its claim of shareable device `device`, whose `shares` capacity is `of`.
 ///
@@ -31,20 +31,28 @@ pub fn share_of(
     r: &DeviceRequestAllocationResult,
     of: u64,
 ) -> Result<Share, PrepareError> {
-    let fail = |reason: String| PrepareError::Share {
+    let fail = |reason: ShareRefusal| PrepareError::Share {
         device: device.to_string(),
         reason,
     };
-    let id = r.share_id.clone().filter(|id| !id.is_empty()).ok_or_else(|| {
-        fail("its allocation has no shareID: the scheduler allocated a shareable device without consumable capacity (DRAConsumableCapacity, on from Kubernetes 1.36); DAS publishes shareable devices only to servers that have it, so delete the pod to have its claim allocated again".into())
-    })?;
+    let id = r
+        .share_id
+        .clone()
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| fail(ShareRefusal::NoShareId))?;
     let consumed = |name: &str| -> Result<Option<u64>, PrepareError> {
         let Some(q) = r.consumed_capacity.as_ref().and_then(|c| c.get(name)) else {
             return Ok(None);
         };
         das_api::device_config::quantity_bytes(&q.0)
             .map(Some)
-            .map_err(|e| fail(format!("its consumed capacity {name} {:?} is {e}", q.0)))
+            .map_err(|error| {
+                fail(ShareRefusal::BadCapacity {
+                    name: name.to_string(),
+                    value: q.0.clone(),
+                    error,
+                })
+            })
     };
     // The scheduler lists every capacity, consumed or not; a missing one is its default.
     let shares = consumed(capacities::SHARES)?.unwrap_or(1).max(1);
@@ -69,12 +77,11 @@ pub fn check_mps(planned: &[Planned]) -> Result<(), PrepareError> {
     {
         Some(p) => Err(PrepareError::Share {
             device: p.device.clone(),
-            reason: format!(
-                "request {:?} asks for sharing.strategy Exclusive, but a shareable slice is shared through MPS: every share's config must have sharing.strategy MPS (its DeviceClass {} sets it; leave the claim's config out, or ask for an exclusive slice with class {})",
-                p.request,
-                das_api::shared_profile_device_class(&p.at.profile),
-                das_api::profile_device_class(&p.at.profile),
-            ),
+            reason: ShareRefusal::NotMps {
+                request: p.request.clone(),
+                shared_class: das_api::shared_profile_device_class(&p.at.profile),
+                exclusive_class: das_api::profile_device_class(&p.at.profile),
+            },
         }),
         None => Ok(()),
     }
@@ -154,10 +161,11 @@ fn other_namespace(
     let serves = serves.into_iter().collect::<Vec<_>>().join(" and ");
     Some(PrepareError::Share {
         device: device.to_string(),
-        reason: format!(
-            "the slice serves namespace {serves} (held by {}), and a shared slice serves one namespace: this claim of namespace {ns} may not join it, so nothing was created or joined. The kubelet retries; the prepare succeeds once those claims are unprepared. For another slice now, delete the pod: its claim is allocated again, and das-webhook's selector steers it away from this slice (a claim das-webhook did not see, in a namespace it excludes or while it was down, has none: create it again where das-webhook serves). Or have the cluster's admin allow sharing across namespaces (chart value sharing.acrossNamespaces)",
-            names(holders)
-        ),
+        reason: ShareRefusal::OtherNamespace {
+            serves,
+            holders: names(holders),
+            namespace: ns.to_string(),
+        },
     })
 }
 
@@ -222,21 +230,19 @@ pub fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> 
     let Some((_, _, d)) = live else {
         return OnShare::Refuse(PrepareError::Share {
             device: p.device.clone(),
-            reason: format!(
-                "its slice's last shares ({}) are being released; it is created again once they are gone (the kubelet retries)",
-                names(&holders)
-            ),
+            reason: ShareRefusal::Releasing {
+                holders: names(&holders),
+            },
         });
     };
     if d.mps != p.mps {
         return OnShare::Refuse(PrepareError::Share {
             device: p.device.clone(),
-            reason: format!(
-                "the slice is shared by {} with another device configuration (MPS limits {}), and this claim asks for {}: shares of one slice have the same configuration, so give this claim the same sharing settings or ask for another slice",
-                names(&holders),
-                limits(d.mps.as_ref()),
-                limits(p.mps.as_ref())
-            ),
+            reason: ShareRefusal::OtherConfig {
+                holders: names(&holders),
+                theirs: limits(d.mps.as_ref()),
+                ours: limits(p.mps.as_ref()),
+            },
         });
     }
     match &d.instance {

@@ -5,6 +5,7 @@
 
 use super::plan;
 use crate::claims::PrepareError;
+use crate::claims::error::WholeGpuRefusal;
 use crate::claims::kinds::{Planned, Precheck};
 
 /// Checks the whole GPUs `whole` (one inventory read for all of them).
@@ -22,7 +23,7 @@ pub(super) async fn against_inventory(
     let mut inventory = cx.gpus.call(gpu, |b| b.inventory()).await.map_err(|e| {
         PrepareError::WholeGpuUnavailable {
             device: first.device.clone(),
-            reason: format!("the node's GPUs cannot be read ({e}); the kubelet retries"),
+            reason: WholeGpuRefusal::InventoryUnreadable(e).to_string(),
         }
     })?;
     // Whether a GPU may be switched is the request path's to say since start-up.

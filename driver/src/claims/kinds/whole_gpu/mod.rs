@@ -8,6 +8,7 @@
 use crate::claims::PrepareError;
 use crate::claims::cdi::{PreparedGpu, SpecDevice};
 use crate::claims::checkpoint::RecordedDevice;
+use crate::claims::error::WholeGpuRefusal;
 use crate::claims::kinds::{
     CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned, Precheck,
 };
@@ -41,7 +42,7 @@ impl Kind for WholeGpuKind {
     /// A device named like a whole GPU (`gpu-<index>`) this node does not publish.
     fn unpublished(&self, device: &str) -> Option<PrepareError> {
         plan::is_whole_gpu_name(device).then(|| PrepareError::WholeGpuUnavailable {
-            reason: plan::UNPUBLISHED.to_string(),
+            reason: WholeGpuRefusal::Unpublished.to_string(),
             device: device.to_string(),
         })
     }

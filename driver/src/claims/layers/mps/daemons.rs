@@ -6,11 +6,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use tracing::Instrument;
+
 use super::{MpsLayer, daemon_owner};
 use crate::claims::PrepareError;
 use crate::claims::checkpoint::{CheckpointStore, RecordedDevice};
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::Kinds;
+use crate::claims::spans::claim_span;
 use crate::mps::commands::{namespace_limits, namespace_name};
 use crate::mps::{DaemonSpec, Namespace, layout};
 
@@ -86,7 +89,7 @@ impl MpsLayer {
             let id = layout::daemon_id(daemon_owner(&claim.uid, d), &d.device);
             let _one = self.locks.lock(&id).await;
             if let Err(e) = self.daemons.stop(&dirs).await {
-                tracing::warn!(claim = %claim, device = %d.device, error = %e, "stopping the slice's MPS control daemon left its directory");
+                tracing::warn!(device = %d.device, error = %e, "stopping the slice's MPS control daemon left its directory");
             }
         }
     }
@@ -126,18 +129,20 @@ impl MpsLayer {
                 daemons.entry(spec.id.clone()).or_insert((claim, d, spec));
             }
         }
+        // Each in the span of the claim it is brought back for (start-up settles many at once).
         let back = daemons.into_iter().map(|(id, (claim, d, spec))| {
             let ns = namespaces.remove(&id).unwrap_or_default();
             async move {
-            match self.daemons.bring_back(spec, ns).await {
-                Ok(adopted) => {
-                    tracing::info!(claim = %claim, device = %d.device, adopted, "the slice's MPS control daemon runs")
-                }
-                Err(e) => {
-                    tracing::error!(claim = %claim, device = %d.device, error = %e, "the slice's MPS control daemon could not be started; retried with backoff")
+                match self.daemons.bring_back(spec, ns).await {
+                    Ok(adopted) => {
+                        tracing::info!(device = %d.device, adopted, "the slice's MPS control daemon runs")
+                    }
+                    Err(e) => {
+                        tracing::error!(device = %d.device, error = %e, "the slice's MPS control daemon could not be started; retried with backoff")
+                    }
                 }
             }
-            }
+            .instrument(claim_span!("restore_mps", claim))
         });
         futures::future::join_all(back).await;
     }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use das_api::device_config::MigDeviceConfig;
 
 use crate::claims::PrepareError;
+use crate::claims::error::MpsConfigRefusal;
 use crate::claims::kinds::{Kinds, Planned};
 use crate::mps::{MpsLimits, commands};
 
@@ -31,26 +32,25 @@ pub fn with_mps(
             continue;
         };
         if !kinds.of(&p.at).creates_instance() {
-            return Err(invalid(format!(
-                "request {:?}: device {} is a whole GPU, and DAS serves MPS on MIG slices only; ask for a slice (DeviceClass {} or a profile's class) or use sharing.strategy Exclusive",
-                p.request,
-                p.device,
-                das_api::DEVICE_CLASS_ALL
-            )));
+            return Err(invalid(
+                MpsConfigRefusal::WholeGpu {
+                    request: p.request.clone(),
+                    device: p.device.clone(),
+                }
+                .to_string(),
+            ));
         }
         p.mps = Some(MpsLimits::from_config(&mps).map_err(|e| invalid(e.to_string()))?);
     }
-    let with: Vec<&str> = planned
+    let devices: Vec<String> = planned
         .iter()
         .filter(|p| p.mps.is_some())
-        .map(|p| p.device.as_str())
+        .map(|p| p.device.clone())
         .collect();
-    if with.len() > 1 {
-        return Err(invalid(format!(
-            "{} devices have sharing.strategy MPS ({}), but a claim gets one MPS slice: its containers have one CUDA_MPS_PIPE_DIRECTORY, so they could reach one slice's daemon only; ask for one device with MPS per claim",
-            with.len(),
-            with.join(", ")
-        )));
+    if devices.len() > 1 {
+        return Err(invalid(
+            MpsConfigRefusal::SeveralDevices { devices }.to_string(),
+        ));
     }
     Ok(planned)
 }
