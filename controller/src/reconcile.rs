@@ -126,8 +126,10 @@ static RECONCILES: AtomicU64 = AtomicU64::new(0);
 /// Makes `claim`'s AllocationClaims what they should be. Runs in a span `reconcile` (inside
 /// kube-runtime's `reconciling object`) with the claim's `claim.uid`, `claim.namespace`,
 /// `claim.name` and a `trace_id`: this replica's sequence number of the reconcile, which joins
-/// the log lines of one reconcile (two reconciles of one claim have different ones).
-#[tracing::instrument(name = "reconcile", skip_all, fields(
+/// the log lines of one reconcile (two reconciles of one claim have different ones). The span
+/// is at level ERROR so that it stays on under any filter: a warn line still carries its claim
+/// with `--log-level=warn` (as the node plugin's claim spans).
+#[tracing::instrument(name = "reconcile", level = "error", skip_all, fields(
     claim.uid = claim.metadata.uid.as_deref().unwrap_or_default(),
     claim.namespace = claim.metadata.namespace.as_deref().unwrap_or_default(),
     claim.name = claim.metadata.name.as_deref().unwrap_or_default(),

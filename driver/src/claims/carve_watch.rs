@@ -30,8 +30,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::carve::{OnClaimSeen, claim_ref, on_claim_seen};
-use crate::claims::api::allocated_to;
 use crate::claims::checkpoint::{ClaimRecord, PrepareState};
+use crate::claims::claim_api::allocated_to;
 use crate::claims::handler::ClaimRef;
 use crate::claims::plan;
 use crate::claims::preparer::carve::Carved;

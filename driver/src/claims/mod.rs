@@ -67,11 +67,11 @@
 //! release destroys nothing. Its placement overlaps every placement of its GPU, so rules 3 and
 //! 4 hold between it and the GPU's slices.
 
-pub(crate) mod api;
 pub mod carve;
 pub mod carve_watch;
 pub mod cdi;
 pub mod checkpoint;
+pub(crate) mod claim_api;
 pub mod container_marks;
 pub mod cri;
 pub mod driver_files;
@@ -91,7 +91,7 @@ pub(crate) mod status;
 pub(crate) mod unclaimed;
 
 #[cfg(test)]
-mod api_tests;
+mod claim_api_tests;
 #[cfg(test)]
 mod guard_tests;
 #[cfg(test)]
@@ -110,7 +110,7 @@ pub(crate) mod testing;
 mod whole_gpu_tests;
 
 pub use crate::events::{EventKind, EventSink, EventTarget};
-pub use api::{ApiError, ClaimApi, KubeClaimApi};
+pub use claim_api::{ApiError, ClaimApi, KubeClaimApi};
 pub use error::{PrepareError, ShareRefusal};
 pub use handler::{ClaimHandler, ClaimRef, PreparedDevice};
 pub use locks::ClaimLocks;

@@ -23,7 +23,7 @@ use super::orphans::RuntimeError;
 use crate::claims::checkpoint::{Checkpoint, ClaimRecord, PrepareState, RecordedDevice};
 use crate::gpu::MigInstance;
 
-pub(crate) mod spec;
+pub(crate) mod handed;
 
 // The published devices' index lives with what is published; re-exported for the request path.
 pub use super::kinds::{Holding, Planned, is_instance, record, with_instance};
@@ -31,7 +31,7 @@ pub use crate::publish::devices::{DeviceRef, device_index};
 // The tests of the request path name a device's kind as published through here.
 #[cfg(test)]
 pub use crate::publish::devices::DeviceKind;
-pub use spec::{holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
+pub use handed::{holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 
 /// Resolves the allocation of `claim` (read from the API server as `rc`) for this node: each
 /// result planned by its device's kind ([`crate::claims::kinds::Kind::plan`]; a shareable

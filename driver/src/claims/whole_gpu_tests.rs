@@ -169,7 +169,7 @@ async fn a_whole_gpu_is_prepared_and_unprepared_without_any_mig_instance() {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
     );
-    let body = super::api::status_apply_body(&a, &record.devices, now);
+    let body = super::claim_api::status_apply_body(&a, &record.devices, now);
     let entry = &body["status"]["devices"][0];
     assert_eq!(entry["conditions"][0]["reason"], "GpuPrepared");
     assert_eq!(entry["conditions"][0]["status"], "True");

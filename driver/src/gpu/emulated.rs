@@ -27,7 +27,7 @@
 //!   control file ([`CONTROL_FILE`], [`Control`]) for tests that drive a running plugin.
 //!
 //! Files: this one holds the backend, its [`GpuBackend`] face and its errors;
-//! `emulated/spec.rs` the `--emulated-gpus` spec; `emulated/identity.rs` GPU and MIG UUIDs and
+//! `emulated/gpus_flag.rs` the `--emulated-gpus` spec; `emulated/identity.rs` GPU and MIG UUIDs and
 //! the inventory; `emulated/instances.rs` instance create, destroy and records;
 //! `emulated/mig_mode.rs` MIG mode switches and whether DAS may make them;
 //! `emulated/control.rs` faults, latency, lost GPUs and the control file; `emulated/state.rs`
@@ -401,20 +401,20 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 mod control;
 pub mod device_nodes;
 pub mod driver_files;
+mod gpus_flag;
 mod identity;
 mod instances;
 mod mig_mode;
-mod spec;
 mod state;
 
 pub use control::{Control, ControlFault, ControlXid, FaultKind, Latency, LatencyMs};
 use control::{ControlSeen, Op};
+pub use gpus_flag::{
+    EmulatedGpuSpec, MODE_MIG_OFF, MODE_MIG_ON, emulated_model_help, parse_emulated_spec,
+};
 pub use identity::emulated_inventory;
 use identity::{build_gpus, gpu_info};
 use instances::to_instance;
-pub use spec::{
-    EmulatedGpuSpec, MODE_MIG_OFF, MODE_MIG_ON, emulated_model_help, parse_emulated_spec,
-};
 pub use state::move_state_aside;
 use state::{StateFile, fresh_state, gpu_state, load_state, write_atomically};
 

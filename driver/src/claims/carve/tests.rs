@@ -4,8 +4,8 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::*;
-use crate::claims::api::status_apply_body_with;
 use crate::claims::checkpoint::{Checkpoint, InstanceId};
+use crate::claims::claim_api::status_apply_body_with;
 use crate::claims::testing::{MemoryApi, NODE};
 
 fn now() -> Time {

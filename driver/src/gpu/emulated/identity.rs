@@ -5,7 +5,7 @@
 
 use das_runtime::hash::fnv1a64_from;
 
-use super::spec::{EmulatedGpuSpec, parse_emulated_spec};
+use super::gpus_flag::{EmulatedGpuSpec, parse_emulated_spec};
 use super::{
     EMULATED_BRAND, EMULATED_CUDA_DRIVER_VERSION, EMULATED_DRIVER_VERSION, EmuGpu, EmulatedError,
 };

@@ -7,8 +7,8 @@ use std::time::Duration;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::api::{CLAIM_PAGE_SIZE, FIELD_MANAGER};
 use super::checkpoint::{InstanceId, RecordedDevice};
+use super::claim_api::{CLAIM_PAGE_SIZE, FIELD_MANAGER};
 use super::{ApiError, ClaimApi, ClaimRef, EventSink, EventTarget, KubeClaimApi};
 use crate::mock_api_server::{ANY, ApiServer, Exchange, finished};
 use das_api::DRIVER_NAME;
