@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, PostParams};
 use serde_json::{Value, json};
 
 use crate::Cluster;
@@ -25,7 +25,7 @@ use crate::das::{DRIVER, PluginDirs};
 use crate::image::{self, ImageOptions};
 use crate::plugin::live_slices;
 use crate::runtime::{self, TAINT_KEY};
-use crate::runtime_pods::{check_container, create, probe, wait_ready};
+use crate::runtime_pods::{check_container, create, create_with, probe, wait_ready};
 use crate::wait::{self, TIMEOUT};
 use crate::workload::delete_pods;
 
@@ -221,7 +221,21 @@ pub async fn legacy_pod_admitted_through_the_service(cluster: &Cluster, node: &s
     }
     let mut legacy = probe("app", &[]);
     legacy["resources"] = json!({"limits": {"nvidia.com/mig-1g.10gb": 1}});
-    create(&c, node, "legacy", json!({"containers": [legacy]})).await?;
+    let spec = json!({"containers": [legacy]});
+    // A rolled-out webhook pod is Ready before kube-proxy routes its Service to it (the
+    // EndpointSlice still travels to kube-proxy), so the first call may be refused: dry runs
+    // (admission only, nothing stored) wait for the route.
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    wait::until("the webhook answers through its Service", TIMEOUT, || {
+        let spec = spec.clone();
+        let (c, dry_run) = (c.clone(), dry_run.clone());
+        async move { create_with(&c, node, "legacy", spec, &dry_run).await.map(Some) }
+    })
+    .await?;
+    create(&c, node, "legacy", spec).await?;
     let pod = wait_ready(&c, "legacy").await?;
     check_container(cluster, node, &pod, "app", 1).await?;
     delete_pods(&c, &["legacy"]).await

@@ -54,7 +54,19 @@ pub fn probe(name: &str, claims: &[&str]) -> Value {
     })
 }
 
-pub async fn create(c: &Client, node: &str, name: &str, mut spec: Value) -> Result<()> {
+pub async fn create(c: &Client, node: &str, name: &str, spec: Value) -> Result<()> {
+    create_with(c, node, name, spec, &PostParams::default()).await
+}
+
+/// [`create`] with `params` (a dry run goes through admission, webhooks included, and stores
+/// nothing).
+pub async fn create_with(
+    c: &Client,
+    node: &str,
+    name: &str,
+    mut spec: Value,
+    params: &PostParams,
+) -> Result<()> {
     spec["nodeSelector"] = json!({"kubernetes.io/hostname": node});
     spec["tolerations"] = json!([{"key": runtime::TAINT_KEY, "operator": "Exists"}]);
     spec["terminationGracePeriodSeconds"] = json!(0);
@@ -62,7 +74,7 @@ pub async fn create(c: &Client, node: &str, name: &str, mut spec: Value) -> Resu
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec
     }))?;
     Api::<Pod>::namespaced(c.clone(), NS)
-        .create(&PostParams::default(), &pod)
+        .create(params, &pod)
         .await
         .with_context(|| format!("create pod {name}"))?;
     Ok(())

@@ -177,32 +177,32 @@ pub fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
 /// the slice has.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "sharing.mps.pinnedDeviceMemoryLimit is {limit_mib}Mi, more than the {slice_mib}Mi of a {profile} slice; valid: 1Mi to {slice_mib}Mi"
+    "sharing.mps.pinnedDeviceMemoryLimit is {limit_mib}Mi, more than the {instance_mib}Mi of a {profile} slice; valid: 1Mi to {instance_mib}Mi"
 )]
-pub struct LimitAboveSlice {
+pub struct LimitAboveInstance {
     /// The limit asked for, in MiB.
     pub limit_mib: u64,
     /// The slice's profile.
     pub profile: String,
     /// The slice's memory, in MiB.
-    pub slice_mib: u64,
+    pub instance_mib: u64,
 }
 
-/// Checks `limits` against the slice they are for, whose memory is `slice_memory_mib` (the
+/// Checks `limits` against the slice they are for, whose memory is `instance_memory_mib` (the
 /// profile's).
 ///
 /// # Errors
 /// The pinned memory limit is above the slice's memory.
-pub fn check_against_slice(
+pub fn check_against_instance(
     limits: &MpsLimits,
     profile: &str,
-    slice_memory_mib: u64,
-) -> Result<(), LimitAboveSlice> {
+    instance_memory_mib: u64,
+) -> Result<(), LimitAboveInstance> {
     match limits.pinned_device_memory_limit_mib {
-        Some(mib) if mib > slice_memory_mib => Err(LimitAboveSlice {
+        Some(mib) if mib > instance_memory_mib => Err(LimitAboveInstance {
             limit_mib: mib,
             profile: profile.to_string(),
-            slice_mib: slice_memory_mib,
+            instance_mib: instance_memory_mib,
         }),
         _ => Ok(()),
     }

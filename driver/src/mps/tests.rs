@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::commands::{
-    LimitAboveSlice, check_against_slice, client_env, daemon_env, limit_commands,
+    LimitAboveInstance, check_against_instance, client_env, daemon_env, limit_commands,
 };
 use super::layout::{MpsDirs, daemon_id};
 use super::*;
@@ -84,23 +84,23 @@ fn a_pinned_limit_above_the_slice_is_refused_with_the_valid_range() {
         pinned_device_memory_limit_mib: Some(mib),
         ..MpsLimits::default()
     };
-    assert_eq!(check_against_slice(&limits(9984), "1g.10gb", 9984), Ok(()));
+    assert_eq!(check_against_instance(&limits(9984), "1g.10gb", 9984), Ok(()));
     assert_eq!(
-        check_against_slice(&limits(20480), "1g.10gb", 9984),
-        Err(LimitAboveSlice {
+        check_against_instance(&limits(20480), "1g.10gb", 9984),
+        Err(LimitAboveInstance {
             limit_mib: 20480,
             profile: "1g.10gb".into(),
-            slice_mib: 9984
+            instance_mib: 9984
         })
     );
     assert_eq!(
-        check_against_slice(&limits(20480), "1g.10gb", 9984)
+        check_against_instance(&limits(20480), "1g.10gb", 9984)
             .unwrap_err()
             .to_string(),
         "sharing.mps.pinnedDeviceMemoryLimit is 20480Mi, more than the 9984Mi of a 1g.10gb slice; valid: 1Mi to 9984Mi"
     );
     assert_eq!(
-        check_against_slice(&MpsLimits::default(), "1g.10gb", 1),
+        check_against_instance(&MpsLimits::default(), "1g.10gb", 1),
         Ok(())
     );
 }

@@ -36,7 +36,7 @@ pub(super) async fn create_or_join(
         OnShare::Create => tx.create_instance(p).await,
         OnShare::Refuse(e) => Err(e.into()),
         OnShare::Join(id) => {
-            let joined = join_slice(tx, p, id).await;
+            let joined = join_instance(tx, p, id).await;
             if joined.is_err() {
                 tx.checkpoint.change(|cp| set_instance(cp, uid, i, None));
             }
@@ -49,7 +49,7 @@ pub(super) async fn create_or_join(
 ///
 /// # Errors
 /// [`PrepareError::Share`]: the GPU does not answer, or the instance is gone.
-async fn join_slice(
+async fn join_instance(
     tx: &GpuTxn<'_>,
     p: &Planned,
     id: InstanceId,

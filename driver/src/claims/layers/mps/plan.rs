@@ -68,7 +68,7 @@ pub fn check_limits(
         let (Some(limits), Some(mib)) = (&p.mps, memory_mib(p)) else {
             continue;
         };
-        commands::check_against_slice(limits, &p.at.profile, mib).map_err(|e| {
+        commands::check_against_instance(limits, &p.at.profile, mib).map_err(|e| {
             PrepareError::InvalidConfig {
                 reason: format!("request {:?}, device {}: {e}", p.request, p.device),
             }
