@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/dra/v1beta1/api.proto",
         "proto/pluginregistration/api.proto",
         "proto/drahealth/v1alpha1/api.proto",
+        "proto/drahealth/v1/api.proto",
         "proto/cri/v1/api.proto",
     ];
     for f in files {

@@ -1,7 +1,7 @@
 //! The kubelet side of a DRA driver (the counterpart of Go's
 //! `k8s.io/dynamic-resource-allocation/kubeletplugin`): socket paths, plugin registration and
 //! the DRA gRPC services (`v1.DRAPlugin` and `v1beta1.DRAPlugin` on one socket, with the
-//! `v1alpha1` resource-health stream).
+//! resource-health stream in `v1` and `v1alpha1`, `kubeletplugin/health_service.rs`).
 //!
 //! The DRA logic exists once, in the `v1` service. The `v1beta1` service carries the same
 //! messages without `Device.share_id`: it converts its request to `v1` at the edge
@@ -16,25 +16,21 @@
 //! `error`, never as a gRPC error.
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use das_proto::dra::{v1, v1beta1};
-use das_proto::dra_health::v1alpha1 as health;
-use das_proto::dra_health::v1alpha1::dra_resource_health_server::{
-    DraResourceHealth, DraResourceHealthServer,
-};
+use das_proto::dra_health;
 use das_proto::pluginregistration::PluginInfo;
 use das_proto::registration::Registrar;
 use tokio::net::UnixListener;
-use tokio_stream::Stream;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::driver::{ClaimRef, Driver};
-use crate::health::{DeviceHealthReport, HealthSource};
+use crate::health::HealthSource;
 use crate::resourceslice::FirstPublish;
+use health_service::{HealthV1, HealthV1alpha1};
 
 /// Longest unix socket path the kubelet accepts (`sun_path` is 108 bytes including the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
@@ -229,7 +225,16 @@ pub async fn serve<D: Driver + ?Sized>(
         .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(
             V1(handler),
         )))
-        .add_service(DraResourceHealthServer::new(Health(health)))
+        .add_service(
+            dra_health::v1::dra_resource_health_server::DraResourceHealthServer::new(HealthV1(
+                health.clone(),
+            )),
+        )
+        .add_service(
+            dra_health::v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(
+                HealthV1alpha1(health),
+            ),
+        )
         .serve_with_incoming_shutdown(UnixListenerStream::new(dra), wait(stop_rx.clone()));
     let info = PluginInfo {
         r#type: das_proto::pluginregistration::DRA_PLUGIN_TYPE.into(),
@@ -237,11 +242,13 @@ pub async fn serve<D: Driver + ?Sized>(
         endpoint: paths.dra.display().to_string(),
         // Every gRPC service the socket serves. From Kubernetes 1.37 the kubelet watches device
         // health only from plugins that list the health service here (1.34 to 1.36 always
-        // tried it); earlier kubelets skip entries they do not know.
+        // tried it); earlier kubelets skip entries they do not know. A 1.37+ kubelet picks the
+        // v1 health service by its own order of preference, whatever the order here.
         supported_versions: vec![
             das_proto::dra::SERVICE_V1.into(),
             das_proto::dra::SERVICE_V1BETA1.into(),
-            das_proto::dra_health::SERVICE_V1ALPHA1.into(),
+            dra_health::SERVICE_V1.into(),
+            dra_health::SERVICE_V1ALPHA1.into(),
         ],
     };
     let reg_server = tonic::transport::Server::builder()
@@ -293,75 +300,6 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// The v1alpha1 health service: every device's health at once, then every [`HEALTH_INTERVAL`]
-/// and whenever the source reports a change, until the kubelet closes the stream.
-struct Health(Arc<dyn HealthSource>);
-
-type HealthStream =
-    Pin<Box<dyn Stream<Item = Result<health::NodeWatchResourcesResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl DraResourceHealth for Health {
-    type NodeWatchResourcesStream = HealthStream;
-
-    async fn node_watch_resources(
-        &self,
-        _: Request<health::NodeWatchResourcesRequest>,
-    ) -> Result<Response<HealthStream>, Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        let source = self.0.clone();
-        tokio::spawn(async move {
-            let mut changes = source.changes();
-            loop {
-                let response = health_response(source.device_health().await);
-                if tx.send(Ok(response)).await.is_err() {
-                    return; // the kubelet went away
-                }
-                let changed = async {
-                    let gone = match changes.as_mut() {
-                        Some(rx) => rx.changed().await.is_err(),
-                        None => true,
-                    };
-                    if gone {
-                        std::future::pending::<()>().await;
-                    }
-                };
-                tokio::select! {
-                    _ = tokio::time::sleep(HEALTH_INTERVAL) => {}
-                    _ = changed => {}
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
-    }
-}
-
-fn health_response(reports: Vec<DeviceHealthReport>) -> health::NodeWatchResourcesResponse {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let devices = reports
-        .into_iter()
-        .map(|r| health::DeviceHealth {
-            device: Some(health::DeviceIdentifier {
-                pool_name: r.pool,
-                device_name: r.device,
-            }),
-            health: if r.healthy {
-                health::HealthStatus::Healthy
-            } else {
-                health::HealthStatus::Unhealthy
-            } as i32,
-            last_updated_time: now,
-            health_check_timeout_seconds: HEALTH_TIMEOUT.as_secs() as i64,
-            message: r.message.chars().take(1024).collect(),
-        })
-        .collect();
-    health::NodeWatchResourcesResponse { devices }
 }
 
 /// The v1 service: the one implementation of NodePrepareResources and NodeUnprepareResources.
@@ -461,6 +399,7 @@ impl<D: Driver + ?Sized> v1beta1::dra_plugin_server::DraPlugin for V1beta1<D> {
     }
 }
 
+mod health_service;
 mod v1beta1_edge;
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! [`dra_plugin::kubeletplugin::serve`] over real unix sockets, called as the kubelet calls it:
 //! registration (`GetInfo`, `NotifyRegistrationStatus`), NodePrepareResources and
-//! NodeUnprepareResources on `v1` and `v1beta1`, the health stream woken by a change, and both
+//! NodeUnprepareResources on `v1` and `v1beta1`, the health stream (`v1alpha1` woken by a change,
+//! then `v1` from the same source), and both
 //! sockets gone once it stops. (The DAS plugin against the real kubelet is e2e's
 //! `kubelet_smoke`.)
 
@@ -12,6 +13,8 @@ use std::time::Duration;
 use das_proto::dra::v1::dra_plugin_client::DraPluginClient as V1Client;
 use das_proto::dra::v1beta1::dra_plugin_client::DraPluginClient as V1beta1Client;
 use das_proto::dra::{v1, v1beta1};
+use das_proto::dra_health::v1 as health_v1;
+use das_proto::dra_health::v1::dra_resource_health_client::DraResourceHealthClient as HealthV1Client;
 use das_proto::dra_health::v1alpha1 as health;
 use das_proto::dra_health::v1alpha1::dra_resource_health_client::DraResourceHealthClient;
 use das_proto::pluginregistration::registration_client::RegistrationClient;
@@ -192,6 +195,7 @@ async fn the_kubelet_registers_prepares_watches_health_and_sees_the_sockets_go()
         [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth"
         ],
         "v1 first: the kubelet takes the first it knows"
@@ -282,7 +286,7 @@ async fn the_kubelet_registers_prepares_watches_health_and_sees_the_sockets_go()
 
     // Health: every device at once, then again as soon as the source says it changed (long
     // before the 30 s interval).
-    let mut stream = DraResourceHealthClient::new(dra)
+    let mut stream = DraResourceHealthClient::new(dra.clone())
         .node_watch_resources(health::NodeWatchResourcesRequest {})
         .await
         .unwrap()
@@ -316,6 +320,34 @@ async fn the_kubelet_registers_prepares_watches_health_and_sees_the_sockets_go()
         health::HealthStatus::Unhealthy as i32
     );
     assert_eq!(second.devices[0].message, "it overheated");
+
+    // v1 (what a 1.37 kubelet picks): the same devices, from the same source.
+    let mut v1_stream = HealthV1Client::new(dra)
+        .node_watch_resources(health_v1::NodeWatchResourcesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let now = tokio::time::timeout(WAIT, v1_stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let device = &now.devices[0];
+    let id = device.device.as_ref().unwrap();
+    assert_eq!(
+        (id.pool_name.as_str(), id.device_name.as_str()),
+        ("node-a", "dev-0")
+    );
+    assert_eq!(device.health, health_v1::HealthStatus::Unhealthy as i32);
+    assert_eq!(device.message, "it overheated");
+    assert_eq!(
+        (
+            device.last_updated_time > 0,
+            device.health_check_timeout_seconds
+        ),
+        (true, kubeletplugin::HEALTH_TIMEOUT.as_secs() as i64)
+    );
+    drop(v1_stream);
 
     // Stop: both sockets go, the server ends cleanly.
     drop(stream);

@@ -232,7 +232,11 @@ pub async fn legacy_pod_admitted_through_the_service(cluster: &Cluster, node: &s
     wait::until("the webhook answers through its Service", TIMEOUT, || {
         let spec = spec.clone();
         let (c, dry_run) = (c.clone(), dry_run.clone());
-        async move { create_with(&c, node, "legacy", spec, &dry_run).await.map(Some) }
+        async move {
+            create_with(&c, node, "legacy", spec, &dry_run)
+                .await
+                .map(Some)
+        }
     })
     .await?;
     create(&c, node, "legacy", spec).await?;

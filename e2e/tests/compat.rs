@@ -8,6 +8,8 @@
 //!   1.34, in their own slices from 1.35), and every counter a device consumes is published;
 //! - every example pod runs with its slices: a ResourceClaimTemplate pod, a 3-slice claim, a
 //!   Deployment, and a legacy `nvidia.com/mig-*` pod through the webhook;
+//! - where the kubelet watches device health (1.36+), their containers show their devices
+//!   Healthy, streamed over the newest health service the kubelet knows;
 //! - deleting them destroys every MIG instance and every CDI spec;
 //! - with `sharing.profiles` listing `1g.10gb`, shareable devices (`…-shared`) are published
 //!   only to servers that have consumable capacity without the recount bug (1.36.2+, 1.37);
@@ -23,6 +25,7 @@ use das_api::DRIVER_NAME;
 use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::live_slices;
 use das_e2e::{Cluster, ClusterConfig, chart, das, examples, wait};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::Api;
 use kube::api::ListParams;
@@ -52,6 +55,7 @@ async fn das_serves_the_examples_on_this_kubernetes_version() {
     // No whole GPUs: the whole-GPU example is left out; shares where the server has them.
     let serves = serves(&cluster).await.expect("the server's version");
     cluster.check(examples::apply_and_check(&cluster, serves).await);
+    cluster.check(device_health_reaches_the_pods(&cluster).await);
     cluster.check(deleting_the_examples_destroys_every_slice(&cluster, serves).await);
 }
 
@@ -188,6 +192,56 @@ async fn binding_conditions_only_where_served(cluster: &Cluster) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Where the kubelet watches device health (`ResourceHealthStatus`: beta and on from 1.36, alpha
+/// and off before), the running examples' containers show their DAS devices Healthy, streamed
+/// by the plugin: over `v1alpha1.DRAResourceHealth` on 1.36, over `v1` on 1.37 (which prefers
+/// it). Each plugin's log names the service the kubelet opened.
+async fn device_health_reaches_the_pods(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client();
+    let info = client.apiserver_version().await?;
+    let v = das_driver::publish::resource_slices::ServerVersion::from_info(&info);
+    let service = match v.minor {
+        ..36 => return Ok(()),
+        36 => "v1alpha1.DRAResourceHealth",
+        _ => "v1.DRAResourceHealth",
+    };
+    let pods = Api::<Pod>::all(client);
+    let healthy = wait::until(
+        "a DAS device Healthy in a running example's status",
+        examples::TIMEOUT,
+        || async {
+            let count = pods
+                .list(&ListParams::default())
+                .await?
+                .items
+                .iter()
+                .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+                .flatten()
+                .flat_map(|cs| cs.allocated_resources_status.iter().flatten())
+                .flat_map(|r| r.resources.iter().flatten())
+                .filter(|h| {
+                    h.resource_id.starts_with("das.com/") && h.health.as_deref() == Some("Healthy")
+                })
+                .count();
+            Ok((count > 0).then_some(count))
+        },
+    )
+    .await?;
+    let mut watched = false;
+    for (node, _) in NODES {
+        let log = std::fs::read_to_string(cluster.log_of(&format!("das-plugin-{node}")))?;
+        watched |= log
+            .lines()
+            .any(|l| l.contains("the kubelet watches device health") && l.contains(service));
+    }
+    ensure!(
+        watched,
+        "{healthy} devices Healthy, but no plugin says the kubelet opened {service} on {}",
+        info.git_version
+    );
     Ok(())
 }
 

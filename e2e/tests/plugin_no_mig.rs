@@ -11,7 +11,8 @@
 //! the L4 at `{0, 1}`; a slice pod beside it gets a MIG instance on the H100; a second
 //! whole-GPU pod waits (the H100 is not offered whole); `kubectl das gpus` draws the L4 held
 //! whole and `kubectl das free` counts it; a legacy `nvidia.com/gpu: 1` pod is translated by the
-//! webhook and lands on the L4. A second test takes the other route for legacy pods on
+//! webhook and lands on the L4. A fatal XID on the L4 shows `Unhealthy` in its pod's
+//! `allocatedResourcesStatus` and taints `gpu-0` until the quiet period passes. A second test takes the other route for legacy pods on
 //! Kubernetes 1.36+: `gpu.das.com` with `extendedResourceName: nvidia.com/gpu`, no webhook.
 
 use std::path::Path;
@@ -22,7 +23,7 @@ use das_api::allocation::{AllocationClaim, AllocationState, MigPlacement};
 use das_api::claim_status::{
     DeviceStatusData, REASON_WHOLE_GPU_READY, is_ready, our_device_status, our_results,
 };
-use das_api::{DEVICE_CLASS_WHOLE_GPU, WHOLE_GPU_PROFILE};
+use das_api::{DEVICE_CLASS_WHOLE_GPU, WHOLE_GPU_PROFILE, health_taints};
 use das_e2e::das::{self, ContainerView, container_view, wait_pool_complete};
 use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::{live_slices, start_plugin_with};
@@ -99,7 +100,12 @@ async fn extended_resource(cluster: &mut Cluster) -> Result<()> {
         "gpu.das.com without the extended resource name: {class}"
     );
     install::apply_access(cluster, &rendered).await?;
-    start_plugin_with(cluster, NODE, GPUS, &["--whole-gpus"])?;
+    start_plugin_with(
+        cluster,
+        NODE,
+        GPUS,
+        &["--whole-gpus", "--health-quiet-period-seconds=10"],
+    )?;
     wait_pool_complete(&c, NODE).await?;
     let pods: Api<Pod> = Api::namespaced(c.clone(), NS);
     let pod = serde_json::from_value(json!({
@@ -136,7 +142,12 @@ async fn setup(cluster: &mut Cluster) -> Result<()> {
         .get("DeviceClass", DEVICE_CLASS_WHOLE_GPU)
         .context("the chart renders gpu.das.com with wholeGpus.enabled")?;
     install::apply_access(cluster, &rendered).await?;
-    start_plugin_with(cluster, NODE, GPUS, &["--whole-gpus"])?;
+    start_plugin_with(
+        cluster,
+        NODE,
+        GPUS,
+        &["--whole-gpus", "--health-quiet-period-seconds=10"],
+    )?;
     let bins = Binaries::in_target_dir("debug", true)?;
     let controller = bins.controller.clone().context("controller binary")?;
     let webhook = bins.webhook.clone().context("webhook binary")?;
@@ -155,6 +166,7 @@ async fn scenarios(cluster: &Cluster, kubectl_das: &Path) -> Result<()> {
     the_l4_is_published_whole_with_nvidias_attributes(&c, &l4).await?;
     a_whole_gpu_pod_gets_the_l4_and_a_slice_pod_the_h100(cluster, &l4).await?;
     kubectl_das_draws_the_l4(cluster, kubectl_das).await?;
+    a_fatal_xid_on_the_l4_shows_in_its_pods_status(cluster).await?;
     delete_pods(&c, &["l4", "s1", "w2"]).await?;
     a_legacy_gpu_pod_lands_on_the_l4(cluster, &l4).await?;
     cel_written_for_nvidias_driver_selects_the_l4(&c).await
@@ -424,6 +436,63 @@ async fn a_whole_gpu_pod_gets_the_l4_and_a_slice_pod_the_h100(
     let why = wait_unschedulable(&c, "w2").await?;
     eprintln!("w2 waits for a whole GPU while the L4 is held: {why}");
     Ok(())
+}
+
+/// The health of pod `pod`'s DAS devices as the kubelet shows it (`allocatedResourcesStatus`,
+/// from the plugin's health stream).
+async fn device_health(c: &Client, pod: &str) -> Result<Vec<String>> {
+    let p = Api::<Pod>::namespaced(c.clone(), NS).get(pod).await?;
+    Ok(p.status
+        .and_then(|s| s.container_statuses)
+        .into_iter()
+        .flatten()
+        .flat_map(|cs| cs.allocated_resources_status.into_iter().flatten())
+        .flat_map(|r| r.resources.into_iter().flatten())
+        .filter(|h| h.resource_id.starts_with("das.com/"))
+        .filter_map(|h| h.health)
+        .collect())
+}
+
+/// Waits until pod `pod`'s DAS devices show `health` (one device each).
+async fn wait_device_health(c: &Client, pod: &str, health: &str) -> Result<()> {
+    wait::until(&format!("{pod}'s device {health}"), TIMEOUT, || async {
+        Ok((device_health(c, pod).await? == [health]).then_some(()))
+    })
+    .await
+}
+
+/// Health of a GPU without MIG (issue 43 item 5): a fatal XID on the L4 taints `gpu-0` and
+/// shows `Unhealthy` in the running whole-GPU pod's status, while the slice pod on the H100
+/// stays `Healthy`; after the quiet period (10 s) both are `Healthy` and the taint is gone.
+async fn a_fatal_xid_on_the_l4_shows_in_its_pods_status(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    wait_device_health(&c, "l4", "Healthy").await?;
+    das::write_control(
+        cluster.node(NODE),
+        &json!({"xidEvents": [{"gpu": 0, "xid": 79}]}),
+    )?;
+    wait_device_health(&c, "l4", "Unhealthy").await?;
+    l4_taints(&c, |keys| keys == [health_taints::XID]).await?;
+    ensure!(
+        device_health(&c, "s1").await? == ["Healthy"],
+        "the slice on the H100 stays Healthy"
+    );
+    wait_device_health(&c, "l4", "Healthy").await?;
+    l4_taints(&c, |keys| keys.is_empty()).await
+}
+
+/// Waits until the published L4 device's taint keys pass `want`.
+async fn l4_taints(c: &Client, want: impl Fn(&[String]) -> bool) -> Result<()> {
+    wait::until("the L4's taints", TIMEOUT, || async {
+        let devices = das::pool_devices(c, NODE).await?;
+        let l4 = devices
+            .iter()
+            .find(|d| d.name == L4)
+            .context("gpu-0 published")?;
+        let keys: Vec<String> = l4.taints.iter().flatten().map(|t| t.key.clone()).collect();
+        Ok(want(&keys).then_some(()))
+    })
+    .await
 }
 
 /// Runs `kubectl-das <args>` against the cluster; its stdout, or an error with its stderr.

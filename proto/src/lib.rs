@@ -2,7 +2,8 @@
 //!
 //! - [`dra::v1`] and [`dra::v1beta1`]: the `DRAPlugin` service (NodePrepareResources,
 //!   NodeUnprepareResources). Kubelets 1.34+ accept both and take the first one a plugin lists.
-//! - [`dra_health::v1alpha1`]: the `DRAResourceHealth` stream of device health.
+//! - [`dra_health::v1alpha1`] and [`dra_health::v1`]: the `DRAResourceHealth` stream of device
+//!   health.
 //! - [`pluginregistration`]: the `Registration` service the kubelet's plugin watcher calls.
 //! - [`cri::v1`]: the two read-only calls of the container runtime's `RuntimeService`
 //!   (ListPodSandbox, ListContainers) the plugin makes before it releases an orphaned slice.
@@ -40,6 +41,13 @@ pub mod dra_health {
     }
     /// Registration string of the v1alpha1 health service.
     pub const SERVICE_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
+    /// Package `v1` (Kubernetes 1.37+; the messages of `v1alpha1`), registration string
+    /// [`SERVICE_V1`].
+    pub mod v1 {
+        tonic::include_proto!("v1");
+    }
+    /// Registration string of the v1 health service, which a 1.37+ kubelet prefers.
+    pub const SERVICE_V1: &str = "v1.DRAResourceHealth";
 }
 
 /// Container Runtime Interface (`runtime.v1`, from `k8s.io/cri-api`): the subset the node plugin
