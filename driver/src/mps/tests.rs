@@ -84,7 +84,10 @@ fn a_pinned_limit_above_the_slice_is_refused_with_the_valid_range() {
         pinned_device_memory_limit_mib: Some(mib),
         ..MpsLimits::default()
     };
-    assert_eq!(check_against_instance(&limits(9984), "1g.10gb", 9984), Ok(()));
+    assert_eq!(
+        check_against_instance(&limits(9984), "1g.10gb", 9984),
+        Ok(())
+    );
     assert_eq!(
         check_against_instance(&limits(20480), "1g.10gb", 9984),
         Err(LimitAboveInstance {
