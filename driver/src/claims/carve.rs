@@ -8,7 +8,7 @@
 //! [`REASON_CARVED`]), or, when a create fails, rolls back and writes [`SLICE_FAILED`] True
 //! (reason [`REASON_CARVE_FAILED`], the error as message), so the scheduler allocates the
 //! claim again. The kubelet's prepare of a carved claim checks the instances and only starts
-//! the MPS daemons, writes the CDI spec and completes the record. A carved slice that never
+//! the MPS daemons, writes the CDI spec and completes the record. A carved MIG instance that never
 //! reaches a prepare (the claim deleted, deallocated or allocated otherwise) is destroyed at
 //! once: no container was ever given it.
 
@@ -23,9 +23,9 @@ use super::plan;
 use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice, Share};
 pub use crate::publish::binding::{SLICE_FAILED, SLICE_READY};
 
-/// Reason of [`SLICE_READY`] True: the slice was carved.
+/// Reason of [`SLICE_READY`] True: the MIG instance was carved.
 pub const REASON_CARVED: &str = "SliceCarved";
-/// Reason of [`SLICE_FAILED`] True: the slice could not be carved.
+/// Reason of [`SLICE_FAILED`] True: the MIG instance could not be carved.
 pub const REASON_CARVE_FAILED: &str = "CarveFailed";
 
 /// What a carve came to, as written into the claim's `status.devices`.
@@ -189,7 +189,7 @@ pub fn slice_ready(d: &RecordedDevice, now: &Time) -> Condition {
 
 /// The server-side-apply body of a carve's `status.devices` entries (field manager
 /// `das-kubelet-plugin`, as the prepare's, so the prepare's write later replaces them): per
-/// device only the condition of `outcome`; no `data` (the slice is not prepared yet).
+/// device only the condition of `outcome`; no `data` (the MIG instance is not prepared yet).
 /// `metadata.uid` makes the API server refuse the write when the name now belongs to another
 /// claim.
 pub fn carve_status_body(

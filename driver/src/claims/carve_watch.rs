@@ -7,7 +7,7 @@
 //! a time), so a slow create never holds up the watch; the [`Preparer`]'s calls decide again
 //! under the claim's lock with a fresh read of the claim, so a stale event does no harm. A call
 //! whose claim cannot be read is retried with backoff ([`READ_RETRY`] doubling to
-//! [`READ_RETRY_MAX`]) until the read works or the watch stops: a carved slice is never left
+//! [`READ_RETRY_MAX`]) until the read works or the watch stops: a carved MIG instance is never left
 //! behind because the API server was away for a while. And the record of a claim the kubelet
 //! holds learns the pods the claim is reserved for from every event of it (a pod that reserves
 //! a prepared claim never reaches a prepare; docs/design.md §7, "A slice leaves its claim").

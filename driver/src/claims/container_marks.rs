@@ -12,7 +12,7 @@
 //!   for), and in emulated mode, where containers get no device nodes;
 //! - the device nodes only this claim's instances have: each MIG instance's GPU-instance and
 //!   compute-instance capability nodes (`/dev/nvidia-caps/nvidia-cap<N>`; never the parent
-//!   `/dev/nvidia<N>`, which every slice of the GPU shares), a whole GPU's `/dev/nvidia<N>`.
+//!   `/dev/nvidia<N>`, which every MIG instance of the GPU shares), a whole GPU's `/dev/nvidia<N>`.
 //!   A container of another claim holding the capability node of a GPU-instance ID that was
 //!   reused can reach this instance too (NVML reuses GI IDs: docs/reference/mig.md, "Create
 //!   and destroy"). A privileged container has every node of the host and says nothing about

@@ -4,7 +4,7 @@
 //!
 //! Why DAS mounts them itself: its specs set `NVIDIA_VISIBLE_DEVICES=void` so that the NVIDIA
 //! container runtime adds no GPUs of its own ([`super::cdi`]), and with `void` that runtime adds
-//! no libraries either. Without these mounts a pod holding a slice would see its MIG devices
+//! no libraries either. Without these mounts a pod holding a MIG instance would see its MIG devices
 //! but could not load `libcuda.so.1`. NVIDIA's own DRA driver copies the driver files into its
 //! claim specs too (through the toolkit's CDI library, with an `nvidia-cdi-hook` that updates the
 //! container's linker cache); DAS needs no hook binary on the node:
@@ -83,7 +83,7 @@ pub const TOOLS: [&str; 4] = [
 ];
 
 /// NVIDIA's MPS control binary: mounted for containers like the other tools, and run by the
-/// plugin itself as the MPS control daemon of a slice (docs/design.md §7, "MPS on a slice").
+/// plugin itself as the MPS control daemon of a MIG instance (docs/design.md §7, "MPS on a slice").
 pub const MPS_CONTROL: &str = "nvidia-cuda-mps-control";
 
 /// NVML's library, which every driver install has: where it is decides the library directory

@@ -92,7 +92,7 @@ pub enum PrepareError {
         device: String,
         /// The GPU's index.
         gpu: u32,
-        /// The mode the device needs: `true` for MIG mode on (a slice), `false` for off (a
+        /// The mode the device needs: `true` for MIG mode on (a MIG instance), `false` for off (a
         /// whole GPU).
         mig_enabled: bool,
         /// What is wrong, and what to do.
@@ -109,7 +109,7 @@ pub enum PrepareError {
         reason: String,
     },
     /// A share of a shareable device cannot be prepared (docs/design.md §7, "Shared slices"):
-    /// its allocation has no `shareID`, its config is not MPS, the slice's other shares have
+    /// its allocation has no `shareID`, its config is not MPS, the MIG instance's other shares have
     /// another config, or they are being released. Nothing was created for it.
     #[error("device {device} (a shared slice): {reason}")]
     Share {
@@ -128,9 +128,9 @@ pub enum PrepareError {
         /// What it means for the user, when known.
         hint: &'static str,
     },
-    /// A placement of the allocation overlaps a slice that another claim's record still holds:
+    /// A placement of the allocation overlaps a MIG instance that another claim's record still holds:
     /// the kubelet has not unprepared that claim, so a container of its pod may still run on
-    /// the slice (a force-deleted pod; docs/design.md, "A slice leaves its claim"). DAS never
+    /// the MIG instance (a force-deleted pod; docs/design.md, "A slice leaves its claim"). DAS never
     /// destroys it for the new claim; the kubelet retries this prepare, which succeeds once the
     /// kubelet has unprepared the holder.
     #[error(
@@ -143,7 +143,7 @@ pub enum PrepareError {
         /// The holding claims, as `namespace/name (UID)`.
         holders: Vec<String>,
     },
-    /// Slices that must go could not be destroyed; they stay recorded and the reaper retries.
+    /// MIG instances that must go could not be destroyed; they stay recorded and the reaper retries.
     #[error("{}", describe_destroys(failures, *only_lost_gpus))]
     Destroy {
         /// One message per instance, naming it and the cause.

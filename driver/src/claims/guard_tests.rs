@@ -1,6 +1,6 @@
 //! Issue 41's findings on the request path, one test each, each failing before its fix: a
 //! failed repair's record keeps guarding its placement (through a restart) until the kubelet
-//! unprepares the claim; a pod the record never heard of keeps its claim's slice under the
+//! unprepares the claim; a pod the record never heard of keeps its claim's MIG instance under the
 //! orphan rule; a record learns the pods that reserve its claim whenever the claim is read while
 //! allocated (start-up, the orphan check, the carve watch); a lost checkpoint rebuilds a claim
 //! carved before bind as carved, and a prepared one with its pods.
@@ -157,7 +157,7 @@ async fn a_guards_next_prepare_repairs_it() {
 
 /// Item 3: a second pod reserves the prepared claim (no prepare reaches the plugin); both pods
 /// are force-deleted and only the first one's containers are gone. The orphan rule keeps the
-/// slice while the second pod's container carries the claim's CDI devices, and releases it once
+/// MIG instance while the second pod's container carries the claim's CDI devices, and releases it once
 /// that container is gone.
 #[tokio::test(start_paused = true)]
 async fn a_pod_the_record_never_heard_of_keeps_the_slice() {

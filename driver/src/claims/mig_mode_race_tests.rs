@@ -1,10 +1,10 @@
-//! A slice's prepare and a whole GPU's prepare for one switchable GPU at once (docs/design.md
+//! A MIG instance's prepare and a whole GPU's prepare for one switchable GPU at once (docs/design.md
 //! §7, "MIG mode follows demand"): two claims allocated the same GPU in both modes, as a force
 //! delete or an allocation made before the GPU stopped switching leaves them, prepared
 //! concurrently through many interleavings. Every backend and checkpoint call runs inline behind
 //! a seeded number of yields on a single-threaded runtime with paused time, so each case is
 //! reproducible; the cases vary which prepare starts first and how late, the GPU's mode at the
-//! start, the number of slices, and a fault (a create, or a switch answering `IN_USE` or
+//! start, the number of MIG instances, and a fault (a create, or a switch answering `IN_USE` or
 //! `RESET_REQUIRED`). Whatever the interleaving: at most one claim is prepared, the GPU's MIG
 //! mode is what the prepared one needs, no MIG instance exists on a GPU held whole, a failed
 //! prepare leaves no record, and once both claims are unprepared nothing is left (records, CDI
@@ -33,9 +33,9 @@ struct Case {
     seed: u64,
     /// MIG mode is on at the start.
     mig_on: bool,
-    /// The slice's prepare is spawned first.
+    /// The MIG instance's prepare is spawned first.
     slice_first: bool,
-    /// The slice claim has two slices.
+    /// The claim has two MIG instances.
     two_slices: bool,
     fault: Option<(Op, FaultKind)>,
 }

@@ -1,5 +1,5 @@
 //! MIG mode follows demand on the request path (issue 32, docs/design.md §7, "MIG mode follows
-//! demand"): a slice's prepare switches its GPU's MIG mode on, a whole GPU's prepare switches it
+//! demand"): a MIG instance's prepare switches its GPU's MIG mode on, a whole GPU's prepare switches it
 //! off once nothing holds the GPU, an unprepare never switches; a failed switch fails the
 //! prepare, keeps the mode, posts a Node event and has the GPU serve its current mode only; a
 //! switch interrupted by a restart is recovered at start-up. Two emulated H100s with MIG mode
@@ -108,7 +108,7 @@ async fn a_whole_gpu_is_not_switched_off_under_a_slice_another_claim_holds() {
         .allocate("ns", "a", UID_A, &[("gpu", "gpu-0-mig-1g-10gb-0")]);
     s.p.prepare_claim(&a).await.unwrap();
     let b = s.api.allocate("ns", "b", UID_B, &[("gpu", "gpu-0")]);
-    // The placement wait (the force-delete race) gives up first: the slice is never taken.
+    // The placement wait (the force-delete race) gives up first: the MIG instance is never taken.
     let err = s.p.prepare_claim(&b).await.unwrap_err();
     assert!(matches!(err, PrepareError::PlacementHeld { .. }), "{err}");
     assert_eq!(s.mode(0), ON);
@@ -119,7 +119,7 @@ async fn a_whole_gpu_is_not_switched_off_under_a_slice_another_claim_holds() {
 #[tokio::test(start_paused = true)]
 async fn an_instance_no_claim_holds_keeps_mig_mode_on() {
     let s = setup("H100-80GB:1");
-    // An administrator's slice, not DAS's.
+    // An administrator's MIG instance, not DAS's.
     s.emu.create_instance(0, "1g.10gb", 0).unwrap();
     let b = s.api.allocate("ns", "b", UID_B, &[("gpu", "gpu-0")]);
     let err = s.p.prepare_claim(&b).await.unwrap_err();
@@ -166,7 +166,7 @@ async fn a_failed_switch_fails_the_prepare_keeps_the_mode_and_the_gpu_serves_its
         "{}",
         events[0]
     );
-    // The publisher learns that GPU 0 serves slices only; GPU 1 keeps both.
+    // The publisher learns that GPU 0 serves MIG instances only; GPU 1 keeps both.
     assert_eq!(
         rx.borrow().serves_only,
         [(0, DeviceKind::Mig)].into_iter().collect()
@@ -180,7 +180,7 @@ async fn a_failed_switch_fails_the_prepare_keeps_the_mode_and_the_gpu_serves_its
         ) && m.contains(r#"das_kubelet_plugin_gpu_mig_mode_switchable{gpu="0"} 0"#),
         "{m}"
     );
-    // A retry is refused without another switch (and without another event); slices still work.
+    // A retry is refused without another switch (and without another event); MIG instances still work.
     let err = s.p.prepare_claim(&b).await.unwrap_err();
     assert!(err.to_string().contains("DAS does not switch it"), "{err}");
     assert_eq!(s.events("MigModeSwitchFailed").len(), 1);
@@ -324,7 +324,7 @@ fn a_recorded_switch_survives_the_file() {
     store.read(|back| assert_eq!(back, &cp));
 }
 
-/// Two slices prepared at once on a GPU with MIG mode off both need it on: neither stands in
+/// Two MIG instances prepared at once on a GPU with MIG mode off both need it on: neither stands in
 /// the other's way (one switches, the other finds it on), whatever order the calls interleave in.
 #[tokio::test(start_paused = true)]
 async fn two_slices_prepared_at_once_on_a_gpu_with_mig_mode_off_both_get_it_on() {

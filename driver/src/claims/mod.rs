@@ -10,11 +10,11 @@
 //!   which live instance is which recorded instance, what a retried prepare may reuse, what
 //!   start-up destroys). Unit-tested without I/O.
 //! - [`kinds`]: the device kinds behind one trait ([`kinds::Kind`], the registry
-//!   [`kinds::Kinds`]): a MIG slice, a whole GPU, a shared slice, each in its own folder with
+//!   [`kinds::Kinds`]): a MIG instance, a whole GPU, a shared slice, each in its own folder with
 //!   its pure decisions beside its I/O. The transaction asks each device's kind what differs
 //!   between kinds and never names one; no kind imports another.
 //! - [`layers`]: what any kind can wear ([`layers::Layer`]): MPS, whose control daemon runs on a
-//!   prepared slice for its claim's containers.
+//!   prepared MIG instance for its claim's containers.
 //! - [`gpu_mode`]: MIG mode follows demand: whether a prepare switches its GPU's MIG mode, the
 //!   switch under the GPU's lock, its recovery at start-up.
 //! - [`startup`]: start-up reconciliation of checkpoint, GPUs and API server: its steps, its
@@ -50,13 +50,13 @@
 //! 2. An instance is the exact MIG instance recorded for it (GPU UUID, GI ID, CI ID, MIG UUID);
 //!    anything else at the same placement is not ours.
 //! 3. A record is dropped only when its instances are confirmed gone.
-//! 4. A prepared claim's slices go only on the kubelet's unprepare of that claim (or the orphan
+//! 4. A prepared claim's MIG instances go only on the kubelet's unprepare of that claim (or the orphan
 //!    rule's evidence that no container of its pods is left): never because another claim
 //!    wants the placement, nor because the API server no longer has the claim.
 //!
 //! A device whose claim asks for MPS (docs/design.md §7, "MPS on a slice") takes the same path
 //! wearing the MPS layer: once its instance exists, and before the CDI spec is written, its
-//! slice's MPS control daemon is started ([`crate::mps`], [`layers`]); its release stops the
+//! MIG instance's MPS control daemon is started ([`crate::mps`], [`layers`]); its release stops the
 //! daemon before it destroys the instance. Its record carries its limits (checkpoint version
 //! 6), so start-up brings the daemon back.
 //!
@@ -65,7 +65,7 @@
 //! ([`PrepareError::WholeGpuUnavailable`]), records it (profile `gpu`, every memory slice of the
 //! GPU, no instance: checkpoint version 4) and writes a CDI spec with the GPU's device node; its
 //! release destroys nothing. Its placement overlaps every placement of its GPU, so rules 3 and
-//! 4 hold between it and the GPU's slices.
+//! 4 hold between it and the GPU's MIG instances.
 
 pub mod carve;
 pub mod carve_watch;

@@ -27,17 +27,17 @@
 //!   placements, and its CDI spec names exactly them (and the UUID of each whole GPU it holds);
 //! - I6 (whole GPUs, docs/design.md §7, "Whole GPUs") nothing is created on a GPU served whole,
 //!   and no two claims' records hold overlapping placements of one GPU when no call is in flight
-//!   (a whole GPU's placement is every memory slice of its GPU, so no slice is ever recorded on a
-//!   GPU held whole, nor a whole GPU beside a slice).
+//!   (a whole GPU's placement is every memory slice of its GPU, so no MIG instance is ever recorded on a
+//!   GPU held whole, nor a whole GPU beside a MIG instance).
 //!
 //! MIG mode follows demand (docs/design.md §7, [`mig_modes`]): a fourth GPU, an H100 that
-//! switches MIG mode, is allocated whole and as slices; switches to it fail now and then; and
+//! switches MIG mode, is allocated whole and as MIG instances; switches to it fail now and then; and
 //! - M1 no MIG instance exists on a GPU while a claim's completed record holds it whole;
 //! - M2 a GPU's MIG mode matches what is prepared on it: on while an instance exists on it or a
-//!   record holds a created slice of it, off while a completed record holds it whole;
+//!   record holds a created MIG instance of it, off while a completed record holds it whole;
 //! - M3 only a prepare switches a GPU's MIG mode, only one DAS still switches (none whose switch
 //!   failed since start-up), never off while an instance exists on it, nor while another
-//!   claim's record holds a created slice or the completed whole GPU;
+//!   claim's record holds a created MIG instance or the completed whole GPU;
 //! - M4 nothing is created on a GPU with MIG mode off or held whole by a completed record.
 //!
 //! Containers hold device nodes (issue 41, [`containers`]): a second pod may join a prepared
@@ -74,13 +74,13 @@ mod mig_modes;
 /// The emulated GPUs: two models, so profiles and placements differ per GPU, a third GPU with
 /// MIG mode off, served whole (`--whole-gpus`) as `gpu-2`, and a fourth that switches MIG mode
 /// (`--mig-mode-switching`, an H100 starting with MIG mode off), served whole as `gpu-3` and as
-/// every slice. (GPU 1, an H100, is switchable too, but only its slices are ever allocated.)
+/// every MIG instance. (GPU 1, an H100, is switchable too, but only its MIG instances are ever allocated.)
 const GPUS: &str = "A100-SXM4-40GB:1,H100-80GB:1,A100-SXM4-40GB:1:mig-off,H100-80GB:1:mig-off";
 /// The GPU served whole only (an Ampere GPU is never switched).
 const WHOLE: u32 = 2;
-/// The GPU served whole and as slices, switched as demand asks.
+/// The GPU served whole and as MIG instances, switched as demand asks.
 const SWITCHABLE: u32 = 3;
-/// The GPUs whose slices the scheduler allocates.
+/// The GPUs whose MIG instances the scheduler allocates.
 const SLICED: [u32; 3] = [0, 1, SWITCHABLE];
 /// Claims that can exist at once (pods on the node).
 const SLOTS: usize = 5;
@@ -123,7 +123,7 @@ enum Step {
     /// The force-delete race on the switchable GPU: the kubelet starts preparing the slot's claim
     /// (if it has a device there and is not prepared) and gives up after `after` yields, the
     /// claim is force-deleted, the scheduler allocates the GPU to a new claim in the other mode
-    /// (a slice, `pick`: which, or the whole GPU) and the kubelet prepares it while the old
+    /// (a MIG instance, `pick`: which, or the whole GPU) and the kubelet prepares it while the old
     /// prepare runs on ([`mig_modes`]).
     Race { slot: usize, after: u32, pick: u32 },
     /// A backend or API fault.
@@ -297,9 +297,9 @@ impl GpuBackend for Checked {
             && let Some(owner) = self.held.lock().unwrap().running_owner(&s.mig_uuid)
         {
             let caller = CALLER.try_with(Clone::clone).ok();
-            // The claim's own prepare may repair it (a slice of it was destroyed behind the
+            // The claim's own prepare may repair it (a MIG instance of it was destroyed behind the
             // plugin's back: it releases the rest and creates them again), and the reaper may
-            // finish that release; nothing else touches a slice a container can use.
+            // finish that release; nothing else touches a MIG instance a container can use.
             let allowed = matches!(&caller, Some(Caller::Prepare(uid)) if *uid == owner)
                 || caller == Some(Caller::Reaper);
             if !allowed {
@@ -349,7 +349,7 @@ struct Stats {
     orphans_kept: usize,
     /// Prepares that answered for a claim holding a whole GPU.
     whole_prepared: usize,
-    /// Prepares that answered for a claim holding the switchable GPU whole, or slices of it.
+    /// Prepares that answered for a claim holding the switchable GPU whole, or MIG instances of it.
     switchable_whole_prepared: usize,
     switchable_slices_prepared: usize,
     /// MIG mode switches of any GPU that took effect, to on and to off, and that failed.
@@ -583,13 +583,13 @@ impl World {
 
     /// [`Step::Allocate`]: what the scheduler would allocate, from the devices this node
     /// publishes and the counters of the claims the API server has (a whole GPU consumes every
-    /// memory slice of its GPU, so never a whole GPU and a slice of one GPU at once).
+    /// memory slice of its GPU, so never a whole GPU and a MIG instance of one GPU at once).
     fn allocate(&mut self, slot: usize, picks: &[u32]) {
         let choices: Vec<(u32, bool, u32)> = picks
             .iter()
             .map(|pick| {
                 // 1 in 7 the GPU served whole only; of the rest, half the switchable GPU (whole
-                // 2 in 3 times), else a slice of GPU 0 or 1.
+                // 2 in 3 times), else a MIG instance of GPU 0 or 1.
                 let (gpu, whole) = if pick % 7 == 6 {
                     (WHOLE, true)
                 } else if (pick / 7) % 2 == 0 {
@@ -604,7 +604,7 @@ impl World {
     }
 
     /// Allocates a claim in `slot` for the devices of `choices` that are free: (GPU, whole,
-    /// which of the free slices); see [`Self::allocate`].
+    /// which of the free MIG instances); see [`Self::allocate`].
     fn allocate_choices(&mut self, slot: usize, choices: &[(u32, bool, u32)]) {
         if self.slots[slot].is_some() {
             return;
@@ -654,7 +654,7 @@ impl World {
 
     /// Allocates exactly `wanted` ((GPU, profile, start); a whole GPU as in [`Claim::devices`])
     /// to a new claim in the empty `slot`, when the scheduler could: every placement free, no
-    /// GPU held whole by an allocated claim, a whole GPU only with none of its slices allocated
+    /// GPU held whole by an allocated claim, a whole GPU only with none of its MIG instances allocated
     /// and while it is published whole. Returns whether it did.
     fn allocate_exact(&mut self, slot: usize, wanted: &[(u32, String, u32)]) -> bool {
         if self.slots[slot].is_some() || wanted.is_empty() {

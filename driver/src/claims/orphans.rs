@@ -1,7 +1,7 @@
 //! Orphaned claims: prepared claims the API server no longer allocates to this node and the
 //! kubelet has not unprepared.
 //!
-//! The rule (docs/design.md, "A slice leaves its claim"): a prepared claim's slices are
+//! The rule (docs/design.md, "A slice leaves its claim"): a prepared claim's MIG instances are
 //! destroyed by the kubelet's NodeUnprepareResources, which the kubelet sends only after every
 //! container of the pod has stopped. A claim that is gone or deallocated in the API server may
 //! still be held by the kubelet (a force-deleted pod whose containers are still being killed),
@@ -41,7 +41,7 @@ pub trait PodContainers: Send + Sync {
     ///
     /// # Errors
     /// [`RuntimeError`]: why the runtime could not answer (unreachable, timed out, refused);
-    /// the caller keeps the slices.
+    /// the caller keeps the MIG instances.
     async fn pod_has_containers(&self, pod_uid: &str) -> Result<bool, RuntimeError>;
 
     /// The live containers (any state but exited) of the node, of any pod, whose OCI runtime
@@ -50,7 +50,7 @@ pub trait PodContainers: Send + Sync {
     ///
     /// # Errors
     /// [`RuntimeError`]: the runtime could not answer, or could not say what a live container
-    /// holds (no runtime spec in its verbose status); the caller keeps the slices.
+    /// holds (no runtime spec in its verbose status); the caller keeps the MIG instances.
     async fn containers_holding(&self, marks: &ClaimMarks) -> Result<Vec<String>, RuntimeError>;
 }
 

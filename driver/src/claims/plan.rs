@@ -135,7 +135,7 @@ pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> boo
 
 /// Whether `s` is recorded as the instance of a device some claim but `except` holds alone (of
 /// a kind not several claims share): when a lost checkpoint is rebuilt, a share may match a
-/// slice that another share of it already recorded.
+/// MIG instance that another share of it already recorded.
 pub fn recorded_unshared_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
     cp.claims
         .iter()
@@ -186,7 +186,7 @@ pub fn match_devices(
 /// none: the scheduler never gives one placement to two allocated claims. After a force delete
 /// it does: the old pod's claim is deallocated before the kubelet has unprepared it, and its
 /// containers may still run (the prepare then waits, and fails with
-/// [`PrepareError::PlacementHeld`]; it never destroys the holder's slice).
+/// [`PrepareError::PlacementHeld`]; it never destroys the holder's MIG instance).
 pub fn placement_holders(
     cp: &Checkpoint,
     uid: &str,
@@ -314,11 +314,11 @@ pub fn still_allocated(
 pub enum OrphanVerdict {
     /// The API server allocates the claim to this node as recorded: it is no orphan.
     Allocated,
-    /// Keep the slices; why, for the log and the Node event.
+    /// Keep the MIG instances; why, for the log and the Node event.
     Keep(String),
     /// The container runtime has no sandbox and no container of any pod the claim was prepared
     /// for, and no live container that carries the claim's marks: no process can reach its
-    /// slices, so they may go.
+    /// MIG instances, so they may go.
     Release,
 }
 
@@ -334,7 +334,7 @@ pub struct RuntimeEvidence {
 }
 
 /// The orphan rule, for a record the kubelet holds whose claim was checked against the API
-/// server (`allocated`): a claim the API server no longer allocates keeps its slices until the
+/// server (`allocated`): a claim the API server no longer allocates keeps its MIG instances until the
 /// kubelet unprepares it, unless the container runtime answered (`evidence`; `None` when no
 /// runtime is configured) that no sandbox or container of any recorded pod is left **and** no
 /// live container of any pod carries the claim's marks (a pod the record never heard of, or a
@@ -390,9 +390,9 @@ pub fn orphan_verdict(
 /// What start-up does with a live instance no record claims.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Orphans {
-    /// Slices to destroy: DAS created them (or `--reclaim-foreign-instances`).
+    /// MIG instances to destroy: DAS created them (or `--reclaim-foreign-instances`).
     pub destroy: Vec<MigInstance>,
-    /// Slices left alone: created by someone else (or unknown, on NVML).
+    /// MIG instances left alone: created by someone else (or unknown, on NVML).
     pub foreign: Vec<MigInstance>,
 }
 

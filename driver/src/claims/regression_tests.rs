@@ -252,7 +252,7 @@ async fn a_gpu_instance_left_by_a_failed_create_is_recorded() {
 /// Review L3 (issue 30): a prepared claim whose compute instance was destroyed behind the
 /// plugin's back (`nvidia-smi mig -dci`) keeps a bare GPU instance that matches its record by GI
 /// ID. A retried prepare used to answer with it and fail forever on its empty MIG UUID; it now
-/// releases the GPU instance and creates the slice again.
+/// releases the GPU instance and creates the MIG instance again.
 #[tokio::test(start_paused = true)]
 async fn a_gpu_instance_without_its_compute_instance_is_created_again() {
     use crate::gpu::nvml::NvmlApi;
@@ -505,7 +505,7 @@ async fn a_prepare_waits_for_the_unprepare_of_a_force_deleted_claim_at_its_place
 }
 
 /// Issue 30: the same race when the kubelet's unprepare is slow (the old pod's containers are
-/// still being killed). The API server no longer has the old claim, yet its slice is never
+/// still being killed). The API server no longer has the old claim, yet its MIG instance is never
 /// destroyed for the new one: the new prepare fails, naming the holder, until the kubelet
 /// unprepares the old claim; the kubelet's retry then succeeds.
 #[tokio::test(start_paused = true)]
@@ -639,7 +639,7 @@ fn events(s: &Setup, reason: &str) -> Vec<String> {
 }
 
 /// Issue 30, the orphan rule: a prepared claim the API server no longer has and the kubelet
-/// never unprepares (found at start-up) keeps its slice before the delay and while the runtime
+/// never unprepares (found at start-up) keeps its MIG instance before the delay and while the runtime
 /// still has a container of its pod; it goes once the runtime has none.
 #[tokio::test(start_paused = true)]
 async fn an_orphan_is_released_only_after_the_delay_and_once_its_pod_has_no_container() {

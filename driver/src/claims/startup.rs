@@ -10,17 +10,17 @@
 //!    releases left over are tried again;
 //! 3. completed claims are kept, whatever the API server says of them: the kubelet holds them
 //!    until it unprepares them, and a container of a force-deleted pod may still run on their
-//!    slices. Each gets its CDI spec written again where it is missing or not what it should be,
+//!    MIG instances. Each gets its CDI spec written again where it is missing or not what it should be,
 //!    its MPS devices' control daemons supervised again after steps 3 and 4 (all claims' at once;
 //!    a live one adopted, any other started; docs/design.md §7, "MPS on a slice"), and becomes a
 //!    suspect of the orphan rule ([`super::orphans`]), which checks after its delay whether the API server still allocates it and, if not, asks the container runtime;
-//!    (prepares that never completed were never answered, so no container has their slices;
+//!    (prepares that never completed were never answered, so no container has their MIG instances;
 //!    releases were asked for by the kubelet's unprepare or are roll-backs);
 //! 4. when the checkpoint was lost (corrupt, or first start), the records of live instances are
 //!    rebuilt from the claims the API server has allocated on this node (with their MPS
 //!    daemons);
 //! 5. MPS control daemons no record holds are stopped and their directories removed (first: an
-//!    unrecorded daemon's MPS server would keep its slice in use), then instances nobody records
+//!    unrecorded daemon's MPS server would keep its MIG instance in use), then instances nobody records
 //!    are destroyed — only those DAS created, unless `reclaim_foreign`;
 //! 6. CDI specs of claims we no longer hold, and leftover temp files, are removed.
 //!
@@ -53,9 +53,9 @@ pub struct Report {
     pub missing_instances: Vec<String>,
     /// CDI specs written again.
     pub cdi_specs_rewritten: usize,
-    /// Slices destroyed because no claim owns them (`MIG UUID`s).
+    /// MIG instances destroyed because no claim owns them (`MIG UUID`s).
     pub orphans_destroyed: Vec<String>,
-    /// Slices left alone because DAS did not create them.
+    /// MIG instances left alone because DAS did not create them.
     pub foreign_kept: Vec<String>,
     /// Orphans that could not be destroyed (retried at the next start).
     pub orphans_left: Vec<String>,
@@ -63,7 +63,7 @@ pub struct Report {
     pub stale_cdi_specs: usize,
 }
 
-/// Why start-up reconciliation stopped. A GPU that does not answer, a slice that cannot be
+/// Why start-up reconciliation stopped. A GPU that does not answer, a MIG instance that cannot be
 /// destroyed or a claim's spec that cannot be written again is not one: each is logged and
 /// reported ([`Report`]), and reconciliation goes on.
 #[derive(Debug, thiserror::Error)]

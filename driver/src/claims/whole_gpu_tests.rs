@@ -2,7 +2,7 @@
 //! creates no MIG instance, records the device (profile `gpu`, every memory slice), writes a CDI
 //! spec with the GPU's device node and `DAS_GPU_UUID_…`, and its status entry says
 //! `GpuPrepared`; an unprepare destroys nothing; the isolation rule holds between a whole GPU
-//! and the slices of its GPU; start-up keeps a completed record and rolls back a half-done one.
+//! and the MIG instances of its GPU; start-up keeps a completed record and rolls back a half-done one.
 //! GPU 0 has MIG mode off ([`MigOff`]) and is published whole ([`serve_whole`]), as the plugin
 //! does under `--whole-gpus`.
 
@@ -252,9 +252,9 @@ async fn a_whole_gpu_that_cannot_serve_fails_with_whole_gpu_unavailable() {
     s.no_instances();
 }
 
-/// The isolation rule: a slice whose GPU is held whole by another claim's record waits for
+/// The isolation rule: a MIG instance whose GPU is held whole by another claim's record waits for
 /// the kubelet's unprepare of that claim and otherwise fails with `placement_held`, creating
-/// nothing; and a whole GPU waits the same way for a slice of its GPU.
+/// nothing; and a whole GPU waits the same way for a MIG instance of its GPU.
 #[tokio::test(start_paused = true)]
 async fn a_slice_and_a_whole_gpu_of_one_gpu_wait_for_each_other() {
     let s = setup(true);
@@ -271,7 +271,7 @@ async fn a_slice_and_a_whole_gpu_of_one_gpu_wait_for_each_other() {
     );
     s.no_instances();
     assert!(s.p.record_of(UID_B).is_none());
-    // The kubelet unprepares the whole GPU while the slice's prepare waits: it goes on.
+    // The kubelet unprepares the whole GPU while the MIG instance's prepare waits: it goes on.
     let p = s.p.clone();
     let waiting = tokio::spawn({
         let slice = slice.clone();
@@ -283,7 +283,7 @@ async fn a_slice_and_a_whole_gpu_of_one_gpu_wait_for_each_other() {
     s.p.unprepare_claim(&whole).await.unwrap();
     waiting.await.unwrap().unwrap();
     assert_eq!(s.emu.all_instances().unwrap().len(), 1);
-    // The other way round: a whole GPU waits for the slice of its GPU.
+    // The other way round: a whole GPU waits for the MIG instance of its GPU.
     s.gpus.set_mig(0, false);
     let again = s.claim("again", "cccccccc-0000-0000-0000-000000000003", "gpu-0");
     let e = s.p.prepare_claim(&again).await.unwrap_err();
@@ -387,7 +387,7 @@ async fn a_lost_checkpoint_rebuilds_a_whole_gpu_only_from_its_spec() {
 }
 
 /// The orphan rule releases a whole GPU whose claim is gone and whose pod has no container
-/// left, as it does a slice: spec and record go, nothing is destroyed.
+/// left, as it does a MIG instance: spec and record go, nothing is destroyed.
 #[tokio::test(start_paused = true)]
 async fn the_orphan_rule_releases_a_whole_gpu_like_a_slice() {
     let s = setup(false);
@@ -403,9 +403,9 @@ async fn the_orphan_rule_releases_a_whole_gpu_like_a_slice() {
 }
 
 /// End to end on the emulated backend (`MODEL:COUNT:mig-off`, `--whole-gpus`): one claim holds
-/// GPU 1 whole and a slice of GPU 0 in one request; only the slice is created, the CDI spec
+/// GPU 1 whole and a MIG instance of GPU 0 in one request; only the MIG instance is created, the CDI spec
 /// numbers the two in allocation order, a restart keeps the claim (reading GPU 1's instances:
-/// none), and the unprepare destroys the slice only.
+/// none), and the unprepare destroys the MIG instance only.
 #[tokio::test(start_paused = true)]
 async fn on_the_emulated_backend_a_gpu_with_mig_mode_off_is_served_whole() {
     let dir = tempfile::tempdir().unwrap();

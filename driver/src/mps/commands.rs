@@ -1,12 +1,12 @@
 //! What an MPS daemon is told (pure): its environment, its arguments, the control commands that
-//! set a slice's limits, and the check of the limits against the slice.
+//! set a MIG instance's limits, and the check of the limits against the MIG instance.
 //!
 //! - Protocol 2 (every driver): the commands of NVIDIA's MPS documentation ("Control daemon
 //!   commands", https://docs.nvidia.com/deploy/mps/mpsv2-interface.html), written one per line to
 //!   the control binary's standard input in client mode, as NVIDIA's DRA driver does.
 //! - Protocol 3 (driver r615+, CUDA 13.4; https://docs.nvidia.com/deploy/mps/mpsv3-interface.html):
-//!   the daemon runs `-p 3`; DAS creates one named server per slice ([`SERVER`], its
-//!   `--allowed-devices` the slice's MIG UUID) and one namespace per claim or share
+//!   the daemon runs `-p 3`; DAS creates one named server per MIG instance ([`SERVER`], its
+//!   `--allowed-devices` the MIG instance's MIG UUID) and one namespace per claim or share
 //!   ([`namespace_name`]) with its own limits; the commands are the control binary's arguments
 //!   (`nvidia-cuda-mps-control <module> <verb> [args] [--key=value]`).
 
@@ -20,7 +20,7 @@ pub use super::settings::{Protocol, ProtocolChoice};
 pub struct Namespace {
     /// [`namespace_name`].
     pub name: String,
-    /// Its limits (a namespace without limits gets the whole slice: named namespaces do not
+    /// Its limits (a namespace without limits gets the whole MIG instance: named namespaces do not
     /// inherit the server's).
     pub limits: MpsLimits,
 }
@@ -54,7 +54,7 @@ pub fn v3_server_list() -> Vec<String> {
     words(&["server", "list"])
 }
 
-/// `server create` of the slice's server, allowed the slice alone.
+/// `server create` of the MIG instance's server, allowed the MIG instance alone.
 pub fn v3_server_create(mig_uuid: &str) -> Vec<String> {
     let mut c = words(&["server", "create", SERVER]);
     c.push(format!("--allowed-devices={mig_uuid}"));
@@ -72,14 +72,14 @@ pub fn v3_server_set(limits: &MpsLimits) -> Option<Vec<String>> {
     })
 }
 
-/// `namespace list` of the slice's server.
+/// `namespace list` of the MIG instance's server.
 pub fn v3_namespace_list() -> Vec<String> {
     let mut c = words(&["namespace", "list"]);
     c.push(format!("--server={SERVER}"));
     c
 }
 
-/// `namespace create` of `name` on the slice's server.
+/// `namespace create` of `name` on the MIG instance's server.
 pub fn v3_namespace_create(name: &str) -> Vec<String> {
     let mut c = words(&["namespace", "create", name]);
     c.push(format!("--server={SERVER}"));
@@ -97,7 +97,7 @@ pub fn v3_namespace_set(ns: &Namespace) -> Option<Vec<String>> {
     })
 }
 
-/// `namespace delete` of `name` on the slice's server.
+/// `namespace delete` of `name` on the MIG instance's server.
 pub fn v3_namespace_delete(name: &str) -> Vec<String> {
     let mut c = words(&["namespace", "delete", name]);
     c.push(format!("--server={SERVER}"));
@@ -113,7 +113,7 @@ pub fn listed(answer: &str, name: &str) -> bool {
 }
 
 /// The limits of one namespace: a claim's own (its config), or for a share of a shared slice the
-/// tighter of the slice's config and the share's part (its thread percentage and memory), since
+/// tighter of the MIG instance's config and the share's part (its thread percentage and memory), since
 /// a namespace's limits replace, not narrow, the server's.
 pub fn namespace_limits(config: &MpsLimits, share: Option<(u8, u64)>) -> MpsLimits {
     let Some((percent, mib)) = share else {
@@ -134,13 +134,13 @@ pub fn namespace_limits(config: &MpsLimits, share: Option<(u8, u64)>) -> MpsLimi
 pub const QUIT: &str = "quit";
 
 /// The device the pinned memory limit is set for: ordinal 0, the one device the daemon sees
-/// (its `CUDA_VISIBLE_DEVICES` is the slice's MIG UUID alone, see [`daemon_env`]). Not the
+/// (its `CUDA_VISIBLE_DEVICES` is the MIG instance's MIG UUID alone, see [`daemon_env`]). Not the
 /// UUID: NVIDIA's daemon answers nothing and sets nothing effective for a UUID it does not serve,
-/// so a wrong UUID would pass silently, while ordinal 0 can only be the slice.
+/// so a wrong UUID would pass silently, while ordinal 0 can only be the MIG instance.
 pub const LIMIT_DEVICE: &str = "0";
 
-/// The commands that set `limits` on a slice's daemon, in order: the active thread percentage,
-/// then the pinned memory limit of the slice (device [`LIMIT_DEVICE`], `<N>M` in MiB). None
+/// The commands that set `limits` on a MIG instance's daemon, in order: the active thread percentage,
+/// then the pinned memory limit of the MIG instance (device [`LIMIT_DEVICE`], `<N>M` in MiB). None
 /// for no limits.
 pub fn limit_commands(limits: &MpsLimits) -> Vec<String> {
     let mut out = Vec::new();
@@ -155,7 +155,7 @@ pub fn limit_commands(limits: &MpsLimits) -> Vec<String> {
     out
 }
 
-/// The environment of the daemon of slice `mig_uuid`: the slice alone visible, its pipe and
+/// The environment of the daemon of MIG instance `mig_uuid`: the MIG instance alone visible, its pipe and
 /// log directories.
 pub fn daemon_env(dirs: &MpsDirs, mig_uuid: &str) -> Vec<(String, String)> {
     vec![
@@ -173,8 +173,8 @@ pub fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
     ]
 }
 
-/// A pinned memory limit above the memory of the slice it is for: a client cannot pin more than
-/// the slice has.
+/// A pinned memory limit above the memory of the MIG instance it is for: a client cannot pin more than
+/// the MIG instance has.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "sharing.mps.pinnedDeviceMemoryLimit is {limit_mib}Mi, more than the {instance_mib}Mi of a {profile} slice; valid: 1Mi to {instance_mib}Mi"
@@ -182,17 +182,17 @@ pub fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
 pub struct LimitAboveInstance {
     /// The limit asked for, in MiB.
     pub limit_mib: u64,
-    /// The slice's profile.
+    /// The MIG instance's profile.
     pub profile: String,
-    /// The slice's memory, in MiB.
+    /// The MIG instance's memory, in MiB.
     pub instance_mib: u64,
 }
 
-/// Checks `limits` against the slice they are for, whose memory is `instance_memory_mib` (the
+/// Checks `limits` against the MIG instance they are for, whose memory is `instance_memory_mib` (the
 /// profile's).
 ///
 /// # Errors
-/// The pinned memory limit is above the slice's memory.
+/// The pinned memory limit is above the MIG instance's memory.
 pub fn check_against_instance(
     limits: &MpsLimits,
     profile: &str,

@@ -105,7 +105,7 @@ pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), 
 }
 
 /// Configures a daemon that runs: protocol 2, its limits ([`apply_limits`]); protocol 3, the
-/// slice's server (created unless listed, and checked listed right after, with the slice-wide
+/// MIG instance's server (created unless listed, and checked listed right after, with the slice-wide
 /// limits), each of `namespaces` with its limits ([`add_namespace`]), then checks the server is
 /// still listed: a server whose
 /// `--allowed-devices` names a device the daemon does not see is created, then exits, and its
@@ -139,7 +139,7 @@ pub async fn configure(
     check_server(bin, spec).await
 }
 
-/// Protocol 3: creates namespace `ns` on the slice's server unless it `exists`, sets its
+/// Protocol 3: creates namespace `ns` on the MIG instance's server unless it `exists`, sets its
 /// limits, and checks that its control socket is where the containers of the namespace mount
 /// their pipe directory from ([`MpsDirs::namespace_dir`]).
 ///
@@ -182,7 +182,7 @@ pub async fn ensure_namespace(
     add_namespace(bin, dirs, ns, commands::listed(&known, &ns.name)).await
 }
 
-/// Protocol 3: deletes namespace `name` from the slice's server (a share that left; its
+/// Protocol 3: deletes namespace `name` from the MIG instance's server (a share that left; its
 /// containers have stopped).
 ///
 /// # Errors
@@ -197,7 +197,7 @@ pub async fn delete_namespace(
         .map(|_| ())
 }
 
-/// Protocol 3: the slice's server is listed by `server list`.
+/// Protocol 3: the MIG instance's server is listed by `server list`.
 ///
 /// # Errors
 /// It is not (or the list failed).

@@ -46,7 +46,7 @@ pub struct ControlBinary {
     pub leading_args: Vec<String>,
     /// Environment added to both modes (`PATH`, `LD_LIBRARY_PATH` for NVIDIA's binary).
     pub env: Vec<(String, String)>,
-    /// Run the daemon in a mount namespace of its own with the slice's shm directory over
+    /// Run the daemon in a mount namespace of its own with the MIG instance's shm directory over
     /// `/dev/shm`, so it shares shared memory with its clients, whose CDI edits mount the same
     /// directory there (real GPUs; needs `CAP_SYS_ADMIN`, which the plugin has there).
     pub shm_over_dev_shm: bool,
@@ -104,14 +104,14 @@ impl ControlBinary {
     }
 }
 
-/// One daemon: whose it is, where its files are, which slice it serves and with what limits.
+/// One daemon: whose it is, where its files are, which MIG instance it serves and with what limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonSpec {
     /// [`super::layout::daemon_id`] of its claim and device.
     pub id: String,
     /// Its directories.
     pub dirs: MpsDirs,
-    /// The slice's MIG UUID (its `CUDA_VISIBLE_DEVICES`).
+    /// The MIG instance's MIG UUID (its `CUDA_VISIBLE_DEVICES`).
     pub mig_uuid: String,
     /// Its limits: the daemon's defaults (protocol 2), the server's (protocol 3).
     pub limits: MpsLimits,
@@ -328,7 +328,7 @@ impl DaemonProcess {
     }
 
     /// Sends SIGKILL to its process group (the control daemon and the MPS server it started:
-    /// a server left running would keep the slice in use), if it is still this process; a
+    /// a server left running would keep the MIG instance in use), if it is still this process; a
     /// process gone already is left alone, whatever has its pid now.
     pub fn kill(&self) {
         if self.alive() {

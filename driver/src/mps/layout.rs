@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use super::settings::Protocol;
 
-/// Where a container finds its slice's MPS pipe directory (NVIDIA's DRA driver uses the same).
+/// Where a container finds its MIG instance's MPS pipe directory (NVIDIA's DRA driver uses the same).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
 /// Where a container's shared memory is: MPS clients and their server exchange it there.
 pub const CONTAINER_SHM_DIR: &str = "/dev/shm";
@@ -21,7 +21,7 @@ pub const CONTAINER_SHM_DIR: &str = "/dev/shm";
 pub const PIPE_DIR_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
 /// The variable that tells the daemon where to write its logs.
 pub const LOG_DIR_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
-/// The variable that pins the daemon (and its server) to the slice.
+/// The variable that pins the daemon (and its server) to the MIG instance.
 pub const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 /// Name of the daemon's control socket in its pipe directory (`nvidia-cuda-mps-control`
 /// creates `control` there; the stand-in does the same).
@@ -40,10 +40,10 @@ pub fn daemon_id(claim_uid: &str, device: &str) -> String {
     )
 }
 
-/// The name of the one server a protocol-3 daemon runs: the slice's.
+/// The name of the one server a protocol-3 daemon runs: the MIG instance's.
 pub const SERVER: &str = "slice";
 
-/// The namespace of `device` of claim `claim_uid` on its slice's server: `c` and 16 hex digits
+/// The namespace of `device` of claim `claim_uid` on its MIG instance's server: `c` and 16 hex digits
 /// of the 64-bit FNV-1a of `<claim UID>/<device>` (names allow lowercase letters, digits and
 /// `_`, at most 64 characters; short, as its control socket's path must fit a unix socket
 /// address). Derived, never stored: the checkpoint's claim UID and device name give it back.
@@ -135,7 +135,7 @@ impl MpsDirs {
         self.pipe.join(CONTROL_SOCKET)
     }
 
-    /// Protocol 3: the directory of namespace `name` of the slice's server,
+    /// Protocol 3: the directory of namespace `name` of the MIG instance's server,
     /// `<pipe>/<server>/<name>` (NVIDIA's MPS v3 namespaces page: a client connecting to the
     /// `control` socket there is in that namespace). It is all a container of that namespace
     /// mounts.

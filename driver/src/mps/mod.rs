@@ -1,18 +1,18 @@
-//! MPS on a slice (docs/design.md §7, "MPS on a slice"): one NVIDIA MPS control daemon per MIG
-//! slice whose claim asks for `sharing: {strategy: MPS}` (`das_api::device_config`), pinned to
-//! the slice's MIG UUID, with its pipe, log and shm directories under the plugin's state
+//! MPS on a MIG instance (docs/design.md §7, "MPS on a slice"): one NVIDIA MPS control daemon per MIG
+//! MIG instance whose claim asks for `sharing: {strategy: MPS}` (`das_api::device_config`), pinned to
+//! the MIG instance's MIG UUID, with its pipe, log and shm directories under the plugin's state
 //! directory; the claim's containers reach it through the pipe directory their CDI edits mount.
 //!
 //! - [`layout`]: where a daemon's directories are and what a container sees of them. Pure.
 //! - [`commands`]: the daemon's environment, the control commands that set its limits, and the
-//!   check of the limits against the slice. Pure.
+//!   check of the limits against the MIG instance. Pure.
 //! - [`shm`]: the daemon's shm directory, a tmpfs of `--mps-shm-size` (mountinfo parsing pure;
 //!   the mount, unmount and statvfs calls).
 //! - [`daemon`]: one daemon process: the control binary (NVIDIA's `nvidia-cuda-mps-control`
 //!   from the driver files, or the emulated GPUs' stand-in), its directories, starting it in
 //!   the foreground, its pid file (to adopt a live daemon after a plugin restart), killing it.
 //! - [`control`]: its control commands through the binary's client mode: limits, and with
-//!   protocol 3 the slice's server and its namespaces.
+//!   protocol 3 the MIG instance's server and its namespaces.
 //! - [`settings`]: the node-wide settings of the flags: protocol, shm, pipe mount. Pure.
 //! - [`supervisor`]: [`MpsDaemons`], the daemons the plugin runs: started by a prepare,
 //!   restarted with bounded backoff when one exits (its limits applied again), brought back at
@@ -44,7 +44,7 @@ pub use supervisor::{Backoff, MpsDaemons};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MpsLimits {
-    /// The share of the slice's multiprocessors a client may use, in percent (1 to 100).
+    /// The share of the MIG instance's multiprocessors a client may use, in percent (1 to 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub active_thread_percentage: Option<u8>,
     /// The device memory a client may pin, in MiB.

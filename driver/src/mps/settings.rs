@@ -10,7 +10,7 @@ pub enum Protocol {
     /// (`set_default_*`); a share's own limits only in its clients' environment.
     #[default]
     V2,
-    /// Protocol 3: a named server per slice and a namespace per claim or share, whose limits the
+    /// Protocol 3: a named server per MIG instance and a namespace per claim or share, whose limits the
     /// server applies whatever the client's environment says.
     V3,
 }

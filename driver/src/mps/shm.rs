@@ -31,7 +31,7 @@ pub enum Shm {
 /// ceiling, not a reservation: a tmpfs holds memory only for what is written to it. Large enough
 /// for PyTorch DataLoader workers, which pass batches through `/dev/shm` (a container runtime's
 /// default of 64 MiB is a known cause of their `Bus error`), and for the page-locked host memory
-/// of the clients of one slice; small enough that one claim cannot take most of a GPU node's
+/// of the clients of one MIG instance; small enough that one claim cannot take most of a GPU node's
 /// memory through it.
 pub const DEFAULT_SIZE: &str = "8Gi";
 

@@ -8,7 +8,7 @@
 //!   `control` in it, and appends a run to [`RECORD_FILE`] in its log directory
 //!   (`CUDA_MPS_LOG_DIRECTORY`): its pid, its `CUDA_VISIBLE_DEVICES`, every command it gets, one
 //!   per line of each connection, and with protocol 3 its servers and namespaces with their
-//!   limits, so tests read the limits a slice got ([`model`]). A protocol-3 server listens on
+//!   limits, so tests read the limits a MIG instance got ([`model`]). A protocol-3 server listens on
 //!   `<server>/control` and each namespace on `<server>/<namespace>/control`, where a client of
 //!   that namespace connects (`get_default_active_thread_percentage` there answers the
 //!   namespace's percentage). It exits on `quit`, or once its control socket is gone (its

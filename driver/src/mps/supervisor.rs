@@ -1,4 +1,4 @@
-//! [`MpsDaemons`]: the MPS control daemons the plugin runs, one per MPS slice. A prepare starts
+//! [`MpsDaemons`]: the MPS control daemons the plugin runs, one per MPS MIG instance. A prepare starts
 //! one ([`MpsDaemons::start`]: the daemon runs, has made its control socket and has its limits
 //! before the prepare answers); a task per daemon then supervises it: a daemon that exits is
 //! started again after a backoff (doubling from [`Backoff::first`] to [`Backoff::max`], back to
@@ -10,7 +10,7 @@
 //! server, after [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent) and removes its
 //! directories. A handover lets go of them all ([`MpsDaemons::let_go`]).
 //!
-//! With protocol 3 each daemon also has its namespaces (one per claim or share of its slice,
+//! With protocol 3 each daemon also has its namespaces (one per claim or share of its MIG instance,
 //! [`Namespace`]): [`MpsDaemons::start`] adds one, [`MpsDaemons::leave`] deletes one, and every
 //! start, restart or adoption of the daemon creates them all again. Every daemon's shm tmpfs is
 //! reported in `das_kubelet_plugin_mps_shm_size_bytes` and `_used_bytes` while it is supervised.
@@ -93,7 +93,7 @@ impl MpsDaemons {
         self.ctx.binary.as_ref()
     }
 
-    /// The daemon of `device` of claim `claim_uid` serving slice `mig_uuid` with `limits`.
+    /// The daemon of `device` of claim `claim_uid` serving MIG instance `mig_uuid` with `limits`.
     pub fn spec(
         &self,
         claim: &str,
@@ -184,7 +184,7 @@ impl MpsDaemons {
         Ok(())
     }
 
-    /// Namespace `name` leaves the daemon of `dirs` (a share that left a slice other shares
+    /// Namespace `name` leaves the daemon of `dirs` (a share that left a MIG instance other shares
     /// keep): forgotten, and deleted from a running protocol-3 daemon. A failure is only logged:
     /// the share's containers have stopped, and the namespace goes with the daemon.
     pub async fn leave(&self, dirs: &MpsDirs, name: &str) {

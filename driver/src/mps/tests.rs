@@ -1,5 +1,5 @@
 //! Unit tests of the pure parts of [`super`]: the directory layout, the daemon's environment,
-//! the limit commands and their check against the slice, and the limits of a config. The
+//! the limit commands and their check against the MIG instance, and the limits of a config. The
 //! daemon's life with the stand-in is `driver/tests/mps_daemon.rs` (it runs the plugin's
 //! binary).
 
@@ -59,7 +59,7 @@ fn limits_become_nvidias_control_commands() {
         active_thread_percentage: Some(50),
         pinned_device_memory_limit_mib: Some(2048),
     };
-    // The memory limit names device 0, the slice, the one device the daemon sees.
+    // The memory limit names device 0, the MIG instance, the one device the daemon sees.
     assert_eq!(
         limit_commands(&both),
         [

@@ -23,7 +23,7 @@
 //!   `/dev/nvidia<N>` and no capability nodes, and sets [`gpu_uuid_env_key`] (same naming) to the
 //!   GPU's UUID;
 //! - a device served with MPS (docs/design.md §7, "MPS on a slice") also sets
-//!   `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps` and mounts its slice's MPS pipe directory there
+//!   `CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps` and mounts its MIG instance's MPS pipe directory there
 //!   and its shm directory at `/dev/shm` ([`MpsMounts`]); a claim has at most one such device,
 //!   so within a claim the key is never set twice;
 //! - the spec-level edits, the same in every DAS spec, add `/dev/nvidiactl` and the UVM nodes and

@@ -88,14 +88,14 @@ pub struct SpecDevice {
     /// The whole GPUs it gives a container: one for an allocated whole GPU, none for a MIG
     /// device.
     pub gpus: Vec<PreparedGpu>,
-    /// Its slice's MPS daemon, for a device served with MPS (docs/design.md §7, "MPS on a
+    /// Its MIG instance's MPS daemon, for a device served with MPS (docs/design.md §7, "MPS on a
     /// slice").
     pub mps: Option<MpsMounts>,
 }
 
-/// What a container of an MPS device gets of its slice's MPS control daemon: the daemon's pipe
+/// What a container of an MPS device gets of its MIG instance's MPS control daemon: the daemon's pipe
 /// directory at [`crate::mps::layout::CONTAINER_PIPE_DIR`] with `CUDA_MPS_PIPE_DIRECTORY`
-/// naming it, and the slice's shm directory as `/dev/shm` (MPS clients and their server share
+/// naming it, and the MIG instance's shm directory as `/dev/shm` (MPS clients and their server share
 /// memory there), as NVIDIA's DRA driver gives its MPS claims.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsMounts {
@@ -104,10 +104,10 @@ pub struct MpsMounts {
     pub pipe_dir: String,
     /// Whether that mount is read-only (`--mps-pipe-mount=ro`, the default).
     pub pipe_read_only: bool,
-    /// Host path of the slice's shm directory.
+    /// Host path of the MIG instance's shm directory.
     pub shm_dir: String,
     /// The limits of one share of a shared slice (docs/design.md §7, "Shared slices"), given
-    /// to its MPS clients in their environment; `None` for a slice one claim holds.
+    /// to its MPS clients in their environment; `None` for a MIG instance one claim holds.
     pub share: Option<ShareLimits>,
 }
 
@@ -124,7 +124,7 @@ pub struct ShareLimits {
 
 impl MpsMounts {
     /// The variables of an MPS client: the pipe directory, and a share's limits (device ordinal
-    /// 0: the container sees its slice only).
+    /// 0: the container sees its MIG instance only).
     pub fn env(&self) -> Vec<String> {
         let mut env = vec![format!(
             "{}={}",

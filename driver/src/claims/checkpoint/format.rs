@@ -30,7 +30,7 @@ pub enum PrepareState {
     /// Recorded before any instance was created: instances may or may not exist, the CDI spec may or
     /// may not be written. Seen outside a running prepare only after a crash; it is rolled back.
     PrepareStarted,
-    /// Slices exist and the CDI spec is written; the CDI device IDs were (or can be) returned.
+    /// MIG instances exist and the CDI spec is written; the CDI device IDs were (or can be) returned.
     PrepareCompleted,
     /// The claim's instances must go (its unprepare, or the roll-back of a failed prepare, could
     /// not destroy them all): `devices` are the ones not yet confirmed destroyed. The reaper
@@ -120,7 +120,7 @@ pub struct Share {
     pub id: String,
     /// The `shares` capacity consumed (at least 1).
     pub shares: u64,
-    /// The device's `shares` capacity (the plugin's shares per slice when it was prepared): the
+    /// The device's `shares` capacity (the plugin's shares per MIG instance when it was prepared): the
     /// share's MPS active thread percentage is `shares` over this.
     pub of: u64,
     /// The `memory` capacity consumed, in bytes: the share's MPS pinned device memory limit.
@@ -170,7 +170,7 @@ pub struct ClaimRecord {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cdi_device_ids: BTreeMap<String, Vec<String>>,
     /// UIDs of the pods the claim was reserved for at its prepares (`status.reservedFor`),
-    /// kept while the record lives: the orphan rule releases the record's slices only when the
+    /// kept while the record lives: the orphan rule releases the record's MIG instances only when the
     /// container runtime has no sandbox or container of any of them. Empty in records of
     /// version 2 and in records rebuilt after a lost checkpoint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

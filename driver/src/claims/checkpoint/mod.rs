@@ -62,8 +62,8 @@
 //! `crate::mps::layout`) runs while the record does; start-up brings it back.
 //!
 //! A device with `share` is one claim's share of a shareable device (docs/design.md §7, "Shared
-//! slices"): several records hold the same `device` and `instance`, one per share; the slice
-//! and its MPS control daemon (one per slice, keyed by GPU UUID and device) live while any of
+//! slices"): several records hold the same `device` and `instance`, one per share; the MIG instance
+//! and its MPS control daemon (one per MIG instance, keyed by GPU UUID and device) live while any of
 //! them does. The records are the reference count, so it survives restarts.
 //!
 //! State `Carved` (version 8; carve before bind, issue 34): the plugin created the claim's

@@ -68,7 +68,7 @@ fn record(devices: Vec<RecordedDevice>) -> ClaimRecord {
     cp.get(UID).unwrap().clone()
 }
 
-/// A MIG device's capability nodes mark the claim, its parent GPU node does not (every slice of
+/// A MIG device's capability nodes mark the claim, its parent GPU node does not (every MIG instance of
 /// the GPU shares it); a whole GPU's node does. The variables mark it whatever the spec.
 #[test]
 fn marks_are_the_claims_variables_and_its_own_device_nodes() {

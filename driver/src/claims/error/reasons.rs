@@ -163,25 +163,25 @@ pub enum ShareRefusal {
     NotMps {
         /// The request.
         request: String,
-        /// The DeviceClass of the profile's shareable slices.
+        /// The DeviceClass of the profile's shareable MIG instances.
         shared_class: String,
-        /// The DeviceClass of the profile's exclusive slices.
+        /// The DeviceClass of the profile's exclusive MIG instances.
         exclusive_class: String,
     },
-    /// Claims of another namespace hold the slice (docs/design.md §7, "Shares are a tenant's
+    /// Claims of another namespace hold the MIG instance (docs/design.md §7, "Shares are a tenant's
     /// own").
     #[error(
         "the slice serves namespace {serves} (held by {holders}), and a shared slice serves one namespace: this claim of namespace {namespace} may not join it, so nothing was created or joined. The kubelet retries; the prepare succeeds once those claims are unprepared. For another slice now, delete the pod: its claim is allocated again, and das-webhook's selector steers it away from this slice (a claim das-webhook did not see, in a namespace it excludes or while it was down, has none: create it again where das-webhook serves). Or have the cluster's admin allow sharing across namespaces (chart value sharing.acrossNamespaces)"
     )]
     OtherNamespace {
-        /// The namespaces the slice serves, joined by ` and `.
+        /// The namespaces the MIG instance serves, joined by ` and `.
         serves: String,
         /// The holding claims.
         holders: String,
         /// This claim's namespace.
         namespace: String,
     },
-    /// The slice's only holders are being released.
+    /// The MIG instance's only holders are being released.
     #[error(
         "its slice's last shares ({holders}) are being released; it is created again once they are gone (the kubelet retries)"
     )]
@@ -189,7 +189,7 @@ pub enum ShareRefusal {
         /// The holding claims.
         holders: String,
     },
-    /// The slice's holders have another configuration.
+    /// The MIG instance's holders have another configuration.
     #[error(
         "the slice is shared by {holders} with another device configuration (MPS limits {theirs}), and this claim asks for {ours}: shares of one slice have the same configuration, so give this claim the same sharing settings or ask for another slice"
     )]
@@ -201,10 +201,10 @@ pub enum ShareRefusal {
         /// This claim's.
         ours: String,
     },
-    /// The slice's GPU does not answer (a join).
+    /// The MIG instance's GPU does not answer (a join).
     #[error("its slice's GPU does not answer: {0}")]
     GpuUnavailable(BackendError),
-    /// The slice the other shares hold is gone from the GPU (a join).
+    /// The MIG instance the other shares hold is gone from the GPU (a join).
     #[error(
         "the slice its other shares hold is gone from the GPU (destroyed outside DAS, or its compute instance lost); it is created again once they are unprepared"
     )]

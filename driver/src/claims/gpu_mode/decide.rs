@@ -1,6 +1,6 @@
 //! Whether a prepare must switch its GPU's MIG mode before it can serve a device, and whether it
 //! may (pure; docs/design.md §7, "MIG mode follows demand"). Each device's kind says which mode
-//! it needs ([`crate::claims::kinds::Kind::gpu_mode`]): a MIG slice on, a whole GPU off. A GPU is switched only when switching is allowed for it
+//! it needs ([`crate::claims::kinds::Kind::gpu_mode`]): a MIG instance on, a whole GPU off. A GPU is switched only when switching is allowed for it
 //! ([`MigSwitch::Allowed`]), no other claim's record holds a device of it that needs the other
 //! mode, and, to switch it off, no MIG instance exists on it: the caller reads all of this under the GPU's lock, so no
 //! create, destroy or other switch on that GPU runs in between.
@@ -73,7 +73,7 @@ pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
 /// The other claims (not `uid`) whose records hold a device on GPU `gpu` that needs the mode
 /// other than `want_mig` (a whole GPU when MIG mode is wanted on, a MIG device when it is wanted
 /// off), in any state, as `claim <namespace>/<name> (<uid>)`, in UID order. Claims with devices
-/// of the wanted kind do not stand in the way: two slices prepared at once on a GPU with MIG
+/// of the wanted kind do not stand in the way: two MIG instances prepared at once on a GPU with MIG
 /// mode off both need it on.
 pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32, want_mig: bool) -> Vec<String> {
     let kinds = Kinds::standard();

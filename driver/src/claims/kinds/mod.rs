@@ -1,4 +1,4 @@
-//! Device kinds behind one interface (issue 42): what differs between a MIG slice, a whole GPU
+//! Device kinds behind one interface (issue 42): what differs between a MIG instance, a whole GPU
 //! and a shared slice is one [`Kind`] each, in its own folder, with its pure decisions beside
 //! its I/O. The transaction ([`super::preparer`]: the claim's lock, the checkpoint's changes,
 //! roll-back, status, CDI) asks the kind of each device through the registry ([`Kinds`]) and
@@ -32,13 +32,13 @@ pub(crate) mod whole_gpu;
 /// Which kind a device is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum KindId {
-    /// A MIG slice one claim holds: preparing it creates a MIG instance at exactly its
+    /// A MIG instance one claim holds: preparing it creates a MIG instance at exactly its
     /// placement (docs/design.md §7, "Prepare").
     MigInstance,
     /// A GPU with MIG mode off, held whole: nothing is created (docs/design.md §7, "Whole
     /// GPUs").
     WholeGpu,
-    /// A share of a shareable MIG slice: the first share creates the slice, later ones join it,
+    /// A share of a shareable MIG instance: the first share creates the MIG instance, later ones join it,
     /// the last one's release destroys it (docs/design.md §7, "Shared slices").
     SharedSlice,
 }
@@ -85,7 +85,7 @@ pub(crate) struct NodeDevices {
     pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
     /// The `shares` capacity of every shareable device this node publishes.
     pub(crate) shares_per_slice: u64,
-    /// Whether claims of different namespaces may share a slice (docs/design.md §7, "Shares
+    /// Whether claims of different namespaces may share a MIG instance (docs/design.md §7, "Shares
     /// are a tenant's own").
     pub(crate) shares_across_namespaces: bool,
 }
@@ -230,7 +230,7 @@ pub fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInstance {
 }
 
 /// Whether `path` is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`): a GI's or CI's,
-/// which only the device of that instance has (the parent `/dev/nvidia<N>` every slice of the
+/// which only the device of that instance has (the parent `/dev/nvidia<N>` every MIG instance of the
 /// GPU shares).
 pub fn is_capability_node(path: &str) -> bool {
     path.contains("/nvidia-caps/")

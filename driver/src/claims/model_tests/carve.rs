@@ -3,11 +3,11 @@
 //! watch carves them ([`Step::Carve`], now or in the background), the scheduler binds a claim
 //! once `SliceReady` lands and allocates it anew (same UID, maybe elsewhere) once
 //! `SliceFailed` does, and a claim deallocated or deleted before its prepare
-//! ([`Step::Deallocate`]) has its carved slices released by the watch. Invariants:
+//! ([`Step::Deallocate`]) has its carved MIG instances released by the watch. Invariants:
 //! - C1 a `Carved` record's instances are live at its allocated placements when no call is in
 //!   flight (unless its GPU is lost or someone else destroyed them);
 //! - C2 a prepare of a claim carved for its allocation creates nothing;
-//! - C3 no carved slice survives its claim's deallocation once the watch's release ran (with
+//! - C3 no carved MIG instance survives its claim's deallocation once the watch's release ran (with
 //!   the API server answering);
 //! - C4 a restart keeps a carved claim the API server still allocates here as recorded.
 

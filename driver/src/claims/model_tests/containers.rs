@@ -231,7 +231,7 @@ impl World {
     /// [`Step::JoinRace`]: a second pod joins the slot's claim; the claim is force-deleted and
     /// the kubelet forgets it; the first pod's containers stop, the second's linger; time passes
     /// beyond the orphan rule's delay; then a new claim is allocated the same placements and
-    /// prepared. The orphan rule must keep the slices while the second pod's container holds
+    /// prepared. The orphan rule must keep the MIG instances while the second pod's container holds
     /// them (its record never heard of that pod).
     pub(super) async fn join_race(&mut self, slot: usize) {
         if !self.join_pod(slot) {

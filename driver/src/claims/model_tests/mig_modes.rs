@@ -2,10 +2,10 @@
 //! scheduler may allocate on the switchable GPU, the invariants M1–M4 (see [`super`]), and the
 //! switches a run made.
 //!
-//! The switchable GPU ([`SWITCHABLE`]) is published whole and as every slice while DAS may
+//! The switchable GPU ([`SWITCHABLE`]) is published whole and as every MIG instance while DAS may
 //! switch it; after a failed switch (an injected `InUse` or `ResetRequired`) only what its mode
 //! serves, until the plugin restarts. The scheduler allocates from what is published and from the
-//! counters of the claims the API server has, so a whole GPU and a slice of it are allocated at
+//! counters of the claims the API server has, so a whole GPU and a MIG instance of it are allocated at
 //! once only through a force delete (the old claim is still prepared) or an allocation made
 //! before the GPU stopped switching (a stale one): the prepare must then fail without switching
 //! under the other claim.
@@ -64,7 +64,7 @@ pub(super) struct Serves {
 }
 
 /// Who holds GPU `gpu` in `cp`, other than `except`: claims whose completed record holds it
-/// whole, and claims whose record holds a created slice of it.
+/// whole, and claims whose record holds a created MIG instance of it.
 fn holders(cp: &Checkpoint, gpu: u32, except: Option<&str>) -> (Vec<String>, Vec<String>) {
     let (mut whole, mut slices) = (Vec::new(), Vec::new());
     for (uid, r) in cp.claims.iter().filter(|(u, _)| Some(u.as_str()) != except) {
@@ -314,7 +314,7 @@ mod tests {
         std::mem::take(&mut *w.violations.lock().unwrap())
     }
 
-    /// The model's own checks can fail: a slice made under a whole GPU's completed record breaks
+    /// The model's own checks can fail: a MIG instance made under a whole GPU's completed record breaks
     /// M1 and M2, and a create there breaks M4.
     #[test]
     fn the_invariant_checks_catch_a_slice_on_a_gpu_held_whole() {
@@ -345,8 +345,8 @@ mod tests {
         });
     }
 
-    /// The model's own checks can fail: a switch off under another claim's slice, or by anything
-    /// but a prepare, breaks M3; a slice recorded on a GPU with MIG mode off breaks M2.
+    /// The model's own checks can fail: a switch off under another claim's MIG instance, or by anything
+    /// but a prepare, breaks M3; a MIG instance recorded on a GPU with MIG mode off breaks M2.
     #[test]
     fn the_switch_checks_catch_a_switch_under_another_claim() {
         paused_runtime().block_on(async {
@@ -381,7 +381,7 @@ mod tests {
                     && v.iter().any(|v| v.contains("slices [\"u1")),
                 "{v:?}"
             );
-            // The same record with the slice gone and MIG mode off.
+            // The same record with the MIG instance gone and MIG mode off.
             w.emu.destroy_instance(SWITCHABLE, s.gi_id).unwrap();
             w.emu.set_mig_mode(SWITCHABLE, false).unwrap();
             w.check(true);

@@ -314,7 +314,7 @@ fn unclaimed_instances_are_those_no_record_holds_or_overlaps() {
     let kept = live(0, 6, 1, "MIG-kept");
     let d = with_instance(&record(&planned(0, 6, "gpu")), &kept);
     cp.set_completed("uid-1", "ns", "c", vec![d], BTreeMap::new());
-    // A prepare in flight: its placement (GPU 1, slice 2) is recorded, the instance just made.
+    // A prepare in flight: its placement (GPU 1, memory slice 2) is recorded, the instance just made.
     cp.set_started("uid-2", "ns", "d", vec![record(&planned(1, 2, "gpu"))]);
     let in_flight = live(1, 2, 1, "MIG-new");
     let foreign = MigInstance {
@@ -421,7 +421,7 @@ fn free_placements_follow_nvml_rules_on_what_is_recorded() {
     let empty = free(&[]);
     assert_eq!(empty["1g.5gb"], 7);
     assert_eq!(empty["7g.40gb"], 1);
-    // One 1g.5gb at slice 0: no 7g, one 4g placement (0) gone, six 1g.5gb left.
+    // One 1g.5gb at memory slice 0: no 7g, one 4g placement (0) gone, six 1g.5gb left.
     let mut d = record(&planned(0, 0, "gpu"));
     d.profile = "1g.5gb".into();
     let one = free(&[d]);
@@ -455,7 +455,7 @@ fn the_pods_of_a_claim_are_its_reserving_pods_only() {
 }
 
 /// The orphan rule needs positive evidence for every recorded pod, and that no live container
-/// carries the claim's marks; anything else keeps the slices (issues 30 and 41).
+/// carries the claim's marks; anything else keeps the MIG instances (issues 30 and 41).
 #[test]
 fn an_orphan_is_released_only_when_the_runtime_has_no_container_of_any_of_its_pods() {
     let pods = ["p1".to_string(), "p2".to_string()];

@@ -71,7 +71,7 @@ fn holding(uid: &str, devices: Vec<RecordedDevice>) -> Checkpoint {
     cp
 }
 
-/// The isolation rule, both ways: a whole GPU blocks every slice of its GPU and is blocked by
+/// The isolation rule, both ways: a whole GPU blocks every MIG instance of its GPU and is blocked by
 /// any of them; other GPUs are not concerned.
 #[test]
 fn a_whole_gpu_and_every_slice_of_its_gpu_hold_each_other() {
@@ -134,7 +134,7 @@ fn a_gpu_held_whole_has_no_free_placement_and_no_instance() {
     );
 }
 
-/// A claim with a whole GPU and a slice in one request: each gets its CDI device, numbered in
+/// A claim with a whole GPU and a MIG instance in one request: each gets its CDI device, numbered in
 /// allocation order across both kinds.
 #[test]
 fn spec_devices_number_whole_gpus_and_slices_alike() {

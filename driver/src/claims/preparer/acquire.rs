@@ -1,6 +1,6 @@
 //! The acquires of a prepare and of a carve before bind: each GPU put in the MIG mode its
 //! devices' kinds need, each device acquired by its kind ([`crate::claims::kinds::Kind::acquire`]:
-//! a MIG instance created at exactly its placement, a share's slice created or joined, a whole
+//! a MIG instance created at exactly its placement, a share's MIG instance created or joined, a whole
 //! GPU's device node; GPUs in parallel, one GPU's calls in turn), and each instance noted in the
 //! claim's record as soon as it exists; a failure rolled back. Nothing here names a kind.
 

@@ -1,5 +1,5 @@
 //! The request path's gauges, set from the checkpoint after every change of what is prepared:
-//! prepared slices and memory slices per GPU, free placements per GPU and profile, and slices
+//! prepared MIG instances and memory slices per GPU, free placements per GPU and profile, and MIG instances
 //! waiting for the reaper.
 
 use super::Preparer;
@@ -49,7 +49,7 @@ impl Preparer {
         );
     }
 
-    /// Sets the gauges of slices waiting for the reaper (devices of `Releasing` records) and of
+    /// Sets the gauges of MIG instances waiting for the reaper (devices of `Releasing` records) and of
     /// guards without instances (`Repairing` records).
     pub(crate) fn update_pending_gauge(&self) {
         let pending = self.records.checkpoint.read(|cp| {

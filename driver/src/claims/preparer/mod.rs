@@ -17,7 +17,7 @@
 //! - [`devices`]: what the transaction asks of the kinds (their checks before anything is
 //!   recorded, what a recorded device holds, what they tell the publisher) and of the GPUs'
 //!   MIG modes ([`super::gpu_mode`]).
-//! - [`gauges`]: the gauges of prepared slices, free placements and pending destroys.
+//! - [`gauges`]: the gauges of prepared MIG instances, free placements and pending destroys.
 //!
 //! A device whose kind makes no instance (a whole GPU) goes through the same steps with nothing
 //! created: its record holds no instance, its CDI spec gives its GPU's device node, and its
@@ -32,7 +32,7 @@
 //! an MPS device) → write the CDI spec → checkpoint `PrepareCompleted` → answer → write
 //! `status.devices` (retried).
 //!
-//! A placement that overlaps a slice another claim's record still holds is never taken from it:
+//! A placement that overlaps a MIG instance another claim's record still holds is never taken from it:
 //! the prepare waits a little for the kubelet's unprepare of that claim (the force-delete race)
 //! and otherwise fails with [`PrepareError::PlacementHeld`], which the kubelet retries. Only the
 //! kubelet's unprepare, or the orphan rule with the container runtime's evidence

@@ -59,7 +59,7 @@ impl Preparer {
             _ => {}
         }
         // A device its kind refuses fails at once, before anything is recorded and not after a
-        // wait for its holders: a share of a slice another namespace's claims hold (a completed
+        // wait for its holders: a share of a MIG instance another namespace's claims hold (a completed
         // claim, answered above, is never refused here), a whole GPU whose GPU cannot serve it.
         self.check_kinds(claim, &planned).await?;
         self.wait_for_placements(claim, &planned).await?;

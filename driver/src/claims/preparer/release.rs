@@ -1,7 +1,7 @@
 //! NodeUnprepareResources, and the release of a claim's instances it shares with the roll-back
 //! of a failed prepare, the reaper and the orphan rule: stop the MPS control daemons of its MPS
 //! devices, destroy exactly the recorded instances (GPUs in parallel, each under its lock; a
-//! device whose kind says other claims keep its instance, a share of a slice other shares
+//! device whose kind says other claims keep its instance, a share of a MIG instance other shares
 //! hold, leaves it to them),
 //! delete the CDI spec, and drop the record only once every instance is confirmed gone; what is
 //! left stays recorded as `Releasing`. A whole GPU has no instance: its release is its spec's
@@ -53,11 +53,11 @@ impl Preparer {
     /// Unprepares one claim: stops its status write, releases its instances. Idempotent; a claim
     /// without a record only has its CDI spec removed (if any).
     ///
-    /// Slices left on a lost GPU do not fail the call: the claim stays recorded and the reaper
+    /// MIG instances left on a lost GPU do not fail the call: the claim stays recorded and the reaper
     /// destroys them when the GPU answers again, while the kubelet can finish the pod.
     ///
     /// # Errors
-    /// Slices that could not be destroyed (the kubelet retries; the reaper does too).
+    /// MIG instances that could not be destroyed (the kubelet retries; the reaper does too).
     pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         let _held = self.records.locks.lock(&claim.uid).await;
         self.api.status.stop(&claim.uid).await;
@@ -148,9 +148,9 @@ impl Preparer {
                 })
                 .await?;
         }
-        // A share whose slice other shares keep leaves it, and its MPS daemon, to them
+        // A share whose MIG instance other shares keep leaves it, and its MPS daemon, to them
         // (docs/design.md §7, "Shared slices"; its kind decides). Decided after the mark: a
-        // share joins only a slice some share holds that is not being released, so none joins
+        // share joins only a MIG instance some share holds that is not being released, so none joins
         // after this.
         let (devices, kept): (Vec<RecordedDevice>, Vec<RecordedDevice>) =
             self.records.checkpoint.read(|cp| {

@@ -61,7 +61,7 @@ impl Preparer {
         }
         self.learn_pods_of_kept().await;
         // Before the orphans are destroyed (`destroy_orphans` requires the proof): an
-        // unrecorded daemon's MPS server keeps its slice in use, and the slice's destroy would
+        // unrecorded daemon's MPS server keeps its MIG instance in use, and the MIG instance's destroy would
         // fail.
         let restored = self
             .layers
@@ -304,7 +304,7 @@ impl Preparer {
     ) -> Option<(Vec<RecordedDevice>, Vec<Holding>)> {
         let planned = self.resolve(claim, Some(rc)).ok()?;
         let started: Vec<RecordedDevice> = planned.iter().map(plan::record).collect();
-        // A share's slice may already be recorded by another share of it: that is no other
+        // A share's MIG instance may already be recorded by another share of it: that is no other
         // claim's instance.
         let matched = plan::match_devices(&started, live, |s| {
             self.records

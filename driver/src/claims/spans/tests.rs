@@ -22,7 +22,7 @@ fn json_line(lines: &[String], message: &str) -> Value {
         .unwrap_or_else(|| panic!("no line {message:?} in {lines:#?}"))
 }
 
-/// Claim `ns/a` (UID_A) allocated one slice on an emulated H100, and its preparer.
+/// Claim `ns/a` (UID_A) allocated one MIG instance on an emulated H100, and its preparer.
 fn setup(
     dir: &std::path::Path,
 ) -> (
@@ -83,7 +83,7 @@ async fn a_warning_inside_a_prepare_keeps_its_claim_under_a_warn_filter() {
     let dir = tempfile::tempdir().unwrap();
     let (emu, _api, p) = setup(dir.path());
     p.prepare_claim(&claim_a()).await.unwrap();
-    // The slice is destroyed behind the plugin's back: the kubelet's retry warns and repairs.
+    // The MIG instance is destroyed behind the plugin's back: the kubelet's retry warns and repairs.
     let instance = emu.all_instances().unwrap().remove(0);
     emu.destroy_instance(0, instance.gi_id).unwrap();
     let (out, _guard) = capture(LogFormat::Text, "warn");

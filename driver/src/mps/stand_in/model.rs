@@ -15,7 +15,7 @@ use super::super::layout::CONTROL_SOCKET;
 /// What the stand-in records, in its log directory.
 pub const RECORD_FILE: &str = "stand-in.json";
 
-/// Everything the stand-in daemons of one slice did: one run per start.
+/// Everything the stand-in daemons of one MIG instance did: one run per start.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Record {
@@ -29,7 +29,7 @@ pub struct Record {
 pub struct Run {
     /// Its process id.
     pub pid: u32,
-    /// Its `CUDA_VISIBLE_DEVICES`: the slice's MIG UUID, the one device it sees.
+    /// Its `CUDA_VISIBLE_DEVICES`: the MIG instance's MIG UUID, the one device it sees.
     pub visible_devices: String,
     /// Its `CUDA_MPS_PIPE_DIRECTORY`.
     pub pipe_directory: String,

@@ -104,7 +104,7 @@ impl Proc {
     }
 
     /// After the daemon exited on its own: kills what is left of its group (an MPS server it
-    /// started and that outlived it would keep the slice in use and the next daemon from
+    /// started and that outlived it would keep the MIG instance in use and the next daemon from
     /// serving it).
     fn kill_leftovers(&self, pgid: Option<u32>) {
         if let Some(pgid) = pgid {

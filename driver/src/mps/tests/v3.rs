@@ -124,7 +124,7 @@ fn a_shares_namespace_gets_the_tighter_of_its_slices_limits_and_its_part() {
     };
     // A claim's own namespace: its config.
     assert_eq!(namespace_limits(&config, None), config);
-    // A share of a quarter of a slice with 2560 MiB: its part is tighter on memory, the
+    // A share of a quarter of a MIG instance with 2560 MiB: its part is tighter on memory, the
     // config on compute.
     assert_eq!(
         namespace_limits(&config, Some((25, 2560))),
@@ -141,7 +141,7 @@ fn a_shares_namespace_gets_the_tighter_of_its_slices_limits_and_its_part() {
         }
     );
     // Without a config a share still gets its part: a namespace without limits would get the
-    // whole slice (named namespaces do not inherit the server's).
+    // whole MIG instance (named namespaces do not inherit the server's).
     assert_eq!(
         namespace_limits(&MpsLimits::default(), Some((25, 2560))),
         MpsLimits {

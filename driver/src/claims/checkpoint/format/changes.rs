@@ -59,7 +59,7 @@ impl Checkpoint {
         cdi_device_ids: BTreeMap<String, Vec<String>>,
     ) {
         // The pods a claim was prepared for stay known across its states: a container of any of
-        // them may use its slices until the kubelet unprepares it. So does whether the kubelet
+        // them may use its MIG instances until the kubelet unprepares it. So does whether the kubelet
         // holds it (a repair keeps the guard); only the kubelet's unprepare or the orphan rule
         // ends that ([`Self::set_releasing_for_good`]).
         let previous = self.claims.get(claim_uid);

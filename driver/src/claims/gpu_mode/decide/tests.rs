@@ -107,10 +107,10 @@ fn holders_are_the_other_claims_with_a_device_of_the_other_kind_on_the_gpu() {
         vec![device(1, DeviceKind::Mig)],
         Default::default(),
     );
-    // MIG mode wanted on: whole GPUs stand in the way, slices do not.
+    // MIG mode wanted on: whole GPUs stand in the way, MIG instances do not.
     assert_eq!(holders_on_gpu(&cp, "x", 1, true), vec!["claim ns/b (b)"]);
     assert!(holders_on_gpu(&cp, "x", 0, true).is_empty());
-    // Wanted off: slices stand in the way, in any state.
+    // Wanted off: MIG instances stand in the way, in any state.
     assert_eq!(holders_on_gpu(&cp, "x", 1, false), vec!["claim ns/c (c)"]);
     assert_eq!(holders_on_gpu(&cp, "x", 0, false), vec!["claim ns/a (a)"]);
     // A claim never stands in its own way.

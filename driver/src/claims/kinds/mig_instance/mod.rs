@@ -1,4 +1,4 @@
-//! The MIG slice one claim holds (docs/design.md §7, "Prepare"): preparing it creates a MIG
+//! The MIG instance one claim holds (docs/design.md §7, "Prepare"): preparing it creates a MIG
 //! instance at exactly its allocated placement, its CDI device gives that instance's device
 //! nodes and MIG UUID, its release destroys exactly the recorded instance. It is the base kind:
 //! a MIG device no other kind serves is one. What it does with MIG instances (create, identity,
@@ -16,7 +16,7 @@ use crate::gpu::MigInstance;
 use crate::publish::devices::{DeviceKind, DeviceRef};
 use das_api::claim_status::DeviceStatusData;
 
-/// The MIG slice kind.
+/// The MIG instance kind.
 pub struct MigInstanceKind;
 
 #[tonic::async_trait]
@@ -60,7 +60,7 @@ impl Kind for MigInstanceKind {
         }
     }
 
-    /// Its GI's and CI's capability nodes (the parent node every slice of the GPU shares).
+    /// Its GI's and CI's capability nodes (the parent node every MIG instance of the GPU shares).
     fn own_node(&self, path: &str) -> bool {
         is_capability_node(path)
     }

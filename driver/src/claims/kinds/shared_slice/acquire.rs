@@ -1,5 +1,5 @@
 //! A share's prepare under its GPU's lock (docs/design.md §7, "Shared slices"): it creates the
-//! slice, or joins the one other shares hold, decided from the records ([`plan::on_share`]).
+//! MIG instance, or joins the one other shares hold, decided from the records ([`plan::on_share`]).
 
 use super::plan::{self, OnShare};
 use crate::claims::checkpoint::{Checkpoint, InstanceId, RecordedDevice};
@@ -8,14 +8,14 @@ use crate::claims::{PrepareError, ShareRefusal};
 use crate::gpu::MigInstance;
 
 /// The instance of planned share `p` (its claim's `i`th device) on GPU `tx.gpu`, whose lock
-/// the caller holds: created, or, for a share of a slice other shares hold, theirs (refused
-/// where those serve another namespace). A share that joins records the slice's instance in
+/// the caller holds: created, or, for a share of a MIG instance other shares hold, theirs (refused
+/// where those serve another namespace). A share that joins records that MIG instance in
 /// the same change of the checkpoint that decides it: a release of another share that decides
 /// between the two (after its record is marked `Releasing`) sees this share as a holder, so it
-/// never stops the daemon or destroys the slice this share just joined.
+/// never stops the daemon or destroys the MIG instance this share just joined.
 ///
 /// # Errors
-/// [`PrepareError::Share`]: the share can neither create nor join its slice (nothing was
+/// [`PrepareError::Share`]: the share can neither create nor join its MIG instance (nothing was
 /// created); or what the create answered.
 pub(super) async fn create_or_join(
     i: usize,
@@ -45,7 +45,7 @@ pub(super) async fn create_or_join(
     }
 }
 
-/// The live instance `id` other shares of `p`'s slice hold, on GPU `tx.gpu` (its lock held).
+/// The live instance `id` other shares of `p`'s MIG instance hold, on GPU `tx.gpu` (its lock held).
 ///
 /// # Errors
 /// [`PrepareError::Share`]: the GPU does not answer, or the instance is gone.

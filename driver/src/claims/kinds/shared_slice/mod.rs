@@ -1,8 +1,8 @@
-//! A share of a shareable MIG slice (docs/design.md §7, "Shared slices"): the device
+//! A share of a shareable MIG instance (docs/design.md §7, "Shared slices"): the device
 //! `gpu-<i>-mig-<profile>-<start>-shared`, allocated to several claims, each with a share
-//! (`shareID`, consumed `shares` and `memory`). The first share's prepare creates the slice,
+//! (`shareID`, consumed `shares` and `memory`). The first share's prepare creates the MIG instance,
 //! later ones join it, and the last one's release destroys it; the checkpoint's records are the
-//! reference count ([`plan`]). Every share is served with MPS. A slice serves one namespace
+//! reference count ([`plan`]). Every share is served with MPS. A MIG instance serves one namespace
 //! unless the admin lets shares cross namespaces ([`tenants`]).
 
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
@@ -66,7 +66,7 @@ impl Kind for SharedSliceKind {
         true
     }
 
-    /// The slice's: named by its GPU's UUID (the device name gives the placement), whichever
+    /// The MIG instance's: named by its GPU's UUID (the device name gives the placement), whichever
     /// share asks.
     fn owner<'a>(&self, _claim_uid: &'a str, d: &'a RecordedDevice) -> &'a str {
         &d.gpu_uuid
@@ -84,12 +84,12 @@ impl Kind for SharedSliceKind {
         true
     }
 
-    /// Its shares may not join a slice claims of another namespace hold.
+    /// Its shares may not join a MIG instance claims of another namespace hold.
     async fn precheck(&self, planned: &[&Planned], cx: &Precheck<'_>) -> Result<(), PrepareError> {
         tenants::check_namespace(planned, cx)
     }
 
-    /// Creates the slice, or joins the one other shares hold ([`plan::on_share`]).
+    /// Creates the MIG instance, or joins the one other shares hold ([`plan::on_share`]).
     async fn acquire(&self, i: usize, p: &Planned, tx: &GpuTxn<'_>) -> Result<Holding, Failed> {
         acquire::create_or_join(i, p, tx)
             .await
@@ -111,7 +111,7 @@ impl Kind for SharedSliceKind {
         }
     }
 
-    /// Its GI's and CI's capability nodes (the parent node every slice of the GPU shares).
+    /// Its GI's and CI's capability nodes (the parent node every MIG instance of the GPU shares).
     fn own_node(&self, path: &str) -> bool {
         is_capability_node(path)
     }

@@ -1,12 +1,12 @@
 //! Shares of a shareable device (pure; docs/design.md §7, "Shared slices"): what a claim's
 //! share is (the allocation result's `shareID` and consumed capacity), whether a prepare creates
-//! the slice or joins the one other shares hold, and whether a release leaves the slice to
-//! them. The records of the checkpoint are the shares' reference count: a slice lives while a
+//! the MIG instance or joins the one other shares hold, and whether a release leaves the MIG instance to
+//! them. The records of the checkpoint are the shares' reference count: a MIG instance lives while a
 //! record holds it.
 //!
-//! A slice serves one namespace unless the admin lets shares cross namespaces (docs/design.md
+//! A MIG instance serves one namespace unless the admin lets shares cross namespaces (docs/design.md
 //! §7, "Shares are a tenant's own"): [`check_namespace`] refuses, before anything is recorded,
-//! a share of a slice that claims of another namespace hold, [`on_share`] decides the same
+//! a share of a MIG instance that claims of another namespace hold, [`on_share`] decides the same
 //! under the GPU's lock, and [`share_namespaces`] is what the publisher puts on each shareable
 //! device (`shareNamespace`) so that das-webhook's selector steers the scheduler away.
 
@@ -119,13 +119,13 @@ fn share_holders<'a>(
         .filter(move |(_, _, d)| is_share_of(d, &gpu_uuid, &device))
 }
 
-/// Before anything is recorded for claim `uid`: refuses a planned share of a slice that claims
+/// Before anything is recorded for claim `uid`: refuses a planned share of a MIG instance that claims
 /// of a namespace other than `only` hold shares of (any state: a prepare under way, a share
 /// being released). `only` is the claim's namespace, or `None` where shares may cross
 /// namespaces (nothing is refused). A retried prepare of a completed claim never comes here.
 ///
 /// # Errors
-/// [`PrepareError::Share`] naming the namespace the slice serves, its holders and what to do.
+/// [`PrepareError::Share`] naming the namespace the MIG instance serves, its holders and what to do.
 pub fn check_namespace(
     cp: &Checkpoint,
     uid: &str,
@@ -200,21 +200,21 @@ pub fn share_namespaces(cp: &Checkpoint) -> BTreeMap<String, String> {
 /// recorded, so the records say which instance exists).
 #[derive(Debug, Clone)]
 pub enum OnShare {
-    /// No other share holds the slice: create it.
+    /// No other share holds the MIG instance: create it.
     Create,
-    /// Join the slice other shares hold (same config): record its instance.
+    /// Join the MIG instance other shares hold (same config): record its instance.
     Join(InstanceId),
-    /// Neither: the slice serves another namespace, its config differs, or its only holders
+    /// Neither: the MIG instance serves another namespace, its config differs, or its only holders
     /// are being released (the kubelet retries the prepare once they are gone).
     Refuse(PrepareError),
 }
 
-/// Decides [`OnShare`] for planned share `p` of claim `uid`, whose slice may serve namespace
-/// `only` alone (`None`: shares may cross namespaces). A share joins only a slice some share
+/// Decides [`OnShare`] for planned share `p` of claim `uid`, whose MIG instance may serve namespace
+/// `only` alone (`None`: shares may cross namespaces). A share joins only a MIG instance some share
 /// holds that is not being released: a release decides whether it is the last holder after it
-/// marks its record `Releasing`, so no share joins a slice whose release has begun. Only the
+/// marks its record `Releasing`, so no share joins a MIG instance whose release has begun. Only the
 /// holders with the instance recorded count here: of two claims of different namespaces that
-/// passed [`check_namespace`] at once, the first to take the GPU's lock creates the slice and
+/// passed [`check_namespace`] at once, the first to take the GPU's lock creates the MIG instance and
 /// the other is refused, never both.
 pub fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> OnShare {
     let holders: Vec<_> = instance_holders(cp, uid, &p.at.gpu_uuid, &p.device).collect();
@@ -252,7 +252,7 @@ pub fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> 
 }
 
 /// Whether another claim's share, not being released, holds the instance of `d` (a share of
-/// claim `uid`): then releasing `d` leaves the slice and its MPS daemon to it.
+/// claim `uid`): then releasing `d` leaves the MIG instance and its MPS daemon to it.
 pub fn kept_by_other_shares(cp: &Checkpoint, uid: &str, d: &RecordedDevice) -> bool {
     d.share.is_some()
         && instance_holders(cp, uid, &d.gpu_uuid, &d.device)

@@ -1,9 +1,9 @@
 //! A shared slice serves one namespace (docs/design.md §7, "Shares are a tenant's own"): a
-//! share of a slice that claims of another namespace hold is refused before anything is
+//! share of a MIG instance that claims of another namespace hold is refused before anything is
 //! recorded for it ([`check_namespace`]; the same rule is decided again under the GPU's lock,
 //! [`super::plan::on_share`]), and the publisher learns, after every change of the records,
 //! which namespace each shareable device serves ([`namespaces_facts`]), so that das-webhook's
-//! selector steers the scheduler away from slices of other namespaces. With
+//! selector steers the scheduler away from MIG instances of other namespaces. With
 //! `--shares-across-namespaces` neither happens.
 
 use super::plan;
@@ -11,10 +11,10 @@ use crate::claims::PrepareError;
 use crate::claims::kinds::{NodeDevices, Planned, Precheck, RecordFacts};
 
 /// Before a prepare or carve of claim `cx.claim` records anything: its shares (`planned`) may
-/// not join a slice that claims of another namespace hold ([`plan::check_namespace`]).
+/// not join a MIG instance that claims of another namespace hold ([`plan::check_namespace`]).
 ///
 /// # Errors
-/// [`PrepareError::Share`] naming the namespace the slice serves, its holders and what to do;
+/// [`PrepareError::Share`] naming the namespace the MIG instance serves, its holders and what to do;
 /// nothing was recorded, created or joined.
 pub(super) fn check_namespace(planned: &[&Planned], cx: &Precheck<'_>) -> Result<(), PrepareError> {
     let only = cx.node.share_scope(&cx.claim.namespace);

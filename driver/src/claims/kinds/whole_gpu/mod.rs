@@ -1,7 +1,7 @@
 //! A whole GPU (docs/design.md §7, "Whole GPUs"): a GPU with MIG mode off, held by one claim.
 //! Nothing is created, looked for or destroyed on the GPU: its record holds no instance, its
 //! CDI device gives the GPU's device node `/dev/nvidia<minor>` and its UUID, and its placement
-//! is every memory slice of its GPU, so it overlaps every slice of that GPU. Before anything is
+//! is every memory slice of its GPU, so it overlaps every MIG instance of that GPU. Before anything is
 //! recorded its GPU must answer with the UUID it was published with and MIG mode off, or one
 //! DAS may switch off ([`check`], [`plan`]).
 

@@ -1,4 +1,4 @@
-//! What a container of an MPS device gets of its slice's MPS control daemon (docs/design.md
+//! What a container of an MPS device gets of its MIG instance's MPS control daemon (docs/design.md
 //! §7, "MPS on a slice", *CDI*): the pipe directory (the daemon's, or with protocol 3 only its
 //! namespace's), the shm tmpfs as `/dev/shm`, and with protocol 2 a share's limits in its
 //! environment.

@@ -1,7 +1,7 @@
 //! The MPS control daemons of a claim's MPS devices (docs/design.md §7, "MPS on a slice"): the
-//! start of each daemon once its slice exists (before the CDI spec is written: a container
-//! never gets a pipe directory without a daemon behind it), the stop before its slice is
-//! destroyed (a live MPS server keeps the slice in use), a share's leave of a slice others
+//! start of each daemon once its MIG instance exists (before the CDI spec is written: a container
+//! never gets a pipe directory without a daemon behind it), the stop before its MIG instance is
+//! destroyed (a live MPS server keeps the MIG instance in use), a share's leave of a MIG instance others
 //! keep, and their return at start-up. [`crate::mps::MpsDaemons`] runs and supervises them.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,7 +19,7 @@ use crate::mps::{DaemonSpec, Namespace, layout};
 
 impl MpsLayer {
     /// The daemon of `d` of `claim`, if `d` is an MPS device whose instance exists. A shared
-    /// slice's daemon is the slice's, not one share's: the same spec whichever share asks.
+    /// MIG instance's daemon is the MIG instance's, not one share's: the same spec whichever share asks.
     fn spec(&self, claim: &ClaimRef, d: &RecordedDevice) -> Option<DaemonSpec> {
         let limits = d.mps.as_ref()?;
         let mig_uuid = d.mig_uuid().filter(|u| !u.is_empty())?;
@@ -38,7 +38,7 @@ impl MpsLayer {
     }
 
     /// The MPS namespace of `d` of claim `claim_uid` (protocol 3): named after the claim and
-    /// device, with the claim's limits, or for a share the tighter of its slice's and its own.
+    /// device, with the claim's limits, or for a share the tighter of its MIG instance's and its own.
     fn namespace(claim_uid: &str, d: &RecordedDevice) -> Option<Namespace> {
         let config = d.mps.as_ref()?;
         let share = d.share.as_ref().map(|s| {
@@ -66,7 +66,7 @@ impl MpsLayer {
             let Some(spec) = self.spec(claim, d) else {
                 continue;
             };
-            // The shares of one slice start its daemon concurrently: one at a time.
+            // The shares of one MIG instance start its daemon concurrently: one at a time.
             let _one = self.locks.lock(&spec.id).await;
             self.daemons
                 .start(spec, Self::namespace(&claim.uid, d))
@@ -80,7 +80,7 @@ impl MpsLayer {
     }
 
     /// Stops the daemons of `devices`' MPS devices and removes their directories (nothing to do
-    /// for a device without one; the caller leaves out the shares whose slice other shares
+    /// for a device without one; the caller leaves out the shares whose MIG instance other shares
     /// keep). A directory that cannot be removed is only logged: the daemon is gone, and
     /// start-up removes what no record holds.
     pub(super) async fn stop(&self, claim: &ClaimRef, devices: &[RecordedDevice]) {
@@ -94,8 +94,8 @@ impl MpsLayer {
         }
     }
 
-    /// A share whose slice other shares keep leaves it: its namespace is deleted from the
-    /// slice's daemon (protocol 3; nothing to do with protocol 2, whose shares have none).
+    /// A share whose MIG instance other shares keep leaves it: its namespace is deleted from the
+    /// MIG instance's daemon (protocol 3; nothing to do with protocol 2, whose shares have none).
     pub(super) async fn leave(&self, claim: &ClaimRef, kept: &[RecordedDevice]) {
         for d in kept.iter().filter(|d| d.mps.is_some()) {
             let owner = daemon_owner(&claim.uid, d);

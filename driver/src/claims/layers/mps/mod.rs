@@ -1,9 +1,9 @@
 //! MPS as a layer (docs/design.md §7, "MPS on a slice"): a device whose config says
 //! `sharing: {strategy: MPS}` is prepared as its kind prepares it, and its claim's containers
 //! then share what it holds through NVIDIA's CUDA Multi-Process Service, one control daemon per
-//! slice. The claim's configs give each device its limits ([`plan`]); a prepare checks them and
+//! MIG instance. The claim's configs give each device its limits ([`plan`]); a prepare checks them and
 //! that MPS is available before anything is created ([`MpsLayer::check`]); the daemon starts
-//! once the slice exists and before the CDI spec is written, and stops before the slice is
+//! once the MIG instance exists and before the CDI spec is written, and stops before the MIG instance is
 //! destroyed ([`daemons`]); the CDI device mounts its pipe and shm directories ([`cdi`]). Its
 //! record carries the limits (checkpoint version 6), so start-up brings the daemon back.
 //! [`crate::mps::MpsDaemons`] runs and supervises the daemons.
@@ -48,12 +48,12 @@ impl Layer for MpsLayer {
         d.mps.is_some()
     }
 
-    /// Each MPS device's limits fit its slice, and MPS is available on this node if a device
+    /// Each MPS device's limits fit its MIG instance, and MPS is available on this node if a device
     /// needs it.
     ///
     /// # Errors
     /// [`PrepareError::MpsDaemon`] (no control binary), [`PrepareError::InvalidConfig`] (a
-    /// pinned memory limit above the slice's memory).
+    /// pinned memory limit above the MIG instance's memory).
     fn check(&self, planned: &[Planned], node: &NodeDevices) -> Result<(), PrepareError> {
         // The claim's own mistake first: it is one whatever the node.
         plan::check_limits(planned, |p| {
@@ -77,7 +77,7 @@ impl Layer for MpsLayer {
         self.start(claim, devices).await
     }
 
-    /// A share whose slice other shares keep leaves it (its namespace goes), then the daemons
+    /// A share whose MIG instance other shares keep leaves it (its namespace goes), then the daemons
     /// of the devices released stop.
     async fn take_off(
         &self,
@@ -86,7 +86,7 @@ impl Layer for MpsLayer {
         kept: &[RecordedDevice],
     ) {
         self.leave(claim, kept).await;
-        // An MPS server keeps its slice in use: its daemon goes first.
+        // An MPS server keeps its MIG instance in use: its daemon goes first.
         self.stop(claim, leaving).await;
     }
 
@@ -105,7 +105,7 @@ impl Layer for MpsLayer {
 
 /// Whose daemon serves `d` of claim `claim_uid` (the key of its ID and directories): whose
 /// instance it is, as its kind says ([`crate::claims::kinds::Kind::owner`]): the claim's, or for
-/// a share of a shared slice the slice's, named by its GPU's UUID (the device name gives the
+/// a share of a shared slice the MIG instance's, named by its GPU's UUID (the device name gives the
 /// placement).
 fn daemon_owner<'a>(claim_uid: &'a str, d: &'a RecordedDevice) -> &'a str {
     Kinds::standard().of_record(d).owner(claim_uid, d)

@@ -17,8 +17,8 @@ use crate::mps::{MpsLimits, commands};
 ///
 /// # Errors
 /// [`PrepareError::InvalidConfig`]: MPS on a device of a kind that makes no MIG instance, a
-/// whole GPU (DAS serves MPS on MIG slices only: the daemon is given the slice's MIG UUID, a
-/// whole GPU's MPS would also need its compute mode set, and a slice gives the same sharing
+/// whole GPU (DAS serves MPS on MIG instances only: the daemon is given the MIG instance's MIG UUID, a
+/// whole GPU's MPS would also need its compute mode set, and a MIG instance gives the same sharing
 /// with hardware isolation around it), or more than one MPS device in the claim (a container
 /// has one `CUDA_MPS_PIPE_DIRECTORY`, so it could reach one daemon only).
 pub fn with_mps(
@@ -55,11 +55,11 @@ pub fn with_mps(
     Ok(planned)
 }
 
-/// Checks each MPS device's limits against its slice, whose memory `memory_mib` gives (the
+/// Checks each MPS device's limits against its MIG instance, whose memory `memory_mib` gives (the
 /// profile's; `None` when the model does not list the profile: nothing to check).
 ///
 /// # Errors
-/// [`PrepareError::InvalidConfig`]: a pinned memory limit above the slice's memory.
+/// [`PrepareError::InvalidConfig`]: a pinned memory limit above the MIG instance's memory.
 pub fn check_limits(
     planned: &[Planned],
     memory_mib: impl Fn(&Planned) -> Option<u64>,

@@ -173,7 +173,7 @@ fn the_first_share_creates_and_later_ones_join_with_the_same_config() {
         OnShare::Create
     ));
     // A share recorded without its instance yet (its create comes under the GPU lock) is no
-    // slice to join.
+    // MIG instance to join.
     hold(&mut cp, "A", &a, PrepareState::PrepareStarted, None);
     assert!(matches!(
         on_share(&cp, "B", Some("ns"), &planned("b", limits(50))),
@@ -184,7 +184,7 @@ fn the_first_share_creates_and_later_ones_join_with_the_same_config() {
         OnShare::Join(id) => assert_eq!(id, instance(7)),
         other => panic!("{other:?}"),
     }
-    // Its own record is never a slice to join.
+    // Its own record is never a MIG instance to join.
     assert!(matches!(
         on_share(&cp, "A", Some("ns"), &a),
         OnShare::Create
@@ -233,7 +233,7 @@ fn a_release_leaves_the_slice_to_shares_that_stay() {
     let (a, b) = (planned("a", limits(50)), planned("b", limits(50)));
     hold(&mut cp, "A", &a, PrepareState::Releasing, Some(7));
     let mine = cp.get("A").unwrap().devices[0].clone();
-    // Alone: the last share destroys the slice.
+    // Alone: the last share destroys the MIG instance.
     assert!(!kept_by_other_shares(&cp, "A", &mine));
     // A share that joined (recorded with the instance, even before it completes) keeps it.
     hold(&mut cp, "B", &b, PrepareState::PrepareStarted, Some(7));
@@ -322,7 +322,7 @@ fn a_slice_serves_the_namespace_of_its_shares_only() {
     );
     let b = planned("b", limits(50));
     // Under the GPU's lock: a claim of another namespace is refused, naming the namespace the
-    // slice serves, its holder and what to do; one of the same namespace joins.
+    // MIG instance serves, its holder and what to do; one of the same namespace joins.
     match on_share(&cp, "B", Some("team-b"), &b) {
         OnShare::Refuse(e) => {
             assert_eq!(e.metric_label(), "share");
@@ -359,7 +359,7 @@ fn the_namespace_check_before_recording_counts_every_share_record() {
     let mut cp = Checkpoint::new("boot");
     let b = planned("b", limits(50));
     assert!(check_namespace(&cp, "B", Some("team-b"), std::slice::from_ref(&b)).is_ok());
-    // A share of team-a recorded before its create (no instance yet) already holds the slice
+    // A share of team-a recorded before its create (no instance yet) already holds the MIG instance
     // against team-b: nothing is recorded for B.
     hold_in(
         &mut cp,
@@ -475,7 +475,7 @@ fn each_shared_device_shows_the_namespace_of_its_shares() {
         share_namespaces(&cp),
         want(das_api::attributes::SHARE_NAMESPACE_SEVERAL)
     );
-    // An exclusive slice shows nothing; the last share's record dropped, neither does its
+    // An exclusive MIG instance shows nothing; the last share's record dropped, neither does its
     // device.
     let exclusive = Planned {
         device: "gpu-0-mig-1g-10gb-3".into(),
