@@ -9,10 +9,11 @@
 //! order the allocation lists them (`status.allocation.devices.config`: the scheduler copies the
 //! classes' configs before the claim's).
 //!
-//! Version `v1alpha1` has one kind, [`MigDeviceConfig`], with two sharing strategies:
-//! [`SharingStrategy::Exclusive`] (the default: one claim, its containers alone on the slice) and
+//! Version `v1alpha1` has one kind, [`MigDeviceConfig`], with three sharing strategies:
+//! [`SharingStrategy::Exclusive`] (the default: one claim, its containers alone on the slice),
 //! [`SharingStrategy::Mps`] (the claim's containers share the slice through an MPS control daemon
-//! of its own, with the limits of [`MpsConfig`]).
+//! of its own, with the limits of [`MpsConfig`]) and [`SharingStrategy::TimeSlicing`] (a whole
+//! GPU's time slice for the claim's containers, [`TimeSlicingConfig`]).
 
 use std::collections::BTreeMap;
 
@@ -44,8 +45,20 @@ impl MigDeviceConfig {
         (sharing.strategy == SharingStrategy::Mps).then(|| sharing.mps.clone().unwrap_or_default())
     }
 
-    /// The checks serde cannot make: `mps` only with strategy `MPS`, and a pinned memory limit
-    /// that is a quantity of at least 1 MiB.
+    /// The time slice when the strategy is [`SharingStrategy::TimeSlicing`] (an absent
+    /// `timeSlicing` is [`TimeSliceInterval::Default`]); `None` for any other strategy.
+    pub fn time_slice(&self) -> Option<TimeSliceInterval> {
+        let sharing = self.sharing.as_ref()?;
+        (sharing.strategy == SharingStrategy::TimeSlicing).then(|| {
+            sharing
+                .time_slicing
+                .as_ref()
+                .map_or(TimeSliceInterval::Default, |t| t.interval)
+        })
+    }
+
+    /// The checks serde cannot make: `mps` only with strategy `MPS`, `timeSlicing` only with
+    /// strategy `TimeSlicing`, and a pinned memory limit that is a quantity of at least 1 MiB.
     ///
     /// # Errors
     /// What is wrong and what is valid, naming the field.
@@ -53,16 +66,25 @@ impl MigDeviceConfig {
         let Some(sharing) = &self.sharing else {
             return Ok(());
         };
-        match (&sharing.strategy, &sharing.mps) {
-            (SharingStrategy::Exclusive, Some(_)) => Err(
-                "sharing.mps is set but sharing.strategy is Exclusive; set strategy: MPS, or remove mps"
-                    .into(),
-            ),
-            (_, Some(mps)) => mps
+        let strategy = sharing.strategy;
+        if sharing.mps.is_some() && strategy != SharingStrategy::Mps {
+            return Err(format!(
+                "sharing.mps is set but sharing.strategy is {}; set strategy: MPS, or remove mps",
+                strategy.name()
+            ));
+        }
+        if sharing.time_slicing.is_some() && strategy != SharingStrategy::TimeSlicing {
+            return Err(format!(
+                "sharing.timeSlicing is set but sharing.strategy is {}; set strategy: TimeSlicing, or remove timeSlicing",
+                strategy.name()
+            ));
+        }
+        match &sharing.mps {
+            Some(mps) => mps
                 .pinned_device_memory_limit_mib()
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }
@@ -76,6 +98,10 @@ pub struct Sharing {
     /// The MPS limits (`sharing.mps`); only with [`SharingStrategy::Mps`], optional there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsConfig>,
+    /// The time slice (`sharing.timeSlicing`); only with [`SharingStrategy::TimeSlicing`],
+    /// optional there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slicing: Option<TimeSlicingConfig>,
 }
 
 /// A sharing strategy (`sharing.strategy`).
@@ -89,6 +115,62 @@ pub enum SharingStrategy {
     /// within the limits of [`MpsConfig`] (docs/design.md §7, "MPS on a slice").
     #[serde(rename = "MPS")]
     Mps,
+    /// The claim's containers (of every pod that shares the claim) take turns on a whole GPU,
+    /// each CUDA context for the GPU's time slice ([`TimeSlicingConfig`]; NVIDIA's
+    /// `TimeSlicing`, docs/design.md §7, "Time-slicing"). Whole GPUs only: a MIG instance's
+    /// compute is its own.
+    TimeSlicing,
+}
+
+impl SharingStrategy {
+    /// The name a config writes (`Exclusive`, `MPS`, `TimeSlicing`).
+    pub fn name(self) -> &'static str {
+        match self {
+            SharingStrategy::Exclusive => "Exclusive",
+            SharingStrategy::Mps => "MPS",
+            SharingStrategy::TimeSlicing => "TimeSlicing",
+        }
+    }
+}
+
+/// The time-slicing settings of a whole GPU (`sharing.timeSlicing`), NVIDIA's
+/// `TimeSlicingConfig`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TimeSlicingConfig {
+    /// How long each CUDA context runs before the GPU switches to the next; absent:
+    /// [`TimeSliceInterval::Default`].
+    #[serde(default, deserialize_with = "interval")]
+    pub interval: TimeSliceInterval,
+}
+
+/// A GPU's compute time slice (`sharing.timeSlicing.interval`), as NVIDIA names it: the
+/// driver's default, or a short, medium or long slice. NVIDIA publishes no duration for them;
+/// they are the levels 0 to 3 of `nvidia-smi compute-policy --set-timeslice` ([`Self::level`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TimeSliceInterval {
+    /// The driver's default time slice (level 0): what a GPU has when nobody set one.
+    #[default]
+    Default,
+    /// Level 1: more switches, lower latency for each context.
+    Short,
+    /// Level 2.
+    Medium,
+    /// Level 3: fewer switches, more throughput for long kernels.
+    Long,
+}
+
+impl TimeSliceInterval {
+    /// The level `nvidia-smi compute-policy --set-timeslice` takes: 0 (Default) to 3 (Long),
+    /// as NVIDIA's DRA driver maps them (`TimeSliceInterval.Int()`).
+    pub fn level(self) -> u32 {
+        match self {
+            TimeSliceInterval::Default => 0,
+            TimeSliceInterval::Short => 1,
+            TimeSliceInterval::Medium => 2,
+            TimeSliceInterval::Long => 3,
+        }
+    }
 }
 
 /// The limits of an MPS device (`sharing.mps`), set through the slice's MPS control daemon as
@@ -156,6 +238,16 @@ impl MpsConfig {
 
 /// Reads `activeThreadPercentage`: an integer from 1 to 100, anything else an error that
 /// names the field and the range.
+/// `sharing.timeSlicing.interval`: one of NVIDIA's four names, or an error naming them.
+fn interval<'de, D: Deserializer<'de>>(d: D) -> Result<TimeSliceInterval, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    TimeSliceInterval::deserialize(&v).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "sharing.timeSlicing.interval {v} is not valid; valid: Default, Short, Medium, Long"
+        ))
+    })
+}
+
 fn percentage<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u8>, D::Error> {
     let v = serde_json::Value::deserialize(d)?;
     match v.as_u64() {

@@ -117,6 +117,7 @@ async fn run() {
         api: api.clone(),
         node: NODE.into(),
         inventory: backend.inventory().expect("inventory"),
+        time_slicer: das_driver::gpu::TimeSlicer::Backend(backend.clone()),
         backend,
         cdi_dir: dir.path().join("cdi"),
         caps_major: 509,

@@ -232,6 +232,7 @@ impl Node {
             api: self.api.clone(),
             node: NODE.into(),
             inventory: backend.inventory().expect("inventory"),
+            time_slicer: das_driver::gpu::TimeSlicer::Backend(backend.clone()),
             backend,
             cdi_dir: self.dir.path().join("cdi"),
             caps_major: 509,

@@ -21,6 +21,7 @@ fn valid_checkpoint() -> Vec<u8> {
     let path = dir.path().join(CHECKPOINT_FILE_NAME);
     let mut cp = Checkpoint::new(BOOT);
     let device = RecordedDevice {
+        time_slice: None,
         kind: Default::default(),
         request: "gpu".into(),
         pool: "n0".into(),

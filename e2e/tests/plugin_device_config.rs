@@ -39,7 +39,9 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     .await?;
     ensure!(
         msg.contains("device configuration for mig.das.com")
-            && msg.contains("unknown field `timeSlice`, expected `strategy` or `mps`"),
+            && msg.contains(
+                "unknown field `timeSlice`, expected one of `strategy`, `mps`, `timeSlicing`"
+            ),
         "bad's event does not give the decoder's message: {msg}"
     );
     ensure!(

@@ -29,8 +29,8 @@ use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::{live_slices, start_plugin_with};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
-    NS, claim_of, create_class_template, create_pod, create_template, delete_pod, delete_pods,
-    wait_running, wait_unschedulable,
+    NS, claim_of, create_claim_pod, create_class_template, create_pod, create_template, delete_pod,
+    delete_pods, wait_running, wait_unschedulable,
 };
 use das_e2e::{Cluster, ClusterConfig, chart};
 use k8s_openapi::api::core::v1::Pod;
@@ -168,6 +168,7 @@ async fn scenarios(cluster: &Cluster, kubectl_das: &Path) -> Result<()> {
     kubectl_das_draws_the_l4(cluster, kubectl_das).await?;
     a_fatal_xid_on_the_l4_shows_in_its_pods_status(cluster).await?;
     delete_pods(&c, &["l4", "s1", "w2"]).await?;
+    two_pods_take_turns_on_a_time_sliced_l4(cluster).await?;
     a_legacy_gpu_pod_lands_on_the_l4(cluster, &l4).await?;
     cel_written_for_nvidias_driver_selects_the_l4(&c).await
 }
@@ -493,6 +494,109 @@ async fn l4_taints(c: &Client, want: impl Fn(&[String]) -> bool) -> Result<()> {
         Ok(want(&keys).then_some(()))
     })
     .await
+}
+
+/// The L4's compute time slice level as the emulated GPUs' state has it (0 when absent).
+fn l4_time_slice(cluster: &Cluster) -> Result<u64> {
+    let state = das::emulated_state(cluster.node(NODE))?;
+    Ok(state["gpus"][0]["timeSlice"].as_u64().unwrap_or(0))
+}
+
+/// A `MigDeviceConfig` asking for time-slicing with `interval`.
+fn time_slicing(interval: &str) -> serde_json::Value {
+    json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}})
+}
+
+/// Time-slicing (issue 43 item 3, docs/design.md §7, "Time-slicing"): a claim for a whole GPU
+/// with `TimeSlicing`/`Medium`, shared by two pods, gets the L4 and sets its time slice (level
+/// 2, read back from the emulated GPU); once both pods are gone it is back to the default. A
+/// claim with an interval NVIDIA does not name is denied at admission, saying what is valid.
+async fn two_pods_take_turns_on_a_time_sliced_l4(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    create_claim_pod(
+        &c,
+        "ts-a",
+        json!({"deviceClassName": DEVICE_CLASS_WHOLE_GPU}),
+        Some(time_slicing("Medium")),
+    )
+    .await?;
+    let second: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ts-b"},
+        "spec": {
+            "resourceClaims": [{"name": "mig", "resourceClaimName": "ts-a"}],
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": "mig"}]}}],
+            "terminationGracePeriodSeconds": 0
+        }
+    }))?;
+    Api::<Pod>::namespaced(c.clone(), NS)
+        .create(&PostParams::default(), &second)
+        .await?;
+    for pod in ["ts-a", "ts-b"] {
+        wait_running(&c, pod).await?;
+    }
+    let claim = Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(c.clone(), NS)
+        .get("ts-a")
+        .await?;
+    let got: Vec<String> = our_results(&claim).map(|r| r.device.clone()).collect();
+    ensure!(got == [L4], "ts-a got {got:?}");
+    ensure!(
+        l4_time_slice(cluster)? == 2,
+        "the L4's time slice is not Medium"
+    );
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let path = das::PluginDirs::of(cluster.node(NODE))
+        .state
+        .join(das_driver::claims::checkpoint::CHECKPOINT_FILE_NAME);
+    let checkpoint: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let record = &checkpoint["claims"][uid.as_str()];
+    ensure!(
+        record["devices"][0]["timeSlice"] == "Medium",
+        "the record of ts-a: {record}"
+    );
+    delete_pods(&c, &["ts-a", "ts-b"]).await?;
+    wait::until(
+        "the L4's time slice back to the default",
+        TIMEOUT,
+        || async { Ok((l4_time_slice(cluster)? == 0).then_some(())) },
+    )
+    .await?;
+    Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(c.clone(), NS)
+        .delete("ts-a", &Default::default())
+        .await?;
+    a_bad_interval_is_denied_at_admission(&c).await
+}
+
+/// A ResourceClaim whose time slice NVIDIA does not name is denied by das-webhook (a dry run,
+/// retried until the API server calls the webhook), with what is valid.
+async fn a_bad_interval_is_denied_at_admission(c: &Client) -> Result<()> {
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "ts-bad"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_WHOLE_GPU}}],
+            "config": [{"opaque": {"driver": das_api::DRIVER_NAME, "parameters": time_slicing("Fast")}}]
+        }}
+    }))?;
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let api = Api::namespaced(c.clone(), NS);
+    let denied = wait::until("the bad interval denied", TIMEOUT, || async {
+        match api.create(&dry, &claim).await {
+            Ok(_) => Ok(None),
+            Err(e) => Ok(Some(e.to_string())),
+        }
+    })
+    .await?;
+    ensure!(
+        denied.contains(r#"sharing.timeSlicing.interval \"Fast\" is not valid; valid: Default, Short, Medium, Long"#)
+            || denied.contains(r#"sharing.timeSlicing.interval "Fast" is not valid; valid: Default, Short, Medium, Long"#),
+        "{denied}"
+    );
+    Ok(())
 }
 
 /// Runs `kubectl-das <args>` against the cluster; its stdout, or an error with its stderr.

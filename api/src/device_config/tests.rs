@@ -38,6 +38,35 @@ fn an_mps_config_decodes_with_its_limits() {
 }
 
 #[test]
+fn a_time_slicing_config_decodes_with_its_interval() {
+    let short = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+        "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Short"}}});
+    let c = ok(short);
+    assert_eq!(c.time_slice(), Some(TimeSliceInterval::Short));
+    assert_eq!(c.mps(), None);
+    // No `timeSlicing`, or no interval: the driver's default; other strategies: none.
+    for bare in [
+        json!({"strategy": "TimeSlicing"}),
+        json!({"strategy": "TimeSlicing", "timeSlicing": {}}),
+    ] {
+        let v = json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG, "sharing": bare});
+        assert_eq!(ok(v).time_slice(), Some(TimeSliceInterval::Default));
+    }
+    assert_eq!(MigDeviceConfig::default().time_slice(), None);
+    // NVIDIA's levels of `nvidia-smi compute-policy --set-timeslice`.
+    let levels: Vec<u32> = [
+        TimeSliceInterval::Default,
+        TimeSliceInterval::Short,
+        TimeSliceInterval::Medium,
+        TimeSliceInterval::Long,
+    ]
+    .iter()
+    .map(|i| i.level())
+    .collect();
+    assert_eq!(levels, [0, 1, 2, 3]);
+}
+
+#[test]
 fn quantities_are_read_as_kubernetes_writes_them() {
     for (q, bytes) in [
         ("2Gi", 2u64 << 30),
@@ -109,12 +138,32 @@ fn every_bad_config_says_what_is_wrong_and_what_is_valid() {
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
                 "sharing": {"strategy": "Mps"}}),
-            "unknown variant `Mps`, expected `Exclusive` or `MPS`",
+            "unknown variant `Mps`, expected one of `Exclusive`, `MPS`, `TimeSlicing`",
         ),
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
                 "sharing": {"strategy": "Exclusive", "mps": {}}}),
             "sharing.mps is set but sharing.strategy is Exclusive; set strategy: MPS, or remove mps",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "TimeSlicing", "mps": {}}}),
+            "sharing.mps is set but sharing.strategy is TimeSlicing; set strategy: MPS, or remove mps",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "MPS", "timeSlicing": {"interval": "Short"}}}),
+            "sharing.timeSlicing is set but sharing.strategy is MPS; set strategy: TimeSlicing, or remove timeSlicing",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Fast"}}}),
+            "sharing.timeSlicing.interval \"Fast\" is not valid; valid: Default, Short, Medium, Long",
+        ),
+        (
+            json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
+                "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": 2}}}),
+            "sharing.timeSlicing.interval 2 is not valid; valid: Default, Short, Medium, Long",
         ),
         (
             json!({"apiVersion": API_VERSION, "kind": KIND_MIG_DEVICE_CONFIG,
@@ -284,7 +333,7 @@ fn admission_checks_only_das_configs_by_their_field_path() {
     let e = validate_spec(&s).unwrap_err();
     assert_eq!(
         e,
-        "spec.devices.config[1].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`, expected `strategy` or `mps`"
+        "spec.devices.config[1].opaque.parameters: MigDeviceConfig: unknown field `timeSlice`, expected one of `strategy`, `mps`, `timeSlicing`"
     );
     // The same words as a prepare of that config (decode's message).
     assert!(e.ends_with(&decode(&bad).unwrap_err()));

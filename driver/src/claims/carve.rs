@@ -142,6 +142,7 @@ pub fn allocated_devices(rc: Option<&ResourceClaim>, node: &str) -> Vec<Recorded
     results
         .filter(|r| r.pool == node)
         .map(|r| RecordedDevice {
+            time_slice: None,
             kind: Default::default(),
             request: r.request.clone(),
             pool: r.pool.clone(),

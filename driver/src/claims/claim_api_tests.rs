@@ -53,6 +53,7 @@ fn names(claims: &[k8s_openapi::api::resource::v1::ResourceClaim]) -> Vec<&str> 
 /// A prepared 1g.10gb device at memory slice 6 of GPU 0.
 fn device() -> RecordedDevice {
     RecordedDevice {
+        time_slice: None,
         kind: Default::default(),
         request: "mig".into(),
         pool: "n0".into(),

@@ -76,11 +76,15 @@ pub const LIBRARIES: [&str; 12] = [
 /// Tools of the `utility` and `compute` capabilities (libnvidia-container `src/nvc_info.c`),
 /// without the daemons a container has no use for.
 pub const TOOLS: [&str; 4] = [
-    "nvidia-smi",
+    NVIDIA_SMI,
     "nvidia-debugdump",
     MPS_CONTROL,
     "nvidia-cuda-mps-server",
 ];
+
+/// NVIDIA's management tool: mounted for containers like the other tools, and run by the plugin
+/// to set a time-sliced whole GPU's time slice (docs/design.md §7, "Time-slicing").
+pub const NVIDIA_SMI: &str = "nvidia-smi";
 
 /// NVIDIA's MPS control binary: mounted for containers like the other tools, and run by the
 /// plugin itself as the MPS control daemon of a MIG instance (docs/design.md §7, "MPS on a slice").

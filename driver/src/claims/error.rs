@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use das_api::DRIVER_NAME;
 
-pub use reasons::{ModeRefusal, MpsConfigRefusal, ShareRefusal, WholeGpuRefusal};
+pub use reasons::{ModeRefusal, MpsConfigRefusal, ShareRefusal, TimeSliceRefusal, WholeGpuRefusal};
 
 use crate::claims::cdi::CdiError;
 use crate::claims::checkpoint::CheckpointError;
@@ -108,6 +108,18 @@ pub enum PrepareError {
         /// What failed, with the end of the daemon's log where it wrote one.
         reason: String,
     },
+    /// The time slice a whole GPU's config asks for could not be set (docs/design.md §7,
+    /// "Time-slicing"): no `nvidia-smi` on this node, the GPU refuses it, or `nvidia-smi`
+    /// failed. The prepare is rolled back.
+    #[error("device {device}: GPU {gpu}'s time slice could not be set: {reason}")]
+    TimeSlice {
+        /// Allocated device, `gpu-<index>`.
+        device: String,
+        /// The GPU's index.
+        gpu: u32,
+        /// What failed.
+        reason: String,
+    },
     /// A share of a shareable device cannot be prepared (docs/design.md §7, "Shared slices"):
     /// its allocation has no `shareID`, its config is not MPS, the MIG instance's other shares have
     /// another config, or they are being released. Nothing was created for it.
@@ -195,6 +207,7 @@ impl PrepareError {
             PrepareError::WholeGpuUnavailable { .. } => "whole_gpu_unavailable",
             PrepareError::MigModeSwitch { .. } => "mig_mode_switch",
             PrepareError::MpsDaemon { .. } => "mps_daemon",
+            PrepareError::TimeSlice { .. } => "time_slice",
             PrepareError::Share { .. } => "share",
             PrepareError::Create { .. } => "create",
             PrepareError::PlacementHeld { .. } => "placement_held",

@@ -1570,6 +1570,7 @@ fn the_invariant_checks_catch_a_gpu_held_twice() {
     rt.block_on(async {
         let w = World::new();
         let device = || crate::claims::checkpoint::RecordedDevice {
+            time_slice: None,
             kind: crate::claims::checkpoint::DeviceKind::WholeGpu,
             request: "gpu".into(),
             pool: NODE.into(),

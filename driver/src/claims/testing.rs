@@ -351,6 +351,7 @@ pub fn preparer_with(
         api,
         node: NODE.into(),
         inventory: backend.inventory().expect("inventory"),
+        time_slicer: crate::gpu::TimeSlicer::Backend(backend.clone()),
         backend,
         cdi_dir: dir.join("cdi"),
         caps_major: 509,
@@ -457,6 +458,13 @@ impl GpuBackend for MigOff {
         }
         self.set_mig(gpu, enabled);
         Ok(())
+    }
+    fn set_time_slice(
+        &self,
+        gpu: u32,
+        interval: das_api::device_config::TimeSliceInterval,
+    ) -> Result<(), BackendError> {
+        self.inner.set_time_slice(gpu, interval)
     }
 }
 

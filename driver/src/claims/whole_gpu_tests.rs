@@ -466,3 +466,83 @@ async fn on_the_emulated_backend_a_gpu_with_mig_mode_off_is_served_whole() {
     assert!(emu.all_instances().unwrap().is_empty());
     assert!(restarted.record_of(UID_A).is_none());
 }
+
+/// The emulated GPU 0's time slice level, as the state file has it (0 when absent).
+fn time_slice_level(s: &Setup) -> u64 {
+    let path = s
+        .dir
+        .path()
+        .join("emu")
+        .join(crate::gpu::emulated::STATE_FILE);
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    state["gpus"][0]["timeSlice"].as_u64().unwrap_or(0)
+}
+
+/// Time-slicing (docs/design.md §7, "Time-slicing"): a whole GPU whose claim asks for
+/// `TimeSlicing` gets its time slice set at prepare (recorded with the device), set again at
+/// start-up, and back to the default at unprepare; a GPU that refuses fails the prepare with
+/// `time_slice` and nothing is left.
+#[tokio::test(start_paused = true)]
+async fn a_time_sliced_whole_gpu_gets_its_slice_and_gives_it_back() {
+    use das_api::device_config::TimeSliceInterval;
+    let s = setup(false);
+    let a = s.claim("a", UID_A, "gpu-0");
+    let config = |interval: &str| {
+        json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig",
+            "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}})
+    };
+    s.api.configure(&a, config("Short"));
+    s.p.prepare_claim(&a).await.unwrap();
+    s.no_instances();
+    let record = s.p.record_of(UID_A).unwrap();
+    assert_eq!(record.devices[0].time_slice, Some(TimeSliceInterval::Short));
+    assert_eq!(time_slice_level(&s), 1);
+    assert_eq!(
+        s.spec(&a),
+        whole_gpu_spec(UID_A, &s.gpu0),
+        "nothing in the spec"
+    );
+    // A GPU reset (level lost) and a restart: start-up sets it again.
+    s.emu.set_time_slice(0, TimeSliceInterval::Default).unwrap();
+    let restarted = s.start();
+    restarted.reconcile_at_startup(false, false).await.unwrap();
+    assert_eq!(time_slice_level(&s), 1);
+    restarted.unprepare_claim(&a).await.unwrap();
+    assert_eq!(time_slice_level(&s), 0, "back to the driver's default");
+
+    // A GPU that refuses (as `nvidia-smi compute-policy` may): the prepare fails, rolled back.
+    let control = s
+        .dir
+        .path()
+        .join("emu")
+        .join(crate::gpu::emulated::CONTROL_FILE);
+    std::fs::write(
+        &control,
+        r#"{"setTimeSliceFaults": [{"gpu": 0, "count": 1, "kind": "NotSupported"}]}"#,
+    )
+    .unwrap();
+    let b = s.claim("b", UID_B, "gpu-0");
+    s.api.configure(&b, config("Long"));
+    let e = restarted.prepare_claim(&b).await.unwrap_err();
+    assert_eq!(e.metric_label(), "time_slice", "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("device gpu-0: GPU 0's time slice could not be set: "),
+        "{e}"
+    );
+    assert!(restarted.record_of(UID_B).is_none() && !s.spec_path(&b).exists());
+    assert_eq!(time_slice_level(&s), 0);
+    // The kubelet's retry gets it.
+    restarted.prepare_claim(&b).await.unwrap();
+    assert_eq!(time_slice_level(&s), 3);
+    // Time-slicing a MIG slice is the claim's mistake, said before anything is done.
+    let c = s.claim(
+        "c",
+        "cccccccc-0000-0000-0000-000000000003",
+        "gpu-1-mig-1g-5gb-0",
+    );
+    s.api.configure(&c, config("Short"));
+    let e = restarted.prepare_claim(&c).await.unwrap_err();
+    assert_eq!(e.metric_label(), "invalid_config", "{e}");
+    assert!(e.to_string().contains("applies to whole GPUs only"), "{e}");
+}

@@ -379,6 +379,21 @@ impl GpuBackend for EmulatedBackend {
         self.switch_mig_mode(gpu, enabled)
     }
 
+    /// See `emulated/time_slice.rs`.
+    fn set_time_slice(
+        &self,
+        gpu_index: u32,
+        interval: das_api::device_config::TimeSliceInterval,
+    ) -> Result<(), BackendError> {
+        self.apply_control_file();
+        let target = Target::gpu(gpu_index);
+        let gpu = self.live_gpu(gpu_index, target.clone())?;
+        if let Some(kind) = self.take_fault(Op::SetTimeSlice, gpu_index) {
+            return Err(kind.error(target));
+        }
+        self.store_time_slice(gpu, interval.level())
+    }
+
     fn instances_on(&self, gpu_index: u32) -> Result<Vec<MigInstance>, BackendError> {
         self.apply_control_file();
         let gpu = self.live_gpu(gpu_index, Target::gpu(gpu_index))?;
@@ -406,6 +421,7 @@ mod identity;
 mod instances;
 mod mig_mode;
 mod state;
+mod time_slice;
 
 pub use control::{Control, ControlFault, ControlXid, FaultKind, Latency, LatencyMs};
 use control::{ControlSeen, Op};

@@ -9,7 +9,9 @@
 //!   control file);
 //! - [`nvml`]: the NVML backend for real GPUs;
 //! - [`pci`]: a GPU's standard PCI bus ID and its PCIe root complex (from sysfs);
-//! - [`calls`]: [`GpuCalls`], the backend with where its blocking calls run and a lock per GPU.
+//! - [`calls`]: [`GpuCalls`], the backend with where its blocking calls run and a lock per GPU;
+//! - [`time_slice`]: [`TimeSlicer`], which sets a whole GPU's compute time slice (NVIDIA's
+//!   `nvidia-smi compute-policy`, or the emulated backend).
 //!
 //! Facts come from docs/reference/mig.md; the contract from docs/design.md §3 and §7.
 
@@ -20,6 +22,7 @@ pub(crate) mod layout;
 pub(crate) mod model;
 pub mod nvml;
 pub mod pci;
+pub mod time_slice;
 
 use std::fmt;
 use std::sync::Arc;
@@ -37,6 +40,7 @@ pub use emulated::{
 pub use layout::{Conflict, Occupancy, Placement};
 pub use model::{CiProfile, GiProfile, GpuModel, ResourceAmounts};
 pub use nvml::{INSTANCE_REFRESH, NvmlApi, NvmlBackend, NvmlOptions, RealNvml};
+pub use time_slice::TimeSlicer;
 
 /// One physical GPU as the backend sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -509,6 +513,27 @@ pub trait GpuBackend: Send + Sync {
     fn wait_health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, BackendError> {
         std::thread::sleep(timeout);
         Ok(Vec::new())
+    }
+
+    /// Sets GPU `gpu_index`'s compute time slice to `interval` (docs/design.md §7,
+    /// "Time-slicing"). Only the emulated backend answers: on real GPUs NVIDIA sets it with
+    /// `nvidia-smi compute-policy` (no NVML call does), which [`TimeSlicer`] runs. The default
+    /// answers [`BackendError::NotSupported`].
+    ///
+    /// # Errors
+    /// [`BackendError::NotSupported`] (this backend cannot), a lost GPU, or a write that failed.
+    fn set_time_slice(
+        &self,
+        gpu_index: u32,
+        interval: das_api::device_config::TimeSliceInterval,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::NotSupported {
+            target: Target::gpu(gpu_index),
+            reason: format!(
+                "this GPU backend cannot set a time slice ({})",
+                interval.level()
+            ),
+        })
     }
 
     /// Every MIG instance on the node, by GPU index and placement start; fails when any GPU does

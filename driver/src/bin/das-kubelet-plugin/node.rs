@@ -13,7 +13,9 @@ use das_driver::gpu::emulated::EMULATED_DRIVER_VERSION;
 use das_driver::gpu::emulated::device_nodes;
 use das_driver::gpu::emulated::driver_files::create_stand_in_driver;
 use das_driver::gpu::nvml::procfs;
-use das_driver::gpu::{EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml};
+use das_driver::gpu::{
+    EmulatedBackend, GpuBackend, GpuInfo, NvmlBackend, NvmlOptions, RealNvml, TimeSlicer,
+};
 use das_driver::mps::supervisor::MpsSettings;
 use das_driver::mps::{ControlBinary, Protocol, Shm, shm};
 use das_driver::node_checks::{self, HostView, NodeChecks};
@@ -37,6 +39,9 @@ pub(crate) struct NodeCheck {
     /// NVIDIA's MPS control binary among the driver's files under --driver-root, with the
     /// driver's library directory (as this process sees both), if the driver has it.
     pub(crate) mps_control: Option<(PathBuf, Option<PathBuf>)>,
+    /// NVIDIA's `nvidia-smi` among the driver's files, with the driver's library directory, if
+    /// the driver has it (it sets time slices).
+    pub(crate) nvidia_smi: Option<(PathBuf, Option<PathBuf>)>,
     /// What the checks of the node set-up found (real GPUs only; reported after taking over,
     /// when the API client exists).
     pub(crate) setup: Option<NodeChecks>,
@@ -94,6 +99,10 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
         f.tool(driver_files::MPS_CONTROL)
             .map(|bin| (bin, f.library_dir()))
     });
+    let nvidia_smi = files.as_ref().and_then(|f| {
+        f.tool(driver_files::NVIDIA_SMI)
+            .map(|bin| (bin, f.library_dir()))
+    });
     let driver_mounts = files.map(|f| f.mounts());
     // The toolkit's config and the unified-memory nodes: problems are reported, never fatal.
     let setup = match &gpus {
@@ -110,6 +119,7 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
         inventory,
         driver_mounts,
         mps_control,
+        nvidia_smi,
         setup,
         boot_id,
     })
@@ -292,6 +302,31 @@ pub(crate) fn mps_control_binary(
         None => tracing::warn!("{}", das_driver::mps::supervisor::NO_BINARY),
     }
     Ok(binary)
+}
+
+/// Who sets time-sliced whole GPUs' time slices (docs/design.md §7, "Time-slicing"): the
+/// emulated GPUs' backend; else NVIDIA's `nvidia-smi` among the driver files (`found`); else
+/// none (time-sliced devices are refused with the reason).
+pub(crate) fn time_slicer(
+    args: &Args,
+    backend: &Arc<dyn GpuBackend>,
+    found: Option<(PathBuf, Option<PathBuf>)>,
+) -> TimeSlicer {
+    let slicer = match (args.emulated_gpus.is_some(), found) {
+        (true, _) => TimeSlicer::Backend(backend.clone()),
+        (false, Some((program, library_dir))) => TimeSlicer::NvidiaSmi {
+            program,
+            library_dir,
+        },
+        (false, None) => TimeSlicer::Unavailable,
+    };
+    match &slicer {
+        TimeSlicer::Unavailable => {
+            tracing::warn!("{}", das_driver::gpu::time_slice::NO_NVIDIA_SMI)
+        }
+        s => tracing::info!(slicer = ?s, "time-sliced whole GPUs are set with this"),
+    }
+    slicer
 }
 
 /// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins

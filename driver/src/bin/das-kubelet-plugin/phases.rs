@@ -52,7 +52,7 @@ use tokio_util::sync::CancellationToken;
 use crate::args::{Args, health_policy, orphan_policy, share_policy};
 use crate::node::{
     Gpus, NodeCheck, check_node, device_nodes, load_checkpoint, mps_control_binary, mps_settings,
-    open_emulated, stand_in_driver_mounts,
+    open_emulated, stand_in_driver_mounts, time_slicer,
 };
 use crate::slices::{base_slices, slice_options, unless_no_mps};
 
@@ -253,6 +253,7 @@ impl TakenOver {
             blocking: BlockingCalls::Threads,
             orphans: orphan_policy(args),
             mps: mps.clone(),
+            time_slicer: time_slicer(args, &backend, node.nvidia_smi),
             share_policy: share_policy(args),
         }));
         let report = preparer

@@ -14,6 +14,7 @@ fn now() -> Time {
 
 fn device(name: &str) -> RecordedDevice {
     RecordedDevice {
+        time_slice: None,
         kind: Default::default(),
         request: "gpu".into(),
         pool: NODE.into(),

@@ -1,6 +1,6 @@
-//! The checkpoint document (version 9; see [`super`] for the JSON): the record types, the
+//! The checkpoint document (version 10; see [`super`] for the JSON): the record types, the
 //! checksum, encoding in the oldest version that holds the content ([`Checkpoint::format_version`],
-//! so a rolled-back binary still reads it) and decoding with the upgrades of versions 1 to 8, and
+//! so a rolled-back binary still reads it) and decoding with the upgrades of versions 1 to 9, and
 //! the in-memory changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -16,9 +16,9 @@ mod kind;
 pub(super) mod v1;
 
 /// The newest version of the document this module writes and reads. It also reads versions 1
-/// to 8, and writes each checkpoint in the oldest version that can hold its content
+/// to 9, and writes each checkpoint in the oldest version that can hold its content
 /// ([`Checkpoint::format_version`]; see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 9;
+pub const CHECKPOINT_VERSION: u64 = 10;
 /// The oldest version [`Checkpoint::format_version`] gives: version 1 had another shape and is
 /// only read.
 pub const OLDEST_WRITTEN: u64 = 2;
@@ -107,6 +107,11 @@ pub struct RecordedDevice {
     /// for a device the claim holds alone, which so serializes as in version 6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<Share>,
+    /// The time slice its claim's config set on the whole GPU (docs/design.md §7,
+    /// "Time-slicing"; version 10): set at prepare, back to the driver's default at release.
+    /// Absent for a device without one, which so serializes as in version 9.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slice: Option<das_api::device_config::TimeSliceInterval>,
 }
 
 /// One claim's share of a shareable device, as the scheduler allocated it (KEP-5075 consumable
@@ -318,13 +323,15 @@ impl Checkpoint {
     /// written in: a binary of an earlier release reads every version up to its own, so after a
     /// rollback (`helm rollback` of a failed upgrade) it still reads the file unless the file
     /// holds something only a newer release knows. Each version added one field or state:
-    /// 9 a repair's guard ([`PrepareState::Repairing`], [`ClaimRecord::handed_to_kubelet`]),
+    /// 10 a device's `timeSlice`, 9 a repair's guard ([`PrepareState::Repairing`], [`ClaimRecord::handed_to_kubelet`]),
     /// 8 [`PrepareState::Carved`], 7 a device's `share`, 6 a device's `mps`, 5 MIG mode
     /// switches, 4 a whole GPU (`kind`), 3 `pods`; 2 is the oldest this module writes.
     pub fn format_version(&self) -> u64 {
         let records = || self.claims.values();
         let devices = || records().flat_map(|r| &r.devices);
-        if records().any(|r| r.state == PrepareState::Repairing || r.handed_to_kubelet) {
+        if devices().any(|d| d.time_slice.is_some()) {
+            10
+        } else if records().any(|r| r.state == PrepareState::Repairing || r.handed_to_kubelet) {
             9
         } else if records().any(|r| r.state == PrepareState::Carved) {
             8
@@ -376,10 +383,11 @@ pub(super) fn parse(bytes: &[u8]) -> Result<(Checkpoint, u64), CorruptReason> {
         // `kind` (every device a MIG one), version 4 is version 5 without `migModeSwitches`,
         // version 5 is version 6 without a device's `mps`, version 6 is version 7 without a
         // device's `share`, version 7 is version 8 without the state `Carved`, version 8 is
-        // version 9 without the state `Repairing` and `handedToKubelet`: the same document
-        // type reads all eight, and its checksum covers the version the file has (a MIG device
+        // version 9 without the state `Repairing` and `handedToKubelet`, version 9 is version 10
+        // without a device's `timeSlice`: the same document type reads all nine, and its checksum covers the version the file has (a MIG device
         // serializes as it did, an exclusive one without `mps`, one held alone without
-        // `share`, a record the kubelet holds by its state without `handedToKubelet`, and no
+        // `share`, a record the kubelet holds by its state without `handedToKubelet`, a device
+        // without a time slice without `timeSlice`, and no
         // switch is left out). This binary writes the oldest of them that holds the content.
         Some(v @ OLDEST_WRITTEN..=CHECKPOINT_VERSION) => {
             let doc: Document = serde_json::from_value(value)

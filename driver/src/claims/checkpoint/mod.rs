@@ -15,7 +15,7 @@
 //!
 //! ```json
 //! {
-//!   "version": 8,
+//!   "version": 10,
 //!   "bootId": "0b7e…",
 //!   "checksum": "crc32:1a2b3c4d",
 //!   "claims": {
@@ -34,7 +34,7 @@
 //!                    "share": {"shareID": "<UUID>", "shares": 1, "of": 4, "memoryBytes": 2684354560}},
 //!                   {"kind": "gpu", "request": "whole", "pool": "node-a", "device": "gpu-1",
 //!                    "gpuIndex": 1, "gpuUUID": "GPU-…", "profile": "gpu",
-//!                    "placementStart": 0, "placementSize": 8}],
+//!                    "placementStart": 0, "placementSize": 8, "timeSlice": "Short"}],
 //!       "cdiDeviceIds": {"gpu-0-mig-1g-10gb-6": ["das.com/mig=<claimUID>-gpu-0-mig-1g-10gb-6"]},
 //!       "pods": ["<podUID>"],
 //!       "updatedAt": 1767225600
@@ -60,6 +60,10 @@
 //! A device with `mps` is served with MPS (docs/design.md §7, "MPS on a slice"): `mps` holds
 //! the limits its MPS control daemon sets, and the daemon (directory `<state dir>/mps/<id>`,
 //! `crate::mps::layout`) runs while the record does; start-up brings it back.
+//!
+//! A device with `timeSlice` (version 10) is a whole GPU whose claim asked for time-slicing
+//! (docs/design.md §7, "Time-slicing"): its GPU's compute time slice was set to it at prepare
+//! and goes back to the driver's default when the record is released.
 //!
 //! A device with `share` is one claim's share of a shareable device (docs/design.md §7, "Shared
 //! slices"): several records hold the same `device` and `instance`, one per share; the MIG instance

@@ -16,6 +16,7 @@ const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
 
 fn device(request: &str, start: u32) -> RecordedDevice {
     RecordedDevice {
+        time_slice: None,
         kind: DeviceKind::Mig,
         request: request.to_string(),
         pool: "node-a".into(),
@@ -207,6 +208,7 @@ fn unknown_version_is_moved_aside() {
 /// A whole GPU's device: profile `gpu`, every memory slice, no instance.
 fn whole_gpu(request: &str) -> RecordedDevice {
     RecordedDevice {
+        time_slice: None,
         kind: DeviceKind::WholeGpu,
         request: request.to_string(),
         pool: "node-a".into(),

@@ -237,3 +237,20 @@ pub enum MpsConfigRefusal {
         devices: Vec<String>,
     },
 }
+
+/// Why the time-slicing config of a claim cannot be served (the `reason` of
+/// [`super::PrepareError::InvalidConfig`]; docs/design.md §7, "Time-slicing").
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimeSliceRefusal {
+    /// Time-slicing asked for on a device that is not a whole GPU.
+    #[error(
+        "request {request:?}: device {device} is a MIG slice, and sharing.strategy TimeSlicing applies to whole GPUs only (DeviceClass {}): a MIG slice's compute is its own; use sharing.strategy MPS to share a slice, or Exclusive",
+        das_api::DEVICE_CLASS_WHOLE_GPU
+    )]
+    NotWholeGpu {
+        /// The request.
+        request: String,
+        /// The device allocated for it.
+        device: String,
+    },
+}

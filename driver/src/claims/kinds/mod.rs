@@ -59,6 +59,8 @@ pub struct Planned {
     pub mps: Option<crate::mps::MpsLimits>,
     /// The claim's share, when the device is a shareable one.
     pub share: Option<Share>,
+    /// The time slice its claim's config asks for, for a whole GPU served with time-slicing.
+    pub time_slice: Option<das_api::device_config::TimeSliceInterval>,
 }
 
 impl Planned {
@@ -71,6 +73,7 @@ impl Planned {
             at,
             mps: None,
             share: None,
+            time_slice: None,
         }
     }
 }
@@ -123,6 +126,7 @@ pub fn record(p: &Planned) -> RecordedDevice {
         instance: None,
         mps: p.mps.clone(),
         share: p.share.clone(),
+        time_slice: p.time_slice,
     }
 }
 

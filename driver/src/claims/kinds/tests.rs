@@ -23,6 +23,7 @@ fn published() -> std::collections::HashMap<String, DeviceRef> {
 /// The planned device of `name`, as a claim's allocation gives it (a share for a shareable one).
 fn planned(name: &str, at: &DeviceRef) -> Planned {
     Planned {
+        time_slice: None,
         request: "r".into(),
         pool: "n0".into(),
         device: name.into(),

@@ -1,5 +1,6 @@
-//! Layers any kind of device can wear (issue 42): MPS today (docs/design.md §7, "MPS on a
-//! slice"), a service run on what a device holds, for the claim's containers. A layer is put on
+//! Layers any kind of device can wear (issue 42): MPS (docs/design.md §7, "MPS on a slice") and
+//! time-slicing (§7, "Time-slicing"), a service run on what a device holds, for the claim's
+//! containers. A layer is put on
 //! once a prepare's devices hold what their kinds acquired and before the CDI spec is written,
 //! adds its own CDI edits, is taken off before a release destroys anything, and is brought back
 //! at start-up. The transaction ([`super::preparer`]) asks every layer through the registry
@@ -15,14 +16,17 @@ use std::sync::Arc;
 
 use das_api::device_config::MigDeviceConfig;
 
+use crate::blocking::BlockingCalls;
 use crate::claims::PrepareError;
 use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::{CheckpointStore, RecordedDevice};
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::{NodeDevices, Planned};
+use crate::gpu::TimeSlicer;
 use crate::mps::MpsDaemons;
 
 pub(crate) mod mps;
+pub(crate) mod time_slicing;
 
 /// One layer: what it adds to the devices that wear it, at each step of the transaction.
 #[tonic::async_trait]
@@ -75,7 +79,8 @@ pub fn plan(
     planned: Vec<Planned>,
     configs: &BTreeMap<String, MigDeviceConfig>,
 ) -> Result<Vec<Planned>, PrepareError> {
-    mps::plan::with_mps(planned, configs)
+    let planned = mps::plan::with_mps(planned, configs)?;
+    time_slicing::plan::with_time_slice(planned, configs)
 }
 
 /// Proof that start-up has settled the layers: brought back on the kept claims and taken off
@@ -93,9 +98,12 @@ pub struct Layers {
 
 impl Layers {
     /// The standard layers, over their services: the registration lines.
-    pub fn standard(mps: Arc<MpsDaemons>) -> Self {
+    pub fn standard(mps: Arc<MpsDaemons>, slicer: TimeSlicer, blocking: BlockingCalls) -> Self {
         Layers {
-            all: vec![Box::new(mps::MpsLayer::new(mps))],
+            all: vec![
+                Box::new(mps::MpsLayer::new(mps)),
+                Box::new(time_slicing::TimeSlicingLayer::new(slicer, blocking)),
+            ],
         }
     }
 

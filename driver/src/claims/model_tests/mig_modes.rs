@@ -279,6 +279,7 @@ mod tests {
 
     fn whole(w: &World) -> RecordedDevice {
         RecordedDevice {
+            time_slice: None,
             kind: DeviceKind::WholeGpu,
             request: "gpu".into(),
             pool: NODE.into(),

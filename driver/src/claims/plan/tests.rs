@@ -20,6 +20,7 @@ fn at(gpu: u32, start: u32) -> DeviceRef {
 
 fn planned(gpu: u32, start: u32, request: &str) -> Planned {
     Planned {
+        time_slice: None,
         request: request.into(),
         pool: "n0".into(),
         device: device_name(gpu, "1g.10gb", start),

@@ -66,7 +66,7 @@ use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
 use crate::claims::cdi::{self, CdiWriter};
 use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
-use crate::gpu::{GpuBackend, GpuCalls, GpuInfo};
+use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, TimeSlicer};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
 use crate::publish::resource_slices::SharePolicy;
@@ -116,6 +116,8 @@ pub struct PreparerConfig {
     pub orphans: OrphanPolicy,
     /// The MPS control daemons of MPS devices.
     pub mps: Arc<MpsDaemons>,
+    /// Who sets a time-sliced whole GPU's time slice (docs/design.md §7, "Time-slicing").
+    pub time_slicer: TimeSlicer,
     /// How this node's shareable devices are cut (their `shares` capacity is a share's
     /// denominator; docs/design.md §7, "Shared slices").
     pub share_policy: SharePolicy,
@@ -201,7 +203,7 @@ impl Preparer {
                 shares_across_namespaces: config.share_policy.across_namespaces,
             },
             kinds: Kinds::standard(),
-            gpus: GpuCalls::new(config.backend, config.blocking),
+            gpus: GpuCalls::new(config.backend, config.blocking.clone()),
             records: Records {
                 checkpoint: config.checkpoint,
                 locks: ClaimLocks::default(),
@@ -224,7 +226,7 @@ impl Preparer {
                 layers_pending: PendingDaemons::default(),
             },
             modes: GpuModes::new(&config.inventory, &config.metrics),
-            layers: Layers::standard(config.mps),
+            layers: Layers::standard(config.mps, config.time_slicer, config.blocking),
             metrics: config.metrics,
         }
     }

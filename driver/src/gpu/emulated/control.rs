@@ -79,6 +79,7 @@ pub(super) enum Op {
     Create,
     Destroy,
     SetMigMode,
+    SetTimeSlice,
 }
 
 /// The fault-injection control file, `<state dir>/control.json`, for tests that drive a running
@@ -96,6 +97,7 @@ pub(super) enum Op {
 ///  "createFaults": [{"gpu": 0, "count": 1, "kind": "Other"}],
 ///  "destroyFaults": [{"gpu": 1, "count": 3, "kind": "InUse"}],
 ///  "setMigModeFaults": [{"gpu": 2, "count": 1, "kind": "ResetRequired"}],
+///  "setTimeSliceFaults": [{"gpu": 3, "count": 1, "kind": "NotSupported"}],
 ///  "xidEvents": [{"gpu": 0, "xid": 79}, {"gpu": 1, "xid": 94, "gpuInstance": 2}],
 ///  "uncorrectableEccGpus": [1]}
 /// ```
@@ -118,6 +120,10 @@ pub struct Control {
     /// or `ResetRequired` (the change stays pending a reset).
     #[serde(default)]
     pub set_mig_mode_faults: Vec<ControlFault>,
+    /// Faults for the next time-slice settings (`set_time_slice`), e.g. `NotSupported` (as
+    /// `nvidia-smi compute-policy` answers on a GPU that refuses it).
+    #[serde(default)]
+    pub set_time_slice_faults: Vec<ControlFault>,
     /// XID events to raise (as NVML's `nvmlEventTypeXidCriticalError`).
     #[serde(default)]
     pub xid_events: Vec<ControlXid>,
@@ -308,6 +314,9 @@ impl EmulatedBackend {
         for f in &control.set_mig_mode_faults {
             self.inject(Op::SetMigMode, f.gpu, f.count, f.kind);
         }
+        for f in &control.set_time_slice_faults {
+            self.inject(Op::SetTimeSlice, f.gpu, f.count, f.kind);
+        }
         for x in &control.xid_events {
             self.raise_health_event(HealthEvent::Xid {
                 gpu: x.gpu,
@@ -358,6 +367,7 @@ impl EmulatedBackend {
             Op::Create => latency.create,
             Op::Destroy => latency.destroy,
             Op::SetMigMode => latency.mig_mode_switch,
+            Op::SetTimeSlice => Duration::ZERO,
         };
         if !d.is_zero() {
             std::thread::sleep(d);

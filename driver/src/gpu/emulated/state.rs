@@ -43,6 +43,11 @@ pub(super) struct GpuState {
     /// now, so files written before it existed read fine. Read it with [`Self::mode`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) mig_pending: Option<bool>,
+    /// The compute time slice the plugin set (`GpuBackend::set_time_slice`): NVIDIA's level, 0
+    /// (the driver's default) to 3. Written only when not 0, so a file without it reads as the
+    /// default and files of GPUs never time-sliced stay as they were.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(super) time_slice: u32,
     pub(super) instances: Vec<InstanceState>,
 }
 
@@ -69,6 +74,10 @@ fn mig_on() -> bool {
 
 fn is_on(mig_enabled: &bool) -> bool {
     *mig_enabled
+}
+
+fn is_zero(level: &u32) -> bool {
+    *level == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +121,7 @@ pub(super) fn fresh_state(gpus: &[EmuGpu], node_name: &str) -> StateFile {
                 uuid: g.uuid.clone(),
                 mig_enabled: g.mig_enabled,
                 mig_pending: None,
+                time_slice: 0,
                 instances: Vec::new(),
             })
             .collect(),

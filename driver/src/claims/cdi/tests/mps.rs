@@ -93,6 +93,7 @@ fn the_pipe_directory_is_read_only_unless_the_escape_hatch_says_rw() {
 #[test]
 fn only_the_devices_recorded_with_mps_get_the_mounts() {
     let device = |name: &str, mps: bool| RecordedDevice {
+        time_slice: None,
         kind: Default::default(),
         request: "r".into(),
         pool: "n0".into(),

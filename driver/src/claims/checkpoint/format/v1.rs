@@ -86,6 +86,7 @@ impl Document {
                     .devices
                     .into_iter()
                     .map(|d| RecordedDevice {
+                        time_slice: None,
                         // The first release knew exclusive MIG devices only.
                         kind: DeviceKind::Mig,
                         mps: None,

@@ -229,6 +229,20 @@ fn contents() -> Vec<(&'static str, Checkpoint, u64)> {
     let mut guard = cp.clone();
     guard.set_repairing("uid-1", "ns", "c1", vec![done("gpu", 4, 5)]);
     out.push(("a guard without instances", guard, 9));
+    // A whole GPU time-sliced for its claim (version 10).
+    let mut sliced = cp.clone();
+    let whole = RecordedDevice {
+        kind: DeviceKind::WholeGpu,
+        device: "gpu-2".into(),
+        gpu_index: 2,
+        profile: "gpu".into(),
+        placement_start: 0,
+        placement_size: 8,
+        time_slice: Some(das_api::device_config::TimeSliceInterval::Short),
+        ..device("sliced", 0)
+    };
+    sliced.set_completed("uid-8", "ns", "c8", vec![whole], BTreeMap::new());
+    out.push(("a time-sliced whole GPU", sliced, 10));
     out
 }
 

@@ -36,6 +36,7 @@ fn planned(gpu: u32, start: Option<u32>, request: &str) -> Planned {
         ),
     };
     Planned {
+        time_slice: None,
         request: request.into(),
         pool: "n0".into(),
         device,

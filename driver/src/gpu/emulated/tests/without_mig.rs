@@ -110,3 +110,33 @@ fn a_state_with_mig_on_for_a_gpu_without_mig_is_corrupt() {
     assert!(aside.is_some());
     assert!(!b.with_whole_gpus(true).mig_mode(0).unwrap().current);
 }
+
+/// The L4's time slice (docs/design.md §7, "Time-slicing"): the level is kept in the state file,
+/// where tests read it, and survives a restart; an injected fault answers once.
+#[test]
+fn the_time_slice_is_recorded_in_the_state_and_faults_answer_once() {
+    use das_api::device_config::TimeSliceInterval;
+    let dir = tempfile::tempdir().unwrap();
+    let b = open(dir.path(), MIXED).with_whole_gpus(true);
+    let level = |dir: &Path| -> u64 {
+        let state: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join(STATE_FILE)).unwrap()).unwrap();
+        state["gpus"][0]["timeSlice"].as_u64().unwrap_or(0)
+    };
+    b.set_time_slice(0, TimeSliceInterval::Long).unwrap();
+    assert_eq!(level(dir.path()), 3);
+    let again = open(dir.path(), MIXED).with_whole_gpus(true);
+    again.inject(Op::SetTimeSlice, 0, 1, FaultKind::NotSupported);
+    assert!(matches!(
+        again.set_time_slice(0, TimeSliceInterval::Default),
+        Err(BackendError::NotSupported { .. })
+    ));
+    assert_eq!(level(dir.path()), 3, "a refused change changes nothing");
+    again.set_time_slice(0, TimeSliceInterval::Default).unwrap();
+    assert_eq!(level(dir.path()), 0, "the default is written as no key");
+    again.set_gpu_lost(0, true);
+    assert!(matches!(
+        again.set_time_slice(0, TimeSliceInterval::Short),
+        Err(BackendError::GpuLost { .. })
+    ));
+}

@@ -41,6 +41,7 @@ fn share(id: &str) -> Share {
 
 fn planned(id: &str, mps: Option<MpsLimits>) -> Planned {
     Planned {
+        time_slice: None,
         request: "share".into(),
         pool: "n0".into(),
         device: DEVICE.into(),

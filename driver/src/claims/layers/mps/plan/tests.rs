@@ -11,6 +11,7 @@ use crate::claims::plan::{DeviceKind, DeviceRef};
 
 fn planned(device: &str, request: &str, kind: DeviceKind) -> Planned {
     Planned {
+        time_slice: None,
         request: request.into(),
         pool: "n0".into(),
         device: device.into(),
