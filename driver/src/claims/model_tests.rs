@@ -45,6 +45,12 @@
 //! - N1 no instance is created at a placement whose capability nodes a live container of
 //!   another claim still holds;
 //! - N2 no GPU's MIG mode is switched while a live container of another claim holds its nodes.
+//!
+//! Time-slicing (docs/design.md §7, "Time-slicing"): claims of whole GPUs only ask for one of the
+//! four intervals, or none; and
+//! - M5 a GPU held whole by a completed record has that record's time slice, and one no record
+//!   holds whole has the default (a GPU that was ever lost is left out: the emulation keeps its
+//!   slice across the loss, a real GPU that comes back was reset).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -249,6 +255,13 @@ impl GpuBackend for Checked {
     fn set_mig_mode(&self, gpu: u32, enabled: bool) -> Result<(), BackendError> {
         self.checked_set_mig_mode(gpu, enabled)
     }
+    fn set_time_slice(
+        &self,
+        gpu: u32,
+        interval: das_api::device_config::TimeSliceInterval,
+    ) -> Result<(), BackendError> {
+        self.inner.set_time_slice(gpu, interval)
+    }
     fn gpu_indices(&self) -> Vec<u32> {
         self.inner.gpu_indices()
     }
@@ -386,6 +399,8 @@ struct World {
     runtime: Arc<MemoryRuntime>,
     background: Vec<JoinHandle<()>>,
     lost: BTreeSet<u32>,
+    /// GPUs lost at some point of the run (M5 leaves them out).
+    ever_lost: BTreeSet<u32>,
     /// Claims whose instance or CDI spec someone else removed.
     tampered: BTreeSet<String>,
     inventory: Vec<GpuInfo>,
@@ -447,6 +462,7 @@ impl World {
             runtime,
             background: Vec::new(),
             lost: BTreeSet::new(),
+            ever_lost: BTreeSet::new(),
             tampered: BTreeSet::new(),
             inventory,
             next_uid: 0,
@@ -718,6 +734,14 @@ impl World {
             .map(|(r, d)| (r.as_str(), d.as_str()))
             .collect();
         let claim = self.api.allocate("ns", &format!("c{slot}"), &uid, &pairs);
+        let interval = ["Default", "Short", "Medium", "Long"].get((self.next_uid % 5) as usize);
+        if let Some(interval) = interval.filter(|_| devices.iter().all(is_whole)) {
+            self.api.configure(
+                &claim,
+                serde_json::json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig",
+                    "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}}),
+            );
+        }
         self.slots[slot] = Some(Claim {
             claim,
             devices,
@@ -1034,6 +1058,7 @@ impl World {
                 self.emu.set_gpu_lost(gpu, lost);
                 if lost {
                     self.lost.insert(gpu);
+                    self.ever_lost.insert(gpu);
                 } else {
                     self.lost.remove(&gpu);
                 }
@@ -1117,6 +1142,7 @@ impl World {
     fn check(&self, quiet: bool) {
         let live = self.live();
         self.check_mig_modes(&live);
+        self.check_time_slices();
         // I3.
         for gpu in self.emu.gpu_indices() {
             let model = &self.inventory[gpu as usize].model;

@@ -240,6 +240,42 @@ impl World {
     }
 }
 
+impl World {
+    /// M5 on every GPU never lost, at any time: the time slice is set after the record is
+    /// `PrepareStarted` and before it is completed, and put back before a released record goes.
+    pub(super) fn check_time_slices(&self) {
+        let cp = self.p.checkpoint().read(Clone::clone);
+        for gpu in self.emu.gpu_indices() {
+            if self.ever_lost.contains(&gpu) {
+                continue;
+            }
+            let level = self.emu.time_slice_level(gpu);
+            let whole: Vec<(&String, PrepareState, u32)> = cp
+                .claims
+                .iter()
+                .flat_map(|(uid, r)| {
+                    r.devices
+                        .iter()
+                        .filter(move |d| d.gpu_index == gpu && d.is_whole_gpu())
+                        .map(move |d| (uid, r.state, d.time_slice.map_or(0, |t| t.level())))
+                })
+                .collect();
+            for (uid, state, want) in &whole {
+                if *state == PrepareState::PrepareCompleted && level != *want {
+                    self.violation(format!(
+                        "M5: GPU {gpu} has time slice {level}, but {uid}'s completed record holds it whole with {want}"
+                    ));
+                }
+            }
+            if whole.is_empty() && level != 0 {
+                self.violation(format!(
+                    "M5: GPU {gpu} has time slice {level}, and no record holds it whole"
+                ));
+            }
+        }
+    }
+}
+
 /// Whether `e` is a prepare failing on GPU `gpu`'s MIG mode: a switch that failed or was refused,
 /// or its whole GPU refused for its mode.
 pub(super) fn refused_on(e: &PrepareError, gpu: u32) -> bool {

@@ -22,4 +22,10 @@ impl EmulatedBackend {
         tracing::info!(gpu = gpu.index, level, "emulated GPU: time slice set");
         Ok(())
     }
+
+    /// GPU `gpu`'s time slice level now (what the model test's M5 reads).
+    #[cfg(test)]
+    pub(crate) fn time_slice_level(&self, gpu: u32) -> u32 {
+        gpu_state(&lock(&self.state), gpu).time_slice
+    }
 }
