@@ -29,8 +29,8 @@ use das_e2e::install::{self, Binaries};
 use das_e2e::plugin::{live_slices, start_plugin_with};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
-    NS, claim_of, create_claim_pod, create_class_template, create_pod, create_template, delete_pod,
-    delete_pods, wait_running, wait_unschedulable,
+    NS, claim_of, create_class_template, create_pod, create_template, delete_pod, delete_pods,
+    wait_running, wait_unschedulable,
 };
 use das_e2e::{Cluster, ClusterConfig, chart};
 use k8s_openapi::api::core::v1::Pod;
@@ -508,42 +508,27 @@ fn time_slicing(interval: &str) -> serde_json::Value {
         "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}})
 }
 
-/// Time-slicing (issue 43 item 3, docs/design.md §7, "Time-slicing"): a claim for a whole GPU
-/// with `TimeSlicing`/`Medium`, shared by two pods, gets the L4 and sets its time slice (level
-/// 2, read back from the emulated GPU); once both pods are gone it is back to the default. A
-/// claim with an interval NVIDIA does not name is denied at admission, saying what is valid.
+/// Time-slicing (issue 43 item 3, docs/design.md §7, "Time-slicing"), as
+/// docs/examples/time-slicing/ shows it: a claim for a whole GPU with `TimeSlicing`/`Short`,
+/// shared by two pods, gets the L4 and sets its time slice (level 1, read back from the emulated
+/// GPU); once both pods are gone it is back to the default. A claim with an interval NVIDIA
+/// does not name is denied at admission, saying what is valid.
 async fn two_pods_take_turns_on_a_time_sliced_l4(cluster: &Cluster) -> Result<()> {
     let c = cluster.client();
-    create_claim_pod(
-        &c,
-        "ts-a",
-        json!({"deviceClassName": DEVICE_CLASS_WHOLE_GPU}),
-        Some(time_slicing("Medium")),
-    )
-    .await?;
-    let second: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ts-b"},
-        "spec": {
-            "resourceClaims": [{"name": "mig", "resourceClaimName": "ts-a"}],
-            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
-                "resources": {"claims": [{"name": "mig"}]}}],
-            "terminationGracePeriodSeconds": 0
-        }
-    }))?;
-    Api::<Pod>::namespaced(c.clone(), NS)
-        .create(&PostParams::default(), &second)
-        .await?;
-    for pod in ["ts-a", "ts-b"] {
+    let example = das_e2e::paths::workspace_root().join("docs/examples/time-slicing");
+    let example = example.display().to_string();
+    chart::kubectl(&cluster.kubeconfig, &["apply", "-f", &example], None)?;
+    for pod in ["tick-a", "tick-b"] {
         wait_running(&c, pod).await?;
     }
     let claim = Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(c.clone(), NS)
-        .get("ts-a")
+        .get("time-sliced-gpu")
         .await?;
     let got: Vec<String> = our_results(&claim).map(|r| r.device.clone()).collect();
-    ensure!(got == [L4], "ts-a got {got:?}");
+    ensure!(got == [L4], "time-sliced-gpu got {got:?}");
     ensure!(
-        l4_time_slice(cluster)? == 2,
-        "the L4's time slice is not Medium"
+        l4_time_slice(cluster)? == 1,
+        "the L4's time slice is not Short"
     );
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     let path = das::PluginDirs::of(cluster.node(NODE))
@@ -552,10 +537,10 @@ async fn two_pods_take_turns_on_a_time_sliced_l4(cluster: &Cluster) -> Result<()
     let checkpoint: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     let record = &checkpoint["claims"][uid.as_str()];
     ensure!(
-        record["devices"][0]["timeSlice"] == "Medium",
-        "the record of ts-a: {record}"
+        record["devices"][0]["timeSlice"] == "Short",
+        "the record of time-sliced-gpu: {record}"
     );
-    delete_pods(&c, &["ts-a", "ts-b"]).await?;
+    delete_pods(&c, &["tick-a", "tick-b"]).await?;
     wait::until(
         "the L4's time slice back to the default",
         TIMEOUT,
@@ -563,7 +548,7 @@ async fn two_pods_take_turns_on_a_time_sliced_l4(cluster: &Cluster) -> Result<()
     )
     .await?;
     Api::<k8s_openapi::api::resource::v1::ResourceClaim>::namespaced(c.clone(), NS)
-        .delete("ts-a", &Default::default())
+        .delete("time-sliced-gpu", &Default::default())
         .await?;
     a_bad_interval_is_denied_at_admission(&c).await
 }
