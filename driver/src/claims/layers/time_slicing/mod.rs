@@ -10,6 +10,7 @@
 //! backend).
 
 use das_api::device_config::TimeSliceInterval;
+use tracing::Instrument;
 
 use crate::blocking::BlockingCalls;
 use crate::claims::PrepareError;
@@ -18,6 +19,7 @@ use crate::claims::checkpoint::{CheckpointStore, RecordedDevice};
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::{NodeDevices, Planned};
 use crate::claims::layers::Layer;
+use crate::claims::spans::claim_span;
 use crate::gpu::time_slice::NO_NVIDIA_SMI;
 use crate::gpu::{BackendError, TimeSlicer};
 
@@ -51,7 +53,7 @@ impl TimeSlicingLayer {
 
     /// Puts `d`'s GPU back to the driver's default time slice; a failure is logged (the GPU is
     /// released anyway: the next claim's config sets its own, and a reset clears it).
-    async fn reset(&self, claim: &ClaimRef, d: &RecordedDevice) {
+    async fn reset(&self, d: &RecordedDevice) {
         let (slicer, gpu, uuid) = (self.slicer.clone(), d.gpu_index, d.gpu_uuid.clone());
         let result = self
             .blocking
@@ -59,17 +61,17 @@ impl TimeSlicingLayer {
             .await;
         match result {
             Ok(Ok(())) => {
-                tracing::info!(claim = %claim, device = %d.device, gpu = d.gpu_index, "time slice back to the default")
+                tracing::info!(device = %d.device, gpu = d.gpu_index, "time slice back to the default")
             }
             // As NVIDIA's driver: a GPU that refuses only gets a log line.
             Ok(Err(e @ BackendError::NotSupported { .. })) => {
-                tracing::info!(claim = %claim, device = %d.device, error = %e, "time slice not reset")
+                tracing::info!(device = %d.device, error = %e, "time slice not reset")
             }
             Ok(Err(e)) => {
-                tracing::warn!(claim = %claim, device = %d.device, error = %e, "time slice not reset")
+                tracing::warn!(device = %d.device, error = %e, "time slice not reset")
             }
             Err(e) => {
-                tracing::warn!(claim = %claim, device = %d.device, error = %e, "time slice not reset")
+                tracing::warn!(device = %d.device, error = %e, "time slice not reset")
             }
         }
     }
@@ -98,7 +100,7 @@ impl Layer for TimeSlicingLayer {
 
     async fn put_on(
         &self,
-        claim: &ClaimRef,
+        _claim: &ClaimRef,
         devices: &[RecordedDevice],
     ) -> Result<(), PrepareError> {
         for d in devices {
@@ -112,7 +114,7 @@ impl Layer for TimeSlicingLayer {
                     gpu: d.gpu_index,
                     reason,
                 })?;
-            tracing::info!(claim = %claim, device = %d.device, gpu = d.gpu_index, interval = ?interval, "time slice set");
+            tracing::info!(device = %d.device, gpu = d.gpu_index, interval = ?interval, "time slice set");
         }
         Ok(())
     }
@@ -121,12 +123,12 @@ impl Layer for TimeSlicingLayer {
     /// claim, so `kept` has none of this layer's).
     async fn take_off(
         &self,
-        claim: &ClaimRef,
+        _claim: &ClaimRef,
         leaving: &[RecordedDevice],
         _kept: &[RecordedDevice],
     ) {
         for d in leaving.iter().filter(|d| self.worn_by(d)) {
-            self.reset(claim, d).await;
+            self.reset(d).await;
         }
     }
 
@@ -138,14 +140,20 @@ impl Layer for TimeSlicingLayer {
     /// not across a GPU reset.
     async fn restore(&self, kept: &[(ClaimRef, Vec<RecordedDevice>)]) {
         for (claim, devices) in kept {
-            for d in devices {
-                let Some(interval) = d.time_slice else {
-                    continue;
-                };
-                if let Err(error) = self.set(d, interval).await {
-                    tracing::warn!(claim = %claim, device = %d.device, %error, "time slice not set again");
+            // In the span of the claim it is set again for (start-up settles many at once).
+            let again = async {
+                for d in devices {
+                    let Some(interval) = d.time_slice else {
+                        continue;
+                    };
+                    if let Err(error) = self.set(d, interval).await {
+                        tracing::warn!(device = %d.device, %error, "time slice not set again");
+                    }
                 }
-            }
+            };
+            again
+                .instrument(claim_span!("restore_time_slice", claim))
+                .await;
         }
     }
 
