@@ -51,7 +51,7 @@ impl BlockingCalls {
     /// costs more than the work (a thread wake-up and two context switches; `perf` put 16 % of
     /// the plugin's CPU in context switches, docs/benchmarks.md). In tests (`Inline`) it
     /// yields around `f` as [`Self::run`] does, so interleavings stay as adversarial.
-    pub async fn run_brief<T, F>(&self, f: F) -> T
+    pub(crate) async fn run_brief<T, F>(&self, f: F) -> T
     where
         F: FnOnce() -> T,
     {

@@ -18,13 +18,13 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// The reporting controller of every event the plugin posts (also the field manager of its
 /// writes).
-pub const REPORTER: &str = "das-kubelet-plugin";
+pub(crate) const REPORTER: &str = "das-kubelet-plugin";
 
 /// Longest an event post may take before it is given up (logged) by default.
 pub const POST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Longest note DAS posts, in characters.
-pub const MAX_NOTE_CHARS: usize = 1000;
+pub(crate) const MAX_NOTE_CHARS: usize = 1000;
 /// Longest note the Events API accepts, in bytes of UTF-8 (`events.k8s.io/v1` validation:
 /// `len(note) <= 1024`, a Go byte length).
 pub const MAX_NOTE_BYTES: usize = 1024;
@@ -83,7 +83,7 @@ pub trait EventSink: Send + Sync + 'static {
 }
 
 /// [`EventSink`] over a kube client: events reported as [`REPORTER`] on the node.
-pub struct KubeEvents {
+pub(crate) struct KubeEvents {
     recorder: Recorder,
     node: String,
     timeout: Duration,
@@ -106,7 +106,7 @@ impl KubeEvents {
     }
 
     /// Bounds every post by `limit` instead of [`POST_TIMEOUT`].
-    pub fn with_timeout(mut self, limit: Duration) -> Self {
+    pub(crate) fn with_timeout(mut self, limit: Duration) -> Self {
         self.timeout = limit;
         self
     }

@@ -137,7 +137,7 @@ impl Metrics {
 
     /// Counts one MIG mode switch to `mig_enabled`, by `result` (`ok` or the backend error's
     /// kind).
-    pub fn mig_mode_switched(&self, mig_enabled: bool, result: &str) {
+    pub(crate) fn mig_mode_switched(&self, mig_enabled: bool, result: &str) {
         let to = crate::gpu::on_off(mig_enabled);
         self.mig_mode
             .switches
@@ -149,7 +149,7 @@ impl Metrics {
     }
 
     /// Sets whether DAS may switch GPU `gpu`'s MIG mode.
-    pub fn set_mig_mode_switchable(&self, gpu: u32, allowed: bool) {
+    pub(crate) fn set_mig_mode_switchable(&self, gpu: u32, allowed: bool) {
         self.mig_mode
             .switchable
             .get_or_create(&GpuLabels {
@@ -159,12 +159,12 @@ impl Metrics {
     }
 
     /// Sets the number of supervised MPS control daemons.
-    pub fn set_mps_daemons(&self, n: usize) {
+    pub(crate) fn set_mps_daemons(&self, n: usize) {
         self.mps.daemons.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// One more (`true`) or one fewer (`false`) MPS control daemon runs.
-    pub fn mps_daemon_up(&self, up: bool) {
+    pub(crate) fn mps_daemon_up(&self, up: bool) {
         if up {
             self.mps.daemons_up.inc();
         } else {
@@ -173,7 +173,7 @@ impl Metrics {
     }
 
     /// Counts one start of an MPS control daemon after it exited, by whether it worked.
-    pub fn mps_daemon_restarted(&self, ok: bool) {
+    pub(crate) fn mps_daemon_restarted(&self, ok: bool) {
         let result = if ok { "ok" } else { "failure" };
         self.mps
             .restarts
@@ -184,7 +184,7 @@ impl Metrics {
     }
 
     /// Sets the size and the bytes in use of daemon `daemon`'s shm directory.
-    pub fn set_mps_shm(&self, daemon: &str, size: u64, used: u64) {
+    pub(crate) fn set_mps_shm(&self, daemon: &str, size: u64, used: u64) {
         let labels = DaemonLabels {
             daemon: daemon.to_string(),
         };
@@ -194,7 +194,7 @@ impl Metrics {
     }
 
     /// Drops daemon `daemon`'s shm gauges (it is no longer supervised).
-    pub fn forget_mps_shm(&self, daemon: &str) {
+    pub(crate) fn forget_mps_shm(&self, daemon: &str) {
         let labels = DaemonLabels {
             daemon: daemon.to_string(),
         };
@@ -203,7 +203,7 @@ impl Metrics {
     }
 
     /// Counts one carve before bind of a claim's slices (`ok` or `failed`).
-    pub fn carve_done(&self, ok: bool) {
+    pub(crate) fn carve_done(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.claims
             .carves
@@ -214,12 +214,12 @@ impl Metrics {
     }
 
     /// Sets the number of claims whose record guards their placements without instances.
-    pub fn set_repairing(&self, n: i64) {
+    pub(crate) fn set_repairing(&self, n: i64) {
         self.claims.repairing.set(n);
     }
 
     /// Sets the number of slices carved before bind that no prepare has taken yet.
-    pub fn set_carved(&self, n: i64) {
+    pub(crate) fn set_carved(&self, n: i64) {
         self.claims.carved.set(n);
     }
 
@@ -262,7 +262,7 @@ impl Metrics {
     }
 
     /// Counts one release of an orphaned claim (the orphan rule), by whether every slice went.
-    pub fn orphan_released(&self, ok: bool) {
+    pub(crate) fn orphan_released(&self, ok: bool) {
         let result = if ok { "success" } else { "failure" };
         self.requests
             .orphan_releases
@@ -288,7 +288,7 @@ impl Metrics {
     }
 
     /// Sets whether the start-up check `check` (`node_checks::Check::label`) found a problem.
-    pub fn set_node_setup_warning(&self, check: &str, found: bool) {
+    pub(crate) fn set_node_setup_warning(&self, check: &str, found: bool) {
         self.node
             .setup_warning
             .get_or_create(&CheckLabels {
@@ -298,7 +298,7 @@ impl Metrics {
     }
 
     /// Sets whether the API server drops the ResourceSlice fields of feature gate `gate`.
-    pub fn set_feature_gate_off(&self, gate: &str, off: bool) {
+    pub(crate) fn set_feature_gate_off(&self, gate: &str, off: bool) {
         self.node
             .feature_gate_off
             .get_or_create(&GateLabels { gate: gate.into() })

@@ -38,7 +38,7 @@ use crate::metrics::Metrics;
 /// `internal/config/config.go` (`AcceptEnvvarUnprivileged`, default true), used by
 /// `internal/modifier/cdi.go` (`getDevicesFromSpec`: the devices of the variable are taken when
 /// the key is true or the container is privileged).
-pub const ACCEPT_ENVVAR_UNPRIVILEGED: &str =
+pub(crate) const ACCEPT_ENVVAR_UNPRIVILEGED: &str =
     "accept-nvidia-visible-devices-envvar-when-unprivileged";
 
 /// The toolkit's config files, relative to the host's root:
@@ -58,11 +58,11 @@ pub const TOOLKIT_CONFIG_FILES: [&str; 2] = [
 
 /// The unified-memory device nodes every DAS CDI spec names, below `/dev`
 /// ([`crate::claims::cdi::NVIDIA_UVM_PATH`], [`crate::claims::cdi::NVIDIA_UVM_TOOLS_PATH`]).
-pub const UVM_NODES: [&str; 2] = ["nvidia-uvm", "nvidia-uvm-tools"];
+pub(crate) const UVM_NODES: [&str; 2] = ["nvidia-uvm", "nvidia-uvm-tools"];
 
 /// The container's own `/dev`: in the privileged plugin container it holds the host's device
 /// nodes as they were when the container started.
-pub const CONTAINER_DEV: &str = "/dev";
+pub(crate) const CONTAINER_DEV: &str = "/dev";
 
 /// One start-up check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -194,7 +194,7 @@ pub fn envvar_setting(config: &str) -> EnvvarSetting {
 }
 
 /// The problem of toolkit config `file` (as the host names it) with setting `setting`, if any.
-pub fn envvar_problem(file: &Path, setting: &EnvvarSetting) -> Option<Problem> {
+pub(crate) fn envvar_problem(file: &Path, setting: &EnvvarSetting) -> Option<Problem> {
     let value = match setting {
         EnvvarSetting::Refused => return None,
         EnvvarSetting::Accepted { explicit: true } => "true",
@@ -270,7 +270,7 @@ fn uvm_node_missing(dev_dirs: &[PathBuf], name: &str) -> Option<String> {
 
 /// The problem of the unified-memory nodes ([`UVM_NODES`]) in `dev_dirs` (each shows the host's
 /// `/dev`), if any.
-pub fn check_uvm_nodes(dev_dirs: &[PathBuf]) -> Option<Problem> {
+pub(crate) fn check_uvm_nodes(dev_dirs: &[PathBuf]) -> Option<Problem> {
     let missing: Vec<String> = UVM_NODES
         .iter()
         .filter_map(|name| {

@@ -24,9 +24,9 @@ use crate::claims::checkpoint::{ClaimRecord, PrepareState, RecordedDevice, Share
 pub use crate::publish::binding::{SLICE_FAILED, SLICE_READY};
 
 /// Reason of [`SLICE_READY`] True: the MIG instance was carved.
-pub const REASON_CARVED: &str = "SliceCarved";
+pub(crate) const REASON_CARVED: &str = "SliceCarved";
 /// Reason of [`SLICE_FAILED`] True: the MIG instance could not be carved.
-pub const REASON_CARVE_FAILED: &str = "CarveFailed";
+pub(crate) const REASON_CARVE_FAILED: &str = "CarveFailed";
 
 /// What a carve came to, as written into the claim's `status.devices`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub enum CarveOutcome {
 
 /// What the watch does about one claim it sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnClaimSeen {
+pub(crate) enum OnClaimSeen {
     /// Allocated to this node with [`SLICE_READY`] to wait for, not answered, not recorded:
     /// carve it.
     Carve,
@@ -62,7 +62,7 @@ pub fn claim_ref(rc: &ResourceClaim) -> ClaimRef {
 }
 
 /// Whether `rc` has a result of the DAS driver in `node`'s pool that waits for [`SLICE_READY`].
-pub fn waits_for_carve(rc: &ResourceClaim, node: &str) -> bool {
+pub(crate) fn waits_for_carve(rc: &ResourceClaim, node: &str) -> bool {
     our_results(rc).any(|r| {
         r.pool == node
             && r.binding_conditions
@@ -77,7 +77,7 @@ pub fn waits_for_carve(rc: &ResourceClaim, node: &str) -> bool {
 /// [`SLICE_READY`] or [`SLICE_FAILED`] set no earlier than the allocation (an entry an earlier
 /// allocation of the same device left is no answer; times are in whole seconds, and the
 /// scheduler waits at least a second before it allocates a claim again).
-pub fn carve_answered(rc: &ResourceClaim, node: &str) -> bool {
+pub(crate) fn carve_answered(rc: &ResourceClaim, node: &str) -> bool {
     let allocation = rc.status.as_ref().and_then(|s| s.allocation.as_ref());
     let since = allocation.and_then(|a| a.allocation_timestamp.as_ref());
     let results: Vec<_> = our_results(rc).filter(|r| r.pool == node).collect();
@@ -97,7 +97,11 @@ pub fn carve_answered(rc: &ResourceClaim, node: &str) -> bool {
 }
 
 /// Decides [`OnClaimSeen`] for `rc` as the watch saw it, with the checkpoint's record of its UID.
-pub fn on_claim_seen(rc: &ResourceClaim, node: &str, record: Option<&ClaimRecord>) -> OnClaimSeen {
+pub(crate) fn on_claim_seen(
+    rc: &ResourceClaim,
+    node: &str,
+    record: Option<&ClaimRecord>,
+) -> OnClaimSeen {
     match record {
         Some(r) if r.state == PrepareState::Carved => {
             if !plan::still_allocated(&claim_ref(rc), r, Some(rc), node) {
@@ -123,7 +127,7 @@ pub fn on_claim_seen(rc: &ResourceClaim, node: &str, record: Option<&ClaimRecord
 /// allocates the claim again). Not when the claim changed under the carve (gone, replaced, no
 /// longer allocated here: nothing waits for it) or the claim could not be read, nor after a
 /// handover (the next instance carves).
-pub fn fails_the_carve(e: &PrepareError) -> bool {
+pub(crate) fn fails_the_carve(e: &PrepareError) -> bool {
     !matches!(
         e,
         PrepareError::ApiRead(_)
@@ -137,7 +141,7 @@ pub fn fails_the_carve(e: &PrepareError) -> bool {
 
 /// The devices `rc` allocates in `node`'s pool, as far as a status entry needs them (request,
 /// pool, device, share ID): the entries of a carve whose allocation could not be resolved.
-pub fn allocated_devices(rc: Option<&ResourceClaim>, node: &str) -> Vec<RecordedDevice> {
+pub(crate) fn allocated_devices(rc: Option<&ResourceClaim>, node: &str) -> Vec<RecordedDevice> {
     let results = rc.into_iter().flat_map(our_results);
     results
         .filter(|r| r.pool == node)
@@ -177,7 +181,7 @@ fn condition(type_: &str, reason: &str, message: String, now: &Time) -> Conditio
 }
 
 /// The [`SLICE_READY`] condition of a carved device.
-pub fn slice_ready(d: &RecordedDevice, now: &Time) -> Condition {
+pub(crate) fn slice_ready(d: &RecordedDevice, now: &Time) -> Condition {
     let message = format!(
         "MIG {} at memory slice {} on GPU {} carved: {}",
         d.profile,
@@ -193,7 +197,7 @@ pub fn slice_ready(d: &RecordedDevice, now: &Time) -> Condition {
 /// device only the condition of `outcome`; no `data` (the MIG instance is not prepared yet).
 /// `metadata.uid` makes the API server refuse the write when the name now belongs to another
 /// claim.
-pub fn carve_status_body(
+pub(crate) fn carve_status_body(
     claim: &ClaimRef,
     devices: &[RecordedDevice],
     outcome: &CarveOutcome,

@@ -42,9 +42,9 @@ use crate::claims::{PrepareError, Preparer};
 const PAGE_SIZE: u32 = 500;
 /// The first pause before a carve (or a carve's release) whose claim could not be read is tried
 /// again; doubled after each failed read, up to [`READ_RETRY_MAX`].
-pub const READ_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const READ_RETRY: Duration = Duration::from_secs(1);
 /// The longest pause between two tries of a call whose claim cannot be read.
-pub const READ_RETRY_MAX: Duration = Duration::from_secs(30);
+pub(crate) const READ_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// What the watch does with the claims it sees; see the module docs.
 pub struct CarveWatch {

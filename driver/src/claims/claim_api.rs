@@ -23,7 +23,7 @@ pub const FIELD_MANAGER: &str = crate::events::REPORTER;
 
 /// Longest any one API call may take before it counts as failed (on top of the client's own
 /// connect and read timeouts): a hung call must not hold a claim's lock or the handover gate.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The API-server calls the request path makes, and the events it posts ([`EventSink`], a
 /// supertrait so an `Arc<dyn ClaimApi>` posts events too). Implementations bound every call in
@@ -64,10 +64,10 @@ pub trait ClaimApi: EventSink {
 
 /// ResourceClaims per page when the plugin lists them (a cold start without its checkpoint): a
 /// page of claims is tens of kB to a few MB, whatever the cluster's size.
-pub const CLAIM_PAGE_SIZE: u32 = 500;
+pub(crate) const CLAIM_PAGE_SIZE: u32 = 500;
 
 /// Whether `rc` has a result of the DAS driver in `node`'s pool.
-pub fn allocated_to(rc: &ResourceClaim, node: &str) -> bool {
+pub(crate) fn allocated_to(rc: &ResourceClaim, node: &str) -> bool {
     das_api::claim_status::our_results(rc).any(|r| r.pool == node)
 }
 
@@ -223,7 +223,7 @@ pub(crate) fn status_apply_body(
 /// [`status_apply_body`], with `slice_ready` (carve before bind on) each MIG device's entry
 /// also carrying the `mig.das.com/SliceReady` condition of its carve (a device of a kind that
 /// is not carved, a whole GPU, does not).
-pub fn status_apply_body_with(
+pub(crate) fn status_apply_body_with(
     claim: &ClaimRef,
     devices: &[RecordedDevice],
     now: Time,

@@ -42,7 +42,7 @@ pub struct ClaimMarks {
 
 /// The marks of claim `uid`, recorded as `record`, from its CDI spec on disk (`spec`; `None`
 /// once deleted, e.g. for a guard whose instances are gone: its variables alone then).
-pub fn claim_marks(uid: &str, record: &ClaimRecord, spec: Option<&Spec>) -> ClaimMarks {
+pub(crate) fn claim_marks(uid: &str, record: &ClaimRecord, spec: Option<&Spec>) -> ClaimMarks {
     let escaped = uid.replace(['-', '/', '.'], "_");
     let env_prefixes = [MIG_UUID_ENV_PREFIX, GPU_UUID_ENV_PREFIX]
         .iter()
@@ -79,7 +79,7 @@ pub fn claim_marks(uid: &str, record: &ClaimRecord, spec: Option<&Spec>) -> Clai
 
 /// Which of `marks` the OCI runtime spec `spec` (JSON, as the runtime reports it) carries, if
 /// any: `Some("its CDI variable DAS_…")` or `Some("device node /dev/…")`.
-pub fn spec_mark(spec: &serde_json::Value, marks: &ClaimMarks) -> Option<String> {
+pub(crate) fn spec_mark(spec: &serde_json::Value, marks: &ClaimMarks) -> Option<String> {
     let env = spec
         .pointer("/process/env")
         .and_then(serde_json::Value::as_array)

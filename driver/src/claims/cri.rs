@@ -27,7 +27,7 @@ use super::container_marks::{ClaimMarks, spec_mark};
 use super::orphans::{PodContainers, RuntimeError};
 
 /// Time limit of one CRI call (connect included).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The container runtime's CRI socket.
 #[derive(Debug, Clone)]

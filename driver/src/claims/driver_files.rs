@@ -35,15 +35,15 @@ use std::path::{Path, PathBuf};
 use super::cdi::Mount;
 
 /// Where a container finds the driver's libraries (by SONAME).
-pub const CONTAINER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
+pub(crate) const CONTAINER_LIB_DIR: &str = "/usr/local/nvidia/lib64";
 /// Where a container finds the driver's tools.
-pub const CONTAINER_BIN_DIR: &str = "/usr/local/nvidia/bin";
+pub(crate) const CONTAINER_BIN_DIR: &str = "/usr/local/nvidia/bin";
 
 /// Library directories searched below the driver root, in order: Debian/Ubuntu multiarch,
 /// RHEL-like, then the generic ones. A directory that is a symlink is skipped (its absolute
 /// target would resolve inside the plugin's container, not below the driver root); the
 /// directory it points to is in the list on its own.
-pub const LIB_DIRS: [&str; 7] = [
+pub(crate) const LIB_DIRS: [&str; 7] = [
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
     "usr/lib64",
@@ -54,11 +54,11 @@ pub const LIB_DIRS: [&str; 7] = [
 ];
 
 /// Tool directories searched below the driver root, in order.
-pub const BIN_DIRS: [&str; 3] = ["usr/bin", "usr/local/bin", "bin"];
+pub(crate) const BIN_DIRS: [&str; 3] = ["usr/bin", "usr/local/bin", "bin"];
 
 /// Library name stems (`<stem>.so.<driver version>`) of the `utility` and `compute`
 /// capabilities (libnvidia-container `src/nvc_info.c`).
-pub const LIBRARIES: [&str; 12] = [
+pub(crate) const LIBRARIES: [&str; 12] = [
     "libnvidia-ml",
     "libnvidia-cfg",
     "libcuda",
@@ -75,7 +75,7 @@ pub const LIBRARIES: [&str; 12] = [
 
 /// Tools of the `utility` and `compute` capabilities (libnvidia-container `src/nvc_info.c`),
 /// without the daemons a container has no use for.
-pub const TOOLS: [&str; 4] = [
+pub(crate) const TOOLS: [&str; 4] = [
     NVIDIA_SMI,
     "nvidia-debugdump",
     MPS_CONTROL,
@@ -347,7 +347,7 @@ fn tools(root: &Path) -> Result<Vec<DriverFile>, DriverFilesError> {
 
 /// Mount options of every driver file: read-only bind mounts without set-uid or device files,
 /// as NVIDIA's toolkit mounts them.
-pub const MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
+pub(crate) const MOUNT_OPTIONS: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
 impl DriverFiles {
     /// Where this process finds tool `name` (one of [`TOOLS`], e.g. `nvidia-cuda-mps-control`,

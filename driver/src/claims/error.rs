@@ -263,7 +263,7 @@ pub struct ApiError {
 
 impl ApiError {
     /// A failure worth retrying.
-    pub fn transient(message: impl Into<String>) -> Self {
+    pub(crate) fn transient(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
             permanent: false,

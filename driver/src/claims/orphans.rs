@@ -28,9 +28,9 @@ use super::container_marks::ClaimMarks;
 
 /// Default of [`OrphanPolicy::delay`]: minutes, far beyond the kubelet's kill of a pod's
 /// containers (its grace period plus a few seconds) and its unprepare retries.
-pub const DEFAULT_ORPHAN_DELAY: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_ORPHAN_DELAY: Duration = Duration::from_secs(600);
 /// How long a suspect that is kept waits for its next check.
-pub const RECHECK: Duration = Duration::from_secs(60);
+pub(crate) const RECHECK: Duration = Duration::from_secs(60);
 
 /// What the container runtime says about pods and containers: the evidence the orphan rule
 /// needs.
@@ -119,7 +119,7 @@ impl Default for OrphanPolicy {
 /// The suspects, each with when it is due for a check, and the claims already reported as kept
 /// (one Warning event per claim and reason, not one per check).
 #[derive(Debug, Default)]
-pub struct OrphanWatch {
+pub(crate) struct OrphanWatch {
     due: Mutex<BTreeMap<String, Instant>>,
     reported: Mutex<BTreeSet<(String, String)>>,
 }
@@ -127,7 +127,7 @@ pub struct OrphanWatch {
 impl OrphanWatch {
     /// Notes claim `uid` as a suspect due at `at`; an earlier due time already noted stands, so
     /// the delay counts from the first time it was seen.
-    pub fn suspect(&self, uid: &str, at: Instant) {
+    pub(crate) fn suspect(&self, uid: &str, at: Instant) {
         self.due
             .lock()
             .expect("orphans")
@@ -151,7 +151,7 @@ impl OrphanWatch {
     }
 
     /// The earliest due time.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.due.lock().expect("orphans").values().min().copied()
     }
 
@@ -183,7 +183,7 @@ impl OrphanWatch {
 
 /// What one orphan check did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct OrphanReport {
+pub(crate) struct OrphanReport {
     /// Claims released under the orphan rule.
     pub released: Vec<String>,
     /// Claims kept, with why.

@@ -47,7 +47,7 @@ pub use handed::{holdings, kubelet_devices, legacy_cdi_keys, spec_devices};
 /// [`PrepareError::WholeGpuUnavailable`] (a whole GPU's name this node does not publish),
 /// [`PrepareError::AdminAccess`], [`PrepareError::Share`] (a share without `shareID`, or not
 /// served with MPS).
-pub fn resolve_allocation(
+pub(crate) fn resolve_allocation(
     claim: &ClaimRef,
     rc: Option<&ResourceClaim>,
     node: &str,
@@ -126,7 +126,7 @@ fn shared_by_claims(d: &RecordedDevice) -> bool {
 }
 
 /// Whether `s` is recorded as an instance of any claim but `except`.
-pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
+pub(crate) fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
     cp.claims
         .iter()
         .filter(|(uid, _)| uid.as_str() != except)
@@ -136,7 +136,7 @@ pub fn recorded_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> boo
 /// Whether `s` is recorded as the instance of a device some claim but `except` holds alone (of
 /// a kind not several claims share): when a lost checkpoint is rebuilt, a share may match a
 /// MIG instance that another share of it already recorded.
-pub fn recorded_unshared_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
+pub(crate) fn recorded_unshared_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstance) -> bool {
     cp.claims
         .iter()
         .filter(|(uid, _)| uid.as_str() != except)
@@ -152,7 +152,7 @@ pub fn recorded_unshared_elsewhere(cp: &Checkpoint, except: &str, s: &MigInstanc
 /// creating the instance and completing the record) claims the instance at its placement, unless the
 /// backend says DAS did not create it or another claim records it (`elsewhere`). A whole GPU
 /// matches nothing (its entry is `None`: callers take it from [`holdings`]).
-pub fn match_devices(
+pub(crate) fn match_devices(
     devices: &[RecordedDevice],
     live: &[MigInstance],
     elsewhere: impl Fn(&MigInstance) -> bool,
@@ -187,7 +187,7 @@ pub fn match_devices(
 /// it does: the old pod's claim is deallocated before the kubelet has unprepared it, and its
 /// containers may still run (the prepare then waits, and fails with
 /// [`PrepareError::PlacementHeld`]; it never destroys the holder's MIG instance).
-pub fn placement_holders(
+pub(crate) fn placement_holders(
     cp: &Checkpoint,
     uid: &str,
     planned: &[Planned],
@@ -227,7 +227,7 @@ pub fn reserving_pods(rc: &ResourceClaim) -> Vec<String> {
 
 /// `known` with the pods of `more` that it lacks appended (a shared claim gains pods; a pod that
 /// ended is kept: its containers may outlive it).
-pub fn with_pods(known: &[String], more: &[String]) -> Vec<String> {
+pub(crate) fn with_pods(known: &[String], more: &[String]) -> Vec<String> {
     let mut all = known.to_vec();
     for p in more {
         if !all.contains(p) {
@@ -239,7 +239,7 @@ pub fn with_pods(known: &[String], more: &[String]) -> Vec<String> {
 
 /// What a prepare does with the checkpoint's record of the claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnPrepare {
+pub(crate) enum OnPrepare {
     /// No record: create the instances.
     Create,
     /// A completed record of this very allocation: check that its instances and CDI spec still
@@ -254,7 +254,7 @@ pub enum OnPrepare {
 }
 
 /// Decides [`OnPrepare`] from the record and the claim's current allocation.
-pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepare {
+pub(crate) fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepare {
     match record {
         None => OnPrepare::Create,
         Some(r) if r.state == PrepareState::PrepareCompleted && same_devices(r, planned) => {
@@ -269,7 +269,7 @@ pub fn on_prepare(record: Option<&ClaimRecord>, planned: &[Planned]) -> OnPrepar
 
 /// Whether a record holds exactly the planned allocation (request, pool, device and its kind,
 /// its MPS limits and its share, in order).
-pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
+pub(crate) fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
     r.devices.len() == planned.len()
         && r.devices.iter().zip(planned).all(|(d, p)| {
             d.request == p.request
@@ -287,7 +287,7 @@ pub fn same_devices(r: &ClaimRecord, planned: &[Planned]) -> bool {
 /// may still run: the record is kept until the kubelet unprepares it, or until the orphan rule
 /// ([`orphan_verdict`]) proves no container of its pods is left. A share is still allocated
 /// only under its recorded `shareID`.
-pub fn still_allocated(
+pub(crate) fn still_allocated(
     claim: &ClaimRef,
     record: &ClaimRecord,
     rc: Option<&ResourceClaim>,
@@ -311,7 +311,7 @@ pub fn still_allocated(
 /// What the orphan rule concludes about a prepared claim's record (docs/design.md, "A slice
 /// leaves its claim").
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OrphanVerdict {
+pub(crate) enum OrphanVerdict {
     /// The API server allocates the claim to this node as recorded: it is no orphan.
     Allocated,
     /// Keep the MIG instances; why, for the log and the Node event.
@@ -324,7 +324,7 @@ pub enum OrphanVerdict {
 
 /// What the container runtime answered for an orphan check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuntimeEvidence {
+pub(crate) struct RuntimeEvidence {
     /// Per pod the record knows: whether it still has a sandbox or container, or why the
     /// runtime could not tell.
     pub pods: Vec<(String, Result<bool, RuntimeError>)>,
@@ -341,7 +341,7 @@ pub struct RuntimeEvidence {
 /// container holding a reused GPU-instance ID's node). Positive evidence only: no pods recorded,
 /// no runtime, an error, a single pod with containers or a single container holding a mark
 /// keeps it.
-pub fn orphan_verdict(
+pub(crate) fn orphan_verdict(
     allocated: bool,
     pods: &[String],
     evidence: Option<&RuntimeEvidence>,
@@ -389,7 +389,7 @@ pub fn orphan_verdict(
 
 /// What start-up does with a live instance no record claims.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Orphans {
+pub(crate) struct Orphans {
     /// MIG instances to destroy: DAS created them (or `--reclaim-foreign-instances`).
     pub destroy: Vec<MigInstance>,
     /// MIG instances left alone: created by someone else (or unknown, on NVML).
@@ -422,7 +422,7 @@ pub fn orphans(live: &[MigInstance], cp: &Checkpoint, reclaim_foreign: bool) -> 
 /// [`crate::gpu::layout::Occupancy::check_hardware`] against the recorded placements). Tells why
 /// a pod waits: 0 for its profile on every GPU. A device that makes no instance takes the
 /// placements its own overlaps, so a GPU held whole has none.
-pub fn free_placements<'a>(
+pub(crate) fn free_placements<'a>(
     model: &crate::gpu::GpuModel,
     devices: impl Iterator<Item = &'a RecordedDevice>,
 ) -> Vec<(String, u64)> {
@@ -482,7 +482,7 @@ pub fn unclaimed(live: &[MigInstance], cp: &Checkpoint) -> Vec<MigInstance> {
 
 /// What the prepared devices of one GPU take.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GpuUse {
+pub(crate) struct GpuUse {
     /// MIG instances (a device of a kind that makes none, such as a whole GPU, is none).
     pub instances: u64,
     /// Memory slices their placements cover (a whole GPU: all of its GPU's).

@@ -16,9 +16,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Pause before the first retry of a claim's destroys; doubled after each failure.
-pub const FIRST_DELAY: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_DELAY: Duration = Duration::from_secs(1);
 /// Longest pause between two attempts for one claim.
-pub const MAX_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Copy)]
 struct Backoff {
@@ -28,7 +28,7 @@ struct Backoff {
 
 /// When each releasing claim is due for its next attempt.
 #[derive(Debug, Default)]
-pub struct ReaperState {
+pub(crate) struct ReaperState {
     due: Mutex<BTreeMap<String, Backoff>>,
     /// Woken when a claim is scheduled, so a sleeping reaper looks at once.
     pub(crate) wake: Notify,
@@ -87,13 +87,13 @@ impl ReaperState {
 }
 
 /// How often the reaper's loop looks again at claims whose MPS daemons wait for their GPU.
-pub const MPS_RETRY: Duration = Duration::from_secs(5);
+pub(crate) const MPS_RETRY: Duration = Duration::from_secs(5);
 
 /// Claims kept at start-up whose MPS daemons could not be brought back because a GPU of theirs
 /// did not answer: the reaper's loop tries again every [`MPS_RETRY`] until the GPU answers
 /// (then the daemons start, or the claim's instances are gone and its next prepare repairs it).
 #[derive(Debug, Default)]
-pub struct PendingDaemons {
+pub(crate) struct PendingDaemons {
     uids: Mutex<std::collections::BTreeSet<String>>,
 }
 
@@ -124,7 +124,7 @@ impl PendingDaemons {
 
 /// What one pass of the reaper did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct ReapReport {
+pub(crate) struct ReapReport {
     /// Claims whose instances are now all gone (records dropped).
     pub finished: Vec<String>,
     /// Claims with instances still left.

@@ -17,9 +17,9 @@ use crate::claims::checkpoint::RecordedDevice;
 use crate::metrics::Metrics;
 
 /// First pause after a failed write; doubled after each failure up to [`MAX_RETRY_DELAY`].
-pub const FIRST_RETRY_DELAY: Duration = Duration::from_millis(250);
+pub(crate) const FIRST_RETRY_DELAY: Duration = Duration::from_millis(250);
 /// Longest pause between two writes of one claim's status.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);
 
 struct Writer {
     stop: CancellationToken,
@@ -28,7 +28,7 @@ struct Writer {
 
 /// The running status writers, by claim UID.
 #[derive(Default)]
-pub struct StatusWriters {
+pub(crate) struct StatusWriters {
     writers: Mutex<HashMap<String, Writer>>,
 }
 

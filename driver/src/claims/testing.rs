@@ -30,7 +30,7 @@ pub const NODE: &str = "n0";
 
 /// The API server's ResourceClaims, in memory.
 #[derive(Default)]
-pub struct MemoryApi {
+pub(crate) struct MemoryApi {
     claims: Mutex<BTreeMap<(String, String), ResourceClaim>>,
     /// Status writes that landed: claim UID → MIG UUIDs written.
     pub statuses: Mutex<BTreeMap<String, Vec<String>>>,
@@ -76,7 +76,7 @@ impl MemoryApi {
     }
 
     /// Sets the claim's `status.reservedFor` to its own pod ([`pod_of`]) and `more` pod UIDs.
-    pub fn reserve_for(&self, claim: &ClaimRef, more: &[&str]) {
+    pub(crate) fn reserve_for(&self, claim: &ClaimRef, more: &[&str]) {
         let mut claims = self.claims.lock().unwrap();
         let rc = claims
             .get_mut(&(claim.namespace.clone(), claim.name.clone()))
@@ -92,7 +92,7 @@ impl MemoryApi {
 
     /// Sets the claim's allocated configs (`status.allocation.devices.config`): one opaque
     /// config for `mig.das.com` from the claim, for every request, with `parameters`.
-    pub fn configure(&self, claim: &ClaimRef, parameters: serde_json::Value) {
+    pub(crate) fn configure(&self, claim: &ClaimRef, parameters: serde_json::Value) {
         let mut claims = self.claims.lock().unwrap();
         let rc = claims
             .get_mut(&(claim.namespace.clone(), claim.name.clone()))
@@ -109,7 +109,7 @@ impl MemoryApi {
 
     /// Has the claim's results wait for the carve (binding conditions of carve before bind), as
     /// the scheduler copies them from devices published with `--carve-before-bind`.
-    pub fn wait_for_carve(&self, claim: &ClaimRef) {
+    pub(crate) fn wait_for_carve(&self, claim: &ClaimRef) {
         self.change(claim, |rc| {
             let allocation = rc.status.as_mut().and_then(|s| s.allocation.as_mut());
             let results = allocation
@@ -222,7 +222,7 @@ impl ClaimApi for MemoryApi {
 impl MemoryApi {
     /// [`ClaimApi::write_carve_status`]: records the outcome, and puts its condition into the
     /// stored claim's `status.devices` as the API server would.
-    pub fn carve_status(
+    pub(crate) fn carve_status(
         &self,
         claim: &ClaimRef,
         devices: &[RecordedDevice],
@@ -256,14 +256,14 @@ impl EventSink for MemoryApi {
 }
 
 /// The UID of the pod a [`MemoryApi`] claim with UID `claim_uid` is reserved for.
-pub fn pod_of(claim_uid: &str) -> String {
+pub(crate) fn pod_of(claim_uid: &str) -> String {
     format!("pod-{claim_uid}")
 }
 
 /// The container runtime, in memory: the pods that still have a sandbox or container, and the
 /// live containers with their OCI runtime specs.
 #[derive(Default)]
-pub struct MemoryRuntime {
+pub(crate) struct MemoryRuntime {
     /// UIDs of pods with a sandbox or container.
     pub pods: Mutex<std::collections::BTreeSet<String>>,
     /// Live containers: name → OCI runtime spec (JSON, as a runtime reports it).
@@ -275,7 +275,7 @@ pub struct MemoryRuntime {
 impl MemoryRuntime {
     /// Adds (or replaces) live container `name`, whose runtime spec has the environment `env`
     /// (`KEY=VALUE`) and the device nodes `devices` (container paths).
-    pub fn run_container(&self, name: &str, env: &[String], devices: &[String]) {
+    pub(crate) fn run_container(&self, name: &str, env: &[String], devices: &[String]) {
         let devices: Vec<serde_json::Value> = devices
             .iter()
             .map(|p| serde_json::json!({"path": p, "type": "c"}))
@@ -288,7 +288,7 @@ impl MemoryRuntime {
     }
 
     /// Removes container `name` (it exited).
-    pub fn stop_container(&self, name: &str) {
+    pub(crate) fn stop_container(&self, name: &str) {
         self.containers.lock().unwrap().remove(name);
     }
 }
@@ -377,7 +377,7 @@ pub fn preparer_with(
 /// A backend whose GPUs in `off` have MIG mode off, as whole GPUs need (the emulated GPUs all
 /// have it on): its inventory says so, and a create on such a GPU fails as on a GPU without
 /// MIG mode; everything else is `inner`'s.
-pub struct MigOff {
+pub(crate) struct MigOff {
     /// The GPUs.
     pub inner: Arc<dyn GpuBackend>,
     /// Indices of the GPUs with MIG mode off now.
@@ -397,7 +397,7 @@ impl MigOff {
     }
 
     /// Switches GPU `gpu`'s MIG mode on (`true`) or off.
-    pub fn set_mig(&self, gpu: u32, on: bool) {
+    pub(crate) fn set_mig(&self, gpu: u32, on: bool) {
         let mut off = self.off.lock().unwrap();
         if on {
             off.remove(&gpu);
@@ -470,7 +470,7 @@ impl GpuBackend for MigOff {
 
 /// The published device of `gpu` whole (as `device_index` makes it for a GPU with MIG mode
 /// off under `--whole-gpus`): `gpu-<index>`, profile `gpu`, every memory slice.
-pub fn whole_gpu_ref(gpu: &GpuInfo) -> (String, DeviceRef) {
+pub(crate) fn whole_gpu_ref(gpu: &GpuInfo) -> (String, DeviceRef) {
     let at = DeviceRef {
         kind: DeviceKind::WholeGpu,
         gpu_index: gpu.index,
@@ -486,7 +486,7 @@ pub fn whole_gpu_ref(gpu: &GpuInfo) -> (String, DeviceRef) {
 
 /// Has `p` publish `gpu` whole; `keep_slices`: its MIG devices stay published too (a device map
 /// no node publishes, for the isolation rule's tests), else they go.
-pub fn serve_whole(p: &mut Preparer, gpu: &GpuInfo, keep_slices: bool) {
+pub(crate) fn serve_whole(p: &mut Preparer, gpu: &GpuInfo, keep_slices: bool) {
     let devices = &mut p.node.devices;
     devices.retain(|_, d| d.gpu_index != gpu.index);
     if keep_slices {
@@ -503,12 +503,12 @@ pub fn serve_whole(p: &mut Preparer, gpu: &GpuInfo, keep_slices: bool) {
 }
 
 /// Claim UIDs the request-path tests use.
-pub const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
+pub(crate) const UID_A: &str = "aaaaaaaa-0000-0000-0000-000000000001";
 /// A second claim's UID.
-pub const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
+pub(crate) const UID_B: &str = "bbbbbbbb-0000-0000-0000-000000000002";
 
 /// Backend calls inline with a few yields around each: the same interleaving every run.
-pub fn inline() -> BlockingCalls {
+pub(crate) fn inline() -> BlockingCalls {
     let n = Arc::new(std::sync::atomic::AtomicU32::new(0));
     BlockingCalls::Inline(Arc::new(move || {
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3

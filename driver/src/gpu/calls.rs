@@ -69,7 +69,7 @@ impl GpuCalls {
 
     /// The lock of GPU `gpu`: a fresh, unshared one for an index the backend does not manage (a
     /// call on it fails in the backend anyway).
-    pub fn gpu_lock_for(&self, gpu: u32) -> Arc<Mutex<()>> {
+    pub(crate) fn gpu_lock_for(&self, gpu: u32) -> Arc<Mutex<()>> {
         self.locks.get(&gpu).cloned().unwrap_or_default()
     }
 

@@ -17,7 +17,7 @@ use super::model::{GpuModel, ResourceAmounts};
 use das_api::counters;
 
 /// The embedded data files: `(file name, contents)`.
-pub const BUILTIN_MODEL_FILES: &[(&str, &str)] = &[
+pub(crate) const BUILTIN_MODEL_FILES: &[(&str, &str)] = &[
     (
         "a100-sxm4-40gb.toml",
         include_str!("../../data/gpus/a100-sxm4-40gb.toml"),
@@ -85,7 +85,7 @@ pub struct ModelError {
 }
 
 /// Parses and validates one model file. `file` names it in errors.
-pub fn parse_model(file: &str, text: &str) -> Result<GpuModel, ModelError> {
+pub(crate) fn parse_model(file: &str, text: &str) -> Result<GpuModel, ModelError> {
     let err = |problem: String| ModelError {
         file: file.to_string(),
         problem,
@@ -105,7 +105,7 @@ pub fn parse_model(file: &str, text: &str) -> Result<GpuModel, ModelError> {
 /// derived on load: for a MIG model its counter totals and published counters from its layouts;
 /// for a GPU without MIG one memory slice (the whole GPU), counter totals of its memory and
 /// multiprocessors, and `memory` as the one resource counter.
-pub fn complete_model(mut model: GpuModel) -> Result<GpuModel, ModelError> {
+pub(crate) fn complete_model(mut model: GpuModel) -> Result<GpuModel, ModelError> {
     let err = |problem: String| ModelError {
         file: model.source_file.clone(),
         problem,
@@ -133,7 +133,7 @@ pub fn complete_model(mut model: GpuModel) -> Result<GpuModel, ModelError> {
 }
 
 /// Parses and validates every embedded data file. Names and aliases must be unique across files.
-pub fn load_builtin_models() -> Result<Vec<Arc<GpuModel>>, ModelError> {
+pub(crate) fn load_builtin_models() -> Result<Vec<Arc<GpuModel>>, ModelError> {
     let mut models = Vec::new();
     let mut names = BTreeSet::new();
     for (file, text) in BUILTIN_MODEL_FILES {

@@ -53,7 +53,7 @@ pub const STATE_FILE: &str = "emulated-gpus.json";
 pub const CONTROL_FILE: &str = "control.json";
 
 /// Version of the state file format.
-pub const STATE_VERSION: u32 = 1;
+pub(crate) const STATE_VERSION: u32 = 1;
 
 /// Driver version the emulated GPUs report.
 pub const EMULATED_DRIVER_VERSION: &str = "580.95.05";
@@ -61,17 +61,17 @@ pub const EMULATED_DRIVER_VERSION: &str = "580.95.05";
 /// CUDA driver version the emulated GPUs report (`cudaDriverVersion` `13.0.0`): the version
 /// NVML reports with driver [`EMULATED_DRIVER_VERSION`] (`13000`, "CUDA Version: 13.0" in
 /// `nvidia-smi`).
-pub const EMULATED_CUDA_DRIVER_VERSION: &str = "13.0";
+pub(crate) const EMULATED_CUDA_DRIVER_VERSION: &str = "13.0";
 
 /// Brand the emulated GPUs report: `NVML_BRAND_NVIDIA` by NVIDIA's DRA driver's name, what
 /// data-center GPUs (A100, H100, H200, B200) report.
-pub const EMULATED_BRAND: &str = "Nvidia";
+pub(crate) const EMULATED_BRAND: &str = "Nvidia";
 
 /// GI IDs are `0..GI_ID_SPACE` (docs/reference/mig.md, "Create and destroy": GI ID space 0–14).
 const GI_ID_SPACE: u32 = 15;
 
 /// Most emulated GPUs per node: the `mig-minors` listing covers `gpu0..gpu31` (docs/reference/mig.md, "Device nodes and capabilities").
-pub const MAX_EMULATED_GPUS: u32 = 32;
+pub(crate) const MAX_EMULATED_GPUS: u32 = 32;
 
 /// A bad emulated-GPU spec, or state on disk that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +156,7 @@ impl EmulatedBackend {
     }
 
     /// Like [`Self::open`], with a parsed spec.
-    pub fn from_specs(
+    pub(crate) fn from_specs(
         specs: &[EmulatedGpuSpec],
         node_name: &str,
         state_dir: &Path,

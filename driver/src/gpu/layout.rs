@@ -41,7 +41,7 @@ impl fmt::Display for Placement {
 }
 
 /// Bit mask of memory slices `[start, start + size)`.
-pub fn slice_mask(start: u32, size: u32) -> u64 {
+pub(crate) fn slice_mask(start: u32, size: u32) -> u64 {
     debug_assert!(start + size <= 64);
     if size == 0 {
         0
@@ -94,7 +94,7 @@ impl fmt::Display for Conflict {
 }
 
 /// Memory slices of a mask as a list, e.g. `[0, 1]`.
-pub fn mask_list(mask: u64) -> String {
+pub(crate) fn mask_list(mask: u64) -> String {
     let slices: Vec<u32> = (0..64).filter(|i| mask & (1 << i) != 0).collect();
     format!("{slices:?}")
 }
@@ -123,7 +123,7 @@ impl Occupancy {
     }
 
     /// Occupied memory slices (bit `n` = slice `n`).
-    pub fn used_slices(&self) -> u64 {
+    pub(crate) fn used_slices(&self) -> u64 {
         self.used
     }
 
@@ -149,7 +149,7 @@ impl Occupancy {
 
     /// NVML's rules: can `profile` be created at `start`? Checked in NVML's order: argument,
     /// overlap, profile count, `+me`, GI count.
-    pub fn check_hardware(
+    pub(crate) fn check_hardware(
         &self,
         model: &GpuModel,
         profile: usize,
@@ -181,7 +181,7 @@ impl Occupancy {
     /// the placement are free and the published resource counters
     /// ([`GpuModel::published_counters`]) stay within [`GpuModel::counter_totals`].
     /// `start` must be one of the profile's starts (DAS publishes only those).
-    pub fn check_counters(
+    pub(crate) fn check_counters(
         &self,
         model: &GpuModel,
         profile: usize,
@@ -234,7 +234,7 @@ impl Occupancy {
 }
 
 /// Every `(profile index, start)` placement of a model, in profile then start order.
-pub fn all_placements(model: &GpuModel) -> Vec<(usize, u32)> {
+pub(crate) fn all_placements(model: &GpuModel) -> Vec<(usize, u32)> {
     model
         .profiles
         .iter()
@@ -245,12 +245,12 @@ pub fn all_placements(model: &GpuModel) -> Vec<(usize, u32)> {
 
 /// Most layouts [`max_consumption`] walks before it gives up on a table (the real 8-slice tables
 /// have a few thousand).
-pub const LAYOUT_BUDGET: usize = 1_000_000;
+pub(crate) const LAYOUT_BUDGET: usize = 1_000_000;
 
 /// Calls `visit` once for every hardware-valid layout of `model` (every set of placements NVML
 /// would accept together), the empty layout included, until `visit` returns `false`. Returns
 /// whether the walk completed.
-pub fn for_each_layout(model: &GpuModel, mut visit: impl FnMut(&Occupancy) -> bool) -> bool {
+pub(crate) fn for_each_layout(model: &GpuModel, mut visit: impl FnMut(&Occupancy) -> bool) -> bool {
     let placements = all_placements(model);
     let mut occ = Occupancy::empty(model);
     walk_layouts(model, &placements, 0, &mut occ, &mut visit)
@@ -283,7 +283,7 @@ fn walk_layouts(
 /// Nothing the hardware accepts then exceeds a counter, and engines a layout cannot use up
 /// (e.g. a second `+me` OFA) are not offered. `None` when the table has more than
 /// [`LAYOUT_BUDGET`] layouts.
-pub fn max_consumption(model: &GpuModel) -> Option<ResourceAmounts> {
+pub(crate) fn max_consumption(model: &GpuModel) -> Option<ResourceAmounts> {
     let mut max = ResourceAmounts::default();
     let mut seen = 0usize;
     let complete = for_each_layout(model, |occ| {
@@ -302,7 +302,7 @@ pub fn max_consumption(model: &GpuModel) -> Option<ResourceAmounts> {
 /// and converts each device's consumed counters on every node it filters (docs/benchmarks.md,
 /// "Scheduler throughput"). Checked by walking every layout the reduced rules accept; `None`
 /// when that walk passes [`LAYOUT_BUDGET`].
-pub fn needed_counters(model: &GpuModel) -> Option<Vec<&'static str>> {
+pub(crate) fn needed_counters(model: &GpuModel) -> Option<Vec<&'static str>> {
     let all: Vec<&'static str> = ResourceAmounts::default()
         .counters()
         .iter()
@@ -367,7 +367,7 @@ fn counters_exact(model: &GpuModel, kept: &[&'static str]) -> Option<bool> {
 /// of them. Only the packing optimum (`publish::placement::optimum`, tests and benchmarks)
 /// needs it.
 #[cfg(any(test, feature = "testing"))]
-pub fn maximal_count_vectors(model: &GpuModel) -> Vec<Vec<u32>> {
+pub(crate) fn maximal_count_vectors(model: &GpuModel) -> Vec<Vec<u32>> {
     let mut all = std::collections::HashSet::new();
     for_each_layout(model, |occ| {
         all.insert(occ.counts().to_vec());

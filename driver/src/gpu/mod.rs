@@ -109,7 +109,7 @@ impl MigSwitch {
     }
 
     /// Refused because the GPU has no MIG (a T4, an L4: [`GpuModel::mig`] is false).
-    pub fn no_mig() -> Self {
+    pub(crate) fn no_mig() -> Self {
         MigSwitch::Refused("the GPU has no MIG".into())
     }
 
@@ -130,7 +130,7 @@ impl MigSwitch {
 }
 
 /// `on` or `off`: a MIG mode as messages, logs and metric labels say it.
-pub fn on_off(mig_enabled: bool) -> &'static str {
+pub(crate) fn on_off(mig_enabled: bool) -> &'static str {
     if mig_enabled { "on" } else { "off" }
 }
 
@@ -172,14 +172,14 @@ impl GpuInfo {
 
     /// Whether DAS offers MIG instances on this GPU: MIG mode is on, or DAS may switch it on
     /// ([`MigSwitch::Allowed`], docs/design.md §7, "MIG mode follows demand").
-    pub fn offers_mig(&self) -> bool {
+    pub(crate) fn offers_mig(&self) -> bool {
         self.mig_enabled || self.mig_switch.allowed()
     }
 
     /// Whether DAS offers this GPU whole (one device `gpu-<index>`, docs/design.md §7, "Whole
     /// GPUs"): MIG mode is off (always for a GPU without MIG), or DAS may switch it off. Such a
     /// GPU is in the inventory only with `--whole-gpus`.
-    pub fn offers_whole_gpu(&self) -> bool {
+    pub(crate) fn offers_whole_gpu(&self) -> bool {
         !self.mig_enabled || self.mig_switch.allowed()
     }
 
@@ -191,7 +191,7 @@ impl GpuInfo {
 
     /// The whole GPU's memory (bytes): NVML's total for a GPU without MIG
     /// ([`Self::memory_mib`]), the model's for a MIG-capable one.
-    pub fn whole_gpu_memory_bytes(&self) -> u64 {
+    pub(crate) fn whole_gpu_memory_bytes(&self) -> u64 {
         if self.model.mig {
             self.model.memory_bytes()
         } else {
@@ -279,12 +279,12 @@ impl HealthEvent {
 
 /// Capability device minor of GI `gi` on the GPU with minor `gpu_minor`:
 /// `3 + 135·N + 9·G` (docs/reference/mig.md, "Device nodes and capabilities", checked against the User Guide's `mig-minors` listing).
-pub fn gi_cap_minor(gpu_minor: u32, gi: u32) -> u32 {
+pub(crate) fn gi_cap_minor(gpu_minor: u32, gi: u32) -> u32 {
     3 + 135 * gpu_minor + 9 * gi
 }
 
 /// Capability device minor of CI `ci` in GI `gi`: `3 + 135·N + 9·G + 1 + C` (docs/reference/mig.md, "Device nodes and capabilities").
-pub fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
+pub(crate) fn ci_cap_minor(gpu_minor: u32, gi: u32, ci: u32) -> u32 {
     gi_cap_minor(gpu_minor, gi) + 1 + ci
 }
 

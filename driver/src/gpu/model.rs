@@ -8,12 +8,12 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Bytes in a MiB (NVML reports memory sizes in MiB: `memorySizeMB`).
-pub const MIB: u64 = 1024 * 1024;
+pub(crate) const MIB: u64 = 1024 * 1024;
 
 /// Largest memory-slice grid the data files may describe. A GPU's counter set holds one
 /// `memory-slice-<n>` counter per memory slice plus seven resource counters, and Kubernetes allows
 /// at most 32 counters per set (docs/reference/dra.md, "ResourceSlice limits").
-pub const MAX_MEMORY_SLICES: u32 = 25;
+pub(crate) const MAX_MEMORY_SLICES: u32 = 25;
 
 /// GI profile enum names and values, `NVML_GPU_INSTANCE_PROFILE_*` (docs/reference/mig.md, "Profile IDs", `nvml.h` 13.3).
 /// `nvmlDeviceGetGpuInstanceProfileInfo` takes the value; the *real* profile ID it returns is
@@ -122,12 +122,12 @@ impl GiProfile {
     }
 
     /// The `NVML_GPU_INSTANCE_PROFILE_*` enum value of [`Self::nvml_enum`].
-    pub fn nvml_enum_value(&self) -> u32 {
+    pub(crate) fn nvml_enum_value(&self) -> u32 {
         enum_value(GI_PROFILE_ENUMS, &self.nvml_enum).unwrap_or(u32::MAX)
     }
 
     /// Whether `start` is one of the profile's placement starts.
-    pub fn allows_start(&self, start: u32) -> bool {
+    pub(crate) fn allows_start(&self, start: u32) -> bool {
         self.placement_starts.contains(&start)
     }
 
@@ -142,7 +142,7 @@ impl GiProfile {
 /// `architecture` (go-nvlib `GetArchitectureAsString`, from `nvmlDeviceGetArchitecture`), so CEL
 /// written for `gpu.nvidia.com` ports by renaming the driver. `Unknown` is what a GPU of an
 /// architecture newer than NVML's enum as DAS knows it gets (a model built from NVML's tables).
-pub const ARCHITECTURES: &[&str] = &[
+pub(crate) const ARCHITECTURES: &[&str] = &[
     "Kepler",
     "Maxwell",
     "Pascal",
@@ -234,20 +234,20 @@ fn mig_default() -> bool {
 
 impl GpuModel {
     /// Whether resource counter `name` (`memory`, `multiprocessors`, …) is published for this GPU.
-    pub fn publishes_counter(&self, name: &str) -> bool {
+    pub(crate) fn publishes_counter(&self, name: &str) -> bool {
         self.published_counters.is_empty() || self.published_counters.contains(&name)
     }
 
     /// Whether a MIG mode change needs a GPU reset: the file says so (Ampere); `false` for a GPU
     /// without MIG (it has no mode to change).
-    pub fn mig_mode_change_requires_reset(&self) -> bool {
+    pub(crate) fn mig_mode_change_requires_reset(&self) -> bool {
         self.mig_mode_reset.unwrap_or(false)
     }
 
     /// Whether `pci_device_id` (`0xDDDDVVVV`) with subsystem `pci_subsystem_id` (`0xSSSSVVVV`,
     /// 0 when unknown) is this model's: one of its device IDs, and one of its subsystem IDs
     /// where it lists any.
-    pub fn matches_pci(&self, pci_device_id: u32, pci_subsystem_id: u32) -> bool {
+    pub(crate) fn matches_pci(&self, pci_device_id: u32, pci_subsystem_id: u32) -> bool {
         self.pci_device_ids.contains(&pci_device_id)
             && (self.pci_subsystem_ids.is_empty()
                 || self.pci_subsystem_ids.contains(&pci_subsystem_id))
@@ -262,7 +262,7 @@ impl GpuModel {
     }
 
     /// Whether `name` is this model's name or one of its aliases (ASCII case-insensitive).
-    pub fn answers_to(&self, name: &str) -> bool {
+    pub(crate) fn answers_to(&self, name: &str) -> bool {
         self.name.eq_ignore_ascii_case(name)
             || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(name))
     }
@@ -296,7 +296,7 @@ pub(super) fn enum_value(table: &[(&str, u32)], name: &str) -> Option<u32> {
 }
 
 /// Parses `major.minor` into numbers.
-pub fn parse_compute_capability(cc: &str) -> Option<(u32, u32)> {
+pub(crate) fn parse_compute_capability(cc: &str) -> Option<(u32, u32)> {
     let (major, minor) = cc.split_once('.')?;
     Some((major.parse().ok()?, minor.parse().ok()?))
 }
@@ -368,7 +368,11 @@ impl ResourceAmounts {
     }
 
     /// The first counter (by name) among those `kept` accepts where `self` exceeds `cap`, if any.
-    pub fn first_excess(&self, cap: &Self, kept: impl Fn(&str) -> bool) -> Option<&'static str> {
+    pub(crate) fn first_excess(
+        &self,
+        cap: &Self,
+        kept: impl Fn(&str) -> bool,
+    ) -> Option<&'static str> {
         self.counters()
             .into_iter()
             .zip(cap.counters())

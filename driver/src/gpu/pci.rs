@@ -27,7 +27,7 @@ pub const SYS_ROOT: &str = "/sys";
 /// `id` in the standard form `0000:3b:00.0`: lower case, and NVML's 8-digit domain cut to 4 digits
 /// where its first 4 are zeros. `None` when it is not a bus ID of that form (a domain beyond
 /// `ffff` has no standard form).
-pub fn standard_bus_id(id: &str) -> Option<String> {
+pub(crate) fn standard_bus_id(id: &str) -> Option<String> {
     let id = id.trim().to_ascii_lowercase();
     let (domain, rest) = id.split_once(':')?;
     let domain = match domain.len() {
@@ -50,7 +50,7 @@ pub fn standard_bus_id(id: &str) -> Option<String> {
 ///
 /// # Errors
 /// What is wrong, for a log line: not a standard bus ID, no such link, or a link elsewhere.
-pub fn pcie_root(sys_root: &Path, bus_id: &str) -> Result<String, String> {
+pub(crate) fn pcie_root(sys_root: &Path, bus_id: &str) -> Result<String, String> {
     if standard_bus_id(bus_id).as_deref() != Some(bus_id) {
         return Err(format!(
             "{bus_id:?} is not a PCI bus ID of the form 0000:3b:00.0"
@@ -82,7 +82,7 @@ pub fn pcie_root(sys_root: &Path, bus_id: &str) -> Result<String, String> {
 }
 
 /// Highest NUMA node Kubernetes' helper accepts (`maxNUMANodes` − 1 in `numa_linux.go`).
-pub const MAX_NUMA_NODE: u32 = 1023;
+pub(crate) const MAX_NUMA_NODE: u32 = 1023;
 
 /// The NUMA node of the device with standard bus ID `bus_id`: the integer in
 /// `<sys_root>/bus/pci/devices/<bus_id>/numa_node`. `Ok(None)` when the kernel reports `-1` (no
@@ -132,7 +132,7 @@ fn normalize(path: &Path) -> PathBuf {
 
 /// The synthetic bus ID of emulated GPU `index`: `0000:<0x10 + index>:00.0`, e.g. `0000:12:00.0`
 /// for GPU 2 (at most 32 GPUs: buses `10`–`2f`).
-pub fn emulated_bus_id(index: u32) -> String {
+pub(crate) fn emulated_bus_id(index: u32) -> String {
     format!("0000:{:02x}:00.0", 0x10 + index)
 }
 
@@ -140,14 +140,14 @@ pub fn emulated_bus_id(index: u32) -> String {
 /// the pair's first bus (`pci0000:10` for GPUs 0 and 1, `pci0000:12` for GPUs 2 and 3), as on
 /// servers whose GPUs share a PCIe switch two by two. A claim for two devices with
 /// `matchAttribute: resource.kubernetes.io/pcieRoot` thus gets two GPUs of one pair.
-pub fn emulated_pcie_root(index: u32) -> String {
+pub(crate) fn emulated_pcie_root(index: u32) -> String {
     format!("pci0000:{:02x}", 0x10 + (index & !1))
 }
 
 /// The synthetic NUMA node of emulated GPU `index`: four GPUs (two PCIe roots of
 /// [`emulated_pcie_root`]) per node, as on a two-socket server with eight GPUs (`0` for GPUs
 /// 0–3, `1` for 4–7, …).
-pub fn emulated_numa_node(index: u32) -> u32 {
+pub(crate) fn emulated_numa_node(index: u32) -> u32 {
     index / 4
 }
 

@@ -97,7 +97,7 @@ impl TimeSlicer {
 
 /// `nvidia-smi`'s arguments that set GPU `gpu_uuid`'s time slice to `interval` (its level,
 /// [`TimeSliceInterval::level`]).
-pub fn nvidia_smi_args(gpu_uuid: &str, interval: TimeSliceInterval) -> Vec<String> {
+pub(crate) fn nvidia_smi_args(gpu_uuid: &str, interval: TimeSliceInterval) -> Vec<String> {
     vec![
         "compute-policy".into(),
         "-i".into(),

@@ -331,7 +331,7 @@ impl HealthBook {
 
     /// Records `event` at `now`. `live` are the MIG instances on the node now: they decide
     /// whether an XID that names a GPU instance concerns only that instance ([`scope`]).
-    pub fn observe_event(
+    pub(crate) fn observe_event(
         &mut self,
         event: &HealthEvent,
         live: &[MigInstance],
@@ -373,7 +373,7 @@ impl HealthBook {
     }
 
     /// Records that the GPUs in `present` answer and every other managed GPU does not.
-    pub fn observe_inventory(
+    pub(crate) fn observe_inventory(
         &mut self,
         present: &BTreeSet<u32>,
         now: SystemTime,
@@ -453,7 +453,7 @@ impl HealthBook {
 
     /// The taints the devices overlapping the unhealthy GPU instance at `placement` of GPU `gpu`
     /// carry for it (none when that instance is healthy).
-    pub fn instance_taints(&self, gpu: u32, placement: Placement) -> Vec<GpuTaint> {
+    pub(crate) fn instance_taints(&self, gpu: u32, placement: Placement) -> Vec<GpuTaint> {
         self.gpus
             .get(&gpu)
             .and_then(|h| h.instances.get(&placement))
@@ -465,7 +465,7 @@ impl HealthBook {
     /// The taints the device at `placement` of GPU `gpu` carries now: its GPU's, then those of
     /// every unhealthy GPU instance its placement overlaps, one per key (the first wins), so no
     /// device carries more than the three DAS keys (the API allows 4 on Kubernetes 1.34).
-    pub fn device_taints(&self, gpu: u32, placement: Placement) -> Vec<GpuTaint> {
+    pub(crate) fn device_taints(&self, gpu: u32, placement: Placement) -> Vec<GpuTaint> {
         let mut out = self.taints(gpu);
         let Some(h) = self.gpus.get(&gpu) else {
             return out;
@@ -510,7 +510,7 @@ impl HealthBook {
 
     /// Why the device at `placement` of GPU `gpu` is unhealthy: its GPU's reason, else that of
     /// the first unhealthy GPU instance its placement overlaps; `None` when healthy.
-    pub fn device_reason(&self, gpu: u32, placement: Placement) -> Option<String> {
+    pub(crate) fn device_reason(&self, gpu: u32, placement: Placement) -> Option<String> {
         if let Some(r) = self.reason(gpu) {
             return Some(r);
         }

@@ -185,7 +185,11 @@ impl HealthMonitor {
     }
 
     /// Feeds `events` to the book, `live` being the MIG instances on the node now; counts XIDs.
-    pub fn observe_events(&self, events: &[HealthEvent], live: &[MigInstance]) -> Vec<Transition> {
+    pub(crate) fn observe_events(
+        &self,
+        events: &[HealthEvent],
+        live: &[MigInstance],
+    ) -> Vec<Transition> {
         let now = SystemTime::now();
         let mut book = self.book();
         let mut out = Vec::new();
@@ -222,7 +226,7 @@ impl HealthMonitor {
     /// Asks which instances no claim holds; withdraws the devices of those seen twice in a row and
     /// gives back those of instances gone (with a Node event for each). Whether the withdrawn set
     /// changed.
-    pub async fn check_unclaimed(&self) -> bool {
+    pub(crate) async fn check_unclaimed(&self) -> bool {
         let Some(source) = &self.instances else {
             return false;
         };
@@ -238,7 +242,7 @@ impl HealthMonitor {
     }
 
     /// Reports the facts, posts events, sets gauges and wakes the health stream.
-    pub async fn act(&self, transitions: &[Transition]) {
+    pub(crate) async fn act(&self, transitions: &[Transition]) {
         self.send_facts();
         for t in transitions {
             self.report(t).await;

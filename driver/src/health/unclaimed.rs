@@ -28,7 +28,7 @@ fn instance_key(i: &MigInstance) -> InstanceKey {
 
 /// What changed in one check ([`UnclaimedTracker::check`]).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct UnclaimedChanges {
+pub(crate) struct UnclaimedChanges {
     /// Instances withdrawn from now on (seen in this check and the one before).
     pub appeared: Vec<MigInstance>,
     /// Withdrawn instances gone (or claimed): their devices are offered again.
@@ -44,7 +44,7 @@ impl UnclaimedChanges {
 
 /// What the monitor knows of unclaimed instances.
 #[derive(Debug, Default)]
-pub struct UnclaimedTracker {
+pub(crate) struct UnclaimedTracker {
     /// Seen in the last check.
     seen: BTreeSet<InstanceKey>,
     /// Seen in two checks in a row (or at start-up, when nothing else runs): their overlapping
@@ -54,7 +54,7 @@ pub struct UnclaimedTracker {
 
 impl UnclaimedTracker {
     /// Withdraws `i` now, without waiting for a second check (found at start-up).
-    pub fn withdraw_now(&mut self, i: MigInstance) {
+    pub(crate) fn withdraw_now(&mut self, i: MigInstance) {
         self.seen.insert(instance_key(&i));
         self.withdrawn.insert(instance_key(&i), i);
     }
@@ -87,7 +87,7 @@ impl UnclaimedTracker {
 
     /// The placements of the withdrawn instances, by GPU index (what
     /// `crate::publish::desired::HealthFacts::withdrawn` holds).
-    pub fn withdrawn_placements(&self) -> BTreeMap<u32, Vec<Placement>> {
+    pub(crate) fn withdrawn_placements(&self) -> BTreeMap<u32, Vec<Placement>> {
         let mut held: BTreeMap<u32, Vec<Placement>> = BTreeMap::new();
         for i in self.withdrawn.values() {
             held.entry(i.gpu_index).or_default().push(i.placement);

@@ -13,22 +13,22 @@ use std::collections::BTreeSet;
 /// XIDs a faulty application causes on a healthy GPU: 13 graphics engine exception, 31 GPU
 /// memory page fault, 43 GPU stopped processing (the channel was reset), 45 preemptive cleanup
 /// after earlier errors, 68 video processor (NVDEC) exception.
-pub const APPLICATION_XIDS: [u32; 5] = [13, 31, 43, 45, 68];
+pub(crate) const APPLICATION_XIDS: [u32; 5] = [13, 31, 43, 45, 68];
 
 /// XIDs about the whole GPU even when the event names a GPU instance: 48 double-bit ECC error
 /// and 79 GPU has fallen off the bus (conditions of the GPU itself, which DAS's uncorrectable-ECC
 /// event and lost-GPU check treat GPU-wide too), and 95 uncontained ECC error (an uncontained
 /// error may affect every workload on the GPU, unlike a contained one, XID 94, which stays with
 /// the application that hit it; docs/reference/mig.md, "Health events").
-pub const GPU_WIDE_XIDS: [u32; 3] = [48, 79, 95];
+pub(crate) const GPU_WIDE_XIDS: [u32; 3] = [48, 79, 95];
 
 /// Whether XID `xid` concerns the whole GPU whatever GPU instance the event names.
-pub fn is_gpu_wide(xid: u32) -> bool {
+pub(crate) fn is_gpu_wide(xid: u32) -> bool {
     GPU_WIDE_XIDS.contains(&xid)
 }
 
 /// Whether XID `xid` makes the GPU unusable, unless the operator listed it in `ignored`.
-pub fn is_fatal(xid: u32, ignored: &BTreeSet<u32>) -> bool {
+pub(crate) fn is_fatal(xid: u32, ignored: &BTreeSet<u32>) -> bool {
     !APPLICATION_XIDS.contains(&xid) && !ignored.contains(&xid)
 }
 

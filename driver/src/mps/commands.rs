@@ -26,7 +26,7 @@ pub struct Namespace {
 }
 
 /// The arguments of the daemon: foreground, and `-p 3` for protocol 3.
-pub fn daemon_args(protocol: Protocol) -> Vec<String> {
+pub(crate) fn daemon_args(protocol: Protocol) -> Vec<String> {
     match protocol {
         Protocol::V2 => vec!["-f".to_string()],
         Protocol::V3 => ["-f", "-p", "3"].map(str::to_string).to_vec(),
@@ -50,12 +50,12 @@ fn words(w: &[&str]) -> Vec<String> {
 }
 
 /// `server list`: the answer names every running server.
-pub fn v3_server_list() -> Vec<String> {
+pub(crate) fn v3_server_list() -> Vec<String> {
     words(&["server", "list"])
 }
 
 /// `server create` of the MIG instance's server, allowed the MIG instance alone.
-pub fn v3_server_create(mig_uuid: &str) -> Vec<String> {
+pub(crate) fn v3_server_create(mig_uuid: &str) -> Vec<String> {
     let mut c = words(&["server", "create", SERVER]);
     c.push(format!("--allowed-devices={mig_uuid}"));
     c
@@ -63,7 +63,7 @@ pub fn v3_server_create(mig_uuid: &str) -> Vec<String> {
 
 /// `server set` of the slice-wide limits (they apply to the server's `default` namespace, which
 /// no container reaches); `None` without limits.
-pub fn v3_server_set(limits: &MpsLimits) -> Option<Vec<String>> {
+pub(crate) fn v3_server_set(limits: &MpsLimits) -> Option<Vec<String>> {
     let flags = v3_limit_flags(limits);
     (!flags.is_empty()).then(|| {
         let mut c = words(&["server", "set", SERVER]);
@@ -73,21 +73,21 @@ pub fn v3_server_set(limits: &MpsLimits) -> Option<Vec<String>> {
 }
 
 /// `namespace list` of the MIG instance's server.
-pub fn v3_namespace_list() -> Vec<String> {
+pub(crate) fn v3_namespace_list() -> Vec<String> {
     let mut c = words(&["namespace", "list"]);
     c.push(format!("--server={SERVER}"));
     c
 }
 
 /// `namespace create` of `name` on the MIG instance's server.
-pub fn v3_namespace_create(name: &str) -> Vec<String> {
+pub(crate) fn v3_namespace_create(name: &str) -> Vec<String> {
     let mut c = words(&["namespace", "create", name]);
     c.push(format!("--server={SERVER}"));
     c
 }
 
 /// `namespace set` of `ns`'s limits; `None` without limits.
-pub fn v3_namespace_set(ns: &Namespace) -> Option<Vec<String>> {
+pub(crate) fn v3_namespace_set(ns: &Namespace) -> Option<Vec<String>> {
     let flags = v3_limit_flags(&ns.limits);
     (!flags.is_empty()).then(|| {
         let mut c = words(&["namespace", "set", &ns.name]);
@@ -98,7 +98,7 @@ pub fn v3_namespace_set(ns: &Namespace) -> Option<Vec<String>> {
 }
 
 /// `namespace delete` of `name` on the MIG instance's server.
-pub fn v3_namespace_delete(name: &str) -> Vec<String> {
+pub(crate) fn v3_namespace_delete(name: &str) -> Vec<String> {
     let mut c = words(&["namespace", "delete", name]);
     c.push(format!("--server={SERVER}"));
     c
@@ -115,7 +115,7 @@ pub fn listed(answer: &str, name: &str) -> bool {
 /// The limits of one namespace: a claim's own (its config), or for a share of a shared slice the
 /// tighter of the MIG instance's config and the share's part (its thread percentage and memory), since
 /// a namespace's limits replace, not narrow, the server's.
-pub fn namespace_limits(config: &MpsLimits, share: Option<(u8, u64)>) -> MpsLimits {
+pub(crate) fn namespace_limits(config: &MpsLimits, share: Option<(u8, u64)>) -> MpsLimits {
     let Some((percent, mib)) = share else {
         return config.clone();
     };
@@ -131,13 +131,13 @@ pub fn namespace_limits(config: &MpsLimits, share: Option<(u8, u64)>) -> MpsLimi
 }
 
 /// The command that stops the daemon (and its server, once its clients are gone).
-pub const QUIT: &str = "quit";
+pub(crate) const QUIT: &str = "quit";
 
 /// The device the pinned memory limit is set for: ordinal 0, the one device the daemon sees
 /// (its `CUDA_VISIBLE_DEVICES` is the MIG instance's MIG UUID alone, see [`daemon_env`]). Not the
 /// UUID: NVIDIA's daemon answers nothing and sets nothing effective for a UUID it does not serve,
 /// so a wrong UUID would pass silently, while ordinal 0 can only be the MIG instance.
-pub const LIMIT_DEVICE: &str = "0";
+pub(crate) const LIMIT_DEVICE: &str = "0";
 
 /// The commands that set `limits` on a MIG instance's daemon, in order: the active thread percentage,
 /// then the pinned memory limit of the MIG instance (device [`LIMIT_DEVICE`], `<N>M` in MiB). None
@@ -157,7 +157,7 @@ pub fn limit_commands(limits: &MpsLimits) -> Vec<String> {
 
 /// The environment of the daemon of MIG instance `mig_uuid`: the MIG instance alone visible, its pipe and
 /// log directories.
-pub fn daemon_env(dirs: &MpsDirs, mig_uuid: &str) -> Vec<(String, String)> {
+pub(crate) fn daemon_env(dirs: &MpsDirs, mig_uuid: &str) -> Vec<(String, String)> {
     vec![
         (VISIBLE_DEVICES_ENV.to_string(), mig_uuid.to_string()),
         (PIPE_DIR_ENV.to_string(), dirs.pipe.display().to_string()),
@@ -166,7 +166,7 @@ pub fn daemon_env(dirs: &MpsDirs, mig_uuid: &str) -> Vec<(String, String)> {
 }
 
 /// The environment of the control binary in client mode: the daemon's pipe and log directories.
-pub fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
+pub(crate) fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
     vec![
         (PIPE_DIR_ENV.to_string(), dirs.pipe.display().to_string()),
         (LOG_DIR_ENV.to_string(), dirs.log.display().to_string()),
@@ -179,7 +179,7 @@ pub fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
 #[error(
     "sharing.mps.pinnedDeviceMemoryLimit is {limit_mib}Mi, more than the {instance_mib}Mi of a {profile} slice; valid: 1Mi to {instance_mib}Mi"
 )]
-pub struct LimitAboveInstance {
+pub(crate) struct LimitAboveInstance {
     /// The limit asked for, in MiB.
     pub limit_mib: u64,
     /// The MIG instance's profile.
@@ -193,7 +193,7 @@ pub struct LimitAboveInstance {
 ///
 /// # Errors
 /// The pinned memory limit is above the MIG instance's memory.
-pub fn check_against_instance(
+pub(crate) fn check_against_instance(
     limits: &MpsLimits,
     profile: &str,
     instance_memory_mib: u64,

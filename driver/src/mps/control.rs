@@ -29,7 +29,7 @@ pub async fn send(bin: &ControlBinary, dirs: &MpsDirs, command: &str) -> Result<
 ///
 /// # Errors
 /// As [`send`].
-pub async fn send_args(
+pub(crate) async fn send_args(
     bin: &ControlBinary,
     dirs: &MpsDirs,
     args: &[String],
@@ -97,7 +97,7 @@ pub fn refused(answer: &str) -> bool {
 ///
 /// # Errors
 /// The first command that failed.
-pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
+pub(crate) async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
     for c in commands::limit_commands(&spec.limits) {
         send(bin, &spec.dirs, &c).await?;
     }
@@ -114,7 +114,7 @@ pub async fn apply_limits(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), 
 ///
 /// # Errors
 /// A command failed, a namespace's directory is missing, or the server is not listed.
-pub async fn configure(
+pub(crate) async fn configure(
     bin: &ControlBinary,
     spec: &DaemonSpec,
     namespaces: &[Namespace],
@@ -145,7 +145,7 @@ pub async fn configure(
 ///
 /// # Errors
 /// A command failed, or the namespace's control socket is missing.
-pub async fn add_namespace(
+pub(crate) async fn add_namespace(
     bin: &ControlBinary,
     dirs: &MpsDirs,
     ns: &Namespace,
@@ -173,7 +173,7 @@ pub async fn add_namespace(
 ///
 /// # Errors
 /// As [`add_namespace`], or the list failed.
-pub async fn ensure_namespace(
+pub(crate) async fn ensure_namespace(
     bin: &ControlBinary,
     dirs: &MpsDirs,
     ns: &Namespace,
@@ -187,7 +187,7 @@ pub async fn ensure_namespace(
 ///
 /// # Errors
 /// The command failed.
-pub async fn delete_namespace(
+pub(crate) async fn delete_namespace(
     bin: &ControlBinary,
     dirs: &MpsDirs,
     name: &str,
@@ -201,7 +201,7 @@ pub async fn delete_namespace(
 ///
 /// # Errors
 /// It is not (or the list failed).
-pub async fn check_server(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
+pub(crate) async fn check_server(bin: &ControlBinary, spec: &DaemonSpec) -> Result<(), MpsError> {
     let servers = send_args(bin, &spec.dirs, &commands::v3_server_list()).await?;
     if commands::listed(&servers, SERVER) {
         return Ok(());

@@ -22,14 +22,14 @@ use super::stand_in;
 /// How long a started daemon may take to create its control socket.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one control command (a client-mode run of the binary) may take.
-pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a daemon has to exit after `quit` before it is killed (its claim's containers have
 /// all stopped by then: the kubelet unprepares a claim only after that).
 pub const QUIT_GRACE: Duration = Duration::from_secs(5);
 /// How often a wait for a socket or an exit looks again.
 const POLL: Duration = Duration::from_millis(20);
 /// File the daemon's standard output and error go to, in its log directory.
-pub const OUTPUT_FILE: &str = "daemon.out";
+pub(crate) const OUTPUT_FILE: &str = "daemon.out";
 
 /// Why a daemon could not be started, configured or stopped; the text says which daemon, what
 /// failed and, where the daemon wrote one, the end of its log.
@@ -149,7 +149,7 @@ pub fn make_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
 ///
 /// # Errors
 /// The tmpfs could not be mounted (the error says what privilege or flag it needs).
-pub fn prepare_shm(spec: &DaemonSpec, fresh: bool) -> Result<(), MpsError> {
+pub(crate) fn prepare_shm(spec: &DaemonSpec, fresh: bool) -> Result<(), MpsError> {
     let Some(size) = spec.shm.size_bytes() else {
         return Ok(());
     };
@@ -170,7 +170,7 @@ pub fn prepare_shm(spec: &DaemonSpec, fresh: bool) -> Result<(), MpsError> {
 ///
 /// # Errors
 /// The tmpfs could not be unmounted or the directories removed.
-pub fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
+pub(crate) fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
     shm::unmount(&dirs.shm).map_err(|e| MpsError(e.to_string()))?;
     match std::fs::remove_dir_all(&dirs.root) {
         Ok(()) => Ok(()),
@@ -230,7 +230,7 @@ pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsE
 }
 
 /// Kills the process group of a daemon this plugin started (its server too) and reaps it.
-pub async fn kill_child(child: &mut Child) {
+pub(crate) async fn kill_child(child: &mut Child) {
     if let Some(pid) = child.id() {
         // Before the reap: while the leader is unreaped its pid (the group's id) cannot be
         // given to another process.
@@ -313,7 +313,7 @@ pub async fn wait_ready(
 /// A daemon process as its pid file records it: the pid and the start time from
 /// `/proc/<pid>/stat`, which tells a reused pid apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DaemonProcess {
+pub(crate) struct DaemonProcess {
     /// Its pid, which is also its process group's id (it leads its own group).
     pub pid: u32,
     /// Field 22 of `/proc/<pid>/stat` when it was started, in clock ticks since boot.
@@ -346,7 +346,7 @@ fn write_pid_file(dirs: &MpsDirs, pid: u32) -> Result<(), MpsError> {
 
 /// The daemon the pid file names, if that process still runs and is the one that was started
 /// (same start time): a daemon a restarted plugin may adopt.
-pub fn live_process(dirs: &MpsDirs) -> Option<DaemonProcess> {
+pub(crate) fn live_process(dirs: &MpsDirs) -> Option<DaemonProcess> {
     let text = std::fs::read_to_string(&dirs.pid_file).ok()?;
     let mut parts = text.split_whitespace();
     let p = DaemonProcess {
@@ -367,7 +367,7 @@ pub fn live_pid(dirs: &MpsDirs) -> Option<u32> {
 /// process while a group of that id has members, so the kill reaches the daemon's server if one
 /// is left; else it reaches nothing, unless in those milliseconds the pid went to a new process
 /// that also made itself a group leader).
-pub fn kill_group(pgid: u32) {
+pub(crate) fn kill_group(pgid: u32) {
     if let Ok(pgid) = i32::try_from(pgid)
         && pgid > 1
     {

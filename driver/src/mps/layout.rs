@@ -14,18 +14,18 @@ use std::path::{Path, PathBuf};
 use super::settings::Protocol;
 
 /// Where a container finds its MIG instance's MPS pipe directory (NVIDIA's DRA driver uses the same).
-pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
+pub(crate) const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";
 /// Where a container's shared memory is: MPS clients and their server exchange it there.
-pub const CONTAINER_SHM_DIR: &str = "/dev/shm";
+pub(crate) const CONTAINER_SHM_DIR: &str = "/dev/shm";
 /// The variable that tells CUDA (and the control binary) where the pipe directory is.
-pub const PIPE_DIR_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
+pub(crate) const PIPE_DIR_ENV: &str = "CUDA_MPS_PIPE_DIRECTORY";
 /// The variable that tells the daemon where to write its logs.
-pub const LOG_DIR_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
+pub(crate) const LOG_DIR_ENV: &str = "CUDA_MPS_LOG_DIRECTORY";
 /// The variable that pins the daemon (and its server) to the MIG instance.
-pub const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
+pub(crate) const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 /// Name of the daemon's control socket in its pipe directory (`nvidia-cuda-mps-control`
 /// creates `control` there; the stand-in does the same).
-pub const CONTROL_SOCKET: &str = "control";
+pub(crate) const CONTROL_SOCKET: &str = "control";
 /// Folder of the daemons below the state dir.
 pub const MPS_DIR: &str = "mps";
 
@@ -55,7 +55,7 @@ pub fn namespace_name(claim_uid: &str, device: &str) -> String {
 }
 
 /// The longest path a unix socket address holds (`sun_path`, 108 bytes with its NUL).
-pub const SOCKET_PATH_MAX: usize = 107;
+pub(crate) const SOCKET_PATH_MAX: usize = 107;
 
 /// A state dir too long for the daemons' control sockets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -145,7 +145,7 @@ impl MpsDirs {
 
     /// The directory a container of namespace `namespace` mounts as its pipe directory: the
     /// namespace's with protocol 3, the daemon's whole pipe directory with protocol 2.
-    pub fn client_pipe_dir(&self, protocol: Protocol, namespace: &str) -> PathBuf {
+    pub(crate) fn client_pipe_dir(&self, protocol: Protocol, namespace: &str) -> PathBuf {
         match protocol {
             Protocol::V2 => self.pipe.clone(),
             Protocol::V3 => self.namespace_dir(namespace),

@@ -62,7 +62,7 @@ impl MpsLimits {
     /// # Errors
     /// The pinned memory limit is no valid quantity
     /// ([`das_api::device_config::MpsConfig::pinned_device_memory_limit_mib`]).
-    pub fn from_config(
+    pub(crate) fn from_config(
         c: &das_api::device_config::MpsConfig,
     ) -> Result<Self, das_api::device_config::PinnedLimitError> {
         Ok(Self {

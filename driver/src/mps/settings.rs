@@ -17,7 +17,7 @@ pub enum Protocol {
 
 /// The first driver major version whose MPS speaks protocol 3 (NVIDIA's MPS v3 interface page:
 /// r615, CUDA 13.4).
-pub const V3_DRIVER_MAJOR: u32 = 615;
+pub(crate) const V3_DRIVER_MAJOR: u32 = 615;
 
 /// `--mps-protocol`: a protocol, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -36,7 +36,7 @@ pub enum Shm {
 pub const DEFAULT_SIZE: &str = "8Gi";
 
 /// The smallest tmpfs size accepted (below it an MPS server would not start).
-pub const MIN_SIZE_BYTES: u64 = 1 << 20;
+pub(crate) const MIN_SIZE_BYTES: u64 = 1 << 20;
 
 /// Bytes of a page: a tmpfs size is rounded up to whole pages.
 const PAGE: u64 = 4096;
@@ -86,7 +86,7 @@ impl Shm {
 
 /// The mount options of a daemon's tmpfs of `size_bytes` (the `data` of mount(2)): its size and
 /// the mode of `/dev/shm`, which every user may write and only an owner may unlink from.
-pub fn mount_data(size_bytes: u64) -> String {
+pub(crate) fn mount_data(size_bytes: u64) -> String {
     format!("size={size_bytes},mode=1777")
 }
 
@@ -147,13 +147,16 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
 }
 
 /// The mount on `path` itself (the last one listed: the one on top), if there is one.
-pub fn mount_on<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+pub(crate) fn mount_on<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
     entries.iter().rev().find(|e| e.mount_point == path)
 }
 
 /// The mount `path` lies on: the one with the longest mount point above it (the last listed
 /// among equals).
-pub fn mount_containing<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+pub(crate) fn mount_containing<'a>(
+    entries: &'a [MountEntry],
+    path: &Path,
+) -> Option<&'a MountEntry> {
     entries
         .iter()
         .enumerate()
@@ -164,7 +167,7 @@ pub fn mount_containing<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'
 
 /// Whether a mount propagates mounts made below it to its peers (`shared:N`): the host and the
 /// container runtime see a tmpfs the plugin mounts under its state dir only then.
-pub fn is_shared(entry: &MountEntry) -> bool {
+pub(crate) fn is_shared(entry: &MountEntry) -> bool {
     entry.optional.iter().any(|o| o.starts_with("shared:"))
 }
 
@@ -229,7 +232,7 @@ fn resolve(dir: &Path) -> Result<PathBuf, ShmError> {
 
 /// What [`ensure_mounted`] found or did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mounted {
+pub(crate) enum Mounted {
     /// A tmpfs of the size was mounted now.
     Now,
     /// A tmpfs was there already (a daemon started again, or a plugin restarted): kept as it
@@ -244,7 +247,7 @@ pub enum Mounted {
 ///
 /// # Errors
 /// The mount table could not be read, or mount(2) failed (the error says what to do).
-pub fn ensure_mounted(dir: &Path, shm: Shm) -> Result<Mounted, ShmError> {
+pub(crate) fn ensure_mounted(dir: &Path, shm: Shm) -> Result<Mounted, ShmError> {
     let Shm::Tmpfs { size_bytes } = shm else {
         return Ok(Mounted::NotConfigured);
     };
@@ -276,7 +279,7 @@ pub fn ensure_mounted(dir: &Path, shm: Shm) -> Result<Mounted, ShmError> {
 }
 
 /// Whether a tmpfs is mounted on `dir` now.
-pub fn is_mounted(dir: &Path) -> bool {
+pub(crate) fn is_mounted(dir: &Path) -> bool {
     let (Ok(path), Ok(entries)) = (resolve(dir), mounts()) else {
         return false;
     };

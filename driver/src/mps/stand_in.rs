@@ -36,7 +36,7 @@ pub use model::{Limits, RECORD_FILE, Record, Run, Server};
 /// The plugin's hidden subcommand that runs the stand-in.
 pub const SUBCOMMAND: &str = "mps-control-stand-in";
 /// The stand-in's own pid file, in its pipe directory.
-pub const PID_FILE: &str = "control.pid";
+pub(crate) const PID_FILE: &str = "control.pid";
 /// How often the daemon looks for a connection (and for its socket, which gone ends it).
 const ACCEPT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 

@@ -71,7 +71,7 @@ pub fn desired_slices(base: &[ResourceSliceSpec], facts: &HealthFacts) -> Vec<Re
 /// Sets the `shareNamespace` attribute of every shareable device (`type: mig-shared`) in
 /// `specs` to its value in `namespaces` (by device name), and removes it from those not there;
 /// other devices are left alone. Returns how many devices carry it.
-pub fn set_share_namespaces(
+pub(crate) fn set_share_namespaces(
     specs: &mut [ResourceSliceSpec],
     namespaces: &BTreeMap<String, String>,
 ) -> usize {
@@ -110,7 +110,10 @@ fn type_of(d: &Device) -> Option<&str> {
 /// Removes from `specs` every device of a GPU in `only` that is not of the kind given for it
 /// (by the device's `gpuIndex` and `type` attributes); returns how many were removed. Counter
 /// sets stay.
-pub fn serve_only(specs: &mut [ResourceSliceSpec], only: &BTreeMap<u32, DeviceKind>) -> usize {
+pub(crate) fn serve_only(
+    specs: &mut [ResourceSliceSpec],
+    only: &BTreeMap<u32, DeviceKind>,
+) -> usize {
     if only.is_empty() {
         return 0;
     }
@@ -142,7 +145,7 @@ fn is_whole_gpu(d: &Device) -> bool {
 /// slice of its GPU (none when it returns none): a GPU-wide fault taints every device of the GPU,
 /// its whole-GPU device included, a GPU instance's fault the devices overlapping its placement. Taints need the `DRADeviceTaints` feature (beta and on from 1.36); a server
 /// without it drops them, which the publisher reports (docs/design.md §7, "Health").
-pub fn set_device_taints(
+pub(crate) fn set_device_taints(
     specs: &mut [ResourceSliceSpec],
     taints_of: impl Fn(u32, Placement) -> Vec<DeviceTaint>,
 ) {
@@ -203,7 +206,7 @@ fn consumed_memory_slices(d: &Device) -> Placement {
 /// placements of MIG instances no claim holds); returns how many were removed. The scheduler
 /// cannot allocate what is not published, so no pod waits on a prepare that cannot succeed.
 /// Shared counters stay: the devices left consume them as before.
-pub fn withdraw_overlapping(
+pub(crate) fn withdraw_overlapping(
     specs: &mut [ResourceSliceSpec],
     held: &BTreeMap<u32, Vec<Placement>>,
 ) -> usize {

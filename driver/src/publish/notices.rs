@@ -14,7 +14,7 @@ use crate::events::{EventKind, EventSink, EventTarget};
 
 /// The publisher's Node events, as DAS posts them: DAS's notes ([`note`]), through the plugin's
 /// event sink (reporting component `das-kubelet-plugin`).
-pub struct NodeNotices {
+pub(crate) struct NodeNotices {
     /// Where the events go.
     pub sink: Arc<dyn EventSink>,
 }

@@ -42,17 +42,17 @@ pub use dra_plugin::resourceslice::ServerVersion;
 pub use shares::{SharedProfiles, shares_supported};
 
 /// Most devices per slice when devices consume counters (1.35+; DAS applies it on 1.34 too).
-pub const MAX_DEVICES_PER_SLICE: usize = 64;
+pub(crate) const MAX_DEVICES_PER_SLICE: usize = 64;
 /// Most counter sets per slice (1.35+).
-pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+pub(crate) const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 /// Most counters per counter set (1.35+), and per slice in total (1.34).
-pub const MAX_COUNTERS_PER_SET: usize = 32;
+pub(crate) const MAX_COUNTERS_PER_SET: usize = 32;
 /// Most device counter consumptions (counters consumed, summed over devices) per slice (1.34).
-pub const MAX_DEVICE_COUNTERS_PER_SLICE_1_34: usize = 1024;
+pub(crate) const MAX_DEVICE_COUNTERS_PER_SLICE_1_34: usize = 1024;
 /// Most attributes plus capacities per device.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// Longest string attribute value.
-pub const MAX_ATTRIBUTE_STRING: usize = 64;
+pub(crate) const MAX_ATTRIBUTE_STRING: usize = 64;
 
 /// Where counter sets go, by Kubernetes server version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ pub enum ResourceSliceLayout {
 
 impl ResourceSliceLayout {
     /// The layout for a Kubernetes server `major.minor` (1.35+ → separate slices).
-    pub fn for_server_version(major: u32, minor: u32) -> Self {
+    pub(crate) fn for_server_version(major: u32, minor: u32) -> Self {
         if (major, minor) >= (1, 35) {
             ResourceSliceLayout::SeparateCounterSlices
         } else {
@@ -154,13 +154,13 @@ pub fn semver(version: &str) -> Option<String> {
 
 /// A byte count as Kubernetes writes it canonically (binary suffix for the largest power of 1024
 /// dividing it; plain below 1024), so the stored object equals the desired one.
-pub fn bytes_quantity(bytes: u64) -> Quantity {
+pub(crate) fn bytes_quantity(bytes: u64) -> Quantity {
     canonical(bytes, 1024, &["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
 }
 
 /// A count as Kubernetes writes it canonically (decimal suffix for the largest power of 1000
 /// dividing it).
-pub fn count_quantity(n: u64) -> Quantity {
+pub(crate) fn count_quantity(n: u64) -> Quantity {
     canonical(n, 1000, &["", "k", "M", "G", "T", "P", "E"])
 }
 

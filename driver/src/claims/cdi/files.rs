@@ -221,7 +221,7 @@ impl CdiWriter {
     ///
     /// # Errors
     /// As [`build_claim_spec`].
-    pub fn claim_spec(
+    pub(crate) fn claim_spec(
         &self,
         claim_uid: &str,
         devices: &[SpecDevice],

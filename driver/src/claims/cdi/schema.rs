@@ -112,7 +112,7 @@ pub struct DeviceNode {
 
 impl DeviceNode {
     /// A node given by its path only; the runtime takes type, numbers and mode from the host.
-    pub fn from_host(path: impl Into<String>) -> Self {
+    pub(crate) fn from_host(path: impl Into<String>) -> Self {
         DeviceNode {
             path: path.into(),
             host_path: None,
@@ -128,7 +128,7 @@ impl DeviceNode {
 
     /// A character device with explicit numbers; the runtime creates it (it need not exist on
     /// the host).
-    pub fn char_device(path: impl Into<String>, major: u32, minor: u32) -> Self {
+    pub(crate) fn char_device(path: impl Into<String>, major: u32, minor: u32) -> Self {
         DeviceNode {
             node_type: Some("c".to_string()),
             major: Some(i64::from(major)),

@@ -21,7 +21,7 @@ pub(super) mod v1;
 pub const CHECKPOINT_VERSION: u64 = 10;
 /// The oldest version [`Checkpoint::format_version`] gives: version 1 had another shape and is
 /// only read.
-pub const OLDEST_WRITTEN: u64 = 2;
+pub(crate) const OLDEST_WRITTEN: u64 = 2;
 
 /// Where a claim is in its life on this node: checkpoint "started" → create instances → write CDI
 /// → checkpoint "completed" → … → unprepare destroys the instances → record dropped.
@@ -135,12 +135,12 @@ pub struct Share {
 impl Share {
     /// The share's MPS active thread percentage: its shares over the device's, rounded up to a
     /// whole percent (1..=100).
-    pub fn thread_percentage(&self) -> u64 {
+    pub(crate) fn thread_percentage(&self) -> u64 {
         (self.shares * 100).div_ceil(self.of.max(1)).clamp(1, 100)
     }
 
     /// The share's pinned device memory limit in MiB, rounded down (at least 1).
-    pub fn memory_mib(&self) -> u64 {
+    pub(crate) fn memory_mib(&self) -> u64 {
         (self.memory_bytes >> 20).max(1)
     }
 }
@@ -199,7 +199,7 @@ impl ClaimRecord {
     /// and it has not unprepared the claim (nor has the orphan rule released it). Such a record
     /// guards its placements and its GPUs' MIG mode whatever its instances' state
     /// (docs/design.md §7, "A slice leaves its claim").
-    pub fn is_handed(&self) -> bool {
+    pub(crate) fn is_handed(&self) -> bool {
         matches!(
             self.state,
             PrepareState::PrepareCompleted | PrepareState::Repairing
@@ -326,7 +326,7 @@ impl Checkpoint {
     /// 10 a device's `timeSlice`, 9 a repair's guard ([`PrepareState::Repairing`], [`ClaimRecord::handed_to_kubelet`]),
     /// 8 [`PrepareState::Carved`], 7 a device's `share`, 6 a device's `mps`, 5 MIG mode
     /// switches, 4 a whole GPU (`kind`), 3 `pods`; 2 is the oldest this module writes.
-    pub fn format_version(&self) -> u64 {
+    pub(crate) fn format_version(&self) -> u64 {
         let records = || self.claims.values();
         let devices = || records().flat_map(|r| &r.devices);
         if devices().any(|d| d.time_slice.is_some()) {

@@ -238,7 +238,7 @@ impl CheckpointStore {
     /// # Errors
     /// [`CheckpointError`] when the file could not be written (it names the file); the change
     /// stays in memory and the next successful write saves it.
-    pub async fn persist(&self, version: u64) -> Result<(), CheckpointError> {
+    pub(crate) async fn persist(&self, version: u64) -> Result<(), CheckpointError> {
         let mut written = self.written.lock().await;
         if *written >= version {
             return Ok(()); // someone else's write carried it

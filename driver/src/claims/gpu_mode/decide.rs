@@ -12,7 +12,7 @@ use crate::gpu::{MigModeState, MigSwitch, on_off};
 
 /// What the GPU looks like to a prepare that needs a mode on it, read under the GPU's lock.
 #[derive(Debug, Clone)]
-pub struct GpuNow<'a> {
+pub(crate) struct GpuNow<'a> {
     /// The GPU's index.
     pub gpu: u32,
     /// Its MIG mode now (`nvmlDeviceGetMigMode`).
@@ -28,7 +28,7 @@ pub struct GpuNow<'a> {
 
 /// What to do before serving a device that needs MIG mode `want_mig` on a GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ModeStep {
+pub(crate) enum ModeStep {
     /// The GPU is in that mode: go on.
     Ready,
     /// Switch the GPU, then go on.
@@ -41,7 +41,7 @@ pub enum ModeStep {
 /// The step for a device needing MIG mode `want_mig` on the GPU `now` describes. A change
 /// pending a reset (`pending` differs from `current`) does not matter when the mode now is
 /// right: the device is served in the mode the GPU has.
-pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
+pub(crate) fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
     if now.mode.current == want_mig {
         return ModeStep::Ready;
     }
@@ -75,7 +75,7 @@ pub fn mode_step(want_mig: bool, now: &GpuNow<'_>) -> ModeStep {
 /// off), in any state, as `claim <namespace>/<name> (<uid>)`, in UID order. Claims with devices
 /// of the wanted kind do not stand in the way: two MIG instances prepared at once on a GPU with MIG
 /// mode off both need it on.
-pub fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32, want_mig: bool) -> Vec<String> {
+pub(crate) fn holders_on_gpu(cp: &Checkpoint, uid: &str, gpu: u32, want_mig: bool) -> Vec<String> {
     let kinds = Kinds::standard();
     let other_kind = |d: &RecordedDevice| {
         d.gpu_index == gpu && (kinds.of_record(d).gpu_mode() == GpuMode::MigOn) != want_mig

@@ -31,7 +31,7 @@ pub(crate) mod whole_gpu;
 
 /// Which kind a device is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KindId {
+pub(crate) enum KindId {
     /// A MIG instance one claim holds: preparing it creates a MIG instance at exactly its
     /// placement (docs/design.md §7, "Prepare").
     MigInstance,
@@ -104,7 +104,7 @@ impl NodeDevices {
 /// What an allocation result is read against when it is planned: what this node publishes
 /// beside the device itself.
 #[derive(Clone, Copy, Debug)]
-pub struct PlanCx {
+pub(crate) struct PlanCx {
     /// The `shares` capacity of every shareable device this node publishes (a share's
     /// denominator).
     pub shares_per_slice: u64,
@@ -195,7 +195,7 @@ impl Holding {
 
 /// The MIG mode a device needs on its GPU (docs/design.md §7, "MIG mode follows demand").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GpuMode {
+pub(crate) enum GpuMode {
     /// MIG mode on: the device is a MIG instance.
     MigOn,
     /// MIG mode off: the device is the GPU itself.
@@ -220,7 +220,7 @@ impl From<PrepareError> for Failed {
 
 /// The CDI part of live MIG instance `s` at `at` in its claim's spec (docs/design.md §7,
 /// "CDI"): the parent GPU's device node, the GI and CI capability nodes, its MIG UUID.
-pub fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInstance {
+pub(crate) fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInstance {
     PreparedInstance {
         mig_uuid: s.mig_uuid.clone(),
         parent_minor: s.gpu_minor,
@@ -236,13 +236,13 @@ pub fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInstance {
 /// Whether `path` is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`): a GI's or CI's,
 /// which only the device of that instance has (the parent `/dev/nvidia<N>` every MIG instance of the
 /// GPU shares).
-pub fn is_capability_node(path: &str) -> bool {
+pub(crate) fn is_capability_node(path: &str) -> bool {
     path.contains("/nvidia-caps/")
 }
 
 /// The `status.devices` data of a device holding a MIG instance, and its `Ready` condition's
 /// message (docs/design.md §7, "Device status"), ready since `ready_time`.
-pub fn instance_status(
+pub(crate) fn instance_status(
     d: &RecordedDevice,
     ready_time: Option<String>,
 ) -> (DeviceStatusData, String) {
@@ -269,7 +269,7 @@ pub fn instance_status(
 /// Where a device's CDI edits go in its claim's spec: its request (base name) and its position
 /// among the request's devices, in allocation order (it names its `DAS_…_UUID_…` variable).
 #[derive(Clone, Copy, Debug)]
-pub struct CdiPlace<'a> {
+pub(crate) struct CdiPlace<'a> {
     /// Base name of the request the device serves (without `/<subrequest>`).
     pub request: &'a str,
     /// Position among the request's devices, counting every kind alike.
@@ -281,7 +281,7 @@ pub struct CdiPlace<'a> {
 /// What a kind may call and change while it acquires a device of claim `claim` on one GPU,
 /// whose lock the transaction holds: the GPU's calls (each timed into
 /// `backend_duration_seconds`) and the claim's record.
-pub struct GpuTxn<'a> {
+pub(crate) struct GpuTxn<'a> {
     /// The GPU's index.
     pub gpu: u32,
     /// The claim.
@@ -347,7 +347,7 @@ impl<'a> GpuTxn<'a> {
 }
 
 /// What a kind's checks before anything is recorded for a claim may read and call.
-pub struct Precheck<'a> {
+pub(crate) struct Precheck<'a> {
     /// The claim.
     pub claim: &'a ClaimRef,
     /// This node.
@@ -488,7 +488,7 @@ pub trait Kind: Send + Sync + 'static {
 }
 
 /// A kind's part of the facts the publisher derives from the records ([`Kind::record_facts`]).
-pub type RecordFacts = Box<dyn Fn(&Checkpoint, &mut HealthFacts) -> bool + Send + Sync>;
+pub(crate) type RecordFacts = Box<dyn Fn(&Checkpoint, &mut HealthFacts) -> bool + Send + Sync>;
 
 /// The kinds this plugin serves, in the order they are asked (their checks before anything is
 /// recorded run in this order too): the first that serves a device is its kind, the last is
@@ -539,7 +539,7 @@ impl Kinds {
     }
 
     /// The kind of recorded device `d` (as [`Self::of`]).
-    pub fn of_record(&self, d: &RecordedDevice) -> &'static dyn Kind {
+    pub(crate) fn of_record(&self, d: &RecordedDevice) -> &'static dyn Kind {
         self.pick(|k| k.recorded(d))
     }
 

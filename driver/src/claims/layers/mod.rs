@@ -30,7 +30,7 @@ pub(crate) mod time_slicing;
 
 /// One layer: what it adds to the devices that wear it, at each step of the transaction.
 #[tonic::async_trait]
-pub trait Layer: Send + Sync + 'static {
+pub(crate) trait Layer: Send + Sync + 'static {
     /// Whether recorded device `d` wears this layer.
     fn worn_by(&self, d: &RecordedDevice) -> bool;
 
@@ -92,7 +92,7 @@ pub fn plan(
 pub(crate) struct Restored(());
 
 /// The layers this plugin runs, in the order they are put on (taken off in the same order).
-pub struct Layers {
+pub(crate) struct Layers {
     all: Vec<Box<dyn Layer>>,
 }
 
@@ -108,7 +108,7 @@ impl Layers {
     }
 
     /// Whether any of `devices` wears a layer.
-    pub fn worn(&self, devices: &[RecordedDevice]) -> bool {
+    pub(crate) fn worn(&self, devices: &[RecordedDevice]) -> bool {
         devices
             .iter()
             .any(|d| self.all.iter().any(|l| l.worn_by(d)))
@@ -126,7 +126,7 @@ impl Layers {
     ///
     /// # Errors
     /// The first failure.
-    pub async fn put_on(
+    pub(crate) async fn put_on(
         &self,
         claim: &ClaimRef,
         devices: &[RecordedDevice],
@@ -138,7 +138,7 @@ impl Layers {
     }
 
     /// Every layer's [`Layer::take_off`].
-    pub async fn take_off(
+    pub(crate) async fn take_off(
         &self,
         claim: &ClaimRef,
         leaving: &[RecordedDevice],
@@ -150,14 +150,19 @@ impl Layers {
     }
 
     /// Every layer's [`Layer::cdi_edits`].
-    pub fn cdi_edits(&self, claim_uid: &str, devices: &[RecordedDevice], specs: &mut [SpecDevice]) {
+    pub(crate) fn cdi_edits(
+        &self,
+        claim_uid: &str,
+        devices: &[RecordedDevice],
+        specs: &mut [SpecDevice],
+    ) {
         for l in &self.all {
             l.cdi_edits(claim_uid, devices, specs);
         }
     }
 
     /// Every layer's [`Layer::restore`].
-    pub async fn restore(&self, kept: &[(ClaimRef, Vec<RecordedDevice>)]) {
+    pub(crate) async fn restore(&self, kept: &[(ClaimRef, Vec<RecordedDevice>)]) {
         for l in &self.all {
             l.restore(kept).await;
         }

@@ -28,7 +28,7 @@ pub fn holdings(
 }
 
 /// The request name the kubelet expects: without `/<subrequest>`.
-pub fn base_request(request: &str) -> &str {
+pub(crate) fn base_request(request: &str) -> &str {
     request.split('/').next().unwrap_or(request)
 }
 

@@ -193,7 +193,7 @@ impl Preparer {
     /// node as recorded (deleted, deallocated, allocated otherwise): no container was ever given
     /// its instances. A record that is not `Carved` (prepared since) is left alone, and so is a
     /// claim the API server still allocates here as recorded (the watch saw an old version).
-    pub async fn release_carved(&self, claim: &ClaimRef) -> Result<bool, PrepareError> {
+    pub(crate) async fn release_carved(&self, claim: &ClaimRef) -> Result<bool, PrepareError> {
         let _held = self.records.locks.lock(&claim.uid).await;
         let Some(record) = self.record_of(&claim.uid) else {
             return Ok(false);
@@ -222,7 +222,7 @@ impl Preparer {
     /// allocated here as recorded but does not say so (the plugin stopped between its carve and
     /// the status write, or every attempt of that write failed): the scheduler would otherwise
     /// wait for it until its binding timeout.
-    pub async fn announce_carved(&self, claim: &ClaimRef) {
+    pub(crate) async fn announce_carved(&self, claim: &ClaimRef) {
         let _held = self.records.locks.lock(&claim.uid).await;
         let Some(record) = self
             .record_of(&claim.uid)

@@ -70,7 +70,7 @@ impl Preparer {
     }
 
     /// Refreshes the gauges from the checkpoint (after start-up).
-    pub fn update_gauges(&self) {
+    pub(crate) fn update_gauges(&self) {
         self.update_prepared_gauge();
         self.update_pending_gauge();
     }

@@ -25,7 +25,7 @@ impl Preparer {
 
     /// Checks every suspect that is due and not busy with a call: releases it under the orphan
     /// rule, or keeps it and checks again after [`RECHECK`].
-    pub async fn check_orphans(&self) -> OrphanReport {
+    pub(crate) async fn check_orphans(&self) -> OrphanReport {
         let now = Instant::now();
         let mut report = OrphanReport::default();
         for uid in self.lifecycle.orphans.take_due(now) {

@@ -16,7 +16,7 @@ use crate::claims::plan::{self, Holding, OnPrepare, Planned};
 /// old pod's claim, which it does once the old pod's containers have stopped (its kill grace is
 /// at least 2 s). Waiting here starts the new pod as soon as that happens; the kubelet retries
 /// a failed prepare only after several seconds. Below the kubelet's own call timeout (45 s).
-pub const PLACEMENT_WAIT: Duration = Duration::from_secs(20);
+pub(crate) const PLACEMENT_WAIT: Duration = Duration::from_secs(20);
 /// How often a waiting prepare looks again (it is also woken when a record is dropped).
 const PLACEMENT_POLL: Duration = Duration::from_millis(100);
 

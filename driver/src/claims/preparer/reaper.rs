@@ -19,7 +19,7 @@ use crate::claims::{EventTarget, PrepareError};
 impl Preparer {
     /// One pass: for every `Releasing` record that is due (a record found after a restart is
     /// due at once) and not busy with a call, try its destroys again.
-    pub async fn reap_due(&self) -> ReapReport {
+    pub(crate) async fn reap_due(&self) -> ReapReport {
         let now = Instant::now();
         let releasing: Vec<(ClaimRef, Vec<_>)> = self.records.checkpoint.read(|cp| {
             cp.claims

@@ -251,7 +251,7 @@ impl EmulatedBackend {
     }
 
     /// Sets the injected latency.
-    pub fn set_latency(&self, latency: Latency) {
+    pub(crate) fn set_latency(&self, latency: Latency) {
         *lock(&self.latency) = latency;
     }
 
@@ -267,7 +267,7 @@ impl EmulatedBackend {
     }
 
     /// Raises `event`: the next [`GpuBackend::wait_health_events`] reports it.
-    pub fn raise_health_event(&self, event: HealthEvent) {
+    pub(crate) fn raise_health_event(&self, event: HealthEvent) {
         lock(&self.health_events).push_back(event);
     }
 

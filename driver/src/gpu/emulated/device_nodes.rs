@@ -23,12 +23,12 @@ use crate::gpu::{ci_cap_minor, gi_cap_minor};
 
 /// Major of the NVIDIA character devices (`/dev/nvidia<N>`, `/dev/nvidiactl`), fixed by the
 /// driver.
-pub const NVIDIA_MAJOR: u32 = 195;
+pub(crate) const NVIDIA_MAJOR: u32 = 195;
 /// Minor of `/dev/nvidiactl`.
-pub const NVIDIACTL_MINOR: u32 = 255;
+pub(crate) const NVIDIACTL_MINOR: u32 = 255;
 /// Stand-in major of `/dev/nvidia-uvm` and `/dev/nvidia-uvm-tools` (minors 0 and 1); the real one
 /// is dynamic (`nvidia-uvm` in `/proc/devices`).
-pub const UVM_MAJOR: u32 = 510;
+pub(crate) const UVM_MAJOR: u32 = 510;
 /// GI IDs per GPU in the `mig-minors` listing (`gi0..gi14`).
 const GI_IDS: u32 = 15;
 /// CI IDs per GI in the `mig-minors` listing (`ci0..ci7`).

@@ -14,7 +14,7 @@ use std::io;
 use std::path::Path;
 
 /// Library directory of the stand-in install (Debian/Ubuntu multiarch).
-pub const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
+pub(crate) const LIB_DIR: &str = "usr/lib/x86_64-linux-gnu";
 /// Tool directory of the stand-in install.
 pub const BIN_DIR: &str = "usr/bin";
 

@@ -34,7 +34,7 @@ impl EmulatedBackend {
 
     /// Creates an instance as an administrator would with `nvidia-smi` (marked `created_by_das =
     /// false`), without latency or faults: for tests of start-up reconciliation.
-    pub fn create_foreign_instance(
+    pub(crate) fn create_foreign_instance(
         &self,
         gpu_index: u32,
         profile: &str,

@@ -51,19 +51,19 @@ pub mod code {
     /// `NVML_SUCCESS`.
     pub const SUCCESS: u32 = 0;
     /// `NVML_ERROR_UNINITIALIZED`.
-    pub const UNINITIALIZED: u32 = 1;
+    pub(crate) const UNINITIALIZED: u32 = 1;
     /// `NVML_ERROR_INVALID_ARGUMENT`: bad profile, placement not in the list, enum ≥ COUNT.
-    pub const INVALID_ARGUMENT: u32 = 2;
+    pub(crate) const INVALID_ARGUMENT: u32 = 2;
     /// `NVML_ERROR_NOT_SUPPORTED`: not MIG-capable, MIG mode off, profile not on this GPU.
-    pub const NOT_SUPPORTED: u32 = 3;
+    pub(crate) const NOT_SUPPORTED: u32 = 3;
     /// `NVML_ERROR_NO_PERMISSION`: MIG management needs root / `CAP_SYS_ADMIN`.
-    pub const NO_PERMISSION: u32 = 4;
+    pub(crate) const NO_PERMISSION: u32 = 4;
     /// `NVML_ERROR_NOT_FOUND`: no such GI / CI; an empty MIG device slot.
     pub const NOT_FOUND: u32 = 6;
     /// `NVML_ERROR_INSUFFICIENT_SIZE`.
-    pub const INSUFFICIENT_SIZE: u32 = 7;
+    pub(crate) const INSUFFICIENT_SIZE: u32 = 7;
     /// `NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus or needs a reset.
-    pub const GPU_IS_LOST: u32 = 15;
+    pub(crate) const GPU_IS_LOST: u32 = 15;
     /// `NVML_ERROR_TIMEOUT`: `nvmlEventSetWait_v2` saw no event in time.
     pub const TIMEOUT: u32 = 10;
     /// `NVML_ERROR_RESET_REQUIRED`: MIG mode change pending until a GPU reset (Ampere).
@@ -71,7 +71,7 @@ pub mod code {
     /// `NVML_ERROR_IN_USE`: processes or compute instances still use the instance.
     pub const IN_USE: u32 = 19;
     /// `NVML_ERROR_INSUFFICIENT_RESOURCES`: placement occupied, profile count or `+me` limit.
-    pub const INSUFFICIENT_RESOURCES: u32 = 23;
+    pub(crate) const INSUFFICIENT_RESOURCES: u32 = 23;
     /// `NVML_ERROR_UNKNOWN`.
     pub const UNKNOWN: u32 = 999;
 
@@ -125,22 +125,22 @@ impl fmt::Display for NvmlCallError {
 impl std::error::Error for NvmlCallError {}
 
 /// Result of one NVML call.
-pub type NvmlResult<T> = Result<T, NvmlCallError>;
+pub(crate) type NvmlResult<T> = Result<T, NvmlCallError>;
 
 /// `NVML_DEVICE_ARCH_HOPPER` (`nvml.h`): Hopper and newer switch MIG mode without a GPU reset.
-pub const ARCH_HOPPER: u32 = 9;
+pub(crate) const ARCH_HOPPER: u32 = 9;
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` in nvml-wrapper-sys 0.10 (17; 0x12 in NVML 13.3, whose
 /// extra enum `3_SLICE_GFX` no data-center GPU supports; docs/reference/mig.md, "Profile IDs").
-pub const GI_PROFILE_ENUM_COUNT: u32 = 17;
+pub(crate) const GI_PROFILE_ENUM_COUNT: u32 = 17;
 
 /// CI profile enums `0..CI_PROFILE_ENUM_COUNT` (`1_SLICE` … `7_SLICE_NVL`, docs/reference/mig.md, "Compute instances").
-pub const CI_PROFILE_ENUM_COUNT: u32 = 9;
+pub(crate) const CI_PROFILE_ENUM_COUNT: u32 = 9;
 
 /// The name NVIDIA's DRA driver publishes as `brand` for an `nvmlBrandType_t` value (go-nvlib
 /// `GetBrandAsString`, whose names are the `NVML_BRAND_*` enum's in camel case; `nvml.h` 13.3
 /// values); `None` for a value it has no name for.
-pub fn brand_name(brand: u32) -> Option<&'static str> {
+pub(crate) fn brand_name(brand: u32) -> Option<&'static str> {
     const NAMES: [&str; 17] = [
         "Unknown",           // NVML_BRAND_UNKNOWN
         "Quadro",            // NVML_BRAND_QUADRO
@@ -165,7 +165,7 @@ pub fn brand_name(brand: u32) -> Option<&'static str> {
 
 /// `nvmlSystemGetCudaDriverVersion_v2`'s number as NVIDIA's DRA driver writes it before making
 /// it a semantic version: `<major>.<minor>` (`12090` → `12.9`, `13000` → `13.0`).
-pub fn cuda_version(version: i32) -> String {
+pub(crate) fn cuda_version(version: i32) -> String {
     format!("{}.{}", version / 1000, (version % 1000) / 10)
 }
 
@@ -227,7 +227,7 @@ pub struct GiProfileInfo {
 
 impl GiProfileInfo {
     /// The name without NVML's `MIG ` prefix, as nvidia-smi prints it (`1g.10gb+me`).
-    pub fn short_name(&self) -> &str {
+    pub(crate) fn short_name(&self) -> &str {
         self.name.strip_prefix("MIG ").unwrap_or(&self.name)
     }
 }
@@ -349,7 +349,7 @@ pub mod virtualization {
     pub const PASSTHROUGH: u32 = 1;
     /// `NVML_GPU_VIRTUALIZATION_MODE_VGPU`: a vGPU inside a VM (a guest); its MIG mode is the
     /// host's business (NVIDIA's DRA driver switches none there).
-    pub const VGPU: u32 = 2;
+    pub(crate) const VGPU: u32 = 2;
     /// `NVML_GPU_VIRTUALIZATION_MODE_HOST_VGPU`: a vGPU host.
     pub const HOST_VGPU: u32 = 3;
     /// `NVML_GPU_VIRTUALIZATION_MODE_HOST_VSGA`: a vSGA host.
@@ -371,7 +371,7 @@ pub mod virtualization {
 /// NVML event types (`nvmlEventType*` in `nvml.h`) the health monitor registers.
 pub mod event {
     /// `nvmlEventTypeDoubleBitEccError`: an uncorrectable ECC error.
-    pub const DOUBLE_BIT_ECC_ERROR: u64 = 0x2;
+    pub(crate) const DOUBLE_BIT_ECC_ERROR: u64 = 0x2;
     /// `nvmlEventTypeXidCriticalError`: an XID error; the event's data is the XID.
     pub const XID_CRITICAL_ERROR: u64 = 0x8;
 }

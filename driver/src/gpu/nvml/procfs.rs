@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 pub const PROC_ROOT: &str = "/proc";
 
 /// The `nvidia-caps` character-device major from `<proc_root>/devices`.
-pub fn read_caps_major(proc_root: &Path) -> io::Result<u32> {
+pub(crate) fn read_caps_major(proc_root: &Path) -> io::Result<u32> {
     let path = proc_root.join("devices");
     let text = fs::read_to_string(&path)?;
     parse_caps_major(&text).ok_or_else(|| {
@@ -45,7 +45,7 @@ pub fn caps_major_if_needed(proc_root: &Path, mig: bool) -> io::Result<Option<u3
 
 /// The major of the exact name `nvidia-caps` in the "Character devices:" section of
 /// `/proc/devices` (not `nvidia-caps-imex-channels`, which newer drivers also list).
-pub fn parse_caps_major(devices: &str) -> Option<u32> {
+pub(crate) fn parse_caps_major(devices: &str) -> Option<u32> {
     devices
         .lines()
         .skip_while(|l| !l.starts_with("Character devices"))
@@ -56,7 +56,7 @@ pub fn parse_caps_major(devices: &str) -> Option<u32> {
 }
 
 /// `<proc_root>/driver/nvidia/capabilities/gpu<gpu_minor>/mig/gi<gi>/access`.
-pub fn gi_access_path(proc_root: &Path, gpu_minor: u32, gi: u32) -> PathBuf {
+pub(crate) fn gi_access_path(proc_root: &Path, gpu_minor: u32, gi: u32) -> PathBuf {
     proc_root
         .join("driver/nvidia/capabilities")
         .join(format!("gpu{gpu_minor}"))
@@ -66,12 +66,12 @@ pub fn gi_access_path(proc_root: &Path, gpu_minor: u32, gi: u32) -> PathBuf {
 }
 
 /// `<proc_root>/driver/nvidia/capabilities/gpu<gpu_minor>/mig/gi<gi>/ci<ci>/access`.
-pub fn ci_access_path(proc_root: &Path, gpu_minor: u32, gi: u32, ci: u32) -> PathBuf {
+pub(crate) fn ci_access_path(proc_root: &Path, gpu_minor: u32, gi: u32, ci: u32) -> PathBuf {
     gi_access_path(proc_root, gpu_minor, gi).with_file_name(format!("ci{ci}/access"))
 }
 
 /// The `DeviceFileMinor: N` value of a capability `access` file.
-pub fn read_cap_minor(access: &Path) -> io::Result<u32> {
+pub(crate) fn read_cap_minor(access: &Path) -> io::Result<u32> {
     let text = fs::read_to_string(access)?;
     parse_cap_minor(&text).ok_or_else(|| {
         io::Error::new(
@@ -82,7 +82,7 @@ pub fn read_cap_minor(access: &Path) -> io::Result<u32> {
 }
 
 /// Parses `DeviceFileMinor: N` out of an `access` file's text.
-pub fn parse_cap_minor(text: &str) -> Option<u32> {
+pub(crate) fn parse_cap_minor(text: &str) -> Option<u32> {
     text.lines()
         .filter_map(|l| l.split_once(':'))
         .find(|(k, _)| k.trim() == "DeviceFileMinor")

@@ -172,7 +172,7 @@ fn answer_v2(run: &Run, command: &str) -> Option<String> {
 
 /// Whether `name` is a valid server or namespace name (NVIDIA's MPS v3 interface: lowercase
 /// letters, digits and `_`, at most 64 characters).
-pub fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && name
@@ -368,7 +368,7 @@ fn namespace_command(
 /// (`<server>/<namespace>`, relative to the pipe directory): the namespace's active thread
 /// percentage for `get_default_active_thread_percentage` (what its clients get; 100 without
 /// one), `Unknown command "…"` for anything else.
-pub fn answer_namespace(run: &Run, socket: &str, command: &str) -> String {
+pub(crate) fn answer_namespace(run: &Run, socket: &str, command: &str) -> String {
     if command.trim() != "get_default_active_thread_percentage" {
         return format!("Unknown command \"{command}\"");
     }
@@ -384,7 +384,7 @@ pub fn answer_namespace(run: &Run, socket: &str, command: &str) -> String {
 }
 
 /// The control socket of `dir` (relative to the pipe directory; `""`: the daemon's own).
-pub fn socket_of(dir: &str) -> String {
+pub(crate) fn socket_of(dir: &str) -> String {
     if dir.is_empty() {
         CONTROL_SOCKET.to_string()
     } else {

@@ -56,7 +56,7 @@ pub struct Backoff {
 impl Backoff {
     /// 1 s doubling to 30 s: a daemon that crashes at once is tried twice a minute, not in a
     /// loop.
-    pub const DEFAULT: Backoff = Backoff {
+    pub(crate) const DEFAULT: Backoff = Backoff {
         first: Duration::from_secs(1),
         max: Duration::from_secs(30),
     };

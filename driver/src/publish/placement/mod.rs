@@ -106,7 +106,7 @@ pub struct Candidate {
 
 impl Candidate {
     /// The candidate's profile.
-    pub fn profile_of<'m>(&self, gpus: &[GpuView<'m>]) -> &'m GiProfile {
+    pub(crate) fn profile_of<'m>(&self, gpus: &[GpuView<'m>]) -> &'m GiProfile {
         &gpus[self.gpu].model.profiles[self.profile]
     }
 }
@@ -166,7 +166,7 @@ pub fn with_whole_gpus(mig: Vec<Candidate>, whole: &[u32]) -> Vec<Listed> {
 }
 
 /// DAS's default publishing order for an inventory (no occupancy): see the module docs.
-pub fn publish_order(gpus: &[GpuView<'_>]) -> Vec<Candidate> {
+pub(crate) fn publish_order(gpus: &[GpuView<'_>]) -> Vec<Candidate> {
     let empty: Vec<Occupancy> = gpus.iter().map(|g| Occupancy::empty(g.model)).collect();
     order_for_occupancy(gpus, &empty)
 }
@@ -174,7 +174,7 @@ pub fn publish_order(gpus: &[GpuView<'_>]) -> Vec<Candidate> {
 /// DAS's order with the damage computed on the current occupancy `occ` (one per GPU, same order
 /// as `gpus`): placements that fit now come first on each GPU, ranked by the damage they do to the
 /// placements still possible.
-pub fn order_for_occupancy(gpus: &[GpuView<'_>], occ: &[Occupancy]) -> Vec<Candidate> {
+pub(crate) fn order_for_occupancy(gpus: &[GpuView<'_>], occ: &[Occupancy]) -> Vec<Candidate> {
     let mut out: Vec<Ranked> = Vec::new();
     for (pos, (g, o)) in gpus.iter().zip(occ).enumerate() {
         for profile in profiles_small_first(g.model) {
@@ -312,7 +312,7 @@ fn merge_cmp(gpus: &[GpuView<'_>], a: &Ranked, b: &Ranked) -> Ordering {
 
 /// Plain first-fit baseline: every device sorted by device name (GPU and start ascending as
 /// strings), as a driver that publishes in name order would.
-pub fn name_order(gpus: &[GpuView<'_>]) -> Vec<Candidate> {
+pub(crate) fn name_order(gpus: &[GpuView<'_>]) -> Vec<Candidate> {
     let mut all: Vec<(String, Candidate)> = Vec::new();
     for (pos, g) in gpus.iter().enumerate() {
         for (profile, p) in g.model.profiles.iter().enumerate() {

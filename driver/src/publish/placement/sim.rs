@@ -137,7 +137,7 @@ impl<'a> FirstFit<'a> {
 
     /// Allocates the first whole GPU, in the whole order, that is not held and, if switchable,
     /// holds no slice; its index, or `None` when none is.
-    pub fn allocate_whole(&mut self) -> Option<u32> {
+    pub(crate) fn allocate_whole(&mut self) -> Option<u32> {
         let occ = &self.occ;
         let free = |w: &&mut WholeGpu| !w.held && w.view.is_none_or(|v| occ[v].instances() == 0);
         let found = match self.whole_order {
@@ -211,7 +211,7 @@ impl SplitMix64 {
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -11,7 +11,7 @@ impl Checkpoint {
     /// Records that prepare of a claim started, replacing any earlier record; `devices` are the
     /// allocated devices, with their instances where already known. Callers check
     /// [`Checkpoint::get`] first so a retried prepare of a completed claim does not downgrade it.
-    pub fn set_started(
+    pub(crate) fn set_started(
         &mut self,
         claim_uid: &str,
         namespace: &str,
@@ -84,7 +84,7 @@ impl Checkpoint {
 
     /// Sets the pods the claim's record knows (see [`ClaimRecord::pods`]); returns whether that
     /// changed anything. No-op without a record.
-    pub fn set_pods(&mut self, claim_uid: &str, pods: Vec<String>) -> bool {
+    pub(crate) fn set_pods(&mut self, claim_uid: &str, pods: Vec<String>) -> bool {
         match self.claims.get_mut(claim_uid) {
             Some(r) if r.pods != pods => {
                 r.pods = pods;
@@ -96,7 +96,7 @@ impl Checkpoint {
 
     /// Records that the claim's `devices` (their instances created) were carved before bind
     /// ([`PrepareState::Carved`]), replacing the started record the carve wrote first.
-    pub fn set_carved(
+    pub(crate) fn set_carved(
         &mut self,
         claim_uid: &str,
         namespace: &str,
@@ -143,7 +143,7 @@ impl Checkpoint {
     /// unprepared the claim, or the orphan rule found no container of its pods left. Unlike
     /// [`Self::set_releasing`] the record stops guarding its placements: it is dropped once its
     /// instances are gone.
-    pub fn set_releasing_for_good(
+    pub(crate) fn set_releasing_for_good(
         &mut self,
         claim_uid: &str,
         namespace: &str,
@@ -159,7 +159,7 @@ impl Checkpoint {
     /// Turns the record of a claim the kubelet holds into a guard without instances
     /// ([`PrepareState::Repairing`]): its devices (every allocated one, so the guard covers all
     /// its placements) without instances, no CDI device IDs.
-    pub fn set_repairing(
+    pub(crate) fn set_repairing(
         &mut self,
         claim_uid: &str,
         namespace: &str,
@@ -185,7 +185,7 @@ impl Checkpoint {
 
     /// Records that a switch of GPU `gpu_index` (`gpu_uuid`) to MIG mode `mig_enabled` starts
     /// for claim `claim`, replacing any earlier one on that GPU.
-    pub fn set_mig_mode_switch(
+    pub(crate) fn set_mig_mode_switch(
         &mut self,
         gpu_index: u32,
         gpu_uuid: &str,
@@ -203,7 +203,7 @@ impl Checkpoint {
 
     /// Forgets the switch under way on GPU `gpu_index` (it finished or was recovered); returns
     /// it, `None` when there was none.
-    pub fn clear_mig_mode_switch(&mut self, gpu_index: u32) -> Option<MigModeSwitch> {
+    pub(crate) fn clear_mig_mode_switch(&mut self, gpu_index: u32) -> Option<MigModeSwitch> {
         self.mig_mode_switches.remove(&gpu_index)
     }
 

@@ -121,7 +121,7 @@ mod previous_release {
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
-    pub struct Document {
+    pub(crate) struct Document {
         pub version: u64,
         pub boot_id: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -17,7 +17,7 @@ use crate::publish::devices::{DeviceKind, DeviceRef};
 use das_api::claim_status::DeviceStatusData;
 
 /// The MIG instance kind.
-pub struct MigInstanceKind;
+pub(crate) struct MigInstanceKind;
 
 #[tonic::async_trait]
 impl Kind for MigInstanceKind {

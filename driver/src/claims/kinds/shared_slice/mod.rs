@@ -23,7 +23,7 @@ pub(crate) mod plan;
 mod tenants;
 
 /// The shared slice kind.
-pub struct SharedSliceKind;
+pub(crate) struct SharedSliceKind;
 
 #[tonic::async_trait]
 impl Kind for SharedSliceKind {

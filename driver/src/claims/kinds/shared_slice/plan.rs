@@ -26,7 +26,7 @@ use crate::claims::{PrepareError, ShareRefusal};
 /// # Errors
 /// [`PrepareError::Share`]: no `shareID` (a scheduler without consumable capacity allocated
 /// it), or a consumed capacity that is no count or size.
-pub fn share_of(
+pub(crate) fn share_of(
     device: &str,
     r: &DeviceRequestAllocationResult,
     of: u64,
@@ -70,7 +70,7 @@ pub fn share_of(
 ///
 /// # Errors
 /// [`PrepareError::Share`]: a share whose config asks for another strategy.
-pub fn check_mps(planned: &[Planned]) -> Result<(), PrepareError> {
+pub(crate) fn check_mps(planned: &[Planned]) -> Result<(), PrepareError> {
     match planned
         .iter()
         .find(|p| p.share.is_some() && p.mps.is_none())
@@ -126,7 +126,7 @@ fn share_holders<'a>(
 ///
 /// # Errors
 /// [`PrepareError::Share`] naming the namespace the MIG instance serves, its holders and what to do.
-pub fn check_namespace(
+pub(crate) fn check_namespace(
     cp: &Checkpoint,
     uid: &str,
     only: Option<&str>,
@@ -199,7 +199,7 @@ pub fn share_namespaces(cp: &Checkpoint) -> BTreeMap<String, String> {
 /// What a prepare does for a planned share, decided under its GPU's lock (where instances are
 /// recorded, so the records say which instance exists).
 #[derive(Debug, Clone)]
-pub enum OnShare {
+pub(crate) enum OnShare {
     /// No other share holds the MIG instance: create it.
     Create,
     /// Join the MIG instance other shares hold (same config): record its instance.
@@ -216,7 +216,7 @@ pub enum OnShare {
 /// holders with the instance recorded count here: of two claims of different namespaces that
 /// passed [`check_namespace`] at once, the first to take the GPU's lock creates the MIG instance and
 /// the other is refused, never both.
-pub fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> OnShare {
+pub(crate) fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> OnShare {
     let holders: Vec<_> = instance_holders(cp, uid, &p.at.gpu_uuid, &p.device).collect();
     if holders.is_empty() {
         return OnShare::Create;
@@ -253,7 +253,7 @@ pub fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Planned) -> 
 
 /// Whether another claim's share, not being released, holds the instance of `d` (a share of
 /// claim `uid`): then releasing `d` leaves the MIG instance and its MPS daemon to it.
-pub fn kept_by_other_shares(cp: &Checkpoint, uid: &str, d: &RecordedDevice) -> bool {
+pub(crate) fn kept_by_other_shares(cp: &Checkpoint, uid: &str, d: &RecordedDevice) -> bool {
     d.share.is_some()
         && instance_holders(cp, uid, &d.gpu_uuid, &d.device)
             .any(|(_, r, _)| r.state != PrepareState::Releasing)

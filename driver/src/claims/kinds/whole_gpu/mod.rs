@@ -23,7 +23,7 @@ pub(crate) mod plan;
 mod tests;
 
 /// The whole-GPU kind.
-pub struct WholeGpuKind;
+pub(crate) struct WholeGpuKind;
 
 #[tonic::async_trait]
 impl Kind for WholeGpuKind {

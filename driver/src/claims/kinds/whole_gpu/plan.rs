@@ -8,7 +8,7 @@ use crate::claims::kinds::Planned;
 use crate::gpu::{GpuInfo, MigSwitch};
 
 /// Whether `device` is a whole GPU's name, `gpu-<index>` (das_api::whole_gpu_device_name).
-pub fn is_whole_gpu_name(device: &str) -> bool {
+pub(crate) fn is_whole_gpu_name(device: &str) -> bool {
     device
         .strip_prefix("gpu-")
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
@@ -17,7 +17,7 @@ pub fn is_whole_gpu_name(device: &str) -> bool {
 /// Why the whole GPU `p` cannot be prepared, given the GPUs as the backend lists them now (a
 /// [`WholeGpuRefusal`]'s text); `None` when it can (the GPU answers, has the UUID it was
 /// published with, and MIG mode off or [`MigSwitch::Allowed`]).
-pub fn whole_gpu_unavailable(p: &Planned, inventory: &[GpuInfo]) -> Option<String> {
+pub(crate) fn whole_gpu_unavailable(p: &Planned, inventory: &[GpuInfo]) -> Option<String> {
     let (index, uuid) = (p.at.gpu_index, p.at.gpu_uuid.clone());
     let refusal = match inventory.iter().find(|g| g.index == index) {
         None => WholeGpuRefusal::NotInInventory { index, uuid },

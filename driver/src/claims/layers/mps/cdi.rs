@@ -13,7 +13,7 @@ use crate::mps::supervisor::PipeMount;
 /// Gives each CDI device of a device served with MPS (`RecordedDevice::mps`) its daemon's
 /// mounts (`mounts`, from the device). Records of the first release, whose CDI devices are
 /// per request, have no MPS device.
-pub fn add_mps_mounts(
+pub(crate) fn add_mps_mounts(
     specs: &mut [SpecDevice],
     devices: &[RecordedDevice],
     mounts: impl Fn(&RecordedDevice) -> MpsMounts,

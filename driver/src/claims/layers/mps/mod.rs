@@ -24,7 +24,7 @@ mod daemons;
 pub(crate) mod plan;
 
 /// The MPS layer: the daemons of the MPS devices, and one lock per daemon.
-pub struct MpsLayer {
+pub(crate) struct MpsLayer {
     /// The MPS control daemons of MPS devices.
     daemons: Arc<MpsDaemons>,
     /// One lock per MPS daemon ID, held while a daemon of a shared slice is started or stopped:

@@ -21,7 +21,7 @@ use crate::mps::{MpsLimits, commands};
 /// whole GPU's MPS would also need its compute mode set, and a MIG instance gives the same sharing
 /// with hardware isolation around it), or more than one MPS device in the claim (a container
 /// has one `CUDA_MPS_PIPE_DIRECTORY`, so it could reach one daemon only).
-pub fn with_mps(
+pub(crate) fn with_mps(
     mut planned: Vec<Planned>,
     configs: &BTreeMap<String, MigDeviceConfig>,
 ) -> Result<Vec<Planned>, PrepareError> {
@@ -60,7 +60,7 @@ pub fn with_mps(
 ///
 /// # Errors
 /// [`PrepareError::InvalidConfig`]: a pinned memory limit above the MIG instance's memory.
-pub fn check_limits(
+pub(crate) fn check_limits(
     planned: &[Planned],
     memory_mib: impl Fn(&Planned) -> Option<u64>,
 ) -> Result<(), PrepareError> {

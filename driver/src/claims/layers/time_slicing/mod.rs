@@ -26,7 +26,7 @@ use crate::gpu::{BackendError, TimeSlicer};
 pub(crate) mod plan;
 
 /// The time-slicing layer: who sets a GPU's time slice, and where that blocking call runs.
-pub struct TimeSlicingLayer {
+pub(crate) struct TimeSlicingLayer {
     slicer: TimeSlicer,
     blocking: BlockingCalls,
 }

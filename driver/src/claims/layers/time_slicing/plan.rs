@@ -16,7 +16,7 @@ use crate::claims::kinds::{KindId, Kinds, Planned};
 /// # Errors
 /// [`PrepareError::InvalidConfig`]: time-slicing on a device that is not a whole GPU (a MIG
 /// instance's compute is its own: NVIDIA's driver never time-slices MIG devices either).
-pub fn with_time_slice(
+pub(crate) fn with_time_slice(
     mut planned: Vec<Planned>,
     configs: &BTreeMap<String, MigDeviceConfig>,
 ) -> Result<Vec<Planned>, PrepareError> {

@@ -85,7 +85,7 @@ impl<A: NvmlApi> NvmlBackend<A> {
     /// Capability minors of GI `gi` / CI `ci` from procfs; the deterministic formula
     /// (docs/reference/mig.md, "Device nodes and capabilities") with a warning when the files
     /// cannot be read.
-    pub fn cap_minors(&self, gpu_minor: u32, gi: u32, ci: u32) -> (u32, u32) {
+    pub(crate) fn cap_minors(&self, gpu_minor: u32, gi: u32, ci: u32) -> (u32, u32) {
         let root = &self.options.proc_root;
         let read = |path: PathBuf, fallback: u32| {
             procfs::read_cap_minor(&path).unwrap_or_else(|e| {

@@ -372,7 +372,7 @@ pub(super) fn with_ci(e: BackendError, ci: u32) -> BackendError {
 }
 
 /// An NVML error as a [`BackendError`] that says what it means for a MIG instance.
-pub fn map_error(target: Target, e: &NvmlCallError) -> BackendError {
+pub(crate) fn map_error(target: Target, e: &NvmlCallError) -> BackendError {
     match e.code {
         code::INSUFFICIENT_RESOURCES => BackendError::InsufficientResources {
             target,

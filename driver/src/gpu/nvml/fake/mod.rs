@@ -65,7 +65,7 @@ pub struct FakeGpuSpec {
 }
 
 /// `NVML_BRAND_NVIDIA`: the brand the fake GPUs report unless their spec says otherwise.
-pub const BRAND_NVIDIA: u32 = 14;
+pub(crate) const BRAND_NVIDIA: u32 = 14;
 
 /// What the fake's `nvmlSystemGetCudaDriverVersion_v2` reports: CUDA 13.0, the version of the
 /// driver `580.95.05` its `nvmlSystemGetDriverVersion` reports.
