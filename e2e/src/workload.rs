@@ -326,3 +326,20 @@ pub async fn wait_unschedulable(client: &Client, name: &str) -> Result<String> {
     outcome
         .map_err(|node| anyhow::anyhow!("pod {name} was bound to {node}, not left unschedulable"))
 }
+
+/// The health the kubelet shows for pod `name`'s DAS devices (its containers'
+/// `allocatedResourcesStatus` entries of DAS's CDI devices, from the plugin's health stream,
+/// KEP-4680): `Healthy`, `Unhealthy` or `Unknown`, one per device and container.
+pub async fn device_health(client: &Client, name: &str) -> Result<Vec<String>> {
+    let p = Api::<Pod>::namespaced(client.clone(), NS).get(name).await?;
+    let ours = format!("{}=", das_api::CDI_KIND);
+    Ok(p.status
+        .and_then(|s| s.container_statuses)
+        .into_iter()
+        .flatten()
+        .flat_map(|cs| cs.allocated_resources_status.into_iter().flatten())
+        .flat_map(|r| r.resources.into_iter().flatten())
+        .filter(|h| h.resource_id.starts_with(&ours))
+        .filter_map(|h| h.health)
+        .collect())
+}

@@ -16,8 +16,8 @@ use das_e2e::das::{DRIVER, pool_devices, write_control};
 use das_e2e::plugin::{cluster_with_configured_plugins, live_slices};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
-    NS, claim_of, create_pod, create_template, delete_pod, http_get, phase, wait_node_event,
-    wait_running,
+    NS, claim_of, create_pod, create_template, delete_pod, device_health, http_get, phase,
+    wait_node_event, wait_running,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -338,20 +338,6 @@ async fn mig_uuid_of(c: &Client, pod: &str) -> Result<String> {
         .find_map(das_api::claim_status::DeviceStatusData::of)
         .map(|d| d.mig_uuid)
         .context("no device status")
-}
-
-/// The health the kubelet shows for pod `pod`'s DAS devices.
-async fn device_health(c: &Client, pod: &str) -> Result<Vec<String>> {
-    let p = Api::<Pod>::namespaced(c.clone(), NS).get(pod).await?;
-    Ok(p.status
-        .and_then(|s| s.container_statuses)
-        .into_iter()
-        .flatten()
-        .flat_map(|cs| cs.allocated_resources_status.into_iter().flatten())
-        .flat_map(|r| r.resources.into_iter().flatten())
-        .filter(|h| h.resource_id.starts_with("das.com/mig="))
-        .filter_map(|h| h.health)
-        .collect())
 }
 
 /// Waits until the scheduler marks `pod` unschedulable; returns its message.

@@ -30,7 +30,7 @@ use das_e2e::plugin::{live_slices, start_plugin_with};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{
     NS, claim_of, create_class_template, create_pod, create_template, delete_pod, delete_pods,
-    wait_running, wait_unschedulable,
+    device_health, wait_running, wait_unschedulable,
 };
 use das_e2e::{Cluster, ClusterConfig, chart};
 use k8s_openapi::api::core::v1::Pod;
@@ -44,6 +44,8 @@ const NODE: &str = "n0";
 const GPUS: &str = "L4:1,H100-80GB:1";
 /// The L4's whole-GPU device.
 const L4: &str = "gpu-0";
+/// The plugin's flags: whole GPUs, and a 10 s quiet period after a fatal XID.
+const PLUGIN_FLAGS: &[&str] = &["--whole-gpus", "--health-quiet-period-seconds=10"];
 /// NVML's total memory of an L4 (`driver/data/gpus/l4.toml`), MiB.
 const L4_MEMORY_MIB: u64 = 23034;
 
@@ -100,12 +102,7 @@ async fn extended_resource(cluster: &mut Cluster) -> Result<()> {
         "gpu.das.com without the extended resource name: {class}"
     );
     install::apply_access(cluster, &rendered).await?;
-    start_plugin_with(
-        cluster,
-        NODE,
-        GPUS,
-        &["--whole-gpus", "--health-quiet-period-seconds=10"],
-    )?;
+    start_plugin_with(cluster, NODE, GPUS, PLUGIN_FLAGS)?;
     wait_pool_complete(&c, NODE).await?;
     let pods: Api<Pod> = Api::namespaced(c.clone(), NS);
     let pod = serde_json::from_value(json!({
@@ -142,12 +139,7 @@ async fn setup(cluster: &mut Cluster) -> Result<()> {
         .get("DeviceClass", DEVICE_CLASS_WHOLE_GPU)
         .context("the chart renders gpu.das.com with wholeGpus.enabled")?;
     install::apply_access(cluster, &rendered).await?;
-    start_plugin_with(
-        cluster,
-        NODE,
-        GPUS,
-        &["--whole-gpus", "--health-quiet-period-seconds=10"],
-    )?;
+    start_plugin_with(cluster, NODE, GPUS, PLUGIN_FLAGS)?;
     let bins = Binaries::in_target_dir("debug", true)?;
     let controller = bins.controller.clone().context("controller binary")?;
     let webhook = bins.webhook.clone().context("webhook binary")?;
@@ -437,21 +429,6 @@ async fn a_whole_gpu_pod_gets_the_l4_and_a_slice_pod_the_h100(
     let why = wait_unschedulable(&c, "w2").await?;
     eprintln!("w2 waits for a whole GPU while the L4 is held: {why}");
     Ok(())
-}
-
-/// The health of pod `pod`'s DAS devices as the kubelet shows it (`allocatedResourcesStatus`,
-/// from the plugin's health stream).
-async fn device_health(c: &Client, pod: &str) -> Result<Vec<String>> {
-    let p = Api::<Pod>::namespaced(c.clone(), NS).get(pod).await?;
-    Ok(p.status
-        .and_then(|s| s.container_statuses)
-        .into_iter()
-        .flatten()
-        .flat_map(|cs| cs.allocated_resources_status.into_iter().flatten())
-        .flat_map(|r| r.resources.into_iter().flatten())
-        .filter(|h| h.resource_id.starts_with("das.com/"))
-        .filter_map(|h| h.health)
-        .collect())
 }
 
 /// Waits until pod `pod`'s DAS devices show `health` (one device each).

@@ -514,3 +514,32 @@ pub(crate) fn inline() -> BlockingCalls {
         n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3
     }))
 }
+
+/// A planned device `device` of request `request` for the config planners' tests: of `kind`
+/// (and the shareable twin when `shared`) on GPU 0 (`GPU-0`), profile `1g.10gb` at memory
+/// slice 6, with no MPS limits, share or time slice yet.
+pub(crate) fn planned(
+    device: &str,
+    request: &str,
+    kind: DeviceKind,
+    shared: bool,
+) -> crate::claims::kinds::Planned {
+    crate::claims::kinds::Planned {
+        request: request.into(),
+        pool: "n0".into(),
+        device: device.into(),
+        at: DeviceRef {
+            kind,
+            gpu_index: 0,
+            gpu_uuid: "GPU-0".into(),
+            gpu_minor: 0,
+            profile: "1g.10gb".into(),
+            start: 6,
+            size: 1,
+            shared,
+        },
+        mps: None,
+        share: None,
+        time_slice: None,
+    }
+}

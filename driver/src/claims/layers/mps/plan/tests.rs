@@ -7,27 +7,10 @@ use das_api::device_config::{MigDeviceConfig, decode};
 use serde_json::json;
 
 use super::*;
-use crate::claims::plan::{DeviceKind, DeviceRef};
+use crate::claims::plan::DeviceKind;
 
 fn planned(device: &str, request: &str, kind: DeviceKind) -> Planned {
-    Planned {
-        time_slice: None,
-        request: request.into(),
-        pool: "n0".into(),
-        device: device.into(),
-        at: DeviceRef {
-            kind,
-            gpu_index: 0,
-            gpu_uuid: "GPU-0".into(),
-            gpu_minor: 0,
-            profile: "1g.10gb".into(),
-            start: 6,
-            size: 1,
-            shared: false,
-        },
-        mps: None,
-        share: None,
-    }
+    crate::claims::testing::planned(device, request, kind, false)
 }
 
 fn config(sharing: serde_json::Value) -> MigDeviceConfig {

@@ -7,28 +7,8 @@ use das_api::device_config::{MigDeviceConfig, TimeSliceInterval, decode};
 use serde_json::json;
 
 use super::*;
-use crate::claims::plan::{DeviceKind, DeviceRef};
-
-fn planned(device: &str, request: &str, kind: DeviceKind, shared: bool) -> Planned {
-    Planned {
-        request: request.into(),
-        pool: "n0".into(),
-        device: device.into(),
-        at: DeviceRef {
-            kind,
-            gpu_index: 0,
-            gpu_uuid: "GPU-0".into(),
-            gpu_minor: 0,
-            profile: "1g.10gb".into(),
-            start: 6,
-            size: 1,
-            shared,
-        },
-        mps: None,
-        share: None,
-        time_slice: None,
-    }
-}
+use crate::claims::plan::DeviceKind;
+use crate::claims::testing::planned;
 
 fn config(sharing: serde_json::Value) -> MigDeviceConfig {
     decode(&json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig", "sharing": sharing}))
