@@ -543,3 +543,46 @@ pub(crate) fn planned(
         time_slice: None,
     }
 }
+
+/// A device published on GPU `gpu` (UUID `GPU-<gpu>`, minor `gpu`): `1g.5gb` at `start`, or the
+/// whole GPU (8 memory slices) for `None`.
+pub(crate) fn planned_on(
+    gpu: u32,
+    start: Option<u32>,
+    request: &str,
+) -> crate::claims::kinds::Planned {
+    let (kind, device, profile, start, size) = match start {
+        Some(s) => (
+            DeviceKind::Mig,
+            das_api::device_name(gpu, "1g.5gb", s),
+            "1g.5gb",
+            s,
+            1,
+        ),
+        None => (
+            DeviceKind::WholeGpu,
+            das_api::whole_gpu_device_name(gpu),
+            das_api::WHOLE_GPU_PROFILE,
+            0,
+            8,
+        ),
+    };
+    crate::claims::kinds::Planned {
+        time_slice: None,
+        request: request.into(),
+        pool: "n0".into(),
+        device,
+        at: DeviceRef {
+            kind,
+            gpu_index: gpu,
+            gpu_uuid: format!("GPU-{gpu}"),
+            gpu_minor: gpu,
+            profile: profile.into(),
+            start,
+            size,
+            shared: false,
+        },
+        mps: None,
+        share: None,
+    }
+}

@@ -5,49 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use das_api::{WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
+use das_api::WHOLE_GPU_PROFILE;
 
 use super::*;
+use crate::claims::testing::planned_on;
 use crate::gpu::{Placement, find_model};
-
-/// A device published on GPU `gpu` (UUID `GPU-<gpu>`, minor `gpu`): `1g.5gb` at `start`, or the
-/// whole GPU (8 memory slices) for `None`.
-fn planned(gpu: u32, start: Option<u32>, request: &str) -> Planned {
-    let (kind, device, profile, start, size) = match start {
-        Some(s) => (
-            DeviceKind::Mig,
-            device_name(gpu, "1g.5gb", s),
-            "1g.5gb",
-            s,
-            1,
-        ),
-        None => (
-            DeviceKind::WholeGpu,
-            whole_gpu_device_name(gpu),
-            WHOLE_GPU_PROFILE,
-            0,
-            8,
-        ),
-    };
-    Planned {
-        time_slice: None,
-        request: request.into(),
-        pool: "n0".into(),
-        device,
-        at: DeviceRef {
-            kind,
-            gpu_index: gpu,
-            gpu_uuid: format!("GPU-{gpu}"),
-            gpu_minor: gpu,
-            profile: profile.into(),
-            start,
-            size,
-            shared: false,
-        },
-        mps: None,
-        share: None,
-    }
-}
 
 fn live(gpu: u32, profile: &str, start: u32, size: u32, gi: u32) -> MigInstance {
     MigInstance {
@@ -76,21 +38,21 @@ fn holding(uid: &str, devices: Vec<RecordedDevice>) -> Checkpoint {
 /// any of them; other GPUs are not concerned.
 #[test]
 fn a_whole_gpu_and_every_slice_of_its_gpu_hold_each_other() {
-    let cp = holding("uid-whole", vec![record(&planned(0, None, "gpu"))]);
+    let cp = holding("uid-whole", vec![record(&planned_on(0, None, "gpu"))]);
     for start in [0, 3, 6] {
-        let slice = planned(0, Some(start), "gpu");
+        let slice = planned_on(0, Some(start), "gpu");
         assert_eq!(
             placement_holders(&cp, "uid-new", std::slice::from_ref(&slice)),
             BTreeMap::from([("uid-whole".to_string(), slice.device.clone())])
         );
     }
-    assert!(placement_holders(&cp, "uid-new", &[planned(1, Some(6), "gpu")]).is_empty());
-    let cp = holding("uid-slice", vec![record(&planned(0, Some(6), "gpu"))]);
+    assert!(placement_holders(&cp, "uid-new", &[planned_on(1, Some(6), "gpu")]).is_empty());
+    let cp = holding("uid-slice", vec![record(&planned_on(0, Some(6), "gpu"))]);
     assert_eq!(
-        placement_holders(&cp, "uid-new", &[planned(0, None, "gpu")]),
+        placement_holders(&cp, "uid-new", &[planned_on(0, None, "gpu")]),
         BTreeMap::from([("uid-slice".to_string(), "gpu-0".to_string())])
     );
-    assert!(placement_holders(&cp, "uid-new", &[planned(1, None, "gpu")]).is_empty());
+    assert!(placement_holders(&cp, "uid-new", &[planned_on(1, None, "gpu")]).is_empty());
 }
 
 /// A whole GPU's record holds no instance: it never matches a live one (not even one at start
@@ -98,7 +60,7 @@ fn a_whole_gpu_and_every_slice_of_its_gpu_hold_each_other() {
 /// record's entry is taken from the published device's minor.
 #[test]
 fn a_whole_gpu_is_never_matched_to_a_live_instance() {
-    let d = record(&planned(0, None, "gpu"));
+    let d = record(&planned_on(0, None, "gpu"));
     assert_eq!((d.kind, d.instance.clone()), (DeviceKind::WholeGpu, None));
     let mut full = live(0, WHOLE_GPU_PROFILE, 0, 8, 1);
     assert!(!is_instance(&d, &full));
@@ -121,7 +83,7 @@ fn a_whole_gpu_is_never_matched_to_a_live_instance() {
 #[test]
 fn a_gpu_held_whole_has_no_free_placement_and_no_instance() {
     let model = find_model("A100-SXM4-40GB").unwrap().unwrap();
-    let whole = record(&planned(0, None, "gpu"));
+    let whole = record(&planned_on(0, None, "gpu"));
     let free = free_placements(&model, std::iter::once(&whole));
     assert!(free.iter().all(|(_, n)| *n == 0), "{free:?}");
     assert_eq!(free.len(), model.profiles.len());
@@ -139,7 +101,7 @@ fn a_gpu_held_whole_has_no_free_placement_and_no_instance() {
 /// allocation order across both kinds.
 #[test]
 fn spec_devices_number_whole_gpus_and_slices_alike() {
-    let p = [planned(1, None, "a"), planned(0, Some(6), "a/x")];
+    let p = [planned_on(1, None, "a"), planned_on(0, Some(6), "a/x")];
     let s = live(0, "1g.5gb", 6, 1, 2);
     let devices = [record(&p[0]), with_instance(&record(&p[1]), &s)];
     let held = [Holding::WholeGpu { minor: 1 }, Holding::Instance(s)];

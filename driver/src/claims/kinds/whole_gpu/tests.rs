@@ -4,56 +4,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE, device_name, whole_gpu_device_name};
+use das_api::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
 use super::plan::{is_whole_gpu_name, whole_gpu_unavailable};
 use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
 use crate::claims::handler::ClaimRef;
-use crate::claims::plan::{
-    DeviceKind, DeviceRef, Planned, record, resolve_allocation, same_devices,
-};
+use crate::claims::plan::{DeviceKind, record, resolve_allocation, same_devices};
+use crate::claims::testing::planned_on;
 use crate::gpu::GpuInfo;
-
-/// A device published on GPU `gpu` (UUID `GPU-<gpu>`, minor `gpu`): `1g.5gb` at `start`, or the
-/// whole GPU (8 memory slices) for `None`.
-fn planned(gpu: u32, start: Option<u32>, request: &str) -> Planned {
-    let (kind, device, profile, start, size) = match start {
-        Some(s) => (
-            DeviceKind::Mig,
-            device_name(gpu, "1g.5gb", s),
-            "1g.5gb",
-            s,
-            1,
-        ),
-        None => (
-            DeviceKind::WholeGpu,
-            whole_gpu_device_name(gpu),
-            WHOLE_GPU_PROFILE,
-            0,
-            8,
-        ),
-    };
-    Planned {
-        time_slice: None,
-        request: request.into(),
-        pool: "n0".into(),
-        device,
-        at: DeviceRef {
-            kind,
-            gpu_index: gpu,
-            gpu_uuid: format!("GPU-{gpu}"),
-            gpu_minor: gpu,
-            profile: profile.into(),
-            start,
-            size,
-            shared: false,
-        },
-        mps: None,
-        share: None,
-    }
-}
 
 fn holding(uid: &str, devices: Vec<RecordedDevice>) -> Checkpoint {
     let mut cp = Checkpoint::new("boot");
@@ -65,7 +25,7 @@ fn holding(uid: &str, devices: Vec<RecordedDevice>) -> Checkpoint {
 /// with what to do; a record of the same name but another kind is another allocation.
 #[test]
 fn an_unpublished_whole_gpu_is_refused_as_such() {
-    let devices: HashMap<_, _> = [("gpu-0".to_string(), planned(0, None, "gpu").at)].into();
+    let devices: HashMap<_, _> = [("gpu-0".to_string(), planned_on(0, None, "gpu").at)].into();
     let rc = |device: &str| -> ResourceClaim {
         serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -83,7 +43,7 @@ fn an_unpublished_whole_gpu_is_refused_as_such() {
         uid: "uid-1".into(),
     };
     let p = resolve_allocation(&claim, Some(&rc("gpu-0")), "n0", &devices, 4).unwrap();
-    assert_eq!(p, [planned(0, None, "gpu")]);
+    assert_eq!(p, [planned_on(0, None, "gpu")]);
     let e = resolve_allocation(&claim, Some(&rc("gpu-1")), "n0", &devices, 4).unwrap_err();
     assert_eq!(e.metric_label(), "whole_gpu_unavailable");
     assert!(e.to_string().contains("--whole-gpus"), "{e}");
@@ -110,7 +70,7 @@ fn a_whole_gpu_is_prepared_only_on_its_gpu_with_mig_mode_off() {
         mig_enabled,
         ..GpuInfo::for_tests(0, "A100-SXM4-40GB")
     };
-    let p = planned(0, None, "gpu");
+    let p = planned_on(0, None, "gpu");
     assert_eq!(whole_gpu_unavailable(&p, &[gpu("GPU-0", false)]), None);
     let why = |inventory: &[GpuInfo]| whole_gpu_unavailable(&p, inventory).unwrap();
     assert!(why(&[]).contains("not in this node's inventory"));
