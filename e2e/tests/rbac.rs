@@ -304,6 +304,16 @@ async fn allocated_claim(
     Ok(())
 }
 
+/// A merge patch of claim `name`'s status, as `api`'s identity.
+async fn merge_status(
+    api: &Api<ResourceClaim>,
+    name: &str,
+    body: Value,
+) -> kube::Result<ResourceClaim> {
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(body))
+        .await
+}
+
 /// A `status.devices` entry with a Ready condition and, like a carve, SliceReady.
 fn entry(driver: &str, pool: &str, device: &str) -> Value {
     let cond = |t: &str| {
@@ -471,10 +481,10 @@ async fn policy_alone(cluster: &Cluster) -> Result<()> {
         .await?;
     refused(
         "n0 removes another driver's entry",
-        n0.patch_status(
+        merge_status(
+            &n0,
             "on-n0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"devices": [entry(DRIVER, "n0", "d0")]}})),
+            json!({"status": {"devices": [entry(DRIVER, "n0", "d0")]}}),
         )
         .await,
         422,
@@ -484,21 +494,16 @@ async fn policy_alone(cluster: &Cluster) -> Result<()> {
     // reserving the claim for a pod.
     refused(
         "n0 deallocates its claim",
-        n0.patch_status(
-            "on-n0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"allocation": null}})),
-        )
-        .await,
+        merge_status(&n0, "on-n0", json!({"status": {"allocation": null}})).await,
         422,
         "not status.allocation",
     )?;
     refused(
         "n0 reserves its claim for a pod",
-        n0.patch_status(
+        merge_status(
+            &n0,
             "on-n0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u-1"}]}})),
+            json!({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "u-1"}]}}),
         )
         .await,
         422,
@@ -579,12 +584,7 @@ async fn policy_with_granular_authorization(cluster: &Cluster) -> Result<()> {
     // resourceclaims/binding.
     refused(
         "n0 deallocates its claim",
-        n0.patch_status(
-            "on-n0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"allocation": null}})),
-        )
-        .await,
+        merge_status(&n0, "on-n0", json!({"status": {"allocation": null}})).await,
         422,
         "requires resource=\"resourceclaims/binding\"",
     )?;
