@@ -98,6 +98,21 @@ pub fn shared_device_name(gpu_index: u32, profile: &str, start: u32) -> String {
     format!("{}-shared", device_name(gpu_index, profile, start))
 }
 
+/// Name of the shareable device of whole GPU `gpu_index` (docs/design.md §7, "Memory slices of
+/// a whole GPU"): `gpu-<index>-shared`, e.g. `gpu-3-shared`. It consumes every counter of its
+/// GPU, as the whole GPU's device does, so MIG use, whole use and shared use of one GPU exclude
+/// each other.
+pub fn shared_whole_gpu_device_name(gpu_index: u32) -> String {
+    format!("{}-shared", whole_gpu_device_name(gpu_index))
+}
+
+/// The DeviceClass of the shareable devices of whole GPUs: `gpu.shared.mig.das.com` (the shared
+/// class of the whole-GPU profile [`WHOLE_GPU_PROFILE`], so das-webhook's tenant selector, which
+/// every `*.shared.mig.das.com` class gets, covers it too).
+pub fn shared_whole_gpu_device_class() -> String {
+    shared_profile_device_class(WHOLE_GPU_PROFILE)
+}
+
 /// The DeviceClass of the shareable devices of `profile`: `<legacy name>.shared.mig.das.com`,
 /// e.g. `1g.10gb.shared.mig.das.com` (docs/design.md §3).
 pub fn shared_profile_device_class(profile: &str) -> String {
@@ -122,6 +137,22 @@ pub mod attributes {
     /// a value of its own, so that the classes that select `type == "mig"` never hand one to an
     /// exclusive claim.
     pub const TYPE_MIG_SHARED: &str = "mig-shared";
+    /// `type` of the shareable device of a whole GPU (memory slices of a GPU with MIG mode off
+    /// or without MIG, shared through MPS; docs/design.md §7, "Memory slices of a whole GPU").
+    pub const TYPE_GPU_SHARED: &str = "gpu-shared";
+    /// `memoryEnforcement` (string), on the shareable device of a whole GPU: who holds each
+    /// share to its `memory` — [`MEMORY_ENFORCEMENT_ENFORCED`] or [`MEMORY_ENFORCEMENT_MPS`]. A
+    /// claim that needs a hard limit selects
+    /// `device.attributes["mig.das.com"].memoryEnforcement == "enforced"`.
+    pub const MEMORY_ENFORCEMENT: &str = "memoryEnforcement";
+    /// The kernel holds each container to its share's memory: the GPU's memory is a cgroup v2
+    /// `dmem` region (NVIDIA driver r615+, Linux 6.14+) and DAS sets the container's hard limit
+    /// (`dmem.max`); an allocation past it fails with out-of-memory, whatever the client does.
+    pub const MEMORY_ENFORCEMENT_ENFORCED: &str = "enforced";
+    /// Only the MPS server holds each share to its memory (its pinned device memory limit): a
+    /// client of the share's MPS namespace (protocol 3) or environment (protocol 2) cannot pass
+    /// it through MPS, but the limit is the server's, not the kernel's (docs/design.md §7).
+    pub const MEMORY_ENFORCEMENT_MPS: &str = "mps";
     /// `uuid` (string): on a whole GPU, its UUID `GPU-xxxxxxxx-...` (`nvmlDeviceGetUUID`; NVIDIA's
     /// DRA driver's name for it; a MIG device carries its GPU's as [`PARENT_UUID`], and no
     /// `uuid` of its own: a placement has no MIG UUID before it is prepared).

@@ -22,6 +22,7 @@ fn valid_checkpoint() -> Vec<u8> {
     let mut cp = Checkpoint::new(BOOT);
     let device = RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind: Default::default(),
         request: "gpu".into(),
         pool: "n0".into(),

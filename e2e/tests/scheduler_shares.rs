@@ -116,6 +116,7 @@ async fn publish(c: &Client) -> Result<()> {
         shared: SharedProfiles {
             selectors: vec!["1g.10gb".into()],
             policy: SharePolicy::default(),
+            ..Default::default()
         },
     };
     let api: Api<ResourceSlice> = Api::all(c.clone());

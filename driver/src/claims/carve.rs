@@ -147,6 +147,7 @@ pub(crate) fn allocated_devices(rc: Option<&ResourceClaim>, node: &str) -> Vec<R
         .filter(|r| r.pool == node)
         .map(|r| RecordedDevice {
             time_slice: None,
+            acquired: false,
             kind: Default::default(),
             request: r.request.clone(),
             pool: r.pool.clone(),

@@ -54,6 +54,7 @@ fn names(claims: &[k8s_openapi::api::resource::v1::ResourceClaim]) -> Vec<&str> 
 fn device() -> RecordedDevice {
     RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind: Default::default(),
         request: "mig".into(),
         pool: "n0".into(),

@@ -1597,6 +1597,7 @@ fn the_invariant_checks_catch_a_gpu_held_twice() {
         let w = World::new();
         let device = || crate::claims::checkpoint::RecordedDevice {
             time_slice: None,
+            acquired: false,
             kind: crate::claims::checkpoint::DeviceKind::WholeGpu,
             request: "gpu".into(),
             pool: NODE.into(),

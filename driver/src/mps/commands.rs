@@ -54,10 +54,11 @@ pub(crate) fn v3_server_list() -> Vec<String> {
     words(&["server", "list"])
 }
 
-/// `server create` of the MIG instance's server, allowed the MIG instance alone.
-pub(crate) fn v3_server_create(mig_uuid: &str) -> Vec<String> {
+/// `server create` of the device's server (a MIG instance or a shared whole GPU, by UUID),
+/// allowed that device alone.
+pub(crate) fn v3_server_create(device_uuid: &str) -> Vec<String> {
     let mut c = words(&["server", "create", SERVER]);
-    c.push(format!("--allowed-devices={mig_uuid}"));
+    c.push(format!("--allowed-devices={device_uuid}"));
     c
 }
 
@@ -155,11 +156,11 @@ pub fn limit_commands(limits: &MpsLimits) -> Vec<String> {
     out
 }
 
-/// The environment of the daemon of MIG instance `mig_uuid`: the MIG instance alone visible, its pipe and
-/// log directories.
-pub(crate) fn daemon_env(dirs: &MpsDirs, mig_uuid: &str) -> Vec<(String, String)> {
+/// The environment of the daemon of the device of UUID `device_uuid` (a MIG instance, or a whole
+/// GPU): that device alone visible, its pipe and log directories.
+pub(crate) fn daemon_env(dirs: &MpsDirs, device_uuid: &str) -> Vec<(String, String)> {
     vec![
-        (VISIBLE_DEVICES_ENV.to_string(), mig_uuid.to_string()),
+        (VISIBLE_DEVICES_ENV.to_string(), device_uuid.to_string()),
         (PIPE_DIR_ENV.to_string(), dirs.pipe.display().to_string()),
         (LOG_DIR_ENV.to_string(), dirs.log.display().to_string()),
     ]
@@ -177,15 +178,25 @@ pub(crate) fn client_env(dirs: &MpsDirs) -> Vec<(String, String)> {
 /// the MIG instance has.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "sharing.mps.pinnedDeviceMemoryLimit is {limit_mib}Mi, more than the {instance_mib}Mi of a {profile} slice; valid: 1Mi to {instance_mib}Mi"
+    "sharing.mps.pinnedDeviceMemoryLimit is {limit_mib}Mi, more than the {instance_mib}Mi of {}; valid: 1Mi to {instance_mib}Mi",
+    served(profile)
 )]
 pub(crate) struct LimitAboveInstance {
     /// The limit asked for, in MiB.
     pub limit_mib: u64,
-    /// The MIG instance's profile.
+    /// The MIG instance's profile, or [`das_api::WHOLE_GPU_PROFILE`] for a whole GPU.
     pub profile: String,
     /// The MIG instance's memory, in MiB.
     pub instance_mib: u64,
+}
+
+/// What a limit is for, as a message names it: `a 1g.10gb slice`, `the whole GPU`.
+fn served(profile: &str) -> String {
+    if profile == das_api::WHOLE_GPU_PROFILE {
+        "the whole GPU".into()
+    } else {
+        format!("a {profile} slice")
+    }
 }
 
 /// Checks `limits` against the MIG instance they are for, whose memory is `instance_memory_mib` (the

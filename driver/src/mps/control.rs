@@ -124,7 +124,12 @@ pub(crate) async fn configure(
     }
     let servers = send_args(bin, &spec.dirs, &commands::v3_server_list()).await?;
     if !commands::listed(&servers, SERVER) {
-        send_args(bin, &spec.dirs, &commands::v3_server_create(&spec.mig_uuid)).await?;
+        send_args(
+            bin,
+            &spec.dirs,
+            &commands::v3_server_create(&spec.device_uuid),
+        )
+        .await?;
         // Before anything else is asked of it: a server that exits at once fails here with
         // what it means, not with whatever the next command answers.
         check_server(bin, spec).await?;
@@ -207,8 +212,8 @@ pub(crate) async fn check_server(bin: &ControlBinary, spec: &DaemonSpec) -> Resu
         return Ok(());
     }
     Err(MpsError(format!(
-        "the MPS server {SERVER:?} of slice {} is not running after it was created (server list: {:?}); a server whose --allowed-devices names a device its daemon does not see exits, and its clients would run without MPS and without limits{}",
-        spec.mig_uuid,
+        "the MPS server {SERVER:?} of device {} is not running after it was created (server list: {:?}); a server whose --allowed-devices names a device its daemon does not see exits, and its clients would run without MPS and without limits{}",
+        spec.device_uuid,
         servers.trim(),
         log_tail(&spec.dirs)
     )))

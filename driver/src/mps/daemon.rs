@@ -111,8 +111,9 @@ pub struct DaemonSpec {
     pub id: String,
     /// Its directories.
     pub dirs: MpsDirs,
-    /// The MIG instance's MIG UUID (its `CUDA_VISIBLE_DEVICES`).
-    pub mig_uuid: String,
+    /// The UUID of the device it serves (its `CUDA_VISIBLE_DEVICES`): a MIG instance's MIG UUID,
+    /// or a GPU's UUID for the shares of a whole GPU.
+    pub device_uuid: String,
     /// Its limits: the daemon's defaults (protocol 2), the server's (protocol 3).
     pub limits: MpsLimits,
     /// Claim and device, for logs and errors (`namespace/name (uid) device`).
@@ -200,7 +201,7 @@ pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsE
     let err = out
         .try_clone()
         .map_err(|e| MpsError(format!("open {}: {e}", out_path.display())))?;
-    let mut cmd = bin.command(&commands::daemon_env(&spec.dirs, &spec.mig_uuid));
+    let mut cmd = bin.command(&commands::daemon_env(&spec.dirs, &spec.device_uuid));
     cmd.args(commands::daemon_args(spec.protocol))
         .stdout(out)
         .stderr(err)

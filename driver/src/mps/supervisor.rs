@@ -93,20 +93,21 @@ impl MpsDaemons {
         self.ctx.binary.as_ref()
     }
 
-    /// The daemon of `device` of claim `claim_uid` serving MIG instance `mig_uuid` with `limits`.
+    /// The daemon of `device` of claim `claim_uid` serving the device of UUID `device_uuid` (a MIG
+    /// instance's MIG UUID, a shared whole GPU's UUID) with `limits`.
     pub fn spec(
         &self,
         claim: &str,
         claim_uid: &str,
         device: &str,
-        mig_uuid: &str,
+        device_uuid: &str,
         limits: &MpsLimits,
     ) -> DaemonSpec {
         let id = layout::daemon_id(claim_uid, device);
         DaemonSpec {
             dirs: MpsDirs::new(&self.state_dir, &id),
             id,
-            mig_uuid: mig_uuid.to_string(),
+            device_uuid: device_uuid.to_string(),
             limits: limits.clone(),
             owner: format!("{claim} device {device}"),
             protocol: self.settings.protocol,
@@ -156,7 +157,7 @@ impl MpsDaemons {
             return Ok(());
         }
         let proc = launch(&self.ctx, &spec, &all).await?;
-        tracing::info!(daemon = %spec.id, owner = %spec.owner, mig = %spec.mig_uuid, pipe = %spec.dirs.pipe.display(),
+        tracing::info!(daemon = %spec.id, owner = %spec.owner, device_uuid = %spec.device_uuid, pipe = %spec.dirs.pipe.display(),
             protocol = ?spec.protocol, shm_bytes = ?spec.shm.size_bytes(), "MPS control daemon started");
         self.supervise(spec, namespaces, Some(proc));
         Ok(())

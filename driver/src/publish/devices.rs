@@ -4,7 +4,10 @@
 
 use std::collections::HashMap;
 
-use das_api::{WHOLE_GPU_PROFILE, device_name, shared_device_name, whole_gpu_device_name};
+use das_api::{
+    WHOLE_GPU_PROFILE, device_name, shared_device_name, shared_whole_gpu_device_name,
+    whole_gpu_device_name,
+};
 
 use crate::gpu::GpuInfo;
 
@@ -49,7 +52,8 @@ pub struct DeviceRef {
 /// twin `gpu-0-mig-1g-10gb-6-shared` (listed whether or not its profile is shared: a claim is
 /// only ever allocated what is published), and one per GPU
 /// offered whole, `gpu-3` ([`DeviceKind::WholeGpu`], profile [`WHOLE_GPU_PROFILE`], start 0, size
-/// the model's memory slices).
+/// the model's memory slices), with its shareable twin `gpu-3-shared` (listed whether or not
+/// whole GPUs are shared, as the MIG twins are).
 pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
     let mut map = HashMap::new();
     for gpu in inventory {
@@ -79,15 +83,20 @@ pub fn device_index(inventory: &[GpuInfo]) -> HashMap<String, DeviceRef> {
             }
         }
         if gpu.offers_whole_gpu() {
-            map.insert(
-                whole_gpu_device_name(gpu.index),
-                at(
-                    DeviceKind::WholeGpu,
-                    WHOLE_GPU_PROFILE,
-                    0,
-                    gpu.model.memory_slices,
-                ),
+            let whole = at(
+                DeviceKind::WholeGpu,
+                WHOLE_GPU_PROFILE,
+                0,
+                gpu.model.memory_slices,
             );
+            map.insert(
+                shared_whole_gpu_device_name(gpu.index),
+                DeviceRef {
+                    shared: true,
+                    ..whole.clone()
+                },
+            );
+            map.insert(whole_gpu_device_name(gpu.index), whole);
         }
     }
     map

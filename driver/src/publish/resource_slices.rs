@@ -8,6 +8,9 @@
 //!   inventory only with `--whole-gpus`; docs/design.md §7, "Whole GPUs"), consuming every
 //!   counter of its GPU's counter set at its full value. Devices are built in
 //!   `resource_slices/device.rs`.
+//! - Shareable twins (`…-shared`, docs/design.md §7, "Shared slices" and "Memory slices of a whole
+//!   GPU") of the placements of the profiles `--shared-profiles` lists and, where it lists `gpu`,
+//!   of every whole-GPU device, after every exclusive device.
 //! - One counter set per GPU, `gpu-<index>-counter-set`: `memory` (bytes), `multiprocessors`, the
 //!   engine counters, and `memory-slice-<n>` = 1 per memory slice. Overlapping placements consume
 //!   the same memory-slice counter, which stops the allocator from picking both. A GPU without
@@ -36,7 +39,7 @@ use das_api::DRIVER_NAME;
 
 use crate::gpu::GpuInfo;
 use crate::publish::placement::{GpuView, Listed, publish_order, with_whole_gpus};
-pub use device::{SharePolicy, shared_device};
+pub use device::{SharePolicy, shared_device, shared_whole_gpu_device};
 use device::{counter_set, device, whole_gpu_device};
 pub use dra_plugin::resourceslice::ServerVersion;
 pub use shares::{SharedProfiles, shares_supported};
@@ -215,7 +218,8 @@ impl From<ResourceSliceLayout> for SliceOptions {
 /// `options.layout`: the MIG placements of every GPU that offers MIG ([`GpuInfo::offers_mig`])
 /// and the whole-GPU device of every GPU offered whole ([`GpuInfo::offers_whole_gpu`]), each GPU
 /// with its counter set, then the shareable device of every placement of a profile
-/// `options.shared` lists, in the same order (so shares fill the slice the policy prefers first).
+/// `options.shared` lists and, where it lists `gpu`, of every GPU offered whole, in the same
+/// order (so shares fill the slice the policy prefers first).
 pub fn desired_resource_slices(
     node_name: &str,
     gpus: &[GpuInfo],
@@ -262,7 +266,13 @@ pub fn desired_resource_slices(
             }
             Listed::WholeGpu { gpu_index } => {
                 if let Some(pos) = position(gpu_index) {
-                    devices.push((pos, whole_gpu_device(offered[pos])));
+                    let g = offered[pos];
+                    devices.push((pos, whole_gpu_device(g)));
+                    if options.shared.whole_gpus() {
+                        let enforced = options.shared.memory_enforced.contains(&g.uuid);
+                        let d = shared_whole_gpu_device(g, options.shared.policy, enforced);
+                        shared.push((pos, d));
+                    }
                 }
             }
         }

@@ -22,6 +22,7 @@ fn shared_slices(node: &str) -> Vec<ResourceSlice> {
         shared: SharedProfiles {
             selectors: vec!["1g.10gb".into()],
             policy: SharePolicy::default(),
+            ..Default::default()
         },
     };
     desired_resource_slices(node, &inv, options)

@@ -183,7 +183,9 @@ pub(crate) struct Args {
     /// `gpu-<i>-mig-<profile>-<start>-shared`, which several claims share through MPS
     /// (docs/design.md §7, "Shared slices"; DeviceClasses `<profile>.shared.mig.das.com`):
     /// comma-separated profile names (`1g.10gb`) or compute sizes (`1g`: every profile of one
-    /// compute slice). Empty (the default): nothing is shared. Published only to Kubernetes
+    /// compute slice); `gpu` also shares every GPU served whole by memory (`gpu-<i>-shared`,
+    /// DeviceClass `gpu.shared.mig.das.com`; docs/design.md §7, "Memory slices of a whole
+    /// GPU"). Empty (the default): nothing is shared. Published only to Kubernetes
     /// 1.36.2 or newer, and only where MPS is available (see --mps-control-binary).
     #[arg(long, env = "DAS_SHARED_PROFILES", default_value = "", value_parser = parse_shared_profiles)]
     pub(crate) shared_profiles: Selectors,
@@ -234,9 +236,10 @@ fn parse_shared_profiles(list: &str) -> Result<Selectors, String> {
         let valid = s
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
-        if !valid || !s.as_bytes()[0].is_ascii_digit() || !s.contains('g') {
+        let whole = s == das_api::WHOLE_GPU_PROFILE;
+        if !whole && (!valid || !s.as_bytes()[0].is_ascii_digit() || !s.contains('g')) {
             return Err(format!(
-                "{s:?} is not a profile: valid are profile names such as 1g.10gb or 1g.10gb+me, or compute sizes such as 1g (every profile of one compute slice)"
+                "{s:?} is not a profile: valid are profile names such as 1g.10gb or 1g.10gb+me, compute sizes such as 1g (every profile of one compute slice), or gpu (memory slices of every GPU served whole)"
             ));
         }
         if !out.iter().any(|o| o == s) {
@@ -261,6 +264,7 @@ pub(crate) fn shared_profiles(args: &Args) -> SharedProfiles {
     SharedProfiles {
         selectors: args.shared_profiles.0.clone(),
         policy: share_policy(args),
+        ..Default::default()
     }
 }
 

@@ -15,6 +15,7 @@ fn now() -> Time {
 fn device(name: &str) -> RecordedDevice {
     RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind: Default::default(),
         request: "gpu".into(),
         pool: NODE.into(),

@@ -1,6 +1,6 @@
-//! The checkpoint document (version 10; see [`super`] for the JSON): the record types, the
+//! The checkpoint document (version 11; see [`super`] for the JSON): the record types, the
 //! checksum, encoding in the oldest version that holds the content ([`Checkpoint::format_version`],
-//! so a rolled-back binary still reads it) and decoding with the upgrades of versions 1 to 9, and
+//! so a rolled-back binary still reads it) and decoding with the upgrades of versions 1 to 10, and
 //! the in-memory changes the request path makes. Pure: the file is [`super::store`]'s.
 
 use std::collections::BTreeMap;
@@ -16,9 +16,9 @@ mod kind;
 pub(super) mod v1;
 
 /// The newest version of the document this module writes and reads. It also reads versions 1
-/// to 9, and writes each checkpoint in the oldest version that can hold its content
+/// to 10, and writes each checkpoint in the oldest version that can hold its content
 /// ([`Checkpoint::format_version`]; see [`super`]).
-pub const CHECKPOINT_VERSION: u64 = 10;
+pub const CHECKPOINT_VERSION: u64 = 11;
 /// The oldest version [`Checkpoint::format_version`] gives: version 1 had another shape and is
 /// only read.
 pub(crate) const OLDEST_WRITTEN: u64 = 2;
@@ -112,6 +112,17 @@ pub struct RecordedDevice {
     /// Absent for a device without one, which so serializes as in version 9.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slice: Option<das_api::device_config::TimeSliceInterval>,
+    /// Whether its share of a whole GPU was acquired (docs/design.md §7, "Memory slices of a
+    /// whole GPU"; version 11): set under the GPU's lock in the change of the records that
+    /// decides it, so that of two first shares of different namespaces the second sees the first
+    /// as a holder of the GPU (a share of a MIG instance says the same by its recorded
+    /// instance). Absent (false) for every other device, which so serializes as in version 10.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub acquired: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// One claim's share of a shareable device, as the scheduler allocated it (KEP-5075 consumable
@@ -329,7 +340,9 @@ impl Checkpoint {
     pub(crate) fn format_version(&self) -> u64 {
         let records = || self.claims.values();
         let devices = || records().flat_map(|r| &r.devices);
-        if devices().any(|d| d.time_slice.is_some()) {
+        if devices().any(|d| d.share.is_some() && d.is_whole_gpu()) {
+            11
+        } else if devices().any(|d| d.time_slice.is_some()) {
             10
         } else if records().any(|r| r.state == PrepareState::Repairing || r.handed_to_kubelet) {
             9

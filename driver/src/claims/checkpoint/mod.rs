@@ -70,6 +70,11 @@
 //! and its MPS control daemon (one per MIG instance, keyed by GPU UUID and device) live while any of
 //! them does. The records are the reference count, so it survives restarts.
 //!
+//! A whole GPU's device (`"kind": "gpu"`) with `share` (version 11) is a share of a whole GPU
+//! (docs/design.md §7, "Memory slices of a whole GPU"): no instance, the GPU's MPS control
+//! daemon lives while a record holds a share, and `acquired: true` marks the shares that hold
+//! the GPU (set under its lock), as a recorded instance marks a MIG share's.
+//!
 //! State `Carved` (version 8; carve before bind, issue 34): the plugin created the claim's
 //! instances when the scheduler allocated them, before the pod was bound, and set the claim's
 //! `mig.das.com/SliceReady` condition; the kubelet has not prepared the claim yet. Its

@@ -17,6 +17,7 @@ const BOOT: &str = "3f1b2c4d-1111-2222-3333-444455556666";
 fn device(request: &str, start: u32) -> RecordedDevice {
     RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind: DeviceKind::Mig,
         request: request.to_string(),
         pool: "node-a".into(),
@@ -209,6 +210,7 @@ fn unknown_version_is_moved_aside() {
 fn whole_gpu(request: &str) -> RecordedDevice {
     RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind: DeviceKind::WholeGpu,
         request: request.to_string(),
         pool: "node-a".into(),

@@ -14,6 +14,7 @@ const UID: &str = "0a1b2c3d-0000-4000-8000-000000000001";
 fn device(name: &str, kind: DeviceKind) -> RecordedDevice {
     RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind,
         request: "gpu".into(),
         pool: "node-a".into(),

@@ -17,10 +17,11 @@ use das_api::claim_status::DeviceStatusData;
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 
 use crate::claims::PrepareError;
-use crate::claims::cdi::{PreparedInstance, SpecDevice};
+use crate::claims::cdi::{PreparedGpu, PreparedInstance, SpecDevice};
 use crate::claims::checkpoint::{Checkpoint, CheckpointStore, InstanceId, RecordedDevice, Share};
+use crate::claims::error::WholeGpuRefusal;
 use crate::claims::handler::ClaimRef;
-use crate::gpu::{BackendError, GpuCalls, GpuModel, MigInstance, MigSwitch};
+use crate::gpu::{BackendError, GpuCalls, GpuInfo, GpuModel, MigInstance, MigSwitch};
 use crate::metrics::Metrics;
 use crate::publish::desired::HealthFacts;
 use crate::publish::devices::DeviceRef;
@@ -41,6 +42,10 @@ pub(crate) enum KindId {
     /// A share of a shareable MIG instance: the first share creates the MIG instance, later ones join it,
     /// the last one's release destroys it (docs/design.md §7, "Shared slices").
     SharedSlice,
+    /// A share of a whole GPU (MIG mode off): several claims hold the GPU, each with its memory
+    /// and compute share served by the GPU's MPS daemon; nothing is created (docs/design.md §7,
+    /// "Memory slices of a whole GPU").
+    SharedWholeGpu,
 }
 
 /// A device of a claim's allocation, resolved against what this node publishes.
@@ -86,6 +91,9 @@ pub(crate) struct NodeDevices {
     pub(crate) devices: HashMap<String, DeviceRef>,
     /// The model of each GPU that offers MIG, by index (for the free-placement gauge).
     pub(crate) models: BTreeMap<u32, Arc<GpuModel>>,
+    /// The memory of each GPU offered whole, by index, in MiB (what its whole-GPU device
+    /// publishes: the bound of an MPS limit on it).
+    pub(crate) whole_gpu_memory_mib: BTreeMap<u32, u64>,
     /// The `shares` capacity of every shareable device this node publishes.
     pub(crate) shares_per_slice: u64,
     /// Whether claims of different namespaces may share a MIG instance (docs/design.md §7, "Shares
@@ -127,6 +135,7 @@ pub fn record(p: &Planned) -> RecordedDevice {
         mps: p.mps.clone(),
         share: p.share.clone(),
         time_slice: p.time_slice,
+        acquired: false,
     }
 }
 
@@ -231,6 +240,93 @@ pub(crate) fn instance_edits(s: &MigInstance, at: CdiPlace<'_>) -> PreparedInsta
         request: at.request.to_string(),
         index: at.index,
     }
+}
+
+/// The CDI part of the GPU `d` holds whole (a whole GPU, or a share of one): its device node
+/// `/dev/nvidia<minor>` and its UUID.
+pub(crate) fn gpu_edits(d: &RecordedDevice, h: &Holding, at: CdiPlace<'_>, dev: &mut SpecDevice) {
+    if let Holding::WholeGpu { minor } = h {
+        dev.gpus.push(PreparedGpu {
+            gpu_uuid: d.gpu_uuid.clone(),
+            minor: *minor,
+            request: at.request.to_string(),
+            index: at.index,
+        });
+    }
+}
+
+/// The `status.devices` data of a device holding GPU `d` whole (a whole GPU, or a share of
+/// one; reason `GpuPrepared`, profile `gpu`, every memory slice, no instance) and its `Ready`
+/// condition's message, which begins with `what` (`whole GPU`, `share of whole GPU`).
+pub(crate) fn gpu_status(
+    d: &RecordedDevice,
+    ready_time: Option<String>,
+    what: &str,
+) -> (DeviceStatusData, String) {
+    let size = i32::try_from(d.placement_size).unwrap_or(i32::MAX);
+    let data = DeviceStatusData::whole_gpu(&d.gpu_uuid, size, ready_time);
+    (data, format!("{what} {} ({})", d.gpu_index, d.gpu_uuid))
+}
+
+/// Checks the devices `whole` that hold a GPU whole (a whole GPU, or a share of one) against
+/// the backend's inventory, read now (one read for all of them), before anything is recorded
+/// (docs/design.md §7, "Whole GPUs"): each GPU answers, has the UUID it was published with, and
+/// MIG mode off or one DAS may switch off, as the request path says since start-up (the switch
+/// itself comes later, under the GPU's lock).
+///
+/// # Errors
+/// [`PrepareError::WholeGpuUnavailable`] for the first that cannot be prepared.
+pub(crate) async fn whole_gpus_against_inventory(
+    whole: &[&Planned],
+    cx: &Precheck<'_>,
+) -> Result<(), PrepareError> {
+    let Some(first) = whole.first() else {
+        return Ok(());
+    };
+    let gpu = first.at.gpu_index;
+    let mut inventory = cx.gpus.call(gpu, |b| b.inventory()).await.map_err(|e| {
+        PrepareError::WholeGpuUnavailable {
+            device: first.device.clone(),
+            reason: WholeGpuRefusal::InventoryUnreadable(e).to_string(),
+        }
+    })?;
+    // Whether a GPU may be switched is the request path's to say since start-up.
+    for g in &mut inventory {
+        g.mig_switch = (cx.switch_of)(g.index);
+    }
+    for p in whole {
+        if let Some(reason) = whole_gpu_unavailable(p, &inventory) {
+            return Err(PrepareError::WholeGpuUnavailable {
+                device: p.device.clone(),
+                reason,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Why the GPU `p` holds whole cannot be prepared, given the GPUs as the backend lists them now
+/// (a [`WholeGpuRefusal`]'s text); `None` when it can (the GPU answers, has the UUID it was
+/// published with, and MIG mode off or [`MigSwitch::Allowed`]).
+pub(crate) fn whole_gpu_unavailable(p: &Planned, inventory: &[GpuInfo]) -> Option<String> {
+    let (index, uuid) = (p.at.gpu_index, p.at.gpu_uuid.clone());
+    let refusal = match inventory.iter().find(|g| g.index == index) {
+        None => WholeGpuRefusal::NotInInventory { index, uuid },
+        Some(gpu) if gpu.uuid != uuid => WholeGpuRefusal::UuidChanged {
+            index,
+            now: gpu.uuid.clone(),
+            published: uuid,
+        },
+        Some(gpu) => match (gpu.mig_enabled, &gpu.mig_switch) {
+            (true, MigSwitch::Refused(why)) => WholeGpuRefusal::MigModeOn {
+                index,
+                uuid,
+                why: why.clone(),
+            },
+            _ => return None,
+        },
+    };
+    Some(refusal.to_string())
 }
 
 /// Whether `path` is a MIG capability node (`/dev/nvidia-caps/nvidia-cap<N>`): a GI's or CI's,
@@ -436,6 +532,21 @@ pub trait Kind: Send + Sync + 'static {
     /// instance is then matched by identity, destroyed by its release and counted as claimed.
     fn creates_instance(&self) -> bool;
 
+    /// Whether its claims' containers may share it through MPS (docs/design.md §7, "MPS on a
+    /// slice"): a MIG instance (one daemon per instance), or a shared whole GPU (one daemon per
+    /// GPU); an exclusive whole GPU is refused.
+    fn serves_mps(&self) -> bool {
+        self.creates_instance()
+    }
+
+    /// The UUID recorded device `d`'s MPS daemon is pinned to (its `CUDA_VISIBLE_DEVICES`, and
+    /// protocol 3's `--allowed-devices`), once there is one: its MIG instance's MIG UUID, or
+    /// for a shared whole GPU the GPU's UUID. `None` before its instance exists, or for a kind
+    /// MPS does not serve.
+    fn mps_uuid<'a>(&self, d: &'a RecordedDevice) -> Option<&'a str> {
+        d.mig_uuid().filter(|u| self.serves_mps() && !u.is_empty())
+    }
+
     /// Checks a claim's planned devices of this kind (`planned`, never empty) before anything is
     /// recorded for it, and before it waits for the holders of its placements: what fails
     /// here fails at once.
@@ -495,6 +606,7 @@ pub(crate) type RecordFacts = Box<dyn Fn(&Checkpoint, &mut HealthFacts) -> bool 
 /// the base kind. The registration lines.
 const STANDARD: &[&dyn Kind] = &[
     &shared_slice::SharedSliceKind,
+    &shared_slice::SharedWholeGpuKind,
     &whole_gpu::WholeGpuKind,
     &mig_instance::MigInstanceKind,
 ];

@@ -10,7 +10,7 @@ use crate::gpu::{GpuInfo, MigSwitch};
 use crate::publish::devices::device_index;
 
 /// An A100 with MIG mode on and an H100 DAS may switch: every MIG placement, its shareable
-/// twin, and a whole GPU.
+/// twin, and a whole GPU with its shareable twin.
 fn published() -> std::collections::HashMap<String, DeviceRef> {
     let switchable = GpuInfo {
         mig_enabled: false,
@@ -57,29 +57,66 @@ fn every_published_device_has_one_kind_and_its_record_the_same() {
     }
     assert_eq!(
         seen.keys().copied().collect::<Vec<_>>(),
-        [KindId::MigInstance, KindId::WholeGpu, KindId::SharedSlice],
+        [
+            KindId::MigInstance,
+            KindId::WholeGpu,
+            KindId::SharedSlice,
+            KindId::SharedWholeGpu
+        ],
         "{seen:?}"
     );
     assert_eq!(seen[&KindId::WholeGpu], 1);
+    assert_eq!(seen[&KindId::SharedWholeGpu], 1);
     assert_eq!(seen[&KindId::MigInstance], seen[&KindId::SharedSlice]);
 }
 
 #[test]
-fn only_a_whole_gpu_makes_no_instance_needs_mig_off_and_is_never_carved() {
+fn only_whole_gpus_make_no_instance_need_mig_off_and_are_never_carved() {
     let kinds = Kinds::standard();
     for (name, at) in published() {
         let k = kinds.of(&at);
-        let whole = k.id() == KindId::WholeGpu;
-        assert_eq!(k.creates_instance(), !whole, "{name}");
-        assert_eq!(k.gpu_mode() == GpuMode::MigOff, whole, "{name}");
-        assert_eq!(k.carved_before_bind(), !whole, "{name}");
+        let exclusive_gpu = k.id() == KindId::WholeGpu;
+        let gpu = exclusive_gpu || k.id() == KindId::SharedWholeGpu;
+        assert_eq!(k.creates_instance(), !gpu, "{name}");
+        assert_eq!(k.gpu_mode() == GpuMode::MigOff, gpu, "{name}");
+        assert_eq!(k.carved_before_bind(), !gpu, "{name}");
+        assert_eq!(k.shared_by_claims(), at.shared, "{name}");
+        // Every kind but the exclusive whole GPU is served with MPS.
+        assert_eq!(k.serves_mps(), !exclusive_gpu, "{name}");
+        // A whole GPU's node is its own; a shared GPU's node is every share's.
+        assert_eq!(k.own_node("/dev/nvidia0"), exclusive_gpu, "{name}");
         assert_eq!(
-            k.shared_by_claims(),
-            k.id() == KindId::SharedSlice,
+            k.own_node("/dev/nvidia-caps/nvidia-cap12"),
+            !gpu || exclusive_gpu,
             "{name}"
         );
-        assert_eq!(k.own_node("/dev/nvidia0"), whole, "{name}");
-        assert!(k.own_node("/dev/nvidia-caps/nvidia-cap12"), "{name}");
+    }
+}
+
+/// The MPS daemon of a MIG device is pinned to its MIG instance once it exists; a share of a
+/// whole GPU's to the GPU from the start; an exclusive whole GPU has none.
+#[test]
+fn an_mps_daemon_is_pinned_to_the_instance_or_the_shared_gpu() {
+    let kinds = Kinds::standard();
+    for (name, at) in published() {
+        let mut d = record(&planned(&name, &at));
+        let k = kinds.of_record(&d);
+        let expected = match k.id() {
+            KindId::SharedWholeGpu => Some(at.gpu_uuid.as_str()),
+            _ => None,
+        };
+        assert_eq!(k.mps_uuid(&d), expected, "{name}: before any instance");
+        d.instance = Some(InstanceId {
+            gi_id: 1,
+            ci_id: 0,
+            mig_uuid: "MIG-1".into(),
+        });
+        let expected = match k.id() {
+            KindId::WholeGpu => None,
+            KindId::SharedWholeGpu => Some(at.gpu_uuid.as_str()),
+            _ => Some("MIG-1"),
+        };
+        assert_eq!(k.mps_uuid(&d), expected, "{name}: with an instance");
     }
 }
 

@@ -316,6 +316,7 @@ mod tests {
     fn whole(w: &World) -> RecordedDevice {
         RecordedDevice {
             time_slice: None,
+            acquired: false,
             kind: DeviceKind::WholeGpu,
             request: "gpu".into(),
             pool: NODE.into(),

@@ -199,6 +199,12 @@ impl Preparer {
                     .filter(|g| g.offers_mig())
                     .map(|g| (g.index, g.model.clone()))
                     .collect(),
+                whole_gpu_memory_mib: config
+                    .inventory
+                    .iter()
+                    .filter(|g| g.offers_whole_gpu())
+                    .map(|g| (g.index, g.whole_gpu_memory_bytes() >> 20))
+                    .collect(),
                 shares_per_slice: u64::from(config.share_policy.shares.max(1)),
                 shares_across_namespaces: config.share_policy.across_namespaces,
             },

@@ -23,6 +23,7 @@ fn slices() -> Vec<DesiredResourceSlice> {
         shared: SharedProfiles {
             selectors: vec!["1g".into()],
             policy: SharePolicy::default(),
+            ..Default::default()
         },
     };
     desired_resource_slices("node-a", &[mig, whole], options).unwrap()

@@ -30,9 +30,16 @@ fn a_gpu_with_mig_off_is_one_whole_gpu_device() {
             shared: false,
         }
     );
+    assert_eq!(
+        map["gpu-1-shared"],
+        DeviceRef {
+            shared: true,
+            ..map["gpu-1"].clone()
+        }
+    );
     assert!(
         map.keys()
-            .all(|n| n == "gpu-1" || n.starts_with("gpu-0-mig-"))
+            .all(|n| n == "gpu-1" || n == "gpu-1-shared" || n.starts_with("gpu-0-mig-"))
     );
     let a30_placements: usize = inv[0]
         .model
@@ -40,8 +47,8 @@ fn a_gpu_with_mig_off_is_one_whole_gpu_device() {
         .iter()
         .map(|p| p.placement_starts.len())
         .sum();
-    // Every placement twice: exclusive and shareable.
-    assert_eq!(map.len(), 2 * a30_placements + 1);
+    // Every placement and the whole GPU twice: exclusive and shareable.
+    assert_eq!(map.len(), 2 * a30_placements + 2);
     let r = &map["gpu-0-mig-1g-6gb-3"];
     assert_eq!(
         (r.kind, r.profile.as_str(), r.start, r.size, r.shared),
@@ -83,8 +90,12 @@ fn the_index_names_exactly_the_published_devices() {
     let all = crate::publish::resource_slices::SliceOptions {
         layout: ResourceSliceLayout::SeparateCounterSlices,
         shared: crate::publish::resource_slices::SharedProfiles {
-            selectors: (1..=8).map(|g| format!("{g}g")).collect(),
+            selectors: (1..=8)
+                .map(|g| format!("{g}g"))
+                .chain(["gpu".to_string()])
+                .collect(),
             policy: Default::default(),
+            ..Default::default()
         },
     };
     let published: BTreeSet<String> = desired_resource_slices("n", &inv, all)
@@ -96,4 +107,5 @@ fn the_index_names_exactly_the_published_devices() {
     let indexed: BTreeSet<String> = index.into_keys().collect();
     assert_eq!(published, indexed);
     assert!(indexed.contains("gpu-0") && indexed.contains("gpu-2"));
+    assert!(indexed.contains("gpu-0-shared") && indexed.contains("gpu-2-shared"));
 }

@@ -9,6 +9,9 @@
 //!   `gpu-<index>-mig-<profile>-<start>-shared`, type `mig-shared`, `allowMultipleAllocations`,
 //!   capacities `memory` and `shares` with request policies, the same counters as the exclusive
 //!   device of that placement;
+//! - the shareable device of a whole GPU ([`shared_whole_gpu_device`]; docs/design.md §7, "Memory
+//!   slices of a whole GPU"): `gpu-<index>-shared`, type `gpu-shared`, `allowMultipleAllocations`,
+//!   capacities `memory` (the GPU's) and `shares`, the whole GPU's counters;
 //! - the GPU's counter set ([`counter_set`]), the same whatever the GPU's MIG mode; a GPU without
 //!   MIG has `memory` (its NVML total) and the one `memory-slice-0`.
 
@@ -22,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use das_api::{
     attributes as attr, capacities as cap, counters, device_name, shared_device_name,
-    whole_gpu_device_name,
+    shared_whole_gpu_device_name, whole_gpu_device_name,
 };
 
 use super::{MAX_ATTRIBUTE_STRING, bytes_quantity, count_quantity, semver};
@@ -116,11 +119,54 @@ impl Default for SharePolicy {
 pub fn shared_device(g: &GpuInfo, p: &GiProfile, start: u32, policy: SharePolicy) -> Device {
     let mut attributes = attributes(g, Some((p, start)));
     attributes.insert(attr::TYPE.to_string(), string(attr::TYPE_MIG_SHARED));
-    let memory = p.resources().memory_bytes();
+    Device {
+        name: shared_device_name(g.index, &p.name, start),
+        attributes: Some(attributes),
+        capacity: Some(share_capacity(p.resources().memory_bytes(), policy)),
+        allow_multiple_allocations: Some(true),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counters::counter_set_name(g.index),
+            counters: consumption(&g.model, p, start),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The shareable device of whole GPU `g` (memory slices of a whole GPU, docs/design.md §7):
+/// the whole GPU's attributes but `type: gpu-shared` and `memoryEnforcement` (`enforced` when
+/// the kernel holds each share to its memory, else `mps`), `allowMultipleAllocations`, the two
+/// capacities a share consumes as [`shared_device`] cuts them from the GPU's memory (the
+/// whole-GPU device's `memory`), and every counter of the GPU, so that MIG use and whole use
+/// of the GPU exclude it and the scheduler charges them once for all its shares (KEP-5075).
+pub fn shared_whole_gpu_device(g: &GpuInfo, policy: SharePolicy, enforced: bool) -> Device {
+    let mut attributes = attributes(g, None);
+    attributes.insert(attr::TYPE.to_string(), string(attr::TYPE_GPU_SHARED));
+    let level = if enforced {
+        attr::MEMORY_ENFORCEMENT_ENFORCED
+    } else {
+        attr::MEMORY_ENFORCEMENT_MPS
+    };
+    attributes.insert(attr::MEMORY_ENFORCEMENT.to_string(), string(level));
+    Device {
+        name: shared_whole_gpu_device_name(g.index),
+        attributes: Some(attributes),
+        capacity: Some(share_capacity(g.whole_gpu_memory_bytes(), policy)),
+        allow_multiple_allocations: Some(true),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: counters::counter_set_name(g.index),
+            counters: counter_set(g).counters,
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The `shares` and `memory` capacities of a shareable device of `memory` bytes, with their
+/// request policies ([`shared_device`]).
+fn share_capacity(memory: u64, policy: SharePolicy) -> BTreeMap<String, DeviceCapacity> {
     let step = policy.memory_step_bytes.max(1);
     let shares = u64::from(policy.shares.max(1));
     let equal = (memory / shares / step * step).max(step);
-    let capacity = BTreeMap::from([
+    BTreeMap::from([
         (
             cap::SHARES.to_string(),
             ranged(
@@ -139,18 +185,7 @@ pub fn shared_device(g: &GpuInfo, p: &GiProfile, start: u32, policy: SharePolicy
                 bytes_quantity(step),
             ),
         ),
-    ]);
-    Device {
-        name: shared_device_name(g.index, &p.name, start),
-        attributes: Some(attributes),
-        capacity: Some(capacity),
-        allow_multiple_allocations: Some(true),
-        consumes_counters: Some(vec![DeviceCounterConsumption {
-            counter_set: counters::counter_set_name(g.index),
-            counters: consumption(&g.model, p, start),
-        }]),
-        ..Default::default()
-    }
+    ])
 }
 
 /// A consumable capacity of `value`: requests default to `default`, and may ask for `min` and

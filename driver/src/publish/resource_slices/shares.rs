@@ -1,6 +1,8 @@
 //! Which profiles get shareable devices and which Kubernetes servers may be given them (pure;
 //! docs/design.md §7, "Shared slices").
 
+use std::collections::BTreeSet;
+
 use dra_plugin::resourceslice::ServerVersion;
 
 use super::SharePolicy;
@@ -14,6 +16,11 @@ pub struct SharedProfiles {
     pub selectors: Vec<String>,
     /// Shares and memory step of every shareable device.
     pub policy: SharePolicy,
+    /// The UUIDs of the GPUs whose memory shares the kernel enforces (a cgroup v2 `dmem`
+    /// region and a driver that sets its limits; docs/design.md §7, "Memory slices of a whole
+    /// GPU"): their shareable whole-GPU device says `memoryEnforcement: enforced`, every other
+    /// says `mps`.
+    pub memory_enforced: BTreeSet<String>,
 }
 
 impl SharedProfiles {
@@ -23,6 +30,14 @@ impl SharedProfiles {
         self.selectors
             .iter()
             .any(|s| *s == profile.name || *s == size)
+    }
+
+    /// Whether whole GPUs get shareable devices (memory slices of a whole GPU): the selector
+    /// [`das_api::WHOLE_GPU_PROFILE`] (`gpu`) is listed.
+    pub fn whole_gpus(&self) -> bool {
+        self.selectors
+            .iter()
+            .any(|s| s == das_api::WHOLE_GPU_PROFILE)
     }
 }
 

@@ -94,6 +94,7 @@ fn the_pipe_directory_is_read_only_unless_the_escape_hatch_says_rw() {
 fn only_the_devices_recorded_with_mps_get_the_mounts() {
     let device = |name: &str, mps: bool| RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind: Default::default(),
         request: "r".into(),
         pool: "n0".into(),

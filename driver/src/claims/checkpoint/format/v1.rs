@@ -87,6 +87,7 @@ impl Document {
                     .into_iter()
                     .map(|d| RecordedDevice {
                         time_slice: None,
+                        acquired: false,
                         // The first release knew exclusive MIG devices only.
                         kind: DeviceKind::Mig,
                         mps: None,

@@ -239,10 +239,31 @@ fn contents() -> Vec<(&'static str, Checkpoint, u64)> {
         placement_start: 0,
         placement_size: 8,
         time_slice: Some(das_api::device_config::TimeSliceInterval::Short),
+        acquired: false,
         ..device("sliced", 0)
     };
     sliced.set_completed("uid-8", "ns", "c8", vec![whole], BTreeMap::new());
     out.push(("a time-sliced whole GPU", sliced, 10));
+    // A share of a whole GPU, held (version 11).
+    let mut whole_share = cp.clone();
+    let held = RecordedDevice {
+        kind: DeviceKind::WholeGpu,
+        device: "gpu-2-shared".into(),
+        gpu_index: 2,
+        profile: "gpu".into(),
+        placement_start: 0,
+        placement_size: 8,
+        share: Some(Share {
+            id: "share-9".into(),
+            shares: 1,
+            of: 4,
+            memory_bytes: 4 << 30,
+        }),
+        acquired: true,
+        ..device("whole-share", 0)
+    };
+    whole_share.set_completed("uid-9", "ns", "c9", vec![held], BTreeMap::new());
+    out.push(("a share of a whole GPU", whole_share, 11));
     out
 }
 

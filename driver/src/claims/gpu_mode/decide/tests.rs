@@ -85,6 +85,7 @@ fn mig_mode_goes_off_only_when_no_instance_is_left() {
 fn holders_are_the_other_claims_with_a_device_of_the_other_kind_on_the_gpu() {
     let device = |gpu: u32, kind: DeviceKind| RecordedDevice {
         time_slice: None,
+        acquired: false,
         kind,
         request: "r".into(),
         pool: "node".into(),

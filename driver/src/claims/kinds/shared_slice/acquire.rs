@@ -1,5 +1,6 @@
 //! A share's prepare under its GPU's lock (docs/design.md §7, "Shared slices"): it creates the
-//! MIG instance, or joins the one other shares hold, decided from the records ([`plan::on_share`]).
+//! MIG instance, or joins the one other shares hold; a share of a whole GPU holds the GPU; each
+//! decided from the records ([`plan::on_share`]).
 
 use super::plan::{self, OnShare};
 use crate::claims::checkpoint::{Checkpoint, InstanceId, RecordedDevice};
@@ -35,6 +36,11 @@ pub(super) async fn create_or_join(
     match on {
         OnShare::Create => tx.create_instance(p).await,
         OnShare::Refuse(e) => Err(e.into()),
+        OnShare::JoinGpu => Err(PrepareError::Internal(format!(
+            "{}: a share of a MIG instance met a share of a whole GPU of the same name",
+            p.device
+        ))
+        .into()),
         OnShare::Join(id) => {
             let joined = join_instance(tx, p, id).await;
             if joined.is_err() {
@@ -69,6 +75,32 @@ async fn join_instance(
     live.into_iter()
         .find(|s| is_instance(&held, s) && !s.mig_uuid.is_empty())
         .ok_or_else(|| fail(ShareRefusal::Gone))
+}
+
+/// Share `p` (its claim's `i`th device) of a whole GPU on GPU `tx.gpu`, whose lock the caller
+/// holds: held, unless the GPU's shares serve another namespace or another config, or are being
+/// released. A share that holds it is marked acquired in the same change of the checkpoint that
+/// decides it, so the next share's decision (and a release's) sees it as a holder.
+///
+/// # Errors
+/// [`PrepareError::Share`]: the share cannot hold the GPU; nothing was marked.
+pub(super) fn hold_gpu(i: usize, p: &Planned, tx: &GpuTxn<'_>) -> Result<(), PrepareError> {
+    let uid = tx.claim.uid.as_str();
+    let only = tx.node.share_scope(&tx.claim.namespace);
+    let (on, _) = tx.checkpoint.change(|cp| {
+        let on = plan::on_share(cp, uid, only, p);
+        if !matches!(on, OnShare::Refuse(_)) {
+            if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
+                d.acquired = true;
+            }
+        }
+        on
+    });
+    tracing::debug!(decision = ?on, "a share of a whole GPU");
+    match on {
+        OnShare::Refuse(e) => Err(e),
+        OnShare::Create | OnShare::Join(_) | OnShare::JoinGpu => Ok(()),
+    }
 }
 
 /// Sets (or clears) the instance of claim `uid`'s `i`th recorded device.

@@ -1,3 +1,7 @@
+//! Shares of a shareable device: of a MIG instance ([`SharedSliceKind`]) or of a whole GPU
+//! ([`SharedWholeGpuKind`], in [`whole`]), which share the reference count of the records, the
+//! tenancy rule and MPS.
+//!
 //! A share of a shareable MIG instance (docs/design.md §7, "Shared slices"): the device
 //! `gpu-<i>-mig-<profile>-<start>-shared`, allocated to several claims, each with a share
 //! (`shareID`, consumed `shares` and `memory`). The first share's prepare creates the MIG instance,
@@ -21,6 +25,9 @@ use das_api::claim_status::DeviceStatusData;
 mod acquire;
 pub(crate) mod plan;
 mod tenants;
+mod whole;
+
+pub(crate) use whole::SharedWholeGpuKind;
 
 /// The shared slice kind.
 pub(crate) struct SharedSliceKind;
@@ -36,7 +43,7 @@ impl Kind for SharedSliceKind {
     }
 
     fn recorded(&self, d: &RecordedDevice) -> bool {
-        d.share.is_some()
+        d.share.is_some() && d.kind == DeviceKind::Mig
     }
 
     /// With its share ([`plan::share_of`]), of the `shares` this node publishes.

@@ -80,7 +80,11 @@ pub(crate) fn check_mps(planned: &[Planned]) -> Result<(), PrepareError> {
             reason: ShareRefusal::NotMps {
                 request: p.request.clone(),
                 shared_class: das_api::shared_profile_device_class(&p.at.profile),
-                exclusive_class: das_api::profile_device_class(&p.at.profile),
+                exclusive_class: if p.at.profile == das_api::WHOLE_GPU_PROFILE {
+                    das_api::DEVICE_CLASS_WHOLE_GPU.to_string()
+                } else {
+                    das_api::profile_device_class(&p.at.profile)
+                },
             },
         }),
         None => Ok(()),
@@ -92,15 +96,15 @@ fn is_share_of(d: &RecordedDevice, gpu_uuid: &str, device: &str) -> bool {
     d.share.is_some() && d.gpu_uuid == gpu_uuid && d.device == device
 }
 
-/// The other claims' records that hold a share of `p`'s device with its instance, with that
-/// share: (claim UID, record, device).
+/// The other claims' records that hold a share of `p`'s device with its instance (a share of a
+/// whole GPU: marked acquired), with that share: (claim UID, record, device).
 fn instance_holders<'a>(
     cp: &'a Checkpoint,
     uid: &str,
     gpu_uuid: &str,
     device: &str,
 ) -> impl Iterator<Item = (&'a String, &'a ClaimRecord, &'a RecordedDevice)> {
-    share_holders(cp, uid, gpu_uuid, device).filter(|(_, _, d)| d.instance.is_some())
+    share_holders(cp, uid, gpu_uuid, device).filter(|(_, _, d)| d.instance.is_some() || d.acquired)
 }
 
 /// The other claims' records that hold a share of `device` of GPU `gpu_uuid`, whatever their
@@ -197,13 +201,15 @@ pub fn share_namespaces(cp: &Checkpoint) -> BTreeMap<String, String> {
 }
 
 /// What a prepare does for a planned share, decided under its GPU's lock (where instances are
-/// recorded, so the records say which instance exists).
+/// recorded, and shares of whole GPUs marked acquired, so the records say who holds what).
 #[derive(Debug, Clone)]
 pub(crate) enum OnShare {
     /// No other share holds the MIG instance: create it.
     Create,
     /// Join the MIG instance other shares hold (same config): record its instance.
     Join(InstanceId),
+    /// Join the whole GPU other shares hold (same config): mark the share acquired.
+    JoinGpu,
     /// Neither: the MIG instance serves another namespace, its config differs, or its only holders
     /// are being released (the kubelet retries the prepare once they are gone).
     Refuse(PrepareError),
@@ -247,6 +253,7 @@ pub(crate) fn on_share(cp: &Checkpoint, uid: &str, only: Option<&str>, p: &Plann
     }
     match &d.instance {
         Some(i) => OnShare::Join(i.clone()),
+        None if d.acquired => OnShare::JoinGpu,
         None => OnShare::Create,
     }
 }

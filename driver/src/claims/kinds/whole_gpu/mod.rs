@@ -3,20 +3,20 @@
 //! CDI device gives the GPU's device node `/dev/nvidia<minor>` and its UUID, and its placement
 //! is every memory slice of its GPU, so it overlaps every MIG instance of that GPU. Before anything is
 //! recorded its GPU must answer with the UUID it was published with and MIG mode off, or one
-//! DAS may switch off ([`check`], [`plan`]).
+//! DAS may switch off ([`crate::claims::kinds::whole_gpus_against_inventory`]).
 
 use crate::claims::PrepareError;
-use crate::claims::cdi::{PreparedGpu, SpecDevice};
+use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::RecordedDevice;
 use crate::claims::error::WholeGpuRefusal;
 use crate::claims::kinds::{
-    CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned, Precheck,
+    CdiPlace, Failed, GpuMode, GpuTxn, Holding, Kind, KindId, Planned, Precheck, gpu_edits,
+    gpu_status, whole_gpus_against_inventory,
 };
 use crate::gpu::MigInstance;
 use crate::publish::devices::{DeviceKind, DeviceRef};
 use das_api::claim_status::DeviceStatusData;
 
-mod check;
 pub(crate) mod plan;
 
 #[cfg(test)]
@@ -32,11 +32,11 @@ impl Kind for WholeGpuKind {
     }
 
     fn serves(&self, at: &DeviceRef) -> bool {
-        at.kind == DeviceKind::WholeGpu
+        at.kind == DeviceKind::WholeGpu && !at.shared
     }
 
     fn recorded(&self, d: &RecordedDevice) -> bool {
-        d.kind == DeviceKind::WholeGpu
+        d.kind == DeviceKind::WholeGpu && d.share.is_none()
     }
 
     /// A device named like a whole GPU (`gpu-<index>`) this node does not publish.
@@ -54,7 +54,7 @@ impl Kind for WholeGpuKind {
     /// Its GPU against the backend's inventory, read now: the GPU answers, has the UUID it was
     /// published with, and MIG mode off or switchable.
     async fn precheck(&self, planned: &[&Planned], cx: &Precheck<'_>) -> Result<(), PrepareError> {
-        check::against_inventory(planned, cx).await
+        whole_gpus_against_inventory(planned, cx).await
     }
 
     fn creates_instance(&self) -> bool {
@@ -80,14 +80,7 @@ impl Kind for WholeGpuKind {
     }
 
     fn cdi_edits(&self, d: &RecordedDevice, h: &Holding, at: CdiPlace<'_>, dev: &mut SpecDevice) {
-        if let Holding::WholeGpu { minor } = h {
-            dev.gpus.push(PreparedGpu {
-                gpu_uuid: d.gpu_uuid.clone(),
-                minor: *minor,
-                request: at.request.to_string(),
-                index: at.index,
-            });
-        }
+        gpu_edits(d, h, at, dev);
     }
 
     /// Its GPU's device node: the GPU is its alone.
@@ -97,9 +90,7 @@ impl Kind for WholeGpuKind {
 
     /// Reason `GpuPrepared`, profile `gpu`, every memory slice of its GPU, no instance.
     fn status(&self, d: &RecordedDevice, ready_time: Option<String>) -> (DeviceStatusData, String) {
-        let size = i32::try_from(d.placement_size).unwrap_or(i32::MAX);
-        let data = DeviceStatusData::whole_gpu(&d.gpu_uuid, size, ready_time);
-        (data, format!("whole GPU {} ({})", d.gpu_index, d.gpu_uuid))
+        gpu_status(d, ready_time, "whole GPU")
     }
 
     /// A whole GPU is never carved: it is published without binding conditions.

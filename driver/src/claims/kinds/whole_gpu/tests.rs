@@ -8,9 +8,10 @@ use das_api::DRIVER_NAME;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
-use super::plan::{is_whole_gpu_name, whole_gpu_unavailable};
+use super::plan::is_whole_gpu_name;
 use crate::claims::checkpoint::{Checkpoint, RecordedDevice};
 use crate::claims::handler::ClaimRef;
+use crate::claims::kinds::whole_gpu_unavailable;
 use crate::claims::plan::{DeviceKind, record, resolve_allocation, same_devices};
 use crate::claims::testing::planned_on;
 use crate::gpu::GpuInfo;

@@ -18,23 +18,22 @@ use crate::mps::commands::{namespace_limits, namespace_name};
 use crate::mps::{DaemonSpec, Namespace, layout};
 
 impl MpsLayer {
-    /// The daemon of `d` of `claim`, if `d` is an MPS device whose instance exists. A shared
-    /// MIG instance's daemon is the MIG instance's, not one share's: the same spec whichever share asks.
+    /// The daemon of `d` of `claim`, if `d` is an MPS device whose instance exists (a share of a
+    /// whole GPU: always). A shared device's daemon is the device's, not one share's: the same
+    /// spec whichever share asks.
     fn spec(&self, claim: &ClaimRef, d: &RecordedDevice) -> Option<DaemonSpec> {
         let limits = d.mps.as_ref()?;
-        let mig_uuid = d.mig_uuid().filter(|u| !u.is_empty())?;
-        let label = if Kinds::standard().of_record(d).shared_by_claims() {
-            format!("shared slice on GPU {}", d.gpu_uuid)
+        let kind = Kinds::standard().of_record(d);
+        let uuid = kind.mps_uuid(d)?;
+        let label = if kind.shared_by_claims() {
+            format!("shares of {} on GPU {}", d.device, d.gpu_uuid)
         } else {
             claim.to_string()
         };
-        Some(self.daemons.spec(
-            &label,
-            daemon_owner(&claim.uid, d),
-            &d.device,
-            mig_uuid,
-            limits,
-        ))
+        Some(
+            self.daemons
+                .spec(&label, daemon_owner(&claim.uid, d), &d.device, uuid, limits),
+        )
     }
 
     /// The MPS namespace of `d` of claim `claim_uid` (protocol 3): named after the claim and

@@ -18,6 +18,7 @@ use crate::claims::layers::Layer;
 use crate::claims::{ClaimLocks, PrepareError};
 use crate::mps::MpsDaemons;
 use crate::mps::supervisor::NO_BINARY;
+use crate::publish::devices::DeviceKind;
 
 pub(crate) mod cdi;
 mod daemons;
@@ -57,6 +58,9 @@ impl Layer for MpsLayer {
     fn check(&self, planned: &[Planned], node: &NodeDevices) -> Result<(), PrepareError> {
         // The claim's own mistake first: it is one whatever the node.
         plan::check_limits(planned, |p| {
+            if p.at.kind == DeviceKind::WholeGpu {
+                return node.whole_gpu_memory_mib.get(&p.at.gpu_index).copied();
+            }
             let model = node.models.get(&p.at.gpu_index)?;
             model.profile(&p.at.profile).map(|(_, g)| g.memory_mib)
         })?;
@@ -105,8 +109,8 @@ impl Layer for MpsLayer {
 
 /// Whose daemon serves `d` of claim `claim_uid` (the key of its ID and directories): whose
 /// instance it is, as its kind says ([`crate::claims::kinds::Kind::owner`]): the claim's, or for
-/// a share of a shared slice the MIG instance's, named by its GPU's UUID (the device name gives the
-/// placement).
+/// a share the shared MIG instance's or whole GPU's, named by its GPU's UUID (the device name
+/// gives the placement).
 fn daemon_owner<'a>(claim_uid: &'a str, d: &'a RecordedDevice) -> &'a str {
     Kinds::standard().of_record(d).owner(claim_uid, d)
 }

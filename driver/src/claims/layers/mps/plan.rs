@@ -16,11 +16,12 @@ use crate::mps::{MpsLimits, commands};
 /// config names is exclusive).
 ///
 /// # Errors
-/// [`PrepareError::InvalidConfig`]: MPS on a device of a kind that makes no MIG instance, a
-/// whole GPU (DAS serves MPS on MIG instances only: the daemon is given the MIG instance's MIG UUID, a
-/// whole GPU's MPS would also need its compute mode set, and a MIG instance gives the same sharing
-/// with hardware isolation around it), or more than one MPS device in the claim (a container
-/// has one `CUDA_MPS_PIPE_DIRECTORY`, so it could reach one daemon only).
+/// [`PrepareError::InvalidConfig`]: MPS on a device of a kind MPS does not serve
+/// ([`crate::claims::kinds::Kind::serves_mps`]): an exclusive whole GPU (a GPU is shared through
+/// MPS as the shareable device `gpu-<i>-shared`, whose shares the GPU's one daemon holds to
+/// their memory; one claim's MPS on a GPU it holds alone would only mislead), or more than one
+/// MPS device in the claim (a container has one `CUDA_MPS_PIPE_DIRECTORY`, so it could reach
+/// one daemon only).
 pub(crate) fn with_mps(
     mut planned: Vec<Planned>,
     configs: &BTreeMap<String, MigDeviceConfig>,
@@ -31,7 +32,7 @@ pub(crate) fn with_mps(
         let Some(mps) = configs.get(&p.request).and_then(MigDeviceConfig::mps) else {
             continue;
         };
-        if !kinds.of(&p.at).creates_instance() {
+        if !kinds.of(&p.at).serves_mps() {
             return Err(invalid(
                 MpsConfigRefusal::WholeGpu {
                     request: p.request.clone(),
@@ -55,8 +56,8 @@ pub(crate) fn with_mps(
     Ok(planned)
 }
 
-/// Checks each MPS device's limits against its MIG instance, whose memory `memory_mib` gives (the
-/// profile's; `None` when the model does not list the profile: nothing to check).
+/// Checks each MPS device's limits against what it serves, whose memory `memory_mib` gives (a MIG
+/// instance's profile's, a whole GPU's; `None` when unknown: nothing to check).
 ///
 /// # Errors
 /// [`PrepareError::InvalidConfig`]: a pinned memory limit above the MIG instance's memory.

@@ -14,6 +14,7 @@ fn specs(gpus: &[GpuInfo], selectors: &[&str]) -> Vec<ResourceSliceSpec> {
         shared: SharedProfiles {
             selectors: selectors.iter().map(|s| s.to_string()).collect(),
             policy: SharePolicy::default(),
+            ..Default::default()
         },
     };
     desired_resource_slices("n0", gpus, options)

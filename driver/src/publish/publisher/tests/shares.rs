@@ -12,6 +12,7 @@ fn desired_shared(shared: bool) -> Vec<ResourceSliceSpec> {
         shared: SharedProfiles {
             selectors: if shared { vec!["1g".into()] } else { vec![] },
             policy: SharePolicy::default(),
+            ..Default::default()
         },
     };
     desired_resource_slices("n0", &[gpu], options)

@@ -79,6 +79,7 @@ fn shared(selectors: &[&str]) -> SliceOptions {
         shared: SharedProfiles {
             selectors: selectors.iter().map(|s| s.to_string()).collect(),
             policy: SharePolicy::default(),
+            ..Default::default()
         },
     }
 }
@@ -141,6 +142,7 @@ fn server_versions_come_from_git_version_and_decide_what_is_shared() {
     let listed = SharedProfiles {
         selectors: vec!["1g".into()],
         policy: SharePolicy::default(),
+        ..Default::default()
     };
     let (o, why) = SliceOptions::for_server(v(1, 37, 0), listed.clone());
     assert_eq!((o.shared, why), (listed.clone(), None));
@@ -153,4 +155,46 @@ fn server_versions_come_from_git_version_and_decide_what_is_shared() {
         (o.layout, why),
         (ResourceSliceLayout::CountersWithDevices, None)
     );
+}
+
+/// With `gpu` among the shared profiles, every GPU served whole also gets its shareable device:
+/// the whole GPU's attributes with `type: gpu-shared` and who enforces a share's memory, the
+/// GPU's memory cut into shares, and every counter of the GPU, as the whole GPU consumes them.
+#[test]
+fn a_shared_whole_gpu_is_the_gpu_with_consumable_shares_and_memory() {
+    let l4 = gpu(0, "L4");
+    let h100 = GpuInfo {
+        mig_enabled: false,
+        ..gpu(1, "H100-80GB")
+    };
+    let mut options = shared(&["gpu"]);
+    options.shared.memory_enforced = [l4.uuid.clone()].into();
+    let slices = desired_resource_slices("n", &[l4.clone(), h100.clone()], options).unwrap();
+    for (g, level) in [(&l4, "enforced"), (&h100, "mps")] {
+        let whole = find(&slices, &format!("gpu-{}", g.index));
+        let d = find(&slices, &format!("gpu-{}-shared", g.index));
+        assert_eq!(d.allow_multiple_allocations, Some(true));
+        let attrs = d.attributes.as_ref().unwrap();
+        assert_eq!(attrs["type"].string.as_deref(), Some("gpu-shared"));
+        assert_eq!(attrs["memoryEnforcement"].string.as_deref(), Some(level));
+        assert_eq!(attrs["uuid"].string.as_deref(), Some(g.uuid.as_str()));
+        // The whole GPU's memory, cut like a shared slice's: a quarter by default, 256Mi steps.
+        let memory = &whole.capacity.as_ref().unwrap()["memory"].value.0;
+        let (value, default, min, step) = policy_of(d, "memory");
+        assert_eq!(
+            (value, min.as_str(), step.as_str()),
+            (memory.as_str(), "256Mi", "256Mi")
+        );
+        let quarter = (g.whole_gpu_memory_bytes() / 4) >> 20;
+        assert_eq!(default, format!("{}Mi", quarter / 256 * 256), "{}", g.index);
+        assert_eq!(
+            policy_of(d, "shares"),
+            ("4", "1".into(), "1".into(), "1".into())
+        );
+        // Every counter of its GPU: MIG use, whole use and shares of one GPU exclude each other.
+        assert_eq!(consumed(d), consumed(whole));
+    }
+    // Not listed: no shareable whole GPU.
+    let none = desired_resource_slices("n", &[l4], shared(&["1g"])).unwrap();
+    assert!(all_devices(&none).iter().all(|d| d.name != "gpu-0-shared"));
 }

@@ -496,3 +496,118 @@ fn each_shared_device_shows_the_namespace_of_its_shares() {
     }
     assert!(share_namespaces(&cp).is_empty());
 }
+
+/// Share `id` of the whole GPU 0 (`gpu-0-shared`).
+fn planned_gpu_share(id: &str, mps: Option<MpsLimits>) -> Planned {
+    let p = planned(id, mps);
+    Planned {
+        device: das_api::shared_whole_gpu_device_name(0),
+        at: DeviceRef {
+            kind: DeviceKind::WholeGpu,
+            profile: das_api::WHOLE_GPU_PROFILE.into(),
+            start: 0,
+            size: 1,
+            ..p.at.clone()
+        },
+        ..p
+    }
+}
+
+/// A checkpoint where claim `uid` of namespace `ns` holds whole-GPU share `p` in `state`,
+/// marked acquired or not.
+fn hold_gpu_in(
+    cp: &mut Checkpoint,
+    ns: &str,
+    uid: &str,
+    p: &Planned,
+    state: PrepareState,
+    acquired: bool,
+) {
+    hold_in(cp, ns, uid, p, state, None);
+    if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(0)) {
+        d.acquired = acquired;
+    }
+}
+
+/// Shares of a whole GPU create no instance: the `acquired` mark, set under the GPU's lock, is
+/// what makes a share a holder. Two first shares of different namespaces, both recorded before
+/// either took the lock: the first to decide holds the GPU, the second is refused; without the
+/// mark both would hold it.
+#[test]
+fn of_two_namespaces_sharing_a_whole_gpu_the_first_to_acquire_keeps_it() {
+    let mut cp = Checkpoint::new("boot");
+    let (a, b) = (
+        planned_gpu_share("a", limits(50)),
+        planned_gpu_share("b", limits(50)),
+    );
+    hold_gpu_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &a,
+        PrepareState::PrepareStarted,
+        false,
+    );
+    hold_gpu_in(
+        &mut cp,
+        "team-b",
+        "B",
+        &b,
+        PrepareState::PrepareStarted,
+        false,
+    );
+    // The other's record alone does not hold the GPU: whoever decides first may hold it.
+    assert!(matches!(
+        on_share(&cp, "A", Some("team-a"), &a),
+        OnShare::Create
+    ));
+    hold_gpu_in(
+        &mut cp,
+        "team-a",
+        "A",
+        &a,
+        PrepareState::PrepareStarted,
+        true,
+    );
+    match on_share(&cp, "B", Some("team-b"), &b) {
+        OnShare::Refuse(e) => assert!(e.to_string().contains("team-a"), "{e}"),
+        other => panic!("the second namespace is refused, not {other:?}"),
+    }
+    // A share of the same namespace joins the GPU; one leaving keeps it for the other.
+    let c = planned_gpu_share("c", limits(50));
+    assert!(matches!(
+        on_share(&cp, "C", Some("team-a"), &c),
+        OnShare::JoinGpu
+    ));
+    hold_gpu_in(
+        &mut cp,
+        "team-a",
+        "C",
+        &c,
+        PrepareState::PrepareCompleted,
+        true,
+    );
+    assert!(kept_by_other_shares(&cp, "A", &record(&a)));
+    // Once the holders leave, nothing keeps the GPU's daemon.
+    hold_gpu_in(&mut cp, "team-a", "C", &c, PrepareState::Releasing, true);
+    assert!(!kept_by_other_shares(&cp, "A", &record(&a)));
+    // A share with another config may not join the GPU's daemon.
+    let d = planned_gpu_share("d", limits(20));
+    assert!(matches!(
+        on_share(&cp, "D", Some("team-a"), &d),
+        OnShare::Refuse(_)
+    ));
+}
+
+/// A share of a whole GPU that is not served with MPS is refused with the classes to use: the
+/// shared one, or the whole GPU's for a claim that wants the GPU alone.
+#[test]
+fn a_whole_gpu_share_without_mps_names_the_whole_gpu_class() {
+    let e = check_mps(&[planned_gpu_share("a", None)]).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("gpu.shared.mig.das.com") && text.contains(das_api::DEVICE_CLASS_WHOLE_GPU),
+        "{text}"
+    );
+    assert!(!text.contains("gpu.mig.das.com"), "{text}");
+}
