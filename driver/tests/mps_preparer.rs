@@ -37,6 +37,8 @@ mod shares;
 mod tenants;
 #[path = "mps_preparer/v3.rs"]
 mod v3;
+#[path = "mps_preparer/whole_gpu_shares.rs"]
+mod whole_gpu_shares;
 
 const NODE: &str = "n0";
 const DEVICE: &str = "gpu-0-mig-1g-10gb-6";
@@ -172,8 +174,15 @@ struct Node {
 
 impl Node {
     fn new() -> Self {
+        Self::with_gpus("H100-80GB:1")
+    }
+
+    /// A node with the emulated GPUs of `spec`, those with MIG mode off served whole.
+    fn with_gpus(spec: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let inner = EmulatedBackend::open("H100-80GB:1", NODE, &dir.path().join("emu")).unwrap();
+        let inner = EmulatedBackend::open(spec, NODE, &dir.path().join("emu"))
+            .unwrap()
+            .with_whole_gpus(true);
         let gpus = Arc::new(InUseWhileServed {
             inner,
             state_dir: dir.path().to_path_buf(),
