@@ -189,3 +189,39 @@ fn bad_sharing_values_are_rejected_with_what_is_valid() {
     let e = chart::render_yaml(&minimal).unwrap_err().to_string();
     assert!(e.contains("names no profile"), "{e}");
 }
+
+/// `gpu` among the shared profiles (docs/design.md §7, "Memory slices of a whole GPU"): the
+/// plugin publishes the shareable devices of its whole GPUs, and the chart renders the class
+/// `gpu.shared.mig.das.com` selecting them with the MPS strategy; claims of that class get the
+/// tenant selector like every shared class. Without whole GPUs it is refused with why.
+#[test]
+fn gpu_among_the_shared_profiles_renders_the_shared_whole_gpu_class() {
+    let opts = RenderOptions::default()
+        .set("sharing.profiles={gpu,1g.10gb}")
+        .set("wholeGpus.enabled=true");
+    chart::lint(&opts).unwrap_or_else(|e| panic!("helm lint: {e:#}"));
+    let r = Rendered::new(&opts).unwrap();
+    let plugin = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
+    assert_eq!(
+        env_of(plugin, "DAS_SHARED_PROFILES").as_deref(),
+        Some("gpu,1g.10gb")
+    );
+    let name = das_api::shared_whole_gpu_device_class();
+    assert_eq!(name, "gpu.shared.mig.das.com");
+    let class = r.get("DeviceClass", &name).unwrap();
+    assert_eq!(
+        class["spec"]["selectors"][0]["cel"]["expression"],
+        "device.driver == 'mig.das.com' && device.attributes['mig.das.com'].type == 'gpu-shared'"
+    );
+    let decoded = device_config::decode(&class["spec"]["config"][0]["opaque"]["parameters"])
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(decoded.sharing.unwrap().strategy, SharingStrategy::Mps);
+    // Two shared classes: the whole GPUs' and 1g.10gb's; the webhook sends their claims.
+    assert_eq!(shared_classes(&r).len(), 2);
+    assert!(shared_claims_hook(&r).is_some());
+
+    let e = chart::render_yaml(&RenderOptions::default().set("sharing.profiles={gpu}"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("needs wholeGpus.enabled"), "{e}");
+}
