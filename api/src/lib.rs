@@ -140,6 +140,12 @@ pub mod attributes {
     /// `type` of the shareable device of a whole GPU (memory slices of a GPU with MIG mode off
     /// or without MIG, shared through MPS; docs/design.md §7, "Memory slices of a whole GPU").
     pub const TYPE_GPU_SHARED: &str = "gpu-shared";
+
+    /// Whether `type` value `t` is a shareable device's ([`TYPE_MIG_SHARED`],
+    /// [`TYPE_GPU_SHARED`]).
+    pub fn is_shared_type(t: &str) -> bool {
+        t == TYPE_MIG_SHARED || t == TYPE_GPU_SHARED
+    }
     /// `memoryEnforcement` (string), on the shareable device of a whole GPU: who holds each
     /// share to its `memory` — [`MEMORY_ENFORCEMENT_ENFORCED`] or [`MEMORY_ENFORCEMENT_MPS`]. A
     /// claim that needs a hard limit selects

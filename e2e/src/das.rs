@@ -163,7 +163,12 @@ pub async fn apply_device_classes(client: &Client, profiles: &[&str]) -> Result<
 /// `sharing.profiles` listing `profiles` (docs/design.md §7, "Shared slices").
 pub async fn apply_shared_device_classes(client: &Client, profiles: &[&str]) -> Result<()> {
     let set = format!("sharing.profiles={{{}}}", profiles.join(","));
-    let rendered = chart::render_with(&[&set])?;
+    // Memory slices of whole GPUs (`gpu`) come with whole GPUs only.
+    let rendered = if profiles.contains(&das_api::WHOLE_GPU_PROFILE) {
+        chart::render_with(&[&set, "wholeGpus.enabled=true"])?
+    } else {
+        chart::render_with(&[&set])?
+    };
     let api: Api<DeviceClass> = Api::all(client.clone());
     let pp = PatchParams::apply("das-e2e").force();
     for name in profiles

@@ -68,7 +68,8 @@ pub fn desired_slices(base: &[ResourceSliceSpec], facts: &HealthFacts) -> Vec<Re
     specs
 }
 
-/// Sets the `shareNamespace` attribute of every shareable device (`type: mig-shared`) in
+/// Sets the `shareNamespace` attribute of every shareable device (`type: mig-shared` or
+/// `gpu-shared`) in
 /// `specs` to its value in `namespaces` (by device name), and removes it from those not there;
 /// other devices are left alone. Returns how many devices carry it.
 pub(crate) fn set_share_namespaces(
@@ -79,7 +80,7 @@ pub(crate) fn set_share_namespaces(
     for device in specs
         .iter_mut()
         .flat_map(|s| s.devices.iter_mut().flatten())
-        .filter(|d| type_of(d) == Some(attr::TYPE_MIG_SHARED))
+        .filter(|d| type_of(d).is_some_and(attr::is_shared_type))
     {
         let attributes = device.attributes.get_or_insert_with(BTreeMap::new);
         match namespaces.get(&device.name) {

@@ -6,7 +6,7 @@
 //!
 //! - Node events in DAS's words ([`super::notices`]), reported as `das-kubelet-plugin`;
 //! - the gauge `das_kubelet_plugin_apiserver_feature_gate_off{gate}` ([`Metrics`]);
-//! - DAS's shareable devices: `allowMultipleAllocations`, or attribute `type: mig-shared`
+//! - DAS's shareable devices: `allowMultipleAllocations`, or attribute `type: mig-shared`/`gpu-shared`
 //!   ([`shareable`]), left out while the API server drops consumable capacity;
 //! - [`Publisher::run_with_facts`]: the plugin's loop, publishing the inventory's slices with
 //!   the health monitor's facts ([`desired_slices`]).
@@ -180,7 +180,7 @@ fn pool(node: String, node_uid: Option<String>) -> Pool {
 }
 
 /// Whether `d` is one of DAS's shareable devices (docs/design.md §7, "Shared slices"):
-/// `allowMultipleAllocations: true`, or attribute `type: mig-shared` (which a device keeps even
+/// `allowMultipleAllocations: true`, or attribute `type: mig-shared` or `gpu-shared` (which a device keeps even
 /// where the flag was lost).
 pub(crate) fn shareable(d: &Device) -> bool {
     rs::allows_multiple_allocations(d)
@@ -188,7 +188,7 @@ pub(crate) fn shareable(d: &Device) -> bool {
             .as_ref()
             .and_then(|a| a.get(attr::TYPE))
             .and_then(|t| t.string.as_deref())
-            == Some(attr::TYPE_MIG_SHARED)
+            .is_some_and(attr::is_shared_type)
 }
 
 impl GateGauge for Metrics {

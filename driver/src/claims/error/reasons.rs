@@ -215,9 +215,10 @@ pub enum ShareRefusal {
 /// [`super::PrepareError::InvalidConfig`]; docs/design.md §7, "MPS on a slice").
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MpsConfigRefusal {
-    /// MPS asked for on a whole GPU.
+    /// MPS asked for on a whole GPU held alone.
     #[error(
-        "request {request:?}: device {device} is a whole GPU, and DAS serves MPS on MIG slices only; ask for a slice (DeviceClass {} or a profile's class) or use sharing.strategy Exclusive",
+        "request {request:?}: device {device} is a whole GPU held alone, and DAS serves MPS on MIG slices and on shares of a GPU; to share the GPU by memory ask for DeviceClass {}, for a slice DeviceClass {} or a profile's class; or use sharing.strategy Exclusive or TimeSlicing",
+        das_api::shared_whole_gpu_device_class(),
         das_api::DEVICE_CLASS_ALL
     )]
     WholeGpu {

@@ -63,7 +63,7 @@ fn mps_on_a_whole_gpu_or_on_two_devices_of_a_claim_is_refused_with_what_to_do() 
     assert_eq!(e.metric_label(), "invalid_config");
     assert!(
         e.to_string()
-            .contains("device gpu-1 is a whole GPU, and DAS serves MPS on MIG slices only"),
+            .contains("device gpu-1 is a whole GPU held alone, and DAS serves MPS on MIG slices and on shares of a GPU; to share the GPU by memory ask for DeviceClass gpu.shared.mig.das.com"),
         "{e}"
     );
     let two = vec![
