@@ -141,6 +141,12 @@ pub mod attributes {
     /// or without MIG, shared through MPS; docs/design.md §7, "Memory slices of a whole GPU").
     pub const TYPE_GPU_SHARED: &str = "gpu-shared";
 
+    /// Whether `type` value `t` is a device of a whole GPU ([`TYPE_GPU`], or its shareable twin
+    /// [`TYPE_GPU_SHARED`]): it carries the GPU's `uuid`, no profile or placement.
+    pub fn is_whole_gpu_type(t: &str) -> bool {
+        t == TYPE_GPU || t == TYPE_GPU_SHARED
+    }
+
     /// Whether `type` value `t` is a shareable device's ([`TYPE_MIG_SHARED`],
     /// [`TYPE_GPU_SHARED`]).
     pub fn is_shared_type(t: &str) -> bool {

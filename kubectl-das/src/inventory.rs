@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use das_api::allocation::AllocationShare;
-use das_api::attributes::TYPE_GPU;
+use das_api::attributes::is_whole_gpu_type;
 use das_api::claim_status::{DeviceStatusData, our_result_status, our_results};
 use das_api::{DRIVER_NAME, WHOLE_GPU_PROFILE};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -270,8 +270,8 @@ pub fn quantity(q: &str) -> Result<i128> {
         .with_context(|| format!("quantity {q:?} out of range"))
 }
 
-/// A device of ours with the attributes DAS publishes on every MIG device, or a whole GPU
-/// (`type: gpu`, profile [`WHOLE_GPU_PROFILE`], placement `0..` the memory slices it consumes
+/// A device of ours with the attributes DAS publishes on every MIG device, or a whole GPU or a
+/// share of one (`type: gpu` or `gpu-shared`, profile [`WHOLE_GPU_PROFILE`], placement `0..` the memory slices it consumes
 /// until [`cover_whole_gpus`]); `None` for a device without them (a future device type the
 /// picture does not know).
 fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevice>> {
@@ -280,7 +280,7 @@ fn published_device(pool: &str, d: DeviceFields) -> Result<Option<PublishedDevic
     };
     let int = |a: &Option<AttributeValue>| a.as_ref().and_then(|v| v.int).map(|v| v as u32);
     let string = |a: Option<AttributeValue>| a.and_then(|v| v.string);
-    let whole = string(attrs.type_).as_deref() == Some(TYPE_GPU);
+    let whole = string(attrs.type_).is_some_and(|t| is_whole_gpu_type(&t));
     let placement = if whole {
         let memory_slices = d
             .consumes_counters

@@ -181,7 +181,7 @@ pub fn is_memory_slice(name: &str) -> bool {
 /// Facts from a device's attributes, taints and the number of `memory-slice-<n>` counters it
 /// consumes (`memory_slices`): of a MIG device the attributes `profile`, `parentUUID`,
 /// `placementStart` and `placementSize` (short or qualified names, docs/design.md §3); of a
-/// whole GPU (`type: gpu`) the attribute `uuid` and `memory_slices` as its placement `{0, N}`;
+/// whole GPU or a share of one (`type: gpu` or `gpu-shared`) the attribute `uuid` and `memory_slices` as its placement `{0, N}`;
 /// and the DAS health taints. `None` if an attribute is missing, or a whole GPU consumes no
 /// memory slice (an API server without `DRAPartitionableDevices` drops the counters; the
 /// plugin's status data then says where it is). Everything the mirror reads of a published
@@ -192,7 +192,7 @@ pub fn facts_of(
     memory_slices: u32,
 ) -> Option<DeviceFacts> {
     let attrs = attrs?;
-    if string_attribute(attrs, attr::TYPE).as_deref() == Some(attr::TYPE_GPU) {
+    if string_attribute(attrs, attr::TYPE).is_some_and(|t| attr::is_whole_gpu_type(&t)) {
         return Some(DeviceFacts {
             profile: WHOLE_GPU_PROFILE.to_string(),
             gpu_uuid: string_attribute(attrs, attr::UUID)?,

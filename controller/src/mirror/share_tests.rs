@@ -148,3 +148,43 @@ fn an_exclusive_slice_has_no_share() {
     let m = desired_allocation_claims(&c, &[pod("s1")], &index(), NOW);
     assert_eq!(m.claims[0].spec.share, None);
 }
+
+/// A share of a whole GPU (`gpu-1-shared`, `type: gpu-shared`, docs/design.md §7, "Memory
+/// slices of a whole GPU") is mirrored as the whole GPU it shares: profile `gpu`, the GPU's
+/// UUID and every memory slice, with the claim's share.
+#[test]
+fn a_share_of_a_whole_gpu_is_mirrored_as_its_gpu_with_its_share() {
+    let slice: ResourceSlice = serde_json::from_value(json!({
+        "metadata": {"name": "n0-slice"},
+        "spec": {"driver": DRIVER_NAME, "nodeName": "n0",
+            "pool": {"name": "n0", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "gpu-1-shared", "allowMultipleAllocations": true, "attributes": {
+                "type": {"string": "gpu-shared"}, "uuid": {"string": "GPU-b"},
+                "gpuIndex": {"int": 1}, "memoryEnforcement": {"string": "mps"}},
+                "capacity": {"shares": {"value": "4"}, "memory": {"value": "22Gi"}},
+                "consumesCounters": [{"counterSet": "gpu-1-counter-set", "counters": {
+                    "memory": {"value": "22Gi"}, "memory-slice-0": {"value": "1"}}}]}]}
+    }))
+    .unwrap();
+    let index = DeviceIndex::from_slices([&slice]);
+    let mut c = share_claim("m1", "share-m1", "1", false);
+    let results = c
+        .status
+        .as_mut()
+        .and_then(|s| s.allocation.as_mut())
+        .and_then(|a| a.devices.as_mut())
+        .and_then(|d| d.results.as_mut())
+        .unwrap();
+    results[0].device = "gpu-1-shared".into();
+    let m = desired_allocation_claims(&c, &[pod("m1")], &index, NOW);
+    assert!(m.unmirrored.is_empty(), "{:?}", m.unmirrored);
+    let [a] = m.claims.as_slice() else {
+        panic!("one AllocationClaim: {:?}", m.claims)
+    };
+    assert_eq!(a.spec.profile, das_api::WHOLE_GPU_PROFILE);
+    assert_eq!(a.spec.gpu_uuid, "GPU-b");
+    assert_eq!(a.spec.mig_placement, MigPlacement { start: 0, size: 1 });
+    assert_eq!(a.spec.device, "gpu-1-shared");
+    let share = serde_json::to_value(&a.spec).unwrap();
+    assert!(share.to_string().contains("share-m1"), "{share}");
+}

@@ -215,3 +215,52 @@ fn free_counts_charge_a_shared_slice_once() {
     }
     assert_eq!(free_of(&free_profiles(&two), "n0", "7g.80gb").count, 0);
 }
+
+/// An L4 served whole and shared by memory (`--whole-gpus --shared-profiles gpu`): two claims
+/// holding shares of `gpu-0-shared` are one cell with both shares in its legend, and `free`
+/// counts the GPU neither whole nor as a free shared device.
+#[test]
+fn shares_of_a_whole_gpu_are_its_one_cell_with_every_share_in_its_legend() {
+    let inv = das_driver::gpu::emulated::emulated_inventory("L4:1", "n0").unwrap();
+    let options = SliceOptions {
+        layout: ResourceSliceLayout::SeparateCounterSlices,
+        shared: SharedProfiles {
+            selectors: vec![das_api::WHOLE_GPU_PROFILE.into()],
+            ..Default::default()
+        },
+    };
+    let all: Vec<ResourceSlice> = desired_resource_slices("n0", &inv, options)
+        .unwrap()
+        .into_iter()
+        .map(|s| s.slice)
+        .collect();
+    let published = Inventory::new(&all, &[]).unwrap();
+    let d = published
+        .device("n0", "gpu-0-shared")
+        .expect("the shared L4 is drawn");
+    assert_eq!((d.profile.as_str(), d.start, d.size), ("gpu", 0, 1));
+    assert_eq!(d.shares, Some(4));
+    let mut claims = [
+        share("default", "m1", "p1", "gpu-0-shared", 1),
+        share("default", "m2", "p2", "gpu-0-shared", 1),
+    ];
+    for c in &mut claims {
+        for d in c.status.as_mut().unwrap().devices.iter_mut().flatten() {
+            d.data.as_mut().unwrap().0 = serde_json::json!({"migUUID": "",
+                "gpuUUID": inv[0].uuid, "profile": "gpu", "placement": {"start": 0, "size": 1}});
+        }
+    }
+    let held = Inventory::new(&all, &claims).unwrap();
+    let pics = pictures(&held, None);
+    assert_eq!(pics[0].free_memory_slices, 0);
+    let text = render_text(&pics, &plain(Options::default()));
+    assert!(
+        text.lines().nth(1).is_some_and(|l| l.ends_with("[A]")),
+        "{text}"
+    );
+    assert!(
+        text.contains("shared: p1 (1 of 4 shares), p2 (1 of 4 shares)"),
+        "{text}"
+    );
+    assert_eq!(free_of(&free_profiles(&held), "n0", "gpu").count, 0);
+}
