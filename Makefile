@@ -357,17 +357,17 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	    sed -E 's|^.*/(das-plugin-[^/]+)\.log:.*: (MIG mode switched .*)|  \1: \2|'; echo; fi
 	@echo "mps-a and mps-b share the slice of claim mps-1g-5gb under MPS; its plugin started one MPS control daemon for it:"
 	@$(KUBECTL) get pods mps-a mps-b -o custom-columns='POD:.metadata.name,CLAIM:.spec.resourceClaims[0].resourceClaimName,NODE:.spec.nodeName'
-	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | grep -v 'owner=shares of' | head -1 | \
+	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | grep -v 'owner=shares on GPU' | head -1 | \
 	  sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo
 	@if [ -n "$(filter gpu,$(SHARED_WORDS))" ]; then \
 	  echo "memory-large and memory-small share node n2's L4 by memory (12Gi and 4Gi of gpu-0-shared): one GPU, one MPS daemon pinned to it, each its own memory limit:"; \
 	  $(KUBECTL) get resourceclaims memory-large memory-small -o custom-columns='CLAIM:.metadata.name,NODE:.status.allocation.nodeSelector.nodeSelectorTerms[0].matchFields[0].values[0],DEVICE:.status.allocation.devices.results[0].device,MEMORY:.status.allocation.devices.results[0].consumedCapacity.memory,GPU UUID:.status.devices[0].data.gpuUUID'; \
-	  grep -hE 'MPS control daemon started.*shares of gpu-[0-9]+-shared' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
+	  grep -hE 'MPS control daemon started.*shares on GPU .* device gpu-[0-9]+-shared' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
 	    sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo; fi
 	@if [ -n "$(filter 1g.5gb,$(SHARED_LIST))" ]; then \
 	  echo "share-small and share-large are two claims with shares (1 and 2 of 4) of one 1g.5gb slice: one device, one MIG UUID, each its own limits:"; \
 	  $(KUBECTL) get resourceclaims share-small share-large -o custom-columns='CLAIM:.metadata.name,DEVICE:.status.allocation.devices.results[0].device,SHARES:.status.allocation.devices.results[0].consumedCapacity.shares,MIG UUID:.status.devices[0].data.migUUID'; \
-	  grep -hE 'MPS control daemon started.*shares of gpu-[0-9]+-mig-' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
+	  grep -hE 'MPS control daemon started.*shares on GPU .* device gpu-[0-9]+-mig-' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
 	    sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo; fi
 	@echo "kubectl das free: what each node can still take, per profile:"
 	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das free
