@@ -244,6 +244,7 @@ impl Node {
             orphans: OrphanPolicy::default(),
             mps,
             share_policy,
+            memory_limits: None,
         })
     }
 
