@@ -437,3 +437,74 @@ pub(crate) fn load_checkpoint(path: &std::path::Path, boot_id: &str) -> Result<(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use das_driver::gpu::memory_limits::{DMEM_CAPACITY_FILE, MemoryEnforcement};
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["das-kubelet-plugin", "--node-name", "n0"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).unwrap()
+    }
+
+    #[test]
+    fn the_memory_limit_hook_is_installed_in_the_plugins_dir_and_each_gpu_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("plugins");
+        let cgroup = dir.path().join("cgroup");
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(
+            cgroup.join(DMEM_CAPACITY_FILE),
+            "nvidia/0000:10:00.0/vidmem 85899345920\n",
+        )
+        .unwrap();
+        let flags = [
+            format!("--kubelet-plugins-dir={}", plugins.display()),
+            format!("--cgroup-root={}", cgroup.display()),
+            "--emulated-gpus=H100-80GB:2".to_string(),
+            "--whole-gpus".to_string(),
+        ];
+        let a = args(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+        let inventory = emulated_inventory(&a, "H100-80GB:2", "n0").unwrap();
+        let limits = memory_limits(&a, None, &inventory).expect("emulated GPUs get limits");
+        let installed = plugins.join("mig.das.com/bin/das-kubelet-plugin");
+        assert_eq!(limits.hook_path, installed);
+        assert_eq!(
+            std::fs::read(&installed).unwrap(),
+            std::fs::read(std::env::current_exe().unwrap()).unwrap(),
+            "a copy of the running binary"
+        );
+        assert_eq!(limits.set_with, SetWith::Emulated);
+        assert_eq!(limits.cgroup_root, cgroup);
+        let levels: Vec<_> = inventory.iter().map(|g| limits.enforcement(g)).collect();
+        assert_eq!(
+            levels,
+            [MemoryEnforcement::Enforced, MemoryEnforcement::Mps],
+            "GPU 0 (0000:10:00.0) is listed, GPU 1 is not"
+        );
+        // --memory-enforcement=mps: nothing installed, no limits.
+        let other = dir.path().join("other");
+        let a = args(&[
+            &format!("--kubelet-plugins-dir={}", other.display()),
+            "--memory-enforcement=mps",
+            "--emulated-gpus=H100-80GB:1",
+        ]);
+        assert_eq!(memory_limits(&a, None, &[]), None);
+        assert!(!other.exists());
+        // Real GPUs: nvidia-smi's host paths, or no limits without it.
+        let a = args(&[&format!("--kubelet-plugins-dir={}", other.display())]);
+        assert_eq!(memory_limits(&a, None, &[]), None);
+        let smi = Some(("/usr/bin/nvidia-smi".into(), Some("/usr/lib64".into())));
+        let real = memory_limits(&a, smi, &[]).expect("nvidia-smi found");
+        assert_eq!(
+            real.set_with,
+            SetWith::NvidiaSmi {
+                program: "/usr/bin/nvidia-smi".into(),
+                library_dir: Some("/usr/lib64".into())
+            }
+        );
+    }
+}
