@@ -16,7 +16,7 @@ use super::pci::standard_bus_id;
 
 /// The first NVIDIA driver major version with dmem memory limits (r615, CUDA 13.4;
 /// docs/reference/mps.md, "Memory limits the kernel enforces (dmem)").
-pub const DMEM_MIN_DRIVER_MAJOR: u32 = 615;
+pub(crate) const DMEM_MIN_DRIVER_MAJOR: u32 = 615;
 
 /// Where cgroup v2 is mounted unless `--cgroup-root` says otherwise.
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -79,7 +79,7 @@ impl EnforcementChoice {
 
 /// Whether NVIDIA driver `driver_version` (`615.12.03`) has dmem memory limits: its major
 /// version is at least [`DMEM_MIN_DRIVER_MAJOR`]. An unparsable version has not.
-pub fn driver_has_dmem(driver_version: &str) -> bool {
+pub(crate) fn driver_has_dmem(driver_version: &str) -> bool {
     driver_version
         .trim()
         .split('.')
@@ -92,7 +92,7 @@ pub fn driver_has_dmem(driver_version: &str) -> bool {
 /// `pci_bus_id` as `nvidia/<bus ID>/vidmem`. Bus IDs compare in the standard form
 /// ([`standard_bus_id`]: NVML's 8-digit domain `00000000:01:00.0` and the kernel's
 /// `0000:01:00.0` are one GPU, case-insensitively); a bus ID of no standard form matches nothing.
-pub fn capacity_lists(dmem_capacity: &str, pci_bus_id: &str) -> bool {
+pub(crate) fn capacity_lists(dmem_capacity: &str, pci_bus_id: &str) -> bool {
     let Some(wanted) = standard_bus_id(pci_bus_id) else {
         return false;
     };
@@ -111,7 +111,7 @@ pub fn capacity_lists(dmem_capacity: &str, pci_bus_id: &str) -> bool {
 /// has dmem limits ([`driver_has_dmem`]) and `dmem_capacity` (the text of `dmem.capacity`;
 /// `None`: no such file, no cgroup v2 dmem controller) lists its bus ID
 /// ([`capacity_lists`]); a GPU without a known bus ID is [`MemoryEnforcement::Mps`].
-pub fn enforcement(
+pub(crate) fn enforcement(
     dmem_capacity: Option<&str>,
     driver_version: &str,
     pci_bus_id: Option<&str>,
@@ -129,7 +129,7 @@ pub fn enforcement(
 ///
 /// # Errors
 /// Any other read error, naming the file.
-pub fn read_dmem_capacity(cgroup_root: &Path) -> io::Result<Option<String>> {
+pub(crate) fn read_dmem_capacity(cgroup_root: &Path) -> io::Result<Option<String>> {
     let path = cgroup_root.join(DMEM_CAPACITY_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(Some(text)),

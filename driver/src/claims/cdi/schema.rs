@@ -158,7 +158,7 @@ pub struct Mount {
 
 /// An OCI hook (OCI runtime spec `config.md`, "POSIX-platform Hooks"; CDI `specs-go/config.go`
 /// `Hook`): DAS writes the `createRuntime` hook of a GPU memory limit
-/// (`crate::claims::memory_limits::memory_limit_hook`).
+/// (`crate::claims::memory_limits::hook::memory_limit_hook`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Hook {

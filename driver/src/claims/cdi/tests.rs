@@ -527,7 +527,7 @@ fn driver_mounts_go_into_the_spec_level_edits_of_every_spec() {
 /// writes them, and raise no `cdiVersion` (hooks exist since CDI 0.3.0).
 #[test]
 fn a_devices_hooks_go_into_its_edits_and_raise_no_cdi_version() {
-    let hook = crate::claims::memory_limits::memory_limit_hook(
+    let hook = crate::claims::memory_limits::hook::memory_limit_hook(
         std::path::Path::new("/var/lib/kubelet/plugins/mig.das.com/bin/das-kubelet-plugin"),
         "GPU-00000003-aaaa-bbbb-cccc-dddddddddddd",
         "0000:03:00.0",

@@ -13,11 +13,11 @@ use crate::gpu::{GpuInfo, pci};
 
 /// The OCI hook point: run in the runtime's namespaces once the container's cgroup exists,
 /// before its process runs the user's program (OCI runtime spec, `config.md`, "createRuntime").
-pub const HOOK_POINT: &str = "createRuntime";
+pub(crate) const HOOK_POINT: &str = "createRuntime";
 
 /// How long the runtime lets the hook run, in seconds, before it fails the container's create
 /// (`nvidia-smi` initialises the driver when no persistence daemon holds it open).
-pub const HOOK_TIMEOUT_SECONDS: i64 = 60;
+pub(crate) const HOOK_TIMEOUT_SECONDS: i64 = 60;
 
 /// How the hook sets the limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,7 @@ impl SetWith {
 
 /// The value of `--set-with`: `nvidia-smi=<absolute path>` or `emulated`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SetWithValue {
+pub(crate) enum SetWithValue {
     /// `nvidia-smi=<path>`.
     NvidiaSmi(PathBuf),
     /// `emulated`.
@@ -87,33 +87,33 @@ fn parse_set_with(value: &str) -> Result<SetWithValue, String> {
     name = "das-kubelet-plugin cdi-hook memory-limit",
     about = "Sets the hard GPU memory limit of the container whose OCI state is on standard input (a CDI createRuntime hook)"
 )]
-pub struct HookArgs {
+pub(crate) struct HookArgs {
     /// The GPU's UUID (`GPU-…`), as `nvidia-smi -i` takes it.
     #[arg(long)]
-    pub gpu: String,
+    pub(crate) gpu: String,
     /// The GPU's PCI bus ID (`0000:01:00.0`): its dmem region `nvidia/<bus ID>/vidmem`.
     #[arg(long)]
-    pub pci_bus_id: String,
+    pub(crate) pci_bus_id: String,
     /// The hard limit in MiB (at least 1).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-    pub hard_limit_mib: u64,
+    pub(crate) hard_limit_mib: u64,
     /// Where cgroup v2 is mounted (absolute; a fake tree with `--set-with emulated`).
     #[arg(long, default_value = DEFAULT_CGROUP_ROOT)]
-    pub cgroup_root: PathBuf,
+    pub(crate) cgroup_root: PathBuf,
     /// `nvidia-smi=<absolute path>` (real GPUs) or `emulated` (the fake tree).
     #[arg(long, value_parser = parse_set_with)]
-    pub set_with: SetWithValue,
+    pub(crate) set_with: SetWithValue,
     /// The NVIDIA driver's library directory, `LD_LIBRARY_PATH` of `nvidia-smi`.
     #[arg(long)]
-    pub library_dir: Option<PathBuf>,
+    pub(crate) library_dir: Option<PathBuf>,
     /// Where `<pid>/cgroup` is read (tests).
     #[arg(long, default_value = "/proc", hide = true)]
-    pub proc_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
 }
 
 impl HookArgs {
     /// The setter of `--set-with` and `--library-dir`.
-    pub fn set_with(&self) -> SetWith {
+    pub(crate) fn set_with(&self) -> SetWith {
         match &self.set_with {
             SetWithValue::Emulated => SetWith::Emulated,
             SetWithValue::NvidiaSmi(program) => SetWith::NvidiaSmi {
@@ -144,7 +144,7 @@ fn invalid(what: &'static str, value: impl ToString, valid: &'static str) -> Mem
 /// # Errors
 /// [`MemoryLimitError::Invalid`]: a limit below 1 MiB, an empty or blank UUID, a bus ID of no
 /// standard form, a relative hook path or cgroup root.
-pub fn memory_limit_hook(
+pub(crate) fn memory_limit_hook(
     hook_path: &Path,
     gpu_uuid: &str,
     pci_bus_id: &str,

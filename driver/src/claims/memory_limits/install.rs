@@ -8,7 +8,7 @@ use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 /// The installed hook's file name.
-pub const INSTALLED_HOOK_NAME: &str = "das-kubelet-plugin";
+pub(crate) const INSTALLED_HOOK_NAME: &str = "das-kubelet-plugin";
 
 /// Where the hook is installed: `<plugin_dir>/bin/das-kubelet-plugin`, `plugin_dir` being the
 /// plugin's own directory under the kubelet's plugins directory (a host path).

@@ -10,35 +10,35 @@
 //! is set (soft `0`): the driver adds a leaf's soft limit to every ancestor's `dmem.min` and
 //! never takes it off when the leaf goes, while a hard limit leaves nothing behind.
 //!
-//! - [`hook`]: the CDI hook of one GPU's limit ([`memory_limit_hook`], [`MemoryLimits::hook`])
-//!   and its arguments ([`HookArgs`]), pure;
-//! - [`run`]: the hook itself (`das-kubelet-plugin cdi-hook memory-limit …`, [`main`]): the
+//! - `hook`: the CDI hook of one GPU's limit (`hook::memory_limit_hook`,
+//!   [`MemoryLimits::hook`]) and its arguments (`hook::HookArgs`), pure;
+//! - `run`: the hook itself (`das-kubelet-plugin cdi-hook memory-limit …`, [`main`]): the
 //!   OCI state on standard input, the container's cgroup from `/proc/<pid>/cgroup`, and the
 //!   limit, set through `nvidia-smi memory-limits` or, for emulated GPUs, written to a fake
 //!   cgroup tree; small I/O steps over pure parsers;
-//! - [`install`]: the hook's executable on the host, a copy of the plugin's binary in its
+//! - `install`: the hook's executable on the host, a copy of the plugin's binary in its
 //!   kubelet plugin directory ([`install_hook`]).
 //!
 //! Whether a GPU gets such limits at all is `crate::gpu::memory_limits`.
 
 use std::path::PathBuf;
 
-pub mod hook;
-pub mod install;
-pub mod run;
+pub(crate) mod hook;
+pub(crate) mod install;
+pub(crate) mod run;
 
-pub use hook::{HookArgs, MemoryLimits, SetWith, memory_limit_hook};
-pub use install::{INSTALLED_HOOK_NAME, install_hook, installed_hook_path};
-pub use run::{main, nvidia_smi_args};
+pub use hook::{MemoryLimits, SetWith};
+pub use install::{install_hook, installed_hook_path};
+pub use run::main;
 
 /// The plugin binary's subcommand of its CDI hooks: `das-kubelet-plugin cdi-hook <hook> …`.
 pub const SUBCOMMAND: &str = "cdi-hook";
 
 /// The hook that sets a container's GPU memory limit: `cdi-hook memory-limit`.
-pub const MEMORY_LIMIT_HOOK: &str = "memory-limit";
+pub(crate) const MEMORY_LIMIT_HOOK: &str = "memory-limit";
 
 /// Bytes per MiB: limits are given to `nvidia-smi` in whole MiB.
-pub const MIB: u64 = 1 << 20;
+pub(crate) const MIB: u64 = 1 << 20;
 
 /// Why a memory-limit hook cannot be built or could not set its limit. Each says what is wrong
 /// and, where a value is at fault, what is valid.

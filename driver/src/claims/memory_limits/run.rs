@@ -16,29 +16,26 @@ use super::{MEMORY_LIMIT_HOOK, MIB, MemoryLimitError, SUBCOMMAND};
 use crate::gpu::pci;
 
 /// The file of a cgroup's hard device-memory limits, one `<region> <bytes>|max` line per region.
-pub const DMEM_MAX_FILE: &str = "dmem.max";
+pub(crate) const DMEM_MAX_FILE: &str = "dmem.max";
 
 /// The fields of the OCI state (OCI runtime spec, `runtime.md`, "State") the hook reads.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct OciState {
-    /// The container's ID, for the messages.
-    #[serde(default)]
-    id: String,
     /// The container's process, which exists at `createRuntime`.
     #[serde(default)]
     pid: Option<i64>,
 }
 
-/// The container's pid and ID from the OCI state JSON in `input`.
+/// The container's pid from the OCI state JSON in `input` (other fields are not read).
 ///
 /// # Errors
 /// [`MemoryLimitError::State`]: not JSON, or no positive `pid`.
-pub fn read_state(input: impl Read) -> Result<(u32, String), MemoryLimitError> {
+pub(crate) fn read_state(input: impl Read) -> Result<u32, MemoryLimitError> {
     let state: OciState =
         serde_json::from_reader(input).map_err(|e| MemoryLimitError::State(e.to_string()))?;
     match state.pid.map(u32::try_from) {
-        Some(Ok(pid)) if pid > 0 => Ok((pid, state.id)),
+        Some(Ok(pid)) if pid > 0 => Ok(pid),
         Some(_) => Err(MemoryLimitError::State(format!(
             "pid {:?} is not a process ID",
             state.pid
@@ -55,7 +52,7 @@ pub fn read_state(input: impl Read) -> Result<(u32, String), MemoryLimitError> {
 /// # Errors
 /// The problem, for [`MemoryLimitError::NotV2`]: no `0::` line (cgroup v1 only), a line not
 /// of the form `<id>:<controllers>:<path>`, or a path that is not absolute or has `..`.
-pub fn cgroup_v2_path(proc_cgroup: &str) -> Result<&str, String> {
+pub(crate) fn cgroup_v2_path(proc_cgroup: &str) -> Result<&str, String> {
     let mut v2 = None;
     for line in proc_cgroup.lines().filter(|l| !l.trim().is_empty()) {
         let mut parts = line.splitn(3, ':');
@@ -87,7 +84,7 @@ pub fn cgroup_v2_path(proc_cgroup: &str) -> Result<&str, String> {
 }
 
 /// The leaf cgroup directory: `cgroup_root` + the cgroup v2 path (`/` is the root itself).
-pub fn leaf_dir(cgroup_root: &Path, cgroup_path: &str) -> PathBuf {
+pub(crate) fn leaf_dir(cgroup_root: &Path, cgroup_path: &str) -> PathBuf {
     cgroup_root.join(cgroup_path.trim_start_matches('/'))
 }
 
@@ -95,7 +92,7 @@ pub fn leaf_dir(cgroup_root: &Path, cgroup_path: &str) -> PathBuf {
 ///
 /// # Errors
 /// [`MemoryLimitError::ProcCgroup`] (unreadable) or [`MemoryLimitError::NotV2`].
-pub fn container_leaf(
+pub(crate) fn container_leaf(
     proc_root: &Path,
     pid: u32,
     cgroup_root: &Path,
@@ -115,7 +112,7 @@ pub fn container_leaf(
 
 /// `nvidia-smi`'s arguments that set GPU `gpu_uuid`'s hard limit in cgroup `leaf` to `mib` MiB,
 /// soft limit 0 (NVIDIA's MPS v3 memory partitioning page; `memory-limits` comes first).
-pub fn nvidia_smi_args(leaf: &Path, gpu_uuid: &str, mib: u64) -> Vec<String> {
+pub(crate) fn nvidia_smi_args(leaf: &Path, gpu_uuid: &str, mib: u64) -> Vec<String> {
     vec![
         "memory-limits".into(),
         "--set".into(),
@@ -170,7 +167,7 @@ fn set_with_nvidia_smi(
 /// `dmem.max`'s text with GPU `bus`'s line set to `bytes` (pure): its `nvidia/<bus>/vidmem`
 /// line replaced (bus IDs compared in the standard form), every other line kept, the line
 /// added at the end when there was none.
-pub fn with_dmem_limit(existing: &str, bus: &str, bytes: u64) -> String {
+pub(crate) fn with_dmem_limit(existing: &str, bus: &str, bytes: u64) -> String {
     let region = format!("nvidia/{bus}/vidmem");
     let same_gpu = |line: &str| {
         line.split_whitespace()
@@ -205,7 +202,7 @@ pub fn with_dmem_limit(existing: &str, bus: &str, bytes: u64) -> String {
 ///
 /// # Errors
 /// [`MemoryLimitError::Write`] naming the directory or file.
-pub fn set_emulated(leaf: &Path, bus: &str, bytes: u64) -> Result<(), MemoryLimitError> {
+pub(crate) fn set_emulated(leaf: &Path, bus: &str, bytes: u64) -> Result<(), MemoryLimitError> {
     let write_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| MemoryLimitError::Write { path, source }
@@ -225,13 +222,13 @@ pub fn set_emulated(leaf: &Path, bus: &str, bytes: u64) -> Result<(), MemoryLimi
 ///
 /// # Errors
 /// Any step's [`MemoryLimitError`].
-pub fn run(args: &HookArgs, state: impl Read) -> Result<PathBuf, MemoryLimitError> {
+pub(crate) fn run(args: &HookArgs, state: impl Read) -> Result<PathBuf, MemoryLimitError> {
     let bus = pci::standard_bus_id(&args.pci_bus_id).ok_or_else(|| MemoryLimitError::Invalid {
         what: "PCI bus ID",
         value: args.pci_bus_id.clone(),
         valid: "a bus ID such as 0000:01:00.0",
     })?;
-    let (pid, _id) = read_state(state)?;
+    let pid = read_state(state)?;
     let leaf = container_leaf(&args.proc_root, pid, &args.cgroup_root)?;
     match args.set_with() {
         SetWith::NvidiaSmi {

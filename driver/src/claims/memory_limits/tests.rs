@@ -2,7 +2,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
-use super::hook::SetWithValue;
+use super::hook::{HookArgs, SetWithValue, memory_limit_hook};
+use super::install::INSTALLED_HOOK_NAME;
 use super::run::{
     DMEM_MAX_FILE, cgroup_v2_path, container_leaf, leaf_dir, read_state, set_emulated,
     with_dmem_limit,
@@ -158,7 +159,7 @@ fn set_with_takes_an_absolute_nvidia_smi_or_emulated_only() {
 #[test]
 fn the_oci_state_gives_the_containers_pid() {
     let state = r#"{"ociVersion":"1.2.0","id":"c1","status":"creating","pid":4242,"bundle":"/tmp/b","annotations":{"a":"b"}}"#;
-    assert_eq!(read_state(state.as_bytes()).unwrap(), (4242, "c1".into()));
+    assert_eq!(read_state(state.as_bytes()).unwrap(), 4242);
     for (bad, says) in [
         ("", "EOF"),
         ("not json", "expected"),
