@@ -51,8 +51,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::{Args, health_policy, orphan_policy, share_policy};
 use crate::node::{
-    Gpus, NodeCheck, check_node, device_nodes, load_checkpoint, mps_control_binary, mps_settings,
-    open_emulated, stand_in_driver_mounts, time_slicer,
+    Gpus, NodeCheck, check_node, device_nodes, load_checkpoint, memory_limits, mps_control_binary,
+    mps_settings, open_emulated, stand_in_driver_mounts, time_slicer,
 };
 use crate::slices::{base_slices, slice_options, unless_no_mps};
 
@@ -255,6 +255,7 @@ impl TakenOver {
             mps: mps.clone(),
             time_slicer: time_slicer(args, &backend, node.nvidia_smi),
             share_policy: share_policy(args),
+            memory_limits: memory_limits(args, node.nvidia_smi_host, &inventory),
         }));
         let report = preparer
             .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)
