@@ -239,7 +239,13 @@ impl Preparer {
                 layers_pending: PendingDaemons::default(),
             },
             modes: GpuModes::new(&config.inventory, &config.metrics),
-            layers: Layers::standard(config.mps, config.time_slicer, config.blocking),
+            layers: Layers::standard(
+                config.mps,
+                config.time_slicer,
+                config.blocking,
+                config.memory_limits.clone(),
+                &config.inventory,
+            ),
             metrics: config.metrics,
             memory_limits: config.memory_limits,
         }
