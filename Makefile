@@ -264,6 +264,11 @@ bench-nodes: k8s helm ## what each node costs at 2/8/16/32 nodes: start time, RS
 	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
 	$(CARGO) bench -p das-e2e --bench node_sweep
 
+.PHONY: bench-memory-packing
+bench-memory-packing: k8s helm ## memory slices of whole GPUs (4 nodes x 2 L4) packed through the real scheduler against the offline optimum (DAS_BENCH_SEEDS=4; docs/benchmarks.md)
+	$(CARGO) build -q $(DAS_BINS)
+	$(CARGO) bench -p das-e2e --bench memory_packing
+
 .PHONY: bench-packing
 bench-packing: k8s helm ## cluster-wide packing through the real scheduler (8 nodes x 2 GPUs) against the offline optimum (DAS_BENCH_SEEDS=4; docs/benchmarks.md)
 	$(CARGO) build --release -p das-driver --bin das-kubelet-plugin -p das-controller --bin das-controller
