@@ -107,9 +107,16 @@ fn mount<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
 #[test]
 fn the_mps_host_runs_the_daemons_only_when_enabled() {
     let r = Rendered::new(&RenderOptions::default()).unwrap();
-    assert!(r.find("DaemonSet", "das-mps-host").is_none(), "off by default");
+    assert!(
+        r.find("DaemonSet", "das-mps-host").is_none(),
+        "off by default"
+    );
     let plugin_ds = r.get("DaemonSet", "das-kubelet-plugin").unwrap();
-    assert!(plugin_ds["spec"]["template"]["spec"].get("hostPID").is_none());
+    assert!(
+        plugin_ds["spec"]["template"]["spec"]
+            .get("hostPID")
+            .is_none()
+    );
     let p = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
     assert_eq!(env_of(p, "DAS_MPS_HOST_SOCKET"), None);
 
@@ -123,12 +130,20 @@ fn the_mps_host_runs_the_daemons_only_when_enabled() {
     assert_eq!(pod["automountServiceAccountToken"], false);
     let plugin_pod = &r.get("DaemonSet", "das-kubelet-plugin").unwrap()["spec"]["template"]["spec"];
     assert_eq!(plugin_pod["hostPID"], true);
-    for same in ["nodeSelector", "tolerations", "runtimeClassName", "priorityClassName"] {
+    for same in [
+        "nodeSelector",
+        "tolerations",
+        "runtimeClassName",
+        "priorityClassName",
+    ] {
         assert_eq!(pod[same], plugin_pod[same], "{same}");
     }
     let h = r.container("DaemonSet", "das-mps-host").unwrap();
     let p = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
-    assert_eq!(h["command"], serde_json::json!(["das-kubelet-plugin", "mps-host"]));
+    assert_eq!(
+        h["command"],
+        serde_json::json!(["das-kubelet-plugin", "mps-host"])
+    );
     assert_eq!(h["image"], p["image"]);
     assert_eq!(env_of(h, "DAS_STATE_DIR").as_deref(), Some("/var/lib/das"));
     assert_eq!(
@@ -138,7 +153,10 @@ fn the_mps_host_runs_the_daemons_only_when_enabled() {
     assert_eq!(h["securityContext"]["privileged"], true);
     let state = mount(h, "state").unwrap();
     assert_eq!(state["mountPath"], "/var/lib/das");
-    assert_eq!(state["mountPropagation"], "HostToContainer", "sees the plugin's tmpfs");
+    assert_eq!(
+        state["mountPropagation"], "HostToContainer",
+        "sees the plugin's tmpfs"
+    );
     assert_eq!(mount(h, "driver-root"), mount(p, "driver-root"));
     assert_eq!(h["resources"]["limits"]["memory"], "1Gi");
 
