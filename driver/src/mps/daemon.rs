@@ -1,6 +1,8 @@
 //! One MPS control daemon as a process: the control binary, its directories (and its shm tmpfs,
-//! [`super::shm`]), starting it in the foreground (`-f`, so the plugin sees it exit), the pid
-//! file that lets a restarted plugin adopt a daemon still running, and killing it. Its control
+//! [`super::shm`]), starting it in the foreground (`-f`, so the plugin sees it exit) as the
+//! plugin's child ([`spawn`]; the MPS host starts the same process, [`super::launch`]), the pid
+//! file that lets a restarted plugin adopt a daemon still running (and lets it watch one the
+//! host started), and killing it. Its control
 //! commands are [`super::control`]'s; [`super::supervisor`] decides when.
 
 use std::io;

@@ -8,7 +8,10 @@
 //! watched by its pid and start time; any other is started). The release of the claim stops it
 //! ([`MpsDaemons::stop`]: `quit`, then a kill of its process group, the daemon and its MPS
 //! server, after [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent) and removes its
-//! directories. A handover lets go of them all ([`MpsDaemons::let_go`]).
+//! directories. A handover lets go of them all ([`MpsDaemons::let_go`]). With the MPS host
+//! ([`MpsDaemons::with_host`], [`super::host`]) every start goes through the host, and the
+//! daemon is watched by its pid and start time as an adopted one is: it is no child of the
+//! plugin, so nothing the plugin does by exiting ends it.
 //!
 //! With protocol 3 each daemon also has its namespaces (one per claim or share of its MIG instance,
 //! [`Namespace`]): [`MpsDaemons::start`] adds one, [`MpsDaemons::leave`] deletes one, and every
