@@ -56,7 +56,16 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
     das::wait_pool_complete(&c, NODE).await?;
     let mps = json!({"apiVersion": "mig.das.com/v1alpha1", "kind": "MigDeviceConfig",
         "sharing": {"strategy": "MPS", "mps": {"activeThreadPercentage": 30}}});
-    create_config_template(&c, "mps", das_api::DRIVER_NAME, mps).await?;
+    // The webhook validates the template; its Service may refuse the first calls while its
+    // endpoints travel to kube-proxy (nothing is stored then): retried until it answers.
+    wait::until("the template, through the webhook", TIMEOUT, || async {
+        match create_config_template(&c, "mps", das_api::DRIVER_NAME, mps.clone()).await {
+            Ok(()) => Ok(Some(())),
+            Err(e) if format!("{e:#}").contains("failed calling webhook") => Ok(None),
+            Err(e) => Err(e),
+        }
+    })
+    .await?;
     create(
         &c,
         NODE,
