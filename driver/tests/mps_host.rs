@@ -273,3 +273,75 @@ async fn spawn_latency() {
         plugin_cpu.as_secs_f64() * 1000.0 / N as f64
     );
 }
+
+/// The same with NVIDIA's own daemon, on a GPU node (root, the NVIDIA driver):
+/// `DAS_MPS_NVIDIA_BINARY=<path of nvidia-cuda-mps-control> DAS_MPS_UUID=<MIG or GPU UUID>
+/// cargo test -p das-driver --test mps_host nvidia -- --ignored --nocapture`. The host starts
+/// it in a mount namespace of its own with its shm tmpfs (mounted by the "plugin", this test)
+/// over its `/dev/shm`; it takes its limits, outlives its plugin, is adopted with them by the
+/// next, and stops. Prints how long each start took, through the host and directly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an NVIDIA GPU, its driver and root"]
+async fn nvidias_daemon_through_the_host_outlives_its_plugin() {
+    use das_driver::mps::control;
+    use das_driver::mps::supervisor::MpsSettings;
+    let (Ok(program), Ok(uuid)) = (
+        std::env::var("DAS_MPS_NVIDIA_BINARY"),
+        std::env::var("DAS_MPS_UUID"),
+    ) else {
+        panic!("set DAS_MPS_NVIDIA_BINARY and DAS_MPS_UUID");
+    };
+    let state = tempfile::tempdir().unwrap();
+    let _mounts = common::UnmountBelow(state.path().to_path_buf());
+    let h = HostProcess::start(state.path()).await;
+    let binary = ControlBinary::nvidia(PathBuf::from(program), None);
+    let plugin = |host: bool| {
+        let socket = host.then(|| host::socket_path(state.path()));
+        MpsDaemons::new(Some(binary.clone()), state.path(), Arc::new(Metrics::new()))
+            .with_settings(MpsSettings {
+                shm: das_driver::mps::Shm::Tmpfs {
+                    size_bytes: 64 << 20,
+                },
+                ..Default::default()
+            })
+            .with_host(socket)
+    };
+    let limits = MpsLimits {
+        active_thread_percentage: Some(40),
+        pinned_device_memory_limit_mib: None,
+    };
+    let percentage = |dirs: das_driver::mps::MpsDirs| {
+        let binary = binary.clone();
+        async move { control::send(&binary, &dirs, "get_default_active_thread_percentage").await }
+    };
+
+    // Directly, for the comparison.
+    let direct = plugin(false);
+    let spec = direct.spec("ns/c (uid-8)", "uid-8", "gpu-0", &uuid, &limits);
+    let t0 = Instant::now();
+    direct.start(spec.clone(), None).await.unwrap();
+    println!("direct: started with its limits in {:?}", t0.elapsed());
+    direct.stop(&spec.dirs).await.unwrap();
+
+    let first = plugin(true);
+    let spec = first.spec("ns/c (uid-9)", "uid-9", "gpu-0", &uuid, &limits);
+    let t0 = Instant::now();
+    first.start(spec.clone(), None).await.unwrap();
+    println!(
+        "through the host: started with its limits in {:?}",
+        t0.elapsed()
+    );
+    let pid = first.pid(&spec.dirs).unwrap();
+    assert_eq!(parent(pid), Some(h.pid()));
+    assert_eq!(percentage(spec.dirs.clone()).await.unwrap(), "40.0");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(running(pid), "NVIDIA's daemon outlived its plugin");
+    let next = plugin(true);
+    assert!(next.bring_back(spec.clone(), Vec::new()).await.unwrap());
+    assert_eq!(next.pid(&spec.dirs), Some(pid));
+    assert_eq!(percentage(spec.dirs.clone()).await.unwrap(), "40.0");
+    next.stop(&spec.dirs).await.unwrap();
+    assert!(!spec.dirs.root.exists());
+    until("the daemon gone", || (!running(pid)).then_some(())).await;
+}

@@ -405,12 +405,21 @@ mod tests {
         );
         assert_eq!(args.mps_pipe_mount, PipeMount::ReadOnly);
         assert_eq!(args.mps_protocol, ProtocolChoice::Auto);
+        assert_eq!(
+            args.mps_host_socket, None,
+            "the plugin starts its daemons itself"
+        );
         let args = parse(&[
             "--mps-shm-size=0",
             "--mps-pipe-mount=rw",
             "--mps-protocol=3",
+            "--mps-host-socket=/var/lib/das/mps/host.sock",
         ])
         .unwrap();
+        assert_eq!(
+            args.mps_host_socket.as_deref(),
+            Some(std::path::Path::new("/var/lib/das/mps/host.sock"))
+        );
         assert_eq!(args.mps_shm_size, Shm::Directory);
         assert_eq!(args.mps_pipe_mount, PipeMount::ReadWrite);
         assert_eq!(args.mps_protocol, ProtocolChoice::Fixed(Protocol::V3));

@@ -12,7 +12,7 @@ use das_runtime::process;
 /// The MPS host: starts and reaps the MPS control daemons on the plugin's request
 /// (docs/design.md §7, "MPS on a slice", "Who runs the daemons").
 #[derive(Debug, Parser)]
-#[command(name = "das-kubelet-plugin mps-host")]
+#[command(name = "mps-host", bin_name = "das-kubelet-plugin mps-host")]
 pub(crate) struct HostArgs {
     /// The plugin's state directory (the same path as the plugin's --state-dir): the host
     /// listens on `<state dir>/mps/host.sock` and starts only daemons whose files are under
@@ -26,7 +26,11 @@ pub(crate) struct HostArgs {
 /// Runs the host with `argv` (the arguments after the subcommand).
 pub(crate) fn main(argv: &[String]) -> ExitCode {
     let args = match HostArgs::try_parse_from(
-        std::iter::once(das_driver::mps::host::SUBCOMMAND.to_string()).chain(argv.iter().cloned()),
+        std::iter::once(format!(
+            "das-kubelet-plugin {}",
+            das_driver::mps::host::SUBCOMMAND
+        ))
+        .chain(argv.iter().cloned()),
     ) {
         Ok(a) => a,
         Err(e) => e.exit(),
