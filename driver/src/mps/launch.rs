@@ -24,8 +24,9 @@ pub struct Launch {
     pub program: PathBuf,
     /// Its arguments: the binary's leading ones, then the daemon's (`-f`, protocol 3's `-p 3`).
     pub args: Vec<String>,
-    /// Environment added to the process's own, in order (a later entry wins): the binary's,
-    /// then the daemon's (`CUDA_VISIBLE_DEVICES`, `CUDA_MPS_PIPE_DIRECTORY`, …).
+    /// Environment added to the starter's own (the plugin's, or the MPS host's, which the
+    /// daemon inherits), in order (a later entry wins): the binary's, then the daemon's
+    /// (`CUDA_VISIBLE_DEVICES`, `CUDA_MPS_PIPE_DIRECTORY`, …).
     pub env: Vec<(String, String)>,
     /// The file its standard output and error are appended to (`<log dir>/daemon.out`).
     pub output: PathBuf,
