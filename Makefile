@@ -305,9 +305,15 @@ RUNTIME_NODE ?= r0=H100-80GB:1
 # do (the demo's whole-gpu pod then stays Pending).
 WHOLE_GPUS ?= 1
 # Shared slices (docs/design.md §7, "Shared slices"; the chart value sharing.profiles): the demo
-# shares the A100s' 1g.5gb slices for docs/examples/07-shared-slice.yaml; `SHARED_PROFILES=`
-# shares nothing (the demo then leaves that example out).
-SHARED_PROFILES ?= 1g.5gb
+# shares the A100s' 1g.5gb slices for docs/examples/07-shared-slice.yaml and, with whole GPUs,
+# the L4 of node n2 by memory (`gpu`, "Memory slices of a whole GPU") for
+# docs/examples/08-memory-slices.yaml; `SHARED_PROFILES=` shares nothing (the demo then leaves
+# those examples out). Without WHOLE_GPUS `gpu` is dropped.
+SHARED_PROFILES ?= 1g.5gb,gpu
+comma := ,
+SHARED_LIST := $(subst $(comma), ,$(SHARED_PROFILES))
+SHARED_WORDS := $(strip $(if $(WHOLE_GPUS),$(SHARED_LIST),$(filter-out gpu,$(SHARED_LIST))))
+SHARED_SET := $(subst $(eval) ,$(comma),$(SHARED_WORDS))
 
 .PHONY: cluster-up
 cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## start the local cluster with DAS (installed from the chart) on emulated GPUs in the background (RUNTIME_NODE= turns the containerd node off; WHOLE_GPUS= turns whole GPUs off; KUEUE=count|memory adds Kueue, docs/kueue.md)
@@ -315,7 +321,7 @@ cluster-up: k8s helm $(if $(RUNTIME_NODE),containerd) $(if $(KUEUE),kueue) ## st
 	$(CARGO) run -q -p das-e2e --bin das-cluster -- up --plugin-bin target/debug/das-kubelet-plugin \
 	  --controller-bin target/debug/das-controller --webhook-bin target/debug/das-webhook \
 	  $(if $(NODES),--nodes $(NODES)) $(if $(KUEUE),--kueue $(KUEUE)) $(if $(WHOLE_GPUS),--whole-gpus) \
-	  $(if $(SHARED_PROFILES),--set 'sharing.profiles={$(SHARED_PROFILES)}') --runtime-node '$(RUNTIME_NODE)'
+	  $(if $(SHARED_SET),--set 'sharing.profiles={$(SHARED_SET)}') --runtime-node '$(RUNTIME_NODE)'
 
 .PHONY: cluster-down
 cluster-down: ## stop the local cluster and remove its files
@@ -323,7 +329,7 @@ cluster-down: ## stop the local cluster and remove its files
 
 # Without WHOLE_GPUS the cluster has no DeviceClass gpu.das.com, without SHARED_PROFILES no
 # 1g.5gb.shared.mig.das.com: the demo leaves those examples out.
-DEMO_EXAMPLES = $(filter-out $(if $(WHOLE_GPUS),,%/05-whole-gpu.yaml) $(if $(SHARED_PROFILES),,%/07-shared-slice.yaml),$(sort $(wildcard docs/examples/*.yaml)))
+DEMO_EXAMPLES = $(filter-out $(if $(WHOLE_GPUS),,%/05-whole-gpu.yaml) $(if $(filter 1g.5gb,$(SHARED_LIST)),,%/07-shared-slice.yaml) $(if $(filter gpu,$(SHARED_WORDS)),,%/08-memory-slices.yaml),$(sort $(wildcard docs/examples/*.yaml)))
 
 .PHONY: demo
 demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods get MIG slices, one pod a whole GPU
@@ -351,12 +357,17 @@ demo: cluster-up ## the main job on the local cluster with emulated GPUs: pods g
 	    sed -E 's|^.*/(das-plugin-[^/]+)\.log:.*: (MIG mode switched .*)|  \1: \2|'; echo; fi
 	@echo "mps-a and mps-b share the slice of claim mps-1g-5gb under MPS; its plugin started one MPS control daemon for it:"
 	@$(KUBECTL) get pods mps-a mps-b -o custom-columns='POD:.metadata.name,CLAIM:.spec.resourceClaims[0].resourceClaimName,NODE:.spec.nodeName'
-	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | grep -v 'owner=shared slice' | head -1 | \
+	@grep -h 'MPS control daemon started' $(LOCAL)/cluster/logs/das-plugin-*.log | grep -v 'owner=shares on GPU' | head -1 | \
 	  sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo
-	@if [ -n "$(SHARED_PROFILES)" ]; then \
+	@if [ -n "$(filter gpu,$(SHARED_WORDS))" ]; then \
+	  echo "memory-large and memory-small share node n2's L4 by memory (12Gi and 4Gi of gpu-0-shared): one GPU, one MPS daemon pinned to it, each its own memory limit:"; \
+	  $(KUBECTL) get resourceclaims memory-large memory-small -o custom-columns='CLAIM:.metadata.name,NODE:.status.allocation.nodeSelector.nodeSelectorTerms[0].matchFields[0].values[0],DEVICE:.status.allocation.devices.results[0].device,MEMORY:.status.allocation.devices.results[0].consumedCapacity.memory,GPU UUID:.status.devices[0].data.gpuUUID'; \
+	  grep -hE 'MPS control daemon started.*shares on GPU .* device gpu-[0-9]+-shared' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
+	    sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo; fi
+	@if [ -n "$(filter 1g.5gb,$(SHARED_LIST))" ]; then \
 	  echo "share-small and share-large are two claims with shares (1 and 2 of 4) of one 1g.5gb slice: one device, one MIG UUID, each its own limits:"; \
 	  $(KUBECTL) get resourceclaims share-small share-large -o custom-columns='CLAIM:.metadata.name,DEVICE:.status.allocation.devices.results[0].device,SHARES:.status.allocation.devices.results[0].consumedCapacity.shares,MIG UUID:.status.devices[0].data.migUUID'; \
-	  grep -h 'MPS control daemon started.*shared slice' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
+	  grep -hE 'MPS control daemon started.*shares on GPU .* device gpu-[0-9]+-mig-' $(LOCAL)/cluster/logs/das-plugin-*.log | head -1 | \
 	    sed -E 's/^.*(MPS control daemon started.*) pipe=.*$$/  \1/'; echo; fi
 	@echo "kubectl das free: what each node can still take, per profile:"
 	@PATH="$(CURDIR)/target/debug:$$PATH" $(KUBECTL) das free

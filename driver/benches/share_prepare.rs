@@ -129,6 +129,7 @@ async fn run() {
         orphans: OrphanPolicy::default(),
         mps: mps.clone(),
         share_policy: Default::default(),
+        memory_limits: None,
     });
     let result = |device: &str, share: Option<&str>| {
         let mut r = json!({"request": "gpu", "driver": das_api::DRIVER_NAME, "pool": NODE, "device": device});

@@ -253,6 +253,7 @@ impl Node {
             orphans: OrphanPolicy::default(),
             mps,
             share_policy,
+            memory_limits: None,
         })
     }
 

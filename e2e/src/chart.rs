@@ -135,8 +135,10 @@ pub fn render_with(sets: &[&str]) -> Result<Rendered> {
 pub const WHOLE_GPUS: &[&str] = &["wholeGpus.enabled=true", "webhook.translateWholeGpus=true"];
 
 /// The shared profiles `make demo` installs (`sharing.profiles`, docs/design.md §7, "Shared
-/// slices"): the `1g.5gb` slices of its A100s, for docs/examples/07-shared-slice.yaml.
-pub const DEMO_SHARING: &[&str] = &["sharing.profiles={1g.5gb}"];
+/// slices" and "Memory slices of a whole GPU"): the `1g.5gb` slices of its A100s, for
+/// docs/examples/07-shared-slice.yaml, and its whole GPUs by memory (its L4, for
+/// docs/examples/08-memory-slices.yaml); needs [`WHOLE_GPUS`].
+pub const DEMO_SHARING: &[&str] = &["sharing.profiles={1g.5gb,gpu}"];
 
 /// [`WHOLE_GPUS`] and MIG mode following demand (docs/design.md §7, "MIG mode follows demand":
 /// `--mig-mode-switching` on the plugin): Hopper GPUs are published whole and as every MIG

@@ -48,6 +48,12 @@ pub const WHOLE_GPU_POD: &str = "whole-gpu";
 pub const SHARES_EXAMPLE: &str = "07-shared-slice.yaml";
 pub const SHARE_PODS: [&str; 2] = ["share-small", "share-large"];
 
+/// The example of two claims sharing an L4 by memory (`make demo`'s node n2;
+/// docs/design.md §7, "Memory slices of a whole GPU"): never applied here, as no cluster of
+/// these tests has an L4 (`e2e/tests/plugin_memory_slices.rs` runs docs/examples/memory-slices/,
+/// the same without the L4 selector).
+pub const MEMORY_SLICES_EXAMPLE: &str = "08-memory-slices.yaml";
+
 /// What the cluster serves beyond exclusive slices, and so which examples apply.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Serves {
@@ -59,7 +65,7 @@ pub struct Serves {
 
 /// The files `kubectl apply -f docs/examples/` applies (the folder's YAML files, not its
 /// subfolders), in name order; without [`WHOLE_GPU_EXAMPLE`] or [`SHARES_EXAMPLE`] unless the
-/// cluster `serves` them.
+/// cluster `serves` them, and never [`MEMORY_SLICES_EXAMPLE`].
 pub fn files(serves: Serves) -> Result<Vec<PathBuf>> {
     let whole_gpus = serves.whole_gpus;
     let dir = crate::paths::workspace_root().join("docs/examples");
@@ -67,8 +73,9 @@ pub fn files(serves: Serves) -> Result<Vec<PathBuf>> {
     for e in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let wanted =
-            (whole_gpus || name != WHOLE_GPU_EXAMPLE) && (serves.shares || name != SHARES_EXAMPLE);
+        let wanted = (whole_gpus || name != WHOLE_GPU_EXAMPLE)
+            && (serves.shares || name != SHARES_EXAMPLE)
+            && name != MEMORY_SLICES_EXAMPLE;
         if p.is_file() && name.ends_with(".yaml") && wanted {
             out.push(p);
         }

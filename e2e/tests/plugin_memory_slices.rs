@@ -10,6 +10,11 @@
 //! shares hold the GPU; a claim that requires kernel-enforced memory never lands on this GPU
 //! (its device says `memoryEnforcement: mps`); once both shares are gone the daemon stops and
 //! the whole-GPU pod runs. Then docs/examples/memory-slices/ runs as the docs say.
+//!
+//! A second test gives the kernel-enforced level (issue 43 item 2, "where the node supports
+//! kernel-enforced partitioning"): with a fake cgroup tree whose `dmem.capacity` lists one of
+//! two L4s, a claim requiring `memoryEnforcement == "enforced"` lands on that one and its CDI
+//! device carries the `createRuntime` hook with its limit; a share of the other gets none.
 
 use anyhow::{Context, Result, ensure};
 use das_api::{DEVICE_CLASS_WHOLE_GPU, shared_whole_gpu_device_class};
@@ -221,5 +226,130 @@ async fn apply_whole_gpu_class(c: &Client) -> Result<()> {
             &Patch::Apply(body),
         )
         .await?;
+    Ok(())
+}
+
+/// Two L4s, GPU 0 with kernel-enforced memory (the fake cgroup tree's `dmem.capacity` lists its
+/// bus ID, as a node with driver r615+ and Linux 6.14+ lists it), GPU 1 without: their shareable
+/// devices say `enforced` and `mps`; a claim that requires `enforced` always lands on GPU 0, and
+/// its CDI device carries the `createRuntime` hook that caps its containers at the claim's
+/// memory (the hook itself runs under runc in `driver/tests/cdi_hook.rs`); a share of GPU 1 gets
+/// no hook.
+#[tokio::test]
+async fn a_claim_that_needs_enforced_memory_gets_the_gpu_whose_kernel_enforces_it() {
+    let tree = tempfile::tempdir().expect("fake cgroup tree");
+    std::fs::write(
+        tree.path().join("dmem.capacity"),
+        "nvidia/0000:10:00.0/vidmem 24152899584\n",
+    )
+    .expect("dmem.capacity");
+    let cgroup_root = format!("--cgroup-root={}", tree.path().display());
+    let flags: Vec<&str> = vec!["--whole-gpus", "--shared-profiles=gpu", &cgroup_root];
+    let (cluster, _) = cluster_with_configured_plugins(&[(NODE, "L4:2", &flags)]).await;
+    let r = enforced(&cluster).await;
+    cluster.check(r);
+}
+
+/// The `memoryEnforcement` of each published shareable L4, by device name.
+async fn enforcement_levels(c: &Client) -> Result<BTreeMap<String, String>> {
+    let slices = Api::<ResourceSlice>::all(c.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(slices
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .filter_map(|d| {
+            let level = d.attributes?.get("memoryEnforcement")?.string.clone()?;
+            Some((d.name, level))
+        })
+        .collect())
+}
+
+/// The hooks of the CDI spec the plugin wrote for claim `uid`.
+fn cdi_hooks(cluster: &Cluster, uid: &str) -> Result<Vec<Value>> {
+    let dir = das_e2e::das::PluginDirs::of(cluster.node(NODE)).cdi;
+    for e in std::fs::read_dir(&dir)? {
+        let path = e?.path();
+        if !path.to_string_lossy().contains(uid) {
+            continue;
+        }
+        let spec: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        return Ok(spec["devices"][0]["containerEdits"]["hooks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default());
+    }
+    anyhow::bail!("no CDI spec of claim {uid} in {}", dir.display())
+}
+
+async fn enforced(cluster: &Cluster) -> Result<()> {
+    let c = cluster.client();
+    apply_shared_device_classes(&c, &[das_api::WHOLE_GPU_PROFILE]).await?;
+    let levels = enforcement_levels(&c).await?;
+    ensure!(
+        levels
+            == BTreeMap::from([
+                ("gpu-0-shared".to_string(), "enforced".to_string()),
+                ("gpu-1-shared".to_string(), "mps".to_string()),
+            ]),
+        "published levels: {levels:?}"
+    );
+    let needs_enforced = json!({"deviceClassName": shared_whole_gpu_device_class(),
+        "capacity": {"requests": {"memory": "6Gi"}},
+        "selectors": [{"cel": {"expression":
+            "device.attributes['mig.das.com'].memoryEnforcement == 'enforced'"}}]});
+    create_claim_pod(&c, "hard", needs_enforced, None).await?;
+    wait_running(&c, "hard").await?;
+    let rc = Api::<ResourceClaim>::namespaced(c.clone(), NS);
+    let hard = rc.get("hard").await?;
+    let got: Vec<String> = das_api::claim_status::our_results(&hard)
+        .map(|r| r.device.clone())
+        .collect();
+    ensure!(got == ["gpu-0-shared"], "the enforced claim got {got:?}");
+    let hooks = cdi_hooks(cluster, hard.metadata.uid.as_deref().unwrap_or_default())?;
+    let [hook] = hooks.as_slice() else {
+        anyhow::bail!("one hook expected: {hooks:?}")
+    };
+    let args: Vec<&str> = hook["args"]
+        .as_array()
+        .context("hook args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    ensure!(
+        hook["hookName"] == "createRuntime"
+            && args.windows(2).any(|w| w == ["--hard-limit-mib", "6144"])
+            && args
+                .windows(2)
+                .any(|w| w == ["--pci-bus-id", "0000:10:00.0"])
+            && args.windows(2).any(|w| w == ["--set-with", "emulated"]),
+        "the hook: {hook}"
+    );
+    let exe = PathBuf::from(hook["path"].as_str().context("hook path")?);
+    ensure!(
+        exe.is_file(),
+        "the hook's executable {} is missing",
+        exe.display()
+    );
+
+    // A share without the requirement that lands on GPU 1 gets no hook: MPS holds its memory.
+    let on_gpu1 = json!({"deviceClassName": shared_whole_gpu_device_class(),
+        "capacity": {"requests": {"memory": "20Gi"}}});
+    create_claim_pod(&c, "soft", on_gpu1, None).await?;
+    wait_running(&c, "soft").await?;
+    let soft = rc.get("soft").await?;
+    let got: Vec<String> = das_api::claim_status::our_results(&soft)
+        .map(|r| r.device.clone())
+        .collect();
+    ensure!(got == ["gpu-1-shared"], "the 20Gi share got {got:?}");
+    let hooks = cdi_hooks(cluster, soft.metadata.uid.as_deref().unwrap_or_default())?;
+    ensure!(
+        hooks.is_empty(),
+        "a share held by MPS only has hooks: {hooks:?}"
+    );
+    for pod in ["hard", "soft"] {
+        delete_pod(&c, pod).await?;
+    }
     Ok(())
 }

@@ -373,6 +373,21 @@ impl DriverFiles {
             .map(Path::to_path_buf)
     }
 
+    /// Where the host has tool `name` (below [`DriverRoot::host_path`]): what a program the
+    /// container runtime runs on the host, a CDI hook, names.
+    pub fn host_tool(&self, name: &str) -> Option<PathBuf> {
+        let seen = self.tool(name)?;
+        let relative = seen.strip_prefix(&self.root.path).ok()?;
+        Some(self.root.host_path.join(relative))
+    }
+
+    /// The directory of the driver's libraries on the host (below [`DriverRoot::host_path`]).
+    pub fn host_library_dir(&self) -> Option<PathBuf> {
+        let seen = self.library_dir()?;
+        let relative = seen.strip_prefix(&self.root.path).ok()?;
+        Some(self.root.host_path.join(relative))
+    }
+
     /// The CDI mounts: each file's host path (below [`DriverRoot::host_path`]) at its container
     /// path.
     pub fn mounts(&self) -> Vec<Mount> {

@@ -38,6 +38,9 @@
 //! - [`cdi`]: CDI spec types and DAS's per-claim spec ([`cdi::schema`], [`cdi::spec`], pure),
 //!   and their files ([`cdi::files`], [`cdi::CdiWriter`]).
 //! - [`driver_files`]: the driver's libraries and tools every claim's spec mounts.
+//! - [`memory_limits`]: the CDI `createRuntime` hook that caps a container's GPU memory (cgroup
+//!   v2 `dmem`; docs/design.md §7, "Memory limits the kernel enforces"), its runner and its
+//!   installed executable.
 //! - [`api`]: [`ClaimApi`], the API-server calls the request path makes, and its kube client.
 //! - [`locks`]: per-claim serialization ([`ClaimLocks`]).
 //! - [`error`]: [`PrepareError`], turned into text only at the gRPC boundary.
@@ -81,6 +84,7 @@ pub(crate) mod handler;
 pub(crate) mod kinds;
 pub(crate) mod layers;
 pub(crate) mod locks;
+pub mod memory_limits;
 pub mod orphans;
 pub(crate) mod plan;
 pub(crate) mod preparer;

@@ -371,6 +371,7 @@ pub fn preparer_with(
             Arc::new(Metrics::new()),
         )),
         share_policy: Default::default(),
+        memory_limits: None,
     })
 }
 

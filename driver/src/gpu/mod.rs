@@ -10,6 +10,8 @@
 //! - [`nvml`]: the NVML backend for real GPUs;
 //! - [`pci`]: a GPU's standard PCI bus ID and its PCIe root complex (from sysfs);
 //! - [`calls`]: [`GpuCalls`], the backend with where its blocking calls run and a lock per GPU;
+//! - [`memory_limits`]: whether the kernel (cgroup v2 `dmem`) can cap a GPU's memory per
+//!   container ([`memory_limits::gpu_memory_enforcement`]);
 //! - [`time_slice`]: [`TimeSlicer`], which sets a whole GPU's compute time slice (NVIDIA's
 //!   `nvidia-smi compute-policy`, or the emulated backend).
 //!
@@ -19,6 +21,7 @@ pub(crate) mod calls;
 pub mod catalog;
 pub mod emulated;
 pub(crate) mod layout;
+pub mod memory_limits;
 pub(crate) mod model;
 pub mod nvml;
 pub mod pci;

@@ -50,7 +50,7 @@ impl ClaimStore {
 }
 
 /// What the publisher is told, `SHARED` → namespace, as `facts` last said.
-fn published(facts: &watch::Receiver<HealthFacts>) -> BTreeMap<String, String> {
+pub(super) fn published(facts: &watch::Receiver<HealthFacts>) -> BTreeMap<String, String> {
     facts.borrow().share_namespaces.clone()
 }
 
@@ -59,7 +59,7 @@ fn serving(ns: &str) -> BTreeMap<String, String> {
 }
 
 /// The publisher's facts of preparer `p`.
-fn facts_of(p: &Preparer) -> watch::Receiver<HealthFacts> {
+pub(super) fn facts_of(p: &Preparer) -> watch::Receiver<HealthFacts> {
     let (tx, rx) = watch::channel(HealthFacts::default());
     p.report_share_namespaces_to(tx);
     rx
@@ -199,7 +199,7 @@ async fn shares_cross_namespaces_only_where_the_admin_allows_it() {
 }
 
 /// The namespace of claim `i` of the random interleavings: two of each.
-fn namespace(i: usize) -> &'static str {
+pub(super) fn namespace(i: usize) -> &'static str {
     if i < SHARES / 2 { "team-a" } else { "team-b" }
 }
 

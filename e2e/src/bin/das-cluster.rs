@@ -36,7 +36,7 @@ enum Cmd {
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "n0=A100-SXM4-40GB:2,n1=H100-80GB:2"
+            default_value = "n0=A100-SXM4-40GB:2,n1=H100-80GB:2,n2=L4:1"
         )]
         nodes: Vec<String>,
         /// A real-runtime node, `node=MODEL:COUNT`: the upstream kubelet with containerd and

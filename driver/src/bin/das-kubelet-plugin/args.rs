@@ -12,6 +12,7 @@ use das_driver::claims::checkpoint;
 use das_driver::claims::cri::CriRuntime;
 use das_driver::claims::orphans::RuntimeError;
 use das_driver::claims::{OrphanPolicy, PodContainers};
+use das_driver::gpu::memory_limits::{EnforcementChoice, EnforcementSettings};
 use das_driver::gpu::nvml::procfs;
 use das_driver::gpu::pci;
 use das_driver::health::{self, HealthPolicy, TaintEffect};
@@ -224,6 +225,19 @@ pub(crate) struct Args {
     /// procfs root for `devices` (the `nvidia-caps` major) and the MIG capability minors.
     #[arg(long, env = "DAS_PROC_ROOT", default_value = procfs::PROC_ROOT)]
     pub(crate) proc_root: PathBuf,
+    /// Where cgroup v2 is mounted, as this process sees it and as the host has it (the hook
+    /// that caps a container's GPU memory runs on the host): its `dmem.capacity` says which
+    /// GPUs the kernel can cap (docs/design.md §7, "Memory limits the kernel enforces"). With
+    /// --emulated-gpus, a fake tree: a directory whose `dmem.capacity` lists the emulated GPUs'
+    /// bus IDs (`nvidia/0000:10:00.0/vidmem <bytes>` for GPU 0) and where the hook writes each
+    /// container's `dmem.max`.
+    #[arg(long, env = "DAS_CGROUP_ROOT", default_value = das_driver::gpu::memory_limits::DEFAULT_CGROUP_ROOT)]
+    pub(crate) cgroup_root: PathBuf,
+    /// Whether a GPU's memory shares are capped by the kernel: `auto` (where the GPU's driver is
+    /// r615 or newer and the cgroup root's `dmem.capacity` lists the GPU: a `createRuntime` CDI
+    /// hook sets each container's hard limit) or `mps` (never: MPS client limits only).
+    #[arg(long, env = "DAS_MEMORY_ENFORCEMENT", default_value = "auto", value_parser = parse_memory_enforcement)]
+    pub(crate) memory_enforcement: EnforcementChoice,
     /// sysfs root the GPUs' PCIe root complexes are read from (`bus/pci/devices/<bus id>`,
     /// published as `resource.kubernetes.io/pcieRoot`); a GPU it does not place gets none. Real
     /// GPUs only.
@@ -291,6 +305,20 @@ fn parse_shm_size(value: &str) -> Result<das_driver::mps::Shm, String> {
 
 fn parse_mps_protocol(value: &str) -> Result<das_driver::mps::ProtocolChoice, String> {
     das_driver::mps::ProtocolChoice::parse(value).map_err(|e| e.to_string())
+}
+
+fn parse_memory_enforcement(value: &str) -> Result<EnforcementChoice, String> {
+    EnforcementChoice::parse(value).map_err(|e| e.to_string())
+}
+
+/// The memory-enforcement settings of the flags: `--memory-enforcement`, `--cgroup-root`, and
+/// whether the GPUs are emulated (their fake tree alone decides).
+pub(crate) fn enforcement_settings(args: &Args) -> EnforcementSettings {
+    EnforcementSettings {
+        choice: args.memory_enforcement,
+        cgroup_root: args.cgroup_root.clone(),
+        emulated: args.emulated_gpus.is_some(),
+    }
 }
 
 fn parse_cri_endpoint(endpoint: &str) -> Result<CriRuntime, RuntimeError> {
@@ -433,6 +461,32 @@ mod tests {
             assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
             assert!(err.to_string().contains(says), "{err}");
         }
+    }
+
+    #[test]
+    fn memory_enforcement_detects_by_default_under_sys_fs_cgroup_and_mps_turns_it_off() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(
+            enforcement_settings(&args),
+            EnforcementSettings {
+                choice: EnforcementChoice::Auto,
+                cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+                emulated: false,
+            }
+        );
+        let args = parse(&[
+            "--memory-enforcement=mps",
+            "--cgroup-root=/tmp/fake-cgroup",
+            "--emulated-gpus=H100-80GB:1",
+        ])
+        .unwrap();
+        let settings = enforcement_settings(&args);
+        assert_eq!(settings.choice, EnforcementChoice::Mps);
+        assert_eq!(settings.cgroup_root, PathBuf::from("/tmp/fake-cgroup"));
+        assert!(settings.emulated);
+        let err = parse(&["--memory-enforcement=dmem"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("valid are auto"), "{err}");
     }
 
     #[test]

@@ -49,6 +49,12 @@ fn main() -> ExitCode {
     if argv.get(1).map(String::as_str) == Some(das_driver::mps::host::SUBCOMMAND) {
         return mps_host::main(&argv[2..]);
     }
+    // The createRuntime CDI hook that caps a container's GPU memory (docs/design.md §7,
+    // "Memory limits the kernel enforces"): run by the container runtime with none of the
+    // plugin's flags or environment, so it is parsed apart from them.
+    if argv.get(1).map(String::as_str) == Some(das_driver::claims::memory_limits::SUBCOMMAND) {
+        return ExitCode::from(das_driver::claims::memory_limits::main(&argv[2..]));
+    }
     let args = Args::parse();
     if let Err(code) = process::start("das-kubelet-plugin", &args.log) {
         return code;

@@ -20,7 +20,10 @@ use das_driver::mps::supervisor::MpsSettings;
 use das_driver::mps::{ControlBinary, Protocol, Shm, shm};
 use das_driver::node_checks::{self, HostView, NodeChecks};
 
-use crate::args::Args;
+use crate::args::{Args, enforcement_settings};
+use das_api::DRIVER_NAME;
+use das_driver::claims::memory_limits::{MemoryLimits, SetWith, install_hook, installed_hook_path};
+use das_driver::gpu::memory_limits::EnforcementChoice;
 
 /// `nvidia-caps` major reported for emulated GPUs (a real node reads `/proc/devices`).
 pub(crate) const EMULATED_CAPS_MAJOR: u32 = 509;
@@ -42,6 +45,9 @@ pub(crate) struct NodeCheck {
     /// NVIDIA's `nvidia-smi` among the driver's files, with the driver's library directory, if
     /// the driver has it (it sets time slices).
     pub(crate) nvidia_smi: Option<(PathBuf, Option<PathBuf>)>,
+    /// The same `nvidia-smi` and library directory as host paths: what the hook that caps a
+    /// container's GPU memory runs (the container runtime runs it on the host).
+    pub(crate) nvidia_smi_host: Option<(PathBuf, Option<PathBuf>)>,
     /// What the checks of the node set-up found (real GPUs only; reported after taking over,
     /// when the API client exists).
     pub(crate) setup: Option<NodeChecks>,
@@ -103,6 +109,10 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
         f.tool(driver_files::NVIDIA_SMI)
             .map(|bin| (bin, f.library_dir()))
     });
+    let nvidia_smi_host = files.as_ref().and_then(|f| {
+        f.host_tool(driver_files::NVIDIA_SMI)
+            .map(|bin| (bin, f.host_library_dir()))
+    });
     let driver_mounts = files.map(|f| f.mounts());
     // The toolkit's config and the unified-memory nodes: problems are reported, never fatal.
     let setup = match &gpus {
@@ -120,6 +130,7 @@ pub(crate) fn check_node(args: &Args) -> Result<NodeCheck> {
         driver_mounts,
         mps_control,
         nvidia_smi,
+        nvidia_smi_host,
         setup,
         boot_id,
     })
@@ -329,6 +340,59 @@ pub(crate) fn time_slicer(
     slicer
 }
 
+/// How containers get GPU memory limits the kernel enforces (docs/design.md §7, "Memory limits
+/// the kernel enforces"): installs the hook's executable, a copy of this binary, at
+/// `<--kubelet-plugins-dir>/mig.das.com/bin/das-kubelet-plugin` (a host path: the chart mounts
+/// the plugin's directory at the same path) and logs each GPU's level. `None`, logged, where no
+/// GPU can get one: `--memory-enforcement=mps`, real GPUs without `nvidia-smi` among the driver
+/// files (`nvidia_smi_host`, host paths), or an install that failed.
+pub(crate) fn memory_limits(
+    args: &Args,
+    nvidia_smi_host: Option<(PathBuf, Option<PathBuf>)>,
+    inventory: &[GpuInfo],
+) -> Option<MemoryLimits> {
+    let enforcement = enforcement_settings(args);
+    let set_with = match (&enforcement.choice, enforcement.emulated, nvidia_smi_host) {
+        (EnforcementChoice::Mps, _, _) => {
+            tracing::info!("--memory-enforcement=mps: GPU memory shares are held by MPS only");
+            return None;
+        }
+        (_, true, _) => SetWith::Emulated,
+        (_, false, Some((program, library_dir))) => SetWith::NvidiaSmi {
+            program,
+            library_dir,
+        },
+        (_, false, None) => {
+            tracing::warn!(
+                "no nvidia-smi among the driver's files (--driver-root): GPU memory shares are held by MPS only"
+            );
+            return None;
+        }
+    };
+    let hook_path = installed_hook_path(&args.kubelet_plugins_dir.join(DRIVER_NAME));
+    let installed = std::env::current_exe().and_then(|exe| install_hook(&exe, &hook_path));
+    match installed {
+        Ok(wrote) => tracing::info!(path = %hook_path.display(), updated = wrote,
+            "the GPU memory-limit hook is installed there (CDI createRuntime hook)"),
+        Err(e) => {
+            tracing::error!(path = %hook_path.display(), error = %e,
+                "the GPU memory-limit hook could not be installed: GPU memory shares are held by MPS only");
+            return None;
+        }
+    }
+    let limits = MemoryLimits {
+        hook_path,
+        cgroup_root: args.cgroup_root.clone(),
+        set_with,
+        enforcement,
+    };
+    for g in inventory {
+        tracing::info!(gpu = g.index, bus = ?g.pci_bus_id, driver = %g.driver_version,
+            memory_enforcement = limits.enforcement(g).as_str(), "GPU memory limits");
+    }
+    Some(limits)
+}
+
 /// Where the CDI specs' device nodes are on the host; with --emulated-device-dir the stand-ins
 /// are made here, before any spec names them.
 pub(crate) fn device_nodes(
@@ -372,4 +436,75 @@ pub(crate) fn load_checkpoint(path: &std::path::Path, boot_id: &str) -> Result<(
             (Checkpoint::new(boot_id), true)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use das_driver::gpu::memory_limits::{DMEM_CAPACITY_FILE, MemoryEnforcement};
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["das-kubelet-plugin", "--node-name", "n0"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).unwrap()
+    }
+
+    #[test]
+    fn the_memory_limit_hook_is_installed_in_the_plugins_dir_and_each_gpu_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("plugins");
+        let cgroup = dir.path().join("cgroup");
+        std::fs::create_dir_all(&cgroup).unwrap();
+        std::fs::write(
+            cgroup.join(DMEM_CAPACITY_FILE),
+            "nvidia/0000:10:00.0/vidmem 85899345920\n",
+        )
+        .unwrap();
+        let flags = [
+            format!("--kubelet-plugins-dir={}", plugins.display()),
+            format!("--cgroup-root={}", cgroup.display()),
+            "--emulated-gpus=H100-80GB:2".to_string(),
+            "--whole-gpus".to_string(),
+        ];
+        let a = args(&flags.iter().map(String::as_str).collect::<Vec<_>>());
+        let inventory = emulated_inventory(&a, "H100-80GB:2", "n0").unwrap();
+        let limits = memory_limits(&a, None, &inventory).expect("emulated GPUs get limits");
+        let installed = plugins.join("mig.das.com/bin/das-kubelet-plugin");
+        assert_eq!(limits.hook_path, installed);
+        assert_eq!(
+            std::fs::read(&installed).unwrap(),
+            std::fs::read(std::env::current_exe().unwrap()).unwrap(),
+            "a copy of the running binary"
+        );
+        assert_eq!(limits.set_with, SetWith::Emulated);
+        assert_eq!(limits.cgroup_root, cgroup);
+        let levels: Vec<_> = inventory.iter().map(|g| limits.enforcement(g)).collect();
+        assert_eq!(
+            levels,
+            [MemoryEnforcement::Enforced, MemoryEnforcement::Mps],
+            "GPU 0 (0000:10:00.0) is listed, GPU 1 is not"
+        );
+        // --memory-enforcement=mps: nothing installed, no limits.
+        let other = dir.path().join("other");
+        let a = args(&[
+            &format!("--kubelet-plugins-dir={}", other.display()),
+            "--memory-enforcement=mps",
+            "--emulated-gpus=H100-80GB:1",
+        ]);
+        assert_eq!(memory_limits(&a, None, &[]), None);
+        assert!(!other.exists());
+        // Real GPUs: nvidia-smi's host paths, or no limits without it.
+        let a = args(&[&format!("--kubelet-plugins-dir={}", other.display())]);
+        assert_eq!(memory_limits(&a, None, &[]), None);
+        let smi = Some(("/usr/bin/nvidia-smi".into(), Some("/usr/lib64".into())));
+        let real = memory_limits(&a, smi, &[]).expect("nvidia-smi found");
+        assert_eq!(
+            real.set_with,
+            SetWith::NvidiaSmi {
+                program: "/usr/bin/nvidia-smi".into(),
+                library_dir: Some("/usr/lib64".into())
+            }
+        );
+    }
 }

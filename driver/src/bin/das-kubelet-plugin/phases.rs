@@ -51,8 +51,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::args::{Args, health_policy, orphan_policy, share_policy};
 use crate::node::{
-    Gpus, NodeCheck, check_node, device_nodes, load_checkpoint, mps_control_binary, mps_settings,
-    open_emulated, stand_in_driver_mounts, time_slicer,
+    Gpus, NodeCheck, check_node, device_nodes, load_checkpoint, memory_limits, mps_control_binary,
+    mps_settings, open_emulated, stand_in_driver_mounts, time_slicer,
 };
 use crate::slices::{base_slices, slice_options, unless_no_mps};
 
@@ -256,6 +256,7 @@ impl TakenOver {
             mps: mps.clone(),
             time_slicer: time_slicer(args, &backend, node.nvidia_smi),
             share_policy: share_policy(args),
+            memory_limits: memory_limits(args, node.nvidia_smi_host, &inventory),
         }));
         let report = preparer
             .reconcile_at_startup(rebuild, args.reclaim_foreign_slices)
@@ -290,7 +291,8 @@ impl Reconciled {
             preparer,
             mps,
         } = self;
-        let options = unless_no_mps(options, &mps);
+        let mut options = unless_no_mps(options, &mps);
+        options.shared.memory_enforced = enforced_gpus(preparer.memory_limits(), &inventory);
         let base = base_slices(&process.args, &inventory, options, carve_before_bind)?;
         let (monitor, facts) = start_monitor(&process, &inventory, api, &preparer).await;
         let mut publisher = Publisher::new(process.client.clone(), &process.args.node_name, None)
@@ -517,4 +519,23 @@ fn spawn_request_path_tasks(
         mps_stop.cancelled().await;
         mps.let_go().await;
     });
+}
+
+/// The UUIDs of the GPUs of `inventory` whose memory shares the kernel enforces under `limits`
+/// (published as `memoryEnforcement: enforced` on their shareable devices; docs/design.md §7,
+/// "Memory slices of a whole GPU"); none without limits.
+fn enforced_gpus(
+    limits: Option<&das_driver::claims::memory_limits::MemoryLimits>,
+    inventory: &[das_driver::gpu::GpuInfo],
+) -> std::collections::BTreeSet<String> {
+    let Some(limits) = limits else {
+        return Default::default();
+    };
+    inventory
+        .iter()
+        .filter(|g| {
+            limits.enforcement(g) == das_driver::gpu::memory_limits::MemoryEnforcement::Enforced
+        })
+        .map(|g| g.uuid.clone())
+        .collect()
 }

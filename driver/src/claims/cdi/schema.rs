@@ -62,7 +62,9 @@ pub struct ContainerEdits {
     /// Bind mounts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
-    /// OCI hooks (DAS writes none; kept so specs that have them still parse).
+    /// OCI hooks: DAS's own is the `createRuntime` hook that caps a container's GPU memory
+    /// (`crate::claims::memory_limits`); others are kept so specs that have them still parse.
+    /// Hooks need no `cdiVersion` above 0.3.0 ([`Spec::minimum_version`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<Hook>,
 }
@@ -154,7 +156,9 @@ pub struct Mount {
     pub mount_type: Option<String>,
 }
 
-/// An OCI hook. DAS writes none.
+/// An OCI hook (OCI runtime spec `config.md`, "POSIX-platform Hooks"; CDI `specs-go/config.go`
+/// `Hook`): DAS writes the `createRuntime` hook of a GPU memory limit
+/// (`crate::claims::memory_limits::hook::memory_limit_hook`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Hook {
@@ -177,8 +181,8 @@ impl Spec {
     /// The lowest `cdiVersion` that covers the features this spec uses (CDI
     /// `MinimumRequiredVersion`): `0.3.0`; `0.4.0` with a mount `type`; `0.5.0` with a device
     /// node `hostPath` or a device name that does not start with a letter; `0.6.0` with
-    /// annotations or a dot in the class part of the kind. Later versions add fields this
-    /// module does not model.
+    /// annotations or a dot in the class part of the kind. Hooks need none (CDI `specs-go/version.go`
+    /// has no rule for them). Later versions add fields this module does not model.
     pub fn minimum_version(&self) -> &'static str {
         if self.needs_v060() {
             "0.6.0"

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use super::CdiError;
 use super::schema::{
-    ContainerEdits, Device, DeviceNode, Mount, Spec, qualified_name, validate_claim_uid,
+    ContainerEdits, Device, DeviceNode, Hook, Mount, Spec, qualified_name, validate_claim_uid,
     validate_device_name,
 };
 
@@ -91,6 +91,10 @@ pub struct SpecDevice {
     /// Its MIG instance's MPS daemon, for a device served with MPS (docs/design.md §7, "MPS on a
     /// slice").
     pub mps: Option<MpsMounts>,
+    /// OCI hooks the runtime runs for a container holding the device: the `createRuntime` hook
+    /// that caps its GPU memory (`crate::claims::memory_limits`; docs/design.md §7, "Memory
+    /// limits the kernel enforces"). Empty for most devices.
+    pub hooks: Vec<Hook>,
 }
 
 /// What a container of an MPS device gets of its MIG instance's MPS control daemon: the daemon's pipe
@@ -222,8 +226,8 @@ pub const NVIDIA_VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
 /// Builds DAS's spec for a claim: kind [`das_api::CDI_KIND`], one CDI device per
 /// [`SpecDevice`], named `<claimUID>-<key>`, with the instances' device nodes (parent GPU once per
 /// device, GI and CI capability nodes) and one [`mig_uuid_env_key`] variable per instance, or a
-/// whole GPU's device node and one [`gpu_uuid_env_key`] variable, and for a device served with
-/// MPS its [`MpsMounts`]; the spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
+/// whole GPU's device node and one [`gpu_uuid_env_key`] variable, for a device served with
+/// MPS its [`MpsMounts`], and the device's hooks; the spec-level edits add `/dev/nvidiactl`, `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools` and
 /// [`NVIDIA_VISIBLE_DEVICES_VOID`] (see [`super`] for why the edits compose).
 /// `cdiVersion` is the minimum the spec needs.
 ///
@@ -382,7 +386,7 @@ fn device_edits(claim_uid: &str, device: &SpecDevice) -> Result<ContainerEdits, 
         env,
         device_nodes: instance_device_nodes(&device.gpus, &device.instances),
         mounts,
-        hooks: Vec::new(),
+        hooks: device.hooks.clone(),
     })
 }
 

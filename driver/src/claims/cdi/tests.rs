@@ -32,6 +32,7 @@ fn device(key: &str, instances: Vec<PreparedInstance>) -> SpecDevice {
         instances,
         gpus: Vec::new(),
         mps: None,
+        hooks: Vec::new(),
     }
 }
 
@@ -57,6 +58,7 @@ fn whole(request: &str, index: usize, minor: u32) -> SpecDevice {
             index,
         }],
         mps: None,
+        hooks: Vec::new(),
     }
 }
 
@@ -519,4 +521,46 @@ fn driver_mounts_go_into_the_spec_level_edits_of_every_spec() {
     let before = a.clone();
     add_spec_mounts(&mut a, &[]);
     assert_eq!(a, before, "no driver root: the spec is unchanged");
+}
+
+/// A device's hooks (the GPU memory limit's `createRuntime` hook) go into its own edits, as CDI
+/// writes them, and raise no `cdiVersion` (hooks exist since CDI 0.3.0).
+#[test]
+fn a_devices_hooks_go_into_its_edits_and_raise_no_cdi_version() {
+    let hook = crate::claims::memory_limits::hook::memory_limit_hook(
+        std::path::Path::new("/var/lib/kubelet/plugins/mig.das.com/bin/das-kubelet-plugin"),
+        "GPU-00000003-aaaa-bbbb-cccc-dddddddddddd",
+        "0000:03:00.0",
+        8 << 30,
+        std::path::Path::new("/sys/fs/cgroup"),
+        &crate::claims::memory_limits::SetWith::Emulated,
+    )
+    .unwrap();
+    let with_hook = SpecDevice {
+        hooks: vec![hook],
+        ..whole("gpu", 0, 3)
+    };
+    let built = build_claim_spec(UID, &[with_hook, one("gpu", 1, 1, 0)]).unwrap();
+    let without = build_claim_spec(UID, &[whole("gpu", 0, 3), one("gpu", 1, 1, 0)]).unwrap();
+    let value = serde_json::to_value(&built.spec).unwrap();
+    let hooks = &value["devices"][0]["containerEdits"]["hooks"];
+    assert_eq!(hooks[0]["hookName"], "createRuntime");
+    assert_eq!(
+        hooks[0]["path"],
+        "/var/lib/kubelet/plugins/mig.das.com/bin/das-kubelet-plugin"
+    );
+    assert_eq!(hooks[0]["args"][1], "cdi-hook");
+    assert_eq!(hooks[0]["timeout"], 60);
+    assert!(value["devices"][1]["containerEdits"].get("hooks").is_none());
+    assert_eq!(built.spec.cdi_version, without.spec.cdi_version);
+    built.spec.validate().unwrap();
+    let mut hooks_only = built.spec.clone();
+    hooks_only.devices.truncate(1);
+    hooks_only.devices[0].name = "gpu-3".into();
+    hooks_only.devices[0].container_edits.device_nodes.clear();
+    hooks_only.container_edits = None;
+    assert_eq!(hooks_only.minimum_version(), "0.3.0");
+    // What it reads back as.
+    let back: Spec = serde_json::from_value(value).unwrap();
+    assert_eq!(back, built.spec);
 }

@@ -58,6 +58,16 @@ fn libraries_are_mounted_under_their_soname_and_tools_in_the_bin_dir() {
         found.library_dir(),
         Some(dir.path().join("usr/lib/x86_64-linux-gnu"))
     );
+    // What a CDI hook the runtime runs on the host names.
+    assert_eq!(
+        found.host_tool("nvidia-smi"),
+        Some(PathBuf::from("/run/nvidia/driver/usr/bin/nvidia-smi"))
+    );
+    assert_eq!(found.host_tool("nvidia-cuda-mps-control"), None);
+    assert_eq!(
+        found.host_library_dir(),
+        Some(PathBuf::from("/run/nvidia/driver/usr/lib/x86_64-linux-gnu"))
+    );
 }
 
 #[test]

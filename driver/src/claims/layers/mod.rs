@@ -1,5 +1,6 @@
-//! Layers any kind of device can wear (issue 42): MPS (docs/design.md §7, "MPS on a slice") and
-//! time-slicing (§7, "Time-slicing"), a service run on what a device holds, for the claim's
+//! Layers any kind of device can wear (issue 42): MPS (docs/design.md §7, "MPS on a slice"),
+//! time-slicing (§7, "Time-slicing") and kernel-enforced memory limits (§7, "Memory slices of a
+//! whole GPU"), a service run on what a device holds, for the claim's
 //! containers. A layer is put on
 //! once a prepare's devices hold what their kinds acquired and before the CDI spec is written,
 //! adds its own CDI edits, is taken off before a release destroys anything, and is brought back
@@ -22,9 +23,11 @@ use crate::claims::cdi::SpecDevice;
 use crate::claims::checkpoint::{CheckpointStore, RecordedDevice};
 use crate::claims::handler::ClaimRef;
 use crate::claims::kinds::{NodeDevices, Planned};
-use crate::gpu::TimeSlicer;
+use crate::claims::memory_limits::MemoryLimits;
+use crate::gpu::{GpuInfo, TimeSlicer};
 use crate::mps::MpsDaemons;
 
+pub(crate) mod memory_limits;
 pub(crate) mod mps;
 pub(crate) mod time_slicing;
 
@@ -98,11 +101,18 @@ pub(crate) struct Layers {
 
 impl Layers {
     /// The standard layers, over their services: the registration lines.
-    pub fn standard(mps: Arc<MpsDaemons>, slicer: TimeSlicer, blocking: BlockingCalls) -> Self {
+    pub fn standard(
+        mps: Arc<MpsDaemons>,
+        slicer: TimeSlicer,
+        blocking: BlockingCalls,
+        memory: Option<MemoryLimits>,
+        inventory: &[GpuInfo],
+    ) -> Self {
         Layers {
             all: vec![
                 Box::new(mps::MpsLayer::new(mps)),
                 Box::new(time_slicing::TimeSlicingLayer::new(slicer, blocking)),
+                Box::new(memory_limits::MemoryLimitLayer::new(memory, inventory)),
             ],
         }
     }

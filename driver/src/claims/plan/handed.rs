@@ -93,6 +93,7 @@ pub fn spec_devices(
                 instances: Vec::new(),
                 gpus: Vec::new(),
                 mps: None,
+                hooks: Vec::new(),
             };
             for (d, h, at) in of {
                 kinds.of_record(d).cdi_edits(d, h, *at, &mut dev);

@@ -66,6 +66,7 @@ use super::{ClaimApi, ClaimLocks, EventTarget, PrepareError};
 pub use crate::blocking::BlockingCalls;
 use crate::claims::cdi::{self, CdiWriter};
 use crate::claims::checkpoint::{CheckpointStore, ClaimRecord};
+use crate::claims::memory_limits::MemoryLimits;
 use crate::gpu::{GpuBackend, GpuCalls, GpuInfo, TimeSlicer};
 use crate::metrics::Metrics;
 use crate::mps::MpsDaemons;
@@ -121,6 +122,10 @@ pub struct PreparerConfig {
     /// How this node's shareable devices are cut (their `shares` capacity is a share's
     /// denominator; docs/design.md §7, "Shared slices").
     pub share_policy: SharePolicy,
+    /// How a container gets a GPU memory limit the kernel enforces (the installed
+    /// `createRuntime` hook, the cgroup root, the setter; docs/design.md §7, "Memory limits the
+    /// kernel enforces"); `None` where no GPU of the node can get one.
+    pub memory_limits: Option<MemoryLimits>,
 }
 
 /// Prepares and unprepares claims for this node; see the module docs.
@@ -146,6 +151,8 @@ pub struct Preparer {
     pub(crate) layers: Layers,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
+    /// How a container gets a GPU memory limit ([`PreparerConfig::memory_limits`]).
+    pub(crate) memory_limits: Option<MemoryLimits>,
 }
 
 /// The records of what is prepared, and who may change a claim's record now.
@@ -232,9 +239,22 @@ impl Preparer {
                 layers_pending: PendingDaemons::default(),
             },
             modes: GpuModes::new(&config.inventory, &config.metrics),
-            layers: Layers::standard(config.mps, config.time_slicer, config.blocking),
+            layers: Layers::standard(
+                config.mps,
+                config.time_slicer,
+                config.blocking,
+                config.memory_limits.clone(),
+                &config.inventory,
+            ),
             metrics: config.metrics,
+            memory_limits: config.memory_limits,
         }
+    }
+
+    /// How a container gets a GPU memory limit the kernel enforces, if any GPU of the node can
+    /// get one ([`PreparerConfig::memory_limits`]).
+    pub fn memory_limits(&self) -> Option<&MemoryLimits> {
+        self.memory_limits.as_ref()
     }
 
     /// The checkpoint (read-only use: tests and start-up reports).

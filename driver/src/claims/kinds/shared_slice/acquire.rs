@@ -89,10 +89,10 @@ pub(super) fn hold_gpu(i: usize, p: &Planned, tx: &GpuTxn<'_>) -> Result<(), Pre
     let only = tx.node.share_scope(&tx.claim.namespace);
     let (on, _) = tx.checkpoint.change(|cp| {
         let on = plan::on_share(cp, uid, only, p);
-        if !matches!(on, OnShare::Refuse(_)) {
-            if let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i)) {
-                d.acquired = true;
-            }
+        if !matches!(on, OnShare::Refuse(_))
+            && let Some(d) = cp.claims.get_mut(uid).and_then(|r| r.devices.get_mut(i))
+        {
+            d.acquired = true;
         }
         on
     });

@@ -26,7 +26,7 @@ impl MpsLayer {
         let kind = Kinds::standard().of_record(d);
         let uuid = kind.mps_uuid(d)?;
         let label = if kind.shared_by_claims() {
-            format!("shares of {} on GPU {}", d.device, d.gpu_uuid)
+            format!("shares on GPU {}", d.gpu_uuid)
         } else {
             claim.to_string()
         };
