@@ -249,15 +249,6 @@ pub struct DaemonProcess {
 }
 
 impl DaemonProcess {
-    /// The process of `pid` now (its start time read from `/proc`), if it runs.
-    pub fn of(pid: u32) -> Option<Self> {
-        let p = Self {
-            pid,
-            start: start_time(pid)?,
-        };
-        p.alive().then_some(p)
-    }
-
     /// Whether this very process still runs: its pid exists, has the recorded start time (a
     /// pid the kernel gave to another process since has another) and is no zombie.
     pub fn alive(&self) -> bool {
