@@ -583,7 +583,9 @@ async fn dry_runs(cluster: &Cluster) -> Result<()> {
     let labelled_and_guarded = default_values()
         .set("namespace.create=true")
         .set("metrics.authentication=true")
-        .set("sharing.profiles={1g}");
+        .set("sharing.profiles={1g}")
+        // The MPS host's DaemonSet (docs/design.md §7, "Who runs the daemons").
+        .set("mps.host.enabled=true");
     for opts in [
         default_values(),
         emulated_values(),

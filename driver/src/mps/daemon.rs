@@ -1,11 +1,11 @@
 //! One MPS control daemon as a process: the control binary, its directories (and its shm tmpfs,
-//! [`super::shm`]), starting it in the foreground (`-f`, so the plugin sees it exit), the pid
-//! file that lets a restarted plugin adopt a daemon still running, and killing it. Its control
+//! [`super::shm`]), starting it in the foreground (`-f`, so the plugin sees it exit) as the
+//! plugin's child ([`spawn`]; the MPS host starts the same process, [`super::launch`]), the pid
+//! file that lets a restarted plugin adopt a daemon still running (and lets it watch one the
+//! host started), and killing it. Its control
 //! commands are [`super::control`]'s; [`super::supervisor`] decides when.
 
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 use super::MpsLimits;
-use super::commands::{self, Protocol};
+use super::commands::Protocol;
+use super::launch::Launch;
 use super::layout::MpsDirs;
 use super::shm::{self, Shm};
 use super::stand_in;
@@ -180,57 +181,20 @@ pub(crate) fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
     }
 }
 
-/// Starts the daemon of `spec` in the foreground (`-f`), in a process group of its own (a
-/// signal to the plugin's group does not reach it, and [`kill_group`] reaches the MPS server it
-/// starts too), its output appended to its log directory, and writes its pid file. Returns
-/// once it runs: [`wait_ready`] waits for its control socket.
+/// Starts the daemon of `spec` in the foreground (`-f`) as this process's child, as
+/// [`Launch::spawn`] does (its own process group, output appended to its log directory, pid
+/// file), its directories made first. Returns once it runs: [`wait_ready`] waits for its
+/// control socket.
 ///
 /// # Errors
 /// The directories, the output file or the pid file could not be made (the process started is
 /// then killed and reaped: nothing would record it), or the binary not run.
 pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> {
     make_dirs(&spec.dirs)?;
-    // A socket left by a daemon that was killed would make the new one look ready at once.
-    let _ = std::fs::remove_file(spec.dirs.control_socket());
-    let out_path = spec.dirs.log.join(OUTPUT_FILE);
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&out_path)
-        .map_err(|e| MpsError(format!("open {}: {e}", out_path.display())))?;
-    let err = out
-        .try_clone()
-        .map_err(|e| MpsError(format!("open {}: {e}", out_path.display())))?;
-    let mut cmd = bin.command(&commands::daemon_env(&spec.dirs, &spec.device_uuid));
-    cmd.args(commands::daemon_args(spec.protocol))
-        .stdout(out)
-        .stderr(err)
-        .process_group(0)
-        .kill_on_drop(false);
-    if bin.shm_over_dev_shm {
-        shm_over_dev_shm(&mut cmd, &spec.dirs.shm)?;
-    }
-    let mut child = cmd.spawn().map_err(|e| {
-        MpsError(format!(
-            "run {} for the MPS control daemon: {e}",
-            bin.program.display()
-        ))
-    })?;
-    let recorded = match child.id() {
-        Some(pid) => write_pid_file(&spec.dirs, pid),
-        None => Err(MpsError(
-            "the MPS control daemon exited at once".to_string(),
-        )),
-    };
-    if let Err(e) = recorded {
-        // Without its pid file no later plugin could find it: it must not outlive this call.
-        kill_child(&mut child).await;
-        return Err(e);
-    }
-    Ok(child)
+    Launch::new(bin, spec).spawn().await.map(|(child, _)| child)
 }
 
-/// Kills the process group of a daemon this plugin started (its server too) and reaps it.
+/// Kills the process group of a daemon this process started (its server too) and reaps it.
 pub(crate) async fn kill_child(child: &mut Child) {
     if let Some(pid) = child.id() {
         // Before the reap: while the leader is unreaped its pid (the group's id) cannot be
@@ -240,62 +204,25 @@ pub(crate) async fn kill_child(child: &mut Child) {
     let _ = child.kill().await;
 }
 
-/// Has the daemon's child, before it runs the binary, make a mount namespace of its own with
-/// `shm` bound over `/dev/shm`.
-fn shm_over_dev_shm(cmd: &mut Command, shm: &Path) -> Result<(), MpsError> {
-    let bad = |e: std::ffi::NulError| MpsError(format!("{}: {e}", shm.display()));
-    let source = CString::new(shm.as_os_str().as_bytes()).map_err(bad)?;
-    let target = CString::new("/dev/shm").map_err(bad)?;
-    let root = CString::new("/").map_err(bad)?;
-    // SAFETY: between fork and exec the closure calls only unshare(2) and mount(2), which are
-    // async-signal-safe, on strings allocated before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::unshare(libc::CLONE_NEWNS) != 0
-                || libc::mount(
-                    std::ptr::null(),
-                    root.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ) != 0
-                || libc::mount(
-                    source.as_ptr(),
-                    target.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND,
-                    std::ptr::null(),
-                ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    Ok(())
-}
-
-/// Waits until the daemon has made its control socket, or has exited, or `timeout` passed.
+/// Waits until the daemon has made its control socket, or `exited` says it has exited (how:
+/// its exit status, or that its pid is gone), or `timeout` passed.
 ///
 /// # Errors
 /// The daemon exited or made no socket in time; with the end of its log.
 pub async fn wait_ready(
     spec: &DaemonSpec,
-    child: Option<&mut Child>,
+    mut exited: impl FnMut() -> Option<String>,
     timeout: Duration,
 ) -> Result<(), MpsError> {
     let t0 = Instant::now();
     let socket = spec.dirs.control_socket();
-    let mut child = child;
     loop {
         if socket.exists() {
             return Ok(());
         }
-        if let Some(c) = child.as_deref_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
+        if let Some(how) = exited() {
             return Err(MpsError(format!(
-                "the MPS control daemon exited at start ({status}){}",
+                "the MPS control daemon exited at start ({how}){}",
                 log_tail(&spec.dirs)
             )));
         }
@@ -313,8 +240,8 @@ pub async fn wait_ready(
 
 /// A daemon process as its pid file records it: the pid and the start time from
 /// `/proc/<pid>/stat`, which tells a reused pid apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DaemonProcess {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DaemonProcess {
     /// Its pid, which is also its process group's id (it leads its own group).
     pub pid: u32,
     /// Field 22 of `/proc/<pid>/stat` when it was started, in clock ticks since boot.
@@ -338,11 +265,12 @@ impl DaemonProcess {
     }
 }
 
-/// Writes `<pid> <start time>` (see [`DaemonProcess`]).
-fn write_pid_file(dirs: &MpsDirs, pid: u32) -> Result<(), MpsError> {
+/// Writes `<pid> <start time>` to `path` (see [`DaemonProcess`]) and returns that process.
+pub(crate) fn write_pid_file(path: &Path, pid: u32) -> Result<DaemonProcess, MpsError> {
     let start = start_time(pid).unwrap_or(0);
-    std::fs::write(&dirs.pid_file, format!("{pid} {start}\n"))
-        .map_err(|e| MpsError(format!("write {}: {e}", dirs.pid_file.display())))
+    std::fs::write(path, format!("{pid} {start}\n"))
+        .map_err(|e| MpsError(format!("write {}: {e}", path.display())))?;
+    Ok(DaemonProcess { pid, start })
 }
 
 /// The daemon the pid file names, if that process still runs and is the one that was started

@@ -11,6 +11,11 @@
 //! - [`daemon`]: one daemon process: the control binary (NVIDIA's `nvidia-cuda-mps-control`
 //!   from the driver files, or the emulated GPUs' stand-in), its directories, starting it in
 //!   the foreground, its pid file (to adopt a live daemon after a plugin restart), killing it.
+//! - [`launch`]: what starts a daemon, as data, and the one function that starts it (the
+//!   plugin's own start and the MPS host's).
+//! - [`host`]: the MPS host (`das-kubelet-plugin mps-host`), a per-node process that starts
+//!   and reaps the daemons on the plugin's request, so they outlive an upgrade or a crash of
+//!   the plugin; and the plugin's client of it.
 //! - [`control`]: its control commands through the binary's client mode: limits, and with
 //!   protocol 3 the MIG instance's server and its namespaces.
 //! - [`settings`]: the node-wide settings of the flags: protocol, shm, pipe mount. Pure.
@@ -26,6 +31,8 @@ use serde::{Deserialize, Serialize};
 pub mod commands;
 pub mod control;
 pub mod daemon;
+pub mod host;
+pub mod launch;
 pub mod layout;
 pub mod settings;
 pub mod shm;

@@ -8,7 +8,10 @@
 //! watched by its pid and start time; any other is started). The release of the claim stops it
 //! ([`MpsDaemons::stop`]: `quit`, then a kill of its process group, the daemon and its MPS
 //! server, after [`daemon::QUIT_GRACE`], or at once if `quit` could not be sent) and removes its
-//! directories. A handover lets go of them all ([`MpsDaemons::let_go`]).
+//! directories. A handover lets go of them all ([`MpsDaemons::let_go`]). With the MPS host
+//! ([`MpsDaemons::with_host`], [`super::host`]) every start goes through the host, and the
+//! daemon is watched by its pid and start time as an adopted one is: it is no child of the
+//! plugin, so nothing the plugin does by exiting ends it.
 //!
 //! With protocol 3 each daemon also has its namespaces (one per claim or share of its MIG instance,
 //! [`Namespace`]): [`MpsDaemons::start`] adds one, [`MpsDaemons::leave`] deletes one, and every
@@ -26,6 +29,7 @@ use super::MpsLimits;
 use super::commands::{Namespace, Protocol};
 use super::control;
 use super::daemon::{self, ControlBinary, DaemonSpec, MpsError};
+use super::host::HostClient;
 use super::layout::{self, MPS_DIR, MpsDirs};
 use crate::metrics::Metrics;
 
@@ -60,6 +64,7 @@ impl MpsDaemons {
         Self {
             ctx: Ctx {
                 binary,
+                host: None,
                 backoff: Backoff::DEFAULT,
                 metrics,
             },
@@ -75,6 +80,21 @@ impl MpsDaemons {
     pub fn with_backoff(mut self, backoff: Backoff) -> Self {
         self.ctx.backoff = backoff;
         self
+    }
+
+    /// The same, starting the daemons through the MPS host listening on `socket`
+    /// (`--mps-host-socket`, [`super::host`]) instead of as the plugin's children, so that they
+    /// outlive the plugin's container; `None`: as its children. Either way they are supervised,
+    /// stopped and adopted by this plugin; the host's are watched by their pid, as adopted ones
+    /// are, which needs the plugin and the host in one PID namespace (the chart's `hostPID`).
+    pub fn with_host(mut self, socket: Option<PathBuf>) -> Self {
+        self.ctx.host = socket.map(HostClient::new);
+        self
+    }
+
+    /// The MPS host the daemons are started through, if any.
+    pub fn host(&self) -> Option<&HostClient> {
+        self.ctx.host.as_ref()
     }
 
     /// The same, with the node-wide `settings` (protocol, shm, pipe mount).

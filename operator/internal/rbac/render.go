@@ -61,7 +61,7 @@ func FeatureSets(profiles []any) []map[string]any {
 				"authentication": true, "serviceMonitor": map[string]any{"enabled": true},
 			},
 			"networkPolicy": map[string]any{"enabled": true},
-			"mps":           map[string]any{"shmOnEmulatedGpus": true},
+			"mps":           map[string]any{"shmOnEmulatedGpus": true, "host": map[string]any{"enabled": true}},
 			"openshift":     map[string]any{"scc": map[string]any{"enabled": true}},
 		})
 	}

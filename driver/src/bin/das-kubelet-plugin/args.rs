@@ -111,6 +111,14 @@ pub(crate) struct Args {
     /// report 580, so 2).
     #[arg(long, env = "DAS_MPS_PROTOCOL", default_value = "auto", value_parser = parse_mps_protocol)]
     pub(crate) mps_protocol: das_driver::mps::ProtocolChoice,
+    /// The socket of the node's MPS host (`das-kubelet-plugin mps-host`, the chart's
+    /// `das-mps-host` DaemonSet with `mps.host.enabled`; docs/design.md §7, "Who runs the
+    /// daemons"), normally `<state dir>/mps/host.sock`: the MPS daemons are started there, not
+    /// as this plugin's children, and so outlive an upgrade or a crash of the plugin. The
+    /// plugin watches them by pid, so it must share the host's PID namespace (hostPID). Unset:
+    /// the plugin starts them itself.
+    #[arg(long, env = "DAS_MPS_HOST_SOCKET")]
+    pub(crate) mps_host_socket: Option<PathBuf>,
     /// UID of this DaemonSet pod: makes socket names unique so two plugin pods can overlap
     /// during a rolling update.
     #[arg(long, env = "POD_UID")]
@@ -425,12 +433,21 @@ mod tests {
         );
         assert_eq!(args.mps_pipe_mount, PipeMount::ReadOnly);
         assert_eq!(args.mps_protocol, ProtocolChoice::Auto);
+        assert_eq!(
+            args.mps_host_socket, None,
+            "the plugin starts its daemons itself"
+        );
         let args = parse(&[
             "--mps-shm-size=0",
             "--mps-pipe-mount=rw",
             "--mps-protocol=3",
+            "--mps-host-socket=/var/lib/das/mps/host.sock",
         ])
         .unwrap();
+        assert_eq!(
+            args.mps_host_socket.as_deref(),
+            Some(std::path::Path::new("/var/lib/das/mps/host.sock"))
+        );
         assert_eq!(args.mps_shm_size, Shm::Directory);
         assert_eq!(args.mps_pipe_mount, PipeMount::ReadWrite);
         assert_eq!(args.mps_protocol, ProtocolChoice::Fixed(Protocol::V3));

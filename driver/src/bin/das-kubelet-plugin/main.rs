@@ -12,6 +12,7 @@
 //!   (`das_driver::publish::desired::desired_slices`).
 //! - `slices`: the slices' options for the API server and the node, and the slices built from
 //!   the inventory.
+//! - `mps_host`: the subcommand `mps-host`, the MPS host (`das_driver::mps::host`).
 //! - `print`: the read-only modes `--print-inventory` and `--print-resource-slices`.
 //! - this file: the process (runtime, signals) and [`run`], the phases in their order.
 
@@ -19,6 +20,7 @@
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 mod args;
+mod mps_host;
 mod node;
 mod phases;
 mod print;
@@ -42,6 +44,10 @@ fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(das_driver::mps::stand_in::SUBCOMMAND) {
         return ExitCode::from(das_driver::mps::stand_in::main(&argv[2..]));
+    }
+    // The MPS host (das_driver::mps::host): its own flags, none of the plugin's.
+    if argv.get(1).map(String::as_str) == Some(das_driver::mps::host::SUBCOMMAND) {
+        return mps_host::main(&argv[2..]);
     }
     // The createRuntime CDI hook that caps a container's GPU memory (docs/design.md §7,
     // "Memory limits the kernel enforces"): run by the container runtime with none of the

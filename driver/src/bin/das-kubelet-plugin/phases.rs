@@ -228,7 +228,8 @@ impl TakenOver {
                 &args.state_dir,
                 metrics.clone(),
             )
-            .with_settings(mps_settings),
+            .with_settings(mps_settings)
+            .with_host(args.mps_host_socket.clone()),
         );
         let cp_path = args.state_dir.join(checkpoint::CHECKPOINT_FILE_NAME);
         let (cp, rebuild) = load_checkpoint(&cp_path, &node.boot_id)?;

@@ -14,6 +14,8 @@ use super::super::MpsLimits;
 use super::super::commands::Namespace;
 use super::super::control;
 use super::super::daemon::{self, ControlBinary, DaemonProcess, DaemonSpec, MpsError};
+use super::super::host::HostClient;
+use super::super::launch::Launch;
 use super::super::layout::MpsDirs;
 use super::super::shm;
 use crate::metrics::Metrics;
@@ -62,8 +64,9 @@ impl Backoff {
     };
 }
 
-/// A daemon process the supervisor watches: its child, or, adopted after a restart, the process
-/// its pid file names (pid and start time, so a reused pid is never taken for it).
+/// A daemon process the supervisor watches: its child, or a process it did not start as its
+/// child (adopted after a restart, or started through the MPS host), watched by the pid and
+/// start time its pid file names (so a reused pid is never taken for it).
 pub(super) enum Proc {
     Child(Child),
     Adopted(DaemonProcess),
@@ -74,6 +77,14 @@ impl Proc {
         match self {
             Proc::Child(c) => c.id(),
             Proc::Adopted(p) => Some(p.pid),
+        }
+    }
+
+    /// How the process exited, if it has: its status, or that its pid is gone.
+    fn exit(&mut self) -> Option<String> {
+        match self {
+            Proc::Child(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
+            Proc::Adopted(p) => (!p.alive()).then(|| format!("pid {} is gone", p.pid)),
         }
     }
 
@@ -135,6 +146,9 @@ impl Drop for Up {
 pub(super) struct Ctx {
     /// `None`: MPS is not available on this node (see [`NO_BINARY`]).
     pub(super) binary: Option<ControlBinary>,
+    /// The MPS host that starts the daemons (`--mps-host-socket`); `None`: the plugin starts
+    /// them as its own children.
+    pub(super) host: Option<HostClient>,
     pub(super) backoff: Backoff,
     pub(super) metrics: Arc<Metrics>,
 }
@@ -174,18 +188,23 @@ pub(super) async fn launch(
     daemon::make_dirs(&spec.dirs)
         .and_then(|()| daemon::prepare_shm(spec, fresh))
         .inspect_err(|_| clean_up())?;
-    let mut child = daemon::spawn(binary, spec)
-        .await
-        .inspect_err(|_| clean_up())?;
+    let mut proc = match &ctx.host {
+        Some(host) => host
+            .spawn(&Launch::new(binary, spec))
+            .await
+            .map(Proc::Adopted),
+        None => daemon::spawn(binary, spec).await.map(Proc::Child),
+    }
+    .inspect_err(|_| clean_up())?;
     let ready = async {
-        daemon::wait_ready(spec, Some(&mut child), daemon::READY_TIMEOUT).await?;
+        daemon::wait_ready(spec, || proc.exit(), daemon::READY_TIMEOUT).await?;
         control::configure(binary, spec, namespaces).await
     }
     .await;
     match ready {
-        Ok(()) => Ok(Proc::Child(child)),
+        Ok(()) => Ok(proc),
         Err(e) => {
-            daemon::kill_child(&mut child).await;
+            proc.kill().await;
             clean_up();
             Err(e)
         }
