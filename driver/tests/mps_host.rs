@@ -244,7 +244,7 @@ async fn spawn_latency() {
     let cpu0 = cpu_self();
     for s in &specs {
         let t0 = Instant::now();
-        let mut child = daemon::spawn(&bin, s).await.unwrap();
+        let mut child = das_driver::mps::launch::spawn(&bin, s).await.unwrap();
         spawn_w.push(t0.elapsed());
         ready(s).await;
         ready_w.push(t0.elapsed());

@@ -196,7 +196,7 @@ async fn a_daemon_whose_pid_file_cannot_be_written_does_not_outlive_the_error() 
     daemon::make_dirs(&spec.dirs).unwrap();
     // A directory where the pid file goes: writing it fails.
     std::fs::create_dir(&spec.dirs.pid_file).unwrap();
-    let e = daemon::spawn(mps.binary().unwrap(), &spec)
+    let e = das_driver::mps::launch::spawn(mps.binary().unwrap(), &spec)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("daemon.pid"), "{e}");

@@ -12,7 +12,7 @@
 //! - pods the real scheduler placed (kube-scheduler's DynamicResources plugin over the shareable
 //!   devices' consumable capacity), and the GiB they hold;
 //! - the offline optimum: the longest prefix of the stream the 8 GPUs can hold at once (exact
-//!   bin packing of the prefix into 8 GPUs of 23034 MiB and 4 shares each, by depth-first search);
+//!   bin packing of the prefix into 8 GPUs of 23034 MiB and 4 shares each, by a memoized search);
 //! - first fit over the GPUs in index order, as if they were one node;
 //! - what exclusive whole GPUs would hold of the same stream: one pod per GPU, 8.
 //!
@@ -69,50 +69,79 @@ fn stream(seed: u64, n: usize) -> Vec<u64> {
         .collect()
 }
 
-/// Whether `items` (MiB) fit into `GPUS` GPUs of [`GPU_MIB`] and [`SHARES_PER_GPU`] shares:
-/// depth-first, largest first, a GPU tried once per distinct (free memory, free shares), cut
-/// where the items left need more memory or shares than all GPUs have left.
+/// Whether `items` (GiB, each one of [`SIZES`]) fit into `GPUS` GPUs of [`GPU_MIB`] and
+/// [`SHARES_PER_GPU`] shares: the fewest GPUs that hold them ([`min_gpus`]) is at most `GPUS`.
 fn fits(items: &[u64]) -> bool {
-    let mut sorted = items.to_vec();
-    sorted.sort_unstable_by(|a, b| b.cmp(a));
-    let mut free = [(GPU_MIB, SHARES_PER_GPU); GPUS];
-    fn place(i: usize, items: &[u64], free: &mut [(u64, usize); GPUS]) -> bool {
-        let Some(&need) = items.get(i) else {
-            return true;
-        };
-        let left: u64 = items[i..].iter().sum();
-        let (mem, shares) = free
+    let mut counts = [0u8; SIZES.len()];
+    for gib in items {
+        let i = SIZES
             .iter()
-            .fold((0, 0), |(m, s), (fm, fs)| (m + fm, s + fs));
-        if left > mem || items.len() - i > shares {
-            return false;
-        }
-        let mut tried: Vec<(u64, usize)> = Vec::new();
-        for g in 0..GPUS {
-            let (mem, shares) = free[g];
-            if mem < need || shares == 0 || tried.contains(&free[g]) {
-                continue;
-            }
-            tried.push(free[g]);
-            free[g] = (mem - need, shares - 1);
-            if place(i + 1, items, free) {
-                return true;
-            }
-            free[g] = (mem, shares);
-        }
-        false
+            .position(|(g, _)| g == gib)
+            .expect("a size of SIZES");
+        counts[i] += 1;
     }
-    place(0, &sorted, &mut free)
+    min_gpus(counts, &mut std::collections::HashMap::new()) <= GPUS
+}
+
+/// The fewest GPUs that hold `counts[i]` requests of `SIZES[i].0` GiB each (exact bin packing
+/// by memoized search over the counts): the largest request left goes into some GPU, so each
+/// step fills one GPU around it, with up to [`SHARES_PER_GPU`] − 1 more requests no larger.
+fn min_gpus(
+    counts: [u8; SIZES.len()],
+    memo: &mut std::collections::HashMap<[u8; SIZES.len()], usize>,
+) -> usize {
+    let Some(j) = (0..SIZES.len()).rev().find(|&i| counts[i] > 0) else {
+        return 0;
+    };
+    if let Some(&n) = memo.get(&counts) {
+        return n;
+    }
+    let mut left = counts;
+    left[j] -= 1;
+    let mut best = usize::MAX;
+    fill(
+        left,
+        j,
+        GPU_MIB - (SIZES[j].0 << 10),
+        SHARES_PER_GPU - 1,
+        memo,
+        &mut best,
+    );
+    memo.insert(counts, best);
+    best
+}
+
+/// Adds to the GPU being filled (`room` MiB and `shares` left) requests of sizes at most
+/// `SIZES[upto]`, in every way, and keeps in `best` the fewest GPUs found for all of them.
+fn fill(
+    counts: [u8; SIZES.len()],
+    upto: usize,
+    room: u64,
+    shares: usize,
+    memo: &mut std::collections::HashMap<[u8; SIZES.len()], usize>,
+    best: &mut usize,
+) {
+    *best = (*best).min(1 + min_gpus(counts, memo));
+    if shares == 0 {
+        return;
+    }
+    for i in (0..=upto).rev() {
+        let need = SIZES[i].0 << 10;
+        if counts[i] > 0 && need <= room {
+            let mut next = counts;
+            next[i] -= 1;
+            fill(next, i, room - need, shares - 1, memo, best);
+        }
+    }
 }
 
 /// The longest prefix of `sizes` (GiB) the GPUs hold at once, knowing the first `at_least`
 /// fit (what a placement reached): prefixes that fit are a prefix of all, so it grows until
 /// one does not.
 fn optimum(sizes: &[u64], at_least: usize) -> usize {
-    let mib: Vec<u64> = sizes.iter().map(|g| g << 10).collect();
-    (at_least + 1..=mib.len())
-        .find(|&n| !fits(&mib[..n]))
-        .map_or(mib.len(), |n| n - 1)
+    (at_least + 1..=sizes.len())
+        .find(|&n| !fits(&sizes[..n]))
+        .map_or(sizes.len(), |n| n - 1)
 }
 
 /// First fit over the GPUs in index order: requests placed before the first that fits none.
@@ -253,8 +282,10 @@ async fn run(cluster: &mut Cluster, seeds: u64) -> Result<()> {
         if r > o {
             bail!("seed {seed}: the scheduler placed {r}, more than the optimum {o}");
         }
-        if !fits(&sizes[..r].iter().map(|g| g << 10).collect::<Vec<_>>()) {
-            bail!("seed {seed}: the scheduler placed {r}, which the optimum's search says do not fit");
+        if !fits(&sizes[..r]) {
+            bail!(
+                "seed {seed}: the scheduler placed {r}, which the optimum's search says do not fit"
+            );
         }
         eprintln!("  seed {seed}: placed {r}; optimum {o}; first fit {f}; sizes {sizes:?}");
         real += r;

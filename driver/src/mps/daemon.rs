@@ -15,7 +15,6 @@ use tokio::process::{Child, Command};
 
 use super::MpsLimits;
 use super::commands::Protocol;
-use super::launch::Launch;
 use super::layout::MpsDirs;
 use super::shm::{self, Shm};
 use super::stand_in;
@@ -179,19 +178,6 @@ pub(crate) fn remove_dirs(dirs: &MpsDirs) -> Result<(), MpsError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(MpsError(format!("remove {}: {e}", dirs.root.display()))),
     }
-}
-
-/// Starts the daemon of `spec` in the foreground (`-f`) as this process's child, as
-/// [`Launch::spawn`] does (its own process group, output appended to its log directory, pid
-/// file), its directories made first. Returns once it runs: [`wait_ready`] waits for its
-/// control socket.
-///
-/// # Errors
-/// The directories, the output file or the pid file could not be made (the process started is
-/// then killed and reaped: nothing would record it), or the binary not run.
-pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> {
-    make_dirs(&spec.dirs)?;
-    Launch::new(bin, spec).spawn().await.map(|(child, _)| child)
 }
 
 /// Kills the process group of a daemon this process started (its server too) and reaps it.

@@ -1,6 +1,6 @@
 //! What starts one MPS control daemon, as data ([`Launch`]), and the one function that starts
 //! it ([`Launch::spawn`]): the plugin uses it for a daemon it runs as its own child
-//! ([`super::daemon::spawn`]), the MPS host for a daemon it runs on the plugin's request
+//! ([`spawn`]), the MPS host for a daemon it runs on the plugin's request
 //! ([`super::host`]), so both start exactly the same process.
 
 use std::ffi::CString;
@@ -182,6 +182,19 @@ fn shm_over_dev_shm(cmd: &mut Command, shm: &Path) -> Result<(), MpsError> {
         });
     }
     Ok(())
+}
+
+/// Starts the daemon of `spec` in the foreground (`-f`) as this process's child, as
+/// [`Launch::spawn`] does (its own process group, output appended to its log directory, pid
+/// file), its directories made first. Returns once it runs: [`daemon::wait_ready`] waits for its
+/// control socket.
+///
+/// # Errors
+/// The directories, the output file or the pid file could not be made (the process started is
+/// then killed and reaped: nothing would record it), or the binary not run.
+pub async fn spawn(bin: &ControlBinary, spec: &DaemonSpec) -> Result<Child, MpsError> {
+    daemon::make_dirs(&spec.dirs)?;
+    Launch::new(bin, spec).spawn().await.map(|(child, _)| child)
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use super::super::commands::Namespace;
 use super::super::control;
 use super::super::daemon::{self, ControlBinary, DaemonProcess, DaemonSpec, MpsError};
 use super::super::host::HostClient;
+use super::super::launch;
 use super::super::launch::Launch;
 use super::super::layout::MpsDirs;
 use super::super::shm;
@@ -193,7 +194,7 @@ pub(super) async fn launch(
             .spawn(&Launch::new(binary, spec))
             .await
             .map(Proc::Adopted),
-        None => daemon::spawn(binary, spec).await.map(Proc::Child),
+        None => launch::spawn(binary, spec).await.map(Proc::Child),
     }
     .inspect_err(|_| clean_up())?;
     let ready = async {
