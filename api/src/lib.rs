@@ -264,6 +264,12 @@ pub mod capacities {
     /// `shares`: on a shareable device, how many equal shares of the slice's compute it has; a
     /// claim consumes 1 unless it asks for more (docs/design.md §7, "Shared slices").
     pub const SHARES: &str = "shares";
+    /// The step of a shareable device's `memory` (its request policy's `validRange.step` and
+    /// `min`), in bytes: 256 MiB. A share's memory is a whole number of steps.
+    pub const MEMORY_STEP_BYTES: u64 = 256 << 20;
+    /// The most `shares` a shareable device may have (`--shares-per-slice`, chart
+    /// `sharing.sharesPerSlice`).
+    pub const MAX_SHARES: u64 = 64;
 }
 
 /// Keys of the device taints the node plugin puts on every device of an unhealthy GPU

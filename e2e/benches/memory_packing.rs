@@ -5,7 +5,8 @@
 //! it), DAS installed from the chart with `sharing.profiles={gpu}` and whole GPUs: each GPU is
 //! published whole (`gpu-<i>`) and as its shareable device `gpu-<i>-shared` (`shares` 4,
 //! `memory` the GPU's in 256 MiB steps). For seeded random streams of memory requests (one share
-//! each of 1, 2, 4, 6, 8 or 12 GiB, smaller ones likelier), pods are submitted one at a time,
+//! each of 1, 2, 4, 6, 8 or 12 GiB; two mixes: small requests likelier, where the GPUs' 4 shares
+//! run out first, and large ones likelier, where their memory does), pods are submitted one at a time,
 //! each after the previous one is bound, until the first pod the scheduler finds unschedulable.
 //! Reported per row, mean over the streams:
 //!
@@ -39,12 +40,17 @@ const GPU_MIB: u64 = 23034;
 /// The `shares` of each shareable device (`sharing.sharesPerSlice`, default): every share
 /// consumes 1, so a GPU holds at most this many.
 const SHARES_PER_GPU: usize = 4;
-/// Request sizes (GiB) and their weights: smaller requests likelier, as inference replicas are.
+/// Request sizes (GiB) and their weights in the small-heavy mix: smaller requests likelier, as
+/// inference replicas are; the GPUs' 4 shares run out before their memory.
 const SIZES: [(u64, u64); 6] = [(1, 4), (2, 4), (4, 3), (6, 2), (8, 2), (12, 1)];
+/// The weights of the same sizes in the large-heavy mix: the GPUs' memory runs out first, so
+/// how requests are packed decides how many fit.
+const LARGE_HEAVY: [u64; 6] = [1, 1, 2, 3, 3, 3];
 const SCHEDULE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A seeded stream of `n` request sizes in GiB (SplitMix64, as the slice benchmarks draw).
-fn stream(seed: u64, n: usize) -> Vec<u64> {
+/// A seeded stream of `n` request sizes in GiB, the sizes of [`SIZES`] drawn with `weights`
+/// (SplitMix64, as the slice benchmarks draw).
+fn stream(seed: u64, n: usize, weights: &[u64; 6]) -> Vec<u64> {
     let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5eed;
     let mut next = || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -53,18 +59,19 @@ fn stream(seed: u64, n: usize) -> Vec<u64> {
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     };
-    let total: u64 = SIZES.iter().map(|(_, w)| w).sum();
+    let total: u64 = weights.iter().sum();
     (0..n)
         .map(|_| {
             let mut r = next() % total;
             SIZES
                 .iter()
+                .zip(weights)
                 .find(|(_, w)| {
-                    let hit = r < *w;
-                    r = r.saturating_sub(*w);
+                    let hit = r < **w;
+                    r = r.saturating_sub(**w);
                     hit
                 })
-                .map_or(1, |(gib, _)| *gib)
+                .map_or(1, |((gib, _), _)| *gib)
         })
         .collect()
 }
@@ -236,6 +243,51 @@ async fn submit(client: &Client, tag: &str, sizes: &[u64]) -> Result<usize> {
     Ok(sizes.len())
 }
 
+/// One mix's streams through the scheduler: the table row.
+async fn row(
+    client: &Client,
+    mix: &str,
+    weights: &[u64; 6],
+    seeds: u64,
+    len: usize,
+) -> Result<String> {
+    let (mut real, mut opt, mut ff, mut gib_real, mut gib_opt) = (0, 0, 0, 0, 0);
+    let t0 = Instant::now();
+    for seed in 0..seeds {
+        let sizes = stream(seed, len, weights);
+        let r = submit(client, &format!("{}{seed}", &mix[..1]), &sizes).await?;
+        clean(client).await?;
+        let f = first_fit(&sizes);
+        let o = optimum(&sizes, r.max(f));
+        if r > o {
+            bail!("seed {seed}: the scheduler placed {r}, more than the optimum {o}");
+        }
+        if !fits(&sizes[..r]) {
+            bail!(
+                "seed {seed}: the scheduler placed {r}, which the optimum's search says do not fit"
+            );
+        }
+        eprintln!("  {mix} seed {seed}: placed {r}; optimum {o}; first fit {f}; sizes {sizes:?}");
+        real += r;
+        opt += o;
+        ff += f;
+        gib_real += sizes[..r].iter().sum::<u64>();
+        gib_opt += sizes[..o].iter().sum::<u64>();
+    }
+    let mean = |x: usize| x as f64 / seeds as f64;
+    let mean_gib = |x: u64| x as f64 / seeds as f64;
+    Ok(format!(
+        "| {mix} | {:.2} ({:.1}) | {:.2} ({:.1}) | {:.1} % | {:.2} | {GPUS} | {:.0} |",
+        mean(real),
+        mean_gib(gib_real),
+        mean(opt),
+        mean_gib(gib_opt),
+        100.0 * mean(real) / mean(opt),
+        mean(ff),
+        t0.elapsed().as_secs_f64() / seeds as f64
+    ))
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let seeds: u64 = std::env::var("DAS_BENCH_SEEDS")
@@ -271,50 +323,23 @@ async fn run(cluster: &mut Cluster, seeds: u64) -> Result<()> {
     create_templates(&client).await?;
     // More requests than 8 GPUs × 4 shares can ever hold.
     let len = GPUS * SHARES_PER_GPU + 1;
-    let (mut real, mut opt, mut ff, mut gib_real, mut gib_opt) = (0, 0, 0, 0, 0);
-    let t0 = Instant::now();
-    for seed in 0..seeds {
-        let sizes = stream(seed, len);
-        let r = submit(&client, &format!("s{seed}"), &sizes).await?;
-        clean(&client).await?;
-        let f = first_fit(&sizes);
-        let o = optimum(&sizes, r.max(f));
-        if r > o {
-            bail!("seed {seed}: the scheduler placed {r}, more than the optimum {o}");
-        }
-        if !fits(&sizes[..r]) {
-            bail!(
-                "seed {seed}: the scheduler placed {r}, which the optimum's search says do not fit"
-            );
-        }
-        eprintln!("  seed {seed}: placed {r}; optimum {o}; first fit {f}; sizes {sizes:?}");
-        real += r;
-        opt += o;
-        ff += f;
-        gib_real += sizes[..r].iter().sum::<u64>();
-        gib_opt += sizes[..o].iter().sum::<u64>();
+    let small: [u64; 6] = SIZES.map(|(_, w)| w);
+    let mut rows = Vec::new();
+    for (mix, weights) in [("small-heavy", small), ("large-heavy", LARGE_HEAVY)] {
+        rows.push(row(&client, mix, &weights, seeds, len).await?);
     }
-    let mean = |x: usize| x as f64 / seeds as f64;
-    let mean_gib = |x: u64| x as f64 / seeds as f64;
     println!(
-        "\nMemory shares placed before the first unschedulable pod, mean over {seeds} seeded streams\n\
+        "\nMemory shares placed before the first unschedulable pod, mean over {seeds} seeded streams per row\n\
          ({NODES} nodes × {GPUS_PER_NODE} L4, {GPU_MIB} MiB and {SHARES_PER_GPU} shares each; optimum = longest prefix the\n\
          {GPUS} GPUs hold at once; first fit over the GPUs in index order as one node).\n"
     );
     println!(
-        "| real scheduler: pods (GiB) | optimum: pods (GiB) | real / optimum | first fit, one node | exclusive whole GPUs | s per stream |"
+        "| mix | real scheduler: pods (GiB) | optimum: pods (GiB) | real / optimum | first fit, one node | exclusive whole GPUs | s per stream |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {:.2} ({:.1}) | {:.2} ({:.1}) | {:.1} % | {:.2} | {GPUS} | {:.0} |",
-        mean(real),
-        mean_gib(gib_real),
-        mean(opt),
-        mean_gib(gib_opt),
-        100.0 * mean(real) / mean(opt),
-        mean(ff),
-        t0.elapsed().as_secs_f64() / seeds as f64
-    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        println!("{r}");
+    }
     println!(
         "CPUs: {}",
         std::thread::available_parallelism().map_or(0, |n| n.get())

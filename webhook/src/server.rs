@@ -280,14 +280,13 @@ fn review_shared_claim(
     let object = req.object.as_ref().filter(|_| {
         req.operation == kube::core::admission::Operation::Create
             && req.kind.kind == "ResourceClaim"
-            && !app.shares_across_namespaces
     });
     let Some(object) = object else {
         return ("unchanged", resp);
     };
     let json = serde_json::to_value(object).expect("a DynamicObject serializes");
     let ns = req.namespace.as_deref().unwrap_or_default();
-    match shared_claims::review(ns, &json) {
+    match shared_claims::review(ns, &json, !app.shares_across_namespaces) {
         shared_claims::Verdict::Unchanged => ("unchanged", resp),
         shared_claims::Verdict::Denied(why) => {
             tracing::info!(claim = %claim_ref(req), reason = %why, "denied");

@@ -41,11 +41,13 @@ pub fn is_shared_class(class: &str) -> bool {
         .is_some_and(|profile| !profile.is_empty())
 }
 
-/// Reviews `claim` (a ResourceClaim as JSON) created in `namespace`: adds
-/// [`das_api::share_namespace_selector`] to each request and subrequest of a shared class that
-/// lacks it. Shapes it does not know (no `spec.devices.requests`, a request without
-/// `deviceClassName`) are left for the API server's validation.
-pub fn review(namespace: &str, claim: &Value) -> Verdict {
+/// Reviews `claim` (a ResourceClaim as JSON) created in `namespace`: refuses a request or
+/// subrequest of a shared class whose capacity request no shareable device can be given
+/// ([`capacity_refusal`]), and, when shares stay in their namespace (`scoped`), adds
+/// [`das_api::share_namespace_selector`] to each one that lacks it. Shapes it does not know (no
+/// `spec.devices.requests`, a request without `deviceClassName`) are left for the API server's
+/// validation.
+pub fn review(namespace: &str, claim: &Value, scoped: bool) -> Verdict {
     let selector = das_api::share_namespace_selector(namespace);
     let mut after = claim.clone();
     let Some(requests) = after
@@ -78,6 +80,12 @@ pub fn review(namespace: &str, claim: &Value) -> Verdict {
         if !is_shared_class(&class) {
             continue;
         }
+        if let Some(why) = capacity_refusal(&name, &class, request) {
+            return Verdict::Denied(why);
+        }
+        if !scoped {
+            continue;
+        }
         match add_selector(request, &selector) {
             Added::Yes => patched.push(name),
             Added::AlreadyThere => {}
@@ -98,6 +106,42 @@ pub fn review(namespace: &str, claim: &Value) -> Verdict {
         patch: json_patch::diff(claim, &after),
         requests: patched,
     }
+}
+
+/// Why (sub)request `name` of shared class `class` asks for capacity no shareable device gives
+/// (docs/design.md §7, "Shared slices" and "Memory slices of a whole GPU"): `memory` that is not
+/// a whole number of [`das_api::capacities::MEMORY_STEP_BYTES`] (256Mi) steps, or `shares` that is
+/// not a whole number from 1 to [`das_api::capacities::MAX_SHARES`]. `None` when it asks for
+/// neither or both are valid. A request larger than any device stays Pending with the
+/// scheduler's reason: what a node offers is the scheduler's to know.
+pub fn capacity_refusal(name: &str, class: &str, request: &Value) -> Option<String> {
+    use das_api::capacities::{MAX_SHARES, MEMORY, MEMORY_STEP_BYTES, SHARES};
+    let requests = request.pointer("/capacity/requests")?.as_object()?;
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    if let Some(memory) = requests.get(MEMORY).map(text) {
+        let ok = das_api::device_config::quantity_bytes(&memory)
+            .is_ok_and(|b| b > 0 && b % MEMORY_STEP_BYTES == 0);
+        if !ok {
+            return Some(format!(
+                "das-webhook: request {name:?} asks for memory {memory:?} of shared class {class}; valid is a whole number of 256Mi steps (256Mi, 512Mi, …, 8Gi, …) up to a device's memory"
+            ));
+        }
+    }
+    if let Some(shares) = requests.get(SHARES).map(text) {
+        let ok = shares
+            .trim()
+            .parse::<u64>()
+            .is_ok_and(|n| (1..=MAX_SHARES).contains(&n));
+        if !ok {
+            return Some(format!(
+                "das-webhook: request {name:?} asks for shares {shares:?} of shared class {class}; valid is a whole number from 1 to the device's shares (at most {MAX_SHARES})"
+            ));
+        }
+    }
+    None
 }
 
 /// What [`add_selector`] did.

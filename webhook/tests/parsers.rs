@@ -162,13 +162,13 @@ proptest! {
 
     #[test]
     fn any_claim_gets_an_answer_and_a_patch_that_applies(c in claim(), ns in "[a-z0-9-]{0,70}|\\PC{0,10}") {
-        match das_webhook::shared_claims::review(&ns, &c) {
+        match das_webhook::shared_claims::review(&ns, &c, true) {
             das_webhook::shared_claims::Verdict::Patched { patch, requests } => {
                 prop_assert!(!requests.is_empty());
                 let mut after = c.clone();
                 json_patch::patch(&mut after, &patch).unwrap();
                 // A second review (a reinvocation) changes nothing more.
-                prop_assert_eq!(das_webhook::shared_claims::review(&ns, &after), das_webhook::shared_claims::Verdict::Unchanged);
+                prop_assert_eq!(das_webhook::shared_claims::review(&ns, &after, true), das_webhook::shared_claims::Verdict::Unchanged);
             }
             das_webhook::shared_claims::Verdict::Unchanged | das_webhook::shared_claims::Verdict::Denied(_) => {}
         }

@@ -52,7 +52,7 @@ fn every_shared_request_and_subrequest_gets_the_selector_and_nothing_else_change
             {"name": "big", "deviceClassName": "2g.20gb.mig.das.com"},
             {"name": "small", "deviceClassName": SHARED}]}
     ]));
-    let v = review("team-a", &c);
+    let v = review("team-a", &c, true);
     let Verdict::Patched { requests, .. } = &v else {
         panic!("{v:?}")
     };
@@ -75,7 +75,7 @@ fn every_shared_request_and_subrequest_gets_the_selector_and_nothing_else_change
     // What comes out is still a ResourceClaim.
     serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceClaim>(after.clone()).unwrap();
     // A second review (reinvocation) adds nothing.
-    assert_eq!(review("team-a", &after), Verdict::Unchanged);
+    assert_eq!(review("team-a", &after, true), Verdict::Unchanged);
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn claims_without_shared_requests_are_left_alone() {
         json!({"spec": {"devices": {"requests": "not a list"}}}),
         json!(null),
     ] {
-        assert_eq!(review("team-a", &c), Verdict::Unchanged, "{c}");
+        assert_eq!(review("team-a", &c, true), Verdict::Unchanged, "{c}");
     }
 }
 
@@ -99,7 +99,7 @@ fn a_request_with_no_room_left_is_denied_with_the_limit() {
     let c = claim(
         json!([{"name": "share", "exactly": {"deviceClassName": SHARED, "selectors": many}}]),
     );
-    match review("team-a", &c) {
+    match review("team-a", &c, true) {
         Verdict::Denied(why) => {
             for part in ["\"share\"", SHARED, "32 selectors", "team-a", "at most 31"] {
                 assert!(why.contains(part), "{part:?} missing: {why}");
@@ -113,7 +113,7 @@ fn a_request_with_no_room_left_is_denied_with_the_limit() {
         .as_array_mut()
         .unwrap()
         .pop();
-    assert!(matches!(review("team-a", &fewer), Verdict::Patched { .. }));
+    assert!(matches!(review("team-a", &fewer, true), Verdict::Patched { .. }));
 }
 
 #[test]
@@ -121,8 +121,41 @@ fn a_namespace_that_is_no_dns_label_is_never_written_into_a_selector() {
     let c = claim(json!([{"name": "s", "exactly": {"deviceClassName": SHARED}}]));
     for bad in ["", "Team", "a\" || true || \"", "-a", &"a".repeat(64)] {
         assert!(
-            matches!(review(bad, &c), Verdict::Denied(_)),
+            matches!(review(bad, &c, true), Verdict::Denied(_)),
             "{bad:?} was written into a selector"
         );
     }
+}
+
+/// A share's capacity request that no shareable device gives is refused, saying what is valid,
+/// whether or not shares stay in their namespace; a valid one passes (and gets the selector
+/// only when they do).
+#[test]
+fn a_share_off_the_memory_step_or_with_bad_shares_is_refused_with_what_is_valid() {
+    let share = |caps: Value| {
+        claim(json!([{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.shared.mig.das.com",
+            "capacity": {"requests": caps}}}]))
+    };
+    for (caps, says) in [
+        (json!({"memory": "1000Mi"}), "memory \"1000Mi\""),
+        (json!({"memory": "0"}), "memory \"0\""),
+        (json!({"memory": "lots"}), "memory \"lots\""),
+        (json!({"shares": "0"}), "shares \"0\""),
+        (json!({"shares": "65"}), "shares \"65\""),
+        (json!({"shares": "1.5"}), "shares \"1.5\""),
+    ] {
+        for scoped in [true, false] {
+            match review("team-a", &share(caps.clone()), scoped) {
+                Verdict::Denied(why) => {
+                    assert!(why.contains(says) && why.contains("valid is"), "{why}");
+                    assert!(why.contains("gpu.shared.mig.das.com"), "{why}");
+                }
+                other => panic!("{caps}: {other:?}"),
+            }
+        }
+    }
+    let good = share(json!({"memory": "8Gi", "shares": "2"}));
+    assert!(matches!(review("team-a", &good, true), Verdict::Patched { .. }));
+    assert_eq!(review("team-a", &good, false), Verdict::Unchanged);
 }

@@ -250,7 +250,7 @@ pub(crate) struct Args {
 pub(crate) struct Selectors(pub(crate) Vec<String>);
 
 /// Most shares per shareable device (`--shares-per-slice`).
-const MAX_SHARES_PER_SLICE: u32 = 64;
+const MAX_SHARES_PER_SLICE: u32 = das_api::capacities::MAX_SHARES as u32;
 
 fn parse_shared_profiles(list: &str) -> Result<Selectors, String> {
     let mut out: Vec<String> = Vec::new();

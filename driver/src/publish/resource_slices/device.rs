@@ -98,7 +98,7 @@ impl Default for SharePolicy {
     fn default() -> Self {
         Self {
             shares: 4,
-            memory_step_bytes: 256 << 20,
+            memory_step_bytes: cap::MEMORY_STEP_BYTES,
             across_namespaces: false,
         }
     }
