@@ -101,7 +101,10 @@ fn sharing_across_namespaces_is_one_value_for_both_programs() {
     chart::lint(&opts).unwrap_or_else(|e| panic!("helm lint: {e:#}"));
     let r = Rendered::new(&opts).unwrap();
     // Sent all the same: a share's capacity is checked whatever the namespaces.
-    assert!(shared_claims_hook(&r).is_some(), "claims for a shared class are reviewed");
+    assert!(
+        shared_claims_hook(&r).is_some(),
+        "claims for a shared class are reviewed"
+    );
     let plugin = r.container("DaemonSet", "das-kubelet-plugin").unwrap();
     assert_eq!(
         env_of(plugin, "DAS_SHARES_ACROSS_NAMESPACES").as_deref(),

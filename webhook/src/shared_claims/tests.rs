@@ -113,7 +113,10 @@ fn a_request_with_no_room_left_is_denied_with_the_limit() {
         .as_array_mut()
         .unwrap()
         .pop();
-    assert!(matches!(review("team-a", &fewer, true), Verdict::Patched { .. }));
+    assert!(matches!(
+        review("team-a", &fewer, true),
+        Verdict::Patched { .. }
+    ));
 }
 
 #[test]
@@ -156,6 +159,9 @@ fn a_share_off_the_memory_step_or_with_bad_shares_is_refused_with_what_is_valid(
         }
     }
     let good = share(json!({"memory": "8Gi", "shares": "2"}));
-    assert!(matches!(review("team-a", &good, true), Verdict::Patched { .. }));
+    assert!(matches!(
+        review("team-a", &good, true),
+        Verdict::Patched { .. }
+    ));
     assert_eq!(review("team-a", &good, false), Verdict::Unchanged);
 }
