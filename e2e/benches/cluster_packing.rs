@@ -35,11 +35,11 @@ use das_driver::publish::placement::sim::{
     FirstFit, Mix, Policy, SplitMix64, profile_weights, request_stream,
 };
 use das_e2e::install::{self, Binaries};
-use das_e2e::workload::{NS, create_pod, create_template};
+use das_e2e::workload::{
+    NS, bound_or_unschedulable, create_pod, create_template, delete_pods_and_claims,
+};
 use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{DeleteParams, ListParams};
 use kube::{Api, Client};
 
 const NODES: usize = 8;
@@ -56,52 +56,6 @@ fn template_of(profile: &str) -> String {
     format!("p-{}", profile.replace(['.', '+'], "-"))
 }
 
-/// How pod `name` came out of scheduling: bound to a node, or unschedulable.
-async fn scheduled(pods: &Api<Pod>, name: &str) -> Result<bool> {
-    let t0 = Instant::now();
-    loop {
-        let p = pods.get(name).await?;
-        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-            return Ok(true);
-        }
-        let unschedulable = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            });
-        if unschedulable {
-            return Ok(false);
-        }
-        if t0.elapsed() > SCHEDULE_TIMEOUT {
-            bail!("pod {name} neither bound nor unschedulable after {SCHEDULE_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Deletes every pod and waits until their claims are gone (deallocated).
-async fn clean(client: &Client) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    pods.delete_collection(
-        &DeleteParams::default().grace_period(0),
-        &ListParams::default(),
-    )
-    .await?;
-    das_e2e::wait::until("every claim gone", Duration::from_secs(120), || async {
-        let left = claims.list(&ListParams::default()).await?.items.len()
-            + pods.list(&ListParams::default()).await?.items.len();
-        Ok((left == 0).then_some(()))
-    })
-    .await
-}
-
 /// Submits `stream` one pod at a time; returns how many were placed before the first
 /// unschedulable one.
 async fn submit(client: &Client, tag: &str, stream: &[String]) -> Result<usize> {
@@ -109,7 +63,7 @@ async fn submit(client: &Client, tag: &str, stream: &[String]) -> Result<usize> 
     for (i, profile) in stream.iter().enumerate() {
         let name = format!("{tag}-{i:03}");
         create_pod(client, &name, &template_of(profile), None).await?;
-        if !scheduled(&pods, &name).await? {
+        if !bound_or_unschedulable(&pods, &name, SCHEDULE_TIMEOUT).await? {
             return Ok(i);
         }
     }
@@ -156,7 +110,7 @@ async fn row(
         let mut rng = SplitMix64::new(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0xc1u64);
         let stream = request_stream(&weights, &mut rng, len);
         let r = submit(client, &format!("s{seed}"), &stream).await?;
-        clean(client).await?;
+        delete_pods_and_claims(client).await?;
         let d = FirstFit::new(&gpus, Policy::Das).placed_before_first_rejection(&stream);
         let n = FirstFit::new(&gpus, Policy::NameOrder).placed_before_first_rejection(&stream);
         eprintln!(

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use das_e2e::install::{self, Binaries};
-use das_e2e::workload::{NS, create_pod};
+use das_e2e::workload::{NS, bound_or_unschedulable, create_pod, delete_pods_and_claims};
 use das_e2e::{Cluster, ClusterConfig, chart};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::PostParams;
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -183,52 +183,6 @@ async fn create_templates(client: &Client) -> Result<()> {
     Ok(())
 }
 
-/// How pod `name` came out of scheduling: bound to a node, or unschedulable.
-async fn scheduled(pods: &Api<Pod>, name: &str) -> Result<bool> {
-    let t0 = Instant::now();
-    loop {
-        let p = pods.get(name).await?;
-        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
-            return Ok(true);
-        }
-        let unschedulable = p
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            });
-        if unschedulable {
-            return Ok(false);
-        }
-        if t0.elapsed() > SCHEDULE_TIMEOUT {
-            bail!("pod {name} neither bound nor unschedulable after {SCHEDULE_TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Deletes every pod and waits until their claims are gone (deallocated).
-async fn clean(client: &Client) -> Result<()> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
-    pods.delete_collection(
-        &DeleteParams::default().grace_period(0),
-        &ListParams::default(),
-    )
-    .await?;
-    das_e2e::wait::until("every claim gone", Duration::from_secs(120), || async {
-        let left = claims.list(&ListParams::default()).await?.items.len()
-            + pods.list(&ListParams::default()).await?.items.len();
-        Ok((left == 0).then_some(()))
-    })
-    .await
-}
-
 /// Submits `sizes` one pod at a time; returns how many were placed before the first
 /// unschedulable one.
 async fn submit(client: &Client, tag: &str, sizes: &[u64]) -> Result<usize> {
@@ -236,7 +190,7 @@ async fn submit(client: &Client, tag: &str, sizes: &[u64]) -> Result<usize> {
     for (i, gib) in sizes.iter().enumerate() {
         let name = format!("{tag}-{i:03}");
         create_pod(client, &name, &template_of(*gib), None).await?;
-        if !scheduled(&pods, &name).await? {
+        if !bound_or_unschedulable(&pods, &name, SCHEDULE_TIMEOUT).await? {
             return Ok(i);
         }
     }
@@ -256,7 +210,7 @@ async fn row(
     for seed in 0..seeds {
         let sizes = stream(seed, len, weights);
         let r = submit(client, &format!("{}{seed}", &mix[..1]), &sizes).await?;
-        clean(client).await?;
+        delete_pods_and_claims(client).await?;
         let f = first_fit(&sizes);
         let o = optimum(&sizes, r.max(f));
         if r > o {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -342,4 +342,66 @@ pub async fn device_health(client: &Client, name: &str) -> Result<Vec<String>> {
         .filter(|h| h.resource_id.starts_with(&ours))
         .filter_map(|h| h.health)
         .collect())
+}
+
+/// How pod `name` came out of scheduling, polled every 20 ms: `true` once bound to a node,
+/// `false` once the scheduler says it is unschedulable.
+///
+/// # Errors
+/// The API failed, or neither happened within `timeout`.
+pub async fn bound_or_unschedulable(
+    pods: &Api<Pod>,
+    name: &str,
+    timeout: Duration,
+) -> Result<bool> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let p = pods.get(name).await?;
+        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+            return Ok(true);
+        }
+        let unschedulable = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            });
+        if unschedulable {
+            return Ok(false);
+        }
+        if t0.elapsed() > timeout {
+            anyhow::bail!("pod {name} neither bound nor unschedulable after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Deletes every pod of [`NS`] at once and waits (2 min at most) until they and their claims
+/// are gone (the claims deallocated).
+///
+/// # Errors
+/// The API failed, or something was left after 2 minutes.
+pub async fn delete_pods_and_claims(client: &Client) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
+    pods.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &ListParams::default(),
+    )
+    .await?;
+    crate::wait::until(
+        "every claim gone",
+        std::time::Duration::from_secs(120),
+        || async {
+            let left = claims.list(&ListParams::default()).await?.items.len()
+                + pods.list(&ListParams::default()).await?.items.len();
+            Ok((left == 0).then_some(()))
+        },
+    )
+    .await
 }

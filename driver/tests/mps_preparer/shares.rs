@@ -268,8 +268,7 @@ pub(super) fn steps(seed: u64, n: usize) -> Vec<Step> {
 async fn shares_keep_one_slice_and_daemon_under_random_interleavings() {
     for seed in 1..=8 {
         let node = Node::new();
-        let mut mps = node.daemons(Node::stand_in());
-        let mut p = node.preparer(mps.clone());
+        let mut plugin = Plugin::start(&node);
         let claims: Vec<ClaimRef> = (0..SHARES)
             .map(|i| {
                 node.api
@@ -279,61 +278,122 @@ async fn shares_keep_one_slice_and_daemon_under_random_interleavings() {
         let mut held = [false; SHARES];
         for (n, step) in steps(seed, 60).into_iter().enumerate() {
             let at = format!("seed {seed} step {n} {step:?}");
-            match step {
-                Step::Prepare(i) => held[i] = p.prepare_claim(&claims[i]).await.is_ok(),
-                Step::Unprepare(i) => {
-                    p.unprepare_claim(&claims[i]).await.unwrap();
-                    held[i] = false;
-                }
-                Step::PrepareBoth(i, j) => {
-                    let (a, b) =
-                        tokio::join!(p.prepare_claim(&claims[i]), p.prepare_claim(&claims[j]));
-                    held[i] = a.is_ok();
-                    held[j] = b.is_ok() || (i == j && held[i]);
-                }
-                Step::PrepareWhileLeaving(i, j) if i != j => {
-                    let (a, b) =
-                        tokio::join!(p.prepare_claim(&claims[i]), p.unprepare_claim(&claims[j]));
-                    if let Err(e) = &a {
+            plugin
+                .run(step, &claims, &mut held, &mut |e| {
+                    // A join refused while the last share leaves is a share's refusal.
+                    if matches!(step, Step::PrepareWhileLeaving(..)) {
                         assert_eq!(e.metric_label(), "share", "{at}: {e}");
                     }
-                    b.unwrap();
-                    held[i] = a.is_ok();
-                    held[j] = false;
-                }
-                Step::PrepareWhileLeaving(..) => {}
-                Step::Restart => {
-                    mps.let_go().await;
-                    drop(p);
-                    mps = node.daemons(Node::stand_in());
-                    p = node.preparer(mps.clone());
-                    p.reconcile_at_startup(false, true).await.unwrap();
-                }
-                Step::CrashMidPrepare(i, after) => {
-                    let prepare = p.prepare_claim(&claims[i]);
-                    let _ = tokio::time::timeout(Duration::from_micros(after), prepare).await;
-                    // A crash stops everything at once; here the backend calls the dropped
-                    // prepare had handed to blocking threads finish first (they take well under
-                    // a millisecond on the emulated GPUs).
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    mps.let_go().await;
-                    drop(p);
-                    mps = node.daemons(Node::stand_in());
-                    p = node.preparer(mps.clone());
-                    p.reconcile_at_startup(false, true).await.unwrap();
-                    // Start-up rolled the prepare back, or kept it whole.
-                    let uid = format!("uid-{i}");
-                    held[i] = p.checkpoint().read(|cp| cp.get(&uid).is_some());
-                }
-            }
-            check(&node, &p, &mps, &held, &at);
+                })
+                .await;
+            check(&node, &plugin.p, &plugin.mps, &held, &at);
         }
-        for c in &claims {
-            p.unprepare_claim(c).await.unwrap();
-        }
-        check(&node, &p, &mps, &[false; SHARES], "the end");
-        mps.let_go().await;
+        plugin.finish(&claims).await;
+        check(&node, &plugin.p, &plugin.mps, &[false; SHARES], "the end");
     }
+}
+
+/// A plugin on a [`Node`] that the random interleavings drive: its daemons, its preparer and
+/// what its publisher is told; restarted (its daemons let go and adopted) and crashed by steps.
+pub(super) struct Plugin<'a> {
+    node: &'a Node,
+    pub(super) mps: Arc<MpsDaemons>,
+    pub(super) p: Preparer,
+    pub(super) facts: tokio::sync::watch::Receiver<das_driver::publish::desired::HealthFacts>,
+}
+
+impl<'a> Plugin<'a> {
+    /// A plugin's start on `node`.
+    pub(super) fn start(node: &'a Node) -> Self {
+        let mps = node.daemons(Node::stand_in());
+        let p = node.preparer(mps.clone());
+        let facts = facts_of(&p);
+        Self {
+            node,
+            mps,
+            p,
+            facts,
+        }
+    }
+
+    /// The plugin stops (its daemons let go) and starts again from its checkpoint on disk.
+    async fn restart(&mut self) {
+        self.mps.let_go().await;
+        *self = Self::start(self.node);
+        self.p.reconcile_at_startup(false, true).await.unwrap();
+    }
+
+    /// Runs `step` on `claims`, keeping in `held` which claims hold their share (a prepare
+    /// that succeeded, a crash that kept it whole); each failed prepare is shown to `refused`.
+    pub(super) async fn run(
+        &mut self,
+        step: Step,
+        claims: &[ClaimRef],
+        held: &mut [bool; SHARES],
+        refused: &mut impl FnMut(&das_driver::claims::PrepareError),
+    ) {
+        let mut note = |r: &Result<_, das_driver::claims::PrepareError>| {
+            if let Err(e) = r {
+                refused(e);
+            }
+            r.is_ok()
+        };
+        match step {
+            Step::Prepare(i) => held[i] = note(&self.p.prepare_claim(&claims[i]).await),
+            Step::Unprepare(i) => {
+                self.p.unprepare_claim(&claims[i]).await.unwrap();
+                held[i] = false;
+            }
+            Step::PrepareBoth(i, j) => {
+                let (a, b) = tokio::join!(
+                    self.p.prepare_claim(&claims[i]),
+                    self.p.prepare_claim(&claims[j])
+                );
+                held[i] = note(&a);
+                held[j] = note(&b) || (i == j && held[i]);
+            }
+            Step::PrepareWhileLeaving(i, j) if i != j => {
+                let (a, b) = tokio::join!(
+                    self.p.prepare_claim(&claims[i]),
+                    self.p.unprepare_claim(&claims[j])
+                );
+                b.unwrap();
+                held[i] = note(&a);
+                held[j] = false;
+            }
+            Step::PrepareWhileLeaving(..) => {}
+            Step::Restart => self.restart().await,
+            Step::CrashMidPrepare(i, after) => {
+                let prepare = self.p.prepare_claim(&claims[i]);
+                let _ = tokio::time::timeout(Duration::from_micros(after), prepare).await;
+                // A crash stops everything at once; here the backend calls the dropped
+                // prepare had handed to blocking threads finish first (they take well under a
+                // millisecond on the emulated GPUs).
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                self.restart().await;
+                // Start-up rolled the prepare back, or kept it whole.
+                let uid = format!("uid-{i}");
+                held[i] = self.p.checkpoint().read(|cp| cp.get(&uid).is_some());
+            }
+        }
+    }
+
+    /// Unprepares every claim and lets the daemons go.
+    pub(super) async fn finish(&mut self, claims: &[ClaimRef]) {
+        for c in claims {
+            self.p.unprepare_claim(c).await.unwrap();
+        }
+        self.mps.let_go().await;
+    }
+}
+
+/// The publisher's facts of preparer `p`, as it reports them.
+pub(super) fn facts_of(
+    p: &Preparer,
+) -> tokio::sync::watch::Receiver<das_driver::publish::desired::HealthFacts> {
+    let (tx, rx) = tokio::sync::watch::channel(Default::default());
+    p.report_share_namespaces_to(tx);
+    rx
 }
 
 /// The invariants of [`shares_keep_one_slice_and_daemon_under_random_interleavings`].

@@ -16,7 +16,7 @@ use das_driver::claims::{Carved, ClaimApi};
 use das_driver::publish::desired::HealthFacts;
 use tokio::sync::watch;
 
-use super::shares::{SHARED, SHARES, Step, check, steps};
+use super::shares::{Plugin, SHARED, SHARES, check, facts_of, steps};
 use super::*;
 
 impl ClaimStore {
@@ -56,13 +56,6 @@ pub(super) fn published(facts: &watch::Receiver<HealthFacts>) -> BTreeMap<String
 
 fn serving(ns: &str) -> BTreeMap<String, String> {
     BTreeMap::from([(SHARED.to_string(), ns.to_string())])
-}
-
-/// The publisher's facts of preparer `p`.
-pub(super) fn facts_of(p: &Preparer) -> watch::Receiver<HealthFacts> {
-    let (tx, rx) = watch::channel(HealthFacts::default());
-    p.report_share_namespaces_to(tx);
-    rx
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,9 +204,7 @@ pub(super) fn namespace(i: usize) -> &'static str {
 async fn shares_of_two_namespaces_never_hold_one_slice_under_random_interleavings() {
     for seed in 11..=18 {
         let node = Node::new();
-        let mut mps = node.daemons(Node::stand_in());
-        let mut p = node.preparer(mps.clone());
-        let mut facts = facts_of(&p);
+        let mut plugin = Plugin::start(&node);
         let mut claims = Vec::new();
         for i in 0..SHARES {
             let (name, uid) = (format!("c{i}"), format!("uid-{i}"));
@@ -223,71 +214,29 @@ async fn shares_of_two_namespaces_never_hold_one_slice_under_random_interleaving
         let mut refusals = 0;
         for (n, step) in steps(seed, 60).into_iter().enumerate() {
             let at = format!("seed {seed} step {n} {step:?}");
-            let mut note = |r: &Result<_, das_driver::claims::PrepareError>| {
-                if let Err(e) = r {
+            plugin
+                .run(step, &claims, &mut held, &mut |e| {
                     assert_eq!(e.metric_label(), "share", "{at}: {e}");
                     refusals += usize::from(e.to_string().contains("serves namespace"));
-                }
-                r.is_ok()
-            };
-            match step {
-                Step::Prepare(i) => held[i] = note(&p.prepare_claim(&claims[i]).await),
-                Step::Unprepare(i) => {
-                    p.unprepare_claim(&claims[i]).await.unwrap();
-                    held[i] = false;
-                }
-                Step::PrepareBoth(i, j) => {
-                    let (a, b) =
-                        tokio::join!(p.prepare_claim(&claims[i]), p.prepare_claim(&claims[j]));
-                    held[i] = note(&a);
-                    held[j] = note(&b) || (i == j && held[i]);
-                }
-                Step::PrepareWhileLeaving(i, j) if i != j => {
-                    let (a, b) =
-                        tokio::join!(p.prepare_claim(&claims[i]), p.unprepare_claim(&claims[j]));
-                    b.unwrap();
-                    held[i] = note(&a);
-                    held[j] = false;
-                }
-                Step::PrepareWhileLeaving(..) => {}
-                Step::Restart => {
-                    mps.let_go().await;
-                    drop(p);
-                    mps = node.daemons(Node::stand_in());
-                    p = node.preparer(mps.clone());
-                    facts = facts_of(&p);
-                    p.reconcile_at_startup(false, true).await.unwrap();
-                }
-                Step::CrashMidPrepare(i, after) => {
-                    let prepare = p.prepare_claim(&claims[i]);
-                    let _ = tokio::time::timeout(Duration::from_micros(after), prepare).await;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    mps.let_go().await;
-                    drop(p);
-                    mps = node.daemons(Node::stand_in());
-                    p = node.preparer(mps.clone());
-                    facts = facts_of(&p);
-                    p.reconcile_at_startup(false, true).await.unwrap();
-                    let uid = format!("uid-{i}");
-                    held[i] = p.checkpoint().read(|cp| cp.get(&uid).is_some());
-                }
-            }
-            check(&node, &p, &mps, &held, &at);
+                })
+                .await;
+            check(&node, &plugin.p, &plugin.mps, &held, &at);
             let namespaces: std::collections::BTreeSet<&str> =
                 (0..SHARES).filter(|&i| held[i]).map(namespace).collect();
             assert!(namespaces.len() <= 1, "{at}: one slice, two namespaces");
             let want = namespaces.first().map(|ns| serving(ns)).unwrap_or_default();
-            assert_eq!(published(&facts), want, "{at}: what the publisher was told");
+            assert_eq!(
+                published(&plugin.facts),
+                want,
+                "{at}: what the publisher was told"
+            );
         }
         assert!(
             refusals > 0,
             "seed {seed}: no share was ever refused for its namespace"
         );
-        for c in &claims {
-            p.unprepare_claim(c).await.unwrap();
-        }
-        check(&node, &p, &mps, &[false; SHARES], "the end");
-        assert!(published(&facts).is_empty());
-        mps.let_go().await;
+        plugin.finish(&claims).await;
+        check(&node, &plugin.p, &plugin.mps, &[false; SHARES], "the end");
+        assert!(published(&plugin.facts).is_empty());
     }
 }

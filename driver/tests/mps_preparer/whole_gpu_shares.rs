@@ -154,13 +154,11 @@ async fn of_two_namespaces_sharing_a_whole_gpu_at_once_exactly_one_holds_it() {
 /// none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shares_of_a_whole_gpu_never_serve_two_namespaces_under_random_interleavings() {
-    use super::shares::{SHARES, Step, steps};
-    use super::tenants::{facts_of, namespace, published};
+    use super::shares::{Plugin, SHARES, steps};
+    use super::tenants::{namespace, published};
     for seed in 21..=26 {
         let node = Node::with_gpus("L4:1");
-        let mut mps = node.daemons(Node::stand_in());
-        let mut p = node.preparer(mps.clone());
-        let mut facts = facts_of(&p);
+        let mut plugin = Plugin::start(&node);
         let mut claims = Vec::new();
         for i in 0..SHARES {
             let (name, uid) = (format!("c{i}"), format!("uid-{i}"));
@@ -174,52 +172,13 @@ async fn shares_of_a_whole_gpu_never_serve_two_namespaces_under_random_interleav
         let mut refusals = 0;
         for (n, step) in steps(seed, 60).into_iter().enumerate() {
             let at = format!("seed {seed} step {n} {step:?}");
-            let mut note = |r: &Result<_, das_driver::claims::PrepareError>| {
-                if let Err(e) = r {
+            plugin
+                .run(step, &claims, &mut held, &mut |e| {
                     assert_eq!(e.metric_label(), "share", "{at}: {e}");
                     refusals += usize::from(e.to_string().contains("serves namespace"));
-                }
-                r.is_ok()
-            };
-            match step {
-                Step::Prepare(i) => held[i] = note(&p.prepare_claim(&claims[i]).await),
-                Step::Unprepare(i) => {
-                    p.unprepare_claim(&claims[i]).await.unwrap();
-                    held[i] = false;
-                }
-                Step::PrepareBoth(i, j) => {
-                    let (a, b) =
-                        tokio::join!(p.prepare_claim(&claims[i]), p.prepare_claim(&claims[j]));
-                    held[i] = note(&a);
-                    held[j] = note(&b) || (i == j && held[i]);
-                }
-                Step::PrepareWhileLeaving(i, j) if i != j => {
-                    let (a, b) =
-                        tokio::join!(p.prepare_claim(&claims[i]), p.unprepare_claim(&claims[j]));
-                    b.unwrap();
-                    held[i] = note(&a);
-                    held[j] = false;
-                }
-                Step::PrepareWhileLeaving(..) => {}
-                Step::Restart | Step::CrashMidPrepare(..) => {
-                    if let Step::CrashMidPrepare(i, after) = step {
-                        let prepare = p.prepare_claim(&claims[i]);
-                        let _ = tokio::time::timeout(Duration::from_micros(after), prepare).await;
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    mps.let_go().await;
-                    drop(p);
-                    mps = node.daemons(Node::stand_in());
-                    p = node.preparer(mps.clone());
-                    facts = facts_of(&p);
-                    p.reconcile_at_startup(false, true).await.unwrap();
-                    if let Step::CrashMidPrepare(i, _) = step {
-                        let uid = format!("uid-{i}");
-                        held[i] = p.checkpoint().read(|cp| cp.get(&uid).is_some());
-                    }
-                }
-            }
-            check_gpu_shares(&node, &p, &mps, &held, &at);
+                })
+                .await;
+            check_gpu_shares(&node, &plugin.p, &plugin.mps, &held, &at);
             let namespaces: std::collections::BTreeSet<&str> =
                 (0..SHARES).filter(|&i| held[i]).map(namespace).collect();
             assert!(namespaces.len() <= 1, "{at}: one GPU, two namespaces");
@@ -227,17 +186,18 @@ async fn shares_of_a_whole_gpu_never_serve_two_namespaces_under_random_interleav
                 .first()
                 .map(|ns| [(GPU_SHARED.to_string(), ns.to_string())].into())
                 .unwrap_or_default();
-            assert_eq!(published(&facts), want, "{at}: what the publisher was told");
+            assert_eq!(
+                published(&plugin.facts),
+                want,
+                "{at}: what the publisher was told"
+            );
         }
         assert!(
             refusals > 0,
             "seed {seed}: no share was refused for its namespace"
         );
-        for c in &claims {
-            p.unprepare_claim(c).await.unwrap();
-        }
-        check_gpu_shares(&node, &p, &mps, &[false; SHARES], "the end");
-        mps.let_go().await;
+        plugin.finish(&claims).await;
+        check_gpu_shares(&node, &plugin.p, &plugin.mps, &[false; SHARES], "the end");
     }
 }
 

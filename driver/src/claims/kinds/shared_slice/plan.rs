@@ -65,6 +65,23 @@ pub(crate) fn share_of(
     })
 }
 
+/// Allocation result `r` of shareable device `at` planned with its share ([`share_of`]), of the
+/// `shares` this node publishes.
+///
+/// # Errors
+/// As [`share_of`].
+pub(crate) fn planned_share(
+    r: DeviceRequestAllocationResult,
+    at: crate::publish::devices::DeviceRef,
+    cx: &crate::claims::kinds::PlanCx,
+) -> Result<Planned, PrepareError> {
+    let share = share_of(&r.device, &r, cx.shares_per_slice)?;
+    Ok(Planned {
+        share: Some(share),
+        ..Planned::of(r, at)
+    })
+}
+
 /// Checks that every share of the claim is served with MPS: a shared slice's clients reach it
 /// through its MPS control daemon only (its DeviceClass sets `sharing.strategy: MPS`).
 ///

@@ -45,11 +45,7 @@ impl Kind for SharedWholeGpuKind {
         at: DeviceRef,
         cx: &PlanCx,
     ) -> Result<Planned, PrepareError> {
-        let share = plan::share_of(&r.device, &r, cx.shares_per_slice)?;
-        Ok(Planned {
-            share: Some(share),
-            ..Planned::of(r, at)
-        })
+        plan::planned_share(r, at, cx)
     }
 
     /// A share is served with MPS ([`plan::check_mps`]).
