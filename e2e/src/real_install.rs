@@ -272,3 +272,38 @@ pub async fn check_uninstalled(cluster: &Cluster, node: &str) -> Result<()> {
     ensure!(live.is_empty(), "MIG slices left after uninstall: {live:?}");
     Ok(())
 }
+
+/// Pods of DAS component `name` (the chart's `app.kubernetes.io/name` label) in [`NAMESPACE`],
+/// not terminating.
+///
+/// # Errors
+/// The API failed.
+pub async fn das_pods(c: &kube::Client, name: &str) -> Result<Vec<Pod>> {
+    let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={name}")))
+        .await?;
+    Ok(pods
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// The image of `pod`'s first container (empty when none is set).
+pub fn image_of(pod: &Pod) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.first())
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+/// The container IDs of `pod`'s containers, as its status lists them (`None` for one not
+/// created yet): a container replaced gets another.
+pub fn container_ids(pod: &Pod) -> Vec<Option<String>> {
+    pod.status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .map(|s| s.container_id.clone())
+        .collect()
+}

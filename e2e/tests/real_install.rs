@@ -23,15 +23,15 @@ use das_api::allocation::{AllocationClaim, AllocationState};
 use das_e2e::chart::NAMESPACE;
 use das_e2e::das;
 use das_e2e::plugin::live_slices;
-use das_e2e::real_install::{self, IMAGE_REPO};
+use das_e2e::real_install::{self, IMAGE_REPO, container_ids, das_pods, image_of};
 use das_e2e::runtime_pods::{create_one_slice_pod, one_slice_pod};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, create_template, delete_pods};
 use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{DeleteParams, ListParams};
-use kube::{Api, Client};
 
 const NODE: &str = "r0";
 const GPUS: &str = "H100-80GB:1";
@@ -227,34 +227,6 @@ async fn rollback_keeps_the_slice(cluster: &Cluster, uuid: &str, user_before: &P
 async fn uninstall_leaves_the_crd_and_no_slices(cluster: &Cluster) -> Result<()> {
     real_install::uninstall(cluster)?;
     real_install::check_uninstalled(cluster, NODE).await
-}
-
-/// Pods of DAS component `name` (the chart's `app.kubernetes.io/name` label), not terminating.
-async fn das_pods(c: &Client, name: &str) -> Result<Vec<Pod>> {
-    let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={name}")))
-        .await?;
-    Ok(pods
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect())
-}
-
-fn image_of(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default()
-}
-
-fn container_ids(pod: &Pod) -> Vec<Option<String>> {
-    pod.status
-        .iter()
-        .flat_map(|s| s.container_statuses.iter().flatten())
-        .map(|s| s.container_id.clone())
-        .collect()
 }
 
 async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {

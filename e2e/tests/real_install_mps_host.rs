@@ -16,14 +16,13 @@ use anyhow::{Context, Result, ensure};
 use das_driver::mps::stand_in::Record;
 use das_e2e::chart::NAMESPACE;
 use das_e2e::das::{self, PluginDirs};
-use das_e2e::real_install::{self, IMAGE_REPO};
+use das_e2e::real_install::{self, IMAGE_REPO, container_ids, das_pods, image_of};
 use das_e2e::runtime_pods::{create, probe, wait_ready};
 use das_e2e::wait::{self, TIMEOUT};
 use das_e2e::workload::{NS, create_config_template, delete_pod};
 use das_e2e::{Cluster, ClusterConfig};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::Api;
 use serde_json::json;
 
 const NODE: &str = "r0";
@@ -147,33 +146,6 @@ async fn scenario(cluster: &Cluster) -> Result<()> {
         || async { Ok((!daemon.exists() && !running(pid)).then_some(())) },
     )
     .await
-}
-
-async fn das_pods(c: &Client, name: &str) -> Result<Vec<Pod>> {
-    let pods = Api::<Pod>::namespaced(c.clone(), NAMESPACE)
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={name}")))
-        .await?;
-    Ok(pods
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect())
-}
-
-fn image_of(pod: &Pod) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default()
-}
-
-fn container_ids(pod: &Pod) -> Vec<Option<String>> {
-    pod.status
-        .iter()
-        .flat_map(|s| s.container_statuses.iter().flatten())
-        .map(|s| s.container_id.clone())
-        .collect()
 }
 
 /// The one daemon directory under `mps_dir` (the host's socket is a file beside them).
