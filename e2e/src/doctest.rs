@@ -166,18 +166,21 @@ pub fn run(root: &Path, kubeconfig: &Path, script: &str) -> Result<String> {
 }
 
 /// What of `kubectl das gpus` and `kubectl das free` (what `make demo` prints, in `output`) the
-/// README's demo block must show: their table headers verbatim, and a memory-slice picture row
+/// README's demo block must show: their table headers (the same words; their padding follows the
+/// widest cell of the table), and a memory-slice picture row
 /// for every GPU with as many cells (which pod lands where depends on scheduling order, so the
 /// cells' letters and the free counts are not compared). Returns what is missing from
 /// `readme_block`.
 pub fn missing_from_readme(output: &str, readme_block: &str) -> Vec<String> {
     let readme: Vec<&str> = readme_block.lines().map(str::trim).collect();
     let readme_rows: Vec<String> = readme.iter().filter_map(|l| picture_row(l)).collect();
+    // A header's padding follows the widest cell of its table, which other rows decide.
+    let readme_headers: Vec<String> = readme.iter().map(|l| collapsed(l)).collect();
     let mut missing = Vec::new();
     for line in output.lines().map(str::trim) {
         let header = line.chars().filter(char::is_ascii_alphabetic).count() > 1
             && line == line.to_uppercase();
-        if header && !readme.contains(&line) {
+        if header && !readme_headers.contains(&collapsed(line)) {
             missing.push(line.to_string());
         } else if let Some(row) = picture_row(line)
             && !readme_rows.contains(&row)
@@ -186,6 +189,11 @@ pub fn missing_from_readme(output: &str, readme_block: &str) -> Vec<String> {
         }
     }
     missing
+}
+
+/// `line` with every run of spaces one space.
+fn collapsed(line: &str) -> String {
+    line.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// A picture row (`n0   gpu-0   NVIDIA H100 80GB HBM3   [. A B B]`) as its label, spaces
@@ -241,7 +249,10 @@ mod tests {
         let output = "NODE   GPU     PRODUCT   MEMORY SLICES\nn0     gpu-0   X 40GB    [A .]\n\n    NAMESPACE   POD\nA   default     x-abcde\nNODE   PROFILE   FREE\nn0     1g.10gb   1\n";
         let readme = "NODE   GPU     PRODUCT   MEMORY SLICES\nn0     gpu-0   X 40GB    [. A]\n    NAMESPACE   POD\nA   default     x-zzzzz\nNODE   PROFILE   FREE\nn0     1g.10gb   0\n";
         assert!(missing_from_readme(output, readme).is_empty());
-        let stale = "NODE GPU PRODUCT MEMORY SLICES\nn0     gpu-0   X 40GB    [A . .]\n";
+        // A wider column in the README (a longer pod there) pads its header otherwise.
+        let padded = readme.replace("    NAMESPACE   POD", "    NAMESPACE          POD");
+        assert!(missing_from_readme(output, &padded).is_empty());
+        let stale = "NODE GPU PRODUCT SLICES\nn0     gpu-0   X 40GB    [A . .]\n";
         assert_eq!(
             missing_from_readme(output, stale),
             [
