@@ -160,13 +160,11 @@ fn one_daemon(mps_dir: &Path) -> Result<PathBuf> {
     Ok(dirs[0].clone())
 }
 
-/// `<pid> <start time>` of the daemon's pid file.
+/// `<pid> <start time>` of the daemon's pid file, as the plugin reads it.
 fn pid_file(daemon: &Path) -> Result<(u32, u64)> {
-    let text = std::fs::read_to_string(daemon.join("daemon.pid"))?;
-    let mut parts = text.split_whitespace();
-    let pid = parts.next().context("a pid")?.parse()?;
-    let start = parts.next().context("a start time")?.parse()?;
-    Ok((pid, start))
+    let p = das_driver::mps::daemon::recorded_process(&daemon.join("daemon.pid"))
+        .context("the daemon's pid file")?;
+    Ok((p.pid, p.start))
 }
 
 /// Field 4 of `/proc/<pid>/stat`.

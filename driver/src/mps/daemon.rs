@@ -259,16 +259,21 @@ pub(crate) fn write_pid_file(path: &Path, pid: u32) -> Result<DaemonProcess, Mps
     Ok(DaemonProcess { pid, start })
 }
 
+/// The process pid file `path` records (`<pid> <start time>`, [`write_pid_file`]), whether or
+/// not it still runs; `None` when the file is missing or not of that form.
+pub fn recorded_process(path: &Path) -> Option<DaemonProcess> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut parts = text.split_whitespace();
+    Some(DaemonProcess {
+        pid: parts.next()?.parse().ok()?,
+        start: parts.next()?.parse().ok()?,
+    })
+}
+
 /// The daemon the pid file names, if that process still runs and is the one that was started
 /// (same start time): a daemon a restarted plugin may adopt.
 pub(crate) fn live_process(dirs: &MpsDirs) -> Option<DaemonProcess> {
-    let text = std::fs::read_to_string(&dirs.pid_file).ok()?;
-    let mut parts = text.split_whitespace();
-    let p = DaemonProcess {
-        pid: parts.next()?.parse().ok()?,
-        start: parts.next()?.parse().ok()?,
-    };
-    p.alive().then_some(p)
+    recorded_process(&dirs.pid_file).filter(DaemonProcess::alive)
 }
 
 /// The pid of [`live_process`].
@@ -276,7 +281,8 @@ pub fn live_pid(dirs: &MpsDirs) -> Option<u32> {
     live_process(dirs).map(|p| p.pid)
 }
 
-/// Sends SIGKILL to process group `pgid` (a daemon's: it leads its own group, see [`spawn`]).
+/// Sends SIGKILL to process group `pgid` (a daemon's: it leads its own group, see
+/// [`super::launch::spawn`]).
 /// The callers make sure the group is still the daemon's: a child not yet reaped, a
 /// [`DaemonProcess`] still alive, or a leader just seen to exit (a pid is not given to a new
 /// process while a group of that id has members, so the kill reaches the daemon's server if one

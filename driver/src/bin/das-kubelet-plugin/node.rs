@@ -380,12 +380,13 @@ pub(crate) fn memory_limits(
             return None;
         }
     }
-    let limits = MemoryLimits {
+    let limits = MemoryLimits::decide(
         hook_path,
-        cgroup_root: args.cgroup_root.clone(),
+        args.cgroup_root.clone(),
         set_with,
         enforcement,
-    };
+        inventory,
+    );
     for g in inventory {
         tracing::info!(gpu = g.index, bus = ?g.pci_bus_id, driver = %g.driver_version,
             memory_enforcement = limits.enforcement(g).as_str(), "GPU memory limits");

@@ -292,7 +292,12 @@ impl Reconciled {
             mps,
         } = self;
         let mut options = unless_no_mps(options, &mps);
-        options.shared.memory_enforced = enforced_gpus(preparer.memory_limits(), &inventory);
+        // The GPUs the hooks cap, as start-up decided them: what is published is what a
+        // prepare writes.
+        options.shared.memory_enforced = preparer
+            .memory_limits()
+            .map(|l| l.enforced.clone())
+            .unwrap_or_default();
         let base = base_slices(&process.args, &inventory, options, carve_before_bind)?;
         let (monitor, facts) = start_monitor(&process, &inventory, api, &preparer).await;
         let mut publisher = Publisher::new(process.client.clone(), &process.args.node_name, None)
@@ -519,23 +524,4 @@ fn spawn_request_path_tasks(
         mps_stop.cancelled().await;
         mps.let_go().await;
     });
-}
-
-/// The UUIDs of the GPUs of `inventory` whose memory shares the kernel enforces under `limits`
-/// (published as `memoryEnforcement: enforced` on their shareable devices; docs/design.md §7,
-/// "Memory slices of a whole GPU"); none without limits.
-fn enforced_gpus(
-    limits: Option<&das_driver::claims::memory_limits::MemoryLimits>,
-    inventory: &[das_driver::gpu::GpuInfo],
-) -> std::collections::BTreeSet<String> {
-    let Some(limits) = limits else {
-        return Default::default();
-    };
-    inventory
-        .iter()
-        .filter(|g| {
-            limits.enforcement(g) == das_driver::gpu::memory_limits::MemoryEnforcement::Enforced
-        })
-        .map(|g| g.uuid.clone())
-        .collect()
 }

@@ -1,5 +1,7 @@
-//! The CDI hook of one GPU's memory limit, and its command line (pure).
+//! The CDI hook of one GPU's memory limit, and its command line (pure, but for
+//! [`MemoryLimits::decide`], which reads `dmem.capacity` once per GPU at start-up).
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -195,8 +197,9 @@ pub(crate) fn memory_limit_hook(
 }
 
 /// What the plugin knows at start-up to give a container a GPU memory limit: the installed hook
-/// ([`super::install_hook`]), the cgroup root and the setter, and the `--memory-enforcement`
-/// settings that say which GPUs get limits.
+/// ([`super::install_hook`]), the cgroup root and the setter, the `--memory-enforcement`
+/// settings, and which GPUs they gave limits, decided once ([`Self::decide`]) so that what is
+/// published and what each prepare writes agree and no prepare reads `dmem.capacity`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryLimits {
     /// The hook's executable on the host (`<kubelet plugins dir>/mig.das.com/bin/das-kubelet-plugin`).
@@ -207,12 +210,41 @@ pub struct MemoryLimits {
     pub set_with: SetWith,
     /// Which GPUs get limits (`--memory-enforcement`, `--cgroup-root`, emulated or not).
     pub enforcement: EnforcementSettings,
+    /// The UUIDs of the GPUs whose memory the kernel enforces ([`MemoryEnforcement::Enforced`]).
+    pub enforced: BTreeSet<String>,
 }
 
 impl MemoryLimits {
-    /// The level GPU `gpu` gives a memory share ([`gpu_memory_enforcement`]).
+    /// The limits of the GPUs of `inventory`, each GPU's level decided now
+    /// ([`gpu_memory_enforcement`]).
+    pub fn decide(
+        hook_path: PathBuf,
+        cgroup_root: PathBuf,
+        set_with: SetWith,
+        enforcement: EnforcementSettings,
+        inventory: &[GpuInfo],
+    ) -> Self {
+        let enforced = inventory
+            .iter()
+            .filter(|g| gpu_memory_enforcement(&enforcement, g) == MemoryEnforcement::Enforced)
+            .map(|g| g.uuid.clone())
+            .collect();
+        Self {
+            hook_path,
+            cgroup_root,
+            set_with,
+            enforcement,
+            enforced,
+        }
+    }
+
+    /// The level GPU `gpu` gives a memory share, as decided at start-up.
     pub fn enforcement(&self, gpu: &GpuInfo) -> MemoryEnforcement {
-        gpu_memory_enforcement(&self.enforcement, gpu)
+        if self.enforced.contains(&gpu.uuid) {
+            MemoryEnforcement::Enforced
+        } else {
+            MemoryEnforcement::Mps
+        }
     }
 
     /// The hook that caps `gpu` at `hard_limit_bytes` for a container ([`memory_limit_hook`]);

@@ -391,20 +391,21 @@ fn memory_limits_give_a_hook_only_for_gpus_the_kernel_caps() {
         "nvidia/0000:10:00.0/vidmem 85899345920\n",
     )
     .unwrap();
-    let limits = MemoryLimits {
-        hook_path: "/plugins/mig.das.com/bin/das-kubelet-plugin".into(),
-        cgroup_root: dir.path().to_path_buf(),
-        set_with: SetWith::Emulated,
-        enforcement: EnforcementSettings {
-            choice: EnforcementChoice::Auto,
-            cgroup_root: dir.path().to_path_buf(),
-            emulated: true,
-        },
-    };
     let gpu = |index: u32| GpuInfo {
         pci_bus_id: Some(crate::gpu::pci::emulated_bus_id(index)),
         ..GpuInfo::for_tests(index, "H100-80GB")
     };
+    let limits = MemoryLimits::decide(
+        "/plugins/mig.das.com/bin/das-kubelet-plugin".into(),
+        dir.path().to_path_buf(),
+        SetWith::Emulated,
+        EnforcementSettings {
+            choice: EnforcementChoice::Auto,
+            cgroup_root: dir.path().to_path_buf(),
+            emulated: true,
+        },
+        &[gpu(0), gpu(1)],
+    );
     let hook = limits
         .hook(&gpu(0), 10 * MIB)
         .unwrap()
